@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Runs every test on a fresh machine: installs what the tests need, then
+# formatting, lints and the whole workspace's tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib/deps.sh
+ensure_nats_server
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo test"
+cargo test --workspace --locked --no-fail-fast 2>&1 | tee target/test-output.log
+echo "== summary"
+awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "%d passed, %d failed, %d skipped\n", p, f, i }' target/test-output.log

@@ -1,0 +1,459 @@
+//! Inputs: the events the adapter feeds in, and the specs they carry.
+//! Every event is idempotent by its key (node name, queue name, job uid), so a
+//! redelivered or replayed message never changes the outcome.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::decision::{Admission, Eviction, Preemption};
+use crate::error::AllocatorError;
+use crate::types::{GpuSliceRequest, JobUid, Taint, Timestamp, Toleration, TopologyRequirement};
+
+/// Largest gang the allocator accepts (the TrainingJob API allows 1-100 workers).
+pub const MAX_WORKERS: u32 = 100;
+/// Largest per-worker request; no node carries more GPUs or slices than this.
+pub const MAX_UNITS_PER_WORKER: u32 = 256;
+
+/// One input to the allocator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum Event {
+    /// A node was created or changed (labels, allocatable, taints, readiness).
+    NodeUpserted(NodeInfo),
+    /// A node was deleted; jobs with workers on it are requeued.
+    NodeRemoved {
+        /// Node name.
+        name: String,
+    },
+    /// A TrainingQueue was created or changed.
+    QueueUpserted(QueueSpec),
+    /// A TrainingQueue was deleted; its pending jobs wait for it to come back.
+    QueueRemoved {
+        /// Queue name.
+        name: String,
+    },
+    /// A TrainingJob was submitted (or re-delivered).
+    JobSubmitted(JobSpec),
+    /// A job completed or failed; its GPUs are free again.
+    JobFinished {
+        /// Job uid.
+        uid: JobUid,
+    },
+    /// A job was deleted by its owner, whatever its state.
+    JobRemoved {
+        /// Job uid.
+        uid: JobUid,
+    },
+    /// A preemption victim reports its checkpoint is written, so it can be
+    /// evicted before its grace period ends.
+    JobCheckpointed {
+        /// Job uid.
+        uid: JobUid,
+    },
+    /// Replay of an admission decision (or adoption of a job found running
+    /// after a restart). A no-op when the job is already admitted.
+    Admitted(Admission),
+    /// Replay of a preemption decision. A no-op when already recorded.
+    PreemptionStarted(Preemption),
+    /// Replay of an eviction decision. A no-op when already applied.
+    Evicted(Eviction),
+}
+
+impl Event {
+    /// Short event kind for error messages and metric labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::NodeUpserted(_) => "NodeUpserted",
+            Event::NodeRemoved { .. } => "NodeRemoved",
+            Event::QueueUpserted(_) => "QueueUpserted",
+            Event::QueueRemoved { .. } => "QueueRemoved",
+            Event::JobSubmitted(_) => "JobSubmitted",
+            Event::JobFinished { .. } => "JobFinished",
+            Event::JobRemoved { .. } => "JobRemoved",
+            Event::JobCheckpointed { .. } => "JobCheckpointed",
+            Event::Admitted(_) => "Admitted",
+            Event::PreemptionStarted(_) => "PreemptionStarted",
+            Event::Evicted(_) => "Evicted",
+        }
+    }
+}
+
+/// What applying an event did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Applied {
+    /// The state changed.
+    Changed,
+    /// The event was a duplicate or had nothing to act on.
+    Unchanged,
+}
+
+/// A node as the watcher sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct NodeInfo {
+    /// Node name.
+    pub name: String,
+    /// `metadata.labels`.
+    pub labels: BTreeMap<String, String>,
+    /// `status.allocatable` quantities; only GPU resources are read and they
+    /// must be plain integers, as extended resources always are.
+    pub allocatable: BTreeMap<String, String>,
+    /// `spec.taints`.
+    pub taints: Vec<Taint>,
+    /// `spec.unschedulable` (cordoned).
+    pub unschedulable: bool,
+    /// The `Ready` condition is `True`.
+    pub ready: bool,
+}
+
+/// A TrainingQueue.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct QueueSpec {
+    /// Queue name (cluster-scoped).
+    pub name: String,
+    /// Cohort whose members lend each other unused quota.
+    pub cohort: Option<String>,
+    /// Fair-share weight (> 0); a queue with weight 2 gets twice the borrowed share.
+    pub weight: f64,
+    /// Quotas per flavor, in the order flavors are tried for this queue's jobs.
+    pub quotas: Vec<FlavorQuota>,
+    /// Which preemptions this queue's jobs may perform.
+    pub preemption: QueuePreemption,
+}
+
+impl Default for QueueSpec {
+    fn default() -> Self {
+        QueueSpec {
+            name: String::new(),
+            cohort: None,
+            weight: 1.0,
+            quotas: Vec::new(),
+            preemption: QueuePreemption::default(),
+        }
+    }
+}
+
+/// Quota of one queue in one flavor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct FlavorQuota {
+    /// Flavor name (configured or automatic).
+    pub flavor: String,
+    /// Per-resource limits in this flavor.
+    pub resources: Vec<ResourceQuota>,
+}
+
+/// Limits of one resource (e.g. `nvidia.com/gpu`) in one flavor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ResourceQuota {
+    /// `nvidia.com/gpu`, `nvidia.com/gpu.shared` or `nvidia.com/mig-<profile>`.
+    pub resource: String,
+    /// Guaranteed amount.
+    pub nominal: u64,
+    /// How much above nominal the queue may borrow from its cohort; `None` = no limit.
+    pub borrowing_limit: Option<u64>,
+    /// How much of nominal other cohort members may borrow; `None` = all of it.
+    pub lending_limit: Option<u64>,
+}
+
+/// Preemption rights of a queue's jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct QueuePreemption {
+    /// Preempt lower-priority jobs of the same queue.
+    pub within_queue: bool,
+    /// Reclaim nominal quota that cohort members borrowed.
+    pub reclaim_within_cohort: bool,
+    /// Preempt borrowers with a larger fair share when borrowing oneself.
+    pub fair_share: bool,
+}
+
+impl Default for QueuePreemption {
+    fn default() -> Self {
+        QueuePreemption {
+            within_queue: true,
+            reclaim_within_cohort: true,
+            fair_share: true,
+        }
+    }
+}
+
+/// A TrainingJob as far as admission is concerned.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct JobSpec {
+    /// Kubernetes uid; the idempotency key.
+    pub uid: JobUid,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// TrainingQueue; the configured default when absent.
+    pub queue: Option<String>,
+    /// Resolved priority (from the PriorityClass); higher runs first.
+    pub priority: i32,
+    /// `metadata.creationTimestamp`.
+    pub submitted_at: Timestamp,
+    /// Workers in the gang (1-100).
+    pub num_workers: u32,
+    /// GPUs (or MIG slices, or shared replicas) per worker, all on one node.
+    pub gpus_per_worker: u32,
+    /// Ask for MIG slices instead of whole GPUs.
+    pub gpu_slice: Option<GpuSliceRequest>,
+    /// Opt in to time-sliced (shared) GPUs.
+    pub allow_gpu_sharing: bool,
+    /// Expected runtime; lets the job backfill ahead of reserved jobs.
+    pub runtime_estimate_secs: Option<u64>,
+    /// Minimum per-GPU memory (MiB), matched against `nvidia.com/gpu.memory`.
+    pub min_gpu_memory_mib: Option<u64>,
+    /// The job's own `scheduling.nodeSelector`.
+    pub node_selector: BTreeMap<String, String>,
+    /// The job's own `scheduling.tolerations`.
+    pub tolerations: Vec<Toleration>,
+    /// Topology requirement for multi-worker jobs.
+    pub topology: TopologyRequirement,
+    /// Whether other jobs may preempt this one.
+    pub preemptible: bool,
+}
+
+impl Default for JobSpec {
+    fn default() -> Self {
+        JobSpec {
+            uid: JobUid(String::new()),
+            namespace: String::new(),
+            name: String::new(),
+            queue: None,
+            priority: 0,
+            submitted_at: Timestamp(0),
+            num_workers: 1,
+            gpus_per_worker: 1,
+            gpu_slice: None,
+            allow_gpu_sharing: false,
+            runtime_estimate_secs: None,
+            min_gpu_memory_mib: None,
+            node_selector: BTreeMap::new(),
+            tolerations: Vec::new(),
+            topology: TopologyRequirement::Preferred,
+            preemptible: true,
+        }
+    }
+}
+
+fn job_error(uid: &JobUid, field: &str, reason: impl Into<String>) -> AllocatorError {
+    AllocatorError::InvalidJob {
+        uid: uid.0.clone(),
+        field: field.to_string(),
+        reason: reason.into(),
+    }
+}
+
+impl JobSpec {
+    /// Rejects specs the allocator cannot reason about.
+    pub fn validate(&self) -> Result<(), AllocatorError> {
+        if self.uid.0.trim().is_empty() {
+            return Err(job_error(&self.uid, "uid", "must not be empty"));
+        }
+        if self.num_workers == 0 || self.num_workers > MAX_WORKERS {
+            return Err(job_error(
+                &self.uid,
+                "numWorkers",
+                format!("must be between 1 and {MAX_WORKERS}, got {}", self.num_workers),
+            ));
+        }
+        if self.gpus_per_worker == 0 || self.gpus_per_worker > MAX_UNITS_PER_WORKER {
+            return Err(job_error(
+                &self.uid,
+                "gpusPerWorker",
+                format!(
+                    "must be between 1 and {MAX_UNITS_PER_WORKER}, got {}",
+                    self.gpus_per_worker
+                ),
+            ));
+        }
+        if let Some(queue) = &self.queue
+            && queue.trim().is_empty()
+        {
+            return Err(job_error(&self.uid, "queue", "must not be empty when set"));
+        }
+        match &self.gpu_slice {
+            Some(GpuSliceRequest::Profile(p)) if p.trim().is_empty() => {
+                return Err(job_error(&self.uid, "gpuSlice.profile", "must not be empty"));
+            }
+            Some(GpuSliceRequest::MemoryGb(0)) => {
+                return Err(job_error(&self.uid, "gpuSlice.memoryGb", "must be > 0"));
+            }
+            _ => {}
+        }
+        if self.gpu_slice.is_some() && self.allow_gpu_sharing {
+            return Err(job_error(
+                &self.uid,
+                "allowGpuSharing",
+                "cannot be combined with gpuSlice (MIG slices are not time-sliced)",
+            ));
+        }
+        if self.runtime_estimate_secs == Some(0) {
+            return Err(job_error(&self.uid, "runtimeEstimateSecs", "must be > 0 when set"));
+        }
+        Ok(())
+    }
+
+    /// Total units (GPUs, slices or replicas) of the gang.
+    pub fn total_units(&self) -> u64 {
+        u64::from(self.num_workers) * u64::from(self.gpus_per_worker)
+    }
+}
+
+fn queue_error(queue: &str, field: String, reason: impl Into<String>) -> AllocatorError {
+    AllocatorError::InvalidQueue {
+        queue: queue.to_string(),
+        field,
+        reason: reason.into(),
+    }
+}
+
+impl QueueSpec {
+    /// Rejects queues with unusable quotas.
+    pub fn validate(&self) -> Result<(), AllocatorError> {
+        if self.name.trim().is_empty() {
+            return Err(queue_error(&self.name, "name".into(), "must not be empty"));
+        }
+        if !(self.weight.is_finite() && self.weight > 0.0) {
+            return Err(queue_error(
+                &self.name,
+                "weight".into(),
+                format!("must be a finite number > 0, got {}", self.weight),
+            ));
+        }
+        if let Some(cohort) = &self.cohort
+            && cohort.trim().is_empty()
+        {
+            return Err(queue_error(&self.name, "cohort".into(), "must not be empty when set"));
+        }
+        let mut flavors = std::collections::BTreeSet::new();
+        for (i, fq) in self.quotas.iter().enumerate() {
+            if fq.flavor.trim().is_empty() {
+                return Err(queue_error(
+                    &self.name,
+                    format!("quotas[{i}].flavor"),
+                    "must not be empty",
+                ));
+            }
+            if !flavors.insert(fq.flavor.as_str()) {
+                return Err(queue_error(
+                    &self.name,
+                    format!("quotas[{i}].flavor"),
+                    format!("flavor {} listed twice", fq.flavor),
+                ));
+            }
+            let mut resources = std::collections::BTreeSet::new();
+            for (j, rq) in fq.resources.iter().enumerate() {
+                if crate::types::ResourceKind::from_quota_name(&rq.resource).is_none() {
+                    return Err(queue_error(
+                        &self.name,
+                        format!("quotas[{i}].resources[{j}].resource"),
+                        format!(
+                            "unknown GPU resource {:?} (expected nvidia.com/gpu, nvidia.com/gpu.shared or nvidia.com/mig-<profile>)",
+                            rq.resource
+                        ),
+                    ));
+                }
+                if !resources.insert(rq.resource.as_str()) {
+                    return Err(queue_error(
+                        &self.name,
+                        format!("quotas[{i}].resources[{j}].resource"),
+                        format!("resource {} listed twice", rq.resource),
+                    ));
+                }
+                if let Some(lending) = rq.lending_limit
+                    && lending > rq.nominal
+                {
+                    return Err(queue_error(
+                        &self.name,
+                        format!("quotas[{i}].resources[{j}].lendingLimit"),
+                        format!("{lending} exceeds nominal {}", rq.nominal),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> JobSpec {
+        JobSpec {
+            uid: JobUid::new("u1"),
+            num_workers: 1,
+            gpus_per_worker: 1,
+            ..JobSpec::default()
+        }
+    }
+
+    #[test]
+    fn job_validation_names_the_field() {
+        assert_eq!(job().validate(), Ok(()));
+        let bad = JobSpec {
+            num_workers: 0,
+            ..job()
+        };
+        match bad.validate() {
+            Err(AllocatorError::InvalidJob { field, .. }) => assert_eq!(field, "numWorkers"),
+            other => panic!("expected InvalidJob, got {other:?}"),
+        }
+        let bad = JobSpec {
+            gpus_per_worker: 10_000,
+            ..job()
+        };
+        match bad.validate() {
+            Err(AllocatorError::InvalidJob { field, .. }) => assert_eq!(field, "gpusPerWorker"),
+            other => panic!("expected InvalidJob, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn queue_validation_rejects_bad_weight_and_resources() {
+        let queue = QueueSpec {
+            name: "q".into(),
+            weight: 1.0,
+            quotas: vec![FlavorQuota {
+                flavor: "a100".into(),
+                resources: vec![ResourceQuota {
+                    resource: "cpu".into(),
+                    nominal: 4,
+                    ..ResourceQuota::default()
+                }],
+            }],
+            ..QueueSpec::default()
+        };
+        match queue.validate() {
+            Err(AllocatorError::InvalidQueue { field, .. }) => {
+                assert_eq!(field, "quotas[0].resources[0].resource")
+            }
+            other => panic!("expected InvalidQueue, got {other:?}"),
+        }
+        let zero_weight = QueueSpec {
+            name: "q".into(),
+            weight: 0.0,
+            ..QueueSpec::default()
+        };
+        assert!(matches!(
+            zero_weight.validate(),
+            Err(AllocatorError::InvalidQueue { ref field, .. }) if field == "weight"
+        ));
+    }
+
+    #[test]
+    fn events_round_trip_through_json() {
+        let event = Event::JobSubmitted(job());
+        let text = serde_json::to_string(&event).expect("serialize");
+        let back: Event = serde_json::from_str(&text).expect("deserialize");
+        assert_eq!(back, event);
+    }
+}

@@ -1,0 +1,220 @@
+//! "Why am I pending": a structured reason per pending job, rendered into a
+//! sentence a user can act on (which quota, which flavor, how many GPUs
+//! short, position in the queue).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::types::{JobUid, Timestamp};
+
+/// The reason one pending job was not admitted this cycle.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingExplanation {
+    /// Job uid.
+    pub uid: JobUid,
+    /// Queue the job waits in.
+    pub queue: String,
+    /// 1-based position in the queue's order this cycle.
+    pub position: u32,
+    /// Pending jobs in the queue.
+    pub queue_length: u32,
+    /// Base priority plus aging boost.
+    pub effective_priority: i32,
+    /// Why it waits.
+    pub reason: PendingReason,
+}
+
+impl PendingExplanation {
+    /// One human-readable line.
+    pub fn message(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl fmt::Display for PendingExplanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "position {} of {} in queue {} (effective priority {}): {}",
+            self.position, self.queue_length, self.queue, self.effective_priority, self.reason
+        )
+    }
+}
+
+/// Why a job waits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
+pub enum PendingReason {
+    /// The job names a TrainingQueue that does not exist.
+    QueueNotFound {
+        /// The queue name.
+        queue: String,
+    },
+    /// No flavor of the queue has quota for what the job asks for.
+    NoMatchingFlavor {
+        /// What the job asks for, e.g. `nvidia.com/mig with >= 10GB`.
+        wants: String,
+    },
+    /// The queue (or its cohort) has too little quota left.
+    QuotaExceeded {
+        /// Flavor.
+        flavor: String,
+        /// Resource.
+        resource: String,
+        /// Units the job needs.
+        requested: u64,
+        /// Units the queue could still take.
+        available: u64,
+        /// The queue's nominal quota.
+        nominal: u64,
+        /// The queue's current usage.
+        used: u64,
+    },
+    /// Quota allows it but no set of nodes can host every worker now.
+    InsufficientCapacity {
+        /// Flavor.
+        flavor: String,
+        /// Resource.
+        resource: String,
+        /// Workers in the gang.
+        workers: u32,
+        /// Units per worker (all on one node).
+        units_per_worker: u32,
+        /// Workers that would fit now.
+        placeable_workers: u32,
+        /// Units missing, counted in whole workers.
+        units_short: u64,
+        /// When the job is expected to start, if it holds a reservation.
+        reserved_start: Option<Timestamp>,
+        /// Whether the gang fits this flavor at all once it is empty.
+        fits_when_empty: bool,
+    },
+    /// Capacity exists but is held for a job ahead in line, and this job's
+    /// runtime estimate (if any) ends after that job's reserved start.
+    HeldForReservation {
+        /// Flavor.
+        flavor: String,
+        /// Resource.
+        resource: String,
+        /// The job the capacity is held for.
+        reserved_for: JobUid,
+        /// Its reserved start.
+        until: Timestamp,
+    },
+    /// Victims were told to checkpoint; the job starts when they are evicted.
+    AwaitingPreemption {
+        /// Victims still running.
+        victims: u32,
+        /// Eviction deadline.
+        evict_at: Timestamp,
+    },
+}
+
+impl PendingReason {
+    /// Units missing, used to pick the most useful reason across flavors.
+    pub fn shortfall(&self) -> u64 {
+        match self {
+            PendingReason::QuotaExceeded {
+                requested,
+                available,
+                ..
+            } => requested.saturating_sub(*available),
+            PendingReason::InsufficientCapacity { units_short, .. } => *units_short,
+            PendingReason::HeldForReservation { .. } | PendingReason::AwaitingPreemption { .. } => 0,
+            PendingReason::QueueNotFound { .. } | PendingReason::NoMatchingFlavor { .. } => u64::MAX,
+        }
+    }
+}
+
+impl fmt::Display for PendingReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PendingReason::QueueNotFound { queue } => {
+                write!(f, "TrainingQueue {queue} does not exist")
+            }
+            PendingReason::NoMatchingFlavor { wants } => {
+                write!(f, "no flavor of the queue has quota for {wants}")
+            }
+            PendingReason::QuotaExceeded {
+                flavor,
+                resource,
+                requested,
+                available,
+                nominal,
+                used,
+            } => write!(
+                f,
+                "quota: flavor {flavor} {resource}: needs {requested}, queue can take {available} \
+                 (nominal {nominal}, in use {used}); {} short",
+                requested.saturating_sub(*available)
+            ),
+            PendingReason::InsufficientCapacity {
+                flavor,
+                resource,
+                workers,
+                units_per_worker,
+                placeable_workers,
+                units_short,
+                reserved_start,
+                fits_when_empty,
+            } => {
+                write!(
+                    f,
+                    "capacity: flavor {flavor}: {workers} worker(s) x {units_per_worker} {resource} \
+                     on one node each, {placeable_workers} fit now; {units_short} short"
+                )?;
+                if !fits_when_empty {
+                    write!(f, "; the gang does not fit this flavor even when it is empty")?;
+                }
+                if let Some(start) = reserved_start {
+                    write!(f, "; reserved to start by {start}")?;
+                }
+                Ok(())
+            }
+            PendingReason::HeldForReservation {
+                flavor,
+                resource,
+                reserved_for,
+                until,
+            } => write!(
+                f,
+                "backfill: free {resource} in flavor {flavor} is reserved for job {reserved_for} \
+                 starting by {until}; a runtime estimate ending before then would let this job run"
+            ),
+            PendingReason::AwaitingPreemption { victims, evict_at } => write!(
+                f,
+                "preempting {victims} job(s) that are checkpointing; starts after eviction at {evict_at}"
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_quota_flavor_shortfall_and_position() {
+        let e = PendingExplanation {
+            uid: JobUid::new("u"),
+            queue: "team-a".into(),
+            position: 3,
+            queue_length: 7,
+            effective_priority: 5,
+            reason: PendingReason::QuotaExceeded {
+                flavor: "a100".into(),
+                resource: "nvidia.com/gpu".into(),
+                requested: 16,
+                available: 4,
+                nominal: 8,
+                used: 4,
+            },
+        };
+        let text = e.message();
+        assert!(text.contains("position 3 of 7 in queue team-a"), "{text}");
+        assert!(text.contains("flavor a100 nvidia.com/gpu"), "{text}");
+        assert!(text.contains("12 short"), "{text}");
+    }
+}

@@ -1,0 +1,806 @@
+//! Inventory: nodes parsed from node events, the flavor each node belongs to,
+//! and per-(flavor, resource kind) free-unit buckets so that "the best-fitting
+//! node with at least N free GPUs" is a walk over at most a few buckets
+//! instead of a scan of every node.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::config::{AllocatorConfig, FlavorSpec};
+use crate::error::AllocatorError;
+use crate::event::NodeInfo;
+use crate::types::{CapacityType, MigProfile, ResourceKind, Taint, Toleration, names, tolerated_by};
+
+pub(crate) type NodeIdx = u32;
+pub(crate) type FlavorIdx = u32;
+pub(crate) type KindIdx = u32;
+pub(crate) type ResIdx = u32;
+pub(crate) type JobIdx = u32;
+
+/// Largest count of one GPU resource a node may advertise; larger values are
+/// treated as malformed input (no real node has thousands of GPUs).
+pub const MAX_NODE_UNITS: u32 = 4096;
+
+/// String interner for zones and racks; id 0 means "label absent".
+#[derive(Debug, Default)]
+pub(crate) struct Interner {
+    ids: HashMap<String, u32>,
+    names: Vec<String>,
+}
+
+impl Interner {
+    pub(crate) fn intern(&mut self, value: Option<&str>) -> u32 {
+        let Some(value) = value else { return 0 };
+        if let Some(id) = self.ids.get(value) {
+            return *id;
+        }
+        self.names.push(value.to_string());
+        let id = u32::try_from(self.names.len()).unwrap_or(u32::MAX);
+        self.ids.insert(value.to_string(), id);
+        id
+    }
+
+    pub(crate) fn name(&self, id: u32) -> Option<&str> {
+        if id == 0 {
+            return None;
+        }
+        self.names.get(id as usize - 1).map(String::as_str)
+    }
+}
+
+/// A flavor: configured, automatic, or only named by a queue so far.
+#[derive(Debug)]
+pub(crate) struct Flavor {
+    pub(crate) name: String,
+    /// Labels injected as node selector for workers admitted to this flavor.
+    pub(crate) labels: BTreeMap<String, String>,
+    /// Tolerations injected for workers admitted to this flavor.
+    pub(crate) tolerations: Vec<Toleration>,
+    pub(crate) capacity_type: Option<CapacityType>,
+}
+
+/// Units of one resource kind on one node.
+#[derive(Debug, Clone)]
+pub(crate) struct Pool {
+    pub(crate) res: ResIdx,
+    pub(crate) capacity: u32,
+    pub(crate) used: u32,
+    /// Resource name the pod must request on this node (time-sliced GPUs are
+    /// `nvidia.com/gpu` or `nvidia.com/gpu.shared` depending on the plugin).
+    pub(crate) request_name: String,
+}
+
+impl Pool {
+    pub(crate) fn free(&self) -> u32 {
+        self.capacity.saturating_sub(self.used)
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Node {
+    pub(crate) info: NodeInfo,
+    pub(crate) flavor: Option<FlavorIdx>,
+    pub(crate) zone: u32,
+    pub(crate) rack: u32,
+    pub(crate) schedulable: bool,
+    pub(crate) gpu_memory_mib: Option<u64>,
+    pub(crate) pools: Vec<Pool>,
+    /// Repelling taints the flavor's tolerations do not cover; a job must
+    /// tolerate these itself to land here.
+    pub(crate) extra_taints: Vec<Taint>,
+    /// Jobs with workers on this node.
+    pub(crate) running: BTreeSet<JobIdx>,
+}
+
+impl Node {
+    pub(crate) fn pool(&self, res: ResIdx) -> Option<&Pool> {
+        self.pools.iter().find(|p| p.res == res)
+    }
+
+    pub(crate) fn free(&self, res: ResIdx) -> u32 {
+        self.pool(res).map_or(0, Pool::free)
+    }
+}
+
+/// Free-unit index of one (flavor, kind) pair.
+#[derive(Debug)]
+pub(crate) struct ResourceIndex {
+    pub(crate) flavor: FlavorIdx,
+    pub(crate) kind: KindIdx,
+    /// `buckets[f]` holds the schedulable nodes with exactly `f` free units,
+    /// ordered by node index for deterministic tie-breaking.
+    pub(crate) buckets: Vec<BTreeSet<NodeIdx>>,
+    /// Admitted jobs holding units of this resource.
+    pub(crate) running: BTreeSet<JobIdx>,
+}
+
+impl ResourceIndex {
+    fn insert(&mut self, node: NodeIdx, free: u32) {
+        let slot = free as usize;
+        if self.buckets.len() <= slot {
+            self.buckets.resize_with(slot + 1, BTreeSet::new);
+        }
+        if let Some(bucket) = self.buckets.get_mut(slot) {
+            bucket.insert(node);
+        }
+    }
+
+    fn remove(&mut self, node: NodeIdx, free: u32) {
+        if let Some(bucket) = self.buckets.get_mut(free as usize) {
+            bucket.remove(&node);
+        }
+    }
+
+    /// Workers of `per_worker` units that the free buckets could host at most
+    /// (ignores node filters and reservations: a cheap upper bound).
+    pub(crate) fn slot_upper_bound(&self, per_worker: u32) -> u64 {
+        if per_worker == 0 {
+            return 0;
+        }
+        self.buckets
+            .iter()
+            .enumerate()
+            .skip(per_worker as usize)
+            .map(|(free, nodes)| (free as u64 / u64::from(per_worker)) * nodes.len() as u64)
+            .sum()
+    }
+
+    /// Schedulable nodes with at least `min_free` free units, best fit first.
+    pub(crate) fn nodes_with_free(&self, min_free: u32) -> impl Iterator<Item = (NodeIdx, u32)> + '_ {
+        self.buckets
+            .iter()
+            .enumerate()
+            .skip(min_free as usize)
+            .flat_map(|(free, nodes)| nodes.iter().map(move |n| (*n, free as u32)))
+    }
+}
+
+/// The node pools parsed from a node's allocatable map, before flavor assignment.
+struct ParsedPool {
+    kind: ResourceKind,
+    capacity: u32,
+    request_name: String,
+}
+
+pub(crate) struct Inventory {
+    pub(crate) nodes: Vec<Option<Node>>,
+    node_by_name: HashMap<String, NodeIdx>,
+    free_node_slots: Vec<NodeIdx>,
+    pub(crate) flavors: Vec<Flavor>,
+    flavor_by_name: HashMap<String, FlavorIdx>,
+    configured_flavors: Vec<(FlavorSpec, FlavorIdx)>,
+    pub(crate) kinds: Vec<ResourceKind>,
+    kind_by_value: HashMap<ResourceKind, KindIdx>,
+    pub(crate) resources: Vec<ResourceIndex>,
+    res_by_pair: HashMap<(FlavorIdx, KindIdx), ResIdx>,
+    pub(crate) zones: Interner,
+    pub(crate) racks: Interner,
+    rack_label: String,
+    auto_flavors: bool,
+    auto_tolerations: Vec<Toleration>,
+    spot_tolerations: Vec<Toleration>,
+}
+
+fn node_error(node: &str, field: impl Into<String>, reason: impl Into<String>) -> AllocatorError {
+    AllocatorError::InvalidNode {
+        node: node.to_string(),
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// Extended resources are integers; anything else in a GPU field is malformed.
+fn parse_units(node: &str, resource: &str, value: &str) -> Result<u32, AllocatorError> {
+    let field = format!("allocatable[{resource}]");
+    let n: u64 = value
+        .trim()
+        .parse()
+        .map_err(|_| node_error(node, &field, format!("{value:?} is not a whole number")))?;
+    if n > u64::from(MAX_NODE_UNITS) {
+        return Err(node_error(node, &field, format!("{n} exceeds {MAX_NODE_UNITS}")));
+    }
+    u32::try_from(n).map_err(|_| node_error(node, &field, "out of range"))
+}
+
+/// Capacity type from the Karpenter, GKE or EKS labels; on-demand otherwise.
+pub(crate) fn capacity_type_of(labels: &BTreeMap<String, String>) -> CapacityType {
+    let spot = labels
+        .get(names::KARPENTER_CAPACITY_LABEL)
+        .is_some_and(|v| v.eq_ignore_ascii_case("spot"))
+        || labels
+            .get(names::GKE_SPOT_LABEL)
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+        || labels
+            .get(names::GKE_PREEMPTIBLE_LABEL)
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+        || labels
+            .get(names::EKS_CAPACITY_LABEL)
+            .is_some_and(|v| v.eq_ignore_ascii_case("spot"));
+    if spot { CapacityType::Spot } else { CapacityType::OnDemand }
+}
+
+fn flavor_matches(spec: &FlavorSpec, labels: &BTreeMap<String, String>, ct: CapacityType) -> bool {
+    if let Some(product) = &spec.gpu_product
+        && labels.get(names::GPU_PRODUCT_LABEL) != Some(product)
+    {
+        return false;
+    }
+    if let Some(want) = spec.capacity_type
+        && want != ct
+    {
+        return false;
+    }
+    spec.node_labels.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+impl Inventory {
+    pub(crate) fn new(config: &AllocatorConfig) -> Self {
+        let mut inv = Inventory {
+            nodes: Vec::new(),
+            node_by_name: HashMap::new(),
+            free_node_slots: Vec::new(),
+            flavors: Vec::new(),
+            flavor_by_name: HashMap::new(),
+            configured_flavors: Vec::new(),
+            kinds: Vec::new(),
+            kind_by_value: HashMap::new(),
+            resources: Vec::new(),
+            res_by_pair: HashMap::new(),
+            zones: Interner::default(),
+            racks: Interner::default(),
+            rack_label: config.rack_label.clone(),
+            auto_flavors: config.auto_flavors,
+            auto_tolerations: config.auto_flavor_tolerations.clone(),
+            spot_tolerations: config.spot_tolerations.clone(),
+        };
+        for spec in &config.flavors {
+            let idx = inv.intern_flavor(&spec.name);
+            let mut labels = spec.node_labels.clone();
+            if let Some(product) = &spec.gpu_product {
+                labels.insert(names::GPU_PRODUCT_LABEL.to_string(), product.clone());
+            }
+            if let Some(flavor) = inv.flavors.get_mut(idx as usize) {
+                flavor.labels = labels;
+                flavor.tolerations = spec.tolerations.clone();
+                flavor.capacity_type = spec.capacity_type;
+            }
+            inv.configured_flavors.push((spec.clone(), idx));
+        }
+        inv
+    }
+
+    pub(crate) fn intern_flavor(&mut self, name: &str) -> FlavorIdx {
+        if let Some(idx) = self.flavor_by_name.get(name) {
+            return *idx;
+        }
+        let idx = u32::try_from(self.flavors.len()).unwrap_or(u32::MAX);
+        self.flavors.push(Flavor {
+            name: name.to_string(),
+            labels: BTreeMap::new(),
+            tolerations: Vec::new(),
+            capacity_type: None,
+        });
+        self.flavor_by_name.insert(name.to_string(), idx);
+        idx
+    }
+
+    pub(crate) fn intern_kind(&mut self, kind: &ResourceKind) -> KindIdx {
+        if let Some(idx) = self.kind_by_value.get(kind) {
+            return *idx;
+        }
+        let idx = u32::try_from(self.kinds.len()).unwrap_or(u32::MAX);
+        self.kinds.push(kind.clone());
+        self.kind_by_value.insert(kind.clone(), idx);
+        idx
+    }
+
+    pub(crate) fn intern_res(&mut self, flavor: FlavorIdx, kind: KindIdx) -> ResIdx {
+        if let Some(idx) = self.res_by_pair.get(&(flavor, kind)) {
+            return *idx;
+        }
+        let idx = u32::try_from(self.resources.len()).unwrap_or(u32::MAX);
+        self.resources.push(ResourceIndex {
+            flavor,
+            kind,
+            buckets: Vec::new(),
+            running: BTreeSet::new(),
+        });
+        self.res_by_pair.insert((flavor, kind), idx);
+        idx
+    }
+
+    pub(crate) fn flavor_by_name(&self, name: &str) -> Option<FlavorIdx> {
+        self.flavor_by_name.get(name).copied()
+    }
+
+    pub(crate) fn kind_idx(&self, kind: &ResourceKind) -> Option<KindIdx> {
+        self.kind_by_value.get(kind).copied()
+    }
+
+    pub(crate) fn res_of(&self, flavor: FlavorIdx, kind: KindIdx) -> Option<ResIdx> {
+        self.res_by_pair.get(&(flavor, kind)).copied()
+    }
+
+    pub(crate) fn node_by_name(&self, name: &str) -> Option<NodeIdx> {
+        self.node_by_name.get(name).copied()
+    }
+
+    pub(crate) fn node(&self, idx: NodeIdx) -> Option<&Node> {
+        self.nodes.get(idx as usize).and_then(Option::as_ref)
+    }
+
+    pub(crate) fn node_mut(&mut self, idx: NodeIdx) -> Option<&mut Node> {
+        self.nodes.get_mut(idx as usize).and_then(Option::as_mut)
+    }
+
+    pub(crate) fn res(&self, res: ResIdx) -> Option<&ResourceIndex> {
+        self.resources.get(res as usize)
+    }
+
+    pub(crate) fn res_mut(&mut self, res: ResIdx) -> Option<&mut ResourceIndex> {
+        self.resources.get_mut(res as usize)
+    }
+
+    pub(crate) fn kind_of_res(&self, res: ResIdx) -> Option<&ResourceKind> {
+        self.res(res).and_then(|r| self.kinds.get(r.kind as usize))
+    }
+
+    pub(crate) fn flavor_name(&self, flavor: FlavorIdx) -> &str {
+        self.flavors.get(flavor as usize).map_or("", |f| f.name.as_str())
+    }
+
+    pub(crate) fn res_flavor_name(&self, res: ResIdx) -> &str {
+        self.res(res).map_or("", |r| self.flavor_name(r.flavor))
+    }
+
+    pub(crate) fn res_quota_name(&self, res: ResIdx) -> String {
+        self.kind_of_res(res).map_or_else(String::new, ResourceKind::quota_name)
+    }
+
+    fn parse_pools(info: &NodeInfo) -> Result<Vec<ParsedPool>, AllocatorError> {
+        let replicas = match info.labels.get(names::GPU_REPLICAS_LABEL) {
+            Some(v) => v.trim().parse::<u32>().map_err(|_| {
+                node_error(
+                    &info.name,
+                    format!("labels[{}]", names::GPU_REPLICAS_LABEL),
+                    format!("{v:?} is not a whole number"),
+                )
+            })?,
+            None => 1,
+        };
+        let mut pools = Vec::new();
+        let mut shared_seen = false;
+        for (resource, value) in &info.allocatable {
+            let (kind, request_name) = if resource == names::GPU_RESOURCE {
+                if replicas > 1 {
+                    (ResourceKind::SharedGpu, resource.clone())
+                } else {
+                    (ResourceKind::Gpu, resource.clone())
+                }
+            } else if resource == names::SHARED_GPU_RESOURCE {
+                (ResourceKind::SharedGpu, resource.clone())
+            } else if let Some(profile) = resource.strip_prefix(names::MIG_RESOURCE_PREFIX) {
+                if profile.is_empty() {
+                    return Err(node_error(
+                        &info.name,
+                        format!("allocatable[{resource}]"),
+                        "MIG resource without a profile name",
+                    ));
+                }
+                (ResourceKind::Mig(MigProfile::parse(profile)), resource.clone())
+            } else {
+                continue;
+            };
+            let capacity = parse_units(&info.name, resource, value)?;
+            if capacity == 0 {
+                continue;
+            }
+            if kind == ResourceKind::SharedGpu {
+                if shared_seen {
+                    return Err(node_error(
+                        &info.name,
+                        format!("allocatable[{resource}]"),
+                        "time-sliced GPUs advertised under two resource names",
+                    ));
+                }
+                shared_seen = true;
+            }
+            pools.push(ParsedPool {
+                kind,
+                capacity,
+                request_name,
+            });
+        }
+        Ok(pools)
+    }
+
+    fn assign_flavor(&mut self, info: &NodeInfo, ct: CapacityType) -> Option<FlavorIdx> {
+        if let Some((_, idx)) = self
+            .configured_flavors
+            .iter()
+            .find(|(spec, _)| flavor_matches(spec, &info.labels, ct))
+        {
+            return Some(*idx);
+        }
+        if !self.auto_flavors {
+            return None;
+        }
+        let product = info.labels.get(names::GPU_PRODUCT_LABEL);
+        let name = format!(
+            "{}.{}",
+            product.map_or("unknown-gpu", String::as_str),
+            ct.as_str()
+        );
+        let existed = self.flavor_by_name.contains_key(&name);
+        let idx = self.intern_flavor(&name);
+        let configured = self.configured_flavors.iter().any(|(_, i)| *i == idx);
+        if !existed || (!configured && self.flavors.get(idx as usize).is_some_and(|f| f.capacity_type.is_none())) {
+            let mut tolerations = self.auto_tolerations.clone();
+            if ct == CapacityType::Spot {
+                tolerations.extend(self.spot_tolerations.iter().cloned());
+            }
+            let mut labels = BTreeMap::new();
+            if let Some(product) = product {
+                labels.insert(names::GPU_PRODUCT_LABEL.to_string(), product.clone());
+            }
+            if let Some(flavor) = self.flavors.get_mut(idx as usize) {
+                flavor.labels = labels;
+                flavor.tolerations = tolerations;
+                flavor.capacity_type = Some(ct);
+            }
+        }
+        Some(idx)
+    }
+
+    fn index_node(&mut self, idx: NodeIdx) {
+        let Some(node) = self.nodes.get(idx as usize).and_then(Option::as_ref) else {
+            return;
+        };
+        if !node.schedulable || node.flavor.is_none() {
+            return;
+        }
+        let entries: Vec<(ResIdx, u32)> = node.pools.iter().map(|p| (p.res, p.free())).collect();
+        for (res, free) in entries {
+            if let Some(r) = self.resources.get_mut(res as usize) {
+                r.insert(idx, free);
+            }
+        }
+    }
+
+    fn unindex_node(&mut self, idx: NodeIdx) {
+        let Some(node) = self.nodes.get(idx as usize).and_then(Option::as_ref) else {
+            return;
+        };
+        let entries: Vec<(ResIdx, u32)> = node.pools.iter().map(|p| (p.res, p.free())).collect();
+        for (res, free) in entries {
+            if let Some(r) = self.resources.get_mut(res as usize) {
+                r.remove(idx, free);
+            }
+        }
+    }
+
+    /// Adds or replaces a node. Units held by running jobs carry over, also
+    /// when the node no longer advertises them (a pool with capacity 0 keeps
+    /// the accounting right until those jobs end).
+    pub(crate) fn upsert_node(&mut self, info: NodeInfo) -> Result<NodeIdx, AllocatorError> {
+        if info.name.trim().is_empty() {
+            return Err(node_error(&info.name, "name", "must not be empty"));
+        }
+        let gpu_memory_mib = match info.labels.get(names::GPU_MEMORY_LABEL) {
+            Some(v) => Some(v.trim().parse::<u64>().map_err(|_| {
+                node_error(
+                    &info.name,
+                    format!("labels[{}]", names::GPU_MEMORY_LABEL),
+                    format!("{v:?} is not a whole number of MiB"),
+                )
+            })?),
+            None => None,
+        };
+        let parsed = Self::parse_pools(&info)?;
+        let ct = capacity_type_of(&info.labels);
+        let flavor = if parsed.is_empty() {
+            None
+        } else {
+            self.assign_flavor(&info, ct)
+        };
+        let zone = self.zones.intern(info.labels.get(names::ZONE_LABEL).map(String::as_str));
+        let rack = self.racks.intern(info.labels.get(&self.rack_label).map(String::as_str));
+        let existing = self.node_by_name.get(&info.name).copied();
+        let (old_pools, running) = match existing {
+            Some(idx) => {
+                self.unindex_node(idx);
+                let old = self.nodes.get_mut(idx as usize).and_then(Option::take);
+                old.map_or((Vec::new(), BTreeSet::new()), |n| (n.pools, n.running))
+            }
+            None => (Vec::new(), BTreeSet::new()),
+        };
+        let mut pools = Vec::new();
+        if let Some(flavor) = flavor {
+            for p in parsed {
+                let kind = self.intern_kind(&p.kind);
+                let res = self.intern_res(flavor, kind);
+                pools.push(Pool {
+                    res,
+                    capacity: p.capacity,
+                    used: 0,
+                    request_name: p.request_name,
+                });
+            }
+        }
+        for old in old_pools.into_iter().filter(|p| p.used > 0) {
+            match pools.iter_mut().find(|p| p.res == old.res) {
+                Some(p) => p.used = old.used,
+                None => pools.push(Pool {
+                    capacity: 0,
+                    ..old
+                }),
+            }
+        }
+        let flavor_tolerations = flavor
+            .and_then(|f| self.flavors.get(f as usize))
+            .map(|f| f.tolerations.clone())
+            .unwrap_or_default();
+        let extra_taints = info
+            .taints
+            .iter()
+            .filter(|t| t.repels() && !tolerated_by(t, &flavor_tolerations))
+            .cloned()
+            .collect();
+        let node = Node {
+            schedulable: info.ready && !info.unschedulable,
+            flavor,
+            zone,
+            rack,
+            gpu_memory_mib,
+            pools,
+            extra_taints,
+            running,
+            info,
+        };
+        let idx = match existing {
+            Some(idx) => idx,
+            None => match self.free_node_slots.pop() {
+                Some(idx) => idx,
+                None => {
+                    self.nodes.push(None);
+                    u32::try_from(self.nodes.len() - 1).unwrap_or(u32::MAX)
+                }
+            },
+        };
+        self.node_by_name.insert(node.info.name.clone(), idx);
+        if let Some(slot) = self.nodes.get_mut(idx as usize) {
+            *slot = Some(node);
+        }
+        self.index_node(idx);
+        Ok(idx)
+    }
+
+    /// Arena slots: `Some(name)` for a live node, `None` for a free slot,
+    /// plus the free-slot stack. Restore uses these so that node indices (and
+    /// so tie-breaking between equally good nodes) survive a snapshot.
+    pub(crate) fn arena_layout(&self) -> (Vec<Option<NodeInfo>>, Vec<NodeIdx>) {
+        let nodes = self
+            .nodes
+            .iter()
+            .map(|n| n.as_ref().map(|n| n.info.clone()))
+            .collect();
+        (nodes, self.free_node_slots.clone())
+    }
+
+    /// Appends an empty arena slot (restore only).
+    pub(crate) fn push_gap(&mut self) {
+        self.nodes.push(None);
+    }
+
+    /// Replaces the free-slot stack (restore only); slots that are not empty
+    /// are dropped so a tampered snapshot cannot make two nodes share a slot.
+    pub(crate) fn set_free_slots(&mut self, slots: Vec<NodeIdx>) {
+        let nodes = &self.nodes;
+        self.free_node_slots = slots
+            .into_iter()
+            .filter(|s| nodes.get(*s as usize).is_some_and(Option::is_none))
+            .collect();
+        let listed: BTreeSet<NodeIdx> = self.free_node_slots.iter().copied().collect();
+        for (i, slot) in self.nodes.iter().enumerate() {
+            let i = u32::try_from(i).unwrap_or(u32::MAX);
+            if slot.is_none() && !listed.contains(&i) {
+                self.free_node_slots.insert(0, i);
+            }
+        }
+    }
+
+    /// Removes a node and returns the jobs that had workers on it.
+    pub(crate) fn remove_node(&mut self, name: &str) -> Option<BTreeSet<JobIdx>> {
+        let idx = self.node_by_name.get(name).copied()?;
+        self.unindex_node(idx);
+        self.node_by_name.remove(name);
+        let node = self.nodes.get_mut(idx as usize).and_then(Option::take)?;
+        self.free_node_slots.push(idx);
+        Some(node.running)
+    }
+
+    /// Changes a node's used units for `res` by `delta` and moves it between
+    /// buckets. Units are clamped at zero rather than trusting the caller.
+    pub(crate) fn adjust(&mut self, idx: NodeIdx, res: ResIdx, delta: i64) {
+        let Some(node) = self.nodes.get_mut(idx as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        let indexed = node.schedulable && node.flavor.is_some();
+        let pool = match node.pools.iter_mut().find(|p| p.res == res) {
+            Some(p) => p,
+            None => {
+                if delta <= 0 {
+                    return;
+                }
+                // A replayed admission onto a node that no longer advertises
+                // the resource: account for it with a zero-capacity pool.
+                node.pools.push(Pool {
+                    res,
+                    capacity: 0,
+                    used: 0,
+                    request_name: String::new(),
+                });
+                match node.pools.last_mut() {
+                    Some(p) => p,
+                    None => return,
+                }
+            }
+        };
+        let old_free = pool.free();
+        let new_used = (i64::from(pool.used) + delta).clamp(0, i64::from(u32::MAX));
+        pool.used = u32::try_from(new_used).unwrap_or(u32::MAX);
+        let new_free = pool.free();
+        if indexed
+            && old_free != new_free
+            && let Some(r) = self.resources.get_mut(res as usize)
+        {
+            r.remove(idx, old_free);
+            r.insert(idx, new_free);
+        }
+    }
+
+    /// Whether a node passes a job's filters (selector, taints, GPU memory).
+    pub(crate) fn node_admits(node: &Node, filter: &NodeFilter) -> bool {
+        if !filter.node_selector.is_empty()
+            && !filter
+                .node_selector
+                .iter()
+                .all(|(k, v)| node.info.labels.get(k) == Some(v))
+        {
+            return false;
+        }
+        if !node
+            .extra_taints
+            .iter()
+            .all(|t| tolerated_by(t, &filter.tolerations))
+        {
+            return false;
+        }
+        if let Some(min) = filter.min_gpu_memory_mib {
+            match node.gpu_memory_mib {
+                Some(mem) if mem >= min => {}
+                _ => return false,
+            }
+        }
+        true
+    }
+}
+
+/// The per-job node constraints, interned so that jobs with identical
+/// constraints share placement-failure memos within a cycle.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub(crate) struct NodeFilter {
+    pub(crate) node_selector: BTreeMap<String, String>,
+    pub(crate) tolerations: Vec<Toleration>,
+    pub(crate) min_gpu_memory_mib: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::TaintEffect;
+
+    fn node(name: &str, gpus: &str) -> NodeInfo {
+        let mut info = NodeInfo {
+            name: name.into(),
+            ready: true,
+            ..NodeInfo::default()
+        };
+        info.allocatable.insert("nvidia.com/gpu".into(), gpus.into());
+        info.labels
+            .insert(names::GPU_PRODUCT_LABEL.into(), "A100".into());
+        info
+    }
+
+    #[test]
+    fn capacity_type_reads_all_three_label_conventions() {
+        let mut labels = BTreeMap::new();
+        assert_eq!(capacity_type_of(&labels), CapacityType::OnDemand);
+        labels.insert(names::KARPENTER_CAPACITY_LABEL.into(), "spot".into());
+        assert_eq!(capacity_type_of(&labels), CapacityType::Spot);
+        let mut gke = BTreeMap::new();
+        gke.insert(names::GKE_SPOT_LABEL.into(), "true".into());
+        assert_eq!(capacity_type_of(&gke), CapacityType::Spot);
+        let mut eks = BTreeMap::new();
+        eks.insert(names::EKS_CAPACITY_LABEL.into(), "SPOT".into());
+        assert_eq!(capacity_type_of(&eks), CapacityType::Spot);
+        eks.insert(names::EKS_CAPACITY_LABEL.into(), "ON_DEMAND".into());
+        assert_eq!(capacity_type_of(&eks), CapacityType::OnDemand);
+    }
+
+    #[test]
+    fn malformed_gpu_quantity_is_a_typed_error() {
+        let mut inv = Inventory::new(&AllocatorConfig::default());
+        match inv.upsert_node(node("n1", "eight")) {
+            Err(AllocatorError::InvalidNode { field, .. }) => {
+                assert_eq!(field, "allocatable[nvidia.com/gpu]")
+            }
+            other => panic!("expected InvalidNode, got {other:?}"),
+        }
+        assert!(inv.node_by_name("n1").is_none());
+    }
+
+    #[test]
+    fn buckets_follow_usage_and_readiness() {
+        let mut inv = Inventory::new(&AllocatorConfig::default());
+        let idx = inv.upsert_node(node("n1", "8")).expect("node accepted");
+        let res = inv.node(idx).expect("node").pools[0].res;
+        let r = inv.res(res).expect("res");
+        assert_eq!(r.nodes_with_free(8).collect::<Vec<_>>(), vec![(idx, 8)]);
+        inv.adjust(idx, res, 3);
+        let r = inv.res(res).expect("res");
+        assert_eq!(r.nodes_with_free(1).collect::<Vec<_>>(), vec![(idx, 5)]);
+        assert_eq!(r.slot_upper_bound(2), 2);
+        let mut cordoned = node("n1", "8");
+        cordoned.unschedulable = true;
+        inv.upsert_node(cordoned).expect("node accepted");
+        let r = inv.res(res).expect("res");
+        assert_eq!(r.nodes_with_free(0).count(), 0);
+        assert_eq!(inv.node(idx).expect("node").pools[0].used, 3, "usage carried over");
+    }
+
+    #[test]
+    fn time_sliced_and_mig_nodes_get_their_own_kinds() {
+        let mut inv = Inventory::new(&AllocatorConfig::default());
+        let mut shared = node("ts", "16");
+        shared
+            .labels
+            .insert(names::GPU_REPLICAS_LABEL.into(), "4".into());
+        let idx = inv.upsert_node(shared).expect("node accepted");
+        let pool = &inv.node(idx).expect("node").pools[0];
+        assert_eq!(inv.kind_of_res(pool.res), Some(&ResourceKind::SharedGpu));
+        assert_eq!(pool.request_name, "nvidia.com/gpu");
+
+        let mut mig = node("mig", "0");
+        mig.allocatable
+            .insert("nvidia.com/mig-1g.5gb".into(), "7".into());
+        let idx = inv.upsert_node(mig).expect("node accepted");
+        let pools = &inv.node(idx).expect("node").pools;
+        assert_eq!(pools.len(), 1, "zero whole GPUs make no pool");
+        assert!(matches!(inv.kind_of_res(pools[0].res), Some(ResourceKind::Mig(p)) if p.name == "1g.5gb"));
+    }
+
+    #[test]
+    fn taints_not_covered_by_the_flavor_are_kept_per_node() {
+        let mut inv = Inventory::new(&AllocatorConfig::default());
+        let mut info = node("n1", "8");
+        info.taints.push(Taint {
+            key: "nvidia.com/gpu".into(),
+            value: String::new(),
+            effect: TaintEffect::NoSchedule,
+        });
+        info.taints.push(Taint {
+            key: "dedicated".into(),
+            value: "research".into(),
+            effect: TaintEffect::NoSchedule,
+        });
+        let idx = inv.upsert_node(info).expect("node accepted");
+        let n = inv.node(idx).expect("node");
+        assert_eq!(n.extra_taints.len(), 1);
+        assert!(!Inventory::node_admits(n, &NodeFilter::default()));
+        let filter = NodeFilter {
+            tolerations: vec![Toleration::equal("dedicated", "research", TaintEffect::NoSchedule)],
+            ..NodeFilter::default()
+        };
+        assert!(Inventory::node_admits(n, &filter));
+    }
+}

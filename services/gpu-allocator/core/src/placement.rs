@@ -1,0 +1,200 @@
+//! Placement: choosing concrete nodes for every worker of a gang.
+//!
+//! Pure functions over candidate nodes (node, usable units, zone, rack), so
+//! the admission path, reservations and what-if preemption searches all use
+//! the same rules:
+//! - one worker: best fit, the node with the fewest usable units that still
+//!   fits, so whole nodes stay free for big gangs;
+//! - a gang: one node if one can host it all, else the tightest single rack
+//!   (NVLink domain), else the tightest single zone, else spread over as few
+//!   zones and racks as possible; inside the chosen domain, best fit again.
+
+use std::collections::BTreeMap;
+
+use crate::inventory::NodeIdx;
+use crate::types::TopologyRequirement;
+
+/// A node that could host at least one worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Candidate {
+    pub(crate) node: NodeIdx,
+    /// Units this job may use on the node (free minus reservations).
+    pub(crate) usable: u32,
+    /// Interned zone, 0 when unlabeled.
+    pub(crate) zone: u32,
+    /// Interned rack / NVLink domain, 0 when unlabeled.
+    pub(crate) rack: u32,
+}
+
+/// Workers per node in a placement.
+pub(crate) type Assignment = Vec<(NodeIdx, u32)>;
+
+fn slots(c: &Candidate, per_worker: u32) -> u64 {
+    u64::from(c.usable / per_worker.max(1))
+}
+
+/// Takes workers from `ordered` nodes until the gang is complete.
+fn fill<'a>(
+    ordered: impl Iterator<Item = &'a Candidate>,
+    per_worker: u32,
+    workers: u32,
+) -> Option<Assignment> {
+    let mut left = u64::from(workers);
+    let mut out = Vec::new();
+    for c in ordered {
+        if left == 0 {
+            break;
+        }
+        let take = slots(c, per_worker).min(left);
+        if take > 0 {
+            out.push((c.node, u32::try_from(take).unwrap_or(u32::MAX)));
+            left -= take;
+        }
+    }
+    (left == 0).then_some(out)
+}
+
+/// Best fit for a single worker: fewest usable units, then lowest node index.
+pub(crate) fn place_single(per_worker: u32, candidates: &[Candidate]) -> Option<Assignment> {
+    candidates
+        .iter()
+        .filter(|c| c.usable >= per_worker)
+        .min_by_key(|c| (c.usable, c.node))
+        .map(|c| vec![(c.node, 1)])
+}
+
+/// Places `workers` workers of `per_worker` units each on `candidates`, or
+/// returns `None` when they do not fit (all-or-nothing).
+pub(crate) fn place_gang(
+    per_worker: u32,
+    workers: u32,
+    topology: TopologyRequirement,
+    candidates: &[Candidate],
+) -> Option<Assignment> {
+    if workers == 0 || per_worker == 0 {
+        return None;
+    }
+    if workers == 1 {
+        return place_single(per_worker, candidates);
+    }
+    let need = u64::from(workers);
+    let total: u64 = candidates.iter().map(|c| slots(c, per_worker)).sum();
+    if total < need {
+        return None;
+    }
+    // One node for the whole gang: no cross-node traffic at all.
+    if let Some(c) = candidates
+        .iter()
+        .filter(|c| slots(c, per_worker) >= need)
+        .min_by_key(|c| (c.usable, c.node))
+    {
+        return Some(vec![(c.node, workers)]);
+    }
+
+    let mut rack_slots: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut zone_slots: BTreeMap<u32, u64> = BTreeMap::new();
+    for c in candidates {
+        let s = slots(c, per_worker);
+        *rack_slots.entry(c.rack).or_default() += s;
+        *zone_slots.entry(c.zone).or_default() += s;
+    }
+
+    // Tightest rack that fits the gang: keeps roomier racks for bigger gangs.
+    let best_rack = rack_slots
+        .iter()
+        .filter(|(rack, s)| **rack != 0 && **s >= need)
+        .min_by_key(|(rack, s)| (**s, **rack))
+        .map(|(rack, _)| *rack);
+    if let Some(rack) = best_rack {
+        let mut in_rack: Vec<&Candidate> = candidates.iter().filter(|c| c.rack == rack).collect();
+        in_rack.sort_by_key(|c| (c.usable, c.node));
+        return fill(in_rack.into_iter(), per_worker, workers);
+    }
+    if topology == TopologyRequirement::SameRack {
+        return None;
+    }
+
+    let rack_key = |c: &Candidate| std::cmp::Reverse(rack_slots.get(&c.rack).copied().unwrap_or(0));
+    let best_zone = zone_slots
+        .iter()
+        .filter(|(zone, s)| **zone != 0 && **s >= need)
+        .min_by_key(|(zone, s)| (**s, **zone))
+        .map(|(zone, _)| *zone);
+    if let Some(zone) = best_zone {
+        // Inside the zone, span as few racks as possible: roomiest racks first.
+        let mut in_zone: Vec<&Candidate> = candidates.iter().filter(|c| c.zone == zone).collect();
+        in_zone.sort_by_key(|c| (rack_key(c), c.rack, c.usable, c.node));
+        return fill(in_zone.into_iter(), per_worker, workers);
+    }
+    if topology == TopologyRequirement::SameZone {
+        return None;
+    }
+
+    let zone_key = |c: &Candidate| std::cmp::Reverse(zone_slots.get(&c.zone).copied().unwrap_or(0));
+    let mut all: Vec<&Candidate> = candidates.iter().collect();
+    all.sort_by_key(|c| (zone_key(c), c.zone, rack_key(c), c.rack, c.usable, c.node));
+    fill(all.into_iter(), per_worker, workers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(node: NodeIdx, usable: u32, zone: u32, rack: u32) -> Candidate {
+        Candidate {
+            node,
+            usable,
+            zone,
+            rack,
+        }
+    }
+
+    #[test]
+    fn single_worker_takes_the_tightest_node() {
+        let cands = [c(0, 8, 1, 1), c(1, 2, 1, 1), c(2, 4, 1, 1)];
+        assert_eq!(place_single(2, &cands), Some(vec![(1, 1)]));
+        assert_eq!(place_single(3, &cands), Some(vec![(2, 1)]));
+        assert_eq!(place_single(9, &cands), None);
+    }
+
+    #[test]
+    fn gang_prefers_one_node_then_one_rack() {
+        let cands = [c(0, 8, 1, 1), c(1, 4, 1, 2), c(2, 4, 1, 2)];
+        // 2 workers x 4 fit on node 0 alone.
+        assert_eq!(place_gang(4, 2, TopologyRequirement::Preferred, &cands), Some(vec![(0, 2)]));
+        // 3 workers x 4: no single node; rack 2 holds 2, rack 1 holds 2: zone 1 fits.
+        let placed = place_gang(4, 3, TopologyRequirement::Preferred, &cands).expect("fits in zone");
+        assert_eq!(placed.iter().map(|(_, w)| w).sum::<u32>(), 3);
+        assert_eq!(place_gang(4, 3, TopologyRequirement::SameRack, &cands), None);
+        assert!(place_gang(4, 3, TopologyRequirement::SameZone, &cands).is_some());
+    }
+
+    #[test]
+    fn gang_picks_tightest_rack_and_never_splits_a_worker() {
+        // Rack 1 has 4 free 8-GPU nodes, rack 2 exactly 2: a 2x8 gang goes to rack 2.
+        let cands = [
+            c(0, 8, 1, 1),
+            c(1, 8, 1, 1),
+            c(2, 8, 1, 1),
+            c(3, 8, 1, 1),
+            c(4, 8, 1, 2),
+            c(5, 8, 1, 2),
+        ];
+        assert_eq!(
+            place_gang(8, 2, TopologyRequirement::Preferred, &cands),
+            Some(vec![(4, 1), (5, 1)])
+        );
+        // 7 free units on each of two nodes cannot host two 8-unit workers.
+        let frag = [c(0, 7, 1, 1), c(1, 7, 1, 1)];
+        assert_eq!(place_gang(8, 1, TopologyRequirement::Preferred, &frag), None);
+        assert_eq!(place_gang(4, 2, TopologyRequirement::Preferred, &frag), Some(vec![(0, 1), (1, 1)]));
+    }
+
+    #[test]
+    fn gang_spreads_across_zones_only_when_allowed() {
+        let cands = [c(0, 8, 1, 1), c(1, 8, 2, 2)];
+        assert_eq!(place_gang(8, 2, TopologyRequirement::SameZone, &cands), None);
+        let spread = place_gang(8, 2, TopologyRequirement::Preferred, &cands).expect("spread");
+        assert_eq!(spread.len(), 2);
+    }
+}

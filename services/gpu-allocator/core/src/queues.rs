@@ -1,0 +1,509 @@
+//! TrainingQueues: nominal quota, cohort borrowing and lending, and the
+//! weighted dominant-resource fair share used to order queues in a cycle.
+//!
+//! Quota model (the one Kueue users know):
+//! - a queue may use up to `nominal` of a resource unconditionally (if the
+//!   cohort has not lent it out, in which case it reclaims it);
+//! - above nominal it borrows from the cohort pool, at most `borrowingLimit`;
+//! - the pool is the sum of the members' lendable quota
+//!   (`lendingLimit`, or all of nominal);
+//! - a queue's share is `max over resources (usage above nominal / pool) / weight`.
+
+use std::collections::BTreeSet;
+
+use crate::event::{QueuePreemption, QueueSpec};
+use crate::inventory::{FlavorIdx, JobIdx, ResIdx};
+
+pub(crate) type QueueIdx = u32;
+pub(crate) type CohortIdx = u32;
+
+/// Limits of one resource for one queue.
+#[derive(Debug, Clone)]
+pub(crate) struct QuotaSlot {
+    pub(crate) res: ResIdx,
+    pub(crate) flavor: FlavorIdx,
+    pub(crate) nominal: u64,
+    pub(crate) borrowing_limit: Option<u64>,
+    pub(crate) lending_limit: Option<u64>,
+}
+
+impl QuotaSlot {
+    /// Part of nominal that cohort members may borrow.
+    pub(crate) fn lendable(&self) -> u64 {
+        self.lending_limit.unwrap_or(self.nominal).min(self.nominal)
+    }
+
+    /// Part of nominal that is never lent out.
+    pub(crate) fn guaranteed(&self) -> u64 {
+        self.nominal - self.lendable()
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Queue {
+    pub(crate) name: String,
+    /// `None` while the TrainingQueue does not exist (never created, or
+    /// deleted while jobs still referred to it).
+    pub(crate) spec: Option<QueueSpec>,
+    pub(crate) cohort: Option<CohortIdx>,
+    pub(crate) weight: f64,
+    /// Quota slots in flavor preference order.
+    pub(crate) quotas: Vec<QuotaSlot>,
+    /// Flavors in preference order (deduplicated from `quotas`).
+    pub(crate) flavor_order: Vec<FlavorIdx>,
+    /// Units in use per resource (kept when the spec is removed, because the
+    /// jobs still hold them).
+    pub(crate) usage: Vec<(ResIdx, u64)>,
+    pub(crate) pending: BTreeSet<JobIdx>,
+    pub(crate) preemption: QueuePreemption,
+}
+
+impl Queue {
+    pub(crate) fn new(name: &str) -> Self {
+        Queue {
+            name: name.to_string(),
+            spec: None,
+            cohort: None,
+            weight: 1.0,
+            quotas: Vec::new(),
+            flavor_order: Vec::new(),
+            usage: Vec::new(),
+            pending: BTreeSet::new(),
+            preemption: QueuePreemption::default(),
+        }
+    }
+
+    pub(crate) fn quota(&self, res: ResIdx) -> Option<&QuotaSlot> {
+        self.quotas.iter().find(|q| q.res == res)
+    }
+
+    pub(crate) fn usage(&self, res: ResIdx) -> u64 {
+        self.usage
+            .iter()
+            .find(|(r, _)| *r == res)
+            .map_or(0, |(_, u)| *u)
+    }
+
+    fn set_usage(&mut self, res: ResIdx, value: u64) {
+        match self.usage.iter_mut().find(|(r, _)| *r == res) {
+            Some(entry) => entry.1 = value,
+            None => self.usage.push((res, value)),
+        }
+    }
+
+    /// Units of `res` above nominal (what the queue borrows).
+    pub(crate) fn borrowed(&self, res: ResIdx) -> u64 {
+        let nominal = self.quota(res).map_or(0, |q| q.nominal);
+        self.usage(res).saturating_sub(nominal)
+    }
+}
+
+/// Lendable pool of one resource in one cohort.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct PoolAccount {
+    pub(crate) lendable: u64,
+    /// Sum over members of usage beyond their guaranteed (never-lent) part.
+    pub(crate) used: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Cohort {
+    pub(crate) name: String,
+    pub(crate) members: Vec<QueueIdx>,
+    pub(crate) pools: Vec<(ResIdx, PoolAccount)>,
+}
+
+impl Cohort {
+    pub(crate) fn pool(&self, res: ResIdx) -> PoolAccount {
+        self.pools
+            .iter()
+            .find(|(r, _)| *r == res)
+            .map_or(PoolAccount::default(), |(_, p)| *p)
+    }
+
+    fn pool_mut(&mut self, res: ResIdx) -> &mut PoolAccount {
+        if let Some(i) = self.pools.iter().position(|(r, _)| *r == res) {
+            return &mut self.pools[i].1;
+        }
+        self.pools.push((res, PoolAccount::default()));
+        let last = self.pools.len() - 1;
+        &mut self.pools[last].1
+    }
+}
+
+/// Why a queue cannot take `requested` more units of a resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct QuotaShortfall {
+    pub(crate) nominal: u64,
+    pub(crate) used: u64,
+    pub(crate) available: u64,
+    /// The job would stay within nominal: the cohort lent the quota out and
+    /// it can be reclaimed.
+    pub(crate) reclaimable: bool,
+}
+
+/// A what-if change of usage, for preemption searches.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UsageDelta {
+    pub(crate) queue: QueueIdx,
+    pub(crate) res: ResIdx,
+    pub(crate) units: i64,
+}
+
+/// Queue and cohort state.
+#[derive(Debug, Default)]
+pub(crate) struct Queues {
+    pub(crate) queues: Vec<Queue>,
+    by_name: std::collections::HashMap<String, QueueIdx>,
+    pub(crate) cohorts: Vec<Cohort>,
+    cohort_by_name: std::collections::HashMap<String, CohortIdx>,
+}
+
+/// Effectively unlimited borrowing, without overflow in sums.
+const UNLIMITED: u64 = u64::MAX / 4;
+
+impl Queues {
+    pub(crate) fn intern(&mut self, name: &str) -> QueueIdx {
+        if let Some(idx) = self.by_name.get(name) {
+            return *idx;
+        }
+        let idx = u32::try_from(self.queues.len()).unwrap_or(u32::MAX);
+        self.queues.push(Queue::new(name));
+        self.by_name.insert(name.to_string(), idx);
+        idx
+    }
+
+    pub(crate) fn by_name(&self, name: &str) -> Option<QueueIdx> {
+        self.by_name.get(name).copied()
+    }
+
+    pub(crate) fn get(&self, idx: QueueIdx) -> Option<&Queue> {
+        self.queues.get(idx as usize)
+    }
+
+    pub(crate) fn get_mut(&mut self, idx: QueueIdx) -> Option<&mut Queue> {
+        self.queues.get_mut(idx as usize)
+    }
+
+    fn intern_cohort(&mut self, name: &str) -> CohortIdx {
+        if let Some(idx) = self.cohort_by_name.get(name) {
+            return *idx;
+        }
+        let idx = u32::try_from(self.cohorts.len()).unwrap_or(u32::MAX);
+        self.cohorts.push(Cohort {
+            name: name.to_string(),
+            members: Vec::new(),
+            pools: Vec::new(),
+        });
+        self.cohort_by_name.insert(name.to_string(), idx);
+        idx
+    }
+
+    /// Installs a (validated) spec whose flavors/resources are already
+    /// resolved to `slots`, then recomputes the affected cohorts' pools.
+    pub(crate) fn upsert(&mut self, spec: QueueSpec, slots: Vec<QuotaSlot>) -> QueueIdx {
+        let idx = self.intern(&spec.name);
+        let new_cohort = spec.cohort.as_deref().map(|c| self.intern_cohort(c));
+        let old_cohort = self.get(idx).and_then(|q| q.cohort);
+        let mut flavor_order = Vec::new();
+        for s in &slots {
+            if !flavor_order.contains(&s.flavor) {
+                flavor_order.push(s.flavor);
+            }
+        }
+        if let Some(q) = self.get_mut(idx) {
+            q.weight = spec.weight;
+            q.preemption = spec.preemption;
+            q.quotas = slots;
+            q.flavor_order = flavor_order;
+            q.cohort = new_cohort;
+            q.spec = Some(spec);
+        }
+        self.recompute_cohorts(&[old_cohort, new_cohort]);
+        idx
+    }
+
+    /// Removes a queue's spec; usage stays (its running jobs still hold it).
+    pub(crate) fn remove(&mut self, name: &str) -> bool {
+        let Some(idx) = self.by_name(name) else {
+            return false;
+        };
+        let old_cohort = self.get(idx).and_then(|q| q.cohort);
+        let Some(q) = self.get_mut(idx) else {
+            return false;
+        };
+        if q.spec.is_none() {
+            return false;
+        }
+        q.spec = None;
+        q.quotas.clear();
+        q.flavor_order.clear();
+        q.cohort = None;
+        self.recompute_cohorts(&[old_cohort]);
+        true
+    }
+
+    fn recompute_cohorts(&mut self, cohorts: &[Option<CohortIdx>]) {
+        for cohort in cohorts.iter().flatten() {
+            let members: Vec<QueueIdx> = self
+                .queues
+                .iter()
+                .enumerate()
+                .filter(|(_, q)| q.spec.is_some() && q.cohort == Some(*cohort))
+                .map(|(i, _)| u32::try_from(i).unwrap_or(u32::MAX))
+                .collect();
+            let mut pools: Vec<(ResIdx, PoolAccount)> = Vec::new();
+            for m in &members {
+                let Some(q) = self.get(*m) else { continue };
+                for slot in &q.quotas {
+                    let used_beyond = q.usage(slot.res).saturating_sub(slot.guaranteed());
+                    match pools.iter_mut().find(|(r, _)| *r == slot.res) {
+                        Some((_, p)) => {
+                            p.lendable += slot.lendable();
+                            p.used += used_beyond;
+                        }
+                        None => pools.push((
+                            slot.res,
+                            PoolAccount {
+                                lendable: slot.lendable(),
+                                used: used_beyond,
+                            },
+                        )),
+                    }
+                }
+                // Usage of resources the queue has no quota for still draws
+                // on the pool (e.g. after a quota was removed).
+                for (res, used) in &q.usage {
+                    if q.quota(*res).is_none() {
+                        match pools.iter_mut().find(|(r, _)| r == res) {
+                            Some((_, p)) => p.used += used,
+                            None => pools.push((
+                                *res,
+                                PoolAccount {
+                                    lendable: 0,
+                                    used: *used,
+                                },
+                            )),
+                        }
+                    }
+                }
+            }
+            if let Some(c) = self.cohorts.get_mut(*cohort as usize) {
+                c.members = members;
+                c.pools = pools;
+            }
+        }
+    }
+
+    /// Applies a usage change to the queue and its cohort pool.
+    pub(crate) fn add_usage(&mut self, queue: QueueIdx, res: ResIdx, delta: i64) {
+        let Some(q) = self.queues.get_mut(queue as usize) else {
+            return;
+        };
+        let guaranteed = q.quota(res).map_or(0, QuotaSlot::guaranteed);
+        let before = q.usage(res);
+        let after = u64::try_from((i128::from(before) + i128::from(delta)).max(0)).unwrap_or(u64::MAX);
+        q.set_usage(res, after);
+        if let Some(cohort) = q.cohort
+            && let Some(c) = self.cohorts.get_mut(cohort as usize)
+        {
+            let pool = c.pool_mut(res);
+            let old_beyond = before.saturating_sub(guaranteed);
+            let new_beyond = after.saturating_sub(guaranteed);
+            pool.used = (pool.used + new_beyond).saturating_sub(old_beyond);
+        }
+    }
+
+    /// Checks whether `queue` may take `requested` more units of `res`, given
+    /// what-if `deltas` (victims removed). `None` means it fits.
+    pub(crate) fn check(
+        &self,
+        queue: QueueIdx,
+        res: ResIdx,
+        requested: u64,
+        deltas: &[UsageDelta],
+    ) -> Result<(), QuotaShortfall> {
+        let Some(q) = self.get(queue) else {
+            return Err(QuotaShortfall {
+                nominal: 0,
+                used: 0,
+                available: 0,
+                reclaimable: false,
+            });
+        };
+        let Some(slot) = q.quota(res) else {
+            return Err(QuotaShortfall {
+                nominal: 0,
+                used: q.usage(res),
+                available: 0,
+                reclaimable: false,
+            });
+        };
+        let delta_of = |qi: QueueIdx| -> i64 {
+            deltas
+                .iter()
+                .filter(|d| d.queue == qi && d.res == res)
+                .map(|d| d.units)
+                .sum()
+        };
+        let apply = |base: u64, d: i64| -> u64 {
+            u64::try_from((i128::from(base) + i128::from(d)).max(0)).unwrap_or(u64::MAX)
+        };
+        let used = apply(q.usage(res), delta_of(queue));
+        let own_limit = match q.cohort {
+            Some(_) => slot
+                .nominal
+                .saturating_add(slot.borrowing_limit.unwrap_or(UNLIMITED)),
+            None => slot.nominal,
+        };
+        let mut available = own_limit.saturating_sub(used);
+        if let Some(cohort_id) = q.cohort
+            && let Some(cohort) = self.cohorts.get(cohort_id as usize)
+        {
+            let mut pool = cohort.pool(res);
+            if !deltas.is_empty() {
+                // Recompute the pool use with the what-if deltas applied.
+                for d in deltas.iter().filter(|d| d.res == res) {
+                    let Some(member) = self.get(d.queue) else { continue };
+                    if member.cohort != Some(cohort_id) {
+                        continue;
+                    }
+                    let g = member.quota(res).map_or(0, QuotaSlot::guaranteed);
+                    let before = member.usage(res);
+                    let after = apply(before, d.units);
+                    pool.used = (pool.used + after.saturating_sub(g))
+                        .saturating_sub(before.saturating_sub(g));
+                }
+            }
+            let headroom = pool.lendable.saturating_sub(pool.used);
+            let from_guaranteed = slot.guaranteed().saturating_sub(used);
+            available = available.min(from_guaranteed.saturating_add(headroom));
+        }
+        if requested <= available {
+            Ok(())
+        } else {
+            Err(QuotaShortfall {
+                nominal: slot.nominal,
+                used,
+                available,
+                reclaimable: used.saturating_add(requested) <= slot.nominal,
+            })
+        }
+    }
+
+    /// Weighted dominant share: the largest fraction of a cohort pool the
+    /// queue borrows, divided by its weight. Queues within nominal have 0.
+    pub(crate) fn share(&self, queue: QueueIdx, deltas: &[UsageDelta]) -> f64 {
+        let Some(q) = self.get(queue) else { return 0.0 };
+        let Some(cohort) = q.cohort.and_then(|c| self.cohorts.get(c as usize)) else {
+            return 0.0;
+        };
+        let mut dominant: f64 = 0.0;
+        for (res, usage) in &q.usage {
+            let delta: i64 = deltas
+                .iter()
+                .filter(|d| d.queue == queue && d.res == *res)
+                .map(|d| d.units)
+                .sum();
+            let usage = u64::try_from((i128::from(*usage) + i128::from(delta)).max(0)).unwrap_or(0);
+            let nominal = q.quota(*res).map_or(0, |s| s.nominal);
+            let borrowed = usage.saturating_sub(nominal);
+            if borrowed == 0 {
+                continue;
+            }
+            let pool = cohort.pool(*res).lendable.max(1);
+            dominant = dominant.max(borrowed as f64 / pool as f64);
+        }
+        // Resources the queue has not used yet but the deltas add.
+        for d in deltas.iter().filter(|d| d.queue == queue && d.units > 0) {
+            if q.usage.iter().any(|(r, _)| *r == d.res) {
+                continue;
+            }
+            let nominal = q.quota(d.res).map_or(0, |s| s.nominal);
+            let borrowed = u64::try_from(d.units).unwrap_or(0).saturating_sub(nominal);
+            if borrowed > 0 {
+                let pool = cohort.pool(d.res).lendable.max(1);
+                dominant = dominant.max(borrowed as f64 / pool as f64);
+            }
+        }
+        dominant / q.weight
+    }
+
+    /// Re-derives every cohort pool from queue usage (after restore).
+    pub(crate) fn recompute_all_cohorts(&mut self) {
+        let all: Vec<Option<CohortIdx>> = (0..self.cohorts.len())
+            .map(|i| Some(u32::try_from(i).unwrap_or(u32::MAX)))
+            .collect();
+        self.recompute_cohorts(&all);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(res: ResIdx, nominal: u64, borrowing: Option<u64>, lending: Option<u64>) -> QuotaSlot {
+        QuotaSlot {
+            res,
+            flavor: 0,
+            nominal,
+            borrowing_limit: borrowing,
+            lending_limit: lending,
+        }
+    }
+
+    fn spec(name: &str, cohort: Option<&str>, weight: f64) -> QueueSpec {
+        QueueSpec {
+            name: name.into(),
+            cohort: cohort.map(str::to_string),
+            weight,
+            ..QueueSpec::default()
+        }
+    }
+
+    #[test]
+    fn queue_without_cohort_is_capped_at_nominal() {
+        let mut qs = Queues::default();
+        let a = qs.upsert(spec("a", None, 1.0), vec![slot(0, 8, None, None)]);
+        assert_eq!(qs.check(a, 0, 8, &[]), Ok(()));
+        qs.add_usage(a, 0, 6);
+        let short = qs.check(a, 0, 4, &[]).expect_err("over nominal");
+        assert_eq!(short.available, 2);
+    }
+
+    #[test]
+    fn borrowing_respects_limits_and_lending() {
+        let mut qs = Queues::default();
+        let a = qs.upsert(spec("a", Some("c"), 1.0), vec![slot(0, 4, Some(6), None)]);
+        let b = qs.upsert(spec("b", Some("c"), 1.0), vec![slot(0, 8, None, Some(5))]);
+        // Pool = 4 (a lends all) + 5 (b lends 5 of 8) = 9; a may use 4 + 5 = 9,
+        // capped by its borrowing limit 4 + 6 = 10.
+        assert_eq!(qs.check(a, 0, 9, &[]), Ok(()));
+        assert!(qs.check(a, 0, 10, &[]).is_err());
+        qs.add_usage(a, 0, 9);
+        // b's guaranteed 3 is untouched, the rest of its nominal was lent.
+        assert_eq!(qs.check(b, 0, 3, &[]), Ok(()));
+        let short = qs.check(b, 0, 4, &[]).expect_err("lent out");
+        assert!(short.reclaimable, "b is within nominal: it may reclaim");
+        assert!(qs.share(a, &[]) > 0.0);
+        assert_eq!(qs.share(b, &[]), 0.0);
+    }
+
+    #[test]
+    fn weight_divides_the_share() {
+        let mut qs = Queues::default();
+        let a = qs.upsert(spec("a", Some("c"), 1.0), vec![slot(0, 0, None, None)]);
+        let b = qs.upsert(spec("b", Some("c"), 2.0), vec![slot(0, 0, None, None)]);
+        let _lender = qs.upsert(spec("l", Some("c"), 1.0), vec![slot(0, 10, None, None)]);
+        qs.add_usage(a, 0, 4);
+        qs.add_usage(b, 0, 4);
+        assert!((qs.share(a, &[]) - 0.4).abs() < 1e-9);
+        assert!((qs.share(b, &[]) - 0.2).abs() < 1e-9);
+        let what_if = [UsageDelta {
+            queue: a,
+            res: 0,
+            units: -2,
+        }];
+        assert!((qs.share(a, &what_if) - 0.2).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,363 @@
+//! Small domain types shared by every module: identifiers, time, taints and
+//! tolerations, capacity types and the GPU resource kinds the allocator counts.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Well-known Kubernetes resource and label names the allocator reads or writes.
+pub mod names {
+    /// Whole GPUs advertised by the NVIDIA device plugin.
+    pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+    /// Time-sliced GPU replicas when the device plugin runs with `renameByDefault`.
+    pub const SHARED_GPU_RESOURCE: &str = "nvidia.com/gpu.shared";
+    /// Prefix of MIG slice resources (`nvidia.com/mig-1g.5gb`, ...).
+    pub const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
+    /// GPU product label set by GPU feature discovery.
+    pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
+    /// Per-GPU memory in MiB, set by GPU feature discovery.
+    pub const GPU_MEMORY_LABEL: &str = "nvidia.com/gpu.memory";
+    /// Time-slicing replicas per physical GPU, set by GPU feature discovery.
+    pub const GPU_REPLICAS_LABEL: &str = "nvidia.com/gpu.replicas";
+    /// Standard zone label.
+    pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+    /// Node name label used to pin a worker to the node chosen at admission.
+    pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+    /// Karpenter capacity type: `spot` / `on-demand`.
+    pub const KARPENTER_CAPACITY_LABEL: &str = "karpenter.sh/capacity-type";
+    /// GKE spot nodes: `"true"`.
+    pub const GKE_SPOT_LABEL: &str = "cloud.google.com/gke-spot";
+    /// GKE legacy preemptible nodes: `"true"`.
+    pub const GKE_PREEMPTIBLE_LABEL: &str = "cloud.google.com/gke-preemptible";
+    /// EKS managed node groups: `SPOT` / `ON_DEMAND`.
+    pub const EKS_CAPACITY_LABEL: &str = "eks.amazonaws.com/capacityType";
+    /// NVLink domain label written by the NVIDIA GPU operator; the default rack label.
+    pub const NVLINK_CLIQUE_LABEL: &str = "nvidia.com/gpu.clique";
+}
+
+/// Seconds since the Unix epoch. Kubernetes timestamps have second resolution,
+/// so finer units would only pretend to a precision the inputs do not have.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct Timestamp(pub u64);
+
+impl Timestamp {
+    /// This time plus `secs`, saturating instead of overflowing on absurd input.
+    pub fn plus_secs(self, secs: u64) -> Timestamp {
+        Timestamp(self.0.saturating_add(secs))
+    }
+
+    /// Seconds from `earlier` to `self`, zero when `earlier` is later.
+    pub fn secs_since(self, earlier: Timestamp) -> u64 {
+        self.0.saturating_sub(earlier.0)
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "t={}s", self.0)
+    }
+}
+
+/// The Kubernetes uid of a TrainingJob: the idempotency key of every job event.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct JobUid(pub String);
+
+impl JobUid {
+    /// Builds a uid from anything string-like.
+    pub fn new(uid: impl Into<String>) -> Self {
+        JobUid(uid.into())
+    }
+
+    /// The uid as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for JobUid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Whether a node's capacity can be reclaimed by the cloud provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CapacityType {
+    /// Regular capacity.
+    OnDemand,
+    /// Spot / preemptible capacity.
+    Spot,
+}
+
+impl CapacityType {
+    /// Short name used in auto-generated flavor names.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CapacityType::OnDemand => "on-demand",
+            CapacityType::Spot => "spot",
+        }
+    }
+}
+
+/// Effect of a Kubernetes taint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum TaintEffect {
+    /// New pods are not scheduled unless they tolerate the taint.
+    NoSchedule,
+    /// Only a scheduling preference; the allocator ignores it.
+    PreferNoSchedule,
+    /// Running pods are evicted unless they tolerate the taint.
+    NoExecute,
+}
+
+/// A node taint, as in `node.spec.taints`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Taint {
+    /// Taint key.
+    pub key: String,
+    /// Taint value (may be empty).
+    #[serde(default)]
+    pub value: String,
+    /// Taint effect.
+    pub effect: TaintEffect,
+}
+
+impl Taint {
+    /// Taints that keep pods off the node; `PreferNoSchedule` is only advice.
+    pub fn repels(&self) -> bool {
+        self.effect != TaintEffect::PreferNoSchedule
+    }
+}
+
+/// Toleration operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
+pub enum TolerationOperator {
+    /// Key and value must match.
+    #[default]
+    Equal,
+    /// Key must match (any key when the key is absent).
+    Exists,
+}
+
+/// A pod toleration, as in `pod.spec.tolerations`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Toleration {
+    /// Taint key to tolerate; absent with `Exists` tolerates every taint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// How key and value are compared.
+    #[serde(default)]
+    pub operator: TolerationOperator,
+    /// Value compared with `Equal`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// Effect to tolerate; absent tolerates every effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<TaintEffect>,
+}
+
+impl Toleration {
+    /// `key=value:effect` tolerated with the `Equal` operator.
+    pub fn equal(key: &str, value: &str, effect: TaintEffect) -> Self {
+        Toleration {
+            key: Some(key.to_string()),
+            operator: TolerationOperator::Equal,
+            value: Some(value.to_string()),
+            effect: Some(effect),
+        }
+    }
+
+    /// Any value of `key` with the given effect.
+    pub fn exists(key: &str, effect: TaintEffect) -> Self {
+        Toleration {
+            key: Some(key.to_string()),
+            operator: TolerationOperator::Exists,
+            value: None,
+            effect: Some(effect),
+        }
+    }
+
+    /// The Kubernetes matching rule (`ToleratesTaint` in the scheduler).
+    pub fn tolerates(&self, taint: &Taint) -> bool {
+        if let Some(effect) = self.effect
+            && effect != taint.effect
+        {
+            return false;
+        }
+        match (&self.key, self.operator) {
+            (None, TolerationOperator::Exists) => true,
+            (None, TolerationOperator::Equal) => false,
+            (Some(key), TolerationOperator::Exists) => *key == taint.key,
+            (Some(key), TolerationOperator::Equal) => {
+                *key == taint.key && self.value.as_deref().unwrap_or("") == taint.value
+            }
+        }
+    }
+}
+
+/// True when some toleration in `tolerations` matches `taint`.
+pub fn tolerated_by(taint: &Taint, tolerations: &[Toleration]) -> bool {
+    tolerations.iter().any(|t| t.tolerates(taint))
+}
+
+/// A resource the allocator counts on nodes and in quotas.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ResourceKind {
+    /// Exclusive whole GPUs (`nvidia.com/gpu` on a node without time-slicing).
+    Gpu,
+    /// Time-sliced GPU replicas; only jobs that opt in land on them.
+    SharedGpu,
+    /// A MIG slice of the named profile, e.g. `1g.5gb`.
+    Mig(MigProfile),
+}
+
+impl ResourceKind {
+    /// The name quotas use for this kind (a Kubernetes resource name).
+    pub fn quota_name(&self) -> String {
+        match self {
+            ResourceKind::Gpu => names::GPU_RESOURCE.to_string(),
+            ResourceKind::SharedGpu => names::SHARED_GPU_RESOURCE.to_string(),
+            ResourceKind::Mig(p) => format!("{}{}", names::MIG_RESOURCE_PREFIX, p.name),
+        }
+    }
+
+    /// Parses a quota resource name; `None` for names the allocator does not count.
+    pub fn from_quota_name(name: &str) -> Option<ResourceKind> {
+        if name == names::GPU_RESOURCE {
+            Some(ResourceKind::Gpu)
+        } else if name == names::SHARED_GPU_RESOURCE {
+            Some(ResourceKind::SharedGpu)
+        } else {
+            name.strip_prefix(names::MIG_RESOURCE_PREFIX)
+                .filter(|p| !p.is_empty())
+                .map(|p| ResourceKind::Mig(MigProfile::parse(p)))
+        }
+    }
+}
+
+impl fmt::Display for ResourceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.quota_name())
+    }
+}
+
+/// A MIG profile such as `3g.20gb`, with its compute and memory sizes when the
+/// name follows NVIDIA's `<compute>g.<memory>gb` pattern.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigProfile {
+    /// Profile name as in the resource name, e.g. `1g.5gb` or `1g.10gb+me`.
+    pub name: String,
+    /// Compute slices (the `1` in `1g.5gb`), when parseable.
+    pub compute_slices: Option<u32>,
+    /// Memory in GB (the `5` in `1g.5gb`), when parseable.
+    pub memory_gb: Option<u32>,
+}
+
+impl MigProfile {
+    /// Parses a profile name; sizes stay `None` when the name is non-standard,
+    /// so such a profile only matches requests that name it exactly.
+    pub fn parse(name: &str) -> MigProfile {
+        let base = name.split('+').next().unwrap_or(name);
+        let mut parts = base.splitn(2, '.');
+        let compute = parts
+            .next()
+            .and_then(|c| c.strip_suffix('g'))
+            .and_then(|c| c.parse::<u32>().ok());
+        let memory = parts
+            .next()
+            .and_then(|m| m.strip_suffix("gb"))
+            .and_then(|m| m.parse::<u32>().ok());
+        MigProfile {
+            name: name.to_string(),
+            compute_slices: compute,
+            memory_gb: memory,
+        }
+    }
+}
+
+/// What a job asks for when it wants a GPU-memory slice rather than whole GPUs.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum GpuSliceRequest {
+    /// Exactly this MIG profile (e.g. `2g.10gb`).
+    Profile(String),
+    /// The smallest MIG profile with at least this much GPU memory.
+    MemoryGb(u32),
+}
+
+/// How strictly a multi-worker job must stay inside one topology domain.
+/// Preferences are always applied; a requirement turns a spread placement
+/// into a refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum TopologyRequirement {
+    /// Prefer one rack, then one zone, but spread if that is the only way.
+    #[default]
+    Preferred,
+    /// All workers in one zone.
+    SameZone,
+    /// All workers in one rack / NVLink domain.
+    SameRack,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn taint(key: &str, value: &str, effect: TaintEffect) -> Taint {
+        Taint {
+            key: key.into(),
+            value: value.into(),
+            effect,
+        }
+    }
+
+    #[test]
+    fn toleration_matching_follows_kubernetes_rules() {
+        let spot = taint("spot", "true", TaintEffect::NoSchedule);
+        assert!(Toleration::equal("spot", "true", TaintEffect::NoSchedule).tolerates(&spot));
+        assert!(!Toleration::equal("spot", "false", TaintEffect::NoSchedule).tolerates(&spot));
+        assert!(!Toleration::equal("spot", "true", TaintEffect::NoExecute).tolerates(&spot));
+        assert!(Toleration::exists("spot", TaintEffect::NoSchedule).tolerates(&spot));
+        let wildcard = Toleration {
+            key: None,
+            operator: TolerationOperator::Exists,
+            value: None,
+            effect: None,
+        };
+        assert!(wildcard.tolerates(&spot));
+        let no_effect = Toleration {
+            key: Some("spot".into()),
+            operator: TolerationOperator::Exists,
+            value: None,
+            effect: None,
+        };
+        assert!(no_effect.tolerates(&taint("spot", "x", TaintEffect::NoExecute)));
+    }
+
+    #[test]
+    fn mig_profile_names_parse_into_sizes() {
+        let p = MigProfile::parse("3g.20gb");
+        assert_eq!(p.compute_slices, Some(3));
+        assert_eq!(p.memory_gb, Some(20));
+        let me = MigProfile::parse("1g.10gb+me");
+        assert_eq!(me.memory_gb, Some(10));
+        let odd = MigProfile::parse("custom");
+        assert_eq!(odd.memory_gb, None);
+        assert_eq!(
+            ResourceKind::from_quota_name("nvidia.com/mig-1g.5gb"),
+            Some(ResourceKind::Mig(MigProfile::parse("1g.5gb")))
+        );
+        assert_eq!(ResourceKind::from_quota_name("cpu"), None);
+        assert_eq!(ResourceKind::from_quota_name("nvidia.com/mig-"), None);
+    }
+}

@@ -1,0 +1,384 @@
+//! `TrainingQueue`: cluster-scoped GPU quotas, cohorts and fair sharing.
+
+use std::collections::BTreeMap;
+
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::condition::Condition;
+use crate::validation::{DNS_LABEL_PATTERN, FieldError, FieldErrors, MAX_DNS_LABEL_LENGTH, decode_at};
+use crate::wire_enum::wire_enum;
+
+/// Most flavors one queue may list.
+pub const MAX_FLAVORS: usize = 16;
+/// Fair-share weight when `fairShare.weight` is unset.
+pub const DEFAULT_FAIR_SHARE_WEIGHT: f64 = 1.0;
+/// Priority of jobs without a PriorityClass when `priority.defaultPriority` is unset.
+pub const DEFAULT_PRIORITY: i32 = 0;
+/// Priority gained per aging period when `priority.agingStep` is unset.
+pub const DEFAULT_AGING_STEP: i32 = 1;
+
+const RULE_BORROWING_NEEDS_COHORT: &str = "has(self.cohort) || self.flavors.all(f, !has(f.borrowingLimit))";
+const MSG_BORROWING_NEEDS_COHORT: &str =
+    "flavors[].borrowingLimit needs a cohort: queues borrow only from other queues in their cohort";
+const RULE_LENDING_NEEDS_COHORT: &str = "has(self.cohort) || self.flavors.all(f, !has(f.lendingLimit))";
+const MSG_LENDING_NEEDS_COHORT: &str =
+    "flavors[].lendingLimit needs a cohort: queues lend only to other queues in their cohort";
+const RULE_LENDING_WITHIN_QUOTA: &str = "!has(self.lendingLimit) || self.lendingLimit <= self.nominalQuota";
+const MSG_LENDING_WITHIN_QUOTA: &str = "lendingLimit cannot exceed nominalQuota: a queue can only lend GPUs it has";
+
+wire_enum! {
+    /// Preemption inside the queue: Never, or LowerPriority (a pending job may evict
+    /// admitted jobs of lower priority in the same queue).
+    pub enum WithinQueuePreemption {
+        Never => "Never",
+        LowerPriority => "LowerPriority",
+    }
+}
+
+wire_enum! {
+    /// Reclaiming lent GPUs from other queues of the cohort: Never, LowerPriority (only
+    /// from borrowing jobs of lower priority) or Any (from any borrowing job).
+    pub enum ReclaimWithinCohort {
+        Never => "Never",
+        LowerPriority => "LowerPriority",
+        Any => "Any",
+    }
+}
+
+/// Desired state of a TrainingQueue: the GPUs it guarantees per flavor, whom it shares
+/// them with, and how jobs in it are ordered and preempted.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "trainyard.dev",
+    version = "v1",
+    kind = "TrainingQueue",
+    status = "TrainingQueueStatus",
+    derive = "PartialEq",
+    shortname = "tq",
+    category = "trainyard",
+    doc = "A cluster-wide GPU quota that admits TrainingJobs: nominal GPUs per flavor, borrowing and lending within a cohort, fair-share weight, preemption and priority aging.",
+    printcolumn(
+        name = "Cohort",
+        type_ = "string",
+        json_path = ".spec.cohort",
+        description = "Cohort the queue shares GPUs with"
+    ),
+    printcolumn(
+        name = "Pending",
+        type_ = "integer",
+        json_path = ".status.pending",
+        description = "Jobs waiting for admission"
+    ),
+    printcolumn(
+        name = "Admitted",
+        type_ = "integer",
+        json_path = ".status.admitted",
+        description = "Jobs admitted"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new(RULE_BORROWING_NEEDS_COHORT).message(MSG_BORROWING_NEEDS_COHORT).field_path(".flavors").reason(Reason::FieldValueForbidden),
+    validation = Rule::new(RULE_LENDING_NEEDS_COHORT).message(MSG_LENDING_NEEDS_COHORT).field_path(".flavors").reason(Reason::FieldValueForbidden),
+)]
+pub struct TrainingQueueSpec {
+    /// Cohort name: queues in the same cohort lend unused GPUs to each other. Unset means the queue only uses its own quota.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = MAX_DNS_LABEL_LENGTH), pattern(DNS_LABEL_PATTERN))]
+    pub cohort: Option<String>,
+
+    /// GPU quota per flavor (a kind of GPU node), 1 to 16 with unique names. A job is admitted from the first flavor with room for all of its GPUs.
+    #[schemars(length(min = 1, max = MAX_FLAVORS))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub flavors: Vec<FlavorQuota>,
+
+    /// Share of the cohort's idle GPUs this queue gets when several queues want to borrow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fair_share: Option<FairShare>,
+
+    /// Who may preempt whom. Default: no preemption.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption: Option<PreemptionPolicy>,
+
+    /// Priority of jobs without a PriorityClass and aging of pending jobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<QueuePriorityPolicy>,
+}
+
+/// GPU quota of one flavor.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new(RULE_LENDING_WITHIN_QUOTA).message(MSG_LENDING_WITHIN_QUOTA).field_path(".lendingLimit")
+)]
+pub struct FlavorQuota {
+    /// Flavor name, e.g. a100-80gb or t4-spot.
+    #[schemars(length(min = 1, max = MAX_DNS_LABEL_LENGTH), pattern(DNS_LABEL_PATTERN))]
+    pub name: String,
+
+    /// GPUs of this flavor guaranteed to the queue.
+    #[schemars(range(min = 0))]
+    pub nominal_quota: u32,
+
+    /// Most GPUs the queue may borrow from its cohort beyond nominalQuota; needs a cohort. Default: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub borrowing_limit: Option<u32>,
+
+    /// Most of its nominalQuota GPUs the queue lends to its cohort, at most nominalQuota; needs a cohort. Default: all unused GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub lending_limit: Option<u32>,
+
+    /// Node labels that identify nodes of this flavor, e.g. nvidia.com/gpu.product: A100-SXM4-80GB. Workers admitted from this flavor get them as node selector.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_labels: BTreeMap<String, String>,
+}
+
+/// Fair sharing of borrowed GPUs.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FairShare {
+    /// Relative weight, 0 or more: a queue with weight 2 gets twice the borrowed GPUs of a queue with weight 1. Default 1.
+    #[serde(default = "default_fair_share_weight", skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub weight: Option<f64>,
+}
+
+fn default_fair_share_weight() -> Option<f64> {
+    Some(DEFAULT_FAIR_SHARE_WEIGHT)
+}
+
+/// Preemption policy.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PreemptionPolicy {
+    /// Never or LowerPriority. Default Never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within_queue: Option<WithinQueuePreemption>,
+
+    /// Never, LowerPriority or Any. Default Never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reclaim_within_cohort: Option<ReclaimWithinCohort>,
+}
+
+/// Priority settings of a queue.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueuePriorityPolicy {
+    /// Priority of jobs without scheduling.priority. Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_priority: Option<i32>,
+
+    /// Seconds a job waits in the queue before its effective priority rises by agingStep, at least 1; it keeps rising every agingSeconds so no job starves. Default: no aging.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub aging_seconds: Option<u32>,
+
+    /// Priority gained per agingSeconds waited, at least 1. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub aging_step: Option<i32>,
+}
+
+/// Observed state of a TrainingQueue, written by the planner from the gpu-allocator's decisions.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainingQueueStatus {
+    /// Jobs waiting for admission.
+    #[serde(default)]
+    pub pending: u32,
+
+    /// Jobs admitted and holding GPUs.
+    #[serde(default)]
+    pub admitted: u32,
+
+    /// GPUs in use per flavor.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub usage: Vec<FlavorUsage>,
+
+    /// Conditions such as Active.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+
+    /// metadata.generation this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// GPUs in use of one flavor.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FlavorUsage {
+    /// Flavor name.
+    pub name: String,
+    /// GPUs used by admitted jobs, including borrowed ones.
+    #[serde(default)]
+    pub used: u32,
+    /// GPUs of those borrowed from the cohort.
+    #[serde(default)]
+    pub borrowed: u32,
+}
+
+impl TrainingQueueSpec {
+    /// Decodes a spec from JSON and validates it.
+    pub fn from_json(value: serde_json::Value) -> Result<Self, Vec<FieldError>> {
+        let spec: Self = decode_at(value, "spec")?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Checks every schema and CEL rule of the CRD.
+    pub fn validate(&self) -> Result<(), Vec<FieldError>> {
+        let mut errors = FieldErrors::default();
+        if let Some(cohort) = &self.cohort {
+            errors.dns_label("spec.cohort", cohort);
+        }
+        errors.items("spec.flavors", self.flavors.len(), 1, MAX_FLAVORS);
+        for (index, flavor) in self.flavors.iter().enumerate() {
+            let path = format!("spec.flavors[{index}]");
+            errors.dns_label(&format!("{path}.name"), &flavor.name);
+            if self.flavors[..index].iter().any(|earlier| earlier.name == flavor.name) {
+                errors.invalid(
+                    format!("{path}.name"),
+                    format!("duplicate flavor {:?}: list every flavor once", flavor.name),
+                );
+            }
+            if let Some(lending) = flavor.lending_limit {
+                if lending > flavor.nominal_quota {
+                    errors.invalid(format!("{path}.lendingLimit"), MSG_LENDING_WITHIN_QUOTA);
+                }
+            }
+            if self.cohort.is_none() && flavor.borrowing_limit.is_some() {
+                errors.forbidden(format!("{path}.borrowingLimit"), MSG_BORROWING_NEEDS_COHORT);
+            }
+            if self.cohort.is_none() && flavor.lending_limit.is_some() {
+                errors.forbidden(format!("{path}.lendingLimit"), MSG_LENDING_NEEDS_COHORT);
+            }
+        }
+        if let Some(weight) = self.fair_share.as_ref().and_then(|f| f.weight) {
+            // Negated so NaN is rejected too.
+            if !(weight >= 0.0) {
+                errors.invalid("spec.fairShare.weight", format!("must be 0 or more, got {weight}"));
+            }
+        }
+        if let Some(priority) = &self.priority {
+            if let Some(seconds) = priority.aging_seconds {
+                errors.at_least("spec.priority.agingSeconds", seconds, 1);
+            }
+            if let Some(step) = priority.aging_step {
+                errors.at_least("spec.priority.agingStep", step, 1);
+            }
+        }
+        errors.into_result()
+    }
+
+    /// Fair-share weight, defaulting to 1.
+    pub fn fair_share_weight(&self) -> f64 {
+        self.fair_share
+            .as_ref()
+            .and_then(|f| f.weight)
+            .unwrap_or(DEFAULT_FAIR_SHARE_WEIGHT)
+    }
+
+    /// Preemption inside the queue, defaulting to Never.
+    pub fn within_queue_preemption(&self) -> WithinQueuePreemption {
+        self.preemption
+            .as_ref()
+            .and_then(|p| p.within_queue)
+            .unwrap_or(WithinQueuePreemption::Never)
+    }
+
+    /// Reclaiming from the cohort, defaulting to Never.
+    pub fn reclaim_within_cohort(&self) -> ReclaimWithinCohort {
+        self.preemption
+            .as_ref()
+            .and_then(|p| p.reclaim_within_cohort)
+            .unwrap_or(ReclaimWithinCohort::Never)
+    }
+
+    /// Priority of jobs without a PriorityClass, defaulting to 0.
+    pub fn default_priority(&self) -> i32 {
+        self.priority
+            .as_ref()
+            .and_then(|p| p.default_priority)
+            .unwrap_or(DEFAULT_PRIORITY)
+    }
+
+    /// Effective priority of a job with `base_priority` after waiting `waited_seconds`:
+    /// one agingStep per full agingSeconds, saturating instead of overflowing.
+    pub fn aged_priority(&self, base_priority: i32, waited_seconds: u64) -> i32 {
+        let Some(policy) = &self.priority else {
+            return base_priority;
+        };
+        let Some(aging_seconds) = policy.aging_seconds.filter(|s| *s > 0) else {
+            return base_priority;
+        };
+        let steps = waited_seconds / u64::from(aging_seconds);
+        let step = i64::from(policy.aging_step.unwrap_or(DEFAULT_AGING_STEP));
+        let boost = i64::try_from(steps).unwrap_or(i64::MAX).saturating_mul(step);
+        let aged = i64::from(base_priority).saturating_add(boost);
+        i32::try_from(aged).unwrap_or(if aged > 0 { i32::MAX } else { i32::MIN })
+    }
+
+    /// GPUs of all flavors guaranteed to the queue.
+    pub fn nominal_gpus(&self) -> u32 {
+        self.flavors
+            .iter()
+            .fold(0u32, |total, flavor| total.saturating_add(flavor.nominal_quota))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue_with_aging(aging_seconds: Option<u32>, aging_step: Option<i32>) -> TrainingQueueSpec {
+        TrainingQueueSpec {
+            cohort: None,
+            flavors: vec![FlavorQuota {
+                name: "a100".into(),
+                nominal_quota: 8,
+                borrowing_limit: None,
+                lending_limit: None,
+                node_labels: BTreeMap::new(),
+            }],
+            fair_share: None,
+            preemption: None,
+            priority: Some(QueuePriorityPolicy {
+                default_priority: None,
+                aging_seconds,
+                aging_step,
+            }),
+        }
+    }
+
+    #[test]
+    fn aging_adds_one_step_per_full_period() {
+        let queue = queue_with_aging(Some(600), None);
+        assert_eq!(queue.aged_priority(100, 0), 100);
+        assert_eq!(queue.aged_priority(100, 599), 100);
+        assert_eq!(queue.aged_priority(100, 600), 101);
+        assert_eq!(queue.aged_priority(100, 1800), 103);
+        let stepped = queue_with_aging(Some(60), Some(1000));
+        assert_eq!(stepped.aged_priority(0, 120), 2000);
+        assert_eq!(stepped.aged_priority(i32::MAX - 1, u64::MAX), i32::MAX);
+        assert_eq!(queue_with_aging(None, Some(5)).aged_priority(7, 10_000), 7);
+    }
+
+    #[test]
+    fn defaults() {
+        let queue = queue_with_aging(None, None);
+        assert_eq!(queue.fair_share_weight(), 1.0);
+        assert_eq!(queue.within_queue_preemption(), WithinQueuePreemption::Never);
+        assert_eq!(queue.reclaim_within_cohort(), ReclaimWithinCohort::Never);
+        assert_eq!(queue.default_priority(), 0);
+        assert_eq!(queue.nominal_gpus(), 8);
+        assert!(queue.validate().is_ok());
+    }
+}

@@ -1,0 +1,380 @@
+//! The catalogue of every message type: subject, publisher, consumers and a
+//! checked example. `docs/messages.md` is generated from it
+//! (`cargo run -p trainyard-contracts --bin messages-doc`), and a test fails when
+//! the page drifts, so the public reference is always what the code does.
+
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::envelope::{EntityRef, Envelope, Payload};
+use crate::error::ContractError;
+use crate::{alerts, commands, decisions, events, lifecycle, submit, worker};
+
+/// One message type, documented.
+#[derive(Debug, Clone)]
+pub struct CatalogEntry {
+    pub message_type: &'static str,
+    pub version: u32,
+    /// Subject with `<namespace>` / `<name>` placeholders, as published.
+    pub subject_pattern: String,
+    /// Subject of the example.
+    pub subject: String,
+    pub publisher: &'static str,
+    pub consumers: &'static str,
+    pub description: &'static str,
+    /// The example as a complete envelope.
+    pub example: Value,
+}
+
+fn entry<P: Payload>(
+    publisher: &'static str,
+    consumers: &'static str,
+    description: &'static str,
+    entity: EntityRef,
+    payload: Value,
+) -> Result<CatalogEntry, ContractError> {
+    let typed: P =
+        serde_json::from_value(payload).map_err(|source| ContractError::InvalidPayload {
+            message_type: P::TYPE,
+            source,
+        })?;
+    let placeholder_ns = if entity.namespace.is_empty() {
+        ""
+    } else {
+        "<namespace>"
+    };
+    let subject_pattern = typed.subject(&EntityRef::new(placeholder_ns, "<name>", ""));
+    let mut envelope = Envelope::new(publisher, entity, typed);
+    // Fixed id and time keep the generated page stable.
+    envelope.id = Uuid::from_u128(0x0193_8c1e_7a00_7000_8000_0000_0000_0001);
+    envelope.correlation_id = envelope.id;
+    envelope.time = DateTime::<Utc>::from_timestamp(1_795_000_000, 0).unwrap_or_default();
+    envelope.trace_context.traceparent =
+        Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_string());
+    Ok(CatalogEntry {
+        message_type: P::TYPE,
+        version: P::VERSION,
+        subject: envelope.subject(),
+        subject_pattern,
+        publisher,
+        consumers,
+        description,
+        example: serde_json::to_value(&envelope).map_err(ContractError::Encode)?,
+    })
+}
+
+fn job() -> EntityRef {
+    EntityRef::new(
+        "ml-training",
+        "bert-distributed",
+        "6f1c2b9e-1d2a-4f7e-9a61-0c5d3e8b7a42",
+    )
+}
+
+fn sweep() -> EntityRef {
+    EntityRef::new(
+        "ml-training",
+        "resnet-sweep",
+        "a2d4e6f8-0b1c-4d3e-8f5a-6b7c8d9e0f1a",
+    )
+}
+
+fn training_job_object() -> Value {
+    json!({
+        "apiVersion": "trainyard.dev/v1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "bert-distributed", "namespace": "ml-training",
+                     "uid": "6f1c2b9e-1d2a-4f7e-9a61-0c5d3e8b7a42", "resourceVersion": "81723", "generation": 1},
+        "spec": {"model": "bert-base", "dataset": "wikitext", "numWorkers": 2, "gpusPerWorker": 2,
+                 "framework": "pytorch", "networking": {"backend": "nccl", "masterPort": 29500}}
+    })
+}
+
+/// Every message type Trainyard exchanges.
+pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
+    Ok(vec![
+        entry::<events::TrainingJobChanged>(
+            "watcher",
+            "planner, gpu-allocator, cost-optimizer",
+            "A TrainingJob was created, changed or deleted.",
+            job(),
+            json!({"change": "Applied", "object": training_job_object()}),
+        )?,
+        entry::<events::SweepChanged>(
+            "watcher",
+            "planner, hpo-tuner",
+            "A Sweep was created, changed or deleted.",
+            sweep(),
+            json!({"change": "Applied", "object": {
+                "apiVersion": "trainyard.dev/v1", "kind": "Sweep",
+                "metadata": {"name": "resnet-sweep", "namespace": "ml-training"},
+                "spec": {
+                    "objective": {"metric": "accuracy", "direction": "maximize", "goal": 0.95},
+                    "parameters": [{"name": "learningRate", "type": "float", "min": 0.0001, "max": 0.1, "log": true}],
+                    "algorithm": {"name": "tpe"},
+                    "parallelTrialCount": 2, "maxTrialCount": 20,
+                    "trialTemplate": {"model": "resnet50", "dataset": "cifar10", "numWorkers": 1}
+                }
+            }}),
+        )?,
+        entry::<events::TrainingQueueChanged>(
+            "watcher",
+            "gpu-allocator",
+            "A TrainingQueue (cluster-scoped) was created, changed or deleted.",
+            EntityRef::new("", "team-a", "0c9a3b1e-55aa-4f0e-b6d1-2e3f4a5b6c7d"),
+            json!({"change": "Applied", "object": {
+                "apiVersion": "trainyard.dev/v1", "kind": "TrainingQueue",
+                "metadata": {"name": "team-a"},
+                "spec": {"cohort": "research", "flavors": [{"name": "a100-on-demand", "nominalQuota": 32}]}
+            }}),
+        )?,
+        entry::<events::JobObserved>(
+            "watcher",
+            "planner",
+            "A Kubernetes Job owned by the TrainingJob (one attempt's workers) changed.",
+            job(),
+            json!({"change": "Applied", "jobName": "bert-distributed-a0", "jobUid": "3e1f", "attempt": 0,
+                   "suspended": false, "active": 2, "ready": 2, "succeeded": 0, "failed": 0,
+                   "conditions": [], "startTime": "2026-11-21T10:00:00Z"}),
+        )?,
+        entry::<events::PodObserved>(
+            "watcher",
+            "planner",
+            "A worker Pod owned by the TrainingJob changed.",
+            job(),
+            json!({"change": "Applied", "podName": "bert-distributed-a0-1-x7k2p", "attempt": 0, "index": 1,
+                   "phase": "Failed", "nodeName": "gpu-node-7", "ready": false, "restartCount": 0,
+                   "termination": {"exitCode": 137, "signal": 9, "reason": "OOMKilled"}}),
+        )?,
+        entry::<events::NodeObserved>(
+            "watcher",
+            "gpu-allocator, cost-optimizer",
+            "A Node's scheduling-relevant fields changed.",
+            EntityRef::new("", "gpu-node-7", "d7c6b5a4-3f2e-4d1c-9b8a-7f6e5d4c3b2a"),
+            json!({"change": "Applied", "allocatableGpus": 8, "mig": {},
+                   "labels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+                              "karpenter.sh/capacity-type": "spot",
+                              "topology.kubernetes.io/zone": "us-east-1a"},
+                   "taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}],
+                   "unschedulable": false, "ready": true}),
+        )?,
+        entry::<decisions::AdmissionDecided>(
+            "gpu-allocator",
+            "planner",
+            "The job is admitted: every worker fits now, inside quota. The planner injects the selector and tolerations and unsuspends the Job.",
+            job(),
+            json!({"attempt": 0, "queue": "team-a", "flavor": "a100-spot",
+                   "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+                   "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                   "placements": [{"index": 0, "node": "gpu-node-7", "gpus": 2}, {"index": 1, "node": "gpu-node-7", "gpus": 2}],
+                   "topology": {"topology.kubernetes.io/zone": "us-east-1a"}}),
+        )?,
+        entry::<decisions::PendingExplained>(
+            "gpu-allocator",
+            "planner",
+            "Why the job is still waiting; the planner writes it into status and events.",
+            job(),
+            json!({"queue": "team-a", "position": 3, "flavor": "a100-spot", "gpusRequested": 4, "gpusShort": 2,
+                   "message": "queue team-a flavor a100-spot: 30 of 32 GPUs in use, needs 2 more; position 3"}),
+        )?,
+        entry::<decisions::PreemptionDecided>(
+            "gpu-allocator",
+            "planner",
+            "The entity job is preempted: it is told to checkpoint, then evicted after the grace period.",
+            job(),
+            json!({"preemptor": {"namespace": "ml-training", "name": "urgent-finetune", "uid": "9f8e"},
+                   "reason": "priority", "message": "preempted by ml-training/urgent-finetune (priority 1000 > 100)",
+                   "gracePeriodSeconds": 120, "evictAfter": "2026-11-21T10:02:00Z"}),
+        )?,
+        entry::<decisions::TrialRequested>(
+            "hpo-tuner",
+            "planner",
+            "Create a trial: a child TrainingJob of the Sweep with these hyperparameters.",
+            sweep(),
+            json!({"trialName": "resnet-sweep-t0003", "trialIndex": 3,
+                   "parameters": {"learningRate": 0.0031, "batchSize": 64, "optimizer": "adamw"}}),
+        )?,
+        entry::<decisions::TrialStopped>(
+            "hpo-tuner",
+            "planner",
+            "Stop a trial early; the planner stops it and marks it EarlyStopped.",
+            sweep(),
+            json!({"trialName": "resnet-sweep-t0003", "reason": "ASHA: below the top 1/3 at rung 3", "rung": 3}),
+        )?,
+        entry::<decisions::SweepProgressed>(
+            "hpo-tuner",
+            "planner",
+            "Sweep progress for the Sweep's status.",
+            sweep(),
+            json!({"pending": 1, "running": 2, "succeeded": 5, "failed": 0, "earlyStopped": 4,
+                   "bestTrial": {"trialName": "resnet-sweep-t0002", "parameters": {"learningRate": 0.0012}, "objectiveValue": 0.931},
+                   "rungs": {"1": 11, "3": 6, "9": 2}}),
+        )?,
+        entry::<decisions::ResumePointChosen>(
+            "checkpoint-manager",
+            "planner",
+            "Where the job's next attempt resumes from.",
+            job(),
+            json!({"uri": "s3://ml-checkpoints/ml-training/bert-distributed/checkpoint-epoch-4", "epoch": 4, "step": 12000}),
+        )?,
+        entry::<decisions::RetentionApplied>(
+            "checkpoint-manager",
+            "planner",
+            "Checkpoints deleted under the job's retention setting.",
+            job(),
+            json!({"delete": ["s3://ml-checkpoints/ml-training/bert-distributed/checkpoint-epoch-1"],
+                   "keep": ["s3://ml-checkpoints/ml-training/bert-distributed/checkpoint-epoch-4"]}),
+        )?,
+        entry::<decisions::CapacityChosen>(
+            "cost-optimizer",
+            "planner, gpu-allocator",
+            "The capacity type (spot or on-demand) the job should run on.",
+            job(),
+            json!({"capacityType": "spot", "reason": "checkpointing enabled; spot saves 64%", "hourlyCost": 11.8, "currency": "USD"}),
+        )?,
+        entry::<decisions::CostRecorded>(
+            "cost-optimizer",
+            "planner, notifier",
+            "Money the job spent over a period.",
+            job(),
+            json!({"periodStart": "2026-11-21T10:00:00Z", "periodEnd": "2026-11-21T11:00:00Z",
+                   "gpuHours": 4.0, "cost": 11.8, "currency": "USD", "capacityType": "spot"}),
+        )?,
+        entry::<decisions::BudgetDecided>(
+            "cost-optimizer",
+            "planner, notifier",
+            "A budget check on the job's or namespace's spend.",
+            job(),
+            json!({"action": "Warn", "spent": 810.0, "budget": 1000.0, "currency": "USD",
+                   "message": "81% of the namespace budget spent"}),
+        )?,
+        entry::<worker::ProgressReported>(
+            "training workers (any framework; external)",
+            "planner, hpo-tuner",
+            "Training progress of one worker: epoch, step and metrics.",
+            job(),
+            json!({"workerIndex": 0, "attempt": 0, "epoch": 2, "totalEpochs": 10, "step": 5400,
+                   "metrics": {"loss": 0.45, "accuracy": 0.89}}),
+        )?,
+        entry::<worker::CheckpointReported>(
+            "training workers (any framework; external)",
+            "checkpoint-manager",
+            "A worker wrote a checkpoint.",
+            job(),
+            json!({"workerIndex": 0, "attempt": 0, "epoch": 4, "step": 12000,
+                   "uri": "s3://ml-checkpoints/ml-training/bert-distributed/checkpoint-epoch-4",
+                   "sizeBytes": 1_340_000_000u64, "metrics": {"loss": 0.41}}),
+        )?,
+        entry::<commands::CheckpointRequested>(
+            "planner",
+            "training workers",
+            "Write a checkpoint now; the workers are stopped at the deadline.",
+            job(),
+            json!({"reason": "preempted by ml-training/urgent-finetune", "deadline": "2026-11-21T10:02:00Z"}),
+        )?,
+        entry::<commands::StopRequested>(
+            "planner",
+            "training workers",
+            "Stop training (early stop, success policy met).",
+            job(),
+            json!({"reason": "successPolicy.targetAccuracy 0.95 reached"}),
+        )?,
+        entry::<alerts::AlertRaised>(
+            "any service",
+            "notifier",
+            "Something a person should know; the subject carries the severity.",
+            job(),
+            json!({"alertname": "TrainingJobFailed", "severity": "critical",
+                   "summary": "ml-training/bert-distributed failed", "description": "exit code 1 (permanent) on worker 0",
+                   "labels": {"team": "nlp"}}),
+        )?,
+        entry::<submit::TrainingJobSubmitted>(
+            "external systems",
+            "planner",
+            "Submit a TrainingJob without kubectl; the planner validates it and creates the object.",
+            EntityRef::new("ml-training", "nightly-bert", ""),
+            json!({"labels": {"team": "nlp"},
+                   "spec": {"model": "bert-base", "dataset": "wikitext", "numWorkers": 2, "gpusPerWorker": 1}}),
+        )?,
+        entry::<lifecycle::TrainingJobTransitioned>(
+            "planner",
+            "gpu-allocator, hpo-tuner, checkpoint-manager, cost-optimizer, notifier, external subscribers",
+            "The TrainingJob moved to a new state.",
+            job(),
+            json!({"from": "Initializing", "to": "Running", "reason": "AllWorkersRunning",
+                   "message": "2 of 2 workers running", "restartCount": 0, "gpus": 4, "queue": "team-a"}),
+        )?,
+        entry::<lifecycle::TrainingJobFinalized>(
+            "planner",
+            "gpu-allocator, hpo-tuner, checkpoint-manager, cost-optimizer, notifier, external subscribers",
+            "The TrainingJob was deleted and everything it owned is gone.",
+            job(),
+            json!({"lastState": "Completed"}),
+        )?,
+    ])
+}
+
+/// Renders the reference page.
+pub fn markdown() -> Result<String, ContractError> {
+    let mut out = String::from(
+        "# Trainyard message reference\n\n\
+         Generated from `shared/contracts` by `cargo run -p trainyard-contracts --bin messages-doc`; do not edit.\n\n\
+         Every message is a JSON envelope: `id` (UUID v7), `type`, `schemaVersion`, `source`, `time` (UTC),\n\
+         `entity` (namespace, name, uid), `correlationId`, `causationId`, `traceContext` (W3C) and the typed\n\
+         `payload`. Publish with the `Nats-Msg-Id` header set to the envelope id (JetStream drops duplicates\n\
+         inside the duplicate window). Unknown fields are ignored; an unknown `schemaVersion` is rejected and\n\
+         the message goes to the dead-letter subject with the reason.\n\n\
+         Subjects end in `<namespace>.<name>` (`_` for cluster-scoped objects; a `.` inside a name is written\n\
+         `_`). Partitioned streams store them with a partition token after the kind\n\
+         (`trainyard.events.pod.7.ml-training.bert`), computed by the NATS server from namespace and name, so\n\
+         publishers never compute it; filter with `trainyard.events.pod.*.<namespace>.<name>` or `trainyard.events.pod.>`.\n\n",
+    );
+    out.push_str("## Streams\n\n| stream | subjects | partitioned | holds |\n|---|---|---|---|\n");
+    for stream in crate::streams::ALL {
+        out.push_str(&format!(
+            "| `{}` | `{}` | {} | {} |\n",
+            stream.name,
+            stream.subjects().join("`, `"),
+            if stream.partitioned { "yes" } else { "no" },
+            stream.description
+        ));
+    }
+    out.push_str("\nDead letters: `trainyard.deadletter.<stream>.<consumer>`, a JSON record with the original subject, body, headers, delivery count, category and reason (header `Trainyard-Dead-Letter-Reason`).\n");
+    out.push_str(
+        "\n## Durable consumers\n\n| service | durable | stream | filters |\n|---|---|---|---|\n",
+    );
+    for service in crate::streams::Service::ALL {
+        for consumer in service.consumers() {
+            out.push_str(&format!(
+                "| {} | `{}` | `{}` | `{}` |\n",
+                service.name(),
+                consumer.durable,
+                consumer.stream.name,
+                consumer.filter_subjects.join("`, `")
+            ));
+        }
+    }
+    out.push_str("\n## Key-value buckets\n\n| service | bucket |\n|---|---|\n");
+    for service in crate::streams::Service::ALL {
+        for bucket in service.buckets() {
+            out.push_str(&format!("| {} | `{}` |\n", service.name(), bucket.name()));
+        }
+    }
+    out.push_str("\n## Messages\n");
+    for entry in all()? {
+        let example =
+            serde_json::to_string_pretty(&entry.example).map_err(ContractError::Encode)?;
+        out.push_str(&format!(
+            "\n### `{}` (v{})\n\n{}\n\n- subject: `{}`\n- published by: {}\n- consumed by: {}\n\n```json\n{}\n```\n",
+            entry.message_type,
+            entry.version,
+            entry.description,
+            entry.subject_pattern,
+            entry.publisher,
+            entry.consumers,
+            example
+        ));
+    }
+    Ok(out)
+}

@@ -1,0 +1,275 @@
+//! Decisions of the gpu-allocator, hpo-tuner, checkpoint-manager and cost-optimizer,
+//! published on `trainyard.decisions.<kind>.<ns>.<name>`. The planner turns them
+//! into Kubernetes writes; nothing else does.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::envelope::EntityRef;
+use crate::subject::Family;
+
+/// A toleration for the planner to add to the worker pods.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TolerationSpec {
+    pub key: String,
+    /// `Equal` or `Exists`.
+    pub operator: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<String>,
+}
+
+/// Where one worker runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerPlacement {
+    pub index: u32,
+    pub node: String,
+    /// GPUs (or MIG slices) of this worker.
+    pub gpus: u32,
+}
+
+/// The job may start: all of its workers fit now, inside quota.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionDecided {
+    /// The TrainingJob attempt this admission is for; older attempts ignore it.
+    pub attempt: u32,
+    pub queue: String,
+    pub flavor: String,
+    /// Labels every worker pod must select.
+    #[serde(default)]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default)]
+    pub tolerations: Vec<TolerationSpec>,
+    #[serde(default)]
+    pub placements: Vec<WorkerPlacement>,
+    /// Topology domain the gang was packed into (label key → value), if any.
+    #[serde(default)]
+    pub topology: BTreeMap<String, String>,
+}
+
+/// Why a job is still waiting, for status and events.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingExplained {
+    pub queue: String,
+    /// 1-based position in its queue.
+    pub position: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flavor: Option<String>,
+    pub gpus_requested: u32,
+    pub gpus_short: u32,
+    /// Readable reason, e.g. "queue team-a quota a100-spot: 16 of 16 GPUs in use, needs 8 more".
+    pub message: String,
+}
+
+/// The entity (a running job) is to be preempted: checkpoint now, evicted after the grace period.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreemptionDecided {
+    pub preemptor: EntityRef,
+    /// `priority` or `reclaim` (quota lent to others taken back).
+    pub reason: String,
+    pub message: String,
+    pub grace_period_seconds: u32,
+    pub evict_after: DateTime<Utc>,
+}
+
+/// A value of one hyperparameter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ParameterValue {
+    Int(i64),
+    Float(f64),
+    Text(String),
+}
+
+/// The hpo-tuner asks for a trial (a child TrainingJob of the Sweep entity).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TrialRequested {
+    /// Deterministic trial name, `<sweep>-t<index>`.
+    pub trial_name: String,
+    pub trial_index: u32,
+    pub parameters: BTreeMap<String, ParameterValue>,
+}
+
+/// The hpo-tuner stops a trial early (the entity is the Sweep).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TrialStopped {
+    pub trial_name: String,
+    pub reason: String,
+    /// Epoch rung at which the trial was stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rung: Option<u32>,
+}
+
+/// Best trial so far.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BestTrial {
+    pub trial_name: String,
+    pub parameters: BTreeMap<String, ParameterValue>,
+    pub objective_value: f64,
+}
+
+/// Sweep progress for the planner to write into the Sweep's status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SweepProgressed {
+    pub pending: u32,
+    pub running: u32,
+    pub succeeded: u32,
+    pub failed: u32,
+    pub early_stopped: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_trial: Option<BestTrial>,
+    /// Trials that reached each rung, by rung epoch.
+    #[serde(default)]
+    pub rungs: BTreeMap<u32, u32>,
+    /// Set once the sweep ends: `GoalReached`, `MaxTrialsReached` or `TooManyFailures`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Where the next attempt of a job resumes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResumePointChosen {
+    pub uri: String,
+    pub epoch: u32,
+    pub step: u64,
+}
+
+/// Checkpoints to delete under the job's retention setting.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetentionApplied {
+    pub delete: Vec<String>,
+    pub keep: Vec<String>,
+}
+
+/// Spot or on-demand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CapacityType {
+    Spot,
+    OnDemand,
+}
+
+/// The capacity type a job should run on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacityChosen {
+    pub capacity_type: CapacityType,
+    pub reason: String,
+    /// Expected cost per hour of the whole job, in `currency`.
+    pub hourly_cost: f64,
+    pub currency: String,
+}
+
+/// Money a job spent over a period.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CostRecorded {
+    pub period_start: DateTime<Utc>,
+    pub period_end: DateTime<Utc>,
+    pub gpu_hours: f64,
+    pub cost: f64,
+    pub currency: String,
+    pub capacity_type: CapacityType,
+}
+
+/// What to do about a budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub enum BudgetAction {
+    Allow,
+    Warn,
+    Suspend,
+}
+
+/// A budget check on the entity's spend.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetDecided {
+    pub action: BudgetAction,
+    pub spent: f64,
+    pub budget: f64,
+    pub currency: String,
+    pub message: String,
+}
+
+crate::payload!(
+    AdmissionDecided,
+    "admission.decided",
+    1,
+    Family::Decisions,
+    "admission"
+);
+crate::payload!(
+    PendingExplained,
+    "admission.pending",
+    1,
+    Family::Decisions,
+    "pending"
+);
+crate::payload!(
+    PreemptionDecided,
+    "preemption.decided",
+    1,
+    Family::Decisions,
+    "preemption"
+);
+crate::payload!(
+    TrialRequested,
+    "trial.requested",
+    1,
+    Family::Decisions,
+    "trial"
+);
+crate::payload!(
+    TrialStopped,
+    "trial.stopped",
+    1,
+    Family::Decisions,
+    "trialstop"
+);
+crate::payload!(
+    SweepProgressed,
+    "sweep.progressed",
+    1,
+    Family::Decisions,
+    "sweep"
+);
+crate::payload!(
+    ResumePointChosen,
+    "checkpoint.resume",
+    1,
+    Family::Decisions,
+    "resume"
+);
+crate::payload!(
+    RetentionApplied,
+    "checkpoint.retention",
+    1,
+    Family::Decisions,
+    "retention"
+);
+crate::payload!(
+    CapacityChosen,
+    "cost.capacity",
+    1,
+    Family::Decisions,
+    "capacity"
+);
+crate::payload!(CostRecorded, "cost.recorded", 1, Family::Decisions, "cost");
+crate::payload!(BudgetDecided, "cost.budget", 1, Family::Decisions, "budget");

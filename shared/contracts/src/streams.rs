@@ -1,0 +1,288 @@
+//! JetStream streams, durable consumers and key-value buckets: what exists, who reads what.
+
+use crate::subject::{Family, PARTITIONS, ROOT, family_filter, kind_filter};
+
+/// A stream: one per subject family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamSpec {
+    pub name: &'static str,
+    pub family: Family,
+    pub description: &'static str,
+    /// Per-job subjects are rewritten on ingest to carry a partition token.
+    pub partitioned: bool,
+}
+
+impl StreamSpec {
+    pub fn subjects(&self) -> Vec<String> {
+        vec![family_filter(self.family)]
+    }
+
+    /// Subject transform `(source, destination)` that inserts the partition token
+    /// after the kind: `trainyard.events.pod.ml.bert` → `trainyard.events.pod.7.ml.bert`.
+    /// The NATS server computes the partition from namespace and name.
+    pub fn partition_transform(&self) -> Option<(String, String)> {
+        self.partitioned.then(|| {
+            let family = self.family.as_str();
+            (
+                format!("{ROOT}.{family}.*.*.*"),
+                format!(
+                    "{ROOT}.{family}.{{{{wildcard(1)}}}}.{{{{partition({PARTITIONS},2,3)}}}}.{{{{wildcard(2)}}}}.{{{{wildcard(3)}}}}"
+                ),
+            )
+        })
+    }
+}
+
+pub const EVENTS: StreamSpec = StreamSpec {
+    name: "TRAINYARD_EVENTS",
+    family: Family::Events,
+    description: "Kubernetes change events published by the watcher",
+    partitioned: true,
+};
+pub const DECISIONS: StreamSpec = StreamSpec {
+    name: "TRAINYARD_DECISIONS",
+    family: Family::Decisions,
+    description: "Admission, trial, checkpoint and cost decisions",
+    partitioned: true,
+};
+pub const WORKER: StreamSpec = StreamSpec {
+    name: "TRAINYARD_WORKER",
+    family: Family::Worker,
+    description: "Progress and checkpoint reports from training workers",
+    partitioned: true,
+};
+pub const COMMANDS: StreamSpec = StreamSpec {
+    name: "TRAINYARD_COMMANDS",
+    family: Family::Commands,
+    description: "Commands to running training: checkpoint now, stop",
+    partitioned: true,
+};
+pub const ALERTS: StreamSpec = StreamSpec {
+    name: "TRAINYARD_ALERTS",
+    family: Family::Alerts,
+    description: "Alerts for people, delivered by the notifier",
+    partitioned: false,
+};
+pub const SUBMIT: StreamSpec = StreamSpec {
+    name: "TRAINYARD_SUBMIT",
+    family: Family::Submit,
+    description: "TrainingJob submissions from external systems",
+    partitioned: true,
+};
+pub const LIFECYCLE: StreamSpec = StreamSpec {
+    name: "TRAINYARD_LIFECYCLE",
+    family: Family::Lifecycle,
+    description: "TrainingJob lifecycle transitions published by the planner",
+    partitioned: true,
+};
+pub const DEAD_LETTER: StreamSpec = StreamSpec {
+    name: "TRAINYARD_DEADLETTER",
+    family: Family::DeadLetter,
+    description: "Messages a consumer gave up on, with the reason",
+    partitioned: false,
+};
+
+/// Every stream. Each service provisions all of them at start-up (idempotently), so
+/// services can start in any order.
+pub const ALL: [StreamSpec; 8] = [
+    EVENTS,
+    DECISIONS,
+    WORKER,
+    COMMANDS,
+    ALERTS,
+    SUBMIT,
+    LIFECYCLE,
+    DEAD_LETTER,
+];
+
+/// The seven services.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Service {
+    Watcher,
+    Planner,
+    GpuAllocator,
+    HpoTuner,
+    CheckpointManager,
+    CostOptimizer,
+    Notifier,
+}
+
+impl Service {
+    pub const ALL: [Service; 7] = [
+        Service::Watcher,
+        Service::Planner,
+        Service::GpuAllocator,
+        Service::HpoTuner,
+        Service::CheckpointManager,
+        Service::CostOptimizer,
+        Service::Notifier,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Service::Watcher => "watcher",
+            Service::Planner => "planner",
+            Service::GpuAllocator => "gpu-allocator",
+            Service::HpoTuner => "hpo-tuner",
+            Service::CheckpointManager => "checkpoint-manager",
+            Service::CostOptimizer => "cost-optimizer",
+            Service::Notifier => "notifier",
+        }
+    }
+
+    /// The durable pull consumers this service reads from.
+    pub fn consumers(self) -> Vec<ConsumerSpec> {
+        let events = |kinds: &[&str]| {
+            kinds
+                .iter()
+                .map(|k| kind_filter(Family::Events, k))
+                .collect()
+        };
+        match self {
+            Service::Watcher => vec![],
+            Service::Planner => vec![
+                ConsumerSpec::new(
+                    self,
+                    EVENTS,
+                    events(&["trainingjob", "sweep", "job", "pod"]),
+                ),
+                ConsumerSpec::new(self, DECISIONS, vec![family_filter(Family::Decisions)]),
+                ConsumerSpec::new(self, WORKER, vec![family_filter(Family::Worker)]),
+                ConsumerSpec::new(self, SUBMIT, vec![family_filter(Family::Submit)]),
+            ],
+            Service::GpuAllocator => vec![
+                ConsumerSpec::new(
+                    self,
+                    EVENTS,
+                    events(&["trainingjob", "trainingqueue", "node"]),
+                ),
+                ConsumerSpec::new(self, LIFECYCLE, vec![family_filter(Family::Lifecycle)]),
+            ],
+            Service::HpoTuner => vec![
+                ConsumerSpec::new(self, EVENTS, events(&["sweep"])),
+                ConsumerSpec::new(self, WORKER, vec![kind_filter(Family::Worker, "progress")]),
+                ConsumerSpec::new(self, LIFECYCLE, vec![family_filter(Family::Lifecycle)]),
+            ],
+            Service::CheckpointManager => vec![
+                ConsumerSpec::new(
+                    self,
+                    WORKER,
+                    vec![kind_filter(Family::Worker, "checkpoint")],
+                ),
+                ConsumerSpec::new(self, LIFECYCLE, vec![family_filter(Family::Lifecycle)]),
+            ],
+            Service::CostOptimizer => vec![
+                ConsumerSpec::new(self, EVENTS, events(&["trainingjob", "node"])),
+                ConsumerSpec::new(self, LIFECYCLE, vec![family_filter(Family::Lifecycle)]),
+            ],
+            Service::Notifier => vec![
+                ConsumerSpec::new(self, ALERTS, vec![family_filter(Family::Alerts)]),
+                ConsumerSpec::new(self, LIFECYCLE, vec![family_filter(Family::Lifecycle)]),
+            ],
+        }
+    }
+
+    /// Key-value buckets this service keeps state in.
+    pub fn buckets(self) -> Vec<Bucket> {
+        match self {
+            Service::Watcher | Service::Notifier => vec![],
+            Service::Planner => vec![Bucket::Planner],
+            Service::GpuAllocator => vec![Bucket::Allocator],
+            Service::HpoTuner => vec![Bucket::Tuner],
+            Service::CheckpointManager => vec![Bucket::Checkpoints],
+            Service::CostOptimizer => vec![Bucket::Cost],
+        }
+    }
+}
+
+/// A durable pull consumer: `<service>-<stream family>`, shared by a service's replicas.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerSpec {
+    pub durable: String,
+    pub stream: StreamSpec,
+    pub filter_subjects: Vec<String>,
+}
+
+impl ConsumerSpec {
+    fn new(service: Service, stream: StreamSpec, filter_subjects: Vec<String>) -> Self {
+        Self {
+            durable: format!("{}-{}", service.name(), stream.family.as_str()),
+            stream,
+            filter_subjects,
+        }
+    }
+}
+
+/// Key-value buckets for state a service must rebuild after a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bucket {
+    /// Planner: per-job attempt, applied generation and backoff state.
+    Planner,
+    /// gpu-allocator: inventory and admissions snapshot.
+    Allocator,
+    /// hpo-tuner: sweep state (observations, rungs, trial ids).
+    Tuner,
+    /// checkpoint-manager: checkpoint catalogue per job.
+    Checkpoints,
+    /// cost-optimizer: spend per job and budget.
+    Cost,
+}
+
+impl Bucket {
+    pub fn name(self) -> &'static str {
+        match self {
+            Bucket::Planner => "trainyard_planner",
+            Bucket::Allocator => "trainyard_allocator",
+            Bucket::Tuner => "trainyard_tuner",
+            Bucket::Checkpoints => "trainyard_checkpoints",
+            Bucket::Cost => "trainyard_cost",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durable_names_are_unique() {
+        let mut names: Vec<String> = Service::ALL
+            .iter()
+            .flat_map(|s| s.consumers())
+            .map(|c| c.durable)
+            .collect();
+        let before = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(before, names.len());
+    }
+
+    #[test]
+    fn consumer_filters_stay_inside_their_stream() {
+        for service in Service::ALL {
+            for consumer in service.consumers() {
+                let prefix = format!("{ROOT}.{}.", consumer.stream.family.as_str());
+                for filter in &consumer.filter_subjects {
+                    assert!(
+                        filter.starts_with(&prefix),
+                        "{filter} outside {}",
+                        consumer.stream.name
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn partition_transform_uses_nats_mapping_functions() {
+        let (source, dest) = EVENTS
+            .partition_transform()
+            .expect("events are partitioned");
+        assert_eq!(source, "trainyard.events.*.*.*");
+        assert_eq!(
+            dest,
+            "trainyard.events.{{wildcard(1)}}.{{partition(16,2,3)}}.{{wildcard(2)}}.{{wildcard(3)}}"
+        );
+        assert!(ALERTS.partition_transform().is_none());
+    }
+}

@@ -1,0 +1,343 @@
+//! Durable pull consumers: ack after the effect, retry with backoff, and after the
+//! last allowed delivery (or at once for a message that can never succeed) move
+//! the message to the dead-letter subject with the reason. Nothing panics on input.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, AckKind, consumer::pull};
+use bytes::Bytes;
+use chrono::Utc;
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use trainyard_contracts::dead_letter::{DeadLetter, REASON_HEADER};
+use trainyard_contracts::{ConsumerSpec, ContractError, Incoming, subject};
+
+use crate::error::RuntimeError;
+use crate::metrics::RuntimeMetrics;
+use crate::publisher::Publisher;
+use crate::settings::NatsSettings;
+use crate::telemetry;
+
+/// Why a handler did not finish a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandleError {
+    /// Might work later (a dependency is down); redelivered with backoff until
+    /// `max_deliver`, then dead-lettered.
+    Retry(String),
+    /// Can never work (bad content); dead-lettered now.
+    Reject {
+        category: &'static str,
+        reason: String,
+    },
+}
+
+impl From<ContractError> for HandleError {
+    fn from(err: ContractError) -> Self {
+        HandleError::Reject {
+            category: err.category(),
+            reason: err.to_string(),
+        }
+    }
+}
+
+/// Where a message came from, for handlers that care.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// Subject as stored (with the partition token on partitioned streams).
+    pub subject: String,
+    pub stream_sequence: u64,
+    /// 1 on first delivery.
+    pub delivered: i64,
+}
+
+/// Handles one decoded message. Implementations do their effect, then return Ok;
+/// the runtime acks.
+pub trait Handler: Send + Sync + 'static {
+    fn handle(
+        &self,
+        message: Incoming,
+        delivery: Delivery,
+    ) -> impl Future<Output = Result<(), HandleError>> + Send;
+}
+
+/// Everything a consumer loop needs besides its handler.
+#[derive(Clone)]
+pub struct ConsumerContext {
+    pub jetstream: jetstream::Context,
+    pub publisher: Publisher,
+    pub metrics: RuntimeMetrics,
+    pub settings: NatsSettings,
+}
+
+/// Creates (or updates) the durable consumer and handles messages until `shutdown`.
+/// On shutdown it stops pulling, finishes the message in hand and returns; fetched
+/// messages not yet started are NAKed so another replica takes them at once.
+pub async fn run<H: Handler>(
+    context: ConsumerContext,
+    spec: ConsumerSpec,
+    handler: Arc<H>,
+    shutdown: CancellationToken,
+) -> Result<(), RuntimeError> {
+    let consumer = ensure_consumer(&context, &spec).await?;
+    let mut failures = 0usize;
+    while !shutdown.is_cancelled() {
+        let batch = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            batch = consumer
+                .fetch()
+                .max_messages(context.settings.batch_size)
+                .expires(Duration::from_millis(500))
+                .messages() => batch,
+        };
+        let mut messages = match batch {
+            Ok(messages) => messages,
+            Err(err) => {
+                failures += 1;
+                tracing::warn!(consumer = %spec.durable, error = %err, "fetch failed; retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(crate::nats::reconnect_delay(failures)) => continue,
+                }
+            }
+        };
+        failures = 0;
+        while let Some(message) = messages.next().await {
+            let message = match message {
+                Ok(message) => message,
+                Err(err) => {
+                    tracing::warn!(consumer = %spec.durable, error = %err, "pull error");
+                    break;
+                }
+            };
+            if shutdown.is_cancelled() {
+                nak(&message, None).await;
+                continue;
+            }
+            process(&context, &spec, handler.as_ref(), message).await;
+        }
+    }
+    Ok(())
+}
+
+async fn ensure_consumer(
+    context: &ConsumerContext,
+    spec: &ConsumerSpec,
+) -> Result<jetstream::consumer::Consumer<pull::Config>, RuntimeError> {
+    let provision_error = |message: String| RuntimeError::Provision {
+        what: format!("consumer {}", spec.durable),
+        message,
+    };
+    let stream = context
+        .jetstream
+        .get_stream(spec.stream.name)
+        .await
+        .map_err(|err| provision_error(err.to_string()))?;
+    stream
+        .create_consumer(pull::Config {
+            durable_name: Some(spec.durable.clone()),
+            filter_subjects: spec.filter_subjects.clone(),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ack_wait: context.settings.ack_wait(),
+            max_deliver: context.settings.max_deliver,
+            ..Default::default()
+        })
+        .await
+        .map_err(|err| provision_error(err.to_string()))
+}
+
+async fn process<H: Handler>(
+    context: &ConsumerContext,
+    spec: &ConsumerSpec,
+    handler: &H,
+    message: jetstream::Message,
+) {
+    let started = Instant::now();
+    let (stream_sequence, delivered) = match message.info() {
+        Ok(info) => (info.stream_sequence, info.delivered),
+        Err(err) => {
+            tracing::warn!(consumer = %spec.durable, error = %err, "message without JetStream metadata");
+            (0, 1)
+        }
+    };
+    let delivery = Delivery {
+        subject: message.subject.to_string(),
+        stream_sequence,
+        delivered,
+    };
+    let outcome = match Incoming::decode(&message.payload) {
+        Err(err) => Err(HandleError::from(err)),
+        Ok(incoming) => {
+            let entity = incoming.header.entity.clone();
+            let span = tracing::info_span!(
+                "handle",
+                consumer = %spec.durable,
+                message_type = %incoming.header.message_type,
+                namespace = %entity.namespace,
+                name = %entity.name,
+                delivered,
+            );
+            telemetry::link_parent(
+                &span,
+                message.headers.as_ref(),
+                Some(&incoming.header.trace_context),
+            );
+            handler
+                .handle(incoming, delivery.clone())
+                .instrument(span)
+                .await
+        }
+    };
+    let label = match outcome {
+        Ok(()) => {
+            if let Err(err) = message.ack().await {
+                tracing::warn!(consumer = %spec.durable, error = %err, "ack failed; message will be redelivered");
+            }
+            "ack"
+        }
+        Err(HandleError::Reject { category, reason }) => {
+            dead_letter(context, spec, &message, &delivery, category, reason).await
+        }
+        Err(HandleError::Retry(reason)) if delivered >= context.settings.max_deliver => {
+            let reason = format!("gave up after {delivered} deliveries: {reason}");
+            dead_letter(
+                context,
+                spec,
+                &message,
+                &delivery,
+                "retries_exhausted",
+                reason,
+            )
+            .await
+        }
+        Err(HandleError::Retry(reason)) => {
+            tracing::warn!(consumer = %spec.durable, delivered, %reason, "handler failed; will retry");
+            nak(&message, Some(retry_delay(delivered))).await;
+            "retry"
+        }
+    };
+    context
+        .metrics
+        .messages
+        .with_label_values(&[spec.durable.as_str(), label])
+        .inc();
+    context
+        .metrics
+        .handle_seconds
+        .with_label_values(&[spec.durable.as_str()])
+        .observe(started.elapsed().as_secs_f64());
+}
+
+/// Backoff before redelivery `delivered` + 1: 1 s doubling, capped at 60 s.
+pub fn retry_delay(delivered: i64) -> Duration {
+    let exponent = delivered.clamp(1, 7) as u32 - 1;
+    Duration::from_secs(2u64.pow(exponent)).min(Duration::from_secs(60))
+}
+
+async fn nak(message: &jetstream::Message, delay: Option<Duration>) {
+    if let Err(err) = message.ack_with(AckKind::Nak(delay)).await {
+        tracing::warn!(error = %err, "nak failed; message will be redelivered after ack wait");
+    }
+}
+
+/// Publishes the dead letter, then terminates the original. If the dead letter
+/// cannot be stored, the original is NAKed instead so nothing is lost.
+async fn dead_letter(
+    context: &ConsumerContext,
+    spec: &ConsumerSpec,
+    message: &jetstream::Message,
+    delivery: &Delivery,
+    category: &'static str,
+    reason: String,
+) -> &'static str {
+    tracing::error!(consumer = %spec.durable, subject = %delivery.subject, category, %reason, "dead-lettering message");
+    let headers: BTreeMap<String, String> = message
+        .headers
+        .iter()
+        .flat_map(|headers| headers.iter())
+        .filter_map(|(name, values)| {
+            values
+                .first()
+                .map(|value| (name.to_string(), value.as_str().to_string()))
+        })
+        .collect();
+    let letter = DeadLetter {
+        stream: spec.stream.name.to_string(),
+        consumer: spec.durable.clone(),
+        subject: delivery.subject.clone(),
+        stream_sequence: delivery.stream_sequence,
+        category: category.to_string(),
+        reason: reason.clone(),
+        deliveries: delivery.delivered.max(0) as u64,
+        failed_at: Utc::now(),
+        headers,
+        payload: String::from_utf8_lossy(&message.payload).into_owned(),
+    };
+    let body = match serde_json::to_vec(&letter) {
+        Ok(body) => body,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot encode dead letter");
+            nak(message, Some(retry_delay(delivery.delivered))).await;
+            return "retry";
+        }
+    };
+    let mut out = HeaderMap::new();
+    out.insert("Nats-Msg-Id", letter.message_id().as_str());
+    // Header values cannot hold line breaks.
+    out.insert(REASON_HEADER, reason.replace(['\r', '\n'], " ").as_str());
+    let published = context
+        .publisher
+        .publish_raw(
+            subject::dead_letter(spec.stream.name, &spec.durable),
+            out,
+            Bytes::from(body),
+        )
+        .await;
+    match published {
+        Ok(_) => {
+            if let Err(err) = message.ack_with(AckKind::Term).await {
+                tracing::warn!(error = %err, "term failed after dead-lettering");
+            }
+            context
+                .metrics
+                .dead_letters
+                .with_label_values(&[spec.durable.as_str(), category])
+                .inc();
+            "dead_letter"
+        }
+        Err(err) => {
+            tracing::error!(error = %err, "cannot publish dead letter; will retry the original");
+            nak(message, Some(retry_delay(delivery.delivered))).await;
+            "retry"
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delay_doubles_to_a_cap() {
+        assert_eq!(retry_delay(1), Duration::from_secs(1));
+        assert_eq!(retry_delay(2), Duration::from_secs(2));
+        assert_eq!(retry_delay(4), Duration::from_secs(8));
+        assert_eq!(retry_delay(100), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn contract_errors_are_rejections() {
+        let err = trainyard_contracts::Incoming::decode(b"{").expect_err("malformed");
+        assert!(matches!(
+            HandleError::from(err),
+            HandleError::Reject {
+                category: "malformed",
+                ..
+            }
+        ));
+    }
+}

@@ -1,0 +1,54 @@
+use thiserror::Error;
+
+/// What can go wrong in the shared service runtime.
+#[derive(Debug, Error)]
+pub enum RuntimeError {
+    /// A configuration source is unreadable or a key has the wrong type.
+    #[error("configuration: {0}")]
+    Config(#[source] config::ConfigError),
+    /// Telemetry (logs, traces) could not be set up.
+    #[error("telemetry: {0}")]
+    Telemetry(String),
+    /// The HTTP listener could not bind.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Connecting to NATS failed.
+    #[error("cannot connect to NATS at {url}: {message}")]
+    Connect { url: String, message: String },
+    /// A stream, consumer or bucket could not be created or updated.
+    #[error("cannot provision {what}: {message}")]
+    Provision { what: String, message: String },
+    /// A publish was not acknowledged by JetStream.
+    #[error("publish to {subject} failed: {message}")]
+    Publish { subject: String, message: String },
+    /// The command line is wrong.
+    #[error("usage: {0}")]
+    Usage(String),
+    /// The service's own setup failed.
+    #[error("setup: {0}")]
+    Setup(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A message could not be encoded.
+    #[error(transparent)]
+    Contract(#[from] trainyard_contracts::ContractError),
+}
+
+impl RuntimeError {
+    /// A bounded label for metrics.
+    pub fn category(&self) -> &'static str {
+        match self {
+            RuntimeError::Config(_) => "config",
+            RuntimeError::Telemetry(_) => "telemetry",
+            RuntimeError::Listen { .. } => "listen",
+            RuntimeError::Connect { .. } => "connect",
+            RuntimeError::Provision { .. } => "provision",
+            RuntimeError::Publish { .. } => "publish",
+            RuntimeError::Usage(_) => "usage",
+            RuntimeError::Setup(_) => "setup",
+            RuntimeError::Contract(_) => "contract",
+        }
+    }
+}

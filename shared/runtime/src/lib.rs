@@ -1,0 +1,23 @@
+//! The runtime shared by all seven Trainyard services: layered config, JSON logs and
+//! OpenTelemetry traces, Prometheus `/metrics` with `/healthz` and `/readyz`, NATS
+//! with reconnect, idempotent stream provisioning, durable consumers with
+//! dead-lettering, and graceful shutdown.
+
+pub mod consumer;
+pub mod error;
+pub mod http;
+pub mod metrics;
+pub mod nats;
+pub mod publisher;
+pub mod runtime;
+pub mod serve;
+pub mod settings;
+pub mod shutdown;
+pub mod telemetry;
+
+pub use consumer::{Delivery, HandleError, Handler};
+pub use error::RuntimeError;
+pub use publisher::{Published, Publisher};
+pub use runtime::Runtime;
+pub use serve::serve;
+pub use settings::{ConfigSources, Settings};

