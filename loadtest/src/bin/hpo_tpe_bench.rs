@@ -14,7 +14,7 @@
 //!
 //! Options: `--seeds 50 --seed-offset 0 --trials 100 --checkpoints 25,50,100
 //! --timing-trials 2000 --timing-seeds 3 --functions branin,hartmann6
-//! --variants tpe,tpe24,independent,random --optuna FILE`.
+//! --variants tpe,tpe24,independent,random --optuna FILE --per-seed`.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -39,6 +39,7 @@ struct Args {
     functions: Vec<String>,
     variants: Vec<String>,
     optuna: Option<String>,
+    per_seed: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -52,6 +53,7 @@ fn parse_args() -> Result<Args, String> {
         functions: vec!["branin".into(), "hartmann6".into()],
         variants: vec!["tpe".into()],
         optuna: None,
+        per_seed: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -73,6 +75,7 @@ fn parse_args() -> Result<Args, String> {
             "--functions" => a.functions = list(val()?),
             "--variants" => a.variants = list(val()?),
             "--optuna" => a.optuna = Some(val()?),
+            "--per-seed" => a.per_seed = true,
             "-h" | "--help" => {
                 return Err("see the doc comment at the top of hpo_tpe_bench.rs".into());
             }
@@ -88,16 +91,22 @@ type Objective = fn(&Params) -> f64;
 fn function(name: &str) -> Option<(SearchSpace, Objective, f64)> {
     match name {
         "branin" => Some((branin_space(), branin_params as Objective, BRANIN_MIN)),
-        "hartmann6" => Some((hartmann6_space(), hartmann6_params as Objective, HARTMANN6_MIN)),
+        "hartmann6" => Some((
+            hartmann6_space(),
+            hartmann6_params as Objective,
+            HARTMANN6_MIN,
+        )),
         _ => None,
     }
 }
 
+/// `tpe` (our defaults), `tpe24` (Optuna's defaults: 24 EI candidates),
+/// `independent`, `random`, or `tpe:key=value/key=value...` with keys `ei`, `gamma`,
+/// `prior`, `startup`, `cap`, `mv` (0/1) for experiments.
 fn algorithm(variant: &str) -> Option<AlgorithmSpec> {
     let tpe = TpeConfig::default();
     Some(match variant {
         "tpe" => AlgorithmSpec::Tpe(tpe),
-        // Optuna's exact defaults (24 EI candidates).
         "tpe24" => AlgorithmSpec::Tpe(TpeConfig {
             n_ei_candidates: 24,
             ..tpe
@@ -108,12 +117,20 @@ fn algorithm(variant: &str) -> Option<AlgorithmSpec> {
         }),
         "random" => AlgorithmSpec::Random,
         _ => {
-            // "tpe-ei<N>" for candidate-count experiments.
-            let n = variant.strip_prefix("tpe-ei")?.parse().ok()?;
-            AlgorithmSpec::Tpe(TpeConfig {
-                n_ei_candidates: n,
-                ..tpe
-            })
+            let mut c = tpe;
+            for kv in variant.strip_prefix("tpe:")?.split('/') {
+                let (k, v) = kv.split_once('=')?;
+                match k {
+                    "ei" => c.n_ei_candidates = v.parse().ok()?,
+                    "gamma" => c.gamma = v.parse().ok()?,
+                    "prior" => c.prior_weight = v.parse().ok()?,
+                    "startup" => c.n_startup_trials = v.parse().ok()?,
+                    "cap" => c.max_above_kernels = v.parse().ok()?,
+                    "mv" => c.multivariate = v == "1",
+                    _ => return None,
+                }
+            }
+            AlgorithmSpec::Tpe(c)
         }
     })
 }
@@ -280,7 +297,10 @@ fn real_main() -> Result<bool, String> {
                 ms_first.push(1e3 * window_mean(&secs, args.trials));
             }
             let mut suggest_ms = BTreeMap::new();
-            suggest_ms.insert(args.trials, ms_first.iter().sum::<f64>() / ms_first.len() as f64);
+            suggest_ms.insert(
+                args.trials,
+                ms_first.iter().sum::<f64>() / ms_first.len() as f64,
+            );
             if timing.len() > 1 {
                 let mut ms = Vec::new();
                 for s in 0..args.timing_seeds {
@@ -289,6 +309,12 @@ fn real_main() -> Result<bool, String> {
                     ms.push(1e3 * window_mean(&secs, args.timing_trials));
                 }
                 suggest_ms.insert(args.timing_trials, ms.iter().sum::<f64>() / ms.len() as f64);
+            }
+            if args.per_seed {
+                let mut v = at.get(&args.trials).cloned().unwrap_or_default();
+                v.sort_by(f64::total_cmp);
+                let s: Vec<String> = v.iter().map(|x| format!("{x:.3}")).collect();
+                println!("  sorted regret@{}: {}", args.trials, s.join(" "));
             }
             let row = Row {
                 label: format!("hpo-tuner-core {variant}"),

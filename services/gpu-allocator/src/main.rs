@@ -9,7 +9,7 @@ async fn main() -> anyhow::Result<()> {
         Service::GpuAllocator,
         std::env::args_os(),
         std::env::vars(),
-        |_, _| async { Ok::<(), RuntimeError>(()) },
+        async |_, _| Ok::<(), RuntimeError>(()),
     )
     .await?;
     Ok(())

@@ -89,8 +89,13 @@ impl Condition {
 }
 
 /// Finds the condition of the given type.
-pub fn find_condition<'a>(conditions: &'a [Condition], condition_type: &str) -> Option<&'a Condition> {
-    conditions.iter().find(|c| c.condition_type == condition_type)
+pub fn find_condition<'a>(
+    conditions: &'a [Condition],
+    condition_type: &str,
+) -> Option<&'a Condition> {
+    conditions
+        .iter()
+        .find(|c| c.condition_type == condition_type)
 }
 
 /// Adds or replaces the condition of `new.condition_type`, like `meta.SetStatusCondition`.
@@ -98,7 +103,10 @@ pub fn find_condition<'a>(conditions: &'a [Condition], condition_type: &str) -> 
 /// The transition time only moves when the status changes, so replaying the same
 /// decision does not rewrite history. Returns true when anything changed.
 pub fn set_condition(conditions: &mut Vec<Condition>, mut new: Condition) -> bool {
-    match conditions.iter_mut().find(|c| c.condition_type == new.condition_type) {
+    match conditions
+        .iter_mut()
+        .find(|c| c.condition_type == new.condition_type)
+    {
         Some(existing) => {
             if existing.status == new.status {
                 new.last_transition_time = existing.last_transition_time.clone();
@@ -132,7 +140,8 @@ mod tests {
         assert!(!set_condition(&mut conditions, again));
         assert_eq!(conditions[0].last_transition_time, Some(first_time));
 
-        let mut evicted = Condition::new("Admitted", ConditionStatus::False, "Preempted", "reclaimed");
+        let mut evicted =
+            Condition::new("Admitted", ConditionStatus::False, "Preempted", "reclaimed");
         evicted.last_transition_time = Some(later_time.clone());
         assert!(set_condition(&mut conditions, evicted));
         assert_eq!(conditions.len(), 1);

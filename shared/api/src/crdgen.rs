@@ -1,7 +1,7 @@
 //! Renders the CRD YAML files under `crds/` from the Rust types.
 
-use kube::CustomResourceExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
 
 use crate::{Sweep, TrainingJob, TrainingQueue};
 

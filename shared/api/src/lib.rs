@@ -19,19 +19,20 @@ pub mod validation;
 pub use condition::{Condition, ConditionStatus, find_condition, set_condition};
 pub use crdgen::{CRDGEN_COMMAND, CrdFile, all_crds, generate_crd_files};
 pub use queue::{
-    FairShare, FlavorQuota, FlavorUsage, PreemptionPolicy, QueuePriorityPolicy, ReclaimWithinCohort,
-    TrainingQueue, TrainingQueueSpec, TrainingQueueStatus, WithinQueuePreemption,
+    FairShare, FlavorQuota, FlavorUsage, PreemptionPolicy, QueuePriorityPolicy,
+    ReclaimWithinCohort, TrainingQueue, TrainingQueueSpec, TrainingQueueStatus,
+    WithinQueuePreemption,
 };
 pub use sweep::{
-    AlgorithmName, BestTrial, EarlyStoppingAlgorithm, EarlyStoppingSpec, Objective, ObjectiveDirection,
-    ParameterSpec, ParameterType, ResolvedTpeSettings, RungStatus, SearchAlgorithm, Sweep, SweepSpec, SweepState, SweepStatus,
-    TpeSettings, TrialCounts,
+    AlgorithmName, BestTrial, EarlyStoppingAlgorithm, EarlyStoppingSpec, Objective,
+    ObjectiveDirection, ParameterSpec, ParameterType, ResolvedTpeSettings, RungStatus,
+    SearchAlgorithm, Sweep, SweepSpec, SweepState, SweepStatus, TpeSettings, TrialCounts,
 };
 pub use trainingjob::{
-    AllocatedResources, CapacityType, CheckpointSpec, CheckpointStatus, CheckpointStorage, CommunicationBackend,
-    FailurePolicy, Framework, Hyperparameters, MonitoringSpec, NetworkingSpec, Optimizer, RestartPolicy,
-    SchedulingSpec, StorageType, SuccessPolicy, TrainingJob, TrainingJobSpec, TrainingJobState,
-    TrainingJobStatus, WorkerCounts,
+    AllocatedResources, CapacityType, CheckpointSpec, CheckpointStatus, CheckpointStorage,
+    CommunicationBackend, FailurePolicy, Framework, Hyperparameters, MonitoringSpec,
+    NetworkingSpec, Optimizer, RestartPolicy, SchedulingSpec, StorageType, SuccessPolicy,
+    TrainingJob, TrainingJobSpec, TrainingJobState, TrainingJobStatus, WorkerCounts,
 };
 pub use validation::{FieldError, FieldErrorKind, format_field_errors};
 

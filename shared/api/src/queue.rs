@@ -1,5 +1,6 @@
 //! `TrainingQueue`: cluster-scoped GPU quotas, cohorts and fair sharing.
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 use kube::{CustomResource, KubeSchema};
@@ -7,7 +8,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::condition::Condition;
-use crate::validation::{DNS_LABEL_PATTERN, FieldError, FieldErrors, MAX_DNS_LABEL_LENGTH, decode_at};
+use crate::validation::{
+    DNS_LABEL_PATTERN, FieldError, FieldErrors, MAX_DNS_LABEL_LENGTH, decode_at,
+};
 use crate::wire_enum::wire_enum;
 
 /// Most flavors one queue may list.
@@ -19,14 +22,18 @@ pub const DEFAULT_PRIORITY: i32 = 0;
 /// Priority gained per aging period when `priority.agingStep` is unset.
 pub const DEFAULT_AGING_STEP: i32 = 1;
 
-const RULE_BORROWING_NEEDS_COHORT: &str = "has(self.cohort) || self.flavors.all(f, !has(f.borrowingLimit))";
+const RULE_BORROWING_NEEDS_COHORT: &str =
+    "has(self.cohort) || self.flavors.all(f, !has(f.borrowingLimit))";
 const MSG_BORROWING_NEEDS_COHORT: &str =
     "flavors[].borrowingLimit needs a cohort: queues borrow only from other queues in their cohort";
-const RULE_LENDING_NEEDS_COHORT: &str = "has(self.cohort) || self.flavors.all(f, !has(f.lendingLimit))";
+const RULE_LENDING_NEEDS_COHORT: &str =
+    "has(self.cohort) || self.flavors.all(f, !has(f.lendingLimit))";
 const MSG_LENDING_NEEDS_COHORT: &str =
     "flavors[].lendingLimit needs a cohort: queues lend only to other queues in their cohort";
-const RULE_LENDING_WITHIN_QUOTA: &str = "!has(self.lendingLimit) || self.lendingLimit <= self.nominalQuota";
-const MSG_LENDING_WITHIN_QUOTA: &str = "lendingLimit cannot exceed nominalQuota: a queue can only lend GPUs it has";
+const RULE_LENDING_WITHIN_QUOTA: &str =
+    "!has(self.lendingLimit) || self.lendingLimit <= self.nominalQuota";
+const MSG_LENDING_WITHIN_QUOTA: &str =
+    "lendingLimit cannot exceed nominalQuota: a queue can only lend GPUs it has";
 
 wire_enum! {
     /// Preemption inside the queue: Never, or LowerPriority (a pending job may evict
@@ -49,6 +56,8 @@ wire_enum! {
 
 /// Desired state of a TrainingQueue: the GPUs it guarantees per flavor, whom it shares
 /// them with, and how jobs in it are ordered and preempted.
+// Every printcolumn repeats keys such as `type_`, which clippy mistakes for duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "trainyard.dev",
@@ -77,7 +86,11 @@ wire_enum! {
         json_path = ".status.admitted",
         description = "Jobs admitted"
     ),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
@@ -143,7 +156,10 @@ pub struct FlavorQuota {
 #[serde(rename_all = "camelCase")]
 pub struct FairShare {
     /// Relative weight, 0 or more: a queue with weight 2 gets twice the borrowed GPUs of a queue with weight 1. Default 1.
-    #[serde(default = "default_fair_share_weight", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default = "default_fair_share_weight",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schemars(range(min = 0.0))]
     pub weight: Option<f64>,
 }
@@ -243,16 +259,19 @@ impl TrainingQueueSpec {
         for (index, flavor) in self.flavors.iter().enumerate() {
             let path = format!("spec.flavors[{index}]");
             errors.dns_label(&format!("{path}.name"), &flavor.name);
-            if self.flavors[..index].iter().any(|earlier| earlier.name == flavor.name) {
+            if self.flavors[..index]
+                .iter()
+                .any(|earlier| earlier.name == flavor.name)
+            {
                 errors.invalid(
                     format!("{path}.name"),
                     format!("duplicate flavor {:?}: list every flavor once", flavor.name),
                 );
             }
-            if let Some(lending) = flavor.lending_limit {
-                if lending > flavor.nominal_quota {
-                    errors.invalid(format!("{path}.lendingLimit"), MSG_LENDING_WITHIN_QUOTA);
-                }
+            if let Some(lending) = flavor.lending_limit
+                && lending > flavor.nominal_quota
+            {
+                errors.invalid(format!("{path}.lendingLimit"), MSG_LENDING_WITHIN_QUOTA);
             }
             if self.cohort.is_none() && flavor.borrowing_limit.is_some() {
                 errors.forbidden(format!("{path}.borrowingLimit"), MSG_BORROWING_NEEDS_COHORT);
@@ -262,9 +281,12 @@ impl TrainingQueueSpec {
             }
         }
         if let Some(weight) = self.fair_share.as_ref().and_then(|f| f.weight) {
-            // Negated so NaN is rejected too.
-            if !(weight >= 0.0) {
-                errors.invalid("spec.fairShare.weight", format!("must be 0 or more, got {weight}"));
+            // NaN compares as None and is rejected too.
+            if matches!(weight.partial_cmp(&0.0), None | Some(Ordering::Less)) {
+                errors.invalid(
+                    "spec.fairShare.weight",
+                    format!("must be 0 or more, got {weight}"),
+                );
             }
         }
         if let Some(priority) = &self.priority {
@@ -321,16 +343,18 @@ impl TrainingQueueSpec {
         };
         let steps = waited_seconds / u64::from(aging_seconds);
         let step = i64::from(policy.aging_step.unwrap_or(DEFAULT_AGING_STEP));
-        let boost = i64::try_from(steps).unwrap_or(i64::MAX).saturating_mul(step);
+        let boost = i64::try_from(steps)
+            .unwrap_or(i64::MAX)
+            .saturating_mul(step);
         let aged = i64::from(base_priority).saturating_add(boost);
         i32::try_from(aged).unwrap_or(if aged > 0 { i32::MAX } else { i32::MIN })
     }
 
     /// GPUs of all flavors guaranteed to the queue.
     pub fn nominal_gpus(&self) -> u32 {
-        self.flavors
-            .iter()
-            .fold(0u32, |total, flavor| total.saturating_add(flavor.nominal_quota))
+        self.flavors.iter().fold(0u32, |total, flavor| {
+            total.saturating_add(flavor.nominal_quota)
+        })
     }
 }
 
@@ -375,7 +399,10 @@ mod tests {
     fn defaults() {
         let queue = queue_with_aging(None, None);
         assert_eq!(queue.fair_share_weight(), 1.0);
-        assert_eq!(queue.within_queue_preemption(), WithinQueuePreemption::Never);
+        assert_eq!(
+            queue.within_queue_preemption(),
+            WithinQueuePreemption::Never
+        );
         assert_eq!(queue.reclaim_within_cohort(), ReclaimWithinCohort::Never);
         assert_eq!(queue.default_priority(), 0);
         assert_eq!(queue.nominal_gpus(), 8);

@@ -1,5 +1,6 @@
 //! `Sweep`: a hyperparameter search whose trials are TrainingJobs.
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 use kube::{CustomResource, KubeSchema};
@@ -36,41 +37,52 @@ pub const DEFAULT_REDUCTION_FACTOR: u32 = 3;
 /// Smallest useful reduction factor.
 pub const MIN_REDUCTION_FACTOR: u32 = 2;
 
-const RULE_PARALLEL_WITHIN_MAX: &str = "!has(self.parallelTrialCount) || self.parallelTrialCount <= self.maxTrialCount";
-const MSG_PARALLEL_WITHIN_MAX: &str =
-    "parallelTrialCount must not exceed maxTrialCount: lower parallelTrialCount or raise maxTrialCount";
-const RULE_GRID_NEEDS_STEPS: &str =
-    "!has(self.algorithm) || self.algorithm.name != 'grid' || self.parameters.all(p, p.type != 'float' || has(p.step))";
-const MSG_GRID_NEEDS_STEPS: &str =
-    "grid search needs a step on every float parameter: set step, or use the random or tpe algorithm";
+// Number fields (min, max, step) are wrapped in double(): the apiserver already types them
+// as double, but client-side evaluators (kube-cel in our tests) see an integer-valued JSON
+// number as int, and not every CEL implementation orders or equates int with double.
+const RULE_PARALLEL_WITHIN_MAX: &str =
+    "!has(self.parallelTrialCount) || self.parallelTrialCount <= self.maxTrialCount";
+const MSG_PARALLEL_WITHIN_MAX: &str = "parallelTrialCount must not exceed maxTrialCount: lower parallelTrialCount or raise maxTrialCount";
+const RULE_GRID_NEEDS_STEPS: &str = "!has(self.algorithm) || self.algorithm.name != 'grid' || self.parameters.all(p, p.type != 'float' || has(p.step))";
+const MSG_GRID_NEEDS_STEPS: &str = "grid search needs a step on every float parameter: set step, or use the random or tpe algorithm";
 const RULE_SETTINGS_NEED_TPE: &str = "!has(self.settings) || self.name == 'tpe'";
-const MSG_SETTINGS_NEED_TPE: &str = "algorithm.settings only apply to the tpe algorithm: remove settings or set name: tpe";
-const RULE_RESOURCE_ORDER: &str = "!has(self.minResource) || !has(self.maxResource) || self.minResource < self.maxResource";
+const MSG_SETTINGS_NEED_TPE: &str =
+    "algorithm.settings only apply to the tpe algorithm: remove settings or set name: tpe";
+const RULE_RESOURCE_ORDER: &str =
+    "!has(self.minResource) || !has(self.maxResource) || self.minResource < self.maxResource";
 const MSG_RESOURCE_ORDER: &str = "earlyStopping.minResource must be less than maxResource";
 const RULE_NUMERIC_NEEDS_MIN: &str = "self.type == 'categorical' || has(self.min)";
 const MSG_NUMERIC_NEEDS_MIN: &str = "float and int parameters need min";
 const RULE_NUMERIC_NEEDS_MAX: &str = "self.type == 'categorical' || has(self.max)";
 const MSG_NUMERIC_NEEDS_MAX: &str = "float and int parameters need max";
-const RULE_MIN_BELOW_MAX: &str = "!has(self.min) || !has(self.max) || self.min < self.max";
+const RULE_MIN_BELOW_MAX: &str =
+    "!has(self.min) || !has(self.max) || double(self.min) < double(self.max)";
 const MSG_MIN_BELOW_MAX: &str = "min must be less than max";
-const RULE_CATEGORICAL_NEEDS_VALUES: &str = "self.type != 'categorical' || (has(self.values) && size(self.values) > 0)";
+const RULE_CATEGORICAL_NEEDS_VALUES: &str =
+    "self.type != 'categorical' || (has(self.values) && size(self.values) > 0)";
 const MSG_CATEGORICAL_NEEDS_VALUES: &str = "categorical parameters need values: list the choices";
 const RULE_VALUES_ONLY_CATEGORICAL: &str = "self.type == 'categorical' || !has(self.values)";
 const MSG_VALUES_ONLY_CATEGORICAL: &str =
     "values only apply to categorical parameters: use min and max for float and int parameters";
-const RULE_RANGE_NOT_CATEGORICAL: &str = "self.type != 'categorical' || (!has(self.min) && !has(self.max))";
-const MSG_RANGE_NOT_CATEGORICAL: &str = "min and max do not apply to categorical parameters: list the choices in values";
+const RULE_RANGE_NOT_CATEGORICAL: &str =
+    "self.type != 'categorical' || (!has(self.min) && !has(self.max))";
+const MSG_RANGE_NOT_CATEGORICAL: &str =
+    "min and max do not apply to categorical parameters: list the choices in values";
 const RULE_STEP_NOT_CATEGORICAL: &str = "self.type != 'categorical' || !has(self.step)";
 const MSG_STEP_NOT_CATEGORICAL: &str = "step does not apply to categorical parameters";
 const RULE_LOG_ONLY_FLOAT: &str = "!has(self.log) || !self.log || self.type == 'float'";
 const MSG_LOG_ONLY_FLOAT: &str = "log only applies to float parameters";
-const RULE_LOG_NEEDS_POSITIVE_MIN: &str = "!has(self.log) || !self.log || !has(self.min) || self.min > 0.0";
+const RULE_LOG_NEEDS_POSITIVE_MIN: &str =
+    "!has(self.log) || !self.log || !has(self.min) || double(self.min) > 0.0";
 const MSG_LOG_NEEDS_POSITIVE_MIN: &str = "log scale needs min greater than 0";
-const RULE_INT_WHOLE_MIN: &str = "self.type != 'int' || !has(self.min) || self.min == double(int(self.min))";
+const RULE_INT_WHOLE_MIN: &str =
+    "self.type != 'int' || !has(self.min) || double(self.min) == double(int(self.min))";
 const MSG_INT_WHOLE_MIN: &str = "int parameters need a whole-number min";
-const RULE_INT_WHOLE_MAX: &str = "self.type != 'int' || !has(self.max) || self.max == double(int(self.max))";
+const RULE_INT_WHOLE_MAX: &str =
+    "self.type != 'int' || !has(self.max) || double(self.max) == double(int(self.max))";
 const MSG_INT_WHOLE_MAX: &str = "int parameters need a whole-number max";
-const RULE_INT_WHOLE_STEP: &str = "self.type != 'int' || !has(self.step) || self.step == double(int(self.step))";
+const RULE_INT_WHOLE_STEP: &str =
+    "self.type != 'int' || !has(self.step) || double(self.step) == double(int(self.step))";
 const MSG_INT_WHOLE_STEP: &str = "int parameters need a whole-number step";
 
 wire_enum! {
@@ -126,6 +138,8 @@ wire_enum! {
 
 /// Desired state of a Sweep: what to optimize, which hyperparameters to search, how, and
 /// the TrainingJob every trial runs.
+// Every printcolumn repeats keys such as `type_`, which clippy mistakes for duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "trainyard.dev",
@@ -155,7 +169,11 @@ wire_enum! {
         json_path = ".status.bestTrial.objectiveValue",
         description = "Best objective value so far"
     ),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
@@ -425,11 +443,17 @@ impl SweepSpec {
         errors.items("spec.parameters", self.parameters.len(), 1, MAX_PARAMETERS);
         for (index, parameter) in self.parameters.iter().enumerate() {
             parameter.check(&format!("spec.parameters[{index}]"), &mut errors);
-            if self.parameters[..index].iter().any(|earlier| earlier.name == parameter.name) {
+            if self.parameters[..index]
+                .iter()
+                .any(|earlier| earlier.name == parameter.name)
+            {
                 errors.push(
                     format!("spec.parameters[{index}].name"),
                     crate::validation::FieldErrorKind::Invalid,
-                    format!("duplicate parameter name {:?}: every parameter needs its own name", parameter.name),
+                    format!(
+                        "duplicate parameter name {:?}: every parameter needs its own name",
+                        parameter.name
+                    ),
                 );
             }
         }
@@ -460,12 +484,15 @@ impl SweepSpec {
 
     /// Trials run at once, defaulting to 1.
     pub fn parallel_trial_count(&self) -> u32 {
-        self.parallel_trial_count.unwrap_or(DEFAULT_PARALLEL_TRIAL_COUNT)
+        self.parallel_trial_count
+            .unwrap_or(DEFAULT_PARALLEL_TRIAL_COUNT)
     }
 
     /// Search algorithm, defaulting to random.
     pub fn algorithm_name(&self) -> AlgorithmName {
-        self.algorithm.as_ref().map_or(DEFAULT_ALGORITHM, |a| a.name)
+        self.algorithm
+            .as_ref()
+            .map_or(DEFAULT_ALGORITHM, |a| a.name)
     }
 
     /// Early-stopping algorithm, defaulting to none.
@@ -547,8 +574,8 @@ impl ParameterSpec {
             errors.required(format!("{path}.max"), MSG_NUMERIC_NEEDS_MAX);
         }
         if let (Some(min), Some(max)) = (self.min, self.max) {
-            // Negated so NaN bounds fail too.
-            if !(min < max) {
+            // NaN bounds compare as None and fail too.
+            if min.partial_cmp(&max) != Some(Ordering::Less) {
                 errors.invalid(format!("{path}.max"), MSG_MIN_BELOW_MAX);
             }
         }
@@ -568,13 +595,20 @@ impl ParameterSpec {
         if log && self.parameter_type != ParameterType::Float {
             errors.forbidden(format!("{path}.log"), MSG_LOG_ONLY_FLOAT);
         }
-        if log && self.min.is_some_and(|min| !(min > 0.0)) {
+        if log
+            && self
+                .min
+                .is_some_and(|min| min.partial_cmp(&0.0) != Some(Ordering::Greater))
+        {
             errors.invalid(format!("{path}.min"), MSG_LOG_NEEDS_POSITIVE_MIN);
         }
-        if let Some(step) = self.step {
-            if !(step > 0.0) {
-                errors.invalid(format!("{path}.step"), format!("must be greater than 0, got {step}"));
-            }
+        if let Some(step) = self.step
+            && step.partial_cmp(&0.0) != Some(Ordering::Greater)
+        {
+            errors.invalid(
+                format!("{path}.step"),
+                format!("must be greater than 0, got {step}"),
+            );
         }
         if self.parameter_type == ParameterType::Int {
             for (field, value, message) in [
@@ -588,7 +622,12 @@ impl ParameterSpec {
             }
         }
         if let Some(values) = &self.values {
-            errors.items(&format!("{path}.values"), values.len(), 0, MAX_CATEGORICAL_VALUES);
+            errors.items(
+                &format!("{path}.values"),
+                values.len(),
+                0,
+                MAX_CATEGORICAL_VALUES,
+            );
             for (index, value) in values.iter().enumerate() {
                 errors.length(&format!("{path}.values[{index}]"), value, 1, 253);
                 if values[..index].contains(value) {
@@ -614,13 +653,13 @@ impl SearchAlgorithm {
             if let Some(candidates) = settings.n_ei_candidates {
                 errors.at_least(&format!("{path}.settings.nEiCandidates"), candidates, 1);
             }
-            if let Some(gamma) = settings.gamma {
-                if !(gamma > 0.0 && gamma < 1.0) {
-                    errors.invalid(
-                        format!("{path}.settings.gamma"),
-                        format!("must be between 0 and 1 (exclusive), got {gamma}"),
-                    );
-                }
+            if let Some(gamma) = settings.gamma
+                && !(gamma > 0.0 && gamma < 1.0)
+            {
+                errors.invalid(
+                    format!("{path}.settings.gamma"),
+                    format!("must be between 0 and 1 (exclusive), got {gamma}"),
+                );
             }
         }
     }
@@ -634,13 +673,17 @@ impl EarlyStoppingSpec {
         if let Some(max) = self.max_resource {
             errors.at_least(&format!("{path}.maxResource"), max, 1);
         }
-        if let (Some(min), Some(max)) = (self.min_resource, self.max_resource) {
-            if min >= max {
-                errors.invalid(format!("{path}.maxResource"), MSG_RESOURCE_ORDER);
-            }
+        if let (Some(min), Some(max)) = (self.min_resource, self.max_resource)
+            && min >= max
+        {
+            errors.invalid(format!("{path}.maxResource"), MSG_RESOURCE_ORDER);
         }
         if let Some(factor) = self.reduction_factor {
-            errors.at_least(&format!("{path}.reductionFactor"), factor, MIN_REDUCTION_FACTOR);
+            errors.at_least(
+                &format!("{path}.reductionFactor"),
+                factor,
+                MIN_REDUCTION_FACTOR,
+            );
         }
     }
 }
@@ -648,7 +691,9 @@ impl EarlyStoppingSpec {
 /// True for a parameter name in the language of [`PARAMETER_NAME_PATTERN`], at most 63 characters.
 pub fn is_parameter_name(name: &str) -> bool {
     let mut bytes = name.bytes();
-    let starts_well = bytes.next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'_');
+    let starts_well = bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_');
     starts_well
         && name.len() <= MAX_PARAMETER_NAME_LENGTH
         && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))

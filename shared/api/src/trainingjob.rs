@@ -3,6 +3,7 @@
 //! Every field of the reference API's spec and status tables is here, plus the
 //! scheduling fields Trainyard adds (queue, capacity type, MIG, time slicing).
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Affinity, EnvVar, ResourceRequirements, Toleration};
@@ -62,8 +63,7 @@ pub const MIG_PROFILE_PATTERN: &str = r"^[1-7]g\.[1-9][0-9]*gb(\+me)?$";
 const RULE_MIG_NEEDS_GPUS: &str = "!has(self.scheduling) || !has(self.scheduling.migProfile) || !has(self.gpusPerWorker) || self.gpusPerWorker >= 1";
 const MSG_MIG_NEEDS_GPUS: &str = "scheduling.migProfile needs gpusPerWorker of at least 1: each worker gets gpusPerWorker slices of this MIG profile";
 const RULE_NCCL_NEEDS_GPUS: &str = "!has(self.networking) || !has(self.networking.backend) || self.networking.backend != 'nccl' || !has(self.gpusPerWorker) || self.gpusPerWorker >= 1";
-const MSG_NCCL_NEEDS_GPUS: &str =
-    "networking.backend nccl needs GPUs: set gpusPerWorker to at least 1, or use gloo for CPU-only training";
+const MSG_NCCL_NEEDS_GPUS: &str = "networking.backend nccl needs GPUs: set gpusPerWorker to at least 1, or use gloo for CPU-only training";
 // 29500 is DEFAULT_MASTER_PORT; a unit test keeps the two in step.
 const RULE_METRICS_PORT_FREE: &str = "!has(self.monitoring) || !has(self.monitoring.metricsPort) || self.monitoring.metricsPort != (has(self.networking) && has(self.networking.masterPort) ? self.networking.masterPort : 29500)";
 const MSG_METRICS_PORT_FREE: &str = "monitoring.metricsPort must differ from networking.masterPort (default 29500): both are opened in the same worker pod";
@@ -71,24 +71,25 @@ const RULE_PATIENCE_BELOW_EPOCHS: &str = "!has(self.successPolicy) || !has(self.
 const MSG_PATIENCE_BELOW_EPOCHS: &str = "successPolicy.earlyStoppingPatience must be less than hyperparameters.epochs, otherwise early stopping can never trigger";
 const RULE_CHECKPOINT_WITHIN_EPOCHS: &str = "!has(self.checkpoint) || !has(self.checkpoint.enabled) || !self.checkpoint.enabled || !has(self.checkpoint.frequency) || !has(self.hyperparameters) || !has(self.hyperparameters.epochs) || self.checkpoint.frequency <= self.hyperparameters.epochs";
 const MSG_CHECKPOINT_WITHIN_EPOCHS: &str = "checkpoint.frequency is larger than hyperparameters.epochs, so no checkpoint would ever be written: lower the frequency or raise epochs";
-const RULE_RESUME_NEEDS_CHECKPOINTING: &str = "!has(self.resumeFrom) || (has(self.enabled) && self.enabled)";
-const MSG_RESUME_NEEDS_CHECKPOINTING: &str =
-    "checkpoint.resumeFrom needs checkpoint.enabled: true; enable checkpointing or remove resumeFrom";
+const RULE_RESUME_NEEDS_CHECKPOINTING: &str =
+    "!has(self.resumeFrom) || (has(self.enabled) && self.enabled)";
+const MSG_RESUME_NEEDS_CHECKPOINTING: &str = "checkpoint.resumeFrom needs checkpoint.enabled: true; enable checkpointing or remove resumeFrom";
 const RULE_S3_NEEDS_BUCKET: &str = "self.type != 's3' || has(self.s3Bucket)";
-const MSG_S3_NEEDS_BUCKET: &str = "storage type s3 needs s3Bucket: set the bucket that holds the checkpoints";
+const MSG_S3_NEEDS_BUCKET: &str =
+    "storage type s3 needs s3Bucket: set the bucket that holds the checkpoints";
 const RULE_GCS_NEEDS_BUCKET: &str = "self.type != 'gcs' || has(self.gcsBucket)";
-const MSG_GCS_NEEDS_BUCKET: &str = "storage type gcs needs gcsBucket: set the bucket that holds the checkpoints";
+const MSG_GCS_NEEDS_BUCKET: &str =
+    "storage type gcs needs gcsBucket: set the bucket that holds the checkpoints";
 const RULE_PVC_NEEDS_CLAIM: &str = "self.type != 'pvc' || has(self.claimName)";
-const MSG_PVC_NEEDS_CLAIM: &str =
-    "storage type pvc needs claimName: set the name of a PersistentVolumeClaim in the job's namespace";
+const MSG_PVC_NEEDS_CLAIM: &str = "storage type pvc needs claimName: set the name of a PersistentVolumeClaim in the job's namespace";
 const RULE_NFS_NEEDS_SERVER: &str = "self.type != 'nfs' || has(self.nfsServer)";
-const MSG_NFS_NEEDS_SERVER: &str = "storage type nfs needs nfsServer: set the NFS server host name or address";
+const MSG_NFS_NEEDS_SERVER: &str =
+    "storage type nfs needs nfsServer: set the NFS server host name or address";
 const RULE_NFS_NEEDS_PATH: &str = "self.type != 'nfs' || has(self.nfsPath)";
-const MSG_NFS_NEEDS_PATH: &str = "storage type nfs needs nfsPath: set the exported directory on the NFS server";
-const RULE_NEVER_RESTART_NO_BACKOFF: &str =
-    "!has(self.restartPolicy) || self.restartPolicy != 'Never' || !has(self.backoffLimit) || self.backoffLimit == 0";
-const MSG_NEVER_RESTART_NO_BACKOFF: &str =
-    "failurePolicy.backoffLimit has no effect with restartPolicy Never: remove backoffLimit or set it to 0";
+const MSG_NFS_NEEDS_PATH: &str =
+    "storage type nfs needs nfsPath: set the exported directory on the NFS server";
+const RULE_NEVER_RESTART_NO_BACKOFF: &str = "!has(self.restartPolicy) || self.restartPolicy != 'Never' || !has(self.backoffLimit) || self.backoffLimit == 0";
+const MSG_NEVER_RESTART_NO_BACKOFF: &str = "failurePolicy.backoffLimit has no effect with restartPolicy Never: remove backoffLimit or set it to 0";
 
 wire_enum! {
     /// ML framework the workers run: pytorch (torchrun environment), tensorflow (TF_CONFIG)
@@ -175,6 +176,8 @@ impl TrainingJobState {
 
 /// Desired state of a TrainingJob: what to train, on how many workers and GPUs, and how
 /// to checkpoint, schedule, monitor and finish it.
+// Every printcolumn repeats keys such as `type_`, which clippy mistakes for duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "trainyard.dev",
@@ -205,7 +208,11 @@ impl TrainingJobState {
         json_path = ".status.currentEpoch",
         description = "Current epoch"
     ),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
     printcolumn(
         name = "GPUs",
         type_ = "integer",
@@ -243,7 +250,10 @@ pub struct TrainingJobSpec {
     pub num_workers: u32,
 
     /// GPUs per worker, 0 to 64 (0 trains on CPU). With scheduling.migProfile these are MIG slices. Default 1.
-    #[serde(default = "default_gpus_per_worker", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default = "default_gpus_per_worker",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schemars(range(min = 0, max = MAX_GPUS_PER_WORKER))]
     pub gpus_per_worker: Option<u32>,
 
@@ -530,7 +540,10 @@ pub struct NetworkingSpec {
     pub backend: Option<CommunicationBackend>,
 
     /// Rendezvous port on worker 0, 1024 to 65535. Default 29500.
-    #[serde(default = "default_master_port", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default = "default_master_port",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schemars(range(min = MIN_MASTER_PORT, max = MAX_PORT))]
     pub master_port: Option<u32>,
 
@@ -580,7 +593,10 @@ pub struct SuccessPolicy {
     pub early_stopping_patience: Option<u32>,
 
     /// Name of the reported metric that targetAccuracy and earlyStoppingPatience watch. Default accuracy.
-    #[serde(default = "default_success_metric", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default = "default_success_metric",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schemars(length(min = 1, max = 128))]
     pub metric: Option<String>,
 }
@@ -728,10 +744,25 @@ impl TrainingJobSpec {
     pub(crate) fn field_errors(&self, root: &str) -> FieldErrors {
         let mut errors = FieldErrors::default();
         errors.length(&format!("{root}.model"), &self.model, 1, MAX_MODEL_LENGTH);
-        errors.length(&format!("{root}.dataset"), &self.dataset, 1, MAX_DATASET_LENGTH);
-        errors.in_range(&format!("{root}.numWorkers"), self.num_workers, MIN_WORKERS, MAX_WORKERS);
+        errors.length(
+            &format!("{root}.dataset"),
+            &self.dataset,
+            1,
+            MAX_DATASET_LENGTH,
+        );
+        errors.in_range(
+            &format!("{root}.numWorkers"),
+            self.num_workers,
+            MIN_WORKERS,
+            MAX_WORKERS,
+        );
         if let Some(gpus) = self.gpus_per_worker {
-            errors.in_range(&format!("{root}.gpusPerWorker"), gpus, 0, MAX_GPUS_PER_WORKER);
+            errors.in_range(
+                &format!("{root}.gpusPerWorker"),
+                gpus,
+                0,
+                MAX_GPUS_PER_WORKER,
+            );
         }
         if let Some(image) = &self.image {
             errors.length(&format!("{root}.image"), image, 1, MAX_REFERENCE_LENGTH);
@@ -748,10 +779,15 @@ impl TrainingJobSpec {
         if let Some(monitoring) = &self.monitoring {
             monitoring.check(&format!("{root}.monitoring"), &mut errors);
         }
-        if let Some(networking) = &self.networking {
-            if let Some(port) = networking.master_port {
-                errors.in_range(&format!("{root}.networking.masterPort"), port, MIN_MASTER_PORT, MAX_PORT);
-            }
+        if let Some(networking) = &self.networking
+            && let Some(port) = networking.master_port
+        {
+            errors.in_range(
+                &format!("{root}.networking.masterPort"),
+                port,
+                MIN_MASTER_PORT,
+                MAX_PORT,
+            );
         }
         if let Some(failure_policy) = &self.failure_policy {
             failure_policy.check(&format!("{root}.failurePolicy"), &mut errors);
@@ -766,32 +802,48 @@ impl TrainingJobSpec {
     /// Mirrors the CEL rules on the spec itself (`RULE_*` above).
     fn check_cross_field_rules(&self, root: &str, errors: &mut FieldErrors) {
         let explicit_gpus = self.gpus_per_worker;
-        let has_mig_profile = self.scheduling.as_ref().is_some_and(|s| s.mig_profile.is_some());
+        let has_mig_profile = self
+            .scheduling
+            .as_ref()
+            .is_some_and(|s| s.mig_profile.is_some());
         if has_mig_profile && explicit_gpus.is_some_and(|gpus| gpus < 1) {
             errors.invalid(format!("{root}.scheduling.migProfile"), MSG_MIG_NEEDS_GPUS);
         }
         let backend = self.networking.as_ref().and_then(|n| n.backend);
-        if backend == Some(CommunicationBackend::Nccl) && explicit_gpus.is_some_and(|gpus| gpus < 1) {
+        if backend == Some(CommunicationBackend::Nccl) && explicit_gpus.is_some_and(|gpus| gpus < 1)
+        {
             errors.invalid(format!("{root}.networking.backend"), MSG_NCCL_NEEDS_GPUS);
         }
-        if let Some(metrics_port) = self.monitoring.as_ref().and_then(|m| m.metrics_port) {
-            if metrics_port == self.master_port() {
-                errors.invalid(format!("{root}.monitoring.metricsPort"), MSG_METRICS_PORT_FREE);
-            }
+        if let Some(metrics_port) = self.monitoring.as_ref().and_then(|m| m.metrics_port)
+            && metrics_port == self.master_port()
+        {
+            errors.invalid(
+                format!("{root}.monitoring.metricsPort"),
+                MSG_METRICS_PORT_FREE,
+            );
         }
         let explicit_epochs = self.hyperparameters.as_ref().and_then(|h| h.epochs);
-        let patience = self.success_policy.as_ref().and_then(|s| s.early_stopping_patience);
-        if let (Some(patience), Some(epochs)) = (patience, explicit_epochs) {
-            if patience >= epochs {
-                errors.invalid(format!("{root}.successPolicy.earlyStoppingPatience"), MSG_PATIENCE_BELOW_EPOCHS);
-            }
+        let patience = self
+            .success_policy
+            .as_ref()
+            .and_then(|s| s.early_stopping_patience);
+        if let (Some(patience), Some(epochs)) = (patience, explicit_epochs)
+            && patience >= epochs
+        {
+            errors.invalid(
+                format!("{root}.successPolicy.earlyStoppingPatience"),
+                MSG_PATIENCE_BELOW_EPOCHS,
+            );
         }
-        if let Some(checkpoint) = &self.checkpoint {
-            if let (Some(true), Some(frequency), Some(epochs)) = (checkpoint.enabled, checkpoint.frequency, explicit_epochs) {
-                if frequency > epochs {
-                    errors.invalid(format!("{root}.checkpoint.frequency"), MSG_CHECKPOINT_WITHIN_EPOCHS);
-                }
-            }
+        if let Some(checkpoint) = &self.checkpoint
+            && let (Some(true), Some(frequency), Some(epochs)) =
+                (checkpoint.enabled, checkpoint.frequency, explicit_epochs)
+            && frequency > epochs
+        {
+            errors.invalid(
+                format!("{root}.checkpoint.frequency"),
+                MSG_CHECKPOINT_WITHIN_EPOCHS,
+            );
         }
     }
 
@@ -871,7 +923,10 @@ impl TrainingJobSpec {
 
     /// True when checkpoints are written.
     pub fn checkpointing_enabled(&self) -> bool {
-        self.checkpoint.as_ref().and_then(|c| c.enabled).unwrap_or(false)
+        self.checkpoint
+            .as_ref()
+            .and_then(|c| c.enabled)
+            .unwrap_or(false)
     }
 
     /// Checkpoint interval in epochs, defaulting to 1.
@@ -913,8 +968,8 @@ impl TrainingJobSpec {
 impl Hyperparameters {
     fn check(&self, path: &str, errors: &mut FieldErrors) {
         if let Some(learning_rate) = self.learning_rate {
-            // `!(x > 0)` also rejects NaN, which JSON cannot carry but Rust callers can.
-            if !(learning_rate > 0.0) {
+            // NaN compares as None: JSON cannot carry it, but Rust callers can.
+            if learning_rate.partial_cmp(&0.0) != Some(Ordering::Greater) {
                 errors.invalid(
                     format!("{path}.learningRate"),
                     format!("must be greater than 0, got {learning_rate}"),
@@ -942,7 +997,12 @@ impl CheckpointSpec {
             errors.at_least(&format!("{path}.retention"), retention, 1);
         }
         if let Some(resume_from) = &self.resume_from {
-            errors.length(&format!("{path}.resumeFrom"), resume_from, 1, MAX_REFERENCE_LENGTH);
+            errors.length(
+                &format!("{path}.resumeFrom"),
+                resume_from,
+                1,
+                MAX_REFERENCE_LENGTH,
+            );
             if self.enabled != Some(true) {
                 errors.invalid(format!("{path}.resumeFrom"), MSG_RESUME_NEEDS_CHECKPOINTING);
             }
@@ -962,7 +1022,12 @@ impl CheckpointStorage {
             errors.length(&format!("{path}.s3Prefix"), prefix, 0, MAX_REFERENCE_LENGTH);
         }
         if let Some(endpoint) = &self.s3_endpoint {
-            errors.length(&format!("{path}.s3Endpoint"), endpoint, 1, MAX_REFERENCE_LENGTH);
+            errors.length(
+                &format!("{path}.s3Endpoint"),
+                endpoint,
+                1,
+                MAX_REFERENCE_LENGTH,
+            );
         }
         if let Some(bucket) = &self.gcs_bucket {
             errors.length(&format!("{path}.gcsBucket"), bucket, 3, 222);
@@ -971,13 +1036,21 @@ impl CheckpointStorage {
             errors.dns_subdomain(&format!("{path}.claimName"), claim);
         }
         if let Some(server) = &self.nfs_server {
-            errors.length(&format!("{path}.nfsServer"), server, 1, MAX_DNS_SUBDOMAIN_LENGTH);
+            errors.length(
+                &format!("{path}.nfsServer"),
+                server,
+                1,
+                MAX_DNS_SUBDOMAIN_LENGTH,
+            );
         }
         for (field, value) in [("nfsPath", &self.nfs_path), ("mountPath", &self.mount_path)] {
             if let Some(value) = value {
                 errors.length(&format!("{path}.{field}"), value, 1, MAX_REFERENCE_LENGTH);
                 if !value.starts_with('/') {
-                    errors.invalid(format!("{path}.{field}"), format!("must be an absolute path, got {value:?}"));
+                    errors.invalid(
+                        format!("{path}.{field}"),
+                        format!("must be an absolute path, got {value:?}"),
+                    );
                 }
             }
         }
@@ -997,7 +1070,9 @@ impl CheckpointStorage {
 
     /// Mount path of the checkpoint volume, defaulting to /checkpoints.
     pub fn mount_path(&self) -> &str {
-        self.mount_path.as_deref().unwrap_or(DEFAULT_CHECKPOINT_MOUNT_PATH)
+        self.mount_path
+            .as_deref()
+            .unwrap_or(DEFAULT_CHECKPOINT_MOUNT_PATH)
     }
 }
 
@@ -1009,13 +1084,13 @@ impl SchedulingSpec {
         if let Some(queue) = &self.queue {
             errors.dns_subdomain(&format!("{path}.queue"), queue);
         }
-        if let Some(profile) = &self.mig_profile {
-            if !is_mig_profile(profile) {
-                errors.invalid(
+        if let Some(profile) = &self.mig_profile
+            && !is_mig_profile(profile)
+        {
+            errors.invalid(
                     format!("{path}.migProfile"),
                     format!("{profile:?} is not a MIG profile: use <compute slices>g.<memory>gb, e.g. 1g.10gb or 3g.40gb"),
                 );
-            }
         }
         if let Some(seconds) = self.estimated_runtime_seconds {
             errors.at_least(&format!("{path}.estimatedRuntimeSeconds"), seconds, 1);
@@ -1029,7 +1104,12 @@ impl MonitoringSpec {
             errors.in_range(&format!("{path}.metricsPort"), port, 1, MAX_PORT);
         }
         if let Some(uri) = &self.mlflow_tracking_uri {
-            errors.length(&format!("{path}.mlflowTrackingUri"), uri, 1, MAX_REFERENCE_LENGTH);
+            errors.length(
+                &format!("{path}.mlflowTrackingUri"),
+                uri,
+                1,
+                MAX_REFERENCE_LENGTH,
+            );
         }
         if let Some(project) = &self.wandb_project {
             errors.length(&format!("{path}.wandbProject"), project, 1, 128);
@@ -1096,7 +1176,17 @@ mod tests {
         for good in ["1g.10gb", "3g.40gb", "7g.80gb", "1g.10gb+me", "2g.20gb"] {
             assert!(is_mig_profile(good), "{good}");
         }
-        for bad in ["0g.10gb", "8g.10gb", "1g.0gb", "1g.gb", "1g10gb", "1g.10GB", "a100", "", "1g.10gb+mx"] {
+        for bad in [
+            "0g.10gb",
+            "8g.10gb",
+            "1g.0gb",
+            "1g.gb",
+            "1g10gb",
+            "1g.10GB",
+            "a100",
+            "",
+            "1g.10gb+mx",
+        ] {
             assert!(!is_mig_profile(bad), "{bad}");
         }
     }

@@ -77,7 +77,12 @@ pub(crate) struct FieldErrors {
 }
 
 impl FieldErrors {
-    pub(crate) fn push(&mut self, path: impl Into<String>, kind: FieldErrorKind, message: impl Into<String>) {
+    pub(crate) fn push(
+        &mut self,
+        path: impl Into<String>,
+        kind: FieldErrorKind,
+        message: impl Into<String>,
+    ) {
         self.errors.push(FieldError::new(path, kind, message));
     }
 
@@ -99,7 +104,10 @@ impl FieldErrors {
         T: PartialOrd + fmt::Display + Copy,
     {
         if value < min || value > max {
-            self.invalid(path, format!("must be between {min} and {max}, got {value}"));
+            self.invalid(
+                path,
+                format!("must be between {min} and {max}, got {value}"),
+            );
         }
     }
 
@@ -123,7 +131,10 @@ impl FieldErrors {
                 self.invalid(path, format!("must be at least {min} characters long"));
             }
         } else if length > max {
-            self.invalid(path, format!("must be at most {max} characters long, got {length}"));
+            self.invalid(
+                path,
+                format!("must be at most {max} characters long, got {length}"),
+            );
         }
     }
 
@@ -192,7 +203,9 @@ pub fn is_dns_label(value: &str) -> bool {
             bytes.len() <= MAX_DNS_LABEL_LENGTH
                 && is_lower_alphanumeric(*first)
                 && is_lower_alphanumeric(*last)
-                && bytes.iter().all(|b| is_lower_alphanumeric(*b) || *b == b'-')
+                && bytes
+                    .iter()
+                    .all(|b| is_lower_alphanumeric(*b) || *b == b'-')
         }
         _ => false,
     }
@@ -208,7 +221,9 @@ pub fn is_dns_subdomain(value: &str) -> bool {
                 (Some(first), Some(last)) => {
                     is_lower_alphanumeric(*first)
                         && is_lower_alphanumeric(*last)
-                        && bytes.iter().all(|b| is_lower_alphanumeric(*b) || *b == b'-')
+                        && bytes
+                            .iter()
+                            .all(|b| is_lower_alphanumeric(*b) || *b == b'-')
                 }
                 _ => false,
             }
@@ -223,7 +238,10 @@ fn is_lower_alphanumeric(byte: u8) -> bool {
 ///
 /// serde's own errors do not say where in the document they happened; specs that come
 /// over NATS deserve the same "spec.framework: Unsupported value" answer kubectl gives.
-pub(crate) fn decode_at<T: DeserializeOwned>(value: serde_json::Value, root: &str) -> Result<T, Vec<FieldError>> {
+pub(crate) fn decode_at<T: DeserializeOwned>(
+    value: serde_json::Value,
+    root: &str,
+) -> Result<T, Vec<FieldError>> {
     serde_path_to_error::deserialize(value).map_err(|error| {
         let parent = join_json_path(root, &error.path().to_string());
         let message = error.inner().to_string();
@@ -259,7 +277,11 @@ fn join_json_path(root: &str, relative: &str) -> String {
 
 /// Renders errors one per line, for logs and Kubernetes Event messages.
 pub fn format_field_errors(errors: &[FieldError]) -> String {
-    errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[cfg(test)]
@@ -284,6 +306,9 @@ mod tests {
     fn json_paths_join() {
         assert_eq!(join_json_path("spec", "."), "spec");
         assert_eq!(join_json_path("spec", "framework"), "spec.framework");
-        assert_eq!(join_json_path("spec", "parameters[1].type"), "spec.parameters[1].type");
+        assert_eq!(
+            join_json_path("spec", "parameters[1].type"),
+            "spec.parameters[1].type"
+        );
     }
 }

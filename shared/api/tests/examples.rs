@@ -20,7 +20,8 @@ const REQUIRED_EXAMPLES: [(&str, &str); 6] = [
 ];
 
 fn is_trainyard(document: &ExampleDocument) -> bool {
-    document.object.get("apiVersion").and_then(Value::as_str) == Some(trainyard_api::API_GROUP_VERSION)
+    document.object.get("apiVersion").and_then(Value::as_str)
+        == Some(trainyard_api::API_GROUP_VERSION)
 }
 
 #[test]
@@ -29,20 +30,35 @@ fn all_required_examples_exist() {
         .iter()
         .filter(|d| is_trainyard(d))
         .map(|d| {
-            let name = d.object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+            let name = d
+                .object
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
             (d.kind().to_owned(), name.to_owned())
         })
         .collect();
     for (kind, name) in REQUIRED_EXAMPLES {
-        assert!(present.contains(&(kind.to_owned(), name.to_owned())), "examples/ has no {kind} {name}");
+        assert!(
+            present.contains(&(kind.to_owned(), name.to_owned())),
+            "examples/ has no {kind} {name}"
+        );
     }
 }
 
 #[test]
 fn no_example_uses_the_reference_api_group() {
     for document in example_documents() {
-        let api_version = document.object.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
-        assert!(!api_version.starts_with("ml.example.com"), "{} still uses {api_version}", document.label());
+        let api_version = document
+            .object
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        assert!(
+            !api_version.starts_with("ml.example.com"),
+            "{} still uses {api_version}",
+            document.label()
+        );
     }
 }
 
@@ -51,7 +67,12 @@ fn examples_pass_the_schema_and_cel_rules() {
     let mut checked = 0;
     for document in example_documents().iter().filter(|d| is_trainyard(d)) {
         let problems = apiserver_problems(document.kind(), &document.object);
-        assert!(problems.is_empty(), "{} is rejected:\n{}", document.label(), describe(&problems));
+        assert!(
+            problems.is_empty(),
+            "{} is rejected:\n{}",
+            document.label(),
+            describe(&problems)
+        );
         checked += 1;
     }
     assert!(checked >= REQUIRED_EXAMPLES.len());
@@ -66,23 +87,35 @@ fn examples_decode_into_rust_types_and_pass_validate() {
         // types and the schema describe the same wire format.
         let reencoded = match document.kind() {
             "TrainingJob" => {
-                let job: TrainingJob = serde_json::from_value(object).unwrap_or_else(|e| panic!("{label}: {e}"));
+                let job: TrainingJob =
+                    serde_json::from_value(object).unwrap_or_else(|e| panic!("{label}: {e}"));
                 if let Err(errors) = job.spec.validate() {
-                    panic!("{label} fails validate():\n{}", trainyard_api::format_field_errors(&errors));
+                    panic!(
+                        "{label} fails validate():\n{}",
+                        trainyard_api::format_field_errors(&errors)
+                    );
                 }
                 serde_json::to_value(&job)
             }
             "Sweep" => {
-                let sweep: Sweep = serde_json::from_value(object).unwrap_or_else(|e| panic!("{label}: {e}"));
+                let sweep: Sweep =
+                    serde_json::from_value(object).unwrap_or_else(|e| panic!("{label}: {e}"));
                 if let Err(errors) = sweep.spec.validate() {
-                    panic!("{label} fails validate():\n{}", trainyard_api::format_field_errors(&errors));
+                    panic!(
+                        "{label} fails validate():\n{}",
+                        trainyard_api::format_field_errors(&errors)
+                    );
                 }
                 serde_json::to_value(&sweep)
             }
             "TrainingQueue" => {
-                let queue: TrainingQueue = serde_json::from_value(object).unwrap_or_else(|e| panic!("{label}: {e}"));
+                let queue: TrainingQueue =
+                    serde_json::from_value(object).unwrap_or_else(|e| panic!("{label}: {e}"));
                 if let Err(errors) = queue.spec.validate() {
-                    panic!("{label} fails validate():\n{}", trainyard_api::format_field_errors(&errors));
+                    panic!(
+                        "{label} fails validate():\n{}",
+                        trainyard_api::format_field_errors(&errors)
+                    );
                 }
                 serde_json::to_value(&queue)
             }
@@ -90,7 +123,11 @@ fn examples_decode_into_rust_types_and_pass_validate() {
         }
         .expect("serializes");
         let problems = apiserver_problems(document.kind(), &reencoded);
-        assert!(problems.is_empty(), "{label} re-encoded is rejected:\n{}", describe(&problems));
+        assert!(
+            problems.is_empty(),
+            "{label} re-encoded is rejected:\n{}",
+            describe(&problems)
+        );
     }
 }
 
@@ -106,7 +143,11 @@ fn examples_decode_through_from_json() {
             _ => continue,
         };
         if let Err(errors) = result {
-            panic!("{}:\n{}", document.label(), trainyard_api::format_field_errors(&errors));
+            panic!(
+                "{}:\n{}",
+                document.label(),
+                trainyard_api::format_field_errors(&errors)
+            );
         }
     }
 }

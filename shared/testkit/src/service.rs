@@ -34,6 +34,11 @@ fn wait_for(what: &str, deadline: Duration, mut check: impl FnMut() -> bool) {
 /// once NATS is up and streams exist) and `/metrics`, then sends SIGTERM and
 /// checks it exits 0. Returns how long the exit took.
 pub fn assert_service_lifecycle(binary: &str) -> Duration {
+    assert_service_lifecycle_with_env(binary, &[])
+}
+
+/// [`assert_service_lifecycle`] with extra environment for the service.
+pub fn assert_service_lifecycle_with_env(binary: &str, env: &[(&str, &str)]) -> Duration {
     let mut nats = NatsServer::start();
     // Stop NATS first so readiness is seen to depend on it.
     nats.stop();
@@ -41,7 +46,8 @@ pub fn assert_service_lifecycle(binary: &str) -> Duration {
     let mut child = Command::new(binary)
         .env("TRAINYARD_NATS__URL", nats.url())
         .env("TRAINYARD_HTTP__LISTEN", format!("127.0.0.1:{port}"))
-        .env("TRAINYARD_TELEMETRY__LOG_LEVEL", "warn")
+        .env("TRAINYARD_TELEMETRY__LOG_LEVEL", "error")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()

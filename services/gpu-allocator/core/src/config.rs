@@ -184,7 +184,10 @@ impl AllocatorConfig {
         let mut seen = BTreeSet::new();
         for (i, flavor) in self.flavors.iter().enumerate() {
             if flavor.name.trim().is_empty() {
-                return Err(config_error(format!("flavors[{i}].name"), "must not be empty"));
+                return Err(config_error(
+                    format!("flavors[{i}].name"),
+                    "must not be empty",
+                ));
             }
             if !seen.insert(flavor.name.as_str()) {
                 return Err(config_error(
@@ -236,7 +239,9 @@ mod tests {
             ..AllocatorConfig::default()
         };
         match config.validate() {
-            Err(AllocatorError::InvalidConfig { field, .. }) => assert_eq!(field, "flavors[1].name"),
+            Err(AllocatorError::InvalidConfig { field, .. }) => {
+                assert_eq!(field, "flavors[1].name")
+            }
             other => panic!("expected InvalidConfig, got {other:?}"),
         }
     }

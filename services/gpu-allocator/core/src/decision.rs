@@ -123,10 +123,24 @@ pub struct Preemption {
     pub victims: Vec<Victim>,
     /// Flavor the preemptor will run in.
     pub flavor: String,
+    /// Quota resource the preemptor will use.
+    pub resource: String,
+    /// Nodes the preemptor is planned on; held for it until the eviction.
+    pub planned_nodes: Vec<PlannedNode>,
     /// Time of the decision.
     pub decided_at: Timestamp,
     /// Eviction deadline (decision time plus the grace period).
     pub evict_at: Timestamp,
+}
+
+/// Workers planned on one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedNode {
+    /// Node name.
+    pub node: String,
+    /// Workers on it.
+    pub workers: u32,
 }
 
 /// Why a running job is stopped and requeued.

@@ -261,7 +261,10 @@ impl JobSpec {
             return Err(job_error(
                 &self.uid,
                 "numWorkers",
-                format!("must be between 1 and {MAX_WORKERS}, got {}", self.num_workers),
+                format!(
+                    "must be between 1 and {MAX_WORKERS}, got {}",
+                    self.num_workers
+                ),
             ));
         }
         if self.gpus_per_worker == 0 || self.gpus_per_worker > MAX_UNITS_PER_WORKER {
@@ -281,7 +284,11 @@ impl JobSpec {
         }
         match &self.gpu_slice {
             Some(GpuSliceRequest::Profile(p)) if p.trim().is_empty() => {
-                return Err(job_error(&self.uid, "gpuSlice.profile", "must not be empty"));
+                return Err(job_error(
+                    &self.uid,
+                    "gpuSlice.profile",
+                    "must not be empty",
+                ));
             }
             Some(GpuSliceRequest::MemoryGb(0)) => {
                 return Err(job_error(&self.uid, "gpuSlice.memoryGb", "must be > 0"));
@@ -296,7 +303,11 @@ impl JobSpec {
             ));
         }
         if self.runtime_estimate_secs == Some(0) {
-            return Err(job_error(&self.uid, "runtimeEstimateSecs", "must be > 0 when set"));
+            return Err(job_error(
+                &self.uid,
+                "runtimeEstimateSecs",
+                "must be > 0 when set",
+            ));
         }
         Ok(())
     }
@@ -331,7 +342,11 @@ impl QueueSpec {
         if let Some(cohort) = &self.cohort
             && cohort.trim().is_empty()
         {
-            return Err(queue_error(&self.name, "cohort".into(), "must not be empty when set"));
+            return Err(queue_error(
+                &self.name,
+                "cohort".into(),
+                "must not be empty when set",
+            ));
         }
         let mut flavors = std::collections::BTreeSet::new();
         for (i, fq) in self.quotas.iter().enumerate() {

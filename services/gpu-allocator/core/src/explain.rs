@@ -3,6 +3,7 @@
 //! short, position in the queue).
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -15,15 +16,15 @@ pub struct PendingExplanation {
     /// Job uid.
     pub uid: JobUid,
     /// Queue the job waits in.
-    pub queue: String,
+    pub queue: Arc<str>,
     /// 1-based position in the queue's order this cycle.
     pub position: u32,
     /// Pending jobs in the queue.
     pub queue_length: u32,
     /// Base priority plus aging boost.
     pub effective_priority: i32,
-    /// Why it waits.
-    pub reason: PendingReason,
+    /// Why it waits (shared by jobs that fail for the same reason).
+    pub reason: Arc<PendingReason>,
 }
 
 impl PendingExplanation {
@@ -122,8 +123,12 @@ impl PendingReason {
                 ..
             } => requested.saturating_sub(*available),
             PendingReason::InsufficientCapacity { units_short, .. } => *units_short,
-            PendingReason::HeldForReservation { .. } | PendingReason::AwaitingPreemption { .. } => 0,
-            PendingReason::QueueNotFound { .. } | PendingReason::NoMatchingFlavor { .. } => u64::MAX,
+            PendingReason::HeldForReservation { .. } | PendingReason::AwaitingPreemption { .. } => {
+                0
+            }
+            PendingReason::QueueNotFound { .. } | PendingReason::NoMatchingFlavor { .. } => {
+                u64::MAX
+            }
         }
     }
 }
@@ -166,7 +171,10 @@ impl fmt::Display for PendingReason {
                      on one node each, {placeable_workers} fit now; {units_short} short"
                 )?;
                 if !fits_when_empty {
-                    write!(f, "; the gang does not fit this flavor even when it is empty")?;
+                    write!(
+                        f,
+                        "; the gang does not fit this flavor even when it is empty"
+                    )?;
                 }
                 if let Some(start) = reserved_start {
                     write!(f, "; reserved to start by {start}")?;
@@ -203,14 +211,14 @@ mod tests {
             position: 3,
             queue_length: 7,
             effective_priority: 5,
-            reason: PendingReason::QuotaExceeded {
+            reason: Arc::new(PendingReason::QuotaExceeded {
                 flavor: "a100".into(),
                 resource: "nvidia.com/gpu".into(),
                 requested: 16,
                 available: 4,
                 nominal: 8,
                 used: 4,
-            },
+            }),
         };
         let text = e.message();
         assert!(text.contains("position 3 of 7 in queue team-a"), "{text}");

@@ -8,7 +8,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use crate::config::{AllocatorConfig, FlavorSpec};
 use crate::error::AllocatorError;
 use crate::event::NodeInfo;
-use crate::types::{CapacityType, MigProfile, ResourceKind, Taint, Toleration, names, tolerated_by};
+use crate::types::{
+    CapacityType, MigProfile, ResourceKind, Taint, Toleration, names, tolerated_by,
+};
 
 pub(crate) type NodeIdx = u32;
 pub(crate) type FlavorIdx = u32;
@@ -95,10 +97,6 @@ impl Node {
     pub(crate) fn pool(&self, res: ResIdx) -> Option<&Pool> {
         self.pools.iter().find(|p| p.res == res)
     }
-
-    pub(crate) fn free(&self, res: ResIdx) -> u32 {
-        self.pool(res).map_or(0, Pool::free)
-    }
 }
 
 /// Free-unit index of one (flavor, kind) pair.
@@ -145,7 +143,10 @@ impl ResourceIndex {
     }
 
     /// Schedulable nodes with at least `min_free` free units, best fit first.
-    pub(crate) fn nodes_with_free(&self, min_free: u32) -> impl Iterator<Item = (NodeIdx, u32)> + '_ {
+    pub(crate) fn nodes_with_free(
+        &self,
+        min_free: u32,
+    ) -> impl Iterator<Item = (NodeIdx, u32)> + '_ {
         self.buckets
             .iter()
             .enumerate()
@@ -196,7 +197,11 @@ fn parse_units(node: &str, resource: &str, value: &str) -> Result<u32, Allocator
         .parse()
         .map_err(|_| node_error(node, &field, format!("{value:?} is not a whole number")))?;
     if n > u64::from(MAX_NODE_UNITS) {
-        return Err(node_error(node, &field, format!("{n} exceeds {MAX_NODE_UNITS}")));
+        return Err(node_error(
+            node,
+            &field,
+            format!("{n} exceeds {MAX_NODE_UNITS}"),
+        ));
     }
     u32::try_from(n).map_err(|_| node_error(node, &field, "out of range"))
 }
@@ -215,7 +220,11 @@ pub(crate) fn capacity_type_of(labels: &BTreeMap<String, String>) -> CapacityTyp
         || labels
             .get(names::EKS_CAPACITY_LABEL)
             .is_some_and(|v| v.eq_ignore_ascii_case("spot"));
-    if spot { CapacityType::Spot } else { CapacityType::OnDemand }
+    if spot {
+        CapacityType::Spot
+    } else {
+        CapacityType::OnDemand
+    }
 }
 
 fn flavor_matches(spec: &FlavorSpec, labels: &BTreeMap<String, String>, ct: CapacityType) -> bool {
@@ -229,7 +238,9 @@ fn flavor_matches(spec: &FlavorSpec, labels: &BTreeMap<String, String>, ct: Capa
     {
         return false;
     }
-    spec.node_labels.iter().all(|(k, v)| labels.get(k) == Some(v))
+    spec.node_labels
+        .iter()
+        .all(|(k, v)| labels.get(k) == Some(v))
 }
 
 impl Inventory {
@@ -345,7 +356,9 @@ impl Inventory {
     }
 
     pub(crate) fn flavor_name(&self, flavor: FlavorIdx) -> &str {
-        self.flavors.get(flavor as usize).map_or("", |f| f.name.as_str())
+        self.flavors
+            .get(flavor as usize)
+            .map_or("", |f| f.name.as_str())
     }
 
     pub(crate) fn res_flavor_name(&self, res: ResIdx) -> &str {
@@ -353,7 +366,8 @@ impl Inventory {
     }
 
     pub(crate) fn res_quota_name(&self, res: ResIdx) -> String {
-        self.kind_of_res(res).map_or_else(String::new, ResourceKind::quota_name)
+        self.kind_of_res(res)
+            .map_or_else(String::new, ResourceKind::quota_name)
     }
 
     fn parse_pools(info: &NodeInfo) -> Result<Vec<ParsedPool>, AllocatorError> {
@@ -386,7 +400,10 @@ impl Inventory {
                         "MIG resource without a profile name",
                     ));
                 }
-                (ResourceKind::Mig(MigProfile::parse(profile)), resource.clone())
+                (
+                    ResourceKind::Mig(MigProfile::parse(profile)),
+                    resource.clone(),
+                )
             } else {
                 continue;
             };
@@ -433,7 +450,13 @@ impl Inventory {
         let existed = self.flavor_by_name.contains_key(&name);
         let idx = self.intern_flavor(&name);
         let configured = self.configured_flavors.iter().any(|(_, i)| *i == idx);
-        if !existed || (!configured && self.flavors.get(idx as usize).is_some_and(|f| f.capacity_type.is_none())) {
+        if !existed
+            || (!configured
+                && self
+                    .flavors
+                    .get(idx as usize)
+                    .is_some_and(|f| f.capacity_type.is_none()))
+        {
             let mut tolerations = self.auto_tolerations.clone();
             if ct == CapacityType::Spot {
                 tolerations.extend(self.spot_tolerations.iter().cloned());
@@ -502,8 +525,12 @@ impl Inventory {
         } else {
             self.assign_flavor(&info, ct)
         };
-        let zone = self.zones.intern(info.labels.get(names::ZONE_LABEL).map(String::as_str));
-        let rack = self.racks.intern(info.labels.get(&self.rack_label).map(String::as_str));
+        let zone = self
+            .zones
+            .intern(info.labels.get(names::ZONE_LABEL).map(String::as_str));
+        let rack = self
+            .racks
+            .intern(info.labels.get(&self.rack_label).map(String::as_str));
         let existing = self.node_by_name.get(&info.name).copied();
         let (old_pools, running) = match existing {
             Some(idx) => {
@@ -529,10 +556,7 @@ impl Inventory {
         for old in old_pools.into_iter().filter(|p| p.used > 0) {
             match pools.iter_mut().find(|p| p.res == old.res) {
                 Some(p) => p.used = old.used,
-                None => pools.push(Pool {
-                    capacity: 0,
-                    ..old
-                }),
+                None => pools.push(Pool { capacity: 0, ..old }),
             }
         }
         let flavor_tolerations = flavor
@@ -705,7 +729,8 @@ mod tests {
             ready: true,
             ..NodeInfo::default()
         };
-        info.allocatable.insert("nvidia.com/gpu".into(), gpus.into());
+        info.allocatable
+            .insert("nvidia.com/gpu".into(), gpus.into());
         info.labels
             .insert(names::GPU_PRODUCT_LABEL.into(), "A100".into());
         info
@@ -755,7 +780,11 @@ mod tests {
         inv.upsert_node(cordoned).expect("node accepted");
         let r = inv.res(res).expect("res");
         assert_eq!(r.nodes_with_free(0).count(), 0);
-        assert_eq!(inv.node(idx).expect("node").pools[0].used, 3, "usage carried over");
+        assert_eq!(
+            inv.node(idx).expect("node").pools[0].used,
+            3,
+            "usage carried over"
+        );
     }
 
     #[test]
@@ -776,7 +805,9 @@ mod tests {
         let idx = inv.upsert_node(mig).expect("node accepted");
         let pools = &inv.node(idx).expect("node").pools;
         assert_eq!(pools.len(), 1, "zero whole GPUs make no pool");
-        assert!(matches!(inv.kind_of_res(pools[0].res), Some(ResourceKind::Mig(p)) if p.name == "1g.5gb"));
+        assert!(
+            matches!(inv.kind_of_res(pools[0].res), Some(ResourceKind::Mig(p)) if p.name == "1g.5gb")
+        );
     }
 
     #[test]
@@ -798,7 +829,11 @@ mod tests {
         assert_eq!(n.extra_taints.len(), 1);
         assert!(!Inventory::node_admits(n, &NodeFilter::default()));
         let filter = NodeFilter {
-            tolerations: vec![Toleration::equal("dedicated", "research", TaintEffect::NoSchedule)],
+            tolerations: vec![Toleration::equal(
+                "dedicated",
+                "research",
+                TaintEffect::NoSchedule,
+            )],
             ..NodeFilter::default()
         };
         assert!(Inventory::node_admits(n, &filter));

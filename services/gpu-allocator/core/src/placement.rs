@@ -161,11 +161,18 @@ mod tests {
     fn gang_prefers_one_node_then_one_rack() {
         let cands = [c(0, 8, 1, 1), c(1, 4, 1, 2), c(2, 4, 1, 2)];
         // 2 workers x 4 fit on node 0 alone.
-        assert_eq!(place_gang(4, 2, TopologyRequirement::Preferred, &cands), Some(vec![(0, 2)]));
+        assert_eq!(
+            place_gang(4, 2, TopologyRequirement::Preferred, &cands),
+            Some(vec![(0, 2)])
+        );
         // 3 workers x 4: no single node; rack 2 holds 2, rack 1 holds 2: zone 1 fits.
-        let placed = place_gang(4, 3, TopologyRequirement::Preferred, &cands).expect("fits in zone");
+        let placed =
+            place_gang(4, 3, TopologyRequirement::Preferred, &cands).expect("fits in zone");
         assert_eq!(placed.iter().map(|(_, w)| w).sum::<u32>(), 3);
-        assert_eq!(place_gang(4, 3, TopologyRequirement::SameRack, &cands), None);
+        assert_eq!(
+            place_gang(4, 3, TopologyRequirement::SameRack, &cands),
+            None
+        );
         assert!(place_gang(4, 3, TopologyRequirement::SameZone, &cands).is_some());
     }
 
@@ -186,14 +193,23 @@ mod tests {
         );
         // 7 free units on each of two nodes cannot host two 8-unit workers.
         let frag = [c(0, 7, 1, 1), c(1, 7, 1, 1)];
-        assert_eq!(place_gang(8, 1, TopologyRequirement::Preferred, &frag), None);
-        assert_eq!(place_gang(4, 2, TopologyRequirement::Preferred, &frag), Some(vec![(0, 1), (1, 1)]));
+        assert_eq!(
+            place_gang(8, 1, TopologyRequirement::Preferred, &frag),
+            None
+        );
+        assert_eq!(
+            place_gang(4, 2, TopologyRequirement::Preferred, &frag),
+            Some(vec![(0, 1), (1, 1)])
+        );
     }
 
     #[test]
     fn gang_spreads_across_zones_only_when_allowed() {
         let cands = [c(0, 8, 1, 1), c(1, 8, 2, 2)];
-        assert_eq!(place_gang(8, 2, TopologyRequirement::SameZone, &cands), None);
+        assert_eq!(
+            place_gang(8, 2, TopologyRequirement::SameZone, &cands),
+            None
+        );
         let spread = place_gang(8, 2, TopologyRequirement::Preferred, &cands).expect("spread");
         assert_eq!(spread.len(), 2);
     }

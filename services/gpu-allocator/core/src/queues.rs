@@ -41,7 +41,7 @@ impl QuotaSlot {
 
 #[derive(Debug)]
 pub(crate) struct Queue {
-    pub(crate) name: String,
+    pub(crate) name: std::sync::Arc<str>,
     /// `None` while the TrainingQueue does not exist (never created, or
     /// deleted while jobs still referred to it).
     pub(crate) spec: Option<QueueSpec>,
@@ -61,7 +61,7 @@ pub(crate) struct Queue {
 impl Queue {
     pub(crate) fn new(name: &str) -> Self {
         Queue {
-            name: name.to_string(),
+            name: std::sync::Arc::from(name),
             spec: None,
             cohort: None,
             weight: 1.0,
@@ -90,12 +90,6 @@ impl Queue {
             None => self.usage.push((res, value)),
         }
     }
-
-    /// Units of `res` above nominal (what the queue borrows).
-    pub(crate) fn borrowed(&self, res: ResIdx) -> u64 {
-        let nominal = self.quota(res).map_or(0, |q| q.nominal);
-        self.usage(res).saturating_sub(nominal)
-    }
 }
 
 /// Lendable pool of one resource in one cohort.
@@ -108,7 +102,6 @@ pub(crate) struct PoolAccount {
 
 #[derive(Debug)]
 pub(crate) struct Cohort {
-    pub(crate) name: String,
     pub(crate) members: Vec<QueueIdx>,
     pub(crate) pools: Vec<(ResIdx, PoolAccount)>,
 }
@@ -191,7 +184,6 @@ impl Queues {
         }
         let idx = u32::try_from(self.cohorts.len()).unwrap_or(u32::MAX);
         self.cohorts.push(Cohort {
-            name: name.to_string(),
             members: Vec::new(),
             pools: Vec::new(),
         });
@@ -302,7 +294,8 @@ impl Queues {
         };
         let guaranteed = q.quota(res).map_or(0, QuotaSlot::guaranteed);
         let before = q.usage(res);
-        let after = u64::try_from((i128::from(before) + i128::from(delta)).max(0)).unwrap_or(u64::MAX);
+        let after =
+            u64::try_from((i128::from(before) + i128::from(delta)).max(0)).unwrap_or(u64::MAX);
         q.set_usage(res, after);
         if let Some(cohort) = q.cohort
             && let Some(c) = self.cohorts.get_mut(cohort as usize)
@@ -339,17 +332,7 @@ impl Queues {
                 reclaimable: false,
             });
         };
-        let delta_of = |qi: QueueIdx| -> i64 {
-            deltas
-                .iter()
-                .filter(|d| d.queue == qi && d.res == res)
-                .map(|d| d.units)
-                .sum()
-        };
-        let apply = |base: u64, d: i64| -> u64 {
-            u64::try_from((i128::from(base) + i128::from(d)).max(0)).unwrap_or(u64::MAX)
-        };
-        let used = apply(q.usage(res), delta_of(queue));
+        let used = self.usage_with(queue, res, deltas);
         let own_limit = match q.cohort {
             Some(_) => slot
                 .nominal
@@ -361,19 +344,27 @@ impl Queues {
             && let Some(cohort) = self.cohorts.get(cohort_id as usize)
         {
             let mut pool = cohort.pool(res);
-            if !deltas.is_empty() {
-                // Recompute the pool use with the what-if deltas applied.
-                for d in deltas.iter().filter(|d| d.res == res) {
-                    let Some(member) = self.get(d.queue) else { continue };
-                    if member.cohort != Some(cohort_id) {
-                        continue;
-                    }
-                    let g = member.quota(res).map_or(0, QuotaSlot::guaranteed);
-                    let before = member.usage(res);
-                    let after = apply(before, d.units);
-                    pool.used = (pool.used + after.saturating_sub(g))
-                        .saturating_sub(before.saturating_sub(g));
+            // Re-derive the pool use of every member the what-if touches,
+            // once per member (the per-member term is not linear).
+            let mut touched: Vec<QueueIdx> = deltas
+                .iter()
+                .filter(|d| d.res == res)
+                .map(|d| d.queue)
+                .collect();
+            touched.sort_unstable();
+            touched.dedup();
+            for member_idx in touched {
+                let Some(member) = self.get(member_idx) else {
+                    continue;
+                };
+                if member.cohort != Some(cohort_id) {
+                    continue;
                 }
+                let g = member.quota(res).map_or(0, QuotaSlot::guaranteed);
+                let before = member.usage(res);
+                let after = self.usage_with(member_idx, res, deltas);
+                pool.used =
+                    (pool.used + after.saturating_sub(g)).saturating_sub(before.saturating_sub(g));
             }
             let headroom = pool.lendable.saturating_sub(pool.used);
             let from_guaranteed = slot.guaranteed().saturating_sub(used);
@@ -391,6 +382,17 @@ impl Queues {
         }
     }
 
+    /// Usage of `res` by `queue` with what-if `deltas` applied.
+    pub(crate) fn usage_with(&self, queue: QueueIdx, res: ResIdx, deltas: &[UsageDelta]) -> u64 {
+        let base = self.get(queue).map_or(0, |q| q.usage(res));
+        let delta: i64 = deltas
+            .iter()
+            .filter(|d| d.queue == queue && d.res == res)
+            .map(|d| d.units)
+            .sum();
+        u64::try_from((i128::from(base) + i128::from(delta)).max(0)).unwrap_or(u64::MAX)
+    }
+
     /// Weighted dominant share: the largest fraction of a cohort pool the
     /// queue borrows, divided by its weight. Queues within nominal have 0.
     pub(crate) fn share(&self, queue: QueueIdx, deltas: &[UsageDelta]) -> f64 {
@@ -398,33 +400,33 @@ impl Queues {
         let Some(cohort) = q.cohort.and_then(|c| self.cohorts.get(c as usize)) else {
             return 0.0;
         };
+        if deltas.is_empty() {
+            // Hot path (queue ordering in every cycle): no allocation.
+            let mut dominant: f64 = 0.0;
+            for (res, usage) in &q.usage {
+                let nominal = q.quota(*res).map_or(0, |s| s.nominal);
+                let borrowed = usage.saturating_sub(nominal);
+                if borrowed > 0 {
+                    let pool = cohort.pool(*res).lendable.max(1);
+                    dominant = dominant.max(borrowed as f64 / pool as f64);
+                }
+            }
+            return dominant / q.weight;
+        }
+        let mut resources: Vec<ResIdx> = q.usage.iter().map(|(r, _)| *r).collect();
+        resources.extend(deltas.iter().filter(|d| d.queue == queue).map(|d| d.res));
+        resources.sort_unstable();
+        resources.dedup();
         let mut dominant: f64 = 0.0;
-        for (res, usage) in &q.usage {
-            let delta: i64 = deltas
-                .iter()
-                .filter(|d| d.queue == queue && d.res == *res)
-                .map(|d| d.units)
-                .sum();
-            let usage = u64::try_from((i128::from(*usage) + i128::from(delta)).max(0)).unwrap_or(0);
-            let nominal = q.quota(*res).map_or(0, |s| s.nominal);
+        for res in resources {
+            let usage = self.usage_with(queue, res, deltas);
+            let nominal = q.quota(res).map_or(0, |s| s.nominal);
             let borrowed = usage.saturating_sub(nominal);
             if borrowed == 0 {
                 continue;
             }
-            let pool = cohort.pool(*res).lendable.max(1);
+            let pool = cohort.pool(res).lendable.max(1);
             dominant = dominant.max(borrowed as f64 / pool as f64);
-        }
-        // Resources the queue has not used yet but the deltas add.
-        for d in deltas.iter().filter(|d| d.queue == queue && d.units > 0) {
-            if q.usage.iter().any(|(r, _)| *r == d.res) {
-                continue;
-            }
-            let nominal = q.quota(d.res).map_or(0, |s| s.nominal);
-            let borrowed = u64::try_from(d.units).unwrap_or(0).saturating_sub(nominal);
-            if borrowed > 0 {
-                let pool = cohort.pool(d.res).lendable.max(1);
-                dominant = dominant.max(borrowed as f64 / pool as f64);
-            }
         }
         dominant / q.weight
     }

@@ -136,7 +136,9 @@ impl Taint {
 }
 
 /// Toleration operator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
+)]
 pub enum TolerationOperator {
     /// Key and value must match.
     #[default]

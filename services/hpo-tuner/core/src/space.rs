@@ -224,11 +224,10 @@ impl SearchSpace {
     /// True when `params` has exactly the space's names, each value inside its domain.
     pub fn contains(&self, params: &Params) -> bool {
         params.len() == self.params.len()
-            && self.params.iter().all(|p| {
-                params
-                    .get(&p.name)
-                    .is_some_and(|v| p.domain.contains(v))
-            })
+            && self
+                .params
+                .iter()
+                .all(|p| params.get(&p.name).is_some_and(|v| p.domain.contains(v)))
     }
 }
 
@@ -411,7 +410,11 @@ impl Domain {
     /// Decodes a unit coordinate (numeric) or category index (categorical) into
     /// a value inside the domain. Out-of-range input is clamped, never rejected.
     pub fn decode(&self, u: f64) -> ParamValue {
-        let u = if u.is_finite() { u.clamp(0.0, 1.0) } else { 0.5 };
+        let u = if u.is_finite() {
+            u.clamp(0.0, 1.0)
+        } else {
+            0.5
+        };
         match self {
             Domain::Categorical { choices } => {
                 let i = (u.round() as usize).min(choices.len().saturating_sub(1));
@@ -467,16 +470,25 @@ mod tests {
             (vec![], "searchSpace"),
             (vec![ParamSpec::float("", 0.0, 1.0)], "searchSpace[0].name"),
             (
-                vec![ParamSpec::float("a", 0.0, 1.0), ParamSpec::float("a", 0.0, 1.0)],
+                vec![
+                    ParamSpec::float("a", 0.0, 1.0),
+                    ParamSpec::float("a", 0.0, 1.0),
+                ],
                 "searchSpace[a]",
             ),
             (vec![ParamSpec::float("lr", 1.0, 1.0)], "searchSpace[lr]"),
-            (vec![ParamSpec::float("lr", f64::NAN, 1.0)], "searchSpace[lr].low"),
+            (
+                vec![ParamSpec::float("lr", f64::NAN, 1.0)],
+                "searchSpace[lr].low",
+            ),
             (
                 vec![ParamSpec::float("lr", 0.0, f64::INFINITY)],
                 "searchSpace[lr].high",
             ),
-            (vec![ParamSpec::log_float("lr", 0.0, 1.0)], "searchSpace[lr].low"),
+            (
+                vec![ParamSpec::log_float("lr", 0.0, 1.0)],
+                "searchSpace[lr].low",
+            ),
             (vec![ParamSpec::int("n", 0, 10, 0)], "searchSpace[n].step"),
             (vec![ParamSpec::int("n", 0, 10, 3)], "searchSpace[n].step"),
             (vec![ParamSpec::int("n", 5, 1, 1)], "searchSpace[n]"),

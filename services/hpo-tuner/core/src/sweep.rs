@@ -92,11 +92,7 @@ pub struct SweepSpec {
 
 impl SweepSpec {
     /// A spec with defaults: TPE, no early stopping, 3 in parallel, no limits.
-    pub fn new(
-        name: impl Into<String>,
-        objective: Objective,
-        search_space: SearchSpace,
-    ) -> Self {
+    pub fn new(name: impl Into<String>, objective: Objective, search_space: SearchSpace) -> Self {
         Self {
             name: name.into(),
             objective,
@@ -115,8 +111,14 @@ impl SweepSpec {
         let ok_chars = name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-        let ok_ends = name.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-            && name.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());
+        let ok_ends = name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric())
+            && name
+                .bytes()
+                .last()
+                .is_some_and(|b| b.is_ascii_alphanumeric());
         if name.is_empty() || !ok_chars || !ok_ends || name.len() > MAX_SWEEP_NAME_LEN {
             return Err(SpecError::field(
                 "name",
@@ -130,7 +132,10 @@ impl SweepSpec {
             return Err(SpecError::field("objective.metric", "must not be empty"));
         }
         if self.objective.goal.is_some_and(|g| !g.is_finite()) {
-            return Err(SpecError::field("objective.goal", "must be a finite number"));
+            return Err(SpecError::field(
+                "objective.goal",
+                "must be a finite number",
+            ));
         }
         if self.parallel_trial_count == 0 {
             return Err(SpecError::field("parallelTrialCount", "must be at least 1"));
@@ -191,9 +196,14 @@ pub enum StopReason {
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum FinishReason {
     #[serde(rename_all = "camelCase")]
-    GoalReached { trial_id: String, value: f64 },
+    GoalReached {
+        trial_id: String,
+        value: f64,
+    },
     MaxTrialsReached,
-    TooManyFailedTrials { failed: u32 },
+    TooManyFailedTrials {
+        failed: u32,
+    },
     SearchSpaceExhausted,
     Cancelled,
 }
@@ -221,8 +231,13 @@ pub enum SweepDecision {
         params: Params,
     },
     #[serde(rename_all = "camelCase")]
-    StopTrial { trial_id: String, reason: StopReason },
-    SweepFinished { reason: FinishReason },
+    StopTrial {
+        trial_id: String,
+        reason: StopReason,
+    },
+    SweepFinished {
+        reason: FinishReason,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -420,10 +435,11 @@ impl SweepCore {
     }
 
     fn lookup(&self, trial_id: &str) -> Result<usize, SweepError> {
-        self.index_of(trial_id).ok_or_else(|| SweepError::UnknownTrial {
-            sweep: self.spec.name.clone(),
-            trial_id: trial_id.to_string(),
-        })
+        self.index_of(trial_id)
+            .ok_or_else(|| SweepError::UnknownTrial {
+                sweep: self.spec.name.clone(),
+                trial_id: trial_id.to_string(),
+            })
     }
 
     /// Applies one event. Errors leave the state unchanged.
@@ -523,10 +539,13 @@ impl SweepCore {
         self.trials[i].objective = Some(v);
         self.end_trial(i, TrialState::Completed, None, out);
         let objective = &self.spec.objective;
-        let better = self.best.and_then(|b| self.trials.get(b as usize)).is_none_or(|b| {
-            b.objective
-                .is_none_or(|bv| objective.score(v) < objective.score(bv))
-        });
+        let better = self
+            .best
+            .and_then(|b| self.trials.get(b as usize))
+            .is_none_or(|b| {
+                b.objective
+                    .is_none_or(|bv| objective.score(v) < objective.score(bv))
+            });
         if better {
             self.best = Some(i as u32);
         }
@@ -677,13 +696,16 @@ impl SweepCore {
                 TrialState::Failed => c.failed += 1,
             }
         }
-        let best_trial = self.best.and_then(|b| self.trials.get(b as usize)).and_then(|t| {
-            Some(BestTrial {
-                trial_id: t.id.clone(),
-                params: t.params.clone(),
-                value: t.objective?,
-            })
-        });
+        let best_trial = self
+            .best
+            .and_then(|b| self.trials.get(b as usize))
+            .and_then(|t| {
+                Some(BestTrial {
+                    trial_id: t.id.clone(),
+                    params: t.params.clone(),
+                    value: t.objective?,
+                })
+            });
         SweepStatus {
             trials: c,
             best_trial,
@@ -712,11 +734,16 @@ impl SweepCore {
         }
         let mut core = SweepCore::new(s.spec)?;
         if s.stopper.is_some() != core.stopper.is_some() {
-            return Err(corrupt("early-stopping state does not match the spec".into()));
+            return Err(corrupt(
+                "early-stopping state does not match the spec".into(),
+            ));
         }
         for (i, t) in s.trials.iter().enumerate() {
             if t.index as usize != i || t.id != trial_id(&core.spec.name, t.index) {
-                return Err(corrupt(format!("trial {i} has index {} id {}", t.index, t.id)));
+                return Err(corrupt(format!(
+                    "trial {i} has index {} id {}",
+                    t.index, t.id
+                )));
             }
         }
         let mut seen = vec![false; s.trials.len()];
@@ -728,7 +755,9 @@ impl SweepCore {
                 return Err(corrupt(format!("trial {i} appears twice in the history")));
             }
             let Some(outcome) = outcome_of(t, &core.spec.objective) else {
-                return Err(corrupt(format!("trial {i} is in the history but has no outcome")));
+                return Err(corrupt(format!(
+                    "trial {i} is in the history but has no outcome"
+                )));
             };
             core.history.push(Observation {
                 params: t.params.clone(),

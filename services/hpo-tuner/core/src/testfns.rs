@@ -35,7 +35,9 @@ const H6_P: [[f64; 6]; 4] = [
 pub fn hartmann6(x: &[f64; 6]) -> f64 {
     let mut total = 0.0;
     for i in 0..4 {
-        let inner: f64 = (0..6).map(|j| H6_A[i][j] * (x[j] - H6_P[i][j]).powi(2)).sum();
+        let inner: f64 = (0..6)
+            .map(|j| H6_A[i][j] * (x[j] - H6_P[i][j]).powi(2))
+            .sum();
         total += H6_ALPHA[i] * (-inner).exp();
     }
     -total
@@ -53,8 +55,12 @@ pub fn branin_space() -> SearchSpace {
 
 /// `x0..x5` floats in `[0, 1]`.
 pub fn hartmann6_space() -> SearchSpace {
-    SearchSpace::new((0..6).map(|i| ParamSpec::float(format!("x{i}"), 0.0, 1.0)).collect())
-        .unwrap_or_else(|_| unreachable!("constant space is valid"))
+    SearchSpace::new(
+        (0..6)
+            .map(|i| ParamSpec::float(format!("x{i}"), 0.0, 1.0))
+            .collect(),
+    )
+    .unwrap_or_else(|_| unreachable!("constant space is valid"))
 }
 
 /// Branin of a parameter set from [`branin_space`] (`NaN` if a value is missing).

@@ -1,1 +1,53 @@
+//! The planner's pure decision core.
+//!
+//! Inputs in, desired objects and decisions out: no I/O, no async, no Kubernetes or
+//! NATS client. The planner service folds every message about a TrainingJob into a
+//! [`PlannerJobState`] with [`observe`], asks [`decide`] what to do, and carries out
+//! the returned [`PlannerAction`]s — server-side apply of the [`DesiredObjects`] built
+//! by [`desired_objects`], Job deletions, status writes, events, lifecycle messages and
+//! commands to the workers.
+//!
+//! Replaying the same messages gives the same state and the same actions: object names
+//! are derived from the TrainingJob and the attempt number, never generated, so a
+//! replay re-applies the same objects and never creates a second Job.
+//!
+//! See the crate's README for the state machine and the failure policy.
 
+mod config;
+mod decide;
+mod env;
+mod error;
+mod failure;
+mod names;
+mod objects;
+mod preflight;
+mod resources;
+mod state;
+mod status;
+
+pub use config::{FrameworkImages, PlannerConfig};
+pub use decide::{
+    CONDITION_ADMITTED, CONDITION_FAILED, CONDITION_PREEMPTED, CONDITION_RUNNING,
+    CONDITION_SUCCEEDED, CONDITION_SUSPENDED, EventType, PlannerAction, PlannerCommand, decide,
+};
+pub use env::{
+    CONFIG_MOUNT_PATH, HYPERPARAMETERS_FILE, RESUME_FROM_KEY, TRAINING_CONFIG_FILE,
+    WORKER_INDEX_ENV, additional_param_env_name,
+};
+pub use error::PlanError;
+pub use failure::{FailureCause, WorkerFailure, classify_pod};
+pub use names::{
+    COMPLETION_INDEX_ANNOTATION, LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED_BY, LABEL_ROLE,
+    LABEL_TRAINING_JOB, MANAGED_BY, Role, config_map_name, job_name, service_name, worker_host,
+};
+pub use objects::{
+    DesiredObjects, JobPlan, METRICS_PORT_NAME, RENDEZVOUS_PORT_NAME, WORKER_CONTAINER,
+    desired_objects,
+};
+pub use preflight::{checkpoint_location_problem, preflight};
+pub use resources::{GPU_RESOURCE, gpu_resource_name};
+pub use state::{
+    AttemptRecord, CheckpointSeen, EpochMetrics, Observation, Observed, PlannerJobState,
+    PreemptionSeen, ProgressSeen, TrialStopSeen, observe,
+};
+pub use status::{MetricGoal, format_duration};

@@ -108,11 +108,18 @@ pub struct ExampleDocument {
 
 impl ExampleDocument {
     pub fn kind(&self) -> &str {
-        self.object.get("kind").and_then(Value::as_str).unwrap_or_default()
+        self.object
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
     }
 
     pub fn label(&self) -> String {
-        let name = self.object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("?");
+        let name = self
+            .object
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("?");
         format!("{} ({} {name})", self.file.display(), self.kind())
     }
 }
@@ -123,12 +130,16 @@ pub fn example_documents() -> Vec<ExampleDocument> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
         .map(|entry| entry.expect("directory entry").path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "yaml" || ext == "yml"))
+        .filter(|path| {
+            path.extension()
+                .is_some_and(|ext| ext == "yaml" || ext == "yml")
+        })
         .collect();
     files.sort();
     let mut documents = Vec::new();
     for file in files {
-        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()));
+        let text = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", file.display()));
         for document in serde_yaml::Deserializer::from_str(&text) {
             let object = Value::deserialize(document)
                 .unwrap_or_else(|e| panic!("{} is not valid YAML: {e}", file.display()));
@@ -170,7 +181,10 @@ pub fn merged(base: &Value, patch: &Value) -> Value {
             }
             Value::Object(result)
         }
-        (_, Value::Object(patch_map)) => merged(&Value::Object(Default::default()), &Value::Object(patch_map.clone())),
+        (_, Value::Object(patch_map)) => merged(
+            &Value::Object(Default::default()),
+            &Value::Object(patch_map.clone()),
+        ),
         (_, other) => other.clone(),
     }
 }
@@ -179,7 +193,10 @@ pub fn merged(base: &Value, patch: &Value) -> Value {
 /// is the field (or inside it), or its path is the field's parent and the message names the
 /// field, which is how "required property" errors are reported.
 pub fn names_field(path: &str, message: &str, field: &str) -> bool {
-    if path == field || path.starts_with(&format!("{field}.")) || path.starts_with(&format!("{field}[")) {
+    if path == field
+        || path.starts_with(&format!("{field}."))
+        || path.starts_with(&format!("{field}["))
+    {
         return true;
     }
     match field.rsplit_once('.') {

@@ -64,7 +64,9 @@ impl Axis {
         match self {
             Axis::Floats(v) => ParamValue::Float(v.get(i as usize).copied().unwrap_or(f64::NAN)),
             Axis::Ints { low, step, .. } => ParamValue::Int(low + (i as i64) * step),
-            Axis::Choices(c) => ParamValue::Categorical(c.get(i as usize).cloned().unwrap_or_default()),
+            Axis::Choices(c) => {
+                ParamValue::Categorical(c.get(i as usize).cloned().unwrap_or_default())
+            }
         }
     }
 
@@ -126,7 +128,11 @@ impl GridSampler {
                 Domain::Float { low, high, log } => {
                     let pts = (0..n)
                         .map(|i| {
-                            let t = if n == 1 { 0.5 } else { i as f64 / (n - 1) as f64 };
+                            let t = if n == 1 {
+                                0.5
+                            } else {
+                                i as f64 / (n - 1) as f64
+                            };
                             let v = if *log {
                                 (low.ln() + t * (high.ln() - low.ln())).exp()
                             } else {

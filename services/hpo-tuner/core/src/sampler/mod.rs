@@ -89,7 +89,9 @@ impl AlgorithmSpec {
             AlgorithmSpec::Grid(cfg) => {
                 AnySampler::Grid(GridSampler::new(space.clone(), cfg.clone(), seed)?)
             }
-            AlgorithmSpec::Tpe(cfg) => AnySampler::Tpe(TpeSampler::new(space.clone(), cfg.clone())?),
+            AlgorithmSpec::Tpe(cfg) => {
+                AnySampler::Tpe(TpeSampler::new(space.clone(), cfg.clone())?)
+            }
         })
     }
 }

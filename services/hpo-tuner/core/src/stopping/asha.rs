@@ -57,7 +57,10 @@ impl AshaConfig {
 
     fn validate(&self) -> Result<(), SpecError> {
         if self.min_resource == 0 {
-            return Err(SpecError::field("earlyStopping.minResource", "must be at least 1"));
+            return Err(SpecError::field(
+                "earlyStopping.minResource",
+                "must be at least 1",
+            ));
         }
         if self.reduction_factor < 2 {
             return Err(SpecError::field(
@@ -173,7 +176,11 @@ impl Asha {
                 resource: r.resource,
                 recorded: r.scores.len() as u32,
                 promoted: r.promoted,
-                running: self.next_rung.values().filter(|&&n| n == k as u32 + 1).count() as u32,
+                running: self
+                    .next_rung
+                    .values()
+                    .filter(|&&n| n == k as u32 + 1)
+                    .count() as u32,
             })
             .collect()
     }
@@ -328,13 +335,21 @@ mod tests {
         let mut a = Asha::with_rung_scores(cfg(), table.clone()).expect("valid");
         assert_eq!(a.on_report(100, 1, 0.25), StopDecision::Continue);
         let mut a = Asha::with_rung_scores(cfg(), table.clone()).expect("valid");
-        assert_eq!(a.on_report(100, 1, 0.3), StopDecision::Continue, "tie promotes");
+        assert_eq!(
+            a.on_report(100, 1, 0.3),
+            StopDecision::Continue,
+            "tie promotes"
+        );
         let mut a = Asha::with_rung_scores(cfg(), table).expect("valid");
         assert_eq!(
             a.on_report(100, 1, 0.31),
             StopDecision::Stop { rung: Some(0) }
         );
-        assert_eq!(a.rung_tables()[0].scores.len(), 9, "a stopped trial's score is recorded");
+        assert_eq!(
+            a.rung_tables()[0].scores.len(),
+            9,
+            "a stopped trial's score is recorded"
+        );
     }
 
     #[test]
@@ -354,7 +369,10 @@ mod tests {
         let mut a = Asha::with_rung_scores(cfg(), table).expect("valid");
         // Rung 0 is empty: a new best passes it; at rung 1 n = 6, k = 2,
         // threshold = 0.2 -> 0.35 fails.
-        assert_eq!(a.on_report(7, 3, 0.35), StopDecision::Stop { rung: Some(1) });
+        assert_eq!(
+            a.on_report(7, 3, 0.35),
+            StopDecision::Stop { rung: Some(1) }
+        );
         assert_eq!(a.rung_tables()[0].scores, vec![0.35]);
         assert_eq!(a.rung_tables()[1].scores.len(), 6);
     }
@@ -401,13 +419,18 @@ mod tests {
         assert!(counts[0] > counts[1] && counts[1] > counts[2] && counts[2] > counts[3]);
         assert!(counts.iter().all(|&c| c > 0));
         let h2 = Hyperband::new(cfg(), 42).expect("valid");
-        assert!((0..100).all(|t| h.bracket_of(t) == h2.bracket_of(t)), "seeded");
+        assert!(
+            (0..100).all(|t| h.bracket_of(t) == h2.bracket_of(t)),
+            "seeded"
+        );
     }
 
     #[test]
     fn hyperband_last_bracket_never_stops() {
         let mut h = Hyperband::new(cfg(), 1).expect("valid");
-        let last = (0..1000).find(|&t| h.bracket_of(t) == 3).expect("some trial in bracket 3");
+        let last = (0..1000)
+            .find(|&t| h.bracket_of(t) == 3)
+            .expect("some trial in bracket 3");
         for e in 1..27 {
             assert_eq!(h.on_report(last, e, 1e9), StopDecision::Continue);
         }

@@ -151,10 +151,12 @@ mod tests {
         m.on_report(0, 1, 0.0);
         m.on_trial_end(0, false);
         assert_eq!(m.on_report(1, 1, 50.0), StopDecision::Continue);
-        assert!(MedianStop::new(MedianStopConfig {
-            startup_trials: 0,
-            warmup_epochs: 0
-        })
-        .is_err());
+        assert!(
+            MedianStop::new(MedianStopConfig {
+                startup_trials: 0,
+                warmup_epochs: 0
+            })
+            .is_err()
+        );
     }
 }

@@ -22,7 +22,9 @@ pub enum StopDecision {
     Continue,
     /// Stop the trial. `rung` is the ASHA rung whose promotion test it failed
     /// (`None` for rules without rungs).
-    Stop { rung: Option<u32> },
+    Stop {
+        rung: Option<u32>,
+    },
 }
 
 /// Occupancy of one rung, for the sweep status.

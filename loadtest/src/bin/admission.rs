@@ -1,0 +1,588 @@
+//! Admission benchmark: the gpu-allocator core against FIFO first-fit
+//! baselines on the same seeded job stream, in one process.
+//!
+//! Cluster: 2,000 nodes x 8 GPUs (16,000 GPUs), 3 zones, NVLink racks of 16
+//! nodes; 30 TrainingQueues in 3 cohorts. Workload: a fragmenting mix of
+//! 1/2/4/8-GPU single-worker jobs and gangs of 2-16 workers x 8 GPUs, a few
+//! high-priority jobs, runtime estimates on 70% of jobs.
+//!
+//! Closed loop: before every cycle the backlog is topped up to 10,000
+//! pending jobs from one pre-generated stream (so every policy sees the same
+//! jobs in the same order); jobs finish after their (hidden) actual runtime
+//! in simulated time. Prints figures only; nothing is asserted on timing.
+//!
+//! Usage: `admission [--seed N] [--cycles N] [--step-secs N] [--max-wall-secs N]
+//! [--warmup-secs N] [--preemption 0|1]`
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::time::{Duration, Instant};
+
+use gpu_allocator_core::{
+    Allocator, AllocatorConfig, Event, FlavorQuota, JobSpec, JobUid, NodeInfo, QueueSpec,
+    ResourceQuota, Timestamp, names,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+const NODES: usize = 2_000;
+const GPUS_PER_NODE: u32 = 8;
+const RACK_SIZE: usize = 16;
+const ZONES: usize = 3;
+const QUEUES: usize = 30;
+const COHORTS: usize = 3;
+const BACKLOG: usize = 10_000;
+const FLAVOR: &str = "H100.on-demand";
+
+struct Args {
+    seed: u64,
+    cycles: usize,
+    step_secs: u64,
+    max_wall: Duration,
+    warmup_secs: u64,
+    preemption: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        seed: 7,
+        cycles: 360,
+        step_secs: 60,
+        max_wall: Duration::from_secs(240),
+        warmup_secs: 2 * 3600,
+        preemption: true,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let n: u64 = value
+            .parse()
+            .map_err(|_| format!("{flag}: {value:?} is not a number"))?;
+        match flag.as_str() {
+            "--seed" => args.seed = n,
+            "--cycles" => args.cycles = usize::try_from(n).map_err(|e| e.to_string())?,
+            "--step-secs" => args.step_secs = n.max(1),
+            "--max-wall-secs" => args.max_wall = Duration::from_secs(n),
+            "--warmup-secs" => args.warmup_secs = n,
+            "--preemption" => args.preemption = n != 0,
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    Ok(args)
+}
+
+/// One job of the stream; `duration` is the truth the allocator never sees.
+#[derive(Clone)]
+struct SimJob {
+    queue: usize,
+    workers: u32,
+    gpus: u32,
+    priority: i32,
+    duration: u64,
+    estimate: Option<u64>,
+}
+
+impl SimJob {
+    fn total(&self) -> u64 {
+        u64::from(self.workers) * u64::from(self.gpus)
+    }
+}
+
+fn generate_stream(seed: u64, count: usize) -> Vec<SimJob> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    // (workers, gpus per worker, weight %): fragmenting small jobs plus gangs
+    // of whole 8-GPU workers.
+    let shapes: [(u32, u32, u32); 8] = [
+        (1, 1, 25),
+        (1, 2, 20),
+        (1, 4, 20),
+        (1, 8, 15),
+        (2, 8, 10),
+        (4, 8, 6),
+        (8, 8, 3),
+        (16, 8, 1),
+    ];
+    (0..count)
+        .map(|_| {
+            let mut pick = rng.random_range(0..100u32);
+            let mut shape = shapes[0];
+            for s in shapes {
+                if pick < s.2 {
+                    shape = s;
+                    break;
+                }
+                pick -= s.2;
+            }
+            let duration = rng.random_range(600..10_800u64);
+            let estimate = if rng.random_range(0..100u32) < 70 {
+                Some((duration as f64 * rng.random_range(1.0..1.5)) as u64)
+            } else {
+                None
+            };
+            SimJob {
+                queue: rng.random_range(0..QUEUES),
+                workers: shape.0,
+                gpus: shape.1,
+                priority: if rng.random_range(0..100u32) < 5 {
+                    100
+                } else {
+                    0
+                },
+                duration,
+                estimate,
+            }
+        })
+        .collect()
+}
+
+fn nodes() -> Vec<NodeInfo> {
+    (0..NODES)
+        .map(|i| {
+            let mut n = NodeInfo {
+                name: format!("node-{i:04}"),
+                ready: true,
+                ..NodeInfo::default()
+            };
+            n.allocatable
+                .insert(names::GPU_RESOURCE.into(), GPUS_PER_NODE.to_string());
+            n.labels
+                .insert(names::GPU_PRODUCT_LABEL.into(), "H100".into());
+            n.labels
+                .insert(names::HOSTNAME_LABEL.into(), n.name.clone());
+            let rack = i / RACK_SIZE;
+            n.labels
+                .insert(names::ZONE_LABEL.into(), format!("zone-{}", rack % ZONES));
+            n.labels
+                .insert(names::NVLINK_CLIQUE_LABEL.into(), format!("rack-{rack:03}"));
+            n
+        })
+        .collect()
+}
+
+fn queues() -> Vec<QueueSpec> {
+    let total = NODES as u64 * u64::from(GPUS_PER_NODE);
+    (0..QUEUES)
+        .map(|i| QueueSpec {
+            name: format!("team-{i:02}"),
+            cohort: Some(format!("cohort-{}", i % COHORTS)),
+            weight: 1.0 + (i % 3) as f64,
+            quotas: vec![FlavorQuota {
+                flavor: FLAVOR.into(),
+                resources: vec![ResourceQuota {
+                    resource: names::GPU_RESOURCE.into(),
+                    nominal: total / QUEUES as u64,
+                    ..ResourceQuota::default()
+                }],
+            }],
+            ..QueueSpec::default()
+        })
+        .collect()
+}
+
+fn job_spec(index: usize, job: &SimJob, now: u64) -> JobSpec {
+    JobSpec {
+        uid: JobUid::new(format!("j{index}")),
+        namespace: "bench".into(),
+        name: format!("j{index}"),
+        queue: Some(format!("team-{:02}", job.queue)),
+        priority: job.priority,
+        submitted_at: Timestamp(now),
+        num_workers: job.workers,
+        gpus_per_worker: job.gpus,
+        runtime_estimate_secs: job.estimate,
+        ..JobSpec::default()
+    }
+}
+
+fn index_of(uid: &JobUid) -> Option<usize> {
+    uid.as_str().strip_prefix('j')?.parse().ok()
+}
+
+#[derive(Default, Serialize, Clone)]
+struct Report {
+    policy: String,
+    cycles: usize,
+    cycle_p50_ms: f64,
+    cycle_p99_ms: f64,
+    cycle_max_ms: f64,
+    first_cycle_ms: f64,
+    first_cycle_admissions: u64,
+    admissions: u64,
+    admissions_per_sec: f64,
+    steady_allocation_ratio: f64,
+    preemptions: u64,
+    big_gangs_started: u64,
+    big_gang_wait_p50_min: f64,
+    big_gang_wait_max_min: f64,
+    simulated_hours: f64,
+    wall_secs: f64,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+/// Shared bookkeeping of one simulated run.
+struct Sim {
+    submitted_at: Vec<u64>,
+    started: Vec<bool>,
+    generation: Vec<u32>,
+    finishes: BinaryHeap<Reverse<(u64, usize, u32)>>,
+    next_job: usize,
+    cycle_ms: Vec<f64>,
+    admissions: u64,
+    alloc_samples: Vec<f64>,
+    big_waits_min: Vec<f64>,
+    preemptions: u64,
+    first_cycle: (f64, u64),
+}
+
+impl Sim {
+    fn new(stream_len: usize) -> Self {
+        Sim {
+            submitted_at: vec![0; stream_len],
+            started: vec![false; stream_len],
+            generation: vec![0; stream_len],
+            finishes: BinaryHeap::new(),
+            next_job: 0,
+            cycle_ms: Vec::new(),
+            admissions: 0,
+            alloc_samples: Vec::new(),
+            big_waits_min: Vec::new(),
+            preemptions: 0,
+            first_cycle: (0.0, 0),
+        }
+    }
+
+    fn started(&mut self, idx: usize, job: &SimJob, now: u64) {
+        self.admissions += 1;
+        if let Some(g) = self.generation.get_mut(idx) {
+            *g += 1;
+            self.finishes.push(Reverse((now + job.duration, idx, *g)));
+        }
+        if job.total() >= 64 && !self.started[idx] {
+            self.big_waits_min
+                .push((now - self.submitted_at[idx]) as f64 / 60.0);
+        }
+        self.started[idx] = true;
+    }
+
+    /// Pops jobs finishing by `now` that are still the running instance.
+    fn due(&mut self, now: u64) -> Vec<usize> {
+        let mut out = Vec::new();
+        while let Some(Reverse((t, idx, generation))) = self.finishes.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.finishes.pop();
+            if self.generation.get(idx) == Some(&generation) {
+                out.push(idx);
+            }
+        }
+        out
+    }
+
+    fn report(&self, policy: &str, args: &Args, wall: Duration) -> Report {
+        let mut sorted = self.cycle_ms.clone();
+        sorted.sort_by(f64::total_cmp);
+        let total_ms: f64 = self.cycle_ms.iter().sum();
+        let mut waits = self.big_waits_min.clone();
+        waits.sort_by(f64::total_cmp);
+        let steady: Vec<f64> = self.alloc_samples.clone();
+        Report {
+            policy: policy.into(),
+            cycles: self.cycle_ms.len(),
+            cycle_p50_ms: percentile(&sorted, 0.50),
+            cycle_p99_ms: percentile(&sorted, 0.99),
+            cycle_max_ms: sorted.last().copied().unwrap_or(0.0),
+            first_cycle_ms: self.first_cycle.0,
+            first_cycle_admissions: self.first_cycle.1,
+            admissions: self.admissions,
+            admissions_per_sec: if total_ms > 0.0 {
+                self.admissions as f64 / (total_ms / 1000.0)
+            } else {
+                0.0
+            },
+            steady_allocation_ratio: if steady.is_empty() {
+                0.0
+            } else {
+                steady.iter().sum::<f64>() / steady.len() as f64
+            },
+            preemptions: self.preemptions,
+            big_gangs_started: waits.len() as u64,
+            big_gang_wait_p50_min: percentile(&waits, 0.5),
+            big_gang_wait_max_min: waits.last().copied().unwrap_or(0.0),
+            simulated_hours: (self.cycle_ms.len() as u64 * args.step_secs) as f64 / 3600.0,
+            wall_secs: wall.as_secs_f64(),
+        }
+    }
+}
+
+fn run_allocator(stream: &[SimJob], args: &Args) -> Result<Report, String> {
+    let started_wall = Instant::now();
+    let mut config = AllocatorConfig::default();
+    config.preemption.enabled = args.preemption;
+    let mut alloc = Allocator::new(config).map_err(|e| e.to_string())?;
+    for n in nodes() {
+        alloc
+            .apply(Event::NodeUpserted(n))
+            .map_err(|e| e.to_string())?;
+    }
+    for q in queues() {
+        alloc
+            .apply(Event::QueueUpserted(q))
+            .map_err(|e| e.to_string())?;
+    }
+    let total_gpus = (NODES as u64 * u64::from(GPUS_PER_NODE)) as f64;
+    let mut sim = Sim::new(stream.len());
+    let mut pending: usize = 0;
+    for step in 0..args.cycles {
+        if started_wall.elapsed() > args.max_wall {
+            break;
+        }
+        let now = step as u64 * args.step_secs;
+        for idx in sim.due(now) {
+            alloc
+                .apply(Event::JobFinished {
+                    uid: JobUid::new(format!("j{idx}")),
+                })
+                .map_err(|e| e.to_string())?;
+        }
+        while pending < BACKLOG && sim.next_job < stream.len() {
+            let idx = sim.next_job;
+            sim.submitted_at[idx] = now;
+            alloc
+                .apply(Event::JobSubmitted(job_spec(idx, &stream[idx], now)))
+                .map_err(|e| e.to_string())?;
+            sim.next_job += 1;
+            pending += 1;
+        }
+        let t0 = Instant::now();
+        let outcome = alloc.cycle(Timestamp(now));
+        let ms = t0.elapsed().as_secs_f64() * 1000.0;
+        sim.cycle_ms.push(ms);
+        if step == 0 {
+            sim.first_cycle = (ms, outcome.admissions.len() as u64);
+        }
+        for e in &outcome.evictions {
+            if let Some(idx) = index_of(&e.uid) {
+                // The running instance is gone; its pending finish is stale.
+                if let Some(g) = sim.generation.get_mut(idx) {
+                    *g += 1;
+                }
+                pending += 1;
+            }
+        }
+        sim.preemptions += outcome.preemptions.len() as u64;
+        for a in &outcome.admissions {
+            if let Some(idx) = index_of(&a.uid) {
+                sim.started(idx, &stream[idx], now);
+                pending = pending.saturating_sub(1);
+            }
+        }
+        if now >= args.warmup_secs {
+            sim.alloc_samples
+                .push(alloc.stats().gpus_allocated as f64 / total_gpus);
+        }
+    }
+    Ok(sim.report(
+        "trainyard (best-fit+DRF+backfill)",
+        args,
+        started_wall.elapsed(),
+    ))
+}
+
+/// FIFO first-fit baseline: jobs in submission order, each worker on the
+/// lowest-numbered node with room, all-or-nothing. `strict`: the first job
+/// that does not fit blocks everything behind it (Kueue StrictFIFO-like);
+/// otherwise blocked jobs are skipped (greedy, no reservations).
+fn run_fifo(stream: &[SimJob], args: &Args, strict: bool) -> Report {
+    let started_wall = Instant::now();
+    let total_gpus = (NODES as u64 * u64::from(GPUS_PER_NODE)) as f64;
+    let mut free = vec![GPUS_PER_NODE; NODES];
+    // Node count per free value, for an O(9) "can this gang fit at all" test.
+    let mut by_free = [0usize; GPUS_PER_NODE as usize + 1];
+    by_free[GPUS_PER_NODE as usize] = NODES;
+    let mut placed: Vec<Vec<(usize, u32)>> = vec![Vec::new(); stream.len()];
+    let mut queue: VecDeque<usize> = VecDeque::new();
+    let mut allocated: u64 = 0;
+    let mut sim = Sim::new(stream.len());
+    for step in 0..args.cycles {
+        if started_wall.elapsed() > args.max_wall {
+            break;
+        }
+        let now = step as u64 * args.step_secs;
+        for idx in sim.due(now) {
+            for (node, units) in std::mem::take(&mut placed[idx]) {
+                by_free[free[node] as usize] -= 1;
+                free[node] += units;
+                by_free[free[node] as usize] += 1;
+                allocated -= u64::from(units);
+            }
+        }
+        while queue.len() < BACKLOG && sim.next_job < stream.len() {
+            sim.submitted_at[sim.next_job] = now;
+            queue.push_back(sim.next_job);
+            sim.next_job += 1;
+        }
+        let t0 = Instant::now();
+        let mut admitted = 0u64;
+        let mut kept: VecDeque<usize> = VecDeque::with_capacity(queue.len());
+        while let Some(idx) = queue.pop_front() {
+            let job = &stream[idx];
+            let g = job.gpus;
+            let slots: u64 = (g as usize..by_free.len())
+                .map(|f| by_free[f] as u64 * u64::from(f as u32 / g))
+                .sum();
+            let mut placement = Vec::new();
+            if slots >= u64::from(job.workers) {
+                let mut left = job.workers;
+                for (node, f) in free.iter().enumerate() {
+                    if left == 0 {
+                        break;
+                    }
+                    let take = (f / g).min(left);
+                    if take > 0 {
+                        placement.push((node, take * g));
+                        left -= take;
+                    }
+                }
+            }
+            if placement.is_empty() {
+                kept.push_back(idx);
+                if strict {
+                    break;
+                }
+                continue;
+            }
+            for (node, units) in &placement {
+                by_free[free[*node] as usize] -= 1;
+                free[*node] -= units;
+                by_free[free[*node] as usize] += 1;
+                allocated += u64::from(*units);
+            }
+            placed[idx] = placement;
+            admitted += 1;
+            sim.started(idx, job, now);
+        }
+        kept.extend(queue.drain(..));
+        queue = kept;
+        let ms = t0.elapsed().as_secs_f64() * 1000.0;
+        sim.cycle_ms.push(ms);
+        if step == 0 {
+            sim.first_cycle = (ms, admitted);
+        }
+        if now >= args.warmup_secs {
+            sim.alloc_samples.push(allocated as f64 / total_gpus);
+        }
+    }
+    let name = if strict {
+        "FIFO first-fit, strict (baseline)"
+    } else {
+        "FIFO first-fit, skip blocked"
+    };
+    sim.report(name, args, started_wall.elapsed())
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("admission: {e}");
+            std::process::exit(2);
+        }
+    };
+    // Enough jobs for the whole run: backlog plus generous turnover.
+    let stream = generate_stream(args.seed, BACKLOG + args.cycles * 200);
+    let ours = match run_allocator(&stream, &args) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("admission: allocator run failed: {e}");
+            std::process::exit(1);
+        }
+    };
+    let strict = run_fifo(&stream, &args, true);
+    let greedy = run_fifo(&stream, &args, false);
+
+    println!(
+        "admission benchmark: {NODES} nodes x {GPUS_PER_NODE} GPUs, {QUEUES} queues, backlog {BACKLOG}, \
+         step {} s, seed {}, steady state after {} s",
+        args.step_secs, args.seed, args.warmup_secs
+    );
+    println!(
+        "{:<36} {:>7} {:>9} {:>9} {:>9} {:>12} {:>10} {:>9} {:>11} {:>11}",
+        "policy",
+        "cycles",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "admits/s",
+        "alloc %",
+        "preempt",
+        "big gangs",
+        "big wait p50"
+    );
+    for r in [&ours, &strict, &greedy] {
+        println!(
+            "{:<36} {:>7} {:>9.3} {:>9.3} {:>9.3} {:>12.0} {:>10.1} {:>9} {:>11} {:>9.0} m",
+            r.policy,
+            r.cycles,
+            r.cycle_p50_ms,
+            r.cycle_p99_ms,
+            r.cycle_max_ms,
+            r.admissions_per_sec,
+            r.steady_allocation_ratio * 100.0,
+            r.preemptions,
+            r.big_gangs_started,
+            r.big_gang_wait_p50_min,
+        );
+    }
+    println!(
+        "first cycle (empty cluster, {BACKLOG} pending): trainyard {:.1} ms for {} admissions; strict FIFO {:.1} ms for {}",
+        ours.first_cycle_ms,
+        ours.first_cycle_admissions,
+        strict.first_cycle_ms,
+        strict.first_cycle_admissions
+    );
+    println!(
+        "allocation ratio vs strict FIFO baseline: {:+.1} points",
+        (ours.steady_allocation_ratio - strict.steady_allocation_ratio) * 100.0
+    );
+    #[derive(Serialize)]
+    struct Line<'a> {
+        benchmark: &'static str,
+        seed: u64,
+        nodes: usize,
+        gpus: u64,
+        queues: usize,
+        backlog: usize,
+        step_secs: u64,
+        trainyard: &'a Report,
+        fifo_strict: &'a Report,
+        fifo_skip_blocked: &'a Report,
+        allocation_gain_points: f64,
+    }
+    let line = Line {
+        benchmark: "admission",
+        seed: args.seed,
+        nodes: NODES,
+        gpus: NODES as u64 * u64::from(GPUS_PER_NODE),
+        queues: QUEUES,
+        backlog: BACKLOG,
+        step_secs: args.step_secs,
+        trainyard: &ours,
+        fifo_strict: &strict,
+        fifo_skip_blocked: &greedy,
+        allocation_gain_points: (ours.steady_allocation_ratio - strict.steady_allocation_ratio)
+            * 100.0,
+    };
+    match serde_json::to_string(&line) {
+        Ok(json) => println!("{json}"),
+        Err(e) => eprintln!("admission: cannot encode JSON: {e}"),
+    }
+}

@@ -1,0 +1,1787 @@
+//! The allocator: state, event application, and the admission cycle.
+//!
+//! A cycle runs in four steps:
+//! 1. evictions: victims whose grace period ended (or who reported their
+//!    checkpoint) release their GPUs and go back to pending;
+//! 2. preemptors whose victims are all gone are admitted first, so the
+//!    capacity they paid for is not taken by someone else;
+//! 3. the main pass walks every pending job, queues interleaved by weighted
+//!    dominant share, and admits each one that fits quota and concrete nodes
+//!    now; blocked jobs at the front get backfill reservations;
+//! 4. a bounded number of still-blocked jobs look for preemption victims.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::backfill::{Claim, Reservations};
+use crate::config::AllocatorConfig;
+use crate::decision::{
+    Admission, CycleOutcome, CycleStats, Eviction, EvictionReason, PlannedNode, Preemption,
+    PreemptionRule, TopologyAssignment, WorkerPlacement,
+};
+use crate::error::AllocatorError;
+use crate::event::{Applied, Event, JobSpec, NodeInfo, QueueSpec};
+use crate::explain::{PendingExplanation, PendingReason};
+use crate::inventory::{Inventory, JobIdx, NodeFilter, NodeIdx, ResIdx};
+use crate::placement::{self, Candidate};
+use crate::queues::{QueueIdx, Queues, QuotaSlot};
+use crate::types::{GpuSliceRequest, JobUid, ResourceKind, Timestamp, names};
+
+/// Hash map with a fast, fixed-seed hasher: per-cycle memos are hot, and a
+/// fixed seed keeps every run of the same input identical.
+pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
+
+/// Version of the snapshot format.
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
+
+/// A victim that is checkpointing before eviction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreemptingState {
+    /// The preemptor.
+    pub by: JobUid,
+    /// Rule that allowed the preemption.
+    pub rule: PreemptionRule,
+    /// Eviction deadline.
+    pub evict_at: Timestamp,
+    /// The victim reported its checkpoint, so it can go before the deadline.
+    pub checkpointed: bool,
+}
+
+/// A preemptor waiting for its victims.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Nomination {
+    /// Victims that must be gone before the preemptor starts.
+    pub victims: Vec<JobUid>,
+    /// Eviction deadline.
+    pub evict_at: Timestamp,
+    /// Flavor the plan is for.
+    pub flavor: String,
+    /// Resource the plan is for.
+    pub resource: String,
+    /// Planned nodes; held for the preemptor meanwhile.
+    pub nodes: Vec<PlannedNode>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Running {
+    pub(crate) res: ResIdx,
+    pub(crate) per_worker: u32,
+    pub(crate) placement: Vec<(NodeIdx, u32)>,
+    pub(crate) admitted_at: Timestamp,
+    pub(crate) admission: Admission,
+    pub(crate) preempting: Option<PreemptingState>,
+}
+
+#[derive(Debug)]
+pub(crate) enum JobState {
+    Pending(Option<Nomination>),
+    Running(Running),
+}
+
+#[derive(Debug)]
+pub(crate) struct Job {
+    pub(crate) spec: JobSpec,
+    pub(crate) queue: QueueIdx,
+    pub(crate) filter: u32,
+    pub(crate) state: JobState,
+    pub(crate) requeues: u32,
+    /// Last job that preempted this one: never chosen as this job's victim
+    /// (the explicit half of the no-loop guarantee).
+    pub(crate) preempted_by: Option<JobUid>,
+}
+
+impl Job {
+    pub(crate) fn running(&self) -> Option<&Running> {
+        match &self.state {
+            JobState::Running(r) => Some(r),
+            JobState::Pending(_) => None,
+        }
+    }
+}
+
+/// Serializable allocator state. Restoring it re-applies each part through
+/// the same validated paths as live events, so a tampered snapshot yields an
+/// error rather than an inconsistent allocator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocatorSnapshot {
+    /// Format version.
+    pub format_version: u32,
+    /// Configuration.
+    pub config: AllocatorConfig,
+    /// Time of the last cycle.
+    pub clock: Timestamp,
+    /// Node arena in slot order (`None` for free slots).
+    pub nodes: Vec<Option<NodeInfo>>,
+    /// Free node slots, in reuse order.
+    pub free_node_slots: Vec<u32>,
+    /// Queues that exist.
+    pub queues: Vec<QueueSpec>,
+    /// Jobs, sorted by uid.
+    pub jobs: Vec<JobSnapshot>,
+    /// Uids of finished jobs still remembered, with the time they finished.
+    pub tombstones: Vec<(JobUid, Timestamp)>,
+    /// Evictions decided outside a cycle (node lost) not yet reported.
+    pub undelivered_evictions: Vec<Eviction>,
+}
+
+/// One job in a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobSnapshot {
+    /// Spec.
+    pub spec: JobSpec,
+    /// Times the job was evicted and requeued.
+    pub requeues: u32,
+    /// Last preemptor.
+    pub preempted_by: Option<JobUid>,
+    /// Admission when running.
+    pub admission: Option<Admission>,
+    /// Set when running and being preempted.
+    pub preempting: Option<PreemptingState>,
+    /// Set when pending and waiting for victims.
+    pub nomination: Option<Nomination>,
+}
+
+/// Cluster-level counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocatorStats {
+    /// Nodes known.
+    pub nodes: u32,
+    /// Whole GPUs on all nodes.
+    pub gpu_capacity: u64,
+    /// Whole GPUs held by admitted jobs.
+    pub gpus_allocated: u64,
+    /// Jobs pending.
+    pub pending_jobs: u32,
+    /// Jobs running.
+    pub running_jobs: u32,
+}
+
+/// The GPU admission decision core.
+pub struct Allocator {
+    pub(crate) config: AllocatorConfig,
+    pub(crate) inv: Inventory,
+    pub(crate) queues: Queues,
+    jobs: Vec<Option<Job>>,
+    job_by_uid: FastMap<JobUid, JobIdx>,
+    free_job_slots: Vec<JobIdx>,
+    pub(crate) filters: Vec<NodeFilter>,
+    filter_ids: HashMap<NodeFilter, u32>,
+    preempting: BTreeSet<JobIdx>,
+    nominated: BTreeSet<JobIdx>,
+    tombstones: HashMap<JobUid, Timestamp>,
+    tombstone_order: VecDeque<(Timestamp, JobUid)>,
+    undelivered_evictions: Vec<Eviction>,
+    clock: Timestamp,
+}
+
+/// What a successful placement attempt produced.
+struct Plan {
+    res: ResIdx,
+    per_worker: u32,
+    placement: Vec<(NodeIdx, u32)>,
+    ahead_of: Option<JobUid>,
+}
+
+/// Placement-failure memo key: jobs with the same shape and node filter fail
+/// alike within a cycle, because capacity only shrinks during a cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct MemoKey {
+    res: ResIdx,
+    per_worker: u32,
+    workers: u32,
+    filter: u32,
+    topology: crate::types::TopologyRequirement,
+}
+
+struct MemoEntry {
+    /// Smallest job end (u64::MAX = no estimate) known to fail; jobs ending
+    /// later see at least as much reservation protection, so fail too.
+    min_failing_end: u64,
+    reason: Arc<PendingReason>,
+}
+
+/// Scratch state of one cycle.
+#[derive(Default)]
+struct CycleCtx {
+    memo: FastMap<MemoKey, MemoEntry>,
+    quota_memo: FastMap<(QueueIdx, ResIdx, u64, u64, u64), Arc<PendingReason>>,
+    reservations: Reservations,
+    failed: Vec<Failed>,
+    stats: CycleStats,
+}
+
+struct Failed {
+    job: JobIdx,
+    position: u32,
+    queue_length: u32,
+    effective_priority: i32,
+    reason: Arc<PendingReason>,
+    /// The job may try preemption (blocked by quota or capacity).
+    can_preempt: bool,
+}
+
+/// A queue's ordered pending jobs during a cycle.
+struct Lane {
+    queue: QueueIdx,
+    /// (effective priority, global rank, job), in rank order.
+    jobs: Vec<(i32, u32, JobIdx)>,
+    next: usize,
+}
+
+/// Heap key: lowest weighted share first, then the head job's global rank
+/// (effective priority, submission time, uid), precomputed once per cycle so
+/// that comparing keys never touches strings.
+struct LaneKey {
+    share: f64,
+    rank: u32,
+    lane: usize,
+}
+
+impl PartialEq for LaneKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for LaneKey {}
+impl PartialOrd for LaneKey {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for LaneKey {
+    // BinaryHeap is a max-heap: "greater" means "goes first".
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .share
+            .total_cmp(&self.share)
+            .then(other.rank.cmp(&self.rank))
+            .then(other.lane.cmp(&self.lane))
+    }
+}
+
+fn job_end_key(spec: &JobSpec, now: Timestamp) -> (u64, Option<Timestamp>) {
+    match spec.runtime_estimate_secs {
+        Some(est) => {
+            let end = now.plus_secs(est);
+            (end.0, Some(end))
+        }
+        None => (u64::MAX, None),
+    }
+}
+
+fn units_i64(units: u64) -> i64 {
+    i64::try_from(units).unwrap_or(i64::MAX)
+}
+
+impl Allocator {
+    /// Creates an empty allocator.
+    pub fn new(config: AllocatorConfig) -> Result<Self, AllocatorError> {
+        config.validate()?;
+        let inv = Inventory::new(&config);
+        let mut alloc = Allocator {
+            config,
+            inv,
+            queues: Queues::default(),
+            jobs: Vec::new(),
+            job_by_uid: FastMap::default(),
+            free_job_slots: Vec::new(),
+            filters: Vec::new(),
+            filter_ids: HashMap::new(),
+            preempting: BTreeSet::new(),
+            nominated: BTreeSet::new(),
+            tombstones: HashMap::new(),
+            tombstone_order: VecDeque::new(),
+            undelivered_evictions: Vec::new(),
+            clock: Timestamp(0),
+        };
+        // Filter 0 is "no constraints", the common case checked fastest.
+        alloc.intern_filter(NodeFilter::default());
+        Ok(alloc)
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &AllocatorConfig {
+        &self.config
+    }
+
+    pub(crate) fn job(&self, idx: JobIdx) -> Option<&Job> {
+        self.jobs.get(idx as usize).and_then(Option::as_ref)
+    }
+
+    fn job_mut(&mut self, idx: JobIdx) -> Option<&mut Job> {
+        self.jobs.get_mut(idx as usize).and_then(Option::as_mut)
+    }
+
+    fn intern_filter(&mut self, filter: NodeFilter) -> u32 {
+        if let Some(id) = self.filter_ids.get(&filter) {
+            return *id;
+        }
+        let id = u32::try_from(self.filters.len()).unwrap_or(u32::MAX);
+        self.filters.push(filter.clone());
+        self.filter_ids.insert(filter, id);
+        id
+    }
+
+    fn filter_for(&mut self, spec: &JobSpec) -> u32 {
+        let mut tolerations = spec.tolerations.clone();
+        tolerations.sort();
+        self.intern_filter(NodeFilter {
+            node_selector: spec.node_selector.clone(),
+            tolerations,
+            min_gpu_memory_mib: spec.min_gpu_memory_mib,
+        })
+    }
+
+    /// Whether a job with this uid is pending or running.
+    pub fn contains_job(&self, uid: &JobUid) -> bool {
+        self.job_by_uid.contains_key(uid)
+    }
+
+    /// The admission of a running job.
+    pub fn admission(&self, uid: &JobUid) -> Option<&Admission> {
+        let idx = self.job_by_uid.get(uid)?;
+        self.job(*idx)?.running().map(|r| &r.admission)
+    }
+
+    /// Whether a job is pending (known and not admitted).
+    pub fn is_pending(&self, uid: &JobUid) -> bool {
+        self.job_by_uid
+            .get(uid)
+            .and_then(|i| self.job(*i))
+            .is_some_and(|j| matches!(j.state, JobState::Pending(_)))
+    }
+
+    /// Cluster-level counters (whole GPUs only).
+    pub fn stats(&self) -> AllocatorStats {
+        let mut stats = AllocatorStats::default();
+        for node in self.inv.nodes.iter().flatten() {
+            stats.nodes += 1;
+            for pool in &node.pools {
+                if self.inv.kind_of_res(pool.res) == Some(&ResourceKind::Gpu) {
+                    stats.gpu_capacity += u64::from(pool.capacity);
+                    stats.gpus_allocated += u64::from(pool.used.min(pool.capacity));
+                }
+            }
+        }
+        for job in self.jobs.iter().flatten() {
+            match job.state {
+                JobState::Pending(_) => stats.pending_jobs += 1,
+                JobState::Running(_) => stats.running_jobs += 1,
+            }
+        }
+        stats
+    }
+
+    // ----------------------------------------------------------------- events
+
+    /// Applies one event. A rejected event leaves the state unchanged.
+    pub fn apply(&mut self, event: Event) -> Result<Applied, AllocatorError> {
+        match event {
+            Event::NodeUpserted(info) => self.upsert_node(info),
+            Event::NodeRemoved { name } => Ok(self.remove_node(&name)),
+            Event::QueueUpserted(spec) => self.upsert_queue(spec),
+            Event::QueueRemoved { name } => Ok(if self.queues.remove(&name) {
+                Applied::Changed
+            } else {
+                Applied::Unchanged
+            }),
+            Event::JobSubmitted(spec) => self.submit(spec),
+            Event::JobFinished { uid } | Event::JobRemoved { uid } => Ok(self.finish(&uid)),
+            Event::JobCheckpointed { uid } => Ok(self.checkpointed(&uid)),
+            Event::Admitted(admission) => self.replay_admission(&admission),
+            Event::PreemptionStarted(preemption) => self.replay_preemption(&preemption),
+            Event::Evicted(eviction) => Ok(self.replay_eviction(&eviction)),
+        }
+    }
+
+    fn upsert_node(&mut self, info: NodeInfo) -> Result<Applied, AllocatorError> {
+        if let Some(idx) = self.inv.node_by_name(&info.name)
+            && self.inv.node(idx).is_some_and(|n| n.info == info)
+        {
+            return Ok(Applied::Unchanged);
+        }
+        self.inv.upsert_node(info)?;
+        Ok(Applied::Changed)
+    }
+
+    fn remove_node(&mut self, name: &str) -> Applied {
+        let Some(running) = self.inv.remove_node(name) else {
+            return Applied::Unchanged;
+        };
+        for job in running {
+            let uid = match self.job(job) {
+                Some(j) => j.spec.uid.clone(),
+                None => continue,
+            };
+            self.requeue(job, None);
+            self.undelivered_evictions.push(Eviction {
+                uid,
+                reason: EvictionReason::NodeLost {
+                    node: name.to_string(),
+                },
+                at: self.clock,
+            });
+        }
+        Applied::Changed
+    }
+
+    fn upsert_queue(&mut self, spec: QueueSpec) -> Result<Applied, AllocatorError> {
+        spec.validate()?;
+        if let Some(idx) = self.queues.by_name(&spec.name)
+            && self.queues.get(idx).and_then(|q| q.spec.as_ref()) == Some(&spec)
+        {
+            return Ok(Applied::Unchanged);
+        }
+        let mut slots = Vec::new();
+        for fq in &spec.quotas {
+            let flavor = self.inv.intern_flavor(&fq.flavor);
+            for rq in &fq.resources {
+                let Some(kind) = ResourceKind::from_quota_name(&rq.resource) else {
+                    continue;
+                };
+                let kind = self.inv.intern_kind(&kind);
+                let res = self.inv.intern_res(flavor, kind);
+                slots.push(QuotaSlot {
+                    res,
+                    flavor,
+                    nominal: rq.nominal,
+                    borrowing_limit: rq.borrowing_limit,
+                    lending_limit: rq.lending_limit,
+                });
+            }
+        }
+        self.queues.upsert(spec, slots);
+        Ok(Applied::Changed)
+    }
+
+    fn submit(&mut self, spec: JobSpec) -> Result<Applied, AllocatorError> {
+        spec.validate()?;
+        if self.tombstones.contains_key(&spec.uid) {
+            return Ok(Applied::Unchanged);
+        }
+        let queue_name = spec
+            .queue
+            .clone()
+            .unwrap_or_else(|| self.config.default_queue.clone());
+        if let Some(idx) = self.job_by_uid.get(&spec.uid).copied() {
+            // A re-delivery, or an edit while pending: only a pending job
+            // that is not mid-preemption may change.
+            let Some(job) = self.job(idx) else {
+                return Ok(Applied::Unchanged);
+            };
+            if job.spec == spec || !matches!(job.state, JobState::Pending(None)) {
+                return Ok(Applied::Unchanged);
+            }
+            let old_queue = job.queue;
+            let queue = self.queues.intern(&queue_name);
+            let filter = self.filter_for(&spec);
+            if let Some(q) = self.queues.get_mut(old_queue) {
+                q.pending.remove(&idx);
+            }
+            if let Some(q) = self.queues.get_mut(queue) {
+                q.pending.insert(idx);
+            }
+            if let Some(job) = self.job_mut(idx) {
+                job.spec = spec;
+                job.queue = queue;
+                job.filter = filter;
+            }
+            return Ok(Applied::Changed);
+        }
+        let queue = self.queues.intern(&queue_name);
+        let filter = self.filter_for(&spec);
+        let uid = spec.uid.clone();
+        let job = Job {
+            spec,
+            queue,
+            filter,
+            state: JobState::Pending(None),
+            requeues: 0,
+            preempted_by: None,
+        };
+        let idx = match self.free_job_slots.pop() {
+            Some(idx) => {
+                if let Some(slot) = self.jobs.get_mut(idx as usize) {
+                    *slot = Some(job);
+                }
+                idx
+            }
+            None => {
+                self.jobs.push(Some(job));
+                u32::try_from(self.jobs.len() - 1).unwrap_or(u32::MAX)
+            }
+        };
+        self.job_by_uid.insert(uid, idx);
+        if let Some(q) = self.queues.get_mut(queue) {
+            q.pending.insert(idx);
+        }
+        Ok(Applied::Changed)
+    }
+
+    fn tombstone(&mut self, uid: JobUid) {
+        if self.tombstones.insert(uid.clone(), self.clock).is_none() {
+            self.tombstone_order.push_back((self.clock, uid));
+        }
+    }
+
+    fn finish(&mut self, uid: &JobUid) -> Applied {
+        let Some(idx) = self.job_by_uid.get(uid).copied() else {
+            if self.tombstones.contains_key(uid) {
+                return Applied::Unchanged;
+            }
+            // Finished before we saw it submitted (out-of-order delivery):
+            // remember it so the late submission is ignored.
+            self.tombstone(uid.clone());
+            return Applied::Changed;
+        };
+        self.release(idx);
+        if let Some(job) = self.jobs.get_mut(idx as usize).and_then(Option::take) {
+            if let Some(q) = self.queues.get_mut(job.queue) {
+                q.pending.remove(&idx);
+            }
+        }
+        if self.nominated.remove(&idx) {
+            // Its victims were only asked to checkpoint; nobody needs their
+            // GPUs any more, so they keep running.
+            let victims: Vec<JobIdx> = self.preempting.iter().copied().collect();
+            for v in victims {
+                if let Some(Job {
+                    state: JobState::Running(run),
+                    ..
+                }) = self.job_mut(v)
+                    && run.preempting.as_ref().is_some_and(|p| p.by == *uid)
+                {
+                    run.preempting = None;
+                    self.preempting.remove(&v);
+                }
+            }
+        }
+        self.job_by_uid.remove(uid);
+        self.free_job_slots.push(idx);
+        self.tombstone(uid.clone());
+        Applied::Changed
+    }
+
+    fn checkpointed(&mut self, uid: &JobUid) -> Applied {
+        let Some(idx) = self.job_by_uid.get(uid).copied() else {
+            return Applied::Unchanged;
+        };
+        if let Some(Job {
+            state: JobState::Running(run),
+            ..
+        }) = self.job_mut(idx)
+            && let Some(p) = &mut run.preempting
+            && !p.checkpointed
+        {
+            p.checkpointed = true;
+            return Applied::Changed;
+        }
+        Applied::Unchanged
+    }
+
+    /// Frees a running job's units (no-op for pending jobs).
+    fn release(&mut self, idx: JobIdx) {
+        let Some(job) = self.job(idx) else { return };
+        let Some(run) = job.running() else { return };
+        let res = run.res;
+        let per_worker = run.per_worker;
+        let placement = run.placement.clone();
+        let queue = job.queue;
+        let mut total: u64 = 0;
+        for (node, workers) in &placement {
+            let units = u64::from(workers.saturating_mul(per_worker));
+            total += units;
+            self.inv.adjust(*node, res, -units_i64(units));
+            if let Some(n) = self.inv.node_mut(*node) {
+                n.running.remove(&idx);
+            }
+        }
+        if let Some(r) = self.inv.res_mut(res) {
+            r.running.remove(&idx);
+        }
+        self.queues.add_usage(queue, res, -units_i64(total));
+        self.preempting.remove(&idx);
+    }
+
+    /// Stops a running job and puts it back in its queue.
+    fn requeue(&mut self, idx: JobIdx, preempted_by: Option<JobUid>) {
+        self.release(idx);
+        let Some(job) = self.job_mut(idx) else { return };
+        job.state = JobState::Pending(None);
+        job.requeues = job.requeues.saturating_add(1);
+        if preempted_by.is_some() {
+            job.preempted_by = preempted_by;
+        }
+        let queue = job.queue;
+        if let Some(q) = self.queues.get_mut(queue) {
+            q.pending.insert(idx);
+        }
+    }
+
+    /// Takes units on nodes and marks the job running.
+    fn commit(
+        &mut self,
+        idx: JobIdx,
+        res: ResIdx,
+        per_worker: u32,
+        placement: Vec<(NodeIdx, u32)>,
+        admission: Admission,
+    ) {
+        let Some(job) = self.job(idx) else { return };
+        let queue = job.queue;
+        let mut total: u64 = 0;
+        for (node, workers) in &placement {
+            let units = u64::from(workers.saturating_mul(per_worker));
+            total += units;
+            self.inv.adjust(*node, res, units_i64(units));
+            if let Some(n) = self.inv.node_mut(*node) {
+                n.running.insert(idx);
+            }
+        }
+        if let Some(r) = self.inv.res_mut(res) {
+            r.running.insert(idx);
+        }
+        self.queues.add_usage(queue, res, units_i64(total));
+        if let Some(q) = self.queues.get_mut(queue) {
+            q.pending.remove(&idx);
+        }
+        self.nominated.remove(&idx);
+        if let Some(job) = self.job_mut(idx) {
+            job.state = JobState::Running(Running {
+                res,
+                per_worker,
+                placement,
+                admitted_at: admission.admitted_at,
+                admission,
+                preempting: None,
+            });
+        }
+    }
+
+    fn replay_admission(&mut self, adm: &Admission) -> Result<Applied, AllocatorError> {
+        const EVENT: &str = "Admitted";
+        let Some(idx) = self.job_by_uid.get(&adm.uid).copied() else {
+            if self.tombstones.contains_key(&adm.uid) {
+                return Ok(Applied::Unchanged);
+            }
+            return Err(AllocatorError::UnknownJob {
+                uid: adm.uid.clone(),
+                event: EVENT,
+            });
+        };
+        let Some(job) = self.job(idx) else {
+            return Ok(Applied::Unchanged);
+        };
+        if job.running().is_some() {
+            return Ok(Applied::Unchanged);
+        }
+        let inconsistent = |reason: String| AllocatorError::InconsistentDecision {
+            uid: adm.uid.clone(),
+            event: EVENT,
+            reason,
+        };
+        let kind = ResourceKind::from_quota_name(&adm.resource)
+            .ok_or_else(|| inconsistent(format!("unknown resource {}", adm.resource)))?;
+        if adm.units_per_worker == 0 || adm.workers.is_empty() {
+            return Err(inconsistent("no workers or zero units per worker".into()));
+        }
+        let mut placement: Vec<(NodeIdx, u32)> = Vec::new();
+        for w in &adm.workers {
+            let node =
+                self.inv
+                    .node_by_name(&w.node)
+                    .ok_or_else(|| AllocatorError::UnknownNode {
+                        uid: adm.uid.clone(),
+                        node: w.node.clone(),
+                        event: EVENT,
+                    })?;
+            match placement.iter_mut().find(|(n, _)| *n == node) {
+                Some(entry) => entry.1 += 1,
+                None => placement.push((node, 1)),
+            }
+        }
+        let flavor = self.inv.intern_flavor(&adm.flavor);
+        let kind = self.inv.intern_kind(&kind);
+        let res = self.inv.intern_res(flavor, kind);
+        self.commit(idx, res, adm.units_per_worker, placement, adm.clone());
+        Ok(Applied::Changed)
+    }
+
+    fn replay_preemption(&mut self, p: &Preemption) -> Result<Applied, AllocatorError> {
+        const EVENT: &str = "PreemptionStarted";
+        let mut changed = false;
+        for v in &p.victims {
+            let Some(idx) = self.job_by_uid.get(&v.uid).copied() else {
+                continue; // already finished: nothing to evict
+            };
+            if let Some(Job {
+                state: JobState::Running(run),
+                ..
+            }) = self.job_mut(idx)
+                && run.preempting.is_none()
+            {
+                run.preempting = Some(PreemptingState {
+                    by: p.preemptor.clone(),
+                    rule: v.rule,
+                    evict_at: p.evict_at,
+                    checkpointed: false,
+                });
+                self.preempting.insert(idx);
+                changed = true;
+            }
+        }
+        let Some(idx) = self.job_by_uid.get(&p.preemptor).copied() else {
+            if self.tombstones.contains_key(&p.preemptor) {
+                return Ok(if changed {
+                    Applied::Changed
+                } else {
+                    Applied::Unchanged
+                });
+            }
+            return Err(AllocatorError::UnknownJob {
+                uid: p.preemptor.clone(),
+                event: EVENT,
+            });
+        };
+        if let Some(job) = self.job_mut(idx)
+            && let JobState::Pending(nomination) = &mut job.state
+            && nomination.is_none()
+        {
+            *nomination = Some(Nomination {
+                victims: p.victims.iter().map(|v| v.uid.clone()).collect(),
+                evict_at: p.evict_at,
+                flavor: p.flavor.clone(),
+                resource: p.resource.clone(),
+                nodes: p.planned_nodes.clone(),
+            });
+            self.nominated.insert(idx);
+            changed = true;
+        }
+        Ok(if changed {
+            Applied::Changed
+        } else {
+            Applied::Unchanged
+        })
+    }
+
+    fn replay_eviction(&mut self, e: &Eviction) -> Applied {
+        let Some(idx) = self.job_by_uid.get(&e.uid).copied() else {
+            return Applied::Unchanged;
+        };
+        if self.job(idx).and_then(Job::running).is_none() {
+            return Applied::Unchanged;
+        }
+        let by = match &e.reason {
+            EvictionReason::Preempted { by } => Some(by.clone()),
+            EvictionReason::NodeLost { .. } => None,
+        };
+        self.requeue(idx, by);
+        Applied::Changed
+    }
+
+    // ---------------------------------------------------------------- snapshot
+
+    /// The whole state, serializable for a key-value store.
+    pub fn snapshot(&self) -> AllocatorSnapshot {
+        let (nodes, free_node_slots) = self.inv.arena_layout();
+        let queues = self
+            .queues
+            .queues
+            .iter()
+            .filter_map(|q| q.spec.clone())
+            .collect();
+        let mut jobs: Vec<JobSnapshot> = self
+            .jobs
+            .iter()
+            .flatten()
+            .map(|j| {
+                let (admission, preempting, nomination) = match &j.state {
+                    JobState::Running(r) => (Some(r.admission.clone()), r.preempting.clone(), None),
+                    JobState::Pending(n) => (None, None, n.clone()),
+                };
+                JobSnapshot {
+                    spec: j.spec.clone(),
+                    requeues: j.requeues,
+                    preempted_by: j.preempted_by.clone(),
+                    admission,
+                    preempting,
+                    nomination,
+                }
+            })
+            .collect();
+        jobs.sort_by(|a, b| a.spec.uid.cmp(&b.spec.uid));
+        let mut tombstones: Vec<(JobUid, Timestamp)> = self
+            .tombstone_order
+            .iter()
+            .map(|(t, u)| (u.clone(), *t))
+            .collect();
+        tombstones.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+        AllocatorSnapshot {
+            format_version: SNAPSHOT_FORMAT_VERSION,
+            config: self.config.clone(),
+            clock: self.clock,
+            nodes,
+            free_node_slots,
+            queues,
+            jobs,
+            tombstones,
+            undelivered_evictions: self.undelivered_evictions.clone(),
+        }
+    }
+
+    /// Rebuilds an allocator from a snapshot.
+    pub fn restore(snapshot: AllocatorSnapshot) -> Result<Self, AllocatorError> {
+        if snapshot.format_version != SNAPSHOT_FORMAT_VERSION {
+            return Err(AllocatorError::InvalidConfig {
+                field: "formatVersion".into(),
+                reason: format!(
+                    "snapshot format {} is not {SNAPSHOT_FORMAT_VERSION}",
+                    snapshot.format_version
+                ),
+            });
+        }
+        let mut alloc = Allocator::new(snapshot.config)?;
+        alloc.clock = snapshot.clock;
+        for node in snapshot.nodes {
+            match node {
+                Some(info) => {
+                    alloc.inv.upsert_node(info)?;
+                }
+                None => alloc.inv.push_gap(),
+            }
+        }
+        alloc.inv.set_free_slots(snapshot.free_node_slots);
+        for queue in snapshot.queues {
+            alloc.upsert_queue(queue)?;
+        }
+        for job in &snapshot.jobs {
+            alloc.submit(job.spec.clone())?;
+        }
+        for job in snapshot.jobs {
+            let Some(idx) = alloc.job_by_uid.get(&job.spec.uid).copied() else {
+                continue;
+            };
+            if let Some(admission) = &job.admission {
+                alloc.replay_admission(admission)?;
+            }
+            let nominated = job.nomination.is_some();
+            let preempting = job.preempting.is_some();
+            if let Some(j) = alloc.job_mut(idx) {
+                j.requeues = job.requeues;
+                j.preempted_by = job.preempted_by;
+                match &mut j.state {
+                    JobState::Running(run) => run.preempting = job.preempting,
+                    JobState::Pending(n) => *n = job.nomination,
+                }
+            }
+            if nominated {
+                alloc.nominated.insert(idx);
+            }
+            if preempting && job.admission.is_some() {
+                alloc.preempting.insert(idx);
+            }
+        }
+        for (uid, at) in snapshot.tombstones {
+            if alloc.tombstones.insert(uid.clone(), at).is_none() {
+                alloc.tombstone_order.push_back((at, uid));
+            }
+        }
+        alloc.undelivered_evictions = snapshot.undelivered_evictions;
+        alloc.queues.recompute_all_cohorts();
+        Ok(alloc)
+    }
+
+    // ------------------------------------------------------------------ cycle
+
+    /// Base priority plus the aging boost.
+    pub(crate) fn effective_priority(&self, spec: &JobSpec, now: Timestamp) -> i32 {
+        spec.priority
+            .saturating_add(self.config.aging.boost(now.secs_since(spec.submitted_at)))
+    }
+
+    /// Resources a job may use, in the queue's flavor preference order.
+    fn options_for(&self, job: &Job, out: &mut Vec<ResIdx>) {
+        out.clear();
+        let Some(queue) = self.queues.get(job.queue) else {
+            return;
+        };
+        for flavor in &queue.flavor_order {
+            let slots = queue.quotas.iter().filter(|s| s.flavor == *flavor);
+            match &job.spec.gpu_slice {
+                None => {
+                    // Opted-in jobs try shared GPUs first: that is what they asked for.
+                    let kinds: &[ResourceKind] = if job.spec.allow_gpu_sharing {
+                        &[ResourceKind::SharedGpu, ResourceKind::Gpu]
+                    } else {
+                        &[ResourceKind::Gpu]
+                    };
+                    for kind in kinds {
+                        let Some(k) = self.inv.kind_idx(kind) else {
+                            continue;
+                        };
+                        if let Some(slot) = queue.quotas.iter().find(|s| {
+                            s.flavor == *flavor && self.inv.res(s.res).is_some_and(|r| r.kind == k)
+                        }) {
+                            out.push(slot.res);
+                        }
+                    }
+                }
+                Some(request) => {
+                    // Smallest matching MIG profile first: least GPU memory wasted.
+                    let mut matching: Vec<(u32, u32, &str, ResIdx)> = slots
+                        .filter_map(|s| match self.inv.kind_of_res(s.res) {
+                            Some(ResourceKind::Mig(p)) => {
+                                let ok = match request {
+                                    GpuSliceRequest::Profile(name) => p.name == *name,
+                                    GpuSliceRequest::MemoryGb(gb) => {
+                                        p.memory_gb.is_some_and(|m| m >= *gb)
+                                    }
+                                };
+                                ok.then(|| {
+                                    (
+                                        p.memory_gb.unwrap_or(u32::MAX),
+                                        p.compute_slices.unwrap_or(u32::MAX),
+                                        p.name.as_str(),
+                                        s.res,
+                                    )
+                                })
+                            }
+                            _ => None,
+                        })
+                        .collect();
+                    matching.sort();
+                    out.extend(matching.into_iter().map(|m| m.3));
+                }
+            }
+        }
+    }
+
+    fn wants_description(spec: &JobSpec) -> String {
+        match &spec.gpu_slice {
+            Some(GpuSliceRequest::Profile(p)) => format!("{}{p}", names::MIG_RESOURCE_PREFIX),
+            Some(GpuSliceRequest::MemoryGb(gb)) => {
+                format!(
+                    "a MIG slice ({}*) with at least {gb}GB",
+                    names::MIG_RESOURCE_PREFIX
+                )
+            }
+            None if spec.allow_gpu_sharing => {
+                format!("{} or {}", names::SHARED_GPU_RESOURCE, names::GPU_RESOURCE)
+            }
+            None => names::GPU_RESOURCE.to_string(),
+        }
+    }
+
+    /// Runs one admission cycle at `now`.
+    pub fn cycle(&mut self, now: Timestamp) -> CycleOutcome {
+        self.clock = self.clock.max(now);
+        self.prune_tombstones(now);
+        let mut out = CycleOutcome {
+            now,
+            ..CycleOutcome::default()
+        };
+        out.evictions.append(&mut self.undelivered_evictions);
+        self.process_evictions(now, &mut out);
+
+        let mut ctx = CycleCtx::default();
+        ctx.failed.reserve(self.job_by_uid.len());
+        self.hold_for_waiting_preemptors(now, &mut ctx);
+        let lanes = self.build_lanes(now);
+        self.admit_ready_preemptors(now, &mut ctx, &mut out);
+        self.main_pass(now, lanes, &mut ctx, &mut out);
+        if self.config.preemption.enabled {
+            self.preemption_pass(now, &mut ctx, &mut out);
+        }
+        // Positions count only jobs still waiting: admitted ones left the line.
+        let mut waiting: FastMap<QueueIdx, u32> = FastMap::default();
+        let mut failed = std::mem::take(&mut ctx.failed);
+        for f in &mut failed {
+            if let Some(job) = self.job(f.job) {
+                let count = waiting.entry(job.queue).or_default();
+                *count += 1;
+                f.position = *count;
+            }
+        }
+        out.pending = failed
+            .into_iter()
+            .filter_map(|f| {
+                let job = self.job(f.job)?;
+                let queue = self.queues.get(job.queue)?.name.clone();
+                Some(PendingExplanation {
+                    uid: job.spec.uid.clone(),
+                    queue,
+                    position: f.position,
+                    queue_length: waiting.get(&job.queue).copied().unwrap_or(f.queue_length),
+                    effective_priority: f.effective_priority,
+                    reason: f.reason,
+                })
+            })
+            .collect();
+        out.stats = ctx.stats;
+        out.stats.admitted = u32::try_from(out.admissions.len()).unwrap_or(u32::MAX);
+        out
+    }
+
+    fn prune_tombstones(&mut self, now: Timestamp) {
+        let retention = self.config.tombstone_retention_secs;
+        while let Some((at, _)) = self.tombstone_order.front() {
+            if now.secs_since(*at) <= retention {
+                break;
+            }
+            if let Some((_, uid)) = self.tombstone_order.pop_front() {
+                self.tombstones.remove(&uid);
+            }
+        }
+    }
+
+    fn process_evictions(&mut self, now: Timestamp, out: &mut CycleOutcome) {
+        let due: Vec<JobIdx> = self
+            .preempting
+            .iter()
+            .copied()
+            .filter(|idx| {
+                self.job(*idx)
+                    .and_then(Job::running)
+                    .and_then(|r| r.preempting.as_ref())
+                    .is_some_and(|p| p.checkpointed || p.evict_at <= now)
+            })
+            .collect();
+        for idx in due {
+            let Some(job) = self.job(idx) else { continue };
+            let uid = job.spec.uid.clone();
+            let by = job
+                .running()
+                .and_then(|r| r.preempting.as_ref())
+                .map(|p| p.by.clone());
+            let Some(by) = by else { continue };
+            self.requeue(idx, Some(by.clone()));
+            out.evictions.push(Eviction {
+                uid,
+                reason: EvictionReason::Preempted { by },
+                at: now,
+            });
+        }
+    }
+
+    /// The resource a nomination planned on.
+    pub(crate) fn nomination_res(&self, nomination: &Nomination) -> Option<ResIdx> {
+        let flavor = self.inv.flavor_by_name(&nomination.flavor)?;
+        let kind = ResourceKind::from_quota_name(&nomination.resource)?;
+        self.inv
+            .kind_idx(&kind)
+            .and_then(|k| self.inv.res_of(flavor, k))
+    }
+
+    pub(crate) fn preempting_jobs(&self) -> Vec<JobIdx> {
+        self.preempting.iter().copied().collect()
+    }
+
+    pub(crate) fn nominated_jobs(&self) -> Vec<JobIdx> {
+        self.nominated.iter().copied().collect()
+    }
+
+    pub(crate) fn job_idx(&self, uid: &JobUid) -> Option<JobIdx> {
+        self.job_by_uid.get(uid).copied()
+    }
+
+    /// Victims still running for a nominated preemptor.
+    pub(crate) fn victims_left(&self, nomination: &Nomination) -> u32 {
+        let left = nomination
+            .victims
+            .iter()
+            .filter(|uid| {
+                self.job_by_uid
+                    .get(*uid)
+                    .and_then(|i| self.job(*i))
+                    .is_some_and(|j| j.running().is_some())
+            })
+            .count();
+        u32::try_from(left).unwrap_or(u32::MAX)
+    }
+
+    /// Keeps the nodes a waiting preemptor planned on from being taken by
+    /// jobs that would still run when its victims are evicted.
+    fn hold_for_waiting_preemptors(&self, now: Timestamp, ctx: &mut CycleCtx) {
+        for idx in &self.nominated {
+            let Some(job) = self.job(*idx) else { continue };
+            let JobState::Pending(Some(nomination)) = &job.state else {
+                continue;
+            };
+            if self.victims_left(nomination) == 0 || nomination.nodes.is_empty() {
+                continue;
+            }
+            let Some(res) = self.nomination_res(nomination) else {
+                continue;
+            };
+            let timeline = self.release_timeline(res, now);
+            let start = nomination.evict_at.max(now);
+            for planned in &nomination.nodes {
+                let workers = &planned.workers;
+                let Some(node) = self.inv.node_by_name(&planned.node) else {
+                    continue;
+                };
+                ctx.reservations.add(
+                    node,
+                    res,
+                    Claim {
+                        start,
+                        need: workers.saturating_mul(job.spec.gpus_per_worker),
+                        released_by_start: Self::released_by(&timeline, node, start),
+                        holder: job.spec.uid.clone(),
+                    },
+                );
+            }
+        }
+    }
+
+    fn admit_ready_preemptors(
+        &mut self,
+        now: Timestamp,
+        ctx: &mut CycleCtx,
+        out: &mut CycleOutcome,
+    ) {
+        let mut ready: Vec<(i32, Timestamp, JobUid, JobIdx)> = self
+            .nominated
+            .iter()
+            .filter_map(|idx| {
+                let job = self.job(*idx)?;
+                let JobState::Pending(Some(n)) = &job.state else {
+                    return None;
+                };
+                (self.victims_left(n) == 0).then(|| {
+                    (
+                        -self.effective_priority(&job.spec, now),
+                        job.spec.submitted_at,
+                        job.spec.uid.clone(),
+                        *idx,
+                    )
+                })
+            })
+            .collect();
+        ready.sort();
+        for (_, _, _, idx) in ready {
+            // Whatever happens now, the nomination is used up: if the plan no
+            // longer fits (a node vanished) the job competes normally.
+            if let Some(job) = self.job_mut(idx) {
+                job.state = JobState::Pending(None);
+            }
+            self.nominated.remove(&idx);
+            let mut options = Vec::new();
+            if let Some(job) = self.job(idx) {
+                self.options_for(job, &mut options);
+            }
+            for res in options {
+                let Some(job) = self.job(idx) else { break };
+                let units = job.spec.total_units();
+                if self.queues.check(job.queue, res, units, &[]).is_err() {
+                    continue;
+                }
+                if let Ok(plan) = self.try_place(idx, res, now, ctx) {
+                    self.admit(idx, plan, now, out);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Orders every pending job once (effective priority, submission time,
+    /// uid) and splits the order into per-queue lanes.
+    fn build_lanes(&self, now: Timestamp) -> Vec<Lane> {
+        let mut all: Vec<(i32, Timestamp, &JobUid, JobIdx, QueueIdx)> = Vec::new();
+        for queue in &self.queues.queues {
+            for idx in &queue.pending {
+                if let Some(job) = self.job(*idx) {
+                    all.push((
+                        self.effective_priority(&job.spec, now),
+                        job.spec.submitted_at,
+                        &job.spec.uid,
+                        *idx,
+                        job.queue,
+                    ));
+                }
+            }
+        }
+        all.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then_with(|| a.2.cmp(b.2)));
+        let mut lane_of: FastMap<QueueIdx, usize> = FastMap::default();
+        let mut lanes: Vec<Lane> = Vec::new();
+        for (rank, (priority, _, _, idx, queue)) in all.into_iter().enumerate() {
+            let lane = *lane_of.entry(queue).or_insert_with(|| {
+                lanes.push(Lane {
+                    queue,
+                    jobs: Vec::new(),
+                    next: 0,
+                });
+                lanes.len() - 1
+            });
+            if let Some(l) = lanes.get_mut(lane) {
+                l.jobs
+                    .push((priority, u32::try_from(rank).unwrap_or(u32::MAX), idx));
+            }
+        }
+        lanes
+    }
+
+    fn lane_key(&self, lanes: &[Lane], lane: usize) -> Option<LaneKey> {
+        let l = lanes.get(lane)?;
+        let (_, rank, _) = *l.jobs.get(l.next)?;
+        Some(LaneKey {
+            share: self.queues.share(l.queue, &[]),
+            rank,
+            lane,
+        })
+    }
+
+    fn main_pass(
+        &mut self,
+        now: Timestamp,
+        mut lanes: Vec<Lane>,
+        ctx: &mut CycleCtx,
+        out: &mut CycleOutcome,
+    ) {
+        let mut heap = BinaryHeap::new();
+        for i in 0..lanes.len() {
+            if let Some(key) = self.lane_key(&lanes, i) {
+                heap.push(key);
+            }
+        }
+        let mut options = Vec::new();
+        while let Some(key) = heap.pop() {
+            let lane_idx = key.lane;
+            let Some(lane) = lanes.get_mut(lane_idx) else {
+                continue;
+            };
+            let Some((priority, _, idx)) = lane.jobs.get(lane.next).copied() else {
+                continue;
+            };
+            lane.next += 1;
+            let position = u32::try_from(lane.next).unwrap_or(u32::MAX);
+            let queue_length = u32::try_from(lane.jobs.len()).unwrap_or(u32::MAX);
+            ctx.stats.considered += 1;
+            let outcome = self.evaluate(idx, now, ctx, &mut options);
+            match outcome {
+                Ok(plan) => self.admit(idx, plan, now, out),
+                Err((reason, can_preempt)) => ctx.failed.push(Failed {
+                    job: idx,
+                    position,
+                    queue_length,
+                    effective_priority: priority,
+                    reason,
+                    can_preempt,
+                }),
+            }
+            if let Some(key) = self.lane_key(&lanes, lane_idx) {
+                heap.push(key);
+            }
+        }
+    }
+
+    /// Tries every allowed (flavor, resource) of a pending job. On failure
+    /// returns the most useful reason and whether preemption may help.
+    fn evaluate(
+        &mut self,
+        idx: JobIdx,
+        now: Timestamp,
+        ctx: &mut CycleCtx,
+        options: &mut Vec<ResIdx>,
+    ) -> Result<Plan, (Arc<PendingReason>, bool)> {
+        let Some(job) = self.job(idx) else {
+            return Err((Arc::new(PendingReason::QueueNotFound { queue: String::new() }), false));
+        };
+        if let JobState::Pending(Some(nomination)) = &job.state {
+            return Err((
+                Arc::new(PendingReason::AwaitingPreemption {
+                    victims: self.victims_left(nomination),
+                    evict_at: nomination.evict_at,
+                }),
+                false,
+            ));
+        }
+        let queue = job.queue;
+        if self.queues.get(queue).is_none_or(|q| q.spec.is_none()) {
+            let name = self.queues.get(queue).map(|q| q.name.to_string()).unwrap_or_default();
+            return Err((Arc::new(PendingReason::QueueNotFound { queue: name }), false));
+        }
+        self.options_for(job, options);
+        if options.is_empty() {
+            return Err((
+                Arc::new(PendingReason::NoMatchingFlavor {
+                    wants: Self::wants_description(&job.spec),
+                }),
+                false,
+            ));
+        }
+        let units = job.spec.total_units();
+        let mut best: Option<Arc<PendingReason>> = None;
+        let mut first_capacity_failure: Option<(ResIdx, Arc<PendingReason>)> = None;
+        let consider = |reason: Arc<PendingReason>, best: &mut Option<Arc<PendingReason>>| {
+            if best.as_ref().is_none_or(|b| reason.shortfall() < b.shortfall()) {
+                *best = Some(reason);
+            }
+        };
+        for &res in options.iter() {
+            if let Err(short) = self.queues.check(queue, res, units, &[]) {
+                // Jobs of one queue blocked by the same quota share one reason.
+                let key = (queue, res, units, short.used, short.available);
+                let reason = match ctx.quota_memo.get(&key) {
+                    Some(r) => Arc::clone(r),
+                    None => {
+                        let r = Arc::new(PendingReason::QuotaExceeded {
+                            flavor: self.inv.res_flavor_name(res).to_string(),
+                            resource: self.inv.res_quota_name(res),
+                            requested: units,
+                            available: short.available,
+                            nominal: short.nominal,
+                            used: short.used,
+                        });
+                        ctx.quota_memo.insert(key, Arc::clone(&r));
+                        r
+                    }
+                };
+                consider(reason, &mut best);
+                continue;
+            }
+            match self.try_place(idx, res, now, ctx) {
+                Ok(plan) => return Ok(plan),
+                Err(reason) => {
+                    if matches!(*reason, PendingReason::InsufficientCapacity { .. })
+                        && first_capacity_failure.is_none()
+                    {
+                        first_capacity_failure = Some((res, Arc::clone(&reason)));
+                    }
+                    consider(reason, &mut best);
+                }
+            }
+        }
+        let mut reason = best.unwrap_or_else(|| {
+            Arc::new(PendingReason::NoMatchingFlavor {
+                wants: String::new(),
+            })
+        });
+        if let Some((res, capacity_reason)) = first_capacity_failure
+            && self.config.backfill.enabled
+            && ctx.reservations.count < self.config.backfill.max_reservations
+            && let Some(start) = self.reserve(idx, res, now, ctx)
+        {
+            // The reserved flavor is the one the job will start in: explain that one.
+            let mut annotated = (*capacity_reason).clone();
+            if let PendingReason::InsufficientCapacity { reserved_start, .. } = &mut annotated {
+                *reserved_start = Some(start);
+            }
+            reason = Arc::new(annotated);
+        }
+        Err((reason, true))
+    }
+
+    /// Computes and records a reservation for a blocked job.
+    fn reserve(
+        &mut self,
+        idx: JobIdx,
+        res: ResIdx,
+        now: Timestamp,
+        ctx: &mut CycleCtx,
+    ) -> Option<Timestamp> {
+        let job = self.job(idx)?;
+        let spec = &job.spec;
+        let reservation = self.compute_reservation(
+            res,
+            job.filter,
+            spec.gpus_per_worker,
+            spec.num_workers,
+            spec.topology,
+            now,
+            &ctx.reservations,
+            &[],
+        )?;
+        let timeline = self.release_timeline(res, now);
+        for (node, workers) in &reservation.placement {
+            ctx.reservations.add(
+                *node,
+                res,
+                Claim {
+                    start: reservation.start,
+                    need: workers.saturating_mul(spec.gpus_per_worker),
+                    released_by_start: Self::released_by(&timeline, *node, reservation.start),
+                    holder: spec.uid.clone(),
+                },
+            );
+        }
+        ctx.reservations.count += 1;
+        ctx.stats.reservations += 1;
+        Some(reservation.start)
+    }
+
+    /// Finds concrete nodes for every worker of a job in `res`, honouring
+    /// node filters and this cycle's reservations.
+    fn try_place(
+        &self,
+        idx: JobIdx,
+        res: ResIdx,
+        now: Timestamp,
+        ctx: &mut CycleCtx,
+    ) -> Result<Plan, Arc<PendingReason>> {
+        let Some(job) = self.job(idx) else {
+            return Err(Arc::new(PendingReason::QueueNotFound {
+                queue: String::new(),
+            }));
+        };
+        let spec = &job.spec;
+        let per_worker = spec.gpus_per_worker;
+        let workers = spec.num_workers;
+        let (end_key, end) = job_end_key(spec, now);
+        let key = MemoKey {
+            res,
+            per_worker,
+            workers,
+            filter: job.filter,
+            topology: spec.topology,
+        };
+        if let Some(entry) = ctx.memo.get(&key)
+            && entry.min_failing_end <= end_key
+        {
+            ctx.stats.memo_hits += 1;
+            return Err(Arc::clone(&entry.reason));
+        }
+        let Some(r) = self.inv.res(res) else {
+            return Err(Arc::new(self.capacity_reason(res, per_worker, workers, 0, job.filter)));
+        };
+        let protected = ctx.reservations.has_any(res);
+        let filter = self.filters.get(job.filter as usize);
+        let unfiltered = job.filter == 0;
+        let mut placement = None;
+        let mut placeable: u64 = 0;
+        let mut placeable_unprotected: u64 = 0;
+        if r.slot_upper_bound(per_worker) >= u64::from(workers) {
+            let mut candidates: Vec<Candidate> = Vec::new();
+            for (node_idx, free) in r.nodes_with_free(per_worker) {
+                let Some(node) = self.inv.node(node_idx) else {
+                    continue;
+                };
+                let admits = if unfiltered {
+                    node.extra_taints.is_empty()
+                } else {
+                    filter.is_some_and(|f| Inventory::node_admits(node, f))
+                };
+                if !admits {
+                    continue;
+                }
+                placeable_unprotected += u64::from(free / per_worker);
+                let usable = if protected {
+                    free.saturating_sub(ctx.reservations.protected(node_idx, res, end))
+                } else {
+                    free
+                };
+                if usable < per_worker {
+                    continue;
+                }
+                let candidate = Candidate {
+                    node: node_idx,
+                    usable,
+                    zone: node.zone,
+                    rack: node.rack,
+                };
+                placeable += u64::from(usable / per_worker);
+                if workers == 1 && !protected {
+                    // Buckets are walked in ascending free order: the first
+                    // admissible node is the best fit.
+                    placement = Some(vec![(node_idx, 1)]);
+                    break;
+                }
+                candidates.push(candidate);
+            }
+            if placement.is_none() && placeable >= u64::from(workers) {
+                placement = placement::place_gang(per_worker, workers, spec.topology, &candidates);
+            }
+        }
+        if let Some(placement) = placement {
+            let ahead_of = if protected {
+                ctx.reservations
+                    .first_holder
+                    .get(&res)
+                    .map(|(u, _)| u.clone())
+            } else {
+                None
+            };
+            return Ok(Plan {
+                res,
+                per_worker,
+                placement,
+                ahead_of,
+            });
+        }
+        let reason = match ctx.reservations.first_holder.get(&res) {
+            Some((holder, until)) if protected && placeable_unprotected >= u64::from(workers) => {
+                PendingReason::HeldForReservation {
+                    flavor: self.inv.res_flavor_name(res).to_string(),
+                    resource: self.inv.res_quota_name(res),
+                    reserved_for: holder.clone(),
+                    until: *until,
+                }
+            }
+            _ => self.capacity_reason(res, per_worker, workers, placeable, job.filter),
+        };
+        let reason = Arc::new(reason);
+        let entry = ctx.memo.entry(key).or_insert(MemoEntry {
+            min_failing_end: end_key,
+            reason: Arc::clone(&reason),
+        });
+        if end_key < entry.min_failing_end {
+            entry.min_failing_end = end_key;
+            entry.reason = Arc::clone(&reason);
+        }
+        Err(reason)
+    }
+
+    fn capacity_reason(
+        &self,
+        res: ResIdx,
+        per_worker: u32,
+        workers: u32,
+        placeable: u64,
+        filter: u32,
+    ) -> PendingReason {
+        let placeable = placeable.min(u64::from(workers));
+        // Would the gang fit if every running job ended? (Not a promise:
+        // nodes come and go; it tells "wait" apart from "never, as is".)
+        let filter = self.filters.get(filter as usize);
+        let empty_slots: u64 = self
+            .inv
+            .res(res)
+            .map(|r| {
+                r.nodes_with_free(0)
+                    .filter_map(|(n, _)| self.inv.node(n))
+                    .filter(|node| filter.is_some_and(|f| Inventory::node_admits(node, f)))
+                    .map(|node| {
+                        u64::from(node.pool(res).map_or(0, |p| p.capacity) / per_worker.max(1))
+                    })
+                    .sum()
+            })
+            .unwrap_or(0);
+        PendingReason::InsufficientCapacity {
+            flavor: self.inv.res_flavor_name(res).to_string(),
+            resource: self.inv.res_quota_name(res),
+            workers,
+            units_per_worker: per_worker,
+            placeable_workers: u32::try_from(placeable).unwrap_or(u32::MAX),
+            units_short: (u64::from(workers) - placeable) * u64::from(per_worker),
+            reserved_start: None,
+            fits_when_empty: empty_slots >= u64::from(workers),
+        }
+    }
+
+    /// Turns a plan into an admission decision and commits it.
+    fn admit(&mut self, idx: JobIdx, plan: Plan, now: Timestamp, out: &mut CycleOutcome) {
+        let Some(job) = self.job(idx) else { return };
+        let Some(r) = self.inv.res(plan.res) else {
+            return;
+        };
+        let flavor = self.inv.flavors.get(r.flavor as usize);
+        let flavor_labels = flavor.map(|f| f.labels.clone()).unwrap_or_default();
+        let mut workers = Vec::new();
+        let mut zones = BTreeSet::new();
+        let mut racks = BTreeSet::new();
+        for (node_idx, count) in &plan.placement {
+            let Some(node) = self.inv.node(*node_idx) else {
+                continue;
+            };
+            zones.insert(node.zone);
+            racks.insert(node.rack);
+            let request = node
+                .pool(plan.res)
+                .map(|p| p.request_name.clone())
+                .unwrap_or_default();
+            for _ in 0..*count {
+                let mut selector = flavor_labels.clone();
+                selector.insert(names::HOSTNAME_LABEL.to_string(), node.info.name.clone());
+                workers.push(WorkerPlacement {
+                    index: u32::try_from(workers.len()).unwrap_or(u32::MAX),
+                    node: node.info.name.clone(),
+                    node_selector: selector,
+                    request_resource: request.clone(),
+                });
+            }
+        }
+        let single = |set: &BTreeSet<u32>| {
+            (set.len() == 1)
+                .then(|| set.iter().next().copied())
+                .flatten()
+        };
+        let topology = TopologyAssignment {
+            zone: single(&zones)
+                .and_then(|z| self.inv.zones.name(z))
+                .map(str::to_string),
+            rack: single(&racks)
+                .and_then(|r| self.inv.racks.name(r))
+                .map(str::to_string),
+            rack_label: self.config.rack_label.clone(),
+            nodes: u32::try_from(plan.placement.len()).unwrap_or(u32::MAX),
+        };
+        let total = job.spec.total_units();
+        let queue = self.queues.get(job.queue);
+        let borrowing = queue.is_some_and(|q| {
+            q.usage(plan.res) + total > q.quota(plan.res).map_or(0, |s| s.nominal)
+        });
+        let admission = Admission {
+            uid: job.spec.uid.clone(),
+            namespace: job.spec.namespace.clone(),
+            name: job.spec.name.clone(),
+            queue: queue.map(|q| q.name.to_string()).unwrap_or_default(),
+            flavor: self.inv.flavor_name(r.flavor).to_string(),
+            resource: self.inv.res_quota_name(plan.res),
+            units_per_worker: plan.per_worker,
+            capacity_type: flavor.and_then(|f| f.capacity_type),
+            workers,
+            tolerations: flavor.map(|f| f.tolerations.clone()).unwrap_or_default(),
+            topology,
+            admitted_at: now,
+            borrowing,
+            backfilled_ahead_of: plan.ahead_of.clone(),
+        };
+        out.admissions.push(admission.clone());
+        self.commit(idx, plan.res, plan.per_worker, plan.placement, admission);
+    }
+
+    // ------------------------------------------------------------- preemption
+
+    fn preemption_pass(&mut self, now: Timestamp, ctx: &mut CycleCtx, out: &mut CycleOutcome) {
+        let policy = self.config.preemption;
+        let mut attempts = 0u32;
+        let mut decided = 0u32;
+        for i in 0..ctx.failed.len() {
+            if attempts >= policy.max_attempts_per_cycle
+                || decided >= policy.max_preemptions_per_cycle
+            {
+                break;
+            }
+            let Some(failed) = ctx.failed.get(i) else {
+                break;
+            };
+            if !failed.can_preempt {
+                continue;
+            }
+            let idx = failed.job;
+            if !self.may_try_preemption(idx) {
+                continue;
+            }
+            attempts += 1;
+            ctx.stats.preemption_attempts += 1;
+            let inflight = self.inflight();
+            let Some(plan) = self.find_victims(idx, &inflight) else {
+                continue;
+            };
+            let Some(preemption) = self.start_preemption(idx, &plan, now) else {
+                continue;
+            };
+            decided += 1;
+            if let Some(f) = ctx.failed.get_mut(i) {
+                f.reason = Arc::new(PendingReason::AwaitingPreemption {
+                    victims: u32::try_from(preemption.victims.len()).unwrap_or(u32::MAX),
+                    evict_at: preemption.evict_at,
+                });
+            }
+            out.preemptions.push(preemption);
+        }
+    }
+
+    /// Records victims and the preemptor's nomination.
+    fn start_preemption(
+        &mut self,
+        idx: JobIdx,
+        plan: &crate::preemption::VictimPlan,
+        now: Timestamp,
+    ) -> Option<Preemption> {
+        let evict_at = now.plus_secs(self.config.preemption.grace_period_secs);
+        let preemptor = self.job(idx)?.spec.uid.clone();
+        let mut victims = Vec::new();
+        for (victim, rule) in &plan.victims {
+            let job = self.job(*victim)?;
+            let run = job.running()?;
+            victims.push(crate::decision::Victim {
+                uid: job.spec.uid.clone(),
+                namespace: job.spec.namespace.clone(),
+                name: job.spec.name.clone(),
+                queue: self
+                    .queues
+                    .get(job.queue)
+                    .map(|q| q.name.to_string())
+                    .unwrap_or_default(),
+                units: run.admission.total_units(),
+                rule: *rule,
+            });
+        }
+        for (victim, rule) in &plan.victims {
+            if let Some(Job {
+                state: JobState::Running(run),
+                ..
+            }) = self.job_mut(*victim)
+            {
+                run.preempting = Some(PreemptingState {
+                    by: preemptor.clone(),
+                    rule: *rule,
+                    evict_at,
+                    checkpointed: false,
+                });
+            }
+            self.preempting.insert(*victim);
+        }
+        let flavor = self.inv.res_flavor_name(plan.res).to_string();
+        let resource = self.inv.res_quota_name(plan.res);
+        let nodes: Vec<PlannedNode> = plan
+            .placement
+            .iter()
+            .filter_map(|(n, w)| {
+                self.inv.node(*n).map(|node| PlannedNode {
+                    node: node.info.name.clone(),
+                    workers: *w,
+                })
+            })
+            .collect();
+        if let Some(job) = self.job_mut(idx) {
+            job.state = JobState::Pending(Some(Nomination {
+                victims: victims.iter().map(|v| v.uid.clone()).collect(),
+                evict_at,
+                flavor: flavor.clone(),
+                resource: resource.clone(),
+                nodes: nodes.clone(),
+            }));
+        }
+        self.nominated.insert(idx);
+        Some(Preemption {
+            preemptor,
+            victims,
+            flavor,
+            resource,
+            planned_nodes: nodes,
+            decided_at: now,
+            evict_at,
+        })
+    }
+
+    pub(crate) fn running_jobs_in(
+        &self,
+        res: ResIdx,
+    ) -> impl Iterator<Item = (JobIdx, &Job, &Running)> + '_ {
+        self.inv.res(res).into_iter().flat_map(move |r| {
+            r.running.iter().filter_map(move |idx| {
+                let job = self.job(*idx)?;
+                let run = job.running()?;
+                Some((*idx, job, run))
+            })
+        })
+    }
+
+    pub(crate) fn options_of(&self, idx: JobIdx) -> Vec<ResIdx> {
+        let mut out = Vec::new();
+        if let Some(job) = self.job(idx) {
+            self.options_for(job, &mut out);
+        }
+        out
+    }
+}

@@ -1,0 +1,549 @@
+//! Preemption: choosing the smallest set of whole gangs whose eviction lets
+//! a blocked job in (quota and concrete nodes), under three rules:
+//!
+//! - `LowerPriority`: victims from the preemptor's own queue with strictly
+//!   lower *base* priority (aging never causes preemption);
+//! - `ReclaimQuota`: the preemptor stays within its queue's nominal quota, and
+//!   the victims' queues (same cohort) are borrowing that resource;
+//! - `FairShare`: the preemptor's queue borrows; victims' queues borrow too and
+//!   keep a weighted share at least as large as the preemptor's queue after
+//!   the preemption.
+//!
+//! Why this cannot loop: a lower-priority victim can never preempt back by
+//! priority; a reclaiming queue is within nominal, so it is never a borrower
+//! that the victim could reclaim from or fair-share against; and a fair-share
+//! preemption only moves capacity from a queue whose final share is not below
+//! the preemptor's, so the reverse move would need the opposite inequality.
+//! On top of that, a job never picks the job that last preempted it.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::allocator::{Allocator, JobState};
+use crate::decision::PreemptionRule;
+use crate::inventory::{Inventory, JobIdx, NodeIdx, ResIdx};
+use crate::placement::{self, Candidate};
+use crate::queues::{QueueIdx, UsageDelta};
+use crate::types::{JobUid, Timestamp};
+
+/// Candidate victims examined per preemptor, lowest priority first.
+const MAX_CANDIDATES: usize = 512;
+/// Victims examined one by one for a single-victim solution.
+const MAX_SINGLE_TRIES: usize = 256;
+/// Per-node exact subset search is exhaustive up to this many jobs per node.
+const MAX_EXACT_PER_NODE: usize = 10;
+
+/// A chosen victim set and the preemptor's planned placement.
+pub(crate) struct VictimPlan {
+    pub(crate) res: ResIdx,
+    pub(crate) victims: Vec<(JobIdx, PreemptionRule)>,
+    pub(crate) placement: Vec<(NodeIdx, u32)>,
+}
+
+struct Cand {
+    idx: JobIdx,
+    queue: QueueIdx,
+    units: u64,
+    priority: i32,
+    admitted_at: Timestamp,
+    uid: JobUid,
+    rule: PreemptionRule,
+    /// Units freed per node.
+    nodes: Vec<(NodeIdx, u32)>,
+}
+
+/// Preemptions decided but not yet carried out, projected as done: victims
+/// gone, preemptors admitted. Every new decision is judged against this
+/// projected state; judging several preemptions in one cycle against the
+/// same current state would overshoot the fair split and invite a swing back.
+#[derive(Default)]
+pub(crate) struct Inflight {
+    pub(crate) deltas: Vec<UsageDelta>,
+    /// Units of currently free capacity promised to waiting preemptors.
+    pub(crate) claims: HashMap<(NodeIdx, ResIdx), u32>,
+}
+
+/// Everything fixed while searching victims for one preemptor in one resource.
+struct Search<'a> {
+    alloc: &'a Allocator,
+    inflight: &'a [UsageDelta],
+    res: ResIdx,
+    queue: QueueIdx,
+    units: u64,
+    per_worker: u32,
+    workers: u32,
+    topology: crate::types::TopologyRequirement,
+    /// Eligible nodes: free units, zone, rack.
+    base: HashMap<NodeIdx, (u32, u32, u32)>,
+    base_slots: u64,
+    cands: Vec<Cand>,
+    max_victims: usize,
+}
+
+/// (victim count, highest victim priority, units evicted): smaller is better.
+type Cost = (usize, i32, u64);
+
+impl Search<'_> {
+    fn cost(&self, set: &[usize]) -> Cost {
+        let prio = set
+            .iter()
+            .filter_map(|i| self.cands.get(*i))
+            .map(|c| c.priority)
+            .max()
+            .unwrap_or(i32::MIN);
+        let units = set
+            .iter()
+            .filter_map(|i| self.cands.get(*i))
+            .map(|c| c.units)
+            .sum();
+        (set.len(), prio, units)
+    }
+
+    fn freed(&self, set: &[usize]) -> HashMap<NodeIdx, u32> {
+        let mut freed: HashMap<NodeIdx, u32> = HashMap::new();
+        for c in set.iter().filter_map(|i| self.cands.get(*i)) {
+            for (node, units) in &c.nodes {
+                *freed.entry(*node).or_default() += units;
+            }
+        }
+        freed
+    }
+
+    /// Worker slots after evicting `set` (cheap necessary condition).
+    fn slots_with(&self, freed: &HashMap<NodeIdx, u32>) -> u64 {
+        let g = self.per_worker.max(1);
+        let mut slots = self.base_slots;
+        for (node, extra) in freed {
+            if let Some((free, _, _)) = self.base.get(node) {
+                slots += u64::from((free + extra) / g) - u64::from(free / g);
+            }
+        }
+        slots
+    }
+
+    fn deltas(&self, set: &[usize]) -> Vec<UsageDelta> {
+        let mut deltas = self.inflight.to_vec();
+        deltas.extend(
+            set.iter()
+                .filter_map(|i| self.cands.get(*i))
+                .map(|c| UsageDelta {
+                    queue: c.queue,
+                    res: self.res,
+                    units: -i64::try_from(c.units).unwrap_or(i64::MAX),
+                }),
+        );
+        deltas
+    }
+
+    /// Quota and rule validity of a victim set.
+    fn rules_hold(&self, set: &[usize]) -> bool {
+        let deltas = self.deltas(set);
+        let queues = &self.alloc.queues;
+        if queues
+            .check(self.queue, self.res, self.units, &deltas)
+            .is_err()
+        {
+            return false;
+        }
+        let mut per_queue: HashMap<QueueIdx, (u64, u64, bool)> = HashMap::new();
+        for c in set.iter().filter_map(|i| self.cands.get(*i)) {
+            if c.queue == self.queue {
+                continue;
+            }
+            let e = per_queue.entry(c.queue).or_insert((0, u64::MAX, false));
+            e.0 += c.units;
+            e.1 = e.1.min(c.units);
+            e.2 |= c.rule == PreemptionRule::FairShare;
+        }
+        if per_queue.is_empty() {
+            return true;
+        }
+        let mut with_me = deltas.clone();
+        with_me.push(UsageDelta {
+            queue: self.queue,
+            res: self.res,
+            units: i64::try_from(self.units).unwrap_or(i64::MAX),
+        });
+        let my_share_after = queues.share(self.queue, &with_me);
+        for (queue, (removed, smallest, fair_share)) in per_queue {
+            let Some(q) = queues.get(queue) else {
+                return false;
+            };
+            let nominal = q.quota(self.res).map_or(0, |s| s.nominal);
+            // The queue was still borrowing when its last victim was taken:
+            // we only take back borrowed capacity, never nominal quota.
+            let projected = queues.usage_with(queue, self.res, self.inflight);
+            if projected.saturating_sub(removed).saturating_add(smallest) <= nominal {
+                return false;
+            }
+            if fair_share && my_share_after > queues.share(queue, &deltas) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Full check: quota, rules and a concrete placement.
+    fn fits(&self, set: &[usize]) -> Option<Vec<(NodeIdx, u32)>> {
+        if set.is_empty() || set.len() > self.max_victims {
+            return None;
+        }
+        let freed = self.freed(set);
+        if self.slots_with(&freed) < u64::from(self.workers) {
+            return None;
+        }
+        if !self.rules_hold(set) {
+            return None;
+        }
+        let mut cands: Vec<Candidate> = self
+            .base
+            .iter()
+            .filter_map(|(node, (free, zone, rack))| {
+                let usable = free + freed.get(node).copied().unwrap_or(0);
+                (usable >= self.per_worker).then_some(Candidate {
+                    node: *node,
+                    usable,
+                    zone: *zone,
+                    rack: *rack,
+                })
+            })
+            .collect();
+        cands.sort_unstable_by_key(|c| (c.usable, c.node));
+        placement::place_gang(self.per_worker, self.workers, self.topology, &cands)
+    }
+
+    /// Drops victims that are not needed, last added first.
+    fn minimize(&self, mut set: Vec<usize>) -> Vec<usize> {
+        let mut i = set.len();
+        while i > 0 {
+            i -= 1;
+            if set.len() <= 1 {
+                break;
+            }
+            let mut trial = set.clone();
+            trial.remove(i);
+            if self.fits(&trial).is_some() {
+                set = trial;
+            }
+        }
+        set
+    }
+
+    /// The cheapest single victim, if one suffices.
+    fn single(&self) -> Option<Vec<usize>> {
+        let mut order: Vec<usize> = (0..self.cands.len()).collect();
+        // Lowest priority, then the least work thrown away.
+        order.sort_by(|a, b| {
+            let (ca, cb) = (&self.cands[*a], &self.cands[*b]);
+            ca.priority
+                .cmp(&cb.priority)
+                .then(ca.units.cmp(&cb.units))
+                .then(cb.admitted_at.cmp(&ca.admitted_at))
+                .then_with(|| ca.uid.cmp(&cb.uid))
+        });
+        order
+            .into_iter()
+            .take(MAX_SINGLE_TRIES)
+            .find(|i| self.fits(&[*i]).is_some())
+            .map(|i| vec![i])
+    }
+
+    /// Clears the cheapest nodes: per node, the exact smallest subset of its
+    /// jobs that makes room for one more worker; nodes by that cost until the
+    /// gang fits.
+    fn node_targeted(&self) -> Option<Vec<usize>> {
+        let g = self.per_worker.max(1);
+        let mut on_node: HashMap<NodeIdx, Vec<usize>> = HashMap::new();
+        for (i, c) in self.cands.iter().enumerate() {
+            for (node, _) in &c.nodes {
+                on_node.entry(*node).or_default().push(i);
+            }
+        }
+        let mut node_costs: Vec<(Cost, NodeIdx, Vec<usize>)> = Vec::new();
+        for (node, jobs) in &on_node {
+            let Some((free, _, _)) = self.base.get(node) else {
+                continue;
+            };
+            let target = (free / g + 1) * g;
+            let units_on = |i: &usize| -> u32 {
+                self.cands
+                    .get(*i)
+                    .and_then(|c| c.nodes.iter().find(|(n, _)| n == node))
+                    .map_or(0, |(_, u)| *u)
+            };
+            let best = if jobs.len() <= MAX_EXACT_PER_NODE {
+                let mut best: Option<(Cost, Vec<usize>)> = None;
+                for mask in 1u32..(1u32 << jobs.len()) {
+                    let subset: Vec<usize> = jobs
+                        .iter()
+                        .enumerate()
+                        .filter(|(bit, _)| mask & (1 << bit) != 0)
+                        .map(|(_, i)| *i)
+                        .collect();
+                    let freed: u32 = subset.iter().map(units_on).sum();
+                    if free + freed < target {
+                        continue;
+                    }
+                    let cost = self.cost(&subset);
+                    if best.as_ref().is_none_or(|(b, _)| cost < *b) {
+                        best = Some((cost, subset));
+                    }
+                }
+                best
+            } else {
+                let mut sorted = jobs.clone();
+                sorted.sort_by_key(|i| std::cmp::Reverse(units_on(i)));
+                let mut subset = Vec::new();
+                let mut freed = 0;
+                for i in sorted {
+                    if free + freed >= target {
+                        break;
+                    }
+                    freed += units_on(&i);
+                    subset.push(i);
+                }
+                (free + freed >= target).then(|| (self.cost(&subset), subset))
+            };
+            if let Some((cost, subset)) = best {
+                node_costs.push((cost, *node, subset));
+            }
+        }
+        node_costs.sort();
+        let mut chosen: Vec<usize> = Vec::new();
+        let mut seen = HashSet::new();
+        for (_, _, subset) in node_costs {
+            for i in subset {
+                if seen.insert(i) {
+                    chosen.push(i);
+                }
+            }
+            if chosen.len() > self.max_victims {
+                return None;
+            }
+            if self.fits(&chosen).is_some() {
+                return Some(self.minimize(chosen));
+            }
+        }
+        None
+    }
+
+    /// Adds victims lowest priority / biggest first until the job fits.
+    fn greedy(&self) -> Option<Vec<usize>> {
+        let mut set = Vec::new();
+        for i in 0..self.cands.len() {
+            set.push(i);
+            if set.len() > self.max_victims {
+                return None;
+            }
+            if self.fits(&set).is_some() {
+                return Some(self.minimize(set));
+            }
+        }
+        None
+    }
+}
+
+impl Allocator {
+    /// A pending job without a nomination, in an existing queue.
+    pub(crate) fn may_try_preemption(&self, idx: JobIdx) -> bool {
+        let Some(job) = self.job(idx) else {
+            return false;
+        };
+        matches!(job.state, JobState::Pending(None))
+            && self.queues.get(job.queue).is_some_and(|q| q.spec.is_some())
+    }
+
+    /// The preemptions in flight, as deltas and claims.
+    pub(crate) fn inflight(&self) -> Inflight {
+        let mut inflight = Inflight::default();
+        for idx in self.preempting_jobs() {
+            let Some(job) = self.job(idx) else { continue };
+            let Some(run) = job.running() else { continue };
+            inflight.deltas.push(UsageDelta {
+                queue: job.queue,
+                res: run.res,
+                units: -i64::try_from(run.admission.total_units()).unwrap_or(i64::MAX),
+            });
+        }
+        for idx in self.nominated_jobs() {
+            let Some(job) = self.job(idx) else { continue };
+            let JobState::Pending(Some(nomination)) = &job.state else {
+                continue;
+            };
+            if self.victims_left(nomination) == 0 {
+                continue;
+            }
+            let Some(res) = self.nomination_res(nomination) else {
+                continue;
+            };
+            inflight.deltas.push(UsageDelta {
+                queue: job.queue,
+                res,
+                units: i64::try_from(job.spec.total_units()).unwrap_or(i64::MAX),
+            });
+            for planned in &nomination.nodes {
+                let Some(node) = self.inv.node_by_name(&planned.node) else {
+                    continue;
+                };
+                let need = planned.workers.saturating_mul(job.spec.gpus_per_worker);
+                let from_victims: u32 = nomination
+                    .victims
+                    .iter()
+                    .filter_map(|uid| self.job_idx(uid))
+                    .filter_map(|v| self.job(v).and_then(|j| j.running()))
+                    .filter(|run| run.res == res)
+                    .flat_map(|run| {
+                        run.placement
+                            .iter()
+                            .filter(|(n, _)| *n == node)
+                            .map(|(_, w)| w.saturating_mul(run.per_worker))
+                    })
+                    .sum();
+                *inflight.claims.entry((node, res)).or_default() +=
+                    need.saturating_sub(from_victims);
+            }
+        }
+        inflight
+    }
+
+    /// Victims for a blocked job, trying its flavors in preference order.
+    pub(crate) fn find_victims(&self, idx: JobIdx, inflight: &Inflight) -> Option<VictimPlan> {
+        self.options_of(idx)
+            .into_iter()
+            .find_map(|res| self.find_victims_in(idx, res, inflight))
+    }
+
+    fn find_victims_in(&self, idx: JobIdx, res: ResIdx, inflight: &Inflight) -> Option<VictimPlan> {
+        let job = self.job(idx)?;
+        let spec = &job.spec;
+        let queue = self.queues.get(job.queue)?;
+        let slot = queue.quota(res)?;
+        let units = spec.total_units();
+        let projected_own = self.queues.usage_with(job.queue, res, &inflight.deltas);
+        let within_nominal = projected_own.saturating_add(units) <= slot.nominal;
+        let mut cands = Vec::new();
+        for (vidx, vjob, run) in self.running_jobs_in(res) {
+            if run.res != res || run.preempting.is_some() || !vjob.spec.preemptible {
+                continue;
+            }
+            // Explicit loop guard: never strike back at the last preemptor.
+            if job.preempted_by.as_ref() == Some(&vjob.spec.uid) {
+                continue;
+            }
+            let rule = if vjob.queue == job.queue {
+                if queue.preemption.within_queue && vjob.spec.priority < spec.priority {
+                    PreemptionRule::LowerPriority
+                } else {
+                    continue;
+                }
+            } else {
+                let Some(cohort) = queue.cohort else { continue };
+                let Some(vq) = self.queues.get(vjob.queue) else {
+                    continue;
+                };
+                let vq_nominal = vq.quota(res).map_or(0, |s| s.nominal);
+                let projected = self.queues.usage_with(vjob.queue, res, &inflight.deltas);
+                if vq.cohort != Some(cohort) || projected <= vq_nominal {
+                    continue;
+                }
+                if within_nominal {
+                    if !queue.preemption.reclaim_within_cohort {
+                        continue;
+                    }
+                    PreemptionRule::ReclaimQuota
+                } else {
+                    if !queue.preemption.fair_share {
+                        continue;
+                    }
+                    PreemptionRule::FairShare
+                }
+            };
+            cands.push(Cand {
+                idx: vidx,
+                queue: vjob.queue,
+                units: run.admission.total_units(),
+                priority: vjob.spec.priority,
+                admitted_at: run.admitted_at,
+                uid: vjob.spec.uid.clone(),
+                rule,
+                nodes: run
+                    .placement
+                    .iter()
+                    .map(|(n, w)| (*n, w.saturating_mul(run.per_worker)))
+                    .collect(),
+            });
+        }
+        if cands.is_empty() {
+            return None;
+        }
+        cands.sort_by(|a, b| {
+            a.priority
+                .cmp(&b.priority)
+                .then(b.units.cmp(&a.units))
+                .then(b.admitted_at.cmp(&a.admitted_at))
+                .then_with(|| a.uid.cmp(&b.uid))
+        });
+        cands.truncate(MAX_CANDIDATES);
+
+        let r = self.inv.res(res)?;
+        let filter = self.filters.get(job.filter as usize)?;
+        let per_worker = spec.gpus_per_worker;
+        let mut base = HashMap::new();
+        let mut base_slots = 0u64;
+        for (node_idx, free) in r.nodes_with_free(0) {
+            let Some(node) = self.inv.node(node_idx) else {
+                continue;
+            };
+            if !Inventory::node_admits(node, filter) {
+                continue;
+            }
+            let promised = inflight.claims.get(&(node_idx, res)).copied().unwrap_or(0);
+            let free = free.saturating_sub(promised);
+            base_slots += u64::from(free / per_worker.max(1));
+            base.insert(node_idx, (free, node.zone, node.rack));
+        }
+        let search = Search {
+            alloc: self,
+            inflight: &inflight.deltas,
+            res,
+            queue: job.queue,
+            units,
+            per_worker,
+            workers: spec.num_workers,
+            topology: spec.topology,
+            base,
+            base_slots,
+            cands,
+            max_victims: usize::try_from(self.config.preemption.max_victims).unwrap_or(usize::MAX),
+        };
+        let chosen = match search.single() {
+            Some(single) => single,
+            None => {
+                let targeted = search.node_targeted();
+                let greedy = search.greedy();
+                match (targeted, greedy) {
+                    (Some(a), Some(b)) => {
+                        if search.cost(&b) < search.cost(&a) {
+                            b
+                        } else {
+                            a
+                        }
+                    }
+                    (Some(a), None) => a,
+                    (None, Some(b)) => b,
+                    (None, None) => return None,
+                }
+            }
+        };
+        let placement = search.fits(&chosen)?;
+        let victims = chosen
+            .iter()
+            .filter_map(|i| search.cands.get(*i))
+            .map(|c| (c.idx, c.rule))
+            .collect();
+        Some(VictimPlan {
+            res,
+            victims,
+            placement,
+        })
+    }
+}

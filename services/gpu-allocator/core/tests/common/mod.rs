@@ -1,0 +1,148 @@
+//! Builders shared by the policy tests.
+#![allow(dead_code)]
+
+use gpu_allocator_core::*;
+
+/// Flavor name the allocator derives for `product` on-demand nodes.
+pub const A100: &str = "A100.on-demand";
+
+pub fn node(name: &str, gpus: u32) -> NodeInfo {
+    let mut info = NodeInfo {
+        name: name.into(),
+        ready: true,
+        ..NodeInfo::default()
+    };
+    info.allocatable
+        .insert(names::GPU_RESOURCE.into(), gpus.to_string());
+    info.labels
+        .insert(names::GPU_PRODUCT_LABEL.into(), "A100".into());
+    info.labels
+        .insert(names::HOSTNAME_LABEL.into(), name.into());
+    info
+}
+
+pub fn node_in(name: &str, gpus: u32, zone: &str, rack: &str) -> NodeInfo {
+    let mut info = node(name, gpus);
+    info.labels.insert(names::ZONE_LABEL.into(), zone.into());
+    info.labels
+        .insert(names::NVLINK_CLIQUE_LABEL.into(), rack.into());
+    info
+}
+
+pub fn gpu_quota(nominal: u64) -> ResourceQuota {
+    ResourceQuota {
+        resource: names::GPU_RESOURCE.into(),
+        nominal,
+        ..ResourceQuota::default()
+    }
+}
+
+pub fn queue(name: &str, cohort: Option<&str>, nominal: u64) -> QueueSpec {
+    QueueSpec {
+        name: name.into(),
+        cohort: cohort.map(str::to_string),
+        quotas: vec![FlavorQuota {
+            flavor: A100.into(),
+            resources: vec![gpu_quota(nominal)],
+        }],
+        ..QueueSpec::default()
+    }
+}
+
+pub fn job(uid: &str, queue: &str, workers: u32, gpus: u32) -> JobSpec {
+    JobSpec {
+        uid: JobUid::new(uid),
+        namespace: "ml".into(),
+        name: uid.into(),
+        queue: Some(queue.into()),
+        num_workers: workers,
+        gpus_per_worker: gpus,
+        ..JobSpec::default()
+    }
+}
+
+pub fn uid(s: &str) -> JobUid {
+    JobUid::new(s)
+}
+
+pub struct Harness {
+    pub alloc: Allocator,
+    pub log: Vec<Event>,
+}
+
+impl Harness {
+    pub fn new(config: AllocatorConfig) -> Self {
+        Harness {
+            alloc: Allocator::new(config).expect("valid config"),
+            log: Vec::new(),
+        }
+    }
+
+    pub fn default_config() -> Self {
+        Self::new(AllocatorConfig::default())
+    }
+
+    pub fn apply(&mut self, event: Event) {
+        self.log.push(event.clone());
+        self.alloc.apply(event).expect("event accepted");
+    }
+
+    pub fn nodes(&mut self, nodes: impl IntoIterator<Item = NodeInfo>) {
+        for n in nodes {
+            self.apply(Event::NodeUpserted(n));
+        }
+    }
+
+    pub fn queue(&mut self, q: QueueSpec) {
+        self.apply(Event::QueueUpserted(q));
+    }
+
+    pub fn submit(&mut self, j: JobSpec) {
+        self.apply(Event::JobSubmitted(j));
+    }
+
+    pub fn finish(&mut self, u: &str) {
+        self.apply(Event::JobFinished { uid: uid(u) });
+    }
+
+    /// Runs a cycle and records its decisions in the log, as the adapter would.
+    pub fn cycle(&mut self, now: u64) -> CycleOutcome {
+        let out = self.alloc.cycle(Timestamp(now));
+        for e in &out.evictions {
+            self.log.push(Event::Evicted(e.clone()));
+        }
+        for a in &out.admissions {
+            self.log.push(Event::Admitted(a.clone()));
+        }
+        for p in &out.preemptions {
+            self.log.push(Event::PreemptionStarted(p.clone()));
+        }
+        out
+    }
+
+    pub fn admitted(&self, u: &str) -> Option<&Admission> {
+        self.alloc.admission(&uid(u))
+    }
+
+    pub fn nodes_of(&self, u: &str) -> Vec<String> {
+        self.admitted(u)
+            .map(|a| a.workers.iter().map(|w| w.node.clone()).collect())
+            .unwrap_or_default()
+    }
+}
+
+pub fn admitted_uids(out: &CycleOutcome) -> Vec<String> {
+    out.admissions.iter().map(|a| a.uid.0.clone()).collect()
+}
+
+pub fn reason_of<'a>(out: &'a CycleOutcome, u: &str) -> &'a PendingExplanation {
+    out.pending
+        .iter()
+        .find(|p| p.uid.0 == u)
+        .unwrap_or_else(|| {
+            panic!(
+                "{u} should be pending with a reason; pending: {:?}",
+                out.pending
+            )
+        })
+}

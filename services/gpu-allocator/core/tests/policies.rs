@@ -1,0 +1,1067 @@
+//! One test (or more) per admission policy, through the public API only.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+use gpu_allocator_core::*;
+
+// ------------------------------------------------------------------- quota
+
+#[test]
+fn quota_caps_a_queue_at_nominal_and_explains_the_shortfall() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8), node("n2", 8)]);
+    h.queue(queue("team-a", None, 8));
+    for (i, t) in [(1, 10), (2, 11), (3, 12)] {
+        let mut j = job(&format!("j{i}"), "team-a", 1, 4);
+        j.submitted_at = Timestamp(t);
+        h.submit(j);
+    }
+    let out = h.cycle(100);
+    assert_eq!(
+        admitted_uids(&out),
+        vec!["j1", "j2"],
+        "8 nominal GPUs = two 4-GPU jobs"
+    );
+    let why = reason_of(&out, "j3");
+    assert_eq!(
+        why.reason,
+        PendingReason::QuotaExceeded {
+            flavor: A100.into(),
+            resource: "nvidia.com/gpu".into(),
+            requested: 4,
+            available: 0,
+            nominal: 8,
+            used: 8,
+        }
+    );
+    assert_eq!((why.position, why.queue_length), (1, 1));
+    let text = why.message();
+    assert!(
+        text.contains("team-a") && text.contains(A100) && text.contains("4 short"),
+        "{text}"
+    );
+}
+
+#[test]
+fn jobs_in_a_missing_queue_or_without_matching_quota_say_so() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8)]);
+    h.queue(queue("team-a", None, 8));
+    h.submit(job("lost", "nope", 1, 1));
+    let mut mig = job("mig", "team-a", 1, 1);
+    mig.gpu_slice = Some(GpuSliceRequest::MemoryGb(10));
+    h.submit(mig);
+    let out = h.cycle(10);
+    assert_eq!(
+        reason_of(&out, "lost").reason,
+        PendingReason::QueueNotFound {
+            queue: "nope".into()
+        }
+    );
+    assert!(matches!(
+        reason_of(&out, "mig").reason,
+        PendingReason::NoMatchingFlavor { .. }
+    ));
+}
+
+// ------------------------------------------------------ borrowing / reclaim
+
+#[test]
+fn borrowing_uses_idle_cohort_quota_within_the_borrowing_limit() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8), node("n2", 8)]);
+    h.queue(queue("a", Some("c"), 8));
+    let mut b = queue("b", Some("c"), 8);
+    b.quotas[0].resources[0].borrowing_limit = Some(4);
+    h.queue(b);
+    for i in 0..4 {
+        h.submit(job(&format!("b{i}"), "b", 1, 4));
+    }
+    let out = h.cycle(10);
+    assert_eq!(out.admissions.len(), 3, "8 nominal + 4 borrowed");
+    assert_eq!(out.admissions.iter().filter(|a| a.borrowing).count(), 1);
+    assert!(matches!(
+        reason_of(&out, "b3").reason,
+        PendingReason::QuotaExceeded { available: 0, .. }
+    ));
+}
+
+#[test]
+fn reclaim_preempts_only_the_borrower_and_admits_after_the_grace_period() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8), node("n2", 8)]);
+    h.queue(queue("a", Some("c"), 8));
+    h.queue(queue("b", Some("c"), 8));
+    for i in 0..4 {
+        let mut j = job(&format!("b{i}"), "b", 1, 4);
+        j.submitted_at = Timestamp(i);
+        h.submit(j);
+    }
+    assert_eq!(
+        h.cycle(10).admissions.len(),
+        4,
+        "b borrows all of a's idle quota"
+    );
+    h.submit(job("a0", "a", 1, 4));
+    let out = h.cycle(20);
+    assert!(out.admissions.is_empty());
+    assert_eq!(out.preemptions.len(), 1);
+    let p = &out.preemptions[0];
+    assert_eq!(p.preemptor, uid("a0"));
+    assert_eq!(p.victims.len(), 1);
+    assert_eq!(p.victims[0].rule, PreemptionRule::ReclaimQuota);
+    assert_eq!(p.victims[0].queue, "b");
+    assert_eq!(p.evict_at, Timestamp(20 + 120));
+    assert!(matches!(
+        reason_of(&out, "a0").reason,
+        PendingReason::AwaitingPreemption { victims: 1, .. }
+    ));
+
+    // During the grace period the victim keeps running and nothing else moves.
+    let out = h.cycle(60);
+    assert!(out.evictions.is_empty() && out.admissions.is_empty() && out.preemptions.is_empty());
+
+    let out = h.cycle(140);
+    assert_eq!(out.evictions.len(), 1);
+    assert_eq!(out.evictions[0].uid, p.victims[0].uid);
+    assert_eq!(admitted_uids(&out), vec!["a0"]);
+    assert!(
+        h.alloc.is_pending(&p.victims[0].uid),
+        "the victim is requeued"
+    );
+    // b is back at its nominal 8: the requeued victim cannot reclaim from a.
+    let out = h.cycle(300);
+    assert!(out.preemptions.is_empty());
+}
+
+#[test]
+fn a_checkpointed_victim_is_evicted_before_its_deadline() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8)]);
+    h.queue(queue("q", None, 8));
+    let mut low = job("low", "q", 1, 8);
+    low.priority = 0;
+    h.submit(low);
+    h.cycle(1);
+    let mut high = job("high", "q", 1, 8);
+    high.priority = 10;
+    h.submit(high);
+    let out = h.cycle(2);
+    assert_eq!(out.preemptions.len(), 1);
+    assert_eq!(
+        out.preemptions[0].victims[0].rule,
+        PreemptionRule::LowerPriority
+    );
+    h.apply(Event::JobCheckpointed { uid: uid("low") });
+    let out = h.cycle(5);
+    assert_eq!(out.evictions.len(), 1);
+    assert_eq!(admitted_uids(&out), vec!["high"]);
+}
+
+// ----------------------------------------------------------- priority, aging
+
+#[test]
+fn priority_orders_jobs_within_a_queue() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8)]);
+    h.queue(queue("q", None, 8));
+    let mut early_low = job("early-low", "q", 1, 8);
+    early_low.submitted_at = Timestamp(0);
+    early_low.priority = 0;
+    let mut late_high = job("late-high", "q", 1, 8);
+    late_high.submitted_at = Timestamp(50);
+    late_high.priority = 10;
+    h.submit(early_low);
+    h.submit(late_high);
+    let out = h.cycle(100);
+    assert_eq!(admitted_uids(&out), vec!["late-high"]);
+    let why = reason_of(&out, "early-low");
+    assert_eq!(
+        (why.position, why.queue_length),
+        (1, 1),
+        "first of those still waiting"
+    );
+}
+
+fn aging_scenario(aging: AgingPolicy) -> Vec<String> {
+    let mut h = Harness::new(AllocatorConfig {
+        aging,
+        ..AllocatorConfig::default()
+    });
+    h.nodes([node("n1", 8)]);
+    h.queue(queue("q", None, 8));
+    let mut old = job("old-low", "q", 1, 8);
+    old.submitted_at = Timestamp(0);
+    old.priority = 0;
+    let mut new = job("new-high", "q", 1, 8);
+    new.submitted_at = Timestamp(900);
+    new.priority = 5;
+    h.submit(old);
+    h.submit(new);
+    admitted_uids(&h.cycle(1_000))
+}
+
+#[test]
+fn aging_lets_a_long_waiting_low_priority_job_overtake() {
+    let aged = aging_scenario(AgingPolicy {
+        interval_secs: 100,
+        max_boost: 100,
+    });
+    assert_eq!(aged, vec!["old-low"], "1000 s of waiting = +10 priority");
+    let no_aging = aging_scenario(AgingPolicy {
+        interval_secs: 0,
+        max_boost: 0,
+    });
+    assert_eq!(no_aging, vec!["new-high"]);
+}
+
+// --------------------------------------------------------------------- DRF
+
+#[test]
+fn drf_splits_borrowed_capacity_by_weight() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 4), node("n2", 4), node("n3", 4)]);
+    let mut a = queue("a", Some("c"), 0);
+    a.weight = 1.0;
+    let mut b = queue("b", Some("c"), 0);
+    b.weight = 2.0;
+    h.queue(a);
+    h.queue(b);
+    h.queue(queue("lender", Some("c"), 12));
+    for i in 0..12 {
+        h.submit(job(&format!("a{i:02}"), "a", 1, 1));
+        h.submit(job(&format!("b{i:02}"), "b", 1, 1));
+    }
+    let out = h.cycle(10);
+    let a_count = out.admissions.iter().filter(|x| x.queue == "a").count();
+    let b_count = out.admissions.iter().filter(|x| x.queue == "b").count();
+    assert_eq!(
+        (a_count, b_count),
+        (4, 8),
+        "weight 2 gets twice the borrowed share"
+    );
+    assert!(out.preemptions.is_empty(), "the split is already fair");
+}
+
+#[test]
+fn admits_many_jobs_per_cycle_across_all_queues() {
+    let mut h = Harness::default_config();
+    h.nodes((0..8).map(|i| node(&format!("n{i}"), 8)));
+    for q in ["q1", "q2", "q3"] {
+        h.queue(queue(q, None, 20));
+        for i in 0..5 {
+            h.submit(job(&format!("{q}-{i}"), q, 1, 4));
+        }
+    }
+    let out = h.cycle(10);
+    assert_eq!(out.admissions.len(), 15, "not one per queue per cycle");
+    assert!(out.pending.is_empty());
+}
+
+// --------------------------------------------------------------------- gang
+
+#[test]
+fn gang_is_all_or_nothing() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8), node("n2", 8)]);
+    h.queue(queue("q", None, 64));
+    for (filler, host) in [("filler-1", "n1"), ("filler-2", "n2")] {
+        let mut j = job(filler, "q", 1, 4);
+        j.node_selector
+            .insert(names::HOSTNAME_LABEL.into(), host.into());
+        h.submit(j);
+    }
+    assert_eq!(h.cycle(1).admissions.len(), 2);
+    // 8 GPUs are free in total, 4 per node: the 2x8 gang must wait and is not
+    // partially admitted. A 2x4 gang fits in the two holes; it ends before
+    // the gang's reserved start, so it may go first.
+    h.submit(job("gang", "q", 2, 8));
+    let mut half = job("half", "q", 2, 4);
+    half.runtime_estimate_secs = Some(600);
+    h.submit(half);
+    let out = h.cycle(2);
+    assert_eq!(admitted_uids(&out), vec!["half"]);
+    let why = reason_of(&out, "gang");
+    match &why.reason {
+        PendingReason::InsufficientCapacity {
+            placeable_workers,
+            units_short,
+            workers,
+            ..
+        } => {
+            assert_eq!((*workers, *placeable_workers, *units_short), (2, 0, 16));
+        }
+        other => panic!("unexpected reason {other:?}"),
+    }
+    assert!(h.admitted("gang").is_none());
+    assert_eq!(
+        h.alloc.stats().gpus_allocated,
+        16,
+        "no GPU held for the pending gang"
+    );
+    let half = h.admitted("half").expect("admitted");
+    assert_eq!(half.workers.len(), 2);
+    assert_ne!(half.workers[0].node, half.workers[1].node);
+    assert_eq!(
+        half.workers[0].node_selector.get(names::HOSTNAME_LABEL),
+        Some(&half.workers[0].node)
+    );
+}
+
+// ---------------------------------------------------------- best fit, topology
+
+#[test]
+fn best_fit_fills_fragments_so_whole_nodes_stay_free() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8), node("n2", 8)]);
+    h.queue(queue("q", None, 64));
+    let mut pin = job("pinned-5", "q", 1, 5);
+    pin.node_selector
+        .insert(names::HOSTNAME_LABEL.into(), "n2".into());
+    pin.submitted_at = Timestamp(0);
+    let mut small = job("small-3", "q", 1, 3);
+    small.submitted_at = Timestamp(1);
+    let mut big = job("big-8", "q", 1, 8);
+    big.submitted_at = Timestamp(2);
+    h.submit(pin);
+    h.submit(small);
+    h.submit(big);
+    let out = h.cycle(10);
+    // First fit would put the 3-GPU job on n1 (lowest index with room) and
+    // strand the 8-GPU job; best fit uses n2's 3-GPU hole.
+    assert_eq!(h.nodes_of("small-3"), vec!["n2"]);
+    assert_eq!(h.nodes_of("big-8"), vec!["n1"]);
+    assert_eq!(out.admissions.len(), 3);
+}
+
+#[test]
+fn topology_prefers_one_rack_then_one_zone() {
+    let mut h = Harness::default_config();
+    h.nodes([
+        node_in("z1-r1-a", 8, "z1", "r1"),
+        node_in("z1-r1-b", 8, "z1", "r1"),
+        node_in("z1-r2-a", 8, "z1", "r2"),
+        node_in("z2-r3-a", 8, "z2", "r3"),
+        node_in("z2-r3-b", 8, "z2", "r3"),
+        node_in("z2-r3-c", 8, "z2", "r3"),
+    ]);
+    h.queue(queue("q", None, 64));
+    let mut pair = job("pair", "q", 2, 8);
+    pair.submitted_at = Timestamp(0);
+    h.submit(pair);
+    h.cycle(1);
+    let pair = h.admitted("pair").expect("admitted");
+    assert_eq!(
+        pair.topology.rack.as_deref(),
+        Some("r1"),
+        "tightest rack that fits"
+    );
+    assert_eq!(pair.topology.zone.as_deref(), Some("z1"));
+
+    // Now z1 has one free node (r2) and z2 three (r3): a 3-worker gang takes r3.
+    h.submit(job("trio", "q", 3, 8));
+    h.cycle(2);
+    let trio = h.admitted("trio").expect("admitted");
+    assert_eq!(trio.topology.rack.as_deref(), Some("r3"));
+    assert_eq!(trio.topology.nodes, 3);
+    h.finish("pair");
+    h.finish("trio");
+
+    // No rack holds 4 free nodes, zone z1 holds 3, zone z2 3: a 3-worker
+    // gang that requires one rack must wait; preferring stays in one zone.
+    let mut strict = job("strict", "q", 3, 8);
+    strict.topology = TopologyRequirement::SameRack;
+    strict.submitted_at = Timestamp(10);
+    h.submit(strict);
+    let out = h.cycle(20);
+    assert!(h.admitted("strict").is_some(), "r3 holds three nodes");
+    assert_eq!(out.admissions[0].topology.rack.as_deref(), Some("r3"));
+    let mut zone_only = job("zone-only", "q", 3, 8);
+    zone_only.topology = TopologyRequirement::SameRack;
+    h.submit(zone_only);
+    let out = h.cycle(30);
+    assert!(
+        h.admitted("zone-only").is_none(),
+        "z1 has 3 nodes but in two racks"
+    );
+    assert!(matches!(
+        reason_of(&out, "zone-only").reason,
+        PendingReason::InsufficientCapacity { .. }
+    ));
+    h.finish("zone-only");
+    let mut preferred = job("preferred", "q", 3, 8);
+    preferred.topology = TopologyRequirement::Preferred;
+    h.submit(preferred);
+    h.cycle(40);
+    let preferred = h.admitted("preferred").expect("admitted across racks");
+    assert_eq!(preferred.topology.zone.as_deref(), Some("z1"));
+    assert_eq!(preferred.topology.rack, None);
+}
+
+// ---------------------------------------------------------- MIG, time-slicing
+
+#[test]
+fn mig_requests_get_the_smallest_profile_with_enough_memory() {
+    let mut h = Harness::default_config();
+    let mut mig = node("mig-node", 0);
+    mig.allocatable
+        .insert("nvidia.com/mig-1g.5gb".into(), "7".into());
+    mig.allocatable
+        .insert("nvidia.com/mig-3g.20gb".into(), "2".into());
+    mig.allocatable
+        .insert("nvidia.com/mig-7g.40gb".into(), "1".into());
+    h.nodes([mig]);
+    h.queue(QueueSpec {
+        name: "q".into(),
+        quotas: vec![FlavorQuota {
+            flavor: A100.into(),
+            resources: [
+                "nvidia.com/mig-1g.5gb",
+                "nvidia.com/mig-3g.20gb",
+                "nvidia.com/mig-7g.40gb",
+            ]
+            .into_iter()
+            .map(|r| ResourceQuota {
+                resource: r.into(),
+                nominal: 10,
+                ..ResourceQuota::default()
+            })
+            .collect(),
+        }],
+        ..QueueSpec::default()
+    });
+    let mut ten = job("needs-10gb", "q", 1, 1);
+    ten.gpu_slice = Some(GpuSliceRequest::MemoryGb(10));
+    let mut five = job("needs-5gb", "q", 1, 1);
+    five.gpu_slice = Some(GpuSliceRequest::MemoryGb(5));
+    let mut exact = job("wants-7g", "q", 1, 1);
+    exact.gpu_slice = Some(GpuSliceRequest::Profile("7g.40gb".into()));
+    let mut whole = job("whole-gpu", "q", 1, 1);
+    whole.gpu_slice = None;
+    h.submit(ten);
+    h.submit(five);
+    h.submit(exact);
+    h.submit(whole);
+    let out = h.cycle(10);
+    assert_eq!(
+        h.admitted("needs-10gb").expect("admitted").resource,
+        "nvidia.com/mig-3g.20gb"
+    );
+    assert_eq!(
+        h.admitted("needs-5gb").expect("admitted").resource,
+        "nvidia.com/mig-1g.5gb"
+    );
+    let exact = h.admitted("wants-7g").expect("admitted");
+    assert_eq!(exact.workers[0].request_resource, "nvidia.com/mig-7g.40gb");
+    assert!(matches!(
+        reason_of(&out, "whole-gpu").reason,
+        PendingReason::NoMatchingFlavor { .. }
+    ));
+}
+
+#[test]
+fn time_sliced_gpus_are_used_only_by_jobs_that_opt_in() {
+    let mut h = Harness::default_config();
+    let mut shared = node("ts", 32);
+    shared
+        .labels
+        .insert(names::GPU_REPLICAS_LABEL.into(), "4".into());
+    h.nodes([shared, node("exclusive", 8)]);
+    h.queue(QueueSpec {
+        name: "q".into(),
+        quotas: vec![FlavorQuota {
+            flavor: A100.into(),
+            resources: vec![
+                gpu_quota(16),
+                ResourceQuota {
+                    resource: names::SHARED_GPU_RESOURCE.into(),
+                    nominal: 32,
+                    ..ResourceQuota::default()
+                },
+            ],
+        }],
+        ..QueueSpec::default()
+    });
+    let mut fill = job("fill", "q", 1, 8);
+    fill.submitted_at = Timestamp(0);
+    h.submit(fill);
+    let mut plain = job("plain", "q", 1, 1);
+    plain.submitted_at = Timestamp(1);
+    h.submit(plain);
+    let mut sharer = job("sharer", "q", 2, 1);
+    sharer.allow_gpu_sharing = true;
+    sharer.submitted_at = Timestamp(2);
+    h.submit(sharer);
+    let out = h.cycle(10);
+    assert_eq!(h.nodes_of("fill"), vec!["exclusive"]);
+    assert!(
+        h.admitted("plain").is_none(),
+        "never silently placed on a shared GPU"
+    );
+    assert!(matches!(
+        reason_of(&out, "plain").reason,
+        PendingReason::InsufficientCapacity { .. }
+    ));
+    let sharer = h.admitted("sharer").expect("admitted");
+    assert_eq!(sharer.resource, names::SHARED_GPU_RESOURCE);
+    assert_eq!(sharer.workers[0].node, "ts");
+    assert_eq!(sharer.workers[0].request_resource, "nvidia.com/gpu");
+}
+
+// --------------------------------------------------------------- preemption
+
+#[test]
+fn preemption_picks_the_smallest_set_of_whole_gangs() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8), node("n2", 8), node("n3", 8)]);
+    h.queue(queue("q", None, 24));
+    // n1: one 8-GPU job; n2: two 4-GPU jobs; n3: a 2x4 gang spread on n3 and n2? No:
+    // keep n3 full with a high-priority job so only n1/n2 can be cleared.
+    let mut keep = job("keep", "q", 1, 8);
+    keep.priority = 100;
+    keep.node_selector
+        .insert(names::HOSTNAME_LABEL.into(), "n3".into());
+    let mut big = job("big-low", "q", 1, 8);
+    big.priority = 1;
+    big.node_selector
+        .insert(names::HOSTNAME_LABEL.into(), "n1".into());
+    let mut s1 = job("small-1", "q", 1, 4);
+    s1.priority = 0;
+    s1.node_selector
+        .insert(names::HOSTNAME_LABEL.into(), "n2".into());
+    let mut s2 = job("small-2", "q", 1, 4);
+    s2.priority = 0;
+    s2.node_selector
+        .insert(names::HOSTNAME_LABEL.into(), "n2".into());
+    for j in [keep, big, s1, s2] {
+        h.submit(j);
+    }
+    assert_eq!(h.cycle(1).admissions.len(), 4);
+    let mut urgent = job("urgent", "q", 1, 8);
+    urgent.priority = 50;
+    h.submit(urgent);
+    let out = h.cycle(2);
+    assert_eq!(out.preemptions.len(), 1);
+    let victims: Vec<&str> = out.preemptions[0]
+        .victims
+        .iter()
+        .map(|v| v.uid.as_str())
+        .collect();
+    assert_eq!(
+        victims,
+        vec!["big-low"],
+        "one whole gang beats two smaller ones"
+    );
+    assert_eq!(out.preemptions[0].planned_nodes[0].node, "n1");
+}
+
+#[test]
+fn preemption_evicts_whole_multi_node_gangs_and_never_higher_priority() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8), node("n2", 8)]);
+    h.queue(queue("q", None, 16));
+    let mut gang = job("gang-low", "q", 2, 8);
+    gang.priority = 0;
+    h.submit(gang);
+    h.cycle(1);
+    let mut peer = job("peer", "q", 2, 8);
+    peer.priority = 0;
+    h.submit(peer);
+    let out = h.cycle(2);
+    assert!(out.preemptions.is_empty(), "equal priority never preempts");
+    let mut high = job("high", "q", 1, 8);
+    high.priority = 10;
+    h.submit(high);
+    let out = h.cycle(3);
+    assert_eq!(out.preemptions.len(), 1);
+    assert_eq!(out.preemptions[0].preemptor, uid("high"));
+    assert_eq!(out.preemptions[0].victims[0].uid, uid("gang-low"));
+    assert_eq!(
+        out.preemptions[0].victims[0].units, 16,
+        "the whole gang goes"
+    );
+    let out = h.cycle(3 + 120);
+    assert_eq!(out.evictions.len(), 1);
+    assert!(admitted_uids(&out).contains(&"high".to_string()));
+}
+
+/// Runs cycles (evictions happen inside `cycle` once the grace period ends)
+/// until nothing changes for three cycles; returns every preemption seen.
+fn run_to_quiescence(h: &mut Harness, start: u64) -> (Vec<Preemption>, u64) {
+    let mut all = Vec::new();
+    let mut quiet = 0;
+    let mut now = start;
+    for _ in 0..60 {
+        let out = h.cycle(now);
+        let busy =
+            !out.preemptions.is_empty() || !out.evictions.is_empty() || !out.admissions.is_empty();
+        all.extend(out.preemptions);
+        quiet = if busy { 0 } else { quiet + 1 };
+        if quiet >= 3 {
+            return (all, now);
+        }
+        now += 121;
+    }
+    panic!("no quiescence after 60 cycles; preemptions: {all:?}");
+}
+
+fn assert_no_strike_back(preemptions: &[Preemption]) {
+    for (i, p) in preemptions.iter().enumerate() {
+        for v in &p.victims {
+            let strikes_back = preemptions[i + 1..].iter().any(|later| {
+                later.preemptor == v.uid && later.victims.iter().any(|x| x.uid == p.preemptor)
+            });
+            assert!(
+                !strikes_back,
+                "{} preempted its preemptor {}",
+                v.uid, p.preemptor
+            );
+        }
+    }
+}
+
+fn usage(h: &Harness, queue: &str) -> u64 {
+    h.alloc
+        .snapshot()
+        .jobs
+        .iter()
+        .filter_map(|j| j.admission.as_ref())
+        .filter(|a| a.queue == queue)
+        .map(Admission::total_units)
+        .sum()
+}
+
+#[test]
+fn fair_share_preemption_reaches_quiescence_without_loops() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8), node("n2", 8)]);
+    h.queue(queue("a", Some("c"), 0));
+    h.queue(queue("b", Some("c"), 0));
+    h.queue(queue("lender", Some("c"), 16));
+    for i in 0..4 {
+        let mut j = job(&format!("b{i}"), "b", 1, 4);
+        j.submitted_at = Timestamp(i);
+        h.submit(j);
+    }
+    assert_eq!(h.cycle(10).admissions.len(), 4, "b borrows everything");
+    for i in 0..4 {
+        let mut j = job(&format!("a{i}"), "a", 1, 4);
+        j.submitted_at = Timestamp(20 + i);
+        h.submit(j);
+    }
+    let (preemptions, _) = run_to_quiescence(&mut h, 30);
+    assert!(!preemptions.is_empty(), "a must win back a fair share");
+    assert!(
+        preemptions
+            .iter()
+            .flat_map(|p| &p.victims)
+            .all(|v| v.rule == PreemptionRule::FairShare)
+    );
+    assert_no_strike_back(&preemptions);
+    assert_eq!(
+        (usage(&h, "a"), usage(&h, "b")),
+        (8, 8),
+        "equal weights end equal"
+    );
+    assert_eq!(preemptions.len(), 2, "exactly two moves, then stable");
+}
+
+#[test]
+fn reclaim_reaches_quiescence_without_loops() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8), node("n2", 8)]);
+    h.queue(queue("a", Some("c"), 8));
+    h.queue(queue("b", Some("c"), 8));
+    for i in 0..4 {
+        let mut j = job(&format!("b{i}"), "b", 1, 4);
+        j.submitted_at = Timestamp(i);
+        h.submit(j);
+    }
+    h.cycle(10);
+    for i in 0..4 {
+        let mut j = job(&format!("a{i}"), "a", 1, 4);
+        j.submitted_at = Timestamp(20 + i);
+        h.submit(j);
+    }
+    let (preemptions, _) = run_to_quiescence(&mut h, 30);
+    assert_no_strike_back(&preemptions);
+    assert_eq!(
+        (usage(&h, "a"), usage(&h, "b")),
+        (8, 8),
+        "each back at nominal"
+    );
+    assert_eq!(
+        preemptions.iter().map(|p| p.victims.len()).sum::<usize>(),
+        2
+    );
+}
+
+// ----------------------------------------------------------------- backfill
+
+/// n1: 4 of 8 GPUs busy until t=1000 (estimate); n2 full with no estimate.
+/// The 8-GPU head job can start at t=1000 on n1.
+fn backfill_scenario(backfill: bool) -> Harness {
+    let mut h = Harness::new(AllocatorConfig {
+        backfill: BackfillPolicy {
+            enabled: backfill,
+            ..BackfillPolicy::default()
+        },
+        preemption: PreemptionPolicy {
+            enabled: false,
+            ..PreemptionPolicy::default()
+        },
+        ..AllocatorConfig::default()
+    });
+    h.nodes([node("n1", 8), node("n2", 8)]);
+    h.queue(queue("q", None, 64));
+    let mut r1 = job("running-4", "q", 1, 4);
+    r1.runtime_estimate_secs = Some(1_000);
+    r1.node_selector
+        .insert(names::HOSTNAME_LABEL.into(), "n1".into());
+    let mut r2 = job("running-8", "q", 1, 8);
+    r2.node_selector
+        .insert(names::HOSTNAME_LABEL.into(), "n2".into());
+    h.submit(r1);
+    h.submit(r2);
+    assert_eq!(h.cycle(0).admissions.len(), 2);
+    let mut head = job("head-8", "q", 1, 8);
+    head.priority = 10;
+    let mut long = job("long-4", "q", 1, 4);
+    long.runtime_estimate_secs = Some(5_000);
+    long.submitted_at = Timestamp(1);
+    let mut short = job("short-4", "q", 1, 4);
+    short.runtime_estimate_secs = Some(500);
+    short.submitted_at = Timestamp(2);
+    h.submit(head);
+    h.submit(long);
+    h.submit(short);
+    h
+}
+
+#[test]
+fn backfill_never_delays_the_reserved_head_job() {
+    let mut h = backfill_scenario(true);
+    let out = h.cycle(0);
+    assert_eq!(
+        admitted_uids(&out),
+        vec!["short-4"],
+        "ends before the reserved start"
+    );
+    assert_eq!(
+        h.admitted("short-4")
+            .and_then(|a| a.backfilled_ahead_of.clone()),
+        Some(uid("head-8"))
+    );
+    match &reason_of(&out, "head-8").reason {
+        PendingReason::InsufficientCapacity { reserved_start, .. } => {
+            assert_eq!(*reserved_start, Some(Timestamp(1_000)))
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(matches!(
+        reason_of(&out, "long-4").reason,
+        PendingReason::HeldForReservation { ref reserved_for, until: Timestamp(1_000), .. } if *reserved_for == uid("head-8")
+    ));
+    h.finish("short-4");
+    assert!(
+        h.cycle(600).admissions.is_empty(),
+        "long-4 still may not take the hole"
+    );
+    h.finish("running-4");
+    let out = h.cycle(1_000);
+    assert_eq!(
+        admitted_uids(&out)[0],
+        "head-8",
+        "starts exactly at its reservation"
+    );
+}
+
+#[test]
+fn without_reservations_the_long_job_delays_the_head_job() {
+    let mut h = backfill_scenario(false);
+    let out = h.cycle(0);
+    assert!(admitted_uids(&out).contains(&"long-4".to_string()));
+    h.finish("running-4");
+    let out = h.cycle(1_000);
+    assert!(
+        !admitted_uids(&out).contains(&"head-8".to_string()),
+        "head-8 is delayed"
+    );
+}
+
+// ------------------------------------------------------ flavors and taints
+
+#[test]
+fn decision_carries_flavor_labels_tolerations_and_capacity_type() {
+    let mut h = Harness::new(AllocatorConfig {
+        flavors: vec![FlavorSpec {
+            name: "h100-spot".into(),
+            gpu_product: Some("H100".into()),
+            capacity_type: Some(CapacityType::Spot),
+            node_labels: BTreeMap::from([("pool".to_string(), "training".to_string())]),
+            tolerations: vec![Toleration::equal("spot", "true", TaintEffect::NoSchedule)],
+        }],
+        ..AllocatorConfig::default()
+    });
+    let mut spot = node("spot-1", 8);
+    spot.labels
+        .insert(names::GPU_PRODUCT_LABEL.into(), "H100".into());
+    spot.labels
+        .insert(names::KARPENTER_CAPACITY_LABEL.into(), "spot".into());
+    spot.labels.insert("pool".into(), "training".into());
+    spot.taints.push(Taint {
+        key: "spot".into(),
+        value: "true".into(),
+        effect: TaintEffect::NoSchedule,
+    });
+    let mut dedicated = node("dedicated", 8);
+    dedicated.taints.push(Taint {
+        key: "team".into(),
+        value: "research".into(),
+        effect: TaintEffect::NoSchedule,
+    });
+    h.nodes([spot, dedicated]);
+    h.queue(QueueSpec {
+        name: "q".into(),
+        quotas: vec![
+            FlavorQuota {
+                flavor: "h100-spot".into(),
+                resources: vec![gpu_quota(8)],
+            },
+            FlavorQuota {
+                flavor: A100.into(),
+                resources: vec![gpu_quota(8)],
+            },
+        ],
+        ..QueueSpec::default()
+    });
+    h.submit(job("on-spot", "q", 1, 8));
+    h.submit(job("untolerated", "q", 1, 8));
+    let out = h.cycle(1);
+    let a = h.admitted("on-spot").expect("admitted");
+    assert_eq!(a.flavor, "h100-spot");
+    assert_eq!(a.capacity_type, Some(CapacityType::Spot));
+    assert_eq!(
+        a.tolerations,
+        vec![Toleration::equal("spot", "true", TaintEffect::NoSchedule)]
+    );
+    let selector = &a.workers[0].node_selector;
+    assert_eq!(selector.get("pool").map(String::as_str), Some("training"));
+    assert_eq!(
+        selector.get(names::GPU_PRODUCT_LABEL).map(String::as_str),
+        Some("H100")
+    );
+    assert_eq!(
+        selector.get(names::HOSTNAME_LABEL).map(String::as_str),
+        Some("spot-1")
+    );
+    assert!(
+        h.admitted("untolerated").is_none(),
+        "team=research taint is not tolerated"
+    );
+    assert!(reason_of(&out, "untolerated").message().contains("flavor"));
+
+    let mut tolerant = job("tolerant", "q", 1, 8);
+    tolerant.tolerations = vec![Toleration::equal(
+        "team",
+        "research",
+        TaintEffect::NoSchedule,
+    )];
+    h.finish("untolerated");
+    h.submit(tolerant);
+    h.cycle(2);
+    assert_eq!(h.nodes_of("tolerant"), vec!["dedicated"]);
+}
+
+#[test]
+fn cordoned_and_not_ready_nodes_get_no_new_work() {
+    let mut h = Harness::default_config();
+    let mut cordoned = node("cordoned", 8);
+    cordoned.unschedulable = true;
+    let mut not_ready = node("not-ready", 8);
+    not_ready.ready = false;
+    h.nodes([cordoned, not_ready]);
+    h.queue(queue("q", None, 16));
+    h.submit(job("j", "q", 1, 1));
+    let out = h.cycle(1);
+    assert!(out.admissions.is_empty());
+    h.nodes([node("cordoned", 8)]);
+    assert_eq!(admitted_uids(&h.cycle(2)), vec!["j"]);
+}
+
+#[test]
+fn losing_a_node_requeues_the_whole_gang() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8), node("n2", 8)]);
+    h.queue(queue("q", None, 16));
+    h.submit(job("gang", "q", 2, 8));
+    h.cycle(1);
+    assert!(h.admitted("gang").is_some());
+    h.apply(Event::NodeRemoved { name: "n2".into() });
+    let out = h.cycle(2);
+    assert_eq!(out.evictions.len(), 1);
+    assert!(
+        matches!(out.evictions[0].reason, EvictionReason::NodeLost { ref node } if node == "n2")
+    );
+    assert!(h.alloc.is_pending(&uid("gang")));
+    assert_eq!(
+        h.alloc.stats().gpus_allocated,
+        0,
+        "n1's units were released"
+    );
+}
+
+// ------------------------------------------------------- state and replay
+
+#[test]
+fn replaying_events_twice_never_double_admits() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8), node("n2", 8)]);
+    h.queue(queue("q", None, 16));
+    h.submit(job("a", "q", 1, 8));
+    h.submit(job("a", "q", 1, 8));
+    h.submit(job("b", "q", 1, 4));
+    let out = h.cycle(5);
+    assert_eq!(
+        admitted_uids(&out),
+        vec!["a", "b"],
+        "duplicate submission admitted once"
+    );
+    h.finish("b");
+    h.submit(job("c", "q", 2, 4));
+    h.cycle(6);
+
+    let mut rebuilt = Allocator::new(AllocatorConfig::default()).expect("config");
+    for _pass in 0..2 {
+        for event in &h.log {
+            rebuilt.apply(event.clone()).expect("replay accepted");
+        }
+    }
+    let original = h.alloc.snapshot();
+    let replayed = rebuilt.snapshot();
+    assert_eq!(replayed.jobs, original.jobs);
+    assert_eq!(replayed.nodes, original.nodes);
+    assert_eq!(rebuilt.stats(), h.alloc.stats());
+    // "b" finished: replaying its submission again must not resurrect it.
+    assert_eq!(
+        rebuilt.apply(Event::JobSubmitted(job("b", "q", 1, 4))),
+        Ok(Applied::Unchanged)
+    );
+    let again = rebuilt.cycle(Timestamp(7));
+    assert!(
+        again.admissions.is_empty(),
+        "nothing admitted twice: {:?}",
+        again.admissions
+    );
+    assert_eq!(rebuilt.stats().gpus_allocated, 16);
+}
+
+#[test]
+fn snapshot_round_trips_through_json_and_decides_identically() {
+    let mut h = Harness::default_config();
+    h.nodes([
+        node_in("n1", 8, "z1", "r1"),
+        node_in("n2", 8, "z1", "r1"),
+        node_in("n3", 8, "z2", "r2"),
+    ]);
+    h.apply(Event::NodeRemoved { name: "n2".into() });
+    h.nodes([node_in("n4", 8, "z1", "r1")]);
+    h.queue(queue("a", Some("c"), 8));
+    h.queue(queue("b", Some("c"), 16));
+    for i in 0..6 {
+        let mut j = job(&format!("b{i}"), "b", 1, 4);
+        j.submitted_at = Timestamp(i);
+        j.runtime_estimate_secs = Some(100 * (i + 1));
+        h.submit(j);
+    }
+    h.cycle(10);
+    h.submit(job("a-big", "a", 2, 4));
+    let first = h.cycle(20);
+    assert!(
+        !first.preemptions.is_empty(),
+        "a preemption is in flight in the snapshot"
+    );
+    let text = serde_json::to_string(&h.alloc.snapshot()).expect("serialize");
+    let snapshot: AllocatorSnapshot = serde_json::from_str(&text).expect("deserialize");
+    let mut restored = Allocator::restore(snapshot.clone()).expect("restore");
+    assert_eq!(restored.snapshot(), snapshot);
+    for now in [30, 200, 400] {
+        h.submit(job(&format!("late-{now}"), "b", 1, 2));
+        restored
+            .apply(Event::JobSubmitted(job(&format!("late-{now}"), "b", 1, 2)))
+            .expect("accepted");
+        assert_eq!(restored.cycle(Timestamp(now)), h.cycle(now));
+    }
+}
+
+#[test]
+fn malformed_input_is_rejected_with_the_field_name_and_changes_nothing() {
+    let mut alloc = Allocator::new(AllocatorConfig::default()).expect("config");
+    let mut bad = node("n1", 8);
+    bad.labels
+        .insert(names::GPU_MEMORY_LABEL.into(), "lots".into());
+    let err = alloc.apply(Event::NodeUpserted(bad)).expect_err("rejected");
+    assert_eq!(err.category(), "invalid_node");
+    assert!(
+        err.to_string().contains("labels[nvidia.com/gpu.memory]"),
+        "{err}"
+    );
+    assert_eq!(alloc.stats().nodes, 0);
+
+    let err = alloc
+        .apply(Event::JobSubmitted(job("j", "q", 0, 1)))
+        .expect_err("rejected");
+    assert!(err.to_string().contains("numWorkers"), "{err}");
+    assert!(!alloc.contains_job(&uid("j")));
+
+    let mut q = queue("q", None, 8);
+    q.quotas[0].resources[0].lending_limit = Some(9);
+    let err = alloc.apply(Event::QueueUpserted(q)).expect_err("rejected");
+    assert!(err.to_string().contains("lendingLimit"), "{err}");
+
+    let stray = Admission {
+        uid: uid("ghost"),
+        namespace: String::new(),
+        name: String::new(),
+        queue: "q".into(),
+        flavor: A100.into(),
+        resource: "nvidia.com/gpu".into(),
+        units_per_worker: 1,
+        capacity_type: None,
+        workers: Vec::new(),
+        tolerations: Vec::new(),
+        topology: TopologyAssignment::default(),
+        admitted_at: Timestamp(0),
+        borrowing: false,
+        backfilled_ahead_of: None,
+    };
+    assert!(matches!(
+        alloc.apply(Event::Admitted(stray)),
+        Err(AllocatorError::UnknownJob { .. })
+    ));
+}
+
+#[test]
+fn every_pending_job_has_a_reason_with_its_position() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8)]);
+    h.queue(queue("q", None, 8));
+    for i in 0..5 {
+        let mut j = job(&format!("j{i}"), "q", 1, 4);
+        j.submitted_at = Timestamp(i);
+        h.submit(j);
+    }
+    let out = h.cycle(10);
+    assert_eq!(out.admissions.len(), 2);
+    assert_eq!(out.pending.len(), 3);
+    let mut positions: Vec<u32> = out.pending.iter().map(|p| p.position).collect();
+    positions.sort_unstable();
+    assert_eq!(positions, vec![1, 2, 3]);
+    for p in &out.pending {
+        assert_eq!(p.queue_length, 3);
+        assert!(!p.message().is_empty());
+    }
+}

@@ -1,0 +1,115 @@
+//! What the planner knows about its installation rather than about one job.
+//!
+//! The planner binary reads this from the `[planner]` section of its configuration
+//! (every field has a default), so the core itself never touches the environment.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use trainyard_api::Framework;
+
+/// Installation-wide settings of the planner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PlannerConfig {
+    /// Server-side-apply field manager for every object the planner writes.
+    pub field_manager: String,
+    /// NATS URL the workers report progress and checkpoints to (`TRAINYARD_NATS_URL`);
+    /// it must resolve from the job's namespace, hence the fully qualified default.
+    pub worker_nats_url: String,
+    /// Labels added to every object, e.g. `app.kubernetes.io/part-of: ml-platform`.
+    /// Trainyard's own labels win on a clash.
+    pub extra_labels: BTreeMap<String, String>,
+    /// Images used when `spec.image` is unset.
+    pub default_images: FrameworkImages,
+    /// GPUs of the largest GPU node; a job asking for more per worker can never run and
+    /// fails before any object is created. Unset: not checked.
+    pub largest_node_gpus: Option<u32>,
+    /// Seconds between SIGTERM and SIGKILL for a worker pod: the time workers get to
+    /// write a checkpoint when they are suspended, preempted or stopped.
+    pub termination_grace_period_seconds: u32,
+    /// Seconds the workers get to exit on their own after a Stop command (success
+    /// policy met, trial stopped early) before their Job is deleted.
+    pub stop_grace_period_seconds: u32,
+    /// Delay before the first restart after a failure; doubles with every further restart.
+    pub restart_backoff_initial_seconds: u32,
+    /// Longest delay between restarts.
+    pub restart_backoff_max_seconds: u32,
+}
+
+impl Default for PlannerConfig {
+    fn default() -> Self {
+        Self {
+            field_manager: "trainyard-planner".to_owned(),
+            worker_nats_url: "nats://nats.trainyard-system.svc:4222".to_owned(),
+            extra_labels: BTreeMap::new(),
+            default_images: FrameworkImages::default(),
+            largest_node_gpus: None,
+            termination_grace_period_seconds: 120,
+            stop_grace_period_seconds: 300,
+            restart_backoff_initial_seconds: 10,
+            restart_backoff_max_seconds: 300,
+        }
+    }
+}
+
+impl PlannerConfig {
+    /// Delay before a restart when `previous_failures` failed attempts were already
+    /// restarted: initial, 2×initial, 4×initial, ... capped at the maximum
+    /// (10s, 20s, 40s, ... 5m with the defaults).
+    pub fn restart_backoff(&self, previous_failures: u32) -> Duration {
+        let initial = u64::from(self.restart_backoff_initial_seconds);
+        let max = u64::from(self.restart_backoff_max_seconds);
+        // 2^31 seconds is far beyond any sane cap; saturate instead of overflowing.
+        let factor = 1u64
+            .checked_shl(previous_failures.min(31))
+            .unwrap_or(u64::MAX);
+        Duration::from_secs(initial.saturating_mul(factor).min(max))
+    }
+}
+
+/// Default worker image per framework.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FrameworkImages {
+    pub pytorch: String,
+    pub tensorflow: String,
+    pub jax: String,
+}
+
+impl Default for FrameworkImages {
+    fn default() -> Self {
+        Self {
+            pytorch: "ghcr.io/trainyard/trainer-pytorch:0.1.0".to_owned(),
+            tensorflow: "ghcr.io/trainyard/trainer-tensorflow:0.1.0".to_owned(),
+            jax: "ghcr.io/trainyard/trainer-jax:0.1.0".to_owned(),
+        }
+    }
+}
+
+impl FrameworkImages {
+    /// The image for `framework`.
+    pub fn for_framework(&self, framework: Framework) -> &str {
+        match framework {
+            Framework::Pytorch => &self.pytorch,
+            Framework::Tensorflow => &self.tensorflow,
+            Framework::Jax => &self.jax,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restart_backoff_doubles_and_caps_at_five_minutes() {
+        let config = PlannerConfig::default();
+        let delays: Vec<u64> = (0..8)
+            .map(|n| config.restart_backoff(n).as_secs())
+            .collect();
+        assert_eq!(delays, [10, 20, 40, 80, 160, 300, 300, 300]);
+        assert_eq!(config.restart_backoff(u32::MAX).as_secs(), 300);
+    }
+}

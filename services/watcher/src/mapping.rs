@@ -1,0 +1,325 @@
+//! Kubernetes objects → typed change events. Pure: no I/O.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use trainyard_api::{Sweep, TrainingJob, TrainingQueue};
+use trainyard_contracts::EntityRef;
+use trainyard_contracts::events::{
+    Change, ContainerTermination, JobObserved, NodeObserved, ObservedCondition, PodObserved,
+    SweepChanged, Taint, TrainingJobChanged, TrainingQueueChanged,
+};
+
+/// Label the planner puts on everything it creates for a TrainingJob.
+pub const JOB_LABEL: &str = "trainyard.dev/job";
+/// Label carrying the TrainingJob's restart attempt.
+pub const ATTEMPT_LABEL: &str = "trainyard.dev/attempt";
+/// Where Kubernetes puts an Indexed Job pod's completion index.
+pub const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+/// Extended resource of whole GPUs.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// Prefix of MIG slice resources (`nvidia.com/mig-1g.10gb`).
+pub const MIG_PREFIX: &str = "nvidia.com/mig-";
+
+/// One change event ready to publish.
+#[derive(Debug, Clone)]
+pub struct ChangeEvent {
+    pub entity: EntityRef,
+    /// Deduplication id derived from the object's uid and resourceVersion, so a
+    /// relist or watch restart republishes nothing new.
+    pub message_id: String,
+    pub payload: ChangePayload,
+}
+
+#[derive(Debug, Clone)]
+pub enum ChangePayload {
+    TrainingJob(Box<TrainingJobChanged>),
+    Sweep(Box<SweepChanged>),
+    TrainingQueue(Box<TrainingQueueChanged>),
+    Job(JobObserved),
+    Pod(Box<PodObserved>),
+    Node(NodeObserved),
+}
+
+impl ChangeEvent {
+    /// The same event, as a deletion.
+    pub fn into_deleted(mut self) -> Self {
+        self.message_id = format!(
+            "{}:deleted",
+            self.message_id.split(':').next().unwrap_or_default()
+        );
+        match &mut self.payload {
+            ChangePayload::TrainingJob(p) => p.change = Change::Deleted,
+            ChangePayload::Sweep(p) => p.change = Change::Deleted,
+            ChangePayload::TrainingQueue(p) => p.change = Change::Deleted,
+            ChangePayload::Job(p) => p.change = Change::Deleted,
+            ChangePayload::Pod(p) => p.change = Change::Deleted,
+            ChangePayload::Node(p) => p.change = Change::Deleted,
+        }
+        self
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self.payload {
+            ChangePayload::TrainingJob(_) => "trainingjob",
+            ChangePayload::Sweep(_) => "sweep",
+            ChangePayload::TrainingQueue(_) => "trainingqueue",
+            ChangePayload::Job(_) => "job",
+            ChangePayload::Pod(_) => "pod",
+            ChangePayload::Node(_) => "node",
+        }
+    }
+}
+
+/// A watched kind: how its objects become change events.
+pub trait Watched: kube::Resource + Clone {
+    /// The event for this object, or None when Trainyard does not care about it
+    /// (a Job or Pod it does not own).
+    fn to_event(&self, change: Change) -> Option<ChangeEvent>;
+}
+
+fn message_id<K: kube::Resource>(object: &K, change: Change) -> Option<String> {
+    let uid = object.uid()?;
+    Some(match change {
+        Change::Applied => format!("{uid}:{}", object.resource_version().unwrap_or_default()),
+        Change::Deleted => format!("{uid}:deleted"),
+    })
+}
+
+fn own_entity<K: kube::Resource>(object: &K) -> EntityRef {
+    EntityRef::new(
+        object.namespace().unwrap_or_default(),
+        object.name_any(),
+        object.uid().unwrap_or_default(),
+    )
+}
+
+/// The TrainingJob a Job or Pod belongs to: its `trainyard.dev/job` label, plus the
+/// owner's uid when the owner is the TrainingJob itself.
+fn owning_training_job<K: kube::Resource>(object: &K) -> Option<EntityRef> {
+    let name = object.labels().get(JOB_LABEL)?.clone();
+    let uid = object
+        .owner_references()
+        .iter()
+        .find(|owner| owner.kind == "TrainingJob" && owner.name == name)
+        .map(|owner| owner.uid.clone())
+        .unwrap_or_default();
+    Some(EntityRef::new(
+        object.namespace().unwrap_or_default(),
+        name,
+        uid,
+    ))
+}
+
+fn attempt<K: kube::Resource>(object: &K) -> u32 {
+    object
+        .labels()
+        .get(ATTEMPT_LABEL)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(0)
+}
+
+impl Watched for TrainingJob {
+    fn to_event(&self, change: Change) -> Option<ChangeEvent> {
+        Some(ChangeEvent {
+            entity: own_entity(self),
+            message_id: message_id(self, change)?,
+            payload: ChangePayload::TrainingJob(Box::new(TrainingJobChanged {
+                change,
+                object: self.clone(),
+            })),
+        })
+    }
+}
+
+impl Watched for Sweep {
+    fn to_event(&self, change: Change) -> Option<ChangeEvent> {
+        Some(ChangeEvent {
+            entity: own_entity(self),
+            message_id: message_id(self, change)?,
+            payload: ChangePayload::Sweep(Box::new(SweepChanged {
+                change,
+                object: self.clone(),
+            })),
+        })
+    }
+}
+
+impl Watched for TrainingQueue {
+    fn to_event(&self, change: Change) -> Option<ChangeEvent> {
+        Some(ChangeEvent {
+            entity: own_entity(self),
+            message_id: message_id(self, change)?,
+            payload: ChangePayload::TrainingQueue(Box::new(TrainingQueueChanged {
+                change,
+                object: self.clone(),
+            })),
+        })
+    }
+}
+
+fn conditions<'a>(
+    items: impl Iterator<Item = (&'a str, &'a str, Option<&'a String>, Option<&'a String>)>,
+) -> Vec<ObservedCondition> {
+    items
+        .map(
+            |(condition_type, status, reason, message)| ObservedCondition {
+                condition_type: condition_type.to_string(),
+                status: status.to_string(),
+                reason: reason.cloned(),
+                message: message.cloned(),
+            },
+        )
+        .collect()
+}
+
+/// Kubernetes times (jiff) as the contracts' chrono times.
+fn utc(time: &Time) -> Option<DateTime<Utc>> {
+    DateTime::from_timestamp(
+        time.0.as_second(),
+        time.0.subsec_nanosecond().try_into().ok()?,
+    )
+}
+
+fn count(value: Option<i32>) -> u32 {
+    value.and_then(|v| u32::try_from(v).ok()).unwrap_or(0)
+}
+
+impl Watched for Job {
+    fn to_event(&self, change: Change) -> Option<ChangeEvent> {
+        let entity = owning_training_job(self)?;
+        let status = self.status.clone().unwrap_or_default();
+        let observed = JobObserved {
+            change,
+            job_name: self.name_any(),
+            job_uid: self.uid().unwrap_or_default(),
+            attempt: attempt(self),
+            suspended: self.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false),
+            active: count(status.active),
+            ready: count(status.ready),
+            succeeded: count(status.succeeded),
+            failed: count(status.failed),
+            conditions: conditions(status.conditions.iter().flatten().map(|c| {
+                (
+                    c.type_.as_str(),
+                    c.status.as_str(),
+                    c.reason.as_ref(),
+                    c.message.as_ref(),
+                )
+            })),
+            start_time: status.start_time.and_then(|t| utc(&t)),
+            completion_time: status.completion_time.and_then(|t| utc(&t)),
+        };
+        Some(ChangeEvent {
+            entity,
+            message_id: message_id(self, change)?,
+            payload: ChangePayload::Job(observed),
+        })
+    }
+}
+
+impl Watched for Pod {
+    fn to_event(&self, change: Change) -> Option<ChangeEvent> {
+        let entity = owning_training_job(self)?;
+        let status = self.status.clone().unwrap_or_default();
+        let index = self
+            .annotations()
+            .get(COMPLETION_INDEX)
+            .or_else(|| self.labels().get(COMPLETION_INDEX))
+            .and_then(|i| i.parse().ok())
+            .unwrap_or(0);
+        let container = status.container_statuses.iter().flatten().next();
+        let termination = container.and_then(|c| {
+            let terminated = c
+                .state
+                .as_ref()
+                .and_then(|s| s.terminated.as_ref())
+                .or_else(|| c.last_state.as_ref().and_then(|s| s.terminated.as_ref()))?;
+            Some(ContainerTermination {
+                exit_code: terminated.exit_code,
+                signal: terminated.signal,
+                reason: terminated.reason.clone(),
+                message: terminated.message.clone(),
+            })
+        });
+        let pod_conditions = conditions(status.conditions.iter().flatten().map(|c| {
+            (
+                c.type_.as_str(),
+                c.status.as_str(),
+                c.reason.as_ref(),
+                c.message.as_ref(),
+            )
+        }));
+        let observed = PodObserved {
+            change,
+            pod_name: self.name_any(),
+            attempt: attempt(self),
+            index,
+            phase: status
+                .phase
+                .clone()
+                .unwrap_or_else(|| "Unknown".to_string()),
+            node_name: self.spec.as_ref().and_then(|s| s.node_name.clone()),
+            ready: pod_conditions
+                .iter()
+                .any(|c| c.condition_type == "Ready" && c.status == "True"),
+            restart_count: container.map(|c| count(Some(c.restart_count))).unwrap_or(0),
+            termination,
+            conditions: pod_conditions,
+        };
+        Some(ChangeEvent {
+            entity,
+            message_id: message_id(self, change)?,
+            payload: ChangePayload::Pod(Box::new(observed)),
+        })
+    }
+}
+
+/// A quantity as a whole count; device-plugin resources are integers.
+fn whole(quantity: &Quantity) -> u32 {
+    quantity.0.trim().parse().unwrap_or(0)
+}
+
+impl Watched for Node {
+    fn to_event(&self, change: Change) -> Option<ChangeEvent> {
+        let status = self.status.clone().unwrap_or_default();
+        let allocatable = status.allocatable.unwrap_or_default();
+        let mig: BTreeMap<String, u32> = allocatable
+            .iter()
+            .filter_map(|(name, q)| Some((name.strip_prefix(MIG_PREFIX)?.to_string(), whole(q))))
+            .collect();
+        let spec = self.spec.clone().unwrap_or_default();
+        let observed = NodeObserved {
+            change,
+            allocatable_gpus: allocatable.get(GPU_RESOURCE).map(whole).unwrap_or(0),
+            mig,
+            labels: self.labels().clone(),
+            taints: spec
+                .taints
+                .iter()
+                .flatten()
+                .map(|t| Taint {
+                    key: t.key.clone(),
+                    value: t.value.clone(),
+                    effect: t.effect.clone(),
+                })
+                .collect(),
+            unschedulable: spec.unschedulable.unwrap_or(false),
+            ready: status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Ready" && c.status == "True"),
+        };
+        Some(ChangeEvent {
+            entity: EntityRef::new("", self.name_any(), self.uid().unwrap_or_default()),
+            message_id: message_id(self, change)?,
+            payload: ChangePayload::Node(observed),
+        })
+    }
+}
