@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/deps.sh
 ensure_nats_server
+ensure_nats_py
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -93,15 +93,16 @@ fn generate_stream(seed: u64, count: usize) -> Vec<SimJob> {
     let mut rng = StdRng::seed_from_u64(seed);
     // (workers, gpus per worker, weight %): fragmenting small jobs plus gangs
     // of whole 8-GPU workers.
-    let shapes: [(u32, u32, u32); 8] = [
+    let shapes: [(u32, u32, u32); 9] = [
         (1, 1, 25),
-        (1, 2, 20),
-        (1, 4, 20),
-        (1, 8, 15),
-        (2, 8, 10),
-        (4, 8, 6),
-        (8, 8, 3),
-        (16, 8, 1),
+        (1, 2, 15),
+        (1, 4, 15),
+        (1, 8, 10),
+        (4, 8, 10),
+        (8, 8, 10),
+        (16, 8, 7),
+        (48, 8, 5),
+        (96, 8, 3),
     ];
     (0..count)
         .map(|_| {
@@ -114,7 +115,12 @@ fn generate_stream(seed: u64, count: usize) -> Vec<SimJob> {
                 }
                 pick -= s.2;
             }
-            let duration = rng.random_range(600..10_800u64);
+            // Heavy tail: most jobs run under an hour, one in five for 6-24 h.
+            let duration = if rng.random_range(0..100u32) < 80 {
+                rng.random_range(600..3_600u64)
+            } else {
+                rng.random_range(6 * 3_600..24 * 3_600u64)
+            };
             let estimate = if rng.random_range(0..100u32) < 70 {
                 Some((duration as f64 * rng.random_range(1.0..1.5)) as u64)
             } else {

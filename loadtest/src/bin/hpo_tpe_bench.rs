@@ -14,7 +14,7 @@
 //!
 //! Options: `--seeds 50 --seed-offset 0 --trials 100 --checkpoints 25,50,100
 //! --timing-trials 2000 --timing-seeds 3 --functions branin,hartmann6
-//! --variants tpe,tpe24,independent,random --optuna FILE --per-seed`.
+//! --variants tpe,optuna-defaults,independent,random --optuna FILE --per-seed`.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -100,15 +100,19 @@ fn function(name: &str) -> Option<(SearchSpace, Objective, f64)> {
     }
 }
 
-/// `tpe` (our defaults), `tpe24` (Optuna's defaults: 24 EI candidates),
+/// `tpe` (our defaults), `optuna-defaults` (our implementation with Optuna 5's
+/// settings: 24 EI candidates, gamma 0.1, 10 startup trials),
 /// `independent`, `random`, or `tpe:key=value/key=value...` with keys `ei`, `gamma`,
 /// `prior`, `startup`, `cap`, `mv` (0/1) for experiments.
 fn algorithm(variant: &str) -> Option<AlgorithmSpec> {
     let tpe = TpeConfig::default();
     Some(match variant {
         "tpe" => AlgorithmSpec::Tpe(tpe),
-        "tpe24" => AlgorithmSpec::Tpe(TpeConfig {
+        // Optuna 5's TPESampler defaults.
+        "optuna-defaults" => AlgorithmSpec::Tpe(TpeConfig {
             n_ei_candidates: 24,
+            gamma: 0.1,
+            n_startup_trials: 10,
             ..tpe
         }),
         "independent" => AlgorithmSpec::Tpe(TpeConfig {

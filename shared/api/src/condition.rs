@@ -1,36 +1,17 @@
 //! Status conditions shared by all kinds, shaped like `metav1.Condition`.
 
-use std::fmt;
-
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// Whether a condition holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-pub enum ConditionStatus {
-    True,
-    False,
-    Unknown,
-}
+use crate::wire_enum::wire_enum;
 
-impl ConditionStatus {
-    /// Every value, in declaration order.
-    pub const ALL: [Self; 3] = [Self::True, Self::False, Self::Unknown];
-
-    /// The wire name.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::True => "True",
-            Self::False => "False",
-            Self::Unknown => "Unknown",
-        }
-    }
-}
-
-impl fmt::Display for ConditionStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+wire_enum! {
+    /// Whether a condition holds: True, False or Unknown.
+    pub enum ConditionStatus {
+        True => "True",
+        False => "False",
+        Unknown => "Unknown",
     }
 }
 

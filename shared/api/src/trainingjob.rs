@@ -1160,8 +1160,8 @@ pub fn is_mig_profile(profile: &str) -> bool {
     };
     let compute_ok = matches!(compute.as_bytes(), [slices, b'g'] if (b'1'..=b'7').contains(slices));
     let memory_ok = memory.strip_suffix("gb").is_some_and(|size| {
+        // A leading digit other than 0 also rules out the empty size.
         size.as_bytes().first().is_some_and(|first| *first != b'0')
-            && !size.is_empty()
             && size.bytes().all(|b| b.is_ascii_digit())
     });
     profile.len() <= 32 && compute_ok && memory_ok

@@ -210,6 +210,6 @@ fn enum_display_matches_the_wire_name() {
     check(SweepState::ALL);
     check(WithinQueuePreemption::ALL);
     check(ReclaimWithinCohort::ALL);
-    check(&ConditionStatus::ALL);
+    check(ConditionStatus::ALL);
     assert_eq!(CapacityType::OnDemand.to_string(), "on-demand");
 }

@@ -93,6 +93,9 @@ pub(crate) struct Job {
     /// Last job that preempted this one: never chosen as this job's victim
     /// (the explicit half of the no-loop guarantee).
     pub(crate) preempted_by: Option<JobUid>,
+    /// Arrival order, the last tie-breaker after priority and submission
+    /// time (cheaper than comparing uids, and the same after a replay).
+    pub(crate) seq: u64,
 }
 
 impl Job {
@@ -136,6 +139,8 @@ pub struct AllocatorSnapshot {
 pub struct JobSnapshot {
     /// Spec.
     pub spec: JobSpec,
+    /// Arrival order among jobs (tie-breaker after priority and submission time).
+    pub seq: u64,
     /// Times the job was evicted and requeued.
     pub requeues: u32,
     /// Last preemptor.
@@ -180,6 +185,7 @@ pub struct Allocator {
     tombstone_order: VecDeque<(Timestamp, JobUid)>,
     undelivered_evictions: Vec<Eviction>,
     clock: Timestamp,
+    next_seq: u64,
 }
 
 /// What a successful placement attempt produced.
@@ -199,6 +205,19 @@ struct MemoKey {
     workers: u32,
     filter: u32,
     topology: crate::types::TopologyRequirement,
+}
+
+/// What a victim search depends on, besides cluster state.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PreemptionKey {
+    queue: QueueIdx,
+    priority: i32,
+    per_worker: u32,
+    workers: u32,
+    filter: u32,
+    topology: crate::types::TopologyRequirement,
+    sharing: bool,
+    slice: Option<GpuSliceRequest>,
 }
 
 struct MemoEntry {
@@ -301,6 +320,7 @@ impl Allocator {
             tombstone_order: VecDeque::new(),
             undelivered_evictions: Vec::new(),
             clock: Timestamp(0),
+            next_seq: 0,
         };
         // Filter 0 is "no constraints", the common case checked fastest.
         alloc.intern_filter(NodeFilter::default());
@@ -499,7 +519,10 @@ impl Allocator {
         let queue = self.queues.intern(&queue_name);
         let filter = self.filter_for(&spec);
         let uid = spec.uid.clone();
+        let seq = self.next_seq;
+        self.next_seq += 1;
         let job = Job {
+            seq,
             spec,
             queue,
             filter,
@@ -808,6 +831,7 @@ impl Allocator {
                     JobState::Pending(n) => (None, None, n.clone()),
                 };
                 JobSnapshot {
+                    seq: j.seq,
                     spec: j.spec.clone(),
                     requeues: j.requeues,
                     preempted_by: j.preempted_by.clone(),
@@ -862,8 +886,16 @@ impl Allocator {
         for queue in snapshot.queues {
             alloc.upsert_queue(queue)?;
         }
-        for job in &snapshot.jobs {
+        let mut by_arrival: Vec<&JobSnapshot> = snapshot.jobs.iter().collect();
+        by_arrival.sort_by_key(|j| j.seq);
+        for job in by_arrival {
             alloc.submit(job.spec.clone())?;
+            if let Some(idx) = alloc.job_by_uid.get(&job.spec.uid).copied()
+                && let Some(j) = alloc.job_mut(idx)
+            {
+                j.seq = job.seq;
+            }
+            alloc.next_seq = alloc.next_seq.max(job.seq.saturating_add(1));
         }
         for job in snapshot.jobs {
             let Some(idx) = alloc.job_by_uid.get(&job.spec.uid).copied() else {
@@ -1193,23 +1225,23 @@ impl Allocator {
     }
 
     /// Orders every pending job once (effective priority, submission time,
-    /// uid) and splits the order into per-queue lanes.
+    /// arrival) and splits the order into per-queue lanes.
     fn build_lanes(&self, now: Timestamp) -> Vec<Lane> {
-        let mut all: Vec<(i32, Timestamp, &JobUid, JobIdx, QueueIdx)> = Vec::new();
+        let mut all: Vec<(i32, Timestamp, u64, JobIdx, QueueIdx)> = Vec::new();
         for queue in &self.queues.queues {
             for idx in &queue.pending {
                 if let Some(job) = self.job(*idx) {
                     all.push((
                         self.effective_priority(&job.spec, now),
                         job.spec.submitted_at,
-                        &job.spec.uid,
+                        job.seq,
                         *idx,
                         job.queue,
                     ));
                 }
             }
         }
-        all.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then_with(|| a.2.cmp(b.2)));
+        all.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
         let mut lane_of: FastMap<QueueIdx, usize> = FastMap::default();
         let mut lanes: Vec<Lane> = Vec::new();
         for (rank, (priority, _, _, idx, queue)) in all.into_iter().enumerate() {
@@ -1654,6 +1686,8 @@ impl Allocator {
         let policy = self.config.preemption;
         let mut attempts = 0u32;
         let mut decided = 0u32;
+        let mut failed_searches: std::collections::HashSet<PreemptionKey, foldhash::fast::FixedState> =
+            std::collections::HashSet::default();
         for i in 0..ctx.failed.len() {
             if attempts >= policy.max_attempts_per_cycle
                 || decided >= policy.max_preemptions_per_cycle
@@ -1670,10 +1704,32 @@ impl Allocator {
             if !self.may_try_preemption(idx) {
                 continue;
             }
+            // Jobs alike in every respect the victim search looks at fail
+            // alike; decisions within the cycle only make it harder.
+            let key = self.job(idx).and_then(|j| {
+                j.preempted_by.is_none().then(|| PreemptionKey {
+                    queue: j.queue,
+                    priority: j.spec.priority,
+                    per_worker: j.spec.gpus_per_worker,
+                    workers: j.spec.num_workers,
+                    filter: j.filter,
+                    topology: j.spec.topology,
+                    sharing: j.spec.allow_gpu_sharing,
+                    slice: j.spec.gpu_slice.clone(),
+                })
+            });
+            if let Some(key) = &key
+                && failed_searches.contains(key)
+            {
+                continue;
+            }
             attempts += 1;
             ctx.stats.preemption_attempts += 1;
             let inflight = self.inflight();
             let Some(plan) = self.find_victims(idx, &inflight) else {
+                if let Some(key) = key {
+                    failed_searches.insert(key);
+                }
                 continue;
             };
             let Some(preemption) = self.start_preemption(idx, &plan, now) else {

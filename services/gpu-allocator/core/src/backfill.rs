@@ -10,7 +10,9 @@
 //! So a smaller job may start ahead of a blocked bigger one, but never delays
 //! its reserved start.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+
+use crate::allocator::FastMap;
 
 use crate::allocator::{Allocator, JobState};
 use crate::inventory::{Inventory, JobIdx, NodeIdx, ResIdx};
@@ -30,10 +32,10 @@ pub(crate) struct Claim {
 /// The reservations of one cycle.
 #[derive(Debug, Default)]
 pub(crate) struct Reservations {
-    by_node: HashMap<(NodeIdx, ResIdx), Vec<Claim>>,
-    resources: HashSet<ResIdx>,
+    by_node: FastMap<(NodeIdx, ResIdx), Vec<Claim>>,
+    resources: HashSet<ResIdx, foldhash::fast::FixedState>,
     /// First holder per resource, for explanations and `backfilledAheadOf`.
-    pub(crate) first_holder: HashMap<ResIdx, (JobUid, Timestamp)>,
+    pub(crate) first_holder: FastMap<ResIdx, (JobUid, Timestamp)>,
     pub(crate) count: u32,
 }
 
@@ -155,7 +157,7 @@ impl Allocator {
         let r = self.inv.res(res)?;
         let filter = self.filters.get(filter as usize)?;
         // Eligible nodes and their units available at `now`.
-        let mut avail: HashMap<NodeIdx, (u32, u32, u32)> = HashMap::new();
+        let mut avail: FastMap<NodeIdx, (u32, u32, u32)> = FastMap::default();
         for (node_idx, free) in r.nodes_with_free(0) {
             let Some(node) = self.inv.node(node_idx) else {
                 continue;
@@ -185,7 +187,7 @@ impl Allocator {
         loop {
             if slots >= u64::from(workers) && tries < 64 {
                 tries += 1;
-                let mut cands: Vec<Candidate> = avail
+                let cands: Vec<Candidate> = avail
                     .iter()
                     .filter(|(_, (u, _, _))| *u >= per_worker)
                     .map(|(n, (u, z, r))| Candidate {
@@ -195,7 +197,6 @@ impl Allocator {
                         rack: *r,
                     })
                     .collect();
-                cands.sort_unstable_by_key(|c| (c.usable, c.node));
                 if let Some(placement) =
                     placement::place_gang(per_worker, workers, topology, &cands)
                 {

@@ -16,9 +16,9 @@
 //! the preemptor's, so the reverse move would need the opposite inequality.
 //! On top of that, a job never picks the job that last preempted it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
-use crate::allocator::{Allocator, JobState};
+use crate::allocator::{Allocator, FastMap, JobState};
 use crate::decision::PreemptionRule;
 use crate::inventory::{Inventory, JobIdx, NodeIdx, ResIdx};
 use crate::placement::{self, Candidate};
@@ -39,16 +39,28 @@ pub(crate) struct VictimPlan {
     pub(crate) placement: Vec<(NodeIdx, u32)>,
 }
 
-struct Cand {
+/// A possible victim; borrows from the allocator so that listing the
+/// (possibly thousands of) running jobs allocates nothing per job.
+struct Cand<'a> {
     idx: JobIdx,
     queue: QueueIdx,
     units: u64,
     priority: i32,
     admitted_at: Timestamp,
-    uid: JobUid,
+    uid: &'a JobUid,
     rule: PreemptionRule,
+    /// Workers per node.
+    placement: &'a [(NodeIdx, u32)],
+    per_worker: u32,
+}
+
+impl Cand<'_> {
     /// Units freed per node.
-    nodes: Vec<(NodeIdx, u32)>,
+    fn nodes(&self) -> impl Iterator<Item = (NodeIdx, u32)> + '_ {
+        self.placement
+            .iter()
+            .map(|(n, w)| (*n, w.saturating_mul(self.per_worker)))
+    }
 }
 
 /// Preemptions decided but not yet carried out, projected as done: victims
@@ -59,7 +71,7 @@ struct Cand {
 pub(crate) struct Inflight {
     pub(crate) deltas: Vec<UsageDelta>,
     /// Units of currently free capacity promised to waiting preemptors.
-    pub(crate) claims: HashMap<(NodeIdx, ResIdx), u32>,
+    pub(crate) claims: FastMap<(NodeIdx, ResIdx), u32>,
 }
 
 /// Everything fixed while searching victims for one preemptor in one resource.
@@ -73,9 +85,11 @@ struct Search<'a> {
     workers: u32,
     topology: crate::types::TopologyRequirement,
     /// Eligible nodes: free units, zone, rack.
-    base: HashMap<NodeIdx, (u32, u32, u32)>,
+    base: FastMap<NodeIdx, (u32, u32, u32)>,
+    /// Eligible nodes that already host a worker, best fit first.
+    base_fitting: Vec<Candidate>,
     base_slots: u64,
-    cands: Vec<Cand>,
+    cands: Vec<Cand<'a>>,
     max_victims: usize,
 }
 
@@ -98,18 +112,23 @@ impl Search<'_> {
         (set.len(), prio, units)
     }
 
-    fn freed(&self, set: &[usize]) -> HashMap<NodeIdx, u32> {
-        let mut freed: HashMap<NodeIdx, u32> = HashMap::new();
+    /// Units freed per node by evicting `set` (victim sets are small, so a
+    /// vector beats a map here).
+    fn freed(&self, set: &[usize]) -> Vec<(NodeIdx, u32)> {
+        let mut freed: Vec<(NodeIdx, u32)> = Vec::new();
         for c in set.iter().filter_map(|i| self.cands.get(*i)) {
-            for (node, units) in &c.nodes {
-                *freed.entry(*node).or_default() += units;
+            for (node, units) in c.nodes() {
+                match freed.iter_mut().find(|(n, _)| *n == node) {
+                    Some(entry) => entry.1 += units,
+                    None => freed.push((node, units)),
+                }
             }
         }
         freed
     }
 
     /// Worker slots after evicting `set` (cheap necessary condition).
-    fn slots_with(&self, freed: &HashMap<NodeIdx, u32>) -> u64 {
+    fn slots_with(&self, freed: &[(NodeIdx, u32)]) -> u64 {
         let g = self.per_worker.max(1);
         let mut slots = self.base_slots;
         for (node, extra) in freed {
@@ -144,7 +163,7 @@ impl Search<'_> {
         {
             return false;
         }
-        let mut per_queue: HashMap<QueueIdx, (u64, u64, bool)> = HashMap::new();
+        let mut per_queue: FastMap<QueueIdx, (u64, u64, bool)> = FastMap::default();
         for c in set.iter().filter_map(|i| self.cands.get(*i)) {
             if c.queue == self.queue {
                 continue;
@@ -194,11 +213,12 @@ impl Search<'_> {
         if !self.rules_hold(set) {
             return None;
         }
-        let mut cands: Vec<Candidate> = self
-            .base
+        // Freed nodes with their new usable units; every other node as is.
+        let changed: Vec<Candidate> = freed
             .iter()
-            .filter_map(|(node, (free, zone, rack))| {
-                let usable = free + freed.get(node).copied().unwrap_or(0);
+            .filter_map(|(node, extra)| {
+                let (free, zone, rack) = self.base.get(node)?;
+                let usable = free + extra;
                 (usable >= self.per_worker).then_some(Candidate {
                     node: *node,
                     usable,
@@ -207,7 +227,20 @@ impl Search<'_> {
                 })
             })
             .collect();
-        cands.sort_unstable_by_key(|c| (c.usable, c.node));
+        let untouched = self
+            .base_fitting
+            .iter()
+            .filter(|c| !freed.iter().any(|(n, _)| *n == c.node));
+        if self.workers == 1 {
+            // Best fit without building the full candidate list.
+            let best_untouched = untouched.take(1);
+            return changed
+                .iter()
+                .chain(best_untouched)
+                .min_by_key(|c| (c.usable, c.node))
+                .map(|c| vec![(c.node, 1)]);
+        }
+        let cands: Vec<Candidate> = untouched.copied().chain(changed).collect();
         placement::place_gang(self.per_worker, self.workers, self.topology, &cands)
     }
 
@@ -238,7 +271,7 @@ impl Search<'_> {
                 .cmp(&cb.priority)
                 .then(ca.units.cmp(&cb.units))
                 .then(cb.admitted_at.cmp(&ca.admitted_at))
-                .then_with(|| ca.uid.cmp(&cb.uid))
+                .then_with(|| ca.uid.cmp(cb.uid))
         });
         order
             .into_iter()
@@ -252,10 +285,10 @@ impl Search<'_> {
     /// gang fits.
     fn node_targeted(&self) -> Option<Vec<usize>> {
         let g = self.per_worker.max(1);
-        let mut on_node: HashMap<NodeIdx, Vec<usize>> = HashMap::new();
+        let mut on_node: FastMap<NodeIdx, Vec<usize>> = FastMap::default();
         for (i, c) in self.cands.iter().enumerate() {
-            for (node, _) in &c.nodes {
-                on_node.entry(*node).or_default().push(i);
+            for (node, _) in c.nodes() {
+                on_node.entry(node).or_default().push(i);
             }
         }
         let mut node_costs: Vec<(Cost, NodeIdx, Vec<usize>)> = Vec::new();
@@ -267,8 +300,8 @@ impl Search<'_> {
             let units_on = |i: &usize| -> u32 {
                 self.cands
                     .get(*i)
-                    .and_then(|c| c.nodes.iter().find(|(n, _)| n == node))
-                    .map_or(0, |(_, u)| *u)
+                    .and_then(|c| c.nodes().find(|(n, _)| n == node))
+                    .map_or(0, |(_, u)| u)
             };
             let best = if jobs.len() <= MAX_EXACT_PER_NODE {
                 let mut best: Option<(Cost, Vec<usize>)> = None;
@@ -327,18 +360,61 @@ impl Search<'_> {
     }
 
     /// Adds victims lowest priority / biggest first until the job fits.
+    /// Worker slots are tracked incrementally so the full check only runs
+    /// once the freed capacity could possibly host the gang.
     fn greedy(&self) -> Option<Vec<usize>> {
+        let g = self.per_worker.max(1);
         let mut set = Vec::new();
-        for i in 0..self.cands.len() {
+        let mut freed: Vec<(NodeIdx, u32)> = Vec::new();
+        let mut slots = self.base_slots;
+        for (i, c) in self.cands.iter().enumerate() {
             set.push(i);
             if set.len() > self.max_victims {
                 return None;
             }
-            if self.fits(&set).is_some() {
+            for (node, units) in c.nodes() {
+                let Some((free, _, _)) = self.base.get(&node) else { continue };
+                let before = match freed.iter_mut().find(|(n, _)| *n == node) {
+                    Some(entry) => {
+                        let before = entry.1;
+                        entry.1 += units;
+                        before
+                    }
+                    None => {
+                        freed.push((node, units));
+                        0
+                    }
+                };
+                slots += u64::from((free + before + units) / g) - u64::from((free + before) / g);
+            }
+            if slots >= u64::from(self.workers) && self.fits(&set).is_some() {
                 return Some(self.minimize(set));
             }
         }
         None
+    }
+
+    /// Necessary condition for any victim set: evicting every candidate
+    /// frees enough worker slots and quota. Both only grow with more victims,
+    /// so when this fails no subset can succeed.
+    fn feasible_at_all(&self) -> bool {
+        let all: Vec<usize> = (0..self.cands.len()).collect();
+        // Every candidate at once can touch every node: sum in a map.
+        let mut by_node: FastMap<NodeIdx, u32> = FastMap::default();
+        for c in &self.cands {
+            for (node, units) in c.nodes() {
+                *by_node.entry(node).or_default() += units;
+            }
+        }
+        let freed: Vec<(NodeIdx, u32)> = by_node.into_iter().collect();
+        if self.slots_with(&freed) < u64::from(self.workers) {
+            return false;
+        }
+        let deltas = self.deltas(&all);
+        self.alloc
+            .queues
+            .check(self.queue, self.res, self.units, &deltas)
+            .is_ok()
     }
 }
 
@@ -463,13 +539,10 @@ impl Allocator {
                 units: run.admission.total_units(),
                 priority: vjob.spec.priority,
                 admitted_at: run.admitted_at,
-                uid: vjob.spec.uid.clone(),
+                uid: &vjob.spec.uid,
                 rule,
-                nodes: run
-                    .placement
-                    .iter()
-                    .map(|(n, w)| (*n, w.saturating_mul(run.per_worker)))
-                    .collect(),
+                placement: &run.placement,
+                per_worker: run.per_worker,
             });
         }
         if cands.is_empty() {
@@ -480,14 +553,15 @@ impl Allocator {
                 .cmp(&b.priority)
                 .then(b.units.cmp(&a.units))
                 .then(b.admitted_at.cmp(&a.admitted_at))
-                .then_with(|| a.uid.cmp(&b.uid))
+                .then_with(|| a.uid.cmp(b.uid))
         });
         cands.truncate(MAX_CANDIDATES);
 
         let r = self.inv.res(res)?;
         let filter = self.filters.get(job.filter as usize)?;
         let per_worker = spec.gpus_per_worker;
-        let mut base = HashMap::new();
+        let mut base = FastMap::default();
+        let mut base_fitting = Vec::new();
         let mut base_slots = 0u64;
         for (node_idx, free) in r.nodes_with_free(0) {
             let Some(node) = self.inv.node(node_idx) else {
@@ -500,7 +574,16 @@ impl Allocator {
             let free = free.saturating_sub(promised);
             base_slots += u64::from(free / per_worker.max(1));
             base.insert(node_idx, (free, node.zone, node.rack));
+            if free >= per_worker {
+                base_fitting.push(Candidate {
+                    node: node_idx,
+                    usable: free,
+                    zone: node.zone,
+                    rack: node.rack,
+                });
+            }
         }
+        base_fitting.sort_unstable_by_key(|c| (c.usable, c.node));
         let search = Search {
             alloc: self,
             inflight: &inflight.deltas,
@@ -511,15 +594,23 @@ impl Allocator {
             workers: spec.num_workers,
             topology: spec.topology,
             base,
+            base_fitting,
             base_slots,
             cands,
             max_victims: usize::try_from(self.config.preemption.max_victims).unwrap_or(usize::MAX),
         };
+        if !search.feasible_at_all() {
+            return None;
+        }
         let chosen = match search.single() {
             Some(single) => single,
             None => {
                 let targeted = search.node_targeted();
-                let greedy = search.greedy();
+                // Singles failed, so two victims is already the smallest set.
+                let greedy = match &targeted {
+                    Some(t) if t.len() <= 2 => None,
+                    _ => search.greedy(),
+                };
                 match (targeted, greedy) {
                     (Some(a), Some(b)) => {
                         if search.cost(&b) < search.cost(&a) {

@@ -27,7 +27,7 @@ fn quota_caps_a_queue_at_nominal_and_explains_the_shortfall() {
     );
     let why = reason_of(&out, "j3");
     assert_eq!(
-        why.reason,
+        *why.reason,
         PendingReason::QuotaExceeded {
             flavor: A100.into(),
             resource: "nvidia.com/gpu".into(),
@@ -56,13 +56,13 @@ fn jobs_in_a_missing_queue_or_without_matching_quota_say_so() {
     h.submit(mig);
     let out = h.cycle(10);
     assert_eq!(
-        reason_of(&out, "lost").reason,
+        *reason_of(&out, "lost").reason,
         PendingReason::QueueNotFound {
             queue: "nope".into()
         }
     );
     assert!(matches!(
-        reason_of(&out, "mig").reason,
+        *reason_of(&out, "mig").reason,
         PendingReason::NoMatchingFlavor { .. }
     ));
 }
@@ -84,7 +84,7 @@ fn borrowing_uses_idle_cohort_quota_within_the_borrowing_limit() {
     assert_eq!(out.admissions.len(), 3, "8 nominal + 4 borrowed");
     assert_eq!(out.admissions.iter().filter(|a| a.borrowing).count(), 1);
     assert!(matches!(
-        reason_of(&out, "b3").reason,
+        *reason_of(&out, "b3").reason,
         PendingReason::QuotaExceeded { available: 0, .. }
     ));
 }
@@ -116,7 +116,7 @@ fn reclaim_preempts_only_the_borrower_and_admits_after_the_grace_period() {
     assert_eq!(p.victims[0].queue, "b");
     assert_eq!(p.evict_at, Timestamp(20 + 120));
     assert!(matches!(
-        reason_of(&out, "a0").reason,
+        *reason_of(&out, "a0").reason,
         PendingReason::AwaitingPreemption { victims: 1, .. }
     ));
 
@@ -285,7 +285,7 @@ fn gang_is_all_or_nothing() {
     let out = h.cycle(2);
     assert_eq!(admitted_uids(&out), vec!["half"]);
     let why = reason_of(&out, "gang");
-    match &why.reason {
+    match &*why.reason {
         PendingReason::InsufficientCapacity {
             placeable_workers,
             units_short,
@@ -388,7 +388,7 @@ fn topology_prefers_one_rack_then_one_zone() {
         "z1 has 3 nodes but in two racks"
     );
     assert!(matches!(
-        reason_of(&out, "zone-only").reason,
+        *reason_of(&out, "zone-only").reason,
         PendingReason::InsufficientCapacity { .. }
     ));
     h.finish("zone-only");
@@ -457,7 +457,7 @@ fn mig_requests_get_the_smallest_profile_with_enough_memory() {
     let exact = h.admitted("wants-7g").expect("admitted");
     assert_eq!(exact.workers[0].request_resource, "nvidia.com/mig-7g.40gb");
     assert!(matches!(
-        reason_of(&out, "whole-gpu").reason,
+        *reason_of(&out, "whole-gpu").reason,
         PendingReason::NoMatchingFlavor { .. }
     ));
 }
@@ -502,7 +502,7 @@ fn time_sliced_gpus_are_used_only_by_jobs_that_opt_in() {
         "never silently placed on a shared GPU"
     );
     assert!(matches!(
-        reason_of(&out, "plain").reason,
+        *reason_of(&out, "plain").reason,
         PendingReason::InsufficientCapacity { .. }
     ));
     let sharer = h.admitted("sharer").expect("admitted");
@@ -755,14 +755,14 @@ fn backfill_never_delays_the_reserved_head_job() {
             .and_then(|a| a.backfilled_ahead_of.clone()),
         Some(uid("head-8"))
     );
-    match &reason_of(&out, "head-8").reason {
+    match &*reason_of(&out, "head-8").reason {
         PendingReason::InsufficientCapacity { reserved_start, .. } => {
             assert_eq!(*reserved_start, Some(Timestamp(1_000)))
         }
         other => panic!("unexpected {other:?}"),
     }
     assert!(matches!(
-        reason_of(&out, "long-4").reason,
+        *reason_of(&out, "long-4").reason,
         PendingReason::HeldForReservation { ref reserved_for, until: Timestamp(1_000), .. } if *reserved_for == uid("head-8")
     ));
     h.finish("short-4");

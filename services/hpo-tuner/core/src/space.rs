@@ -410,16 +410,22 @@ impl Domain {
     /// Decodes a unit coordinate (numeric) or category index (categorical) into
     /// a value inside the domain. Out-of-range input is clamped, never rejected.
     pub fn decode(&self, u: f64) -> ParamValue {
+        if let Domain::Categorical { choices } = self {
+            let last = choices.len().saturating_sub(1);
+            let i = if u.is_finite() {
+                (u.round().max(0.0) as usize).min(last)
+            } else {
+                0
+            };
+            return ParamValue::Categorical(choices.get(i).cloned().unwrap_or_default());
+        }
         let u = if u.is_finite() {
             u.clamp(0.0, 1.0)
         } else {
             0.5
         };
         match self {
-            Domain::Categorical { choices } => {
-                let i = (u.round() as usize).min(choices.len().saturating_sub(1));
-                ParamValue::Categorical(choices.get(i).cloned().unwrap_or_default())
-            }
+            Domain::Categorical { .. } => ParamValue::Categorical(String::new()),
             Domain::Float { low, high, log } => {
                 let v = if *log {
                     (low.ln() + u * (high.ln() - low.ln())).exp()
@@ -569,6 +575,12 @@ mod tests {
             choices: vec!["a".into(), "b".into()],
         };
         assert_eq!(c.decode(1.0), ParamValue::Categorical("b".into()));
+        let c3 = Domain::Categorical {
+            choices: vec!["a".into(), "b".into(), "c".into()],
+        };
+        assert_eq!(c3.decode(2.0), ParamValue::Categorical("c".into()));
+        assert_eq!(c3.decode(7.0), ParamValue::Categorical("c".into()));
+        assert_eq!(c3.decode(f64::NAN), ParamValue::Categorical("a".into()));
         assert_eq!(c.encode(&ParamValue::Categorical("z".into())), None);
     }
 }

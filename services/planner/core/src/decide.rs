@@ -30,7 +30,6 @@ use crate::error::PlanError;
 use crate::failure::{FailureCause, WorkerFailure};
 use crate::names::job_name;
 use crate::objects::{DesiredObjects, JobPlan, desired_objects};
-use crate::preflight::preflight;
 use crate::state::{AttemptRecord, PlannerJobState};
 use crate::status::{MetricGoal, elapsed, format_duration, from_time, progress_percent, to_time};
 
@@ -65,7 +64,7 @@ pub enum PlannerCommand {
 
 /// One thing for the planner's shell to do.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", rename_all_fields = "camelCase")]
 pub enum PlannerAction {
     /// Server-side apply the ConfigMap, the Service and the Job, in that order.
     ApplyObjects(Box<DesiredObjects>),
@@ -300,10 +299,6 @@ enum Built {
     WithoutAdmission(Box<DesiredObjects>, PlanError),
 }
 
-fn duration_until(from: DateTime<Utc>, to: DateTime<Utc>) -> Duration {
-    elapsed(from, to)
-}
-
 fn add_seconds(at: DateTime<Utc>, seconds: u64) -> DateTime<Utc> {
     let delta = i64::try_from(seconds)
         .ok()
@@ -345,13 +340,9 @@ impl Context<'_> {
         let spec = self.spec();
         let record = self.record();
         let attempt = record.attempt;
-        if let Err(error) = preflight(self.job, self.config) {
-            let mut verdict = Verdict::failed(attempt, error.reason(), error.to_string(), self.now);
-            if record.job_live() {
-                verdict.actions.push(self.delete_current_job());
-            }
-            return verdict;
-        }
+        // Pre-flight runs whenever objects are built (`desired_objects` starts with it),
+        // so a job that cannot run fails before its first Job exists; a running attempt
+        // is not failed because, say, the configured node size shrank under it.
         let phase = Phase::of(record, spec);
         if let Phase::Succeeded(at) = phase {
             let message = format!("all {} workers finished successfully", spec.num_workers);
@@ -472,7 +463,7 @@ impl Context<'_> {
             vec![self.delete_current_job()]
         } else {
             vec![PlannerAction::RecheckAfter {
-                delay: duration_until(self.now, kill_at),
+                delay: elapsed(self.now, kill_at),
                 reason: "stop grace period".to_owned(),
             }]
         }
@@ -570,10 +561,15 @@ impl Context<'_> {
             let message = format!("{failure}; {restart} at {}{resume}", ready_at.to_rfc3339());
             let mut verdict =
                 Verdict::new(TrainingJobState::Pending, next, "RestartBackoff", message);
+            verdict.admitted = ConditionUpdate::new(
+                ConditionStatus::False,
+                "RestartBackoff",
+                format!("GPUs released; attempt {next} waits for admission once created"),
+            );
             verdict.warning = true;
             verdict.actions.push(PlannerAction::RecreateAfter {
                 attempt: next,
-                delay: duration_until(self.now, ready_at),
+                delay: elapsed(self.now, ready_at),
             });
             return verdict;
         }
@@ -642,8 +638,10 @@ impl Context<'_> {
     ) -> Verdict {
         let record = self.record();
         let preemptor = decision.preemptor.key();
-        let ended = matches!(phase, Phase::Failed | Phase::Gone);
-        if !ended && self.now < decision.evict_after && !record.checkpointed_since_preemption {
+        // Only running workers have something to checkpoint; an attempt that has not
+        // started yet gives its admission back at once.
+        let running = matches!(phase, Phase::Starting | Phase::Running);
+        if running && self.now < decision.evict_after && !record.checkpointed_since_preemption {
             let mut verdict = self.progression(phase);
             verdict.preempted = Some(ConditionUpdate::new(
                 ConditionStatus::True,
@@ -658,7 +656,7 @@ impl Context<'_> {
             verdict.checkpoint_now =
                 Some((format!("preempted for {preemptor}"), decision.evict_after));
             verdict.actions.push(PlannerAction::RecheckAfter {
-                delay: duration_until(self.now, decision.evict_after),
+                delay: elapsed(self.now, decision.evict_after),
                 reason: "preemption grace period".to_owned(),
             });
             return verdict;
@@ -858,7 +856,7 @@ impl Context<'_> {
             .or(self.state.first_started_at);
         if let (Some(seconds), Some(start)) = (seconds, first_start) {
             verdict.actions.push(PlannerAction::RecheckAfter {
-                delay: duration_until(self.now, add_seconds(start, seconds)),
+                delay: elapsed(self.now, add_seconds(start, seconds)),
                 reason: "active deadline".to_owned(),
             });
         }

@@ -409,9 +409,10 @@ fn worker_volumes(
             }),
             // Object stores are written through their URI; nothing to mount.
             Some(_) => None,
-            // No storage configured: a scratch directory that lives as long as the pod.
-            // A restart is a new pod, so these checkpoints do not survive it; the API
-            // documents this default, and `storage` is the way to keep them.
+            // No storage configured: a scratch directory that lives as long as the pod,
+            // so these checkpoints do not survive a restart (a new attempt is new pods).
+            // The API promises a volume that lives as long as the job; that needs a
+            // PersistentVolumeClaim owned by the TrainingJob, which is not built yet.
             None => Some(Volume {
                 name: "checkpoints".to_owned(),
                 empty_dir: Some(EmptyDirVolumeSource::default()),

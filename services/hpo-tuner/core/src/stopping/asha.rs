@@ -128,6 +128,7 @@ impl Rung {
 pub struct Asha {
     config: AshaConfig,
     rungs: Vec<Rung>,
+    #[serde(with = "super::pairs")]
     next_rung: BTreeMap<u32, u32>,
 }
 

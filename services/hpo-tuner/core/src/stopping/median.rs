@@ -39,7 +39,9 @@ impl Default for MedianStopConfig {
 #[serde(rename_all = "camelCase")]
 pub struct MedianStop {
     config: MedianStopConfig,
+    #[serde(with = "super::pairs")]
     running: BTreeMap<u32, Vec<(u32, f64)>>,
+    #[serde(with = "super::pairs")]
     completed_at: BTreeMap<u32, Vec<f64>>,
     completed: u32,
 }

@@ -1,0 +1,846 @@
+//! The planner's state machine, driven message by message through `observe` and
+//! `decide`, with the harness in `common` standing in for the shell. Time is a plain
+//! value the tests move forward; nothing here waits.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{
+    Harness, admission, applied, checkpoint, condition, deleted, job_event, pending, pod_event,
+    pod_failed, preemption, progress, spec, training_job,
+};
+use planner_core::{
+    CONDITION_ADMITTED, CONDITION_FAILED, CONDITION_PREEMPTED, CONDITION_RUNNING,
+    CONDITION_SUCCEEDED, CONDITION_SUSPENDED, Observation, Observed, PlannerAction, PlannerCommand,
+    PlannerConfig, PlannerJobState, RESUME_FROM_KEY, decide, observe,
+};
+use trainyard_api::{
+    CheckpointSpec, FailurePolicy, RestartPolicy, SuccessPolicy, TrainingJobSpec, TrainingJobState,
+};
+use trainyard_contracts::decisions::{ResumePointChosen, TrialStopped};
+
+fn states(harness: &Harness) -> Vec<TrainingJobState> {
+    harness.transitions.iter().map(|t| t.to).collect()
+}
+
+fn recreate_delay(actions: &[PlannerAction]) -> Option<(u32, u64)> {
+    actions.iter().find_map(|a| match a {
+        PlannerAction::RecreateAfter { attempt, delay } => Some((*attempt, delay.as_secs())),
+        _ => None,
+    })
+}
+
+fn with_failure_policy(
+    restart_policy: RestartPolicy,
+    backoff_limit: Option<u32>,
+) -> TrainingJobSpec {
+    TrainingJobSpec {
+        failure_policy: Some(FailurePolicy {
+            restart_policy: Some(restart_policy),
+            backoff_limit,
+            active_deadline_seconds: None,
+        }),
+        ..spec(2)
+    }
+}
+
+/// Fails attempt `attempt` with `exit_code` on worker 1 and decides.
+fn fail_worker_one(harness: &mut Harness, attempt: u32, exit_code: i32) -> Vec<PlannerAction> {
+    let name = harness.name();
+    harness.observe(Observation::Pod(pod_failed(&name, attempt, 1, exit_code)));
+    let mut failed_job = job_event(&name, attempt, false, 0);
+    failed_job.failed = 1;
+    failed_job.conditions = vec![condition("Failed", "BackoffLimitExceeded")];
+    harness.observe(Observation::Job(failed_job));
+    harness.decide()
+}
+
+#[test]
+fn happy_path_goes_pending_queued_initializing_running_completed() {
+    let mut h = Harness::new(training_job("mnist", spec(2)));
+
+    let actions = h.decide();
+    let created = applied(&actions);
+    assert_eq!(created.len(), 1);
+    assert_eq!(created[0].job_name(), "mnist-a0");
+    assert!(
+        created[0].job_suspended(),
+        "created suspended until admitted"
+    );
+    assert_eq!(h.state_now(), Some(TrainingJobState::Pending));
+
+    h.observe(Observation::Job(job_event("mnist", 0, true, 0)));
+    h.observe(Observation::Pending(pending(3)));
+    h.decide();
+    assert_eq!(h.state_now(), Some(TrainingJobState::Queued));
+    let waiting = h.condition(CONDITION_ADMITTED).unwrap();
+    assert_eq!(waiting.reason.as_deref(), Some("WaitingForQuota"));
+    let message = waiting.message.unwrap_or_default();
+    assert!(message.contains("position 3 in queue default"), "{message}");
+    assert!(message.contains("needs 2 more"), "{message}");
+
+    h.observe(Observation::Admission(admission(0, 2)));
+    let actions = h.decide();
+    let unsuspended = applied(&actions);
+    assert_eq!(unsuspended.len(), 1);
+    assert!(!unsuspended[0].job_suspended());
+    let pod = unsuspended[0]
+        .job
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        pod.node_selector
+            .as_ref()
+            .unwrap()
+            .get("nvidia.com/gpu.product")
+            .map(String::as_str),
+        Some("A100-SXM4-80GB")
+    );
+    assert_eq!(h.state_now(), Some(TrainingJobState::Initializing));
+
+    h.advance(5);
+    let mut started = job_event("mnist", 0, false, 2);
+    started.start_time = Some(h.now);
+    h.observe(Observation::Job(started));
+    h.observe(Observation::Pod(pod_event("mnist", 0, 0, "Running")));
+    let actions = h.decide();
+    assert!(
+        applied(&actions).is_empty(),
+        "a started Job is never re-applied"
+    );
+    assert_eq!(h.state_now(), Some(TrainingJobState::Initializing));
+    h.observe(Observation::Pod(pod_event("mnist", 0, 1, "Running")));
+    h.decide();
+    assert_eq!(h.state_now(), Some(TrainingJobState::Running));
+    let status = h.status();
+    let resources = status.resources.unwrap();
+    assert_eq!(resources.gpus, 2);
+    assert_eq!(resources.nodes, ["gpu-node-0", "gpu-node-1"]);
+    assert_eq!(resources.flavor.as_deref(), Some("a100-80gb"));
+    assert!(h.condition(CONDITION_RUNNING).unwrap().is_true());
+
+    for epoch in 1..=4 {
+        h.advance(60);
+        h.observe(Observation::Progress(progress(
+            0,
+            0,
+            epoch,
+            &[("loss", 1.0 / f64::from(epoch))],
+        )));
+    }
+    h.observe(Observation::Checkpoint(checkpoint(0, 4)));
+    h.decide();
+    let status = h.status();
+    assert_eq!(status.progress.as_deref(), Some("40%"));
+    assert_eq!(status.current_epoch, Some(4));
+    assert_eq!(status.total_epochs, Some(10));
+    assert_eq!(status.metrics.get("loss"), Some(&0.25));
+    let saved = status.checkpoint.unwrap();
+    assert_eq!(saved.latest_epoch, Some(4));
+    assert_eq!(saved.count, 1);
+
+    h.advance(3600);
+    let mut done = job_event("mnist", 0, false, 0);
+    done.succeeded = 2;
+    done.conditions = vec![condition("Complete", "CompletionsReached")];
+    done.completion_time = Some(h.now);
+    h.observe(Observation::Job(done));
+    h.decide();
+    let status = h.status();
+    assert_eq!(status.state, Some(TrainingJobState::Completed));
+    assert_eq!(status.progress.as_deref(), Some("100%"));
+    assert!(status.completion_time.is_some());
+    assert_eq!(status.duration.as_deref(), Some("1h4m0s"));
+    assert_eq!(status.restart_count, Some(0));
+    assert_eq!(status.observed_generation, Some(1));
+    assert!(h.condition(CONDITION_SUCCEEDED).unwrap().is_true());
+    assert_eq!(
+        states(&h),
+        [
+            TrainingJobState::Pending,
+            TrainingJobState::Queued,
+            TrainingJobState::Initializing,
+            TrainingJobState::Running,
+            TrainingJobState::Completed,
+        ]
+    );
+    assert_eq!(h.transitions[3].gpus, 2, "a running job holds its GPUs");
+    assert_eq!(h.transitions[4].gpus, 0, "a finished job holds none");
+
+    // A terminal job stays terminal: nothing further happens.
+    h.advance(60);
+    assert!(h.decide().is_empty());
+    assert_eq!(h.applied_jobs.len(), 1);
+}
+
+#[test]
+fn retryable_failure_restarts_after_backoff_from_the_latest_checkpoint() {
+    let mut h = Harness::new(training_job(
+        "bert",
+        with_failure_policy(RestartPolicy::ExitCode, Some(3)),
+    ));
+    h.run_attempt_until_running(0);
+    h.observe(Observation::Checkpoint(checkpoint(0, 4)));
+
+    let actions = fail_worker_one(&mut h, 0, 137);
+    assert!(
+        applied(&actions).is_empty(),
+        "the restart waits for its backoff"
+    );
+    assert_eq!(recreate_delay(&actions), Some((1, 10)));
+    let status = h.status();
+    assert_eq!(status.state, Some(TrainingJobState::Pending));
+    assert_eq!(status.restart_count, Some(1));
+    let message = h
+        .condition(CONDITION_RUNNING)
+        .unwrap()
+        .message
+        .unwrap_or_default();
+    assert!(message.contains("worker 1"), "{message}");
+    assert!(message.contains("exited with code 137"), "{message}");
+    assert!(message.contains("restart 1 of 3 as attempt 1"), "{message}");
+
+    h.advance(10);
+    let actions = h.decide();
+    let restarted = applied(&actions);
+    assert_eq!(restarted.len(), 1);
+    assert_eq!(restarted[0].job_name(), "bert-a1", "a retry is a fresh Job");
+    assert!(
+        restarted[0].job_suspended(),
+        "the new attempt waits for re-admission"
+    );
+    let resume = restarted[0]
+        .config_map
+        .data
+        .as_ref()
+        .unwrap()
+        .get(RESUME_FROM_KEY)
+        .cloned();
+    assert_eq!(
+        resume.as_deref(),
+        Some("s3://ml-checkpoints/run/checkpoint-epoch-4")
+    );
+
+    h.run_attempt_until_running(1);
+    assert_eq!(h.status().restart_count, Some(1));
+
+    // The second failure waits twice as long.
+    h.advance(100);
+    let actions = fail_worker_one(&mut h, 1, 143);
+    assert_eq!(recreate_delay(&actions), Some((2, 20)));
+    assert_eq!(h.status().restart_count, Some(2));
+}
+
+#[test]
+fn permanent_failure_under_exit_code_policy_fails_at_once() {
+    let mut h = Harness::new(training_job(
+        "bert",
+        with_failure_policy(RestartPolicy::ExitCode, Some(3)),
+    ));
+    h.run_attempt_until_running(0);
+    let actions = fail_worker_one(&mut h, 0, 1);
+    assert!(applied(&actions).is_empty());
+    assert!(recreate_delay(&actions).is_none());
+    let status = h.status();
+    assert_eq!(status.state, Some(TrainingJobState::Failed));
+    let reason = status.failure_reason.unwrap_or_default();
+    assert!(
+        reason.starts_with("PermanentFailure: worker 1 (pod bert-a0-1-abcde) exited with code 1"),
+        "{reason}"
+    );
+    assert!(h.condition(CONDITION_FAILED).unwrap().is_true());
+}
+
+#[test]
+fn on_failure_policy_retries_program_errors_and_never_policy_retries_nothing() {
+    let mut on_failure = Harness::new(training_job(
+        "a",
+        with_failure_policy(RestartPolicy::OnFailure, Some(1)),
+    ));
+    on_failure.run_attempt_until_running(0);
+    let actions = fail_worker_one(&mut on_failure, 0, 1);
+    assert_eq!(recreate_delay(&actions), Some((1, 10)));
+
+    let mut never = Harness::new(training_job(
+        "b",
+        with_failure_policy(RestartPolicy::Never, None),
+    ));
+    never.run_attempt_until_running(0);
+    let actions = fail_worker_one(&mut never, 0, 137);
+    assert!(recreate_delay(&actions).is_none());
+    let reason = never.status().failure_reason.unwrap_or_default();
+    assert!(reason.starts_with("WorkerFailed: worker 1"), "{reason}");
+    assert!(reason.contains("restartPolicy Never"), "{reason}");
+}
+
+#[test]
+fn backoff_limit_exhausted_fails_with_exit_code_and_worker() {
+    let mut h = Harness::new(training_job(
+        "gpt",
+        with_failure_policy(RestartPolicy::OnFailure, Some(2)),
+    ));
+    for attempt in 0..=2 {
+        h.run_attempt_until_running(attempt);
+        let actions = fail_worker_one(&mut h, attempt, 137);
+        if attempt < 2 {
+            assert_eq!(
+                h.state_now(),
+                Some(TrainingJobState::Pending),
+                "attempt {attempt}"
+            );
+            let (next, delay) = recreate_delay(&actions).unwrap();
+            assert_eq!(next, attempt + 1);
+            h.advance(i64::try_from(delay).unwrap());
+        }
+    }
+    let status = h.status();
+    assert_eq!(status.state, Some(TrainingJobState::Failed));
+    assert_eq!(status.restart_count, Some(2));
+    let reason = status.failure_reason.unwrap_or_default();
+    assert!(
+        reason.starts_with(
+            "BackoffLimitExceeded: worker 1 (pod gpt-a2-1-abcde) exited with code 137"
+        ),
+        "{reason}"
+    );
+    assert!(reason.contains("all 2 restarts"), "{reason}");
+    let jobs: Vec<&str> = h.applied_jobs.iter().map(String::as_str).collect();
+    assert_eq!(jobs, ["gpt-a0", "gpt-a1", "gpt-a2"]);
+    // The failed attempt's Job is kept for its logs, the one before goes.
+    assert!(h.deleted_jobs.contains(&"gpt-a0".to_owned()));
+    assert!(!h.deleted_jobs.contains(&"gpt-a2".to_owned()));
+}
+
+#[test]
+fn suspend_stops_the_workers_after_a_checkpoint_request_and_resume_starts_a_new_attempt() {
+    let mut h = Harness::new(training_job("bert", spec(2)));
+    h.run_attempt_until_running(0);
+
+    h.job.spec.suspend = Some(true);
+    h.job.metadata.generation = Some(2);
+    let actions = h.decide();
+    assert_eq!(deleted(&actions), ["bert-a0"]);
+    assert_eq!(h.state_now(), Some(TrainingJobState::Suspended));
+    assert!(h.condition(CONDITION_SUSPENDED).unwrap().is_true());
+    assert!(matches!(
+        h.commands.as_slice(),
+        [PlannerCommand::CheckpointNow(_)]
+    ));
+    assert!(
+        h.status().resources.is_none(),
+        "a suspended job holds no GPUs"
+    );
+
+    let mut gone = job_event("bert", 0, false, 0);
+    gone.change = trainyard_contracts::events::Change::Deleted;
+    h.observe(Observation::Job(gone));
+    let actions = h.decide();
+    assert!(applied(&actions).is_empty(), "nothing runs while suspended");
+    assert_eq!(h.commands.len(), 1, "the checkpoint request is sent once");
+
+    h.job.spec.suspend = Some(false);
+    h.job.metadata.generation = Some(3);
+    let actions = h.decide();
+    let resumed = applied(&actions);
+    assert_eq!(resumed.len(), 1);
+    assert_eq!(resumed[0].job_name(), "bert-a1");
+    assert_eq!(h.state_now(), Some(TrainingJobState::Pending));
+    assert_eq!(
+        h.condition(CONDITION_SUSPENDED).unwrap().reason.as_deref(),
+        Some("Resumed")
+    );
+    h.run_attempt_until_running(1);
+    assert_eq!(h.state.failed_attempts, 0, "a suspend is not a failure");
+}
+
+#[test]
+fn a_job_created_suspended_stays_suspended_and_queued_objects_exist() {
+    let mut job_spec = spec(2);
+    job_spec.suspend = Some(true);
+    let mut h = Harness::new(training_job("later", job_spec));
+    let actions = h.decide();
+    let created = applied(&actions);
+    assert_eq!(created.len(), 1);
+    assert!(created[0].job_suspended());
+    assert_eq!(h.state_now(), Some(TrainingJobState::Suspended));
+    assert!(h.commands.is_empty(), "nothing ran, nothing to checkpoint");
+}
+
+#[test]
+fn success_policy_target_reached_sends_stop_and_completes() {
+    let mut job_spec = spec(2);
+    job_spec.success_policy = Some(SuccessPolicy {
+        target_accuracy: Some(0.9),
+        early_stopping_patience: None,
+        metric: Some("accuracy".into()),
+    });
+    let mut h = Harness::new(training_job("resnet", job_spec));
+    h.run_attempt_until_running(0);
+    h.observe(Observation::Progress(progress(
+        0,
+        0,
+        1,
+        &[("accuracy", 0.7)],
+    )));
+    h.decide();
+    assert_eq!(h.state_now(), Some(TrainingJobState::Running));
+    h.advance(60);
+    h.observe(Observation::Progress(progress(
+        0,
+        0,
+        2,
+        &[("accuracy", 0.93)],
+    )));
+    let actions = h.decide();
+    let status = h.status();
+    assert_eq!(status.state, Some(TrainingJobState::Completed));
+    assert_eq!(
+        h.condition(CONDITION_SUCCEEDED).unwrap().reason.as_deref(),
+        Some("TargetReached")
+    );
+    assert!(matches!(h.commands.as_slice(), [PlannerCommand::Stop(_)]));
+    assert!(
+        deleted(&actions).is_empty(),
+        "the workers get a grace period to stop"
+    );
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, PlannerAction::RecheckAfter { .. }))
+    );
+
+    h.advance(i64::from(h.config.stop_grace_period_seconds));
+    let actions = h.decide();
+    assert_eq!(deleted(&actions), ["resnet-a0"]);
+    assert_eq!(h.commands.len(), 1, "stop is sent once");
+}
+
+#[test]
+fn success_policy_patience_stops_training_that_no_longer_improves() {
+    let mut job_spec = spec(1);
+    job_spec.success_policy = Some(SuccessPolicy {
+        target_accuracy: None,
+        early_stopping_patience: Some(2),
+        metric: Some("val_loss".into()),
+    });
+    let mut h = Harness::new(training_job("patient", job_spec));
+    h.run_attempt_until_running(0);
+    for (epoch, loss) in [(1, 0.9), (2, 0.5), (3, 0.55)] {
+        h.observe(Observation::Progress(progress(
+            0,
+            0,
+            epoch,
+            &[("val_loss", loss)],
+        )));
+    }
+    h.decide();
+    assert_eq!(
+        h.state_now(),
+        Some(TrainingJobState::Running),
+        "one epoch without improvement"
+    );
+    h.observe(Observation::Progress(progress(
+        0,
+        0,
+        4,
+        &[("val_loss", 0.51)],
+    )));
+    h.decide();
+    assert_eq!(h.state_now(), Some(TrainingJobState::Completed));
+    let message = h
+        .condition(CONDITION_SUCCEEDED)
+        .unwrap()
+        .message
+        .unwrap_or_default();
+    assert!(
+        message.contains("has not improved on 0.5 (epoch 2) for 2 epochs"),
+        "{message}"
+    );
+}
+
+#[test]
+fn trial_stopped_by_the_tuner_completes_early() {
+    let mut h = Harness::new(training_job("sweep-t3", spec(1)));
+    h.run_attempt_until_running(0);
+    h.observe(Observation::TrialStopped(TrialStopped {
+        trial_name: "sweep-t3".into(),
+        reason: "below the median at rung 3".into(),
+        rung: Some(3),
+    }));
+    h.decide();
+    assert_eq!(h.state_now(), Some(TrainingJobState::Completed));
+    assert!(matches!(h.commands.as_slice(), [PlannerCommand::Stop(_)]));
+}
+
+#[test]
+fn stale_attempt_reports_are_ignored() {
+    let mut h = Harness::new(training_job("bert", spec(2)));
+    h.run_attempt_until_running(0);
+    h.observe(Observation::Progress(progress(0, 0, 3, &[("loss", 0.4)])));
+    fail_worker_one(&mut h, 0, 137);
+    h.advance(10);
+    h.run_attempt_until_running(1);
+    h.observe(Observation::Progress(progress(1, 0, 2, &[("loss", 0.3)])));
+    h.decide();
+    let before = h.status();
+
+    assert_eq!(
+        h.observe(Observation::Progress(progress(0, 0, 9, &[("loss", 9.0)]))),
+        Observed::StaleAttempt {
+            attempt: 0,
+            current: 1
+        }
+    );
+    assert_eq!(
+        h.observe(Observation::Checkpoint(checkpoint(0, 9))),
+        Observed::StaleAttempt {
+            attempt: 0,
+            current: 1
+        }
+    );
+    assert_eq!(
+        h.observe(Observation::Pod(pod_failed("bert", 0, 0, 1))),
+        Observed::StaleAttempt {
+            attempt: 0,
+            current: 1
+        }
+    );
+    assert_eq!(
+        h.observe(Observation::Admission(admission(0, 2))),
+        Observed::StaleAttempt {
+            attempt: 0,
+            current: 1
+        }
+    );
+    assert_eq!(
+        h.observe(Observation::Progress(progress(7, 0, 9, &[]))),
+        Observed::FutureAttempt {
+            attempt: 7,
+            current: 1
+        }
+    );
+    let actions = h.decide();
+    assert!(
+        !actions
+            .iter()
+            .any(|a| matches!(a, PlannerAction::UpdateStatus(_))),
+        "{actions:?}"
+    );
+    assert_eq!(h.status(), before);
+    assert_eq!(h.status().metrics.get("loss"), Some(&0.3));
+}
+
+#[test]
+fn preemption_checkpoints_then_requeues_without_spending_the_backoff_budget() {
+    let mut h = Harness::new(training_job("bert", spec(2)));
+    h.run_attempt_until_running(0);
+    let evict_at = h.now + chrono::TimeDelta::seconds(60);
+    h.observe(Observation::Preemption(preemption(evict_at)));
+    let actions = h.decide();
+    assert!(
+        deleted(&actions).is_empty(),
+        "the workers get the grace period"
+    );
+    let requested = h.commands.iter().find_map(|c| match c {
+        PlannerCommand::CheckpointNow(request) => Some(request.deadline),
+        PlannerCommand::Stop(_) => None,
+    });
+    assert_eq!(requested, Some(evict_at));
+    assert!(h.condition(CONDITION_PREEMPTED).unwrap().is_true());
+    assert_eq!(h.state_now(), Some(TrainingJobState::Running));
+
+    // The checkpoint landed: no need to wait for the eviction time.
+    h.advance(20);
+    h.observe(Observation::Checkpoint(checkpoint(0, 6)));
+    let actions = h.decide();
+    assert_eq!(deleted(&actions), ["bert-a0"]);
+    let next = applied(&actions);
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].job_name(), "bert-a1");
+    assert_eq!(h.status().restart_count, Some(1));
+
+    let mut gone = job_event("bert", 0, false, 0);
+    gone.change = trainyard_contracts::events::Change::Deleted;
+    h.observe(Observation::Job(gone));
+    h.observe(Observation::Pod(pod_failed("bert", 0, 1, 143)));
+    h.run_attempt_until_running(1);
+    assert_eq!(
+        h.state.failed_attempts, 0,
+        "preemptions do not count against backoffLimit"
+    );
+    assert_eq!(
+        h.condition(CONDITION_PREEMPTED).unwrap().reason.as_deref(),
+        Some("Readmitted")
+    );
+    assert_eq!(h.commands.len(), 1, "one checkpoint request per preemption");
+}
+
+#[test]
+fn an_admission_that_contradicts_the_spec_keeps_the_job_queued() {
+    let mut job_spec = spec(2);
+    job_spec.scheduling = Some(trainyard_api::SchedulingSpec {
+        node_selector: [("nvidia.com/gpu.product".to_owned(), "H100".to_owned())].into(),
+        ..trainyard_api::SchedulingSpec::default()
+    });
+    let mut h = Harness::new(training_job("h100-only", job_spec));
+    h.decide();
+    h.observe(Observation::Job(job_event("h100-only", 0, true, 0)));
+    h.observe(Observation::Admission(admission(0, 2)));
+    let actions = h.decide();
+    let kept = applied(&actions);
+    assert_eq!(kept.len(), 1);
+    assert!(
+        kept[0].job_suspended(),
+        "a conflicting admission is not applied"
+    );
+    assert_eq!(h.state_now(), Some(TrainingJobState::Queued));
+    let condition = h.condition(CONDITION_ADMITTED).unwrap();
+    assert_eq!(condition.reason.as_deref(), Some("AdmissionConflict"));
+    assert!(
+        condition
+            .message
+            .unwrap_or_default()
+            .contains("spec.scheduling.nodeSelector")
+    );
+}
+
+#[test]
+fn preflight_failures_fail_the_job_with_the_field_and_fix_and_create_nothing() {
+    let config = PlannerConfig {
+        largest_node_gpus: Some(8),
+        ..PlannerConfig::default()
+    };
+    let mut too_big = spec(2);
+    too_big.gpus_per_worker = Some(16);
+    let mut bad_resume = spec(2);
+    bad_resume.checkpoint = Some(CheckpointSpec {
+        enabled: Some(true),
+        resume_from: Some("checkpoints/epoch-3".into()),
+        ..CheckpointSpec::default()
+    });
+    let mut invalid = spec(2);
+    invalid.num_workers = 0;
+    let mut gpu_mismatch = spec(2);
+    gpu_mismatch.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+        limits: Some(
+            [(
+                "nvidia.com/gpu".to_owned(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("2".into()),
+            )]
+            .into(),
+        ),
+        ..Default::default()
+    });
+
+    for (name, job_spec, reason, field) in [
+        (
+            "too-big",
+            too_big,
+            "GpusExceedLargestNode",
+            "spec.gpusPerWorker",
+        ),
+        (
+            "bad-resume",
+            bad_resume,
+            "UnparsableResumeFrom",
+            "spec.checkpoint.resumeFrom",
+        ),
+        ("invalid", invalid, "InvalidSpec", "spec.numWorkers"),
+        (
+            "gpu-mismatch",
+            gpu_mismatch,
+            "GpuResourceMismatch",
+            "spec.resources.limits",
+        ),
+        ("name.with.dots", spec(1), "UnusableName", "metadata.name"),
+    ] {
+        let mut h = Harness::new(training_job(name, job_spec));
+        h.config = config.clone();
+        let actions = h.decide();
+        assert!(applied(&actions).is_empty(), "{name}: no objects");
+        assert_eq!(h.state_now(), Some(TrainingJobState::Failed), "{name}");
+        let failed = h.condition(CONDITION_FAILED).unwrap();
+        assert_eq!(failed.reason.as_deref(), Some(reason), "{name}");
+        let message = failed.message.unwrap_or_default();
+        assert!(message.contains(field), "{name}: {message}");
+    }
+}
+
+#[test]
+fn active_deadline_counts_from_the_first_start_across_attempts() {
+    let mut job_spec = spec(1);
+    job_spec.failure_policy = Some(FailurePolicy {
+        restart_policy: Some(RestartPolicy::OnFailure),
+        backoff_limit: Some(5),
+        active_deadline_seconds: Some(600),
+    });
+    let mut h = Harness::new(training_job("bounded", job_spec));
+    h.run_attempt_until_running(0);
+    let timer = h.decide().into_iter().find_map(|a| match a {
+        PlannerAction::RecheckAfter { delay, .. } => Some(delay.as_secs()),
+        _ => None,
+    });
+    assert_eq!(timer, Some(600));
+    h.advance(300);
+    let name = h.name();
+    h.observe(Observation::Pod(pod_failed(&name, 0, 0, 137)));
+    h.decide();
+    h.advance(10);
+    h.run_attempt_until_running(1);
+    h.advance(300);
+    let actions = h.decide();
+    assert_eq!(h.state_now(), Some(TrainingJobState::Failed));
+    assert_eq!(
+        h.condition(CONDITION_FAILED).unwrap().reason.as_deref(),
+        Some("DeadlineExceeded")
+    );
+    assert_eq!(deleted(&actions), ["bounded-a1"]);
+}
+
+#[test]
+fn the_checkpoint_managers_choice_beats_the_spec_resume_point() {
+    let mut job_spec = spec(1);
+    job_spec.checkpoint = Some(CheckpointSpec {
+        enabled: Some(true),
+        resume_from: Some("s3://bucket/old/checkpoint-epoch-1".into()),
+        ..CheckpointSpec::default()
+    });
+    let mut h = Harness::new(training_job("resumer", job_spec));
+    h.observe(Observation::ResumePoint(ResumePointChosen {
+        uri: "s3://bucket/new/checkpoint-epoch-7".into(),
+        epoch: 7,
+        step: 700,
+    }));
+    let actions = h.decide();
+    let objects = applied(&actions);
+    let resume = objects[0]
+        .config_map
+        .data
+        .as_ref()
+        .unwrap()
+        .get(RESUME_FROM_KEY)
+        .cloned();
+    assert_eq!(
+        resume.as_deref(),
+        Some("s3://bucket/new/checkpoint-epoch-7")
+    );
+}
+
+/// Replays every message of a run with a restart into fresh states: the states agree,
+/// decisions agree, and deciding again after the replay applies no Job that the first
+/// run did not already create.
+#[test]
+fn replaying_the_same_messages_gives_the_same_decisions_and_no_second_job() {
+    let mut h = Harness::new(training_job(
+        "replay",
+        with_failure_policy(RestartPolicy::OnFailure, Some(3)),
+    ));
+    h.run_attempt_until_running(0);
+    h.observe(Observation::Checkpoint(checkpoint(0, 2)));
+    fail_worker_one(&mut h, 0, 137);
+    h.advance(10);
+    h.run_attempt_until_running(1);
+    h.observe(Observation::Progress(progress(1, 0, 5, &[("loss", 0.2)])));
+    h.decide();
+
+    let replay = |log: &[(chrono::DateTime<chrono::Utc>, Observation)]| {
+        let mut state = PlannerJobState::new();
+        for (at, observation) in log {
+            observe(&mut state, *at, observation.clone());
+        }
+        state
+    };
+    let first = replay(&h.log);
+    let second = replay(&h.log);
+    assert_eq!(first, second);
+    assert_eq!(first, h.state);
+
+    let once = decide(&h.job, &first, h.now, &h.config);
+    let twice = decide(&h.job, &second, h.now, &h.config);
+    assert_eq!(once, twice);
+    assert!(
+        once.iter().all(|a| match a {
+            PlannerAction::ApplyObjects(objects) => h.applied_jobs.contains(objects.job_name()),
+            _ => true,
+        }),
+        "{once:?}"
+    );
+    assert!(
+        applied(&once).is_empty(),
+        "a running attempt is never re-applied"
+    );
+    assert!(
+        !once
+            .iter()
+            .any(|a| matches!(a, PlannerAction::UpdateStatus(_))),
+        "the status is already written"
+    );
+    let jobs: Vec<&str> = h.applied_jobs.iter().map(String::as_str).collect();
+    assert_eq!(jobs, ["replay-a0", "replay-a1"]);
+}
+
+#[test]
+fn an_admission_for_the_next_attempt_during_backoff_starts_it_unsuspended() {
+    let mut h = Harness::new(training_job(
+        "eager",
+        with_failure_policy(RestartPolicy::OnFailure, Some(3)),
+    ));
+    h.run_attempt_until_running(0);
+    fail_worker_one(&mut h, 0, 137);
+    assert_eq!(
+        h.observe(Observation::Admission(admission(1, 2))),
+        Observed::Recorded
+    );
+    h.advance(10);
+    let actions = h.decide();
+    let restarted = applied(&actions);
+    assert_eq!(restarted.len(), 1);
+    assert_eq!(restarted[0].job_name(), "eager-a1");
+    assert!(
+        !restarted[0].job_suspended(),
+        "the early admission is applied at creation"
+    );
+    h.observe(Observation::Job(job_event("eager", 1, false, 2)));
+    assert_eq!(
+        h.state.current.admission.as_ref().map(|a| a.attempt),
+        Some(1)
+    );
+    assert_eq!(h.state.failed_attempts, 1);
+}
+
+#[test]
+fn a_training_job_being_deleted_gets_no_actions() {
+    let mut h = Harness::new(training_job("leaving", spec(1)));
+    h.run_attempt_until_running(0);
+    h.job.metadata.deletion_timestamp = Some(kube_time(h.now));
+    assert!(
+        h.decide().is_empty(),
+        "owner references let the garbage collector clean up"
+    );
+}
+
+fn kube_time(
+    at: chrono::DateTime<chrono::Utc>,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::from_second(at.timestamp()).unwrap(),
+    )
+}
+
+#[test]
+fn preflight_guards_new_objects_but_never_fails_a_running_attempt() {
+    let mut job_spec = spec(2);
+    job_spec.gpus_per_worker = Some(8);
+    let mut h = Harness::new(training_job("big", job_spec));
+    h.run_attempt_until_running(0);
+    h.config.largest_node_gpus = Some(4);
+    let actions = h.decide();
+    assert!(deleted(&actions).is_empty());
+    assert_eq!(h.state_now(), Some(TrainingJobState::Running));
+}
