@@ -88,22 +88,23 @@ fn parse_args() -> Result<Args, String> {
 
 type Objective = fn(&Params) -> f64;
 
-fn function(name: &str) -> Option<(SearchSpace, Objective, f64)> {
-    match name {
-        "branin" => Some((branin_space(), branin_params as Objective, BRANIN_MIN)),
-        "hartmann6" => Some((
+fn function(name: &str) -> Result<(SearchSpace, Objective, f64), String> {
+    let (space, f, f_star) = match name {
+        "branin" => (branin_space(), branin_params as Objective, BRANIN_MIN),
+        "hartmann6" => (
             hartmann6_space(),
             hartmann6_params as Objective,
             HARTMANN6_MIN,
-        )),
-        _ => None,
-    }
+        ),
+        _ => return Err(format!("unknown function {name}")),
+    };
+    Ok((space.map_err(|e| e.to_string())?, f, f_star))
 }
 
 /// `tpe` (our defaults), `optuna-defaults` (our implementation with Optuna 5's
-/// settings: 24 EI candidates, gamma 0.1, 10 startup trials),
+/// settings: 24 EI candidates, gamma 0.1, 10 startup trials, no rank weights),
 /// `independent`, `random`, or `tpe:key=value/key=value...` with keys `ei`, `gamma`,
-/// `prior`, `startup`, `cap`, `mv` (0/1) for experiments.
+/// `prior`, `startup`, `cap`, `mv` (0/1), `rank` (0/1) for experiments.
 fn algorithm(variant: &str) -> Option<AlgorithmSpec> {
     let tpe = TpeConfig::default();
     Some(match variant {
@@ -113,6 +114,7 @@ fn algorithm(variant: &str) -> Option<AlgorithmSpec> {
             n_ei_candidates: 24,
             gamma: 0.1,
             n_startup_trials: 10,
+            rank_weights: false,
             ..tpe
         }),
         "independent" => AlgorithmSpec::Tpe(TpeConfig {
@@ -131,6 +133,7 @@ fn algorithm(variant: &str) -> Option<AlgorithmSpec> {
                     "startup" => c.n_startup_trials = v.parse().ok()?,
                     "cap" => c.max_above_kernels = v.parse().ok()?,
                     "mv" => c.multivariate = v == "1",
+                    "rank" => c.rank_weights = v == "1",
                     _ => return None,
                 }
             }
@@ -287,7 +290,7 @@ fn real_main() -> Result<bool, String> {
 
     let mut all_met = true;
     for fname in &args.functions {
-        let (space, f, f_star) = function(fname).ok_or(format!("unknown function {fname}"))?;
+        let (space, f, f_star) = function(fname)?;
         for variant in &args.variants {
             let alg = algorithm(variant).ok_or(format!("unknown variant {variant}"))?;
             let mut at: BTreeMap<usize, Vec<f64>> = BTreeMap::new();

@@ -56,6 +56,8 @@ impl WatcherMetrics {
 /// Service setup: connects to Kubernetes (in-cluster or kubeconfig) and starts the watches.
 pub async fn setup(runtime: &Runtime, sources: &ConfigSources) -> Result<(), WatcherError> {
     let settings: WatcherSettings = sources.section("watcher")?;
+    // Tests link a second TLS backend; name the one in use so rustls need not guess.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let client = Client::try_default().await.map_err(WatcherError::Kube)?;
     let metrics = WatcherMetrics::register(&runtime.registry)?;
     spawn_watches(runtime, client, &settings, metrics);

@@ -186,6 +186,7 @@ impl TrainingJobState {
     namespaced,
     status = "TrainingJobStatus",
     derive = "PartialEq",
+    derive = "Default",
     shortname = "tj",
     shortname = "tjob",
     category = "trainyard",

@@ -174,6 +174,11 @@ impl Incoming {
         })
     }
 
+    /// The payload as generic JSON (for tools that forward messages unchanged).
+    pub fn raw_payload(&self) -> serde_json::Value {
+        serde_json::from_str(self.payload.get()).unwrap_or(serde_json::Value::Null)
+    }
+
     pub fn is<P: Payload>(&self) -> bool {
         self.header.message_type == P::TYPE
     }

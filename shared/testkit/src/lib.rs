@@ -95,6 +95,24 @@ impl Drop for NatsServer {
     }
 }
 
+/// Writes a kubeconfig whose API server is a closed loopback port: a cluster that
+/// is down. Services that read Kubernetes must stay up and retry against it.
+pub fn unreachable_kubeconfig(dir: &std::path::Path) -> PathBuf {
+    let path = dir.join("kubeconfig");
+    let port = free_port();
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: down\n\
+             clusters: [{{name: down, cluster: {{server: \"http://127.0.0.1:{port}\"}}}}]\n\
+             users: [{{name: nobody, user: {{}}}}]\n\
+             contexts: [{{name: down, context: {{cluster: down, user: nobody}}}}]\n"
+        ),
+    )
+    .expect("write kubeconfig");
+    path
+}
+
 /// A loopback port that was free a moment ago.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

@@ -131,6 +131,9 @@ pub struct AllocatorSnapshot {
     pub tombstones: Vec<(JobUid, Timestamp)>,
     /// Evictions decided outside a cycle (node lost) not yet reported.
     pub undelivered_evictions: Vec<Eviction>,
+    /// Jobs holding a backfill reservation, evaluated first next cycle.
+    #[serde(default)]
+    pub reserved_jobs: Vec<JobUid>,
 }
 
 /// One job in a snapshot.
@@ -186,6 +189,8 @@ pub struct Allocator {
     undelivered_evictions: Vec<Eviction>,
     clock: Timestamp,
     next_seq: u64,
+    /// Jobs that held a reservation at the end of the last cycle.
+    reserved_jobs: Vec<JobUid>,
 }
 
 /// What a successful placement attempt produced.
@@ -205,6 +210,15 @@ struct MemoKey {
     workers: u32,
     filter: u32,
     topology: crate::types::TopologyRequirement,
+}
+
+/// Cohort headroom kept for the first job that only the pool blocks.
+struct QuotaHold {
+    units: u64,
+    holder: JobUid,
+    /// When the holder can expect enough headroom; jobs ending by then may
+    /// still use the held units.
+    until: Option<Timestamp>,
 }
 
 /// What a victim search depends on, besides cluster state.
@@ -231,7 +245,14 @@ struct MemoEntry {
 #[derive(Default)]
 struct CycleCtx {
     memo: FastMap<MemoKey, MemoEntry>,
-    quota_memo: FastMap<(QueueIdx, ResIdx, u64, u64, u64), Arc<PendingReason>>,
+    /// Failures of jobs evaluated before the main pass.
+    early: FastMap<JobIdx, (Arc<PendingReason>, bool)>,
+    /// Jobs given a reservation this cycle, in order.
+    reserved_order: Vec<JobUid>,
+    quota_memo: FastMap<(QueueIdx, ResIdx, u64, u64, u64, bool), Arc<PendingReason>>,
+    /// Cohort pool headroom held for the first job that only the pool
+    /// blocks, per (cohort, resource).
+    quota_holds: FastMap<(crate::queues::CohortIdx, ResIdx), QuotaHold>,
     reservations: Reservations,
     failed: Vec<Failed>,
     stats: CycleStats,
@@ -321,6 +342,7 @@ impl Allocator {
             undelivered_evictions: Vec::new(),
             clock: Timestamp(0),
             next_seq: 0,
+            reserved_jobs: Vec::new(),
         };
         // Filter 0 is "no constraints", the common case checked fastest.
         alloc.intern_filter(NodeFilter::default());
@@ -858,6 +880,7 @@ impl Allocator {
             jobs,
             tombstones,
             undelivered_evictions: self.undelivered_evictions.clone(),
+            reserved_jobs: self.reserved_jobs.clone(),
         }
     }
 
@@ -927,6 +950,7 @@ impl Allocator {
             }
         }
         alloc.undelivered_evictions = snapshot.undelivered_evictions;
+        alloc.reserved_jobs = snapshot.reserved_jobs;
         alloc.queues.recompute_all_cohorts();
         Ok(alloc)
     }
@@ -1026,9 +1050,11 @@ impl Allocator {
         let mut ctx = CycleCtx::default();
         ctx.failed.reserve(self.job_by_uid.len());
         self.hold_for_waiting_preemptors(now, &mut ctx);
-        let lanes = self.build_lanes(now);
         self.admit_ready_preemptors(now, &mut ctx, &mut out);
+        self.evaluate_reserved_first(now, &mut ctx, &mut out);
+        let lanes = self.build_lanes(now);
         self.main_pass(now, lanes, &mut ctx, &mut out);
+        self.reserved_jobs = std::mem::take(&mut ctx.reserved_order);
         if self.config.preemption.enabled {
             self.preemption_pass(now, &mut ctx, &mut out);
         }
@@ -1294,10 +1320,21 @@ impl Allocator {
                 continue;
             };
             lane.next += 1;
+            if self.job(idx).and_then(Job::running).is_some() {
+                // Admitted before the pass (reserved or preemptor).
+                if let Some(key) = self.lane_key(&lanes, lane_idx) {
+                    heap.push(key);
+                }
+                continue;
+            }
             let position = u32::try_from(lane.next).unwrap_or(u32::MAX);
             let queue_length = u32::try_from(lane.jobs.len()).unwrap_or(u32::MAX);
             ctx.stats.considered += 1;
-            let outcome = self.evaluate(idx, now, ctx, &mut options);
+            let outcome = match ctx.early.remove(&idx) {
+                // Evaluated before the pass (it held a reservation).
+                Some(failure) => Err(failure),
+                None => self.evaluate(idx, now, ctx, &mut options),
+            };
             match outcome {
                 Ok(plan) => self.admit(idx, plan, now, out),
                 Err((reason, can_preempt)) => ctx.failed.push(Failed {
@@ -1315,6 +1352,29 @@ impl Allocator {
         }
     }
 
+    /// Jobs that held a reservation last cycle are evaluated before everyone
+    /// else, so they keep it until they start: without this, a big gang
+    /// could lose its reservation to whichever queue the fair-share order
+    /// puts first next cycle, and be passed over again and again.
+    fn evaluate_reserved_first(&mut self, now: Timestamp, ctx: &mut CycleCtx, out: &mut CycleOutcome) {
+        let reserved = std::mem::take(&mut self.reserved_jobs);
+        let mut options = Vec::new();
+        for uid in reserved {
+            let Some(idx) = self.job_by_uid.get(&uid).copied() else {
+                continue;
+            };
+            if !matches!(self.job(idx).map(|j| &j.state), Some(JobState::Pending(None))) {
+                continue;
+            }
+            match self.evaluate(idx, now, ctx, &mut options) {
+                Ok(plan) => self.admit(idx, plan, now, out),
+                Err(failure) => {
+                    ctx.early.insert(idx, failure);
+                }
+            }
+        }
+    }
+
     /// Tries every allowed (flavor, resource) of a pending job. On failure
     /// returns the most useful reason and whether preemption may help.
     fn evaluate(
@@ -1327,6 +1387,11 @@ impl Allocator {
         let Some(job) = self.job(idx) else {
             return Err((Arc::new(PendingReason::QueueNotFound { queue: String::new() }), false));
         };
+        if job.running().is_some() {
+            // Admitted earlier in this cycle (a preemptor whose victims left):
+            // never evaluate a job twice.
+            return Err((Arc::new(PendingReason::NoMatchingFlavor { wants: String::new() }), false));
+        }
         if let JobState::Pending(Some(nomination)) = &job.state {
             return Err((
                 Arc::new(PendingReason::AwaitingPreemption {
@@ -1358,13 +1423,60 @@ impl Allocator {
                 *best = Some(reason);
             }
         };
+        let cohort = self.queues.get(queue).and_then(|q| q.cohort);
+        let (_, job_end) = job_end_key(&job.spec, now);
+        let mut blocked_by_hold_only = true;
+        // When the job can expect to start without preempting anyone.
+        let mut expected_start: Option<Timestamp> = None;
         for &res in options.iter() {
-            if let Err(short) = self.queues.check(queue, res, units, &[]) {
+            let hold = cohort.and_then(|c| ctx.quota_holds.get(&(c, res)));
+            // A job that ends before the holder can expect its headroom may
+            // use it (backfill, applied to quota).
+            // Nominal quota is guaranteed: a hold only stops jobs that would
+            // borrow, and not those gone before the holder can start.
+            let borrows = self.queues.get(queue).is_some_and(|q| {
+                q.usage(res).saturating_add(units) > q.quota(res).map_or(0, |s| s.nominal)
+            });
+            let (held, held_for) = match hold {
+                Some(h) if borrows
+                    && h.holder != job.spec.uid
+                    && !matches!((job_end, h.until), (Some(end), Some(until)) if end <= until) =>
+                {
+                    (h.units, Some(h.holder.clone()))
+                }
+                _ => (0, None),
+            };
+            if let Err(short) = self.queues.check_with_hold(queue, res, units, &[], held) {
+                if held == 0 || self.queues.check(queue, res, units, &[]).is_err() {
+                    blocked_by_hold_only = false;
+                }
+                // The first job in line that only the cohort pool holds back
+                // keeps what the pool has left, so a stream of smaller jobs
+                // cannot take the headroom as fast as it frees up.
+                let mut holding = false;
+                if short.cohort_short
+                    && self.config.backfill.enabled
+                    && let Some(c) = cohort
+                    && !ctx.quota_holds.contains_key(&(c, res))
+                {
+                    let until = self.quota_release_time(c, res, units.saturating_sub(short.available), now);
+                    expected_start = until;
+                    ctx.quota_holds.insert(
+                        (c, res),
+                        QuotaHold {
+                            units: short.pool_headroom,
+                            holder: job.spec.uid.clone(),
+                            until,
+                        },
+                    );
+                    ctx.reserved_order.push(job.spec.uid.clone());
+                    holding = true;
+                }
                 // Jobs of one queue blocked by the same quota share one reason.
-                let key = (queue, res, units, short.used, short.available);
+                let key = (queue, res, units, short.used, short.available, held_for.is_some() || holding);
                 let reason = match ctx.quota_memo.get(&key) {
-                    Some(r) => Arc::clone(r),
-                    None => {
+                    Some(r) if !holding => Arc::clone(r),
+                    _ => {
                         let r = Arc::new(PendingReason::QuotaExceeded {
                             flavor: self.inv.res_flavor_name(res).to_string(),
                             resource: self.inv.res_quota_name(res),
@@ -1372,14 +1484,19 @@ impl Allocator {
                             available: short.available,
                             nominal: short.nominal,
                             used: short.used,
+                            held_for: held_for.clone(),
+                            holding_cohort_quota: holding,
                         });
-                        ctx.quota_memo.insert(key, Arc::clone(&r));
+                        if !holding {
+                            ctx.quota_memo.insert(key, Arc::clone(&r));
+                        }
                         r
                     }
                 };
                 consider(reason, &mut best);
                 continue;
             }
+            blocked_by_hold_only = false;
             match self.try_place(idx, res, now, ctx) {
                 Ok(plan) => return Ok(plan),
                 Err(reason) => {
@@ -1402,6 +1519,7 @@ impl Allocator {
             && ctx.reservations.count < self.config.backfill.max_reservations
             && let Some(start) = self.reserve(idx, res, now, ctx)
         {
+            expected_start = Some(expected_start.map_or(start, |e| e.max(start)));
             // The reserved flavor is the one the job will start in: explain that one.
             let mut annotated = (*capacity_reason).clone();
             if let PendingReason::InsufficientCapacity { reserved_start, .. } = &mut annotated {
@@ -1409,7 +1527,35 @@ impl Allocator {
             }
             reason = Arc::new(annotated);
         }
-        Err((reason, true))
+        // Waiting only because headroom is kept for a job ahead in line is
+        // not a shortage preemption should fix; nor is a wait expected to
+        // end within the grace period a preemption would cost anyway.
+        let starts_soon = expected_start.is_some_and(|t| {
+            t <= now.plus_secs(self.config.preemption.grace_period_secs)
+        });
+        Err((reason, !blocked_by_hold_only && !starts_soon))
+    }
+
+    /// When enough units of `res` are expected back in the cohort pool for a
+    /// job short of `short` units (running jobs of the cohort ending at their
+    /// estimates). `None` when the running jobs never free that much.
+    fn quota_release_time(&self, cohort: crate::queues::CohortIdx, res: ResIdx, short: u64, now: Timestamp) -> Option<Timestamp> {
+        let mut ends: Vec<(Timestamp, u64)> = self
+            .running_jobs_in(res)
+            .filter(|(_, job, run)| {
+                run.res == res && self.queues.get(job.queue).is_some_and(|q| q.cohort == Some(cohort))
+            })
+            .map(|(idx, _, run)| (self.expected_end(idx, now), run.admission.total_units()))
+            .collect();
+        ends.sort_unstable();
+        let mut freed = 0u64;
+        for (end, units) in ends {
+            freed += units;
+            if freed >= short {
+                return Some(end);
+            }
+        }
+        None
     }
 
     /// Computes and records a reservation for a blocked job.
@@ -1447,6 +1593,7 @@ impl Allocator {
         }
         ctx.reservations.count += 1;
         ctx.stats.reservations += 1;
+        ctx.reserved_order.push(spec.uid.clone());
         Some(reservation.start)
     }
 
@@ -1688,6 +1835,7 @@ impl Allocator {
         let mut decided = 0u32;
         let mut failed_searches: std::collections::HashSet<PreemptionKey, foldhash::fast::FixedState> =
             std::collections::HashSet::default();
+        let mut inflight = self.inflight();
         for i in 0..ctx.failed.len() {
             if attempts >= policy.max_attempts_per_cycle
                 || decided >= policy.max_preemptions_per_cycle
@@ -1725,7 +1873,6 @@ impl Allocator {
             }
             attempts += 1;
             ctx.stats.preemption_attempts += 1;
-            let inflight = self.inflight();
             let Some(plan) = self.find_victims(idx, &inflight) else {
                 if let Some(key) = key {
                     failed_searches.insert(key);
@@ -1736,6 +1883,8 @@ impl Allocator {
                 continue;
             };
             decided += 1;
+            // The decision changes usage projections and claims.
+            inflight = self.inflight();
             if let Some(f) = ctx.failed.get_mut(i) {
                 f.reason = Arc::new(PendingReason::AwaitingPreemption {
                     victims: u32::try_from(preemption.victims.len()).unwrap_or(u32::MAX),

@@ -72,6 +72,13 @@ pub enum PendingReason {
         nominal: u64,
         /// The queue's current usage.
         used: u64,
+        /// Cohort headroom is being kept for this job, ahead in line.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        held_for: Option<JobUid>,
+        /// This job is first in line for the cohort's headroom: what frees
+        /// up is kept for it.
+        #[serde(default)]
+        holding_cohort_quota: bool,
     },
     /// Quota allows it but no set of nodes can host every worker now.
     InsufficientCapacity {
@@ -149,12 +156,23 @@ impl fmt::Display for PendingReason {
                 available,
                 nominal,
                 used,
-            } => write!(
-                f,
-                "quota: flavor {flavor} {resource}: needs {requested}, queue can take {available} \
-                 (nominal {nominal}, in use {used}); {} short",
-                requested.saturating_sub(*available)
-            ),
+                held_for,
+                holding_cohort_quota,
+            } => {
+                write!(
+                    f,
+                    "quota: flavor {flavor} {resource}: needs {requested}, queue can take {available} \
+                     (nominal {nominal}, in use {used}); {} short",
+                    requested.saturating_sub(*available)
+                )?;
+                if let Some(holder) = held_for {
+                    write!(f, "; cohort headroom is kept for job {holder}, ahead in line")?;
+                }
+                if *holding_cohort_quota {
+                    write!(f, "; first in line: cohort headroom is kept for this job as it frees up")?;
+                }
+                Ok(())
+            }
             PendingReason::InsufficientCapacity {
                 flavor,
                 resource,
@@ -218,6 +236,8 @@ mod tests {
                 available: 4,
                 nominal: 8,
                 used: 4,
+                held_for: None,
+                holding_cohort_quota: false,
             }),
         };
         let text = e.message();

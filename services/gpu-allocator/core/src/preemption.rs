@@ -16,7 +16,9 @@
 //! the preemptor's, so the reverse move would need the opposite inequality.
 //! On top of that, a job never picks the job that last preempted it.
 
+use std::cell::RefCell;
 use std::collections::HashSet;
+use std::rc::Rc;
 
 use crate::allocator::{Allocator, FastMap, JobState};
 use crate::decision::PreemptionRule;
@@ -29,8 +31,7 @@ use crate::types::{JobUid, Timestamp};
 const MAX_CANDIDATES: usize = 512;
 /// Victims examined one by one for a single-victim solution.
 const MAX_SINGLE_TRIES: usize = 256;
-/// Per-node exact subset search is exhaustive up to this many jobs per node.
-const MAX_EXACT_PER_NODE: usize = 10;
+
 
 /// A chosen victim set and the preemptor's planned placement.
 pub(crate) struct VictimPlan {
@@ -72,6 +73,18 @@ pub(crate) struct Inflight {
     pub(crate) deltas: Vec<UsageDelta>,
     /// Units of currently free capacity promised to waiting preemptors.
     pub(crate) claims: FastMap<(NodeIdx, ResIdx), u32>,
+    /// Node views per (resource, node filter, units per worker), shared by
+    /// the searches of one pass until the next decision changes the claims.
+    bases: RefCell<FastMap<(ResIdx, u32, u32), Rc<BaseView>>>,
+}
+
+/// Eligible nodes of one resource for one node filter, net of claims.
+struct BaseView {
+    /// Free units, zone, rack.
+    nodes: FastMap<NodeIdx, (u32, u32, u32)>,
+    /// Nodes that already host a worker, best fit first.
+    fitting: Vec<Candidate>,
+    slots: u64,
 }
 
 /// Everything fixed while searching victims for one preemptor in one resource.
@@ -85,16 +98,19 @@ struct Search<'a> {
     workers: u32,
     topology: crate::types::TopologyRequirement,
     /// Eligible nodes: free units, zone, rack.
-    base: FastMap<NodeIdx, (u32, u32, u32)>,
+    base: &'a FastMap<NodeIdx, (u32, u32, u32)>,
     /// Eligible nodes that already host a worker, best fit first.
-    base_fitting: Vec<Candidate>,
+    base_fitting: &'a [Candidate],
     base_slots: u64,
     cands: Vec<Cand<'a>>,
     max_victims: usize,
 }
 
-/// (victim count, highest victim priority, units evicted): smaller is better.
-type Cost = (usize, i32, u64);
+/// (GPUs evicted, victim gangs, highest victim priority): smaller is
+/// better. GPUs first because a gang is evicted whole: stopping one
+/// 64-worker gang to start an 8-GPU job loses far more work than two
+/// small jobs would.
+type Cost = (u64, usize, i32);
 
 impl Search<'_> {
     fn cost(&self, set: &[usize]) -> Cost {
@@ -109,26 +125,23 @@ impl Search<'_> {
             .filter_map(|i| self.cands.get(*i))
             .map(|c| c.units)
             .sum();
-        (set.len(), prio, units)
+        (units, set.len(), prio)
     }
 
-    /// Units freed per node by evicting `set` (victim sets are small, so a
-    /// vector beats a map here).
-    fn freed(&self, set: &[usize]) -> Vec<(NodeIdx, u32)> {
-        let mut freed: Vec<(NodeIdx, u32)> = Vec::new();
+    /// Units freed per node by evicting `set` (victims may be gangs spanning
+    /// many nodes, so a map keeps this linear).
+    fn freed(&self, set: &[usize]) -> FastMap<NodeIdx, u32> {
+        let mut freed: FastMap<NodeIdx, u32> = FastMap::default();
         for c in set.iter().filter_map(|i| self.cands.get(*i)) {
             for (node, units) in c.nodes() {
-                match freed.iter_mut().find(|(n, _)| *n == node) {
-                    Some(entry) => entry.1 += units,
-                    None => freed.push((node, units)),
-                }
+                *freed.entry(node).or_default() += units;
             }
         }
         freed
     }
 
     /// Worker slots after evicting `set` (cheap necessary condition).
-    fn slots_with(&self, freed: &[(NodeIdx, u32)]) -> u64 {
+    fn slots_with(&self, freed: &FastMap<NodeIdx, u32>) -> u64 {
         let g = self.per_worker.max(1);
         let mut slots = self.base_slots;
         for (node, extra) in freed {
@@ -210,6 +223,15 @@ impl Search<'_> {
         if self.slots_with(&freed) < u64::from(self.workers) {
             return None;
         }
+        self.fits_with(set, &freed)
+    }
+
+    /// `fits` for callers that already track the freed units and know the
+    /// slot count suffices: rules first (no per-node work), then placement.
+    fn fits_with(&self, set: &[usize], freed: &FastMap<NodeIdx, u32>) -> Option<Vec<(NodeIdx, u32)>> {
+        if set.is_empty() || set.len() > self.max_victims {
+            return None;
+        }
         if !self.rules_hold(set) {
             return None;
         }
@@ -230,7 +252,7 @@ impl Search<'_> {
         let untouched = self
             .base_fitting
             .iter()
-            .filter(|c| !freed.iter().any(|(n, _)| *n == c.node));
+            .filter(|c| !freed.contains_key(&c.node));
         if self.workers == 1 {
             // Best fit without building the full candidate list.
             let best_untouched = untouched.take(1);
@@ -264,12 +286,12 @@ impl Search<'_> {
     /// The cheapest single victim, if one suffices.
     fn single(&self) -> Option<Vec<usize>> {
         let mut order: Vec<usize> = (0..self.cands.len()).collect();
-        // Lowest priority, then the least work thrown away.
+        // Least work thrown away, then lowest priority.
         order.sort_by(|a, b| {
             let (ca, cb) = (&self.cands[*a], &self.cands[*b]);
-            ca.priority
-                .cmp(&cb.priority)
-                .then(ca.units.cmp(&cb.units))
+            ca.units
+                .cmp(&cb.units)
+                .then(ca.priority.cmp(&cb.priority))
                 .then(cb.admitted_at.cmp(&ca.admitted_at))
                 .then_with(|| ca.uid.cmp(cb.uid))
         });
@@ -303,39 +325,48 @@ impl Search<'_> {
                     .and_then(|c| c.nodes().find(|(n, _)| n == node))
                     .map_or(0, |(_, u)| u)
             };
-            let best = if jobs.len() <= MAX_EXACT_PER_NODE {
-                let mut best: Option<(Cost, Vec<usize>)> = None;
-                for mask in 1u32..(1u32 << jobs.len()) {
-                    let subset: Vec<usize> = jobs
-                        .iter()
-                        .enumerate()
-                        .filter(|(bit, _)| mask & (1 << bit) != 0)
-                        .map(|(_, i)| *i)
-                        .collect();
-                    let freed: u32 = subset.iter().map(units_on).sum();
-                    if free + freed < target {
+            // 0/1 knapsack over the node's jobs: the cheapest subset (GPUs
+            // evicted, then gangs, then priority) that frees `need` units
+            // here. Exact, and linear in jobs x units per node.
+            let need = target.saturating_sub(*free) as usize;
+            let stats: Vec<(u32, i32, u64)> = jobs
+                .iter()
+                .map(|i| {
+                    let c = self.cands.get(*i);
+                    (
+                        units_on(i),
+                        c.map_or(i32::MIN, |c| c.priority),
+                        c.map_or(0, |c| c.units),
+                    )
+                })
+                .collect();
+            let mut dp: Vec<Option<(Cost, Vec<usize>)>> = vec![None; need + 1];
+            if let Some(slot) = dp.first_mut() {
+                *slot = Some(((0, 0, i32::MIN), Vec::new()));
+            }
+            for (j, (on_node, prio, units)) in stats.iter().enumerate() {
+                for f in (0..=need).rev() {
+                    let Some(Some((cost, members))) = dp.get(f).cloned() else {
+                        continue;
+                    };
+                    let nf = (f + *on_node as usize).min(need);
+                    if nf == f {
                         continue;
                     }
-                    let cost = self.cost(&subset);
-                    if best.as_ref().is_none_or(|(b, _)| cost < *b) {
-                        best = Some((cost, subset));
+                    let next = (cost.0 + units, cost.1 + 1, cost.2.max(*prio));
+                    if dp.get(nf).is_some_and(|d| d.as_ref().is_none_or(|(c, _)| next < *c)) {
+                        let mut members = members;
+                        members.push(j);
+                        if let Some(slot) = dp.get_mut(nf) {
+                            *slot = Some((next, members));
+                        }
                     }
                 }
-                best
-            } else {
-                let mut sorted = jobs.clone();
-                sorted.sort_by_key(|i| std::cmp::Reverse(units_on(i)));
-                let mut subset = Vec::new();
-                let mut freed = 0;
-                for i in sorted {
-                    if free + freed >= target {
-                        break;
-                    }
-                    freed += units_on(&i);
-                    subset.push(i);
-                }
-                (free + freed >= target).then(|| (self.cost(&subset), subset))
-            };
+            }
+            let best = dp.pop().flatten().filter(|_| need > 0).map(|(cost, members)| {
+                let subset: Vec<usize> = members.iter().filter_map(|j| jobs.get(*j).copied()).collect();
+                (cost, subset)
+            });
             if let Some((cost, subset)) = best {
                 node_costs.push((cost, *node, subset));
             }
@@ -343,16 +374,30 @@ impl Search<'_> {
         node_costs.sort();
         let mut chosen: Vec<usize> = Vec::new();
         let mut seen = HashSet::new();
+        let mut freed: FastMap<NodeIdx, u32> = FastMap::default();
+        let mut slots = self.base_slots;
         for (_, _, subset) in node_costs {
             for i in subset {
-                if seen.insert(i) {
-                    chosen.push(i);
+                if !seen.insert(i) {
+                    continue;
+                }
+                chosen.push(i);
+                let Some(c) = self.cands.get(i) else { continue };
+                for (node, units) in c.nodes() {
+                    let Some((free, _, _)) = self.base.get(&node) else {
+                        continue;
+                    };
+                    let entry = freed.entry(node).or_default();
+                    let before = *entry;
+                    *entry += units;
+                    slots += u64::from((free + before + units) / g) - u64::from((free + before) / g);
                 }
             }
             if chosen.len() > self.max_victims {
                 return None;
             }
-            if self.fits(&chosen).is_some() {
+            // The full check only once the freed slots could host the gang.
+            if slots >= u64::from(self.workers) && self.fits_with(&chosen, &freed).is_some() {
                 return Some(self.minimize(chosen));
             }
         }
@@ -365,7 +410,7 @@ impl Search<'_> {
     fn greedy(&self) -> Option<Vec<usize>> {
         let g = self.per_worker.max(1);
         let mut set = Vec::new();
-        let mut freed: Vec<(NodeIdx, u32)> = Vec::new();
+        let mut freed: FastMap<NodeIdx, u32> = FastMap::default();
         let mut slots = self.base_slots;
         for (i, c) in self.cands.iter().enumerate() {
             set.push(i);
@@ -373,21 +418,15 @@ impl Search<'_> {
                 return None;
             }
             for (node, units) in c.nodes() {
-                let Some((free, _, _)) = self.base.get(&node) else { continue };
-                let before = match freed.iter_mut().find(|(n, _)| *n == node) {
-                    Some(entry) => {
-                        let before = entry.1;
-                        entry.1 += units;
-                        before
-                    }
-                    None => {
-                        freed.push((node, units));
-                        0
-                    }
+                let Some((free, _, _)) = self.base.get(&node) else {
+                    continue;
                 };
+                let entry = freed.entry(node).or_default();
+                let before = *entry;
+                *entry += units;
                 slots += u64::from((free + before + units) / g) - u64::from((free + before) / g);
             }
-            if slots >= u64::from(self.workers) && self.fits(&set).is_some() {
+            if slots >= u64::from(self.workers) && self.fits_with(&set, &freed).is_some() {
                 return Some(self.minimize(set));
             }
         }
@@ -406,8 +445,7 @@ impl Search<'_> {
                 *by_node.entry(node).or_default() += units;
             }
         }
-        let freed: Vec<(NodeIdx, u32)> = by_node.into_iter().collect();
-        if self.slots_with(&freed) < u64::from(self.workers) {
+        if self.slots_with(&by_node) < u64::from(self.workers) {
             return false;
         }
         let deltas = self.deltas(&all);
@@ -481,6 +519,44 @@ impl Allocator {
         inflight
     }
 
+    fn base_view(&self, res: ResIdx, filter_id: u32, per_worker: u32, inflight: &Inflight) -> Option<Rc<BaseView>> {
+        let key = (res, filter_id, per_worker);
+        if let Some(view) = inflight.bases.borrow().get(&key) {
+            return Some(Rc::clone(view));
+        }
+        let r = self.inv.res(res)?;
+        let filter = self.filters.get(filter_id as usize)?;
+        let mut view = BaseView {
+            nodes: FastMap::default(),
+            fitting: Vec::new(),
+            slots: 0,
+        };
+        for (node_idx, free) in r.nodes_with_free(0) {
+            let Some(node) = self.inv.node(node_idx) else {
+                continue;
+            };
+            if !Inventory::node_admits(node, filter) {
+                continue;
+            }
+            let promised = inflight.claims.get(&(node_idx, res)).copied().unwrap_or(0);
+            let free = free.saturating_sub(promised);
+            view.slots += u64::from(free / per_worker.max(1));
+            view.nodes.insert(node_idx, (free, node.zone, node.rack));
+            if free >= per_worker {
+                view.fitting.push(Candidate {
+                    node: node_idx,
+                    usable: free,
+                    zone: node.zone,
+                    rack: node.rack,
+                });
+            }
+        }
+        view.fitting.sort_unstable_by_key(|c| (c.usable, c.node));
+        let view = Rc::new(view);
+        inflight.bases.borrow_mut().insert(key, Rc::clone(&view));
+        Some(view)
+    }
+
     /// Victims for a blocked job, trying its flavors in preference order.
     pub(crate) fn find_victims(&self, idx: JobIdx, inflight: &Inflight) -> Option<VictimPlan> {
         self.options_of(idx)
@@ -548,7 +624,7 @@ impl Allocator {
         if cands.is_empty() {
             return None;
         }
-        cands.sort_by(|a, b| {
+        cands.sort_unstable_by(|a, b| {
             a.priority
                 .cmp(&b.priority)
                 .then(b.units.cmp(&a.units))
@@ -557,33 +633,8 @@ impl Allocator {
         });
         cands.truncate(MAX_CANDIDATES);
 
-        let r = self.inv.res(res)?;
-        let filter = self.filters.get(job.filter as usize)?;
         let per_worker = spec.gpus_per_worker;
-        let mut base = FastMap::default();
-        let mut base_fitting = Vec::new();
-        let mut base_slots = 0u64;
-        for (node_idx, free) in r.nodes_with_free(0) {
-            let Some(node) = self.inv.node(node_idx) else {
-                continue;
-            };
-            if !Inventory::node_admits(node, filter) {
-                continue;
-            }
-            let promised = inflight.claims.get(&(node_idx, res)).copied().unwrap_or(0);
-            let free = free.saturating_sub(promised);
-            base_slots += u64::from(free / per_worker.max(1));
-            base.insert(node_idx, (free, node.zone, node.rack));
-            if free >= per_worker {
-                base_fitting.push(Candidate {
-                    node: node_idx,
-                    usable: free,
-                    zone: node.zone,
-                    rack: node.rack,
-                });
-            }
-        }
-        base_fitting.sort_unstable_by_key(|c| (c.usable, c.node));
+        let view = self.base_view(res, job.filter, per_worker, inflight)?;
         let search = Search {
             alloc: self,
             inflight: &inflight.deltas,
@@ -593,38 +644,24 @@ impl Allocator {
             per_worker,
             workers: spec.num_workers,
             topology: spec.topology,
-            base,
-            base_fitting,
-            base_slots,
+            base: &view.nodes,
+            base_fitting: &view.fitting,
+            base_slots: view.slots,
             cands,
             max_victims: usize::try_from(self.config.preemption.max_victims).unwrap_or(usize::MAX),
         };
         if !search.feasible_at_all() {
             return None;
         }
-        let chosen = match search.single() {
-            Some(single) => single,
-            None => {
-                let targeted = search.node_targeted();
-                // Singles failed, so two victims is already the smallest set.
-                let greedy = match &targeted {
-                    Some(t) if t.len() <= 2 => None,
-                    _ => search.greedy(),
-                };
-                match (targeted, greedy) {
-                    (Some(a), Some(b)) => {
-                        if search.cost(&b) < search.cost(&a) {
-                            b
-                        } else {
-                            a
-                        }
-                    }
-                    (Some(a), None) => a,
-                    (None, Some(b)) => b,
-                    (None, None) => return None,
-                }
-            }
-        };
+        // Every strategy proposes a set; the cheapest wins. Greedy only runs
+        // when the structured searches found nothing.
+        let mut proposals: Vec<Vec<usize>> = Vec::new();
+        proposals.extend(search.single());
+        proposals.extend(search.node_targeted());
+        if proposals.is_empty() {
+            proposals.extend(search.greedy());
+        }
+        let chosen = proposals.into_iter().min_by_key(|set| search.cost(set))?;
         let placement = search.fits(&chosen)?;
         let victims = chosen
             .iter()

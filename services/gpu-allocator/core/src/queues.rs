@@ -133,6 +133,11 @@ pub(crate) struct QuotaShortfall {
     /// The job would stay within nominal: the cohort lent the quota out and
     /// it can be reclaimed.
     pub(crate) reclaimable: bool,
+    /// The queue's own limit (nominal plus borrowing limit) would allow it:
+    /// only the cohort pool is short.
+    pub(crate) cohort_short: bool,
+    /// Unused units left in the cohort pool.
+    pub(crate) pool_headroom: u64,
 }
 
 /// A what-if change of usage, for preemption searches.
@@ -308,7 +313,7 @@ impl Queues {
     }
 
     /// Checks whether `queue` may take `requested` more units of `res`, given
-    /// what-if `deltas` (victims removed). `None` means it fits.
+    /// what-if `deltas` (victims removed).
     pub(crate) fn check(
         &self,
         queue: QueueIdx,
@@ -316,12 +321,27 @@ impl Queues {
         requested: u64,
         deltas: &[UsageDelta],
     ) -> Result<(), QuotaShortfall> {
+        self.check_with_hold(queue, res, requested, deltas, 0)
+    }
+
+    /// `check`, with `held` units of the cohort pool set aside for a blocked
+    /// job ahead in line (see the quota hold in the allocator).
+    pub(crate) fn check_with_hold(
+        &self,
+        queue: QueueIdx,
+        res: ResIdx,
+        requested: u64,
+        deltas: &[UsageDelta],
+        held: u64,
+    ) -> Result<(), QuotaShortfall> {
         let Some(q) = self.get(queue) else {
             return Err(QuotaShortfall {
                 nominal: 0,
                 used: 0,
                 available: 0,
                 reclaimable: false,
+                cohort_short: false,
+                pool_headroom: 0,
             });
         };
         let Some(slot) = q.quota(res) else {
@@ -330,6 +350,8 @@ impl Queues {
                 used: q.usage(res),
                 available: 0,
                 reclaimable: false,
+                cohort_short: false,
+                pool_headroom: 0,
             });
         };
         let used = self.usage_with(queue, res, deltas);
@@ -340,6 +362,7 @@ impl Queues {
             None => slot.nominal,
         };
         let mut available = own_limit.saturating_sub(used);
+        let mut pool_headroom = 0;
         if let Some(cohort_id) = q.cohort
             && let Some(cohort) = self.cohorts.get(cohort_id as usize)
         {
@@ -366,7 +389,8 @@ impl Queues {
                 pool.used =
                     (pool.used + after.saturating_sub(g)).saturating_sub(before.saturating_sub(g));
             }
-            let headroom = pool.lendable.saturating_sub(pool.used);
+            pool_headroom = pool.lendable.saturating_sub(pool.used);
+            let headroom = pool_headroom.saturating_sub(held);
             let from_guaranteed = slot.guaranteed().saturating_sub(used);
             available = available.min(from_guaranteed.saturating_add(headroom));
         }
@@ -378,6 +402,8 @@ impl Queues {
                 used,
                 available,
                 reclaimable: used.saturating_add(requested) <= slot.nominal,
+                cohort_short: q.cohort.is_some() && used.saturating_add(requested) <= own_limit,
+                pool_headroom,
             })
         }
     }

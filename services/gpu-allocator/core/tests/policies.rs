@@ -35,6 +35,8 @@ fn quota_caps_a_queue_at_nominal_and_explains_the_shortfall() {
             available: 0,
             nominal: 8,
             used: 8,
+            held_for: None,
+            holding_cohort_quota: false,
         }
     );
     assert_eq!((why.position, why.queue_length), (1, 1));
@@ -159,6 +161,57 @@ fn a_checkpointed_victim_is_evicted_before_its_deadline() {
     let out = h.cycle(5);
     assert_eq!(out.evictions.len(), 1);
     assert_eq!(admitted_uids(&out), vec!["high"]);
+}
+
+/// a uses 4 of its 8, b borrows 4 (pool of 16 full); a's 8-GPU job needs
+/// the pool while b keeps a stream of 1-GPU jobs waiting.
+fn cohort_hold_scenario(backfill: bool) -> (Harness, Vec<String>) {
+    let mut h = Harness::new(AllocatorConfig {
+        backfill: BackfillPolicy {
+            enabled: backfill,
+            ..BackfillPolicy::default()
+        },
+        preemption: PreemptionPolicy {
+            enabled: false,
+            ..PreemptionPolicy::default()
+        },
+        ..AllocatorConfig::default()
+    });
+    h.nodes([node("n1", 8), node("n2", 8), node("n3", 8)]);
+    h.queue(queue("a", Some("c"), 8));
+    h.queue(queue("b", Some("c"), 8));
+    for i in 0..12 {
+        h.submit(job(&format!("b-run-{i:02}"), "b", 1, 1));
+    }
+    for i in 0..4 {
+        h.submit(job(&format!("a-run-{i}"), "a", 1, 1));
+    }
+    assert_eq!(h.cycle(0).admissions.len(), 16);
+    let mut big = job("a-big", "a", 1, 8);
+    big.submitted_at = Timestamp(10);
+    h.submit(big);
+    for i in 0..20 {
+        let mut j = job(&format!("b-wait-{i:02}"), "b", 1, 1);
+        j.submitted_at = Timestamp(20 + i);
+        h.submit(j);
+    }
+    let mut admitted = Vec::new();
+    for i in 0..8 {
+        h.finish(&format!("b-run-{i:02}"));
+        let out = h.cycle(100 + 10 * u64::from(i as u32));
+        admitted.extend(admitted_uids(&out));
+    }
+    (h, admitted)
+}
+
+#[test]
+fn cohort_headroom_is_kept_for_the_first_job_in_line() {
+    let (h, admitted) = cohort_hold_scenario(true);
+    assert_eq!(admitted, vec!["a-big"], "headroom accumulated for the big job");
+    assert!(h.admitted("a-big").is_some());
+    let (_, without) = cohort_hold_scenario(false);
+    assert!(!without.contains(&"a-big".to_string()), "small jobs take every freed GPU");
+    assert_eq!(without.len(), 8);
 }
 
 // ----------------------------------------------------------- priority, aging
@@ -556,6 +609,36 @@ fn preemption_picks_the_smallest_set_of_whole_gangs() {
         "one whole gang beats two smaller ones"
     );
     assert_eq!(out.preemptions[0].planned_nodes[0].node, "n1");
+}
+
+#[test]
+fn preemption_throws_away_the_least_work() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8), node("n2", 8), node("n3", 8)]);
+    h.queue(queue("q", None, 24));
+    // A 2x8 gang on n1+n2 and two 4-GPU jobs on n3, all low priority.
+    let mut gang = job("gang-16", "q", 2, 8);
+    gang.node_selector.clear();
+    h.submit(gang);
+    h.cycle(1);
+    let gang_nodes = h.nodes_of("gang-16");
+    let free_node = ["n1", "n2", "n3"]
+        .into_iter()
+        .find(|n| !gang_nodes.iter().any(|g| g == n))
+        .expect("one node left");
+    for small in ["small-a", "small-b"] {
+        let mut j = job(small, "q", 1, 4);
+        j.node_selector.insert(names::HOSTNAME_LABEL.into(), free_node.into());
+        h.submit(j);
+    }
+    assert_eq!(h.cycle(2).admissions.len(), 2);
+    let mut urgent = job("urgent", "q", 1, 8);
+    urgent.priority = 10;
+    h.submit(urgent);
+    let out = h.cycle(3);
+    let mut victims: Vec<&str> = out.preemptions[0].victims.iter().map(|v| v.uid.as_str()).collect();
+    victims.sort_unstable();
+    assert_eq!(victims, vec!["small-a", "small-b"], "8 GPUs of work lost, not 16");
 }
 
 #[test]

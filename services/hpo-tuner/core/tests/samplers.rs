@@ -281,7 +281,7 @@ fn tpe_finds_log_scale_int_and_categorical_optimum() {
 
 #[test]
 fn tpe_is_reproducible_and_its_cache_matches_a_fresh_sampler() {
-    let space = branin_space();
+    let space = branin_space().expect("valid space");
     let mut a = TpeSampler::new(space.clone(), TpeConfig::default()).expect("valid");
     let history = run(&mut a, branin_params, 60, 11);
     // A sampler that has followed the history incrementally and a fresh one that
@@ -306,8 +306,9 @@ fn tpe_is_reproducible_and_its_cache_matches_a_fresh_sampler() {
 fn tpe_beats_random_on_branin() {
     let (mut t, mut r) = (Vec::new(), Vec::new());
     for seed in 0..15 {
-        let mut tpe = TpeSampler::new(branin_space(), TpeConfig::default()).expect("valid");
-        let mut rs = RandomSampler::new(branin_space());
+        let mut tpe = TpeSampler::new(branin_space().expect("valid space"), TpeConfig::default())
+            .expect("valid");
+        let mut rs = RandomSampler::new(branin_space().expect("valid space"));
         t.push(best(&run(&mut tpe, branin_params, 60, seed)) - BRANIN_MIN);
         r.push(best(&run(&mut rs, branin_params, 60, seed)) - BRANIN_MIN);
     }
@@ -354,7 +355,7 @@ fn multivariate_tpe_beats_independent_on_a_correlated_space() {
 
 #[test]
 fn constant_liar_makes_parallel_suggestions_differ() {
-    let space = branin_space();
+    let space = branin_space().expect("valid space");
     let mut tpe = TpeSampler::new(space.clone(), TpeConfig::default()).expect("valid");
     let history = run(&mut tpe, branin_params, 40, 5);
     // Same stream, same history: only the pending set differs.
@@ -380,7 +381,7 @@ fn constant_liar_makes_parallel_suggestions_differ() {
 
 #[test]
 fn tpe_ignores_failed_and_foreign_observations() {
-    let space = branin_space();
+    let space = branin_space().expect("valid space");
     let mut tpe = TpeSampler::new(space.clone(), TpeConfig::default()).expect("valid");
     let mut history = run(&mut tpe, branin_params, 20, 1);
     let mut foreign = Params::new();
@@ -458,7 +459,7 @@ fn tpe_settings_are_validated() {
         ),
     ] {
         let e = AlgorithmSpec::Tpe(cfg)
-            .build(&branin_space(), 0)
+            .build(&branin_space().expect("valid space"), 0)
             .expect_err("invalid");
         assert!(e.to_string().starts_with(field), "{e}");
     }

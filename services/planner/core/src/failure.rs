@@ -9,6 +9,7 @@
 //! node drain or loss) whatever the exit code, because an evicted process may well
 //! exit 1 on SIGTERM.
 
+use serde::{Deserialize, Serialize};
 use std::fmt;
 
 use chrono::{DateTime, Utc};
@@ -21,7 +22,7 @@ pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
 pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
 
 /// What ended a worker.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FailureCause {
     /// The container exited with this non-zero code.
     ExitCode {
@@ -92,7 +93,7 @@ impl fmt::Display for FailureCause {
 
 /// The first failure of an attempt: its root cause, since the Job controller kills the
 /// remaining workers right after it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkerFailure {
     /// Index (rank) of the failed worker, when a pod failure was seen.
     pub worker_index: Option<u32>,

@@ -13,6 +13,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use serde::{Deserialize, Serialize};
+
 use chrono::{DateTime, Utc};
 use trainyard_contracts::decisions::{
     AdmissionDecided, PendingExplained, PreemptionDecided, ResumePointChosen, TrialStopped,
@@ -68,7 +70,7 @@ pub enum Observed {
 }
 
 /// A checkpoint the job can resume from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckpointSeen {
     pub uri: String,
     pub epoch: u32,
@@ -77,7 +79,7 @@ pub struct CheckpointSeen {
 }
 
 /// Latest progress of the job (worker 0's reports).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProgressSeen {
     pub attempt: u32,
     pub epoch: u32,
@@ -88,28 +90,28 @@ pub struct ProgressSeen {
 }
 
 /// Worker 0's metrics of one epoch, for the success policy.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EpochMetrics {
     pub metrics: BTreeMap<String, f64>,
     pub at: DateTime<Utc>,
 }
 
 /// A preemption decision and when it arrived.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreemptionSeen {
     pub decision: PreemptionDecided,
     pub at: DateTime<Utc>,
 }
 
 /// A trial stop and when it arrived.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrialStopSeen {
     pub decision: TrialStopped,
     pub at: DateTime<Utc>,
 }
 
 /// Everything known about one attempt.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AttemptRecord {
     pub attempt: u32,
     /// The admission of this attempt, frozen once the attempt started.
@@ -168,7 +170,7 @@ impl AttemptRecord {
 }
 
 /// The planner's knowledge of one TrainingJob.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PlannerJobState {
     /// The attempt the planner is driving.
     pub current: AttemptRecord,

@@ -1,0 +1,46 @@
+use thiserror::Error;
+
+/// What can go wrong in the planner adapter.
+#[derive(Debug, Error)]
+pub enum PlannerError {
+    /// A Kubernetes API call failed.
+    #[error("kubernetes {action}: {source}")]
+    Kube {
+        action: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// No Kubernetes configuration (in-cluster or kubeconfig) could be loaded.
+    #[error("kubernetes client: {0}; run in a cluster or set KUBECONFIG")]
+    Client(#[source] kube::Error),
+    /// Runtime or configuration failure.
+    #[error(transparent)]
+    Runtime(#[from] trainyard_runtime::RuntimeError),
+    /// Saving or loading job state in the KV bucket failed.
+    #[error("state store: {0}")]
+    Store(String),
+    /// A metric could not be registered.
+    #[error("metrics: {0}")]
+    Metrics(String),
+}
+
+impl PlannerError {
+    pub(crate) fn kube(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Self {
+        let action = action.into();
+        move |source| PlannerError::Kube {
+            action,
+            source: Box::new(source),
+        }
+    }
+
+    /// A bounded label for metrics.
+    pub fn category(&self) -> &'static str {
+        match self {
+            PlannerError::Kube { .. } => "kubernetes",
+            PlannerError::Client(_) => "client",
+            PlannerError::Runtime(_) => "runtime",
+            PlannerError::Store(_) => "store",
+            PlannerError::Metrics(_) => "metrics",
+        }
+    }
+}

@@ -1,0 +1,285 @@
+//! Every Kubernetes write Trainyard makes happens here: server-side apply under one
+//! field manager, status subresource writes, Job deletions, Events and the finalizer.
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Api, Client, Resource, ResourceExt};
+use planner_core::DesiredObjects;
+use serde_json::json;
+use trainyard_api::{TrainingJob, TrainingJobSpec, TrainingJobStatus};
+
+use crate::error::PlannerError;
+
+/// Finalizer that lets the planner clean up and announce a deletion.
+pub const FINALIZER: &str = "trainyard.dev/cleanup";
+
+/// Deleted, or already gone.
+fn gone(result: Result<(), kube::Error>, action: String) -> Result<(), PlannerError> {
+    match result {
+        Ok(()) => Ok(()),
+        Err(err) if is_not_found(&err) => Ok(()),
+        Err(source) => Err(PlannerError::Kube {
+            action,
+            source: Box::new(source),
+        }),
+    }
+}
+
+/// The planner's Kubernetes port.
+#[derive(Clone)]
+pub struct KubeWriter {
+    client: Client,
+    field_manager: String,
+    recorder: Recorder,
+}
+
+fn is_not_found(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == 404)
+}
+
+impl KubeWriter {
+    pub fn new(client: Client, field_manager: &str) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: field_manager.to_string(),
+                instance: None,
+            },
+        );
+        Self {
+            client,
+            field_manager: field_manager.to_string(),
+            recorder,
+        }
+    }
+
+    fn apply_params(&self) -> PatchParams {
+        PatchParams::apply(&self.field_manager).force()
+    }
+
+    fn jobs(&self, namespace: &str) -> Api<TrainingJob> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    pub async fn get(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<TrainingJob>, PlannerError> {
+        self.jobs(namespace)
+            .get_opt(name)
+            .await
+            .map_err(PlannerError::kube(format!(
+                "get trainingjob {namespace}/{name}"
+            )))
+    }
+
+    pub async fn list_all(&self) -> Result<Vec<TrainingJob>, PlannerError> {
+        Api::<TrainingJob>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map(|list| list.items)
+            .map_err(PlannerError::kube("list trainingjobs"))
+    }
+
+    /// Applies the ConfigMap, the Service and the Job, in that order (the Job mounts
+    /// the ConfigMap and names the Service as its subdomain).
+    pub async fn apply(
+        &self,
+        namespace: &str,
+        objects: &DesiredObjects,
+    ) -> Result<(), PlannerError> {
+        let params = PatchParams::apply(&objects.field_manager).force();
+        let cm = &objects.config_map;
+        Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
+            .patch(&cm.name_any(), &params, &Patch::Apply(cm))
+            .await
+            .map_err(PlannerError::kube(format!(
+                "apply configmap {namespace}/{}",
+                cm.name_any()
+            )))?;
+        let svc = &objects.service;
+        Api::<Service>::namespaced(self.client.clone(), namespace)
+            .patch(&svc.name_any(), &params, &Patch::Apply(svc))
+            .await
+            .map_err(PlannerError::kube(format!(
+                "apply service {namespace}/{}",
+                svc.name_any()
+            )))?;
+        let job = &objects.job;
+        Api::<Job>::namespaced(self.client.clone(), namespace)
+            .patch(&job.name_any(), &params, &Patch::Apply(job))
+            .await
+            .map_err(PlannerError::kube(format!(
+                "apply job {namespace}/{}",
+                job.name_any()
+            )))?;
+        Ok(())
+    }
+
+    /// Deletes a Job and (in the background) its pods. Already gone is fine.
+    pub async fn delete_job(&self, namespace: &str, name: &str) -> Result<(), PlannerError> {
+        let params = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            ..Default::default()
+        };
+        gone(
+            Api::<Job>::namespaced(self.client.clone(), namespace)
+                .delete(name, &params)
+                .await
+                .map(|_| ()),
+            format!("delete job {namespace}/{name}"),
+        )
+    }
+
+    /// Writes the status subresource; returns the object as stored.
+    pub async fn write_status(
+        &self,
+        job: &TrainingJob,
+        status: &TrainingJobStatus,
+    ) -> Result<TrainingJob, PlannerError> {
+        let namespace = job.namespace().unwrap_or_default();
+        let name = job.name_any();
+        let patch = json!({
+            "apiVersion": trainyard_api::API_GROUP_VERSION,
+            "kind": "TrainingJob",
+            "status": status,
+        });
+        self.jobs(&namespace)
+            .patch_status(&name, &self.apply_params(), &Patch::Apply(&patch))
+            .await
+            .map_err(PlannerError::kube(format!(
+                "write status {namespace}/{name}"
+            )))
+    }
+
+    /// Records a Kubernetes Event on the TrainingJob (`kubectl describe` shows them).
+    pub async fn record_event(
+        &self,
+        job: &TrainingJob,
+        warning: bool,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), PlannerError> {
+        let event = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.to_string(),
+            note: Some(message.chars().take(1024).collect()),
+            action: reason.to_string(),
+            secondary: None,
+        };
+        self.recorder
+            .publish(&event, &job.object_ref(&()))
+            .await
+            .map_err(PlannerError::kube(format!("record event {reason}")))
+    }
+
+    /// Adds the cleanup finalizer if missing.
+    pub async fn ensure_finalizer(&self, job: &TrainingJob) -> Result<(), PlannerError> {
+        if job.finalizers().iter().any(|f| f == FINALIZER) {
+            return Ok(());
+        }
+        let mut finalizers = job.finalizers().to_vec();
+        finalizers.push(FINALIZER.to_string());
+        let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": job.resource_version()}});
+        self.jobs(&job.namespace().unwrap_or_default())
+            .patch(
+                &job.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map(|_| ())
+            .map_err(PlannerError::kube(format!(
+                "add finalizer to {}",
+                job.name_any()
+            )))
+    }
+
+    /// Deletes everything the TrainingJob owns, then releases it.
+    pub async fn finalize(&self, job: &TrainingJob) -> Result<(), PlannerError> {
+        let namespace = job.namespace().unwrap_or_default();
+        let name = job.name_any();
+        let owned = ListParams::default().labels(&format!("{}={name}", planner_core::LABEL_JOB));
+        let jobs = Api::<Job>::namespaced(self.client.clone(), &namespace)
+            .list(&owned)
+            .await
+            .map_err(PlannerError::kube(format!(
+                "list jobs of {namespace}/{name}"
+            )))?;
+        for child in jobs.items {
+            self.delete_job(&namespace, &child.name_any()).await?;
+        }
+        let service = planner_core::service_name(&name);
+        gone(
+            Api::<Service>::namespaced(self.client.clone(), &namespace)
+                .delete(&service, &DeleteParams::default())
+                .await
+                .map(|_| ()),
+            format!("delete service {service}"),
+        )?;
+        let config = planner_core::config_map_name(&name);
+        gone(
+            Api::<ConfigMap>::namespaced(self.client.clone(), &namespace)
+                .delete(&config, &DeleteParams::default())
+                .await
+                .map(|_| ()),
+            format!("delete configmap {config}"),
+        )?;
+        let finalizers: Vec<&String> = job
+            .finalizers()
+            .iter()
+            .filter(|f| *f != FINALIZER)
+            .collect();
+        let patch = json!({"metadata": {"finalizers": finalizers}});
+        gone(
+            self.jobs(&namespace)
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map(|_| ()),
+            format!("remove finalizer from {name}"),
+        )
+    }
+
+    /// Creates (or updates) a TrainingJob submitted over NATS.
+    pub async fn submit(
+        &self,
+        namespace: &str,
+        name: &str,
+        spec: &TrainingJobSpec,
+        labels: &std::collections::BTreeMap<String, String>,
+        annotations: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), PlannerError> {
+        let mut job = TrainingJob::new(name, spec.clone());
+        job.metadata.namespace = Some(namespace.to_string());
+        job.metadata.labels = Some(labels.clone());
+        job.metadata.annotations = Some(annotations.clone());
+        let api = self.jobs(namespace);
+        match api
+            .get_opt(name)
+            .await
+            .map_err(PlannerError::kube(format!("get trainingjob {name}")))?
+        {
+            Some(_) => api
+                .patch(name, &self.apply_params(), &Patch::Apply(&job))
+                .await
+                .map(|_| ())
+                .map_err(PlannerError::kube(format!(
+                    "apply trainingjob {namespace}/{name}"
+                ))),
+            None => api
+                .create(&PostParams::default(), &job)
+                .await
+                .map(|_| ())
+                .map_err(PlannerError::kube(format!(
+                    "create trainingjob {namespace}/{name}"
+                ))),
+        }
+    }
+}

@@ -1,0 +1,468 @@
+//! The planner's adapter: messages in, the pure core's decisions carried out
+//! against Kubernetes and NATS. One job's messages are handled one at a time.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use kube::ResourceExt;
+use planner_core::{
+    EventType, Observation, PlannerAction, PlannerCommand, PlannerConfig, PlannerJobState,
+};
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use tokio_util::sync::CancellationToken;
+use trainyard_api::TrainingJob;
+use trainyard_contracts::decisions::{
+    AdmissionDecided, PendingExplained, PreemptionDecided, ResumePointChosen, TrialStopped,
+};
+use trainyard_contracts::events::{Change, JobObserved, PodObserved, TrainingJobChanged};
+use trainyard_contracts::lifecycle::TrainingJobFinalized;
+use trainyard_contracts::submit::TrainingJobSubmitted;
+use trainyard_contracts::worker::{CheckpointReported, ProgressReported};
+use trainyard_contracts::{EntityRef, Incoming};
+use trainyard_runtime::{Delivery, HandleError, Handler, Publisher};
+
+use crate::error::PlannerError;
+use crate::kubernetes::KubeWriter;
+use crate::store::{StateStore, key};
+
+/// The planner's metrics.
+#[derive(Clone)]
+pub struct PlannerMetrics {
+    pub reconciles: IntCounterVec,
+    pub reconcile_seconds: HistogramVec,
+    pub actions: IntCounterVec,
+}
+
+impl PlannerMetrics {
+    pub fn register(registry: &Registry) -> Result<Self, PlannerError> {
+        let err = |e: prometheus::Error| PlannerError::Metrics(e.to_string());
+        let reconciles = IntCounterVec::new(
+            Opts::new(
+                "trainyard_planner_reconciles_total",
+                "Reconciles, by outcome",
+            ),
+            &["outcome"],
+        )
+        .map_err(err)?;
+        let reconcile_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "trainyard_planner_reconcile_seconds",
+                "Time to decide and carry out",
+            ),
+            &["outcome"],
+        )
+        .map_err(err)?;
+        let actions = IntCounterVec::new(
+            Opts::new(
+                "trainyard_planner_actions_total",
+                "Actions carried out, by kind",
+            ),
+            &["action"],
+        )
+        .map_err(err)?;
+        registry
+            .register(Box::new(reconciles.clone()))
+            .map_err(err)?;
+        registry
+            .register(Box::new(reconcile_seconds.clone()))
+            .map_err(err)?;
+        registry.register(Box::new(actions.clone())).map_err(err)?;
+        Ok(Self {
+            reconciles,
+            reconcile_seconds,
+            actions,
+        })
+    }
+}
+
+/// What the planner knows of one TrainingJob.
+#[derive(Default)]
+struct Entry {
+    loaded: bool,
+    object: Option<TrainingJob>,
+    state: PlannerJobState,
+}
+
+/// One message's effect on a job.
+enum Input {
+    Object(Box<TrainingJobChanged>),
+    Observe(Box<Observation>),
+    Reconcile,
+}
+
+pub struct Planner {
+    writer: KubeWriter,
+    publisher: Publisher,
+    store: StateStore,
+    config: PlannerConfig,
+    metrics: PlannerMetrics,
+    shutdown: CancellationToken,
+    entries: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Entry>>>>,
+}
+
+fn resource_version(job: &TrainingJob) -> Option<u64> {
+    job.resource_version().and_then(|rv| rv.parse().ok())
+}
+
+impl Planner {
+    pub fn new(
+        writer: KubeWriter,
+        publisher: Publisher,
+        store: StateStore,
+        config: PlannerConfig,
+        metrics: PlannerMetrics,
+        shutdown: CancellationToken,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            writer,
+            publisher,
+            store,
+            config,
+            metrics,
+            shutdown,
+            entries: Mutex::default(),
+        })
+    }
+
+    fn entry(&self, key: &str) -> Arc<tokio::sync::Mutex<Entry>> {
+        let mut entries = self
+            .entries
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        entries.entry(key.to_string()).or_default().clone()
+    }
+
+    fn forget(&self, key: &str) {
+        let mut entries = self
+            .entries
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        entries.remove(key);
+    }
+
+    /// Reconciles every TrainingJob in the cluster: after a restart this re-arms
+    /// restart backoffs and deadlines that lived only in timers.
+    pub async fn resync(self: &Arc<Self>) -> Result<usize, PlannerError> {
+        let jobs = self.writer.list_all().await?;
+        let count = jobs.len();
+        for job in jobs {
+            let entity = EntityRef::new(
+                job.namespace().unwrap_or_default(),
+                job.name_any(),
+                job.uid().unwrap_or_default(),
+            );
+            let change = TrainingJobChanged {
+                change: Change::Applied,
+                object: job,
+            };
+            if let Err(err) = self
+                .handle_input(&entity, Utc::now(), Input::Object(Box::new(change)))
+                .await
+            {
+                tracing::warn!(job = %entity.key(), error = %err, "resync failed for job");
+            }
+        }
+        Ok(count)
+    }
+
+    async fn handle_input(
+        self: &Arc<Self>,
+        entity: &EntityRef,
+        at: DateTime<Utc>,
+        input: Input,
+    ) -> Result<(), PlannerError> {
+        let started = Instant::now();
+        let key = key(entity);
+        let entry = self.entry(&key);
+        let mut entry = entry.lock().await;
+        if !entry.loaded {
+            entry.state = self.store.load(&key).await?.unwrap_or_default();
+            if entry.object.is_none() && !matches!(input, Input::Object(_)) {
+                entry.object = self.writer.get(&entity.namespace, &entity.name).await?;
+            }
+            entry.loaded = true;
+        }
+        let result = self.apply(&key, entity, &mut entry, at, input).await;
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        self.metrics.reconciles.with_label_values(&[outcome]).inc();
+        self.metrics
+            .reconcile_seconds
+            .with_label_values(&[outcome])
+            .observe(started.elapsed().as_secs_f64());
+        result
+    }
+
+    async fn apply(
+        self: &Arc<Self>,
+        key: &str,
+        entity: &EntityRef,
+        entry: &mut Entry,
+        at: DateTime<Utc>,
+        input: Input,
+    ) -> Result<(), PlannerError> {
+        match input {
+            Input::Object(change) if change.change == Change::Deleted => {
+                let last_state = entry
+                    .object
+                    .as_ref()
+                    .or(Some(&change.object))
+                    .and_then(|j| j.status.as_ref())
+                    .and_then(|s| s.state);
+                return self.finalized(key, entity, entry, last_state).await;
+            }
+            Input::Object(change) => {
+                let incoming = change.object;
+                let newer = match (
+                    entry.object.as_ref().and_then(resource_version),
+                    resource_version(&incoming),
+                ) {
+                    (Some(known), Some(seen)) => seen >= known,
+                    _ => true,
+                };
+                if newer {
+                    entry.object = Some(incoming);
+                }
+            }
+            Input::Observe(observation) => {
+                planner_core::observe(&mut entry.state, at, *observation);
+            }
+            Input::Reconcile => {}
+        }
+        let Some(job) = entry.object.clone() else {
+            // Reports about a TrainingJob that no longer exists (or not yet): nothing to do.
+            return Ok(());
+        };
+        if job.metadata.deletion_timestamp.is_some() {
+            self.writer.finalize(&job).await?;
+            let last_state = job.status.as_ref().and_then(|s| s.state);
+            return self.finalized(key, entity, entry, last_state).await;
+        }
+        self.writer.ensure_finalizer(&job).await?;
+        let actions = planner_core::decide(&job, &entry.state, Utc::now(), &self.config);
+        self.carry_out(entity, entry, &job, actions).await?;
+        self.store.save(key, &entry.state).await
+    }
+
+    async fn finalized(
+        &self,
+        key: &str,
+        entity: &EntityRef,
+        entry: &mut Entry,
+        last_state: Option<trainyard_api::TrainingJobState>,
+    ) -> Result<(), PlannerError> {
+        let envelope = self
+            .publisher
+            .envelope(entity.clone(), TrainingJobFinalized { last_state });
+        let dedup = format!("finalized:{}:{}", entity.key(), entity.uid);
+        self.publisher.publish_with_id(envelope, &dedup).await?;
+        self.store.delete(key).await?;
+        entry.object = None;
+        entry.state = PlannerJobState::default();
+        self.forget(key);
+        tracing::info!(job = %entity.key(), "finalized");
+        Ok(())
+    }
+
+    async fn carry_out(
+        self: &Arc<Self>,
+        entity: &EntityRef,
+        entry: &mut Entry,
+        job: &TrainingJob,
+        actions: Vec<PlannerAction>,
+    ) -> Result<(), PlannerError> {
+        let namespace = job.namespace().unwrap_or_default();
+        for action in actions {
+            let label = match &action {
+                PlannerAction::ApplyObjects(_) => "apply",
+                PlannerAction::DeleteJob { .. } => "delete_job",
+                PlannerAction::RecreateAfter { .. } | PlannerAction::RecheckAfter { .. } => "timer",
+                PlannerAction::SendCommand { .. } => "command",
+                PlannerAction::RecordEvent { .. } => "event",
+                PlannerAction::PublishTransition { .. } => "transition",
+                PlannerAction::UpdateStatus(_) => "status",
+            };
+            match action {
+                PlannerAction::ApplyObjects(objects) => {
+                    self.writer.apply(&namespace, &objects).await?
+                }
+                PlannerAction::DeleteJob { name } => {
+                    self.writer.delete_job(&namespace, &name).await?
+                }
+                PlannerAction::RecreateAfter { delay, .. }
+                | PlannerAction::RecheckAfter { delay, .. } => self.schedule(entity.clone(), delay),
+                PlannerAction::SendCommand { command, dedup_key } => {
+                    let published = match command {
+                        PlannerCommand::Stop(stop) => {
+                            self.publisher
+                                .publish_with_id(
+                                    self.publisher.envelope(entity.clone(), stop),
+                                    &dedup_key,
+                                )
+                                .await
+                        }
+                        PlannerCommand::CheckpointNow(request) => {
+                            self.publisher
+                                .publish_with_id(
+                                    self.publisher.envelope(entity.clone(), request),
+                                    &dedup_key,
+                                )
+                                .await
+                        }
+                    };
+                    published?;
+                }
+                PlannerAction::RecordEvent {
+                    event_type,
+                    reason,
+                    message,
+                } => {
+                    let warning = matches!(event_type, EventType::Warning);
+                    // An Event is for people; failing to record one must not stall the job.
+                    if let Err(err) = self
+                        .writer
+                        .record_event(job, warning, &reason, &message)
+                        .await
+                    {
+                        tracing::warn!(job = %entity.key(), error = %err, "event not recorded");
+                    }
+                }
+                PlannerAction::PublishTransition {
+                    transition,
+                    dedup_key,
+                } => {
+                    self.publisher
+                        .publish_with_id(
+                            self.publisher.envelope(entity.clone(), transition),
+                            &dedup_key,
+                        )
+                        .await?;
+                }
+                PlannerAction::UpdateStatus(status) => {
+                    let stored = self.writer.write_status(job, &status).await?;
+                    entry.object = Some(stored);
+                }
+            }
+            self.metrics.actions.with_label_values(&[label]).inc();
+        }
+        Ok(())
+    }
+
+    /// Decides again for `entity` after `delay` (restart backoff, deadlines).
+    fn schedule(self: &Arc<Self>, entity: EntityRef, delay: Duration) {
+        let planner = Arc::clone(self);
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = planner.shutdown.cancelled() => {}
+                _ = tokio::time::sleep(delay) => {
+                    if let Err(err) = planner.handle_input(&entity, Utc::now(), Input::Reconcile).await {
+                        tracing::warn!(job = %entity.key(), error = %err, "timed reconcile failed");
+                    }
+                }
+            }
+        });
+    }
+
+    async fn submit(
+        &self,
+        entity: &EntityRef,
+        submitted: TrainingJobSubmitted,
+    ) -> Result<(), HandleError> {
+        let reject = |reason: String| HandleError::Reject {
+            category: "invalid_spec",
+            reason,
+        };
+        if entity.namespace.is_empty() {
+            return Err(reject(
+                "entity.namespace is empty; name the namespace the TrainingJob belongs in".into(),
+            ));
+        }
+        if !is_dns_label(&entity.name) {
+            return Err(reject(format!(
+                "entity.name {:?} is not a valid name: use lowercase letters, digits and '-', at most 63 characters",
+                entity.name
+            )));
+        }
+        if let Err(errors) = submitted.spec.validate() {
+            return Err(reject(trainyard_api::format_field_errors(&errors)));
+        }
+        self.writer
+            .submit(
+                &entity.namespace,
+                &entity.name,
+                &submitted.spec,
+                &submitted.labels,
+                &submitted.annotations,
+            )
+            .await
+            .map_err(|err| HandleError::Retry(err.to_string()))
+    }
+}
+
+fn is_dns_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
+/// Routes each message type the planner reads to its effect.
+fn input_of(message: &Incoming) -> Result<Option<Input>, HandleError> {
+    let observe = |o: Observation| Ok(Some(Input::Observe(Box::new(o))));
+    if message.is::<TrainingJobChanged>() {
+        return Ok(Some(Input::Object(Box::new(message.payload()?))));
+    }
+    if message.is::<JobObserved>() {
+        return observe(Observation::Job(message.payload()?));
+    }
+    if message.is::<PodObserved>() {
+        return observe(Observation::Pod(message.payload()?));
+    }
+    if message.is::<ProgressReported>() {
+        return observe(Observation::Progress(message.payload()?));
+    }
+    if message.is::<CheckpointReported>() {
+        return observe(Observation::Checkpoint(message.payload()?));
+    }
+    if message.is::<AdmissionDecided>() {
+        return observe(Observation::Admission(message.payload()?));
+    }
+    if message.is::<PendingExplained>() {
+        return observe(Observation::Pending(message.payload()?));
+    }
+    if message.is::<PreemptionDecided>() {
+        return observe(Observation::Preemption(message.payload()?));
+    }
+    if message.is::<ResumePointChosen>() {
+        return observe(Observation::ResumePoint(message.payload()?));
+    }
+    if message.is::<TrialStopped>() {
+        return observe(Observation::TrialStopped(message.payload()?));
+    }
+    Ok(None)
+}
+
+/// The planner as a consumer of every stream it reads.
+pub struct PlannerHandler(pub Arc<Planner>);
+
+impl Handler for PlannerHandler {
+    async fn handle(&self, message: Incoming, _delivery: Delivery) -> Result<(), HandleError> {
+        let entity = message.header.entity.clone();
+        if message.is::<TrainingJobSubmitted>() {
+            return self.0.submit(&entity, message.payload()?).await;
+        }
+        let Some(input) = input_of(&message)? else {
+            // Sweep events, trial requests and cost decisions are other issues' work.
+            tracing::debug!(message_type = %message.header.message_type, "not for the planner");
+            return Ok(());
+        };
+        self.0
+            .handle_input(&entity, message.header.time, input)
+            .await
+            .map_err(|err| HandleError::Retry(err.to_string()))
+    }
+}

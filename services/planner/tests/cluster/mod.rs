@@ -1,0 +1,328 @@
+//! A test cluster: kube-fake-client as the API server (server-side apply, status
+//! subresources), a real NATS server, the planner under test, and a driver that
+//! plays the Job controller, the kubelet and the watcher (through the watcher's own
+//! mapping and publishing code).
+// Each test binary uses a different subset of the driver.
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher::Event;
+use kube::{Api, ResourceExt};
+use planner_core::PlannerConfig;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use trainyard_api::{TrainingJob, TrainingJobState};
+use trainyard_contracts::{
+    EntityRef, Envelope, Incoming, Payload, Service as TrainyardService, streams,
+};
+use trainyard_runtime::{Runtime, Settings};
+use trainyard_testkit::NatsServer;
+use trainyard_watcher::mapping::Watched;
+use trainyard_watcher::relist::Relist;
+
+pub const NS: &str = "ml";
+
+pub struct Cluster {
+    pub nats: NatsServer,
+    pub runtime: Runtime,
+    pub client: kube::Client,
+    /// What the simulated watcher last listed, per kind, so vanished objects are
+    /// reported as deleted (the watcher's own relist logic).
+    relists: tokio::sync::Mutex<(Relist, Relist, Relist)>,
+}
+
+pub async fn start() -> Cluster {
+    // RUST_LOG=trainyard_planner=debug shows what the planner did when a test fails.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+    let nats = NatsServer::start();
+    let mut settings = Settings::default();
+    settings.nats.url = nats.url();
+    settings.http.listen = "127.0.0.1:0".to_string();
+    let runtime = Runtime::start(
+        TrainyardService::Planner,
+        settings,
+        CancellationToken::new(),
+    )
+    .await
+    .expect("runtime");
+    let client = kube_fake_client::ClientBuilder::new()
+        .with_resource::<TrainingJob>()
+        .with_status_subresource::<TrainingJob>()
+        .with_status_subresource::<Job>()
+        .with_status_subresource::<Pod>()
+        .build()
+        .await
+        .expect("fake API server");
+    let config = PlannerConfig {
+        worker_nats_url: nats.url(),
+        restart_backoff_initial_seconds: 1,
+        restart_backoff_max_seconds: 2,
+        stop_grace_period_seconds: 1,
+        ..Default::default()
+    };
+    trainyard_planner::start(&runtime, config, client.clone()).expect("planner starts");
+    Cluster {
+        nats,
+        runtime,
+        client,
+        relists: Default::default(),
+    }
+}
+
+/// Polls `check` until it returns Some, or fails after 20 s.
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+impl Cluster {
+    pub fn training_jobs(&self) -> Api<TrainingJob> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+    pub fn jobs(&self) -> Api<Job> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+    pub fn services(&self) -> Api<Service> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+    pub fn config_maps(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    /// Creates a TrainingJob from an example file (its namespace replaced by `ml`).
+    pub async fn create_example(&self, file: &str) -> TrainingJob {
+        let path = format!("{}/../../examples/{file}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).expect("example exists");
+        let mut job: TrainingJob = serde_yaml::from_str(&text).expect("example parses");
+        job.metadata.namespace = Some(NS.to_string());
+        self.training_jobs()
+            .create(&PostParams::default(), &job)
+            .await
+            .expect("create")
+    }
+
+    /// What the watcher publishes on a relist of everything in the cluster now.
+    /// Unchanged objects keep their message ids, so JetStream drops the repeats;
+    /// objects gone since the last relist are published as deleted.
+    pub async fn watch_once(&self) {
+        let all = ListParams::default();
+        let mut relists = self.relists.lock().await;
+        let (tjs, jobs, pods) = &mut *relists;
+        let listed = self.training_jobs().list(&all).await.expect("list").items;
+        self.publish_relist(tjs, listed).await;
+        let listed = self.jobs().list(&all).await.expect("list").items;
+        self.publish_relist(jobs, listed).await;
+        let listed = self.pods().list(&all).await.expect("list").items;
+        self.publish_relist(pods, listed).await;
+    }
+
+    async fn publish_relist<K: Watched>(&self, relist: &mut Relist, objects: Vec<K>) {
+        let mut changes = relist.on_event::<K>(Event::Init);
+        for object in objects {
+            changes.extend(relist.on_event(Event::InitApply(object)));
+        }
+        changes.extend(relist.on_event::<K>(Event::InitDone));
+        for change in changes {
+            trainyard_watcher::adapter::publish(&self.runtime.publisher, change)
+                .await
+                .expect("publish change");
+        }
+    }
+
+    /// Publishes a message as another service (or a worker) would.
+    pub async fn publish<P: Payload>(&self, name: &str, payload: P) {
+        let envelope = Envelope::new("test", EntityRef::new(NS, name, ""), payload);
+        self.runtime
+            .publisher
+            .publish(envelope)
+            .await
+            .expect("publish");
+    }
+
+    pub async fn status_state(&self, name: &str) -> Option<TrainingJobState> {
+        self.training_jobs()
+            .get(name)
+            .await
+            .ok()
+            .and_then(|j| j.status)
+            .and_then(|s| s.state)
+    }
+
+    /// Waits until the planner has written `state`, re-running the watcher meanwhile.
+    pub async fn wait_for_state(&self, name: &str, state: TrainingJobState) -> TrainingJob {
+        eventually(&format!("{name} to be {state}"), || async {
+            self.watch_once().await;
+            let job = self.training_jobs().get(name).await.ok()?;
+            (job.status.as_ref()?.state == Some(state)).then_some(job)
+        })
+        .await
+    }
+
+    /// Plays the Job controller and kubelet: the Job's pods run.
+    pub async fn run_workers(
+        &self,
+        job_name: &str,
+        training_job: &str,
+        attempt: u32,
+        workers: u32,
+    ) {
+        for index in 0..workers {
+            let pod: Pod = serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("{job_name}-{index}"), "namespace": NS,
+                             "labels": {"trainyard.dev/job": training_job, "trainyard.dev/attempt": attempt.to_string()},
+                             "annotations": {"batch.kubernetes.io/job-completion-index": index.to_string()}},
+                "spec": {"nodeName": "gpu-1", "containers": [{"name": "trainer", "image": "x"}]}
+            }))
+            .expect("pod");
+            self.pods()
+                .create(&PostParams::default(), &pod)
+                .await
+                .expect("create pod");
+            self.set_pod(job_name, index, json!({"phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": [{"name": "trainer", "ready": true, "restartCount": 0, "image": "x",
+                                       "imageID": "x", "state": {"running": {}}}]}))
+                .await;
+        }
+        self.set_job_status(
+            job_name,
+            json!({"active": workers, "ready": workers,
+                                             "startTime": "2026-11-21T10:00:00Z"}),
+        )
+        .await;
+    }
+
+    pub async fn set_pod(&self, job_name: &str, index: u32, status: serde_json::Value) {
+        self.pods()
+            .patch_status(
+                &format!("{job_name}-{index}"),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": status})),
+            )
+            .await
+            .expect("pod status");
+    }
+
+    /// A worker's container exits with `code`; the Job fails (backoffLimit 0).
+    pub async fn fail_worker(&self, job_name: &str, index: u32, code: i32) {
+        self.set_pod(job_name, index, json!({"phase": "Failed",
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [{"name": "trainer", "ready": false, "restartCount": 0, "image": "x", "imageID": "x",
+                                   "state": {"terminated": {"exitCode": code, "reason": "Error"}}}]}))
+            .await;
+        self.set_job_status(job_name, json!({"active": 0, "failed": 1,
+            "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}))
+            .await;
+    }
+
+    /// Every worker succeeds; the Job completes.
+    pub async fn complete_workers(&self, job_name: &str, workers: u32) {
+        for index in 0..workers {
+            self.set_pod(job_name, index, json!({"phase": "Succeeded",
+                "containerStatuses": [{"name": "trainer", "ready": false, "restartCount": 0, "image": "x", "imageID": "x",
+                                       "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}))
+                .await;
+        }
+        self.set_job_status(
+            job_name,
+            json!({"active": 0, "ready": 0, "succeeded": workers,
+            "completionTime": "2026-11-21T11:00:00Z",
+            "conditions": [{"type": "Complete", "status": "True"}]}),
+        )
+        .await;
+    }
+
+    pub async fn set_job_status(&self, job_name: &str, status: serde_json::Value) {
+        self.jobs()
+            .patch_status(
+                job_name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": status})),
+            )
+            .await
+            .expect("job status");
+    }
+
+    pub async fn job_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .jobs()
+            .list(&ListParams::default())
+            .await
+            .expect("list jobs")
+            .items
+            .iter()
+            .map(|j| j.name_any())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Every message of one stream, in order.
+    pub async fn stream_messages(&self, stream: &str) -> Vec<(String, Incoming)> {
+        let stream = self
+            .runtime
+            .jetstream
+            .get_stream(stream)
+            .await
+            .expect("stream");
+        let consumer = stream
+            .create_consumer(async_nats::jetstream::consumer::pull::Config {
+                ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
+                ..Default::default()
+            })
+            .await
+            .expect("consumer");
+        let mut batch = consumer
+            .fetch()
+            .max_messages(10_000)
+            .expires(Duration::from_millis(500))
+            .messages()
+            .await
+            .expect("fetch");
+        let mut out = Vec::new();
+        while let Some(Ok(message)) = batch.next().await {
+            if let Ok(incoming) = Incoming::decode(&message.payload) {
+                out.push((message.subject.to_string(), incoming));
+            }
+        }
+        out
+    }
+
+    /// The lifecycle states published for `name`, in order.
+    pub async fn transitions(&self, name: &str) -> Vec<TrainingJobState> {
+        self.stream_messages(streams::LIFECYCLE.name)
+            .await
+            .into_iter()
+            .filter(|(_, m)| m.header.entity.name == name)
+            .filter_map(|(_, m)| {
+                m.payload::<trainyard_contracts::lifecycle::TrainingJobTransitioned>()
+                    .ok()
+            })
+            .map(|t| t.to)
+            .collect()
+    }
+}
