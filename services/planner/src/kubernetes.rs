@@ -8,9 +8,14 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client, Resource, ResourceExt};
 use planner_core::DesiredObjects;
 use serde_json::json;
-use trainyard_api::{TrainingJob, TrainingJobSpec, TrainingJobStatus};
+use trainyard_api::{Sweep, SweepStatus, TrainingJob, TrainingJobSpec, TrainingJobStatus};
 
 use crate::error::PlannerError;
+
+/// Label naming the Sweep a trial belongs to.
+pub const SWEEP_LABEL: &str = "trainyard.dev/sweep";
+/// Label carrying a trial's index in its Sweep.
+pub const TRIAL_INDEX_LABEL: &str = "trainyard.dev/trial-index";
 
 /// Finalizer that lets the planner clean up and announce a deletion.
 pub const FINALIZER: &str = "trainyard.dev/cleanup";
@@ -245,6 +250,67 @@ impl KubeWriter {
                 .map(|_| ()),
             format!("remove finalizer from {name}"),
         )
+    }
+
+    pub async fn get_sweep(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Sweep>, PlannerError> {
+        Api::<Sweep>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map_err(PlannerError::kube(format!("get sweep {namespace}/{name}")))
+    }
+
+    /// Applies a trial: a TrainingJob owned by its Sweep. Its name is the tuner's
+    /// deterministic trial id, so a replayed request changes nothing.
+    pub async fn apply_trial(
+        &self,
+        sweep: &Sweep,
+        trial_name: &str,
+        trial_index: u32,
+        spec: TrainingJobSpec,
+    ) -> Result<(), PlannerError> {
+        let namespace = sweep.namespace().unwrap_or_default();
+        let mut trial = TrainingJob::new(trial_name, spec);
+        trial.metadata.namespace = Some(namespace.clone());
+        trial.metadata.owner_references = sweep.controller_owner_ref(&()).map(|owner| vec![owner]);
+        trial.metadata.labels = Some(
+            [
+                (SWEEP_LABEL.to_string(), sweep.name_any()),
+                (TRIAL_INDEX_LABEL.to_string(), trial_index.to_string()),
+            ]
+            .into(),
+        );
+        self.jobs(&namespace)
+            .patch(trial_name, &self.apply_params(), &Patch::Apply(&trial))
+            .await
+            .map(|_| ())
+            .map_err(PlannerError::kube(format!(
+                "apply trial {namespace}/{trial_name}"
+            )))
+    }
+
+    pub async fn write_sweep_status(
+        &self,
+        sweep: &Sweep,
+        status: &SweepStatus,
+    ) -> Result<(), PlannerError> {
+        let namespace = sweep.namespace().unwrap_or_default();
+        let name = sweep.name_any();
+        let patch = json!({
+            "apiVersion": trainyard_api::API_GROUP_VERSION,
+            "kind": "Sweep",
+            "status": status,
+        });
+        Api::<Sweep>::namespaced(self.client.clone(), &namespace)
+            .patch_status(&name, &self.apply_params(), &Patch::Apply(&patch))
+            .await
+            .map(|_| ())
+            .map_err(PlannerError::kube(format!(
+                "write sweep status {namespace}/{name}"
+            )))
     }
 
     /// Creates (or updates) a TrainingJob submitted over NATS.

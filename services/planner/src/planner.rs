@@ -14,7 +14,8 @@ use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 use tokio_util::sync::CancellationToken;
 use trainyard_api::TrainingJob;
 use trainyard_contracts::decisions::{
-    AdmissionDecided, PendingExplained, PreemptionDecided, ResumePointChosen, TrialStopped,
+    AdmissionDecided, PendingExplained, PreemptionDecided, ResumePointChosen, SweepProgressed,
+    TrialRequested, TrialStopped,
 };
 use trainyard_contracts::events::{Change, JobObserved, PodObserved, TrainingJobChanged};
 use trainyard_contracts::lifecycle::TrainingJobFinalized;
@@ -364,11 +365,8 @@ impl Planner {
         });
     }
 
-    async fn submit(
-        &self,
-        entity: &EntityRef,
-        submitted: TrainingJobSubmitted,
-    ) -> Result<(), HandleError> {
+    async fn submit(&self, entity: &EntityRef, message: &Incoming) -> Result<(), HandleError> {
+        let submitted: TrainingJobSubmitted = message.payload()?;
         let reject = |reason: String| HandleError::Reject {
             category: "invalid_spec",
             reason,
@@ -384,19 +382,74 @@ impl Planner {
                 entity.name
             )));
         }
-        if let Err(errors) = submitted.spec.validate() {
-            return Err(reject(trainyard_api::format_field_errors(&errors)));
-        }
+        // Decoded again from the raw JSON so every problem names its field.
+        let spec = trainyard_api::TrainingJobSpec::from_json(message.raw_payload()["spec"].clone())
+            .map_err(|errors| reject(trainyard_api::format_field_errors(&errors)))?;
         self.writer
             .submit(
                 &entity.namespace,
                 &entity.name,
-                &submitted.spec,
+                &spec,
                 &submitted.labels,
                 &submitted.annotations,
             )
             .await
             .map_err(|err| HandleError::Retry(err.to_string()))
+    }
+}
+
+impl Planner {
+    /// Creates the trial the tuner asked for, from the Sweep's template.
+    async fn trial(&self, sweep: &EntityRef, request: TrialRequested) -> Result<(), HandleError> {
+        let retry = |err: PlannerError| HandleError::Retry(err.to_string());
+        let Some(object) = self
+            .writer
+            .get_sweep(&sweep.namespace, &sweep.name)
+            .await
+            .map_err(retry)?
+        else {
+            tracing::info!(sweep = %sweep.key(), trial = %request.trial_name, "sweep is gone; trial not created");
+            return Ok(());
+        };
+        let spec = planner_core::trial_spec(&object.spec.trial_template, &request.parameters)
+            .map_err(|err| HandleError::Reject {
+                category: "invalid_trial",
+                reason: format!("trial {}: {err}", request.trial_name),
+            })?;
+        self.writer
+            .apply_trial(&object, &request.trial_name, request.trial_index, spec)
+            .await
+            .map_err(retry)
+    }
+
+    /// Writes the tuner's progress into the Sweep's status.
+    async fn sweep_progress(
+        &self,
+        sweep: &EntityRef,
+        progress: SweepProgressed,
+    ) -> Result<(), HandleError> {
+        let retry = |err: PlannerError| HandleError::Retry(err.to_string());
+        let Some(object) = self
+            .writer
+            .get_sweep(&sweep.namespace, &sweep.name)
+            .await
+            .map_err(retry)?
+        else {
+            return Ok(());
+        };
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        );
+        let status = planner_core::sweep_status(
+            &progress,
+            object.status.as_ref(),
+            object.metadata.generation,
+            now,
+        );
+        self.writer
+            .write_sweep_status(&object, &status)
+            .await
+            .map_err(retry)
     }
 }
 
@@ -440,9 +493,6 @@ fn input_of(message: &Incoming) -> Result<Option<Input>, HandleError> {
     if message.is::<ResumePointChosen>() {
         return observe(Observation::ResumePoint(message.payload()?));
     }
-    if message.is::<TrialStopped>() {
-        return observe(Observation::TrialStopped(message.payload()?));
-    }
     Ok(None)
 }
 
@@ -453,7 +503,27 @@ impl Handler for PlannerHandler {
     async fn handle(&self, message: Incoming, _delivery: Delivery) -> Result<(), HandleError> {
         let entity = message.header.entity.clone();
         if message.is::<TrainingJobSubmitted>() {
-            return self.0.submit(&entity, message.payload()?).await;
+            return self.0.submit(&entity, &message).await;
+        }
+        if message.is::<TrialRequested>() {
+            return self.0.trial(&entity, message.payload()?).await;
+        }
+        if message.is::<SweepProgressed>() {
+            return self.0.sweep_progress(&entity, message.payload()?).await;
+        }
+        if message.is::<TrialStopped>() {
+            // The tuner names the Sweep; the stop is about one of its trials.
+            let stop: TrialStopped = message.payload()?;
+            let trial = EntityRef::new(&entity.namespace, &stop.trial_name, "");
+            return self
+                .0
+                .handle_input(
+                    &trial,
+                    message.header.time,
+                    Input::Observe(Box::new(Observation::TrialStopped(stop))),
+                )
+                .await
+                .map_err(|err| HandleError::Retry(err.to_string()));
         }
         let Some(input) = input_of(&message)? else {
             // Sweep events, trial requests and cost decisions are other issues' work.

@@ -1,22 +1,25 @@
 //! The allocator: state, event application, and the admission cycle.
 //!
-//! A cycle runs in four steps:
+//! A cycle runs in five steps:
 //! 1. evictions: victims whose grace period ended (or who reported their
 //!    checkpoint) release their GPUs and go back to pending;
 //! 2. preemptors whose victims are all gone are admitted first, so the
 //!    capacity they paid for is not taken by someone else;
-//! 3. the main pass walks every pending job, queues interleaved by weighted
+//! 3. jobs that held a reservation or cohort quota hold last cycle are
+//!    evaluated next, so they keep it until they start;
+//! 4. the main pass walks every pending job, queues interleaved by weighted
 //!    dominant share, and admits each one that fits quota and concrete nodes
 //!    now; blocked jobs at the front get backfill reservations;
-//! 4. a bounded number of still-blocked jobs look for preemption victims.
+//! 5. a bounded number of still-blocked jobs look for preemption victims.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backfill::{Claim, Reservations};
+use crate::backfill::{Claim, Reservations, Timeline};
 use crate::config::AllocatorConfig;
 use crate::decision::{
     Admission, CycleOutcome, CycleStats, Eviction, EvictionReason, PlannedNode, Preemption,
@@ -80,7 +83,8 @@ pub(crate) struct Running {
 #[derive(Debug)]
 pub(crate) enum JobState {
     Pending(Option<Nomination>),
-    Running(Running),
+    // Boxed: pending jobs (the many) stay small and cache-friendly.
+    Running(Box<Running>),
 }
 
 #[derive(Debug)]
@@ -101,7 +105,7 @@ pub(crate) struct Job {
 impl Job {
     pub(crate) fn running(&self) -> Option<&Running> {
         match &self.state {
-            JobState::Running(r) => Some(r),
+            JobState::Running(r) => Some(r.as_ref()),
             JobState::Pending(_) => None,
         }
     }
@@ -212,6 +216,9 @@ struct MemoKey {
     topology: crate::types::TopologyRequirement,
 }
 
+/// (queue, resource, requested, used, available, a hold is involved).
+type QuotaMemoKey = (QueueIdx, ResIdx, u64, u64, u64, bool);
+
 /// Cohort headroom kept for the first job that only the pool blocks.
 struct QuotaHold {
     units: u64,
@@ -245,11 +252,13 @@ struct MemoEntry {
 #[derive(Default)]
 struct CycleCtx {
     memo: FastMap<MemoKey, MemoEntry>,
+    /// Release timelines per resource (see `timeline_cached`).
+    timelines: FastMap<ResIdx, Rc<Timeline>>,
     /// Failures of jobs evaluated before the main pass.
     early: FastMap<JobIdx, (Arc<PendingReason>, bool)>,
     /// Jobs given a reservation this cycle, in order.
     reserved_order: Vec<JobUid>,
-    quota_memo: FastMap<(QueueIdx, ResIdx, u64, u64, u64, bool), Arc<PendingReason>>,
+    quota_memo: FastMap<QuotaMemoKey, Arc<PendingReason>>,
     /// Cohort pool headroom held for the first job that only the pool
     /// blocks, per (cohort, resource).
     quota_holds: FastMap<(crate::queues::CohortIdx, ResIdx), QuotaHold>,
@@ -588,10 +597,10 @@ impl Allocator {
             return Applied::Changed;
         };
         self.release(idx);
-        if let Some(job) = self.jobs.get_mut(idx as usize).and_then(Option::take) {
-            if let Some(q) = self.queues.get_mut(job.queue) {
-                q.pending.remove(&idx);
-            }
+        if let Some(job) = self.jobs.get_mut(idx as usize).and_then(Option::take)
+            && let Some(q) = self.queues.get_mut(job.queue)
+        {
+            q.pending.remove(&idx);
         }
         if self.nominated.remove(&idx) {
             // Its victims were only asked to checkpoint; nobody needs their
@@ -700,14 +709,14 @@ impl Allocator {
         }
         self.nominated.remove(&idx);
         if let Some(job) = self.job_mut(idx) {
-            job.state = JobState::Running(Running {
+            job.state = JobState::Running(Box::new(Running {
                 res,
                 per_worker,
                 placement,
                 admitted_at: admission.admitted_at,
                 admission,
                 preempting: None,
-            });
+            }));
         }
     }
 
@@ -1179,7 +1188,7 @@ impl Allocator {
             let Some(res) = self.nomination_res(nomination) else {
                 continue;
             };
-            let timeline = self.release_timeline(res, now);
+            let timeline = Self::timeline_cached(self, &mut ctx.timelines, res, now);
             let start = nomination.evict_at.max(now);
             for planned in &nomination.nodes {
                 let workers = &planned.workers;
@@ -1243,6 +1252,7 @@ impl Allocator {
                     continue;
                 }
                 if let Ok(plan) = self.try_place(idx, res, now, ctx) {
+                    ctx.timelines.remove(&plan.res);
                     self.admit(idx, plan, now, out);
                     break;
                 }
@@ -1336,7 +1346,10 @@ impl Allocator {
                 None => self.evaluate(idx, now, ctx, &mut options),
             };
             match outcome {
-                Ok(plan) => self.admit(idx, plan, now, out),
+                Ok(plan) => {
+                    ctx.timelines.remove(&plan.res);
+                    self.admit(idx, plan, now, out);
+                }
                 Err((reason, can_preempt)) => ctx.failed.push(Failed {
                     job: idx,
                     position,
@@ -1356,18 +1369,29 @@ impl Allocator {
     /// else, so they keep it until they start: without this, a big gang
     /// could lose its reservation to whichever queue the fair-share order
     /// puts first next cycle, and be passed over again and again.
-    fn evaluate_reserved_first(&mut self, now: Timestamp, ctx: &mut CycleCtx, out: &mut CycleOutcome) {
+    fn evaluate_reserved_first(
+        &mut self,
+        now: Timestamp,
+        ctx: &mut CycleCtx,
+        out: &mut CycleOutcome,
+    ) {
         let reserved = std::mem::take(&mut self.reserved_jobs);
         let mut options = Vec::new();
         for uid in reserved {
             let Some(idx) = self.job_by_uid.get(&uid).copied() else {
                 continue;
             };
-            if !matches!(self.job(idx).map(|j| &j.state), Some(JobState::Pending(None))) {
+            if !matches!(
+                self.job(idx).map(|j| &j.state),
+                Some(JobState::Pending(None))
+            ) {
                 continue;
             }
             match self.evaluate(idx, now, ctx, &mut options) {
-                Ok(plan) => self.admit(idx, plan, now, out),
+                Ok(plan) => {
+                    ctx.timelines.remove(&plan.res);
+                    self.admit(idx, plan, now, out);
+                }
                 Err(failure) => {
                     ctx.early.insert(idx, failure);
                 }
@@ -1385,12 +1409,22 @@ impl Allocator {
         options: &mut Vec<ResIdx>,
     ) -> Result<Plan, (Arc<PendingReason>, bool)> {
         let Some(job) = self.job(idx) else {
-            return Err((Arc::new(PendingReason::QueueNotFound { queue: String::new() }), false));
+            return Err((
+                Arc::new(PendingReason::QueueNotFound {
+                    queue: String::new(),
+                }),
+                false,
+            ));
         };
         if job.running().is_some() {
             // Admitted earlier in this cycle (a preemptor whose victims left):
             // never evaluate a job twice.
-            return Err((Arc::new(PendingReason::NoMatchingFlavor { wants: String::new() }), false));
+            return Err((
+                Arc::new(PendingReason::NoMatchingFlavor {
+                    wants: String::new(),
+                }),
+                false,
+            ));
         }
         if let JobState::Pending(Some(nomination)) = &job.state {
             return Err((
@@ -1403,8 +1437,15 @@ impl Allocator {
         }
         let queue = job.queue;
         if self.queues.get(queue).is_none_or(|q| q.spec.is_none()) {
-            let name = self.queues.get(queue).map(|q| q.name.to_string()).unwrap_or_default();
-            return Err((Arc::new(PendingReason::QueueNotFound { queue: name }), false));
+            let name = self
+                .queues
+                .get(queue)
+                .map(|q| q.name.to_string())
+                .unwrap_or_default();
+            return Err((
+                Arc::new(PendingReason::QueueNotFound { queue: name }),
+                false,
+            ));
         }
         self.options_for(job, options);
         if options.is_empty() {
@@ -1419,7 +1460,10 @@ impl Allocator {
         let mut best: Option<Arc<PendingReason>> = None;
         let mut first_capacity_failure: Option<(ResIdx, Arc<PendingReason>)> = None;
         let consider = |reason: Arc<PendingReason>, best: &mut Option<Arc<PendingReason>>| {
-            if best.as_ref().is_none_or(|b| reason.shortfall() < b.shortfall()) {
+            if best
+                .as_ref()
+                .is_none_or(|b| reason.shortfall() < b.shortfall())
+            {
                 *best = Some(reason);
             }
         };
@@ -1438,9 +1482,10 @@ impl Allocator {
                 q.usage(res).saturating_add(units) > q.quota(res).map_or(0, |s| s.nominal)
             });
             let (held, held_for) = match hold {
-                Some(h) if borrows
-                    && h.holder != job.spec.uid
-                    && !matches!((job_end, h.until), (Some(end), Some(until)) if end <= until) =>
+                Some(h)
+                    if borrows
+                        && h.holder != job.spec.uid
+                        && !matches!((job_end, h.until), (Some(end), Some(until)) if end <= until) =>
                 {
                     (h.units, Some(h.holder.clone()))
                 }
@@ -1459,7 +1504,8 @@ impl Allocator {
                     && let Some(c) = cohort
                     && !ctx.quota_holds.contains_key(&(c, res))
                 {
-                    let until = self.quota_release_time(c, res, units.saturating_sub(short.available), now);
+                    let until =
+                        self.quota_release_time(c, res, units.saturating_sub(short.available), now);
                     expected_start = until;
                     ctx.quota_holds.insert(
                         (c, res),
@@ -1473,7 +1519,14 @@ impl Allocator {
                     holding = true;
                 }
                 // Jobs of one queue blocked by the same quota share one reason.
-                let key = (queue, res, units, short.used, short.available, held_for.is_some() || holding);
+                let key = (
+                    queue,
+                    res,
+                    units,
+                    short.used,
+                    short.available,
+                    held_for.is_some() || holding,
+                );
                 let reason = match ctx.quota_memo.get(&key) {
                     Some(r) if !holding => Arc::clone(r),
                     _ => {
@@ -1530,20 +1583,29 @@ impl Allocator {
         // Waiting only because headroom is kept for a job ahead in line is
         // not a shortage preemption should fix; nor is a wait expected to
         // end within the grace period a preemption would cost anyway.
-        let starts_soon = expected_start.is_some_and(|t| {
-            t <= now.plus_secs(self.config.preemption.grace_period_secs)
-        });
+        let starts_soon = expected_start
+            .is_some_and(|t| t <= now.plus_secs(self.config.preemption.grace_period_secs));
         Err((reason, !blocked_by_hold_only && !starts_soon))
     }
 
     /// When enough units of `res` are expected back in the cohort pool for a
     /// job short of `short` units (running jobs of the cohort ending at their
     /// estimates). `None` when the running jobs never free that much.
-    fn quota_release_time(&self, cohort: crate::queues::CohortIdx, res: ResIdx, short: u64, now: Timestamp) -> Option<Timestamp> {
+    fn quota_release_time(
+        &self,
+        cohort: crate::queues::CohortIdx,
+        res: ResIdx,
+        short: u64,
+        now: Timestamp,
+    ) -> Option<Timestamp> {
         let mut ends: Vec<(Timestamp, u64)> = self
             .running_jobs_in(res)
             .filter(|(_, job, run)| {
-                run.res == res && self.queues.get(job.queue).is_some_and(|q| q.cohort == Some(cohort))
+                run.res == res
+                    && self
+                        .queues
+                        .get(job.queue)
+                        .is_some_and(|q| q.cohort == Some(cohort))
             })
             .map(|(idx, _, run)| (self.expected_end(idx, now), run.admission.total_units()))
             .collect();
@@ -1558,6 +1620,21 @@ impl Allocator {
         None
     }
 
+    /// Release timeline of `res`, computed once per cycle until an admission
+    /// in `res` changes it.
+    fn timeline_cached(
+        alloc: &Allocator,
+        cache: &mut FastMap<ResIdx, Rc<Timeline>>,
+        res: ResIdx,
+        now: Timestamp,
+    ) -> Rc<Timeline> {
+        Rc::clone(
+            cache
+                .entry(res)
+                .or_insert_with(|| Rc::new(alloc.release_timeline(res, now))),
+        )
+    }
+
     /// Computes and records a reservation for a blocked job.
     fn reserve(
         &mut self,
@@ -1566,6 +1643,7 @@ impl Allocator {
         now: Timestamp,
         ctx: &mut CycleCtx,
     ) -> Option<Timestamp> {
+        let timeline = Self::timeline_cached(self, &mut ctx.timelines, res, now);
         let job = self.job(idx)?;
         let spec = &job.spec;
         let reservation = self.compute_reservation(
@@ -1576,9 +1654,8 @@ impl Allocator {
             spec.topology,
             now,
             &ctx.reservations,
-            &[],
+            &timeline,
         )?;
-        let timeline = self.release_timeline(res, now);
         for (node, workers) in &reservation.placement {
             ctx.reservations.add(
                 *node,
@@ -1629,7 +1706,9 @@ impl Allocator {
             return Err(Arc::clone(&entry.reason));
         }
         let Some(r) = self.inv.res(res) else {
-            return Err(Arc::new(self.capacity_reason(res, per_worker, workers, 0, job.filter)));
+            return Err(Arc::new(
+                self.capacity_reason(res, per_worker, workers, 0, job.filter),
+            ));
         };
         let protected = ctx.reservations.has_any(res);
         let filter = self.filters.get(job.filter as usize);
@@ -1833,8 +1912,10 @@ impl Allocator {
         let policy = self.config.preemption;
         let mut attempts = 0u32;
         let mut decided = 0u32;
-        let mut failed_searches: std::collections::HashSet<PreemptionKey, foldhash::fast::FixedState> =
-            std::collections::HashSet::default();
+        let mut failed_searches: std::collections::HashSet<
+            PreemptionKey,
+            foldhash::fast::FixedState,
+        > = std::collections::HashSet::default();
         let mut inflight = self.inflight();
         for i in 0..ctx.failed.len() {
             if attempts >= policy.max_attempts_per_cycle

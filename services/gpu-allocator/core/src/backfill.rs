@@ -88,6 +88,10 @@ impl Reservations {
     }
 }
 
+/// Expected releases `(end, node, units)` of the jobs running in one
+/// resource, sorted by end.
+pub(crate) type Timeline = Vec<(Timestamp, NodeIdx, u32)>;
+
 /// A computed reservation.
 pub(crate) struct Reservation {
     pub(crate) start: Timestamp,
@@ -114,11 +118,7 @@ impl Allocator {
     }
 
     /// Release events `(end, node, units)` of jobs running in `res`.
-    pub(crate) fn release_timeline(
-        &self,
-        res: ResIdx,
-        now: Timestamp,
-    ) -> Vec<(Timestamp, NodeIdx, u32)> {
+    pub(crate) fn release_timeline(&self, res: ResIdx, now: Timestamp) -> Timeline {
         let Some(r) = self.inv.res(res) else {
             return Vec::new();
         };
@@ -152,7 +152,7 @@ impl Allocator {
         topology: TopologyRequirement,
         now: Timestamp,
         reservations: &Reservations,
-        extra_claims: &[(NodeIdx, u32)],
+        timeline: &[(Timestamp, NodeIdx, u32)],
     ) -> Option<Reservation> {
         let r = self.inv.res(res)?;
         let filter = self.filters.get(filter as usize)?;
@@ -165,14 +165,7 @@ impl Allocator {
             if !Inventory::node_admits(node, filter) {
                 continue;
             }
-            let extra: u32 = extra_claims
-                .iter()
-                .filter(|(n, _)| *n == node_idx)
-                .map(|(_, u)| *u)
-                .sum();
-            let claimed = reservations
-                .claimed_total(node_idx, res)
-                .saturating_add(extra);
+            let claimed = reservations.claimed_total(node_idx, res);
             avail.insert(
                 node_idx,
                 (free.saturating_sub(claimed), node.zone, node.rack),
@@ -180,7 +173,6 @@ impl Allocator {
         }
         let slots_of = |units: u32| u64::from(units / per_worker.max(1));
         let mut slots: u64 = avail.values().map(|(u, _, _)| slots_of(*u)).sum();
-        let timeline = self.release_timeline(res, now);
         let mut tries = 0u32;
         let mut i = 0usize;
         let mut t = now;

@@ -223,7 +223,7 @@ pub struct JobSpec {
 impl Default for JobSpec {
     fn default() -> Self {
         JobSpec {
-            uid: JobUid(String::new()),
+            uid: JobUid::default(),
             namespace: String::new(),
             name: String::new(),
             queue: None,
@@ -245,7 +245,7 @@ impl Default for JobSpec {
 
 fn job_error(uid: &JobUid, field: &str, reason: impl Into<String>) -> AllocatorError {
     AllocatorError::InvalidJob {
-        uid: uid.0.clone(),
+        uid: uid.0.to_string(),
         field: field.to_string(),
         reason: reason.into(),
     }

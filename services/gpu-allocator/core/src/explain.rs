@@ -166,10 +166,16 @@ impl fmt::Display for PendingReason {
                     requested.saturating_sub(*available)
                 )?;
                 if let Some(holder) = held_for {
-                    write!(f, "; cohort headroom is kept for job {holder}, ahead in line")?;
+                    write!(
+                        f,
+                        "; cohort headroom is kept for job {holder}, ahead in line"
+                    )?;
                 }
                 if *holding_cohort_quota {
-                    write!(f, "; first in line: cohort headroom is kept for this job as it frees up")?;
+                    write!(
+                        f,
+                        "; first in line: cohort headroom is kept for this job as it frees up"
+                    )?;
                 }
                 Ok(())
             }

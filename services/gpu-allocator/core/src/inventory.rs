@@ -811,6 +811,32 @@ mod tests {
     }
 
     #[test]
+    fn gpu_memory_and_selector_filters_use_node_labels() {
+        let mut inv = Inventory::new(&AllocatorConfig::default());
+        let mut info = node("n1", "8");
+        info.labels
+            .insert(names::GPU_MEMORY_LABEL.into(), "40960".into());
+        info.labels.insert("pool".into(), "a".into());
+        let idx = inv.upsert_node(info).expect("node accepted");
+        let n = inv.node(idx).expect("node");
+        let wants_80g = NodeFilter {
+            min_gpu_memory_mib: Some(81_920),
+            ..NodeFilter::default()
+        };
+        assert!(!Inventory::node_admits(n, &wants_80g));
+        let wants_40g = NodeFilter {
+            min_gpu_memory_mib: Some(40_960),
+            ..NodeFilter::default()
+        };
+        assert!(Inventory::node_admits(n, &wants_40g));
+        let other_pool = NodeFilter {
+            node_selector: BTreeMap::from([("pool".to_string(), "b".to_string())]),
+            ..NodeFilter::default()
+        };
+        assert!(!Inventory::node_admits(n, &other_pool));
+    }
+
+    #[test]
     fn taints_not_covered_by_the_flavor_are_kept_per_node() {
         let mut inv = Inventory::new(&AllocatorConfig::default());
         let mut info = node("n1", "8");

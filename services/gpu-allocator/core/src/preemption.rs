@@ -25,13 +25,12 @@ use crate::decision::PreemptionRule;
 use crate::inventory::{Inventory, JobIdx, NodeIdx, ResIdx};
 use crate::placement::{self, Candidate};
 use crate::queues::{QueueIdx, UsageDelta};
-use crate::types::{JobUid, Timestamp};
+use crate::types::Timestamp;
 
 /// Candidate victims examined per preemptor, lowest priority first.
 const MAX_CANDIDATES: usize = 512;
 /// Victims examined one by one for a single-victim solution.
 const MAX_SINGLE_TRIES: usize = 256;
-
 
 /// A chosen victim set and the preemptor's planned placement.
 pub(crate) struct VictimPlan {
@@ -48,7 +47,8 @@ struct Cand<'a> {
     units: u64,
     priority: i32,
     admitted_at: Timestamp,
-    uid: &'a JobUid,
+    /// Arrival order: a unique, cheap tie-breaker.
+    seq: u64,
     rule: PreemptionRule,
     /// Workers per node.
     placement: &'a [(NodeIdx, u32)],
@@ -228,7 +228,11 @@ impl Search<'_> {
 
     /// `fits` for callers that already track the freed units and know the
     /// slot count suffices: rules first (no per-node work), then placement.
-    fn fits_with(&self, set: &[usize], freed: &FastMap<NodeIdx, u32>) -> Option<Vec<(NodeIdx, u32)>> {
+    fn fits_with(
+        &self,
+        set: &[usize],
+        freed: &FastMap<NodeIdx, u32>,
+    ) -> Option<Vec<(NodeIdx, u32)>> {
         if set.is_empty() || set.len() > self.max_victims {
             return None;
         }
@@ -293,7 +297,7 @@ impl Search<'_> {
                 .cmp(&cb.units)
                 .then(ca.priority.cmp(&cb.priority))
                 .then(cb.admitted_at.cmp(&ca.admitted_at))
-                .then_with(|| ca.uid.cmp(cb.uid))
+                .then(ca.seq.cmp(&cb.seq))
         });
         order
             .into_iter()
@@ -354,7 +358,10 @@ impl Search<'_> {
                         continue;
                     }
                     let next = (cost.0 + units, cost.1 + 1, cost.2.max(*prio));
-                    if dp.get(nf).is_some_and(|d| d.as_ref().is_none_or(|(c, _)| next < *c)) {
+                    if dp
+                        .get(nf)
+                        .is_some_and(|d| d.as_ref().is_none_or(|(c, _)| next < *c))
+                    {
                         let mut members = members;
                         members.push(j);
                         if let Some(slot) = dp.get_mut(nf) {
@@ -363,10 +370,17 @@ impl Search<'_> {
                     }
                 }
             }
-            let best = dp.pop().flatten().filter(|_| need > 0).map(|(cost, members)| {
-                let subset: Vec<usize> = members.iter().filter_map(|j| jobs.get(*j).copied()).collect();
-                (cost, subset)
-            });
+            let best = dp
+                .pop()
+                .flatten()
+                .filter(|_| need > 0)
+                .map(|(cost, members)| {
+                    let subset: Vec<usize> = members
+                        .iter()
+                        .filter_map(|j| jobs.get(*j).copied())
+                        .collect();
+                    (cost, subset)
+                });
             if let Some((cost, subset)) = best {
                 node_costs.push((cost, *node, subset));
             }
@@ -390,7 +404,8 @@ impl Search<'_> {
                     let entry = freed.entry(node).or_default();
                     let before = *entry;
                     *entry += units;
-                    slots += u64::from((free + before + units) / g) - u64::from((free + before) / g);
+                    slots +=
+                        u64::from((free + before + units) / g) - u64::from((free + before) / g);
                 }
             }
             if chosen.len() > self.max_victims {
@@ -437,22 +452,50 @@ impl Search<'_> {
     /// frees enough worker slots and quota. Both only grow with more victims,
     /// so when this fails no subset can succeed.
     fn feasible_at_all(&self) -> bool {
-        let all: Vec<usize> = (0..self.cands.len()).collect();
-        // Every candidate at once can touch every node: sum in a map.
-        let mut by_node: FastMap<NodeIdx, u32> = FastMap::default();
+        // Quota first, with the victims' usage summed per queue (a handful
+        // of deltas instead of one per candidate).
+        let mut deltas = self.inflight.to_vec();
         for c in &self.cands {
-            for (node, units) in c.nodes() {
-                *by_node.entry(node).or_default() += units;
+            let units = -i64::try_from(c.units).unwrap_or(i64::MAX);
+            match deltas
+                .iter_mut()
+                .find(|d| d.queue == c.queue && d.res == self.res && d.units <= 0)
+            {
+                Some(d) => d.units = d.units.saturating_add(units),
+                None => deltas.push(UsageDelta {
+                    queue: c.queue,
+                    res: self.res,
+                    units,
+                }),
             }
         }
-        if self.slots_with(&by_node) < u64::from(self.workers) {
-            return false;
-        }
-        let deltas = self.deltas(&all);
-        self.alloc
+        if self
+            .alloc
             .queues
             .check(self.queue, self.res, self.units, &deltas)
-            .is_ok()
+            .is_err()
+        {
+            return false;
+        }
+        // Then worker slots, stopping as soon as there are enough.
+        let g = self.per_worker.max(1);
+        let mut freed: FastMap<NodeIdx, u32> = FastMap::default();
+        let mut slots = self.base_slots;
+        for c in &self.cands {
+            for (node, units) in c.nodes() {
+                let Some((free, _, _)) = self.base.get(&node) else {
+                    continue;
+                };
+                let entry = freed.entry(node).or_default();
+                let before = *entry;
+                *entry += units;
+                slots += u64::from((free + before + units) / g) - u64::from((free + before) / g);
+            }
+            if slots >= u64::from(self.workers) {
+                return true;
+            }
+        }
+        false
     }
 }
 
@@ -519,7 +562,13 @@ impl Allocator {
         inflight
     }
 
-    fn base_view(&self, res: ResIdx, filter_id: u32, per_worker: u32, inflight: &Inflight) -> Option<Rc<BaseView>> {
+    fn base_view(
+        &self,
+        res: ResIdx,
+        filter_id: u32,
+        per_worker: u32,
+        inflight: &Inflight,
+    ) -> Option<Rc<BaseView>> {
         let key = (res, filter_id, per_worker);
         if let Some(view) = inflight.bases.borrow().get(&key) {
             return Some(Rc::clone(view));
@@ -573,6 +622,22 @@ impl Allocator {
         let projected_own = self.queues.usage_with(job.queue, res, &inflight.deltas);
         let within_nominal = projected_own.saturating_add(units) <= slot.nominal;
         let mut cands = Vec::new();
+        // Which queues are eligible victim queues (same cohort, still
+        // borrowing in the projected state): once per queue, not per job.
+        let borrowing_peer: Vec<bool> = self
+            .queues
+            .queues
+            .iter()
+            .enumerate()
+            .map(|(qi, vq)| {
+                let qi = u32::try_from(qi).unwrap_or(u32::MAX);
+                let nominal = vq.quota(res).map_or(0, |s| s.nominal);
+                qi != job.queue
+                    && queue.cohort.is_some()
+                    && vq.cohort == queue.cohort
+                    && self.queues.usage_with(qi, res, &inflight.deltas) > nominal
+            })
+            .collect();
         for (vidx, vjob, run) in self.running_jobs_in(res) {
             if run.res != res || run.preempting.is_some() || !vjob.spec.preemptible {
                 continue;
@@ -588,13 +653,11 @@ impl Allocator {
                     continue;
                 }
             } else {
-                let Some(cohort) = queue.cohort else { continue };
-                let Some(vq) = self.queues.get(vjob.queue) else {
-                    continue;
-                };
-                let vq_nominal = vq.quota(res).map_or(0, |s| s.nominal);
-                let projected = self.queues.usage_with(vjob.queue, res, &inflight.deltas);
-                if vq.cohort != Some(cohort) || projected <= vq_nominal {
+                if !borrowing_peer
+                    .get(vjob.queue as usize)
+                    .copied()
+                    .unwrap_or(false)
+                {
                     continue;
                 }
                 if within_nominal {
@@ -615,7 +678,7 @@ impl Allocator {
                 units: run.admission.total_units(),
                 priority: vjob.spec.priority,
                 admitted_at: run.admitted_at,
-                uid: &vjob.spec.uid,
+                seq: vjob.seq,
                 rule,
                 placement: &run.placement,
                 per_worker: run.per_worker,
@@ -629,7 +692,7 @@ impl Allocator {
                 .cmp(&b.priority)
                 .then(b.units.cmp(&a.units))
                 .then(b.admitted_at.cmp(&a.admitted_at))
-                .then_with(|| a.uid.cmp(b.uid))
+                .then(a.seq.cmp(&b.seq))
         });
         cands.truncate(MAX_CANDIDATES);
 

@@ -163,8 +163,9 @@ fn a_checkpointed_victim_is_evicted_before_its_deadline() {
     assert_eq!(admitted_uids(&out), vec!["high"]);
 }
 
-/// a uses 4 of its 8, b borrows 4 (pool of 16 full); a's 8-GPU job needs
-/// the pool while b keeps a stream of 1-GPU jobs waiting.
+/// a (nominal 12) uses 4, b (nominal 4) borrows 8: the pool of 16 is full.
+/// a's 8-GPU job is within a's nominal but needs b's borrowed units back,
+/// while b keeps a stream of 1-GPU jobs waiting (preemption off).
 fn cohort_hold_scenario(backfill: bool) -> (Harness, Vec<String>) {
     let mut h = Harness::new(AllocatorConfig {
         backfill: BackfillPolicy {
@@ -178,8 +179,8 @@ fn cohort_hold_scenario(backfill: bool) -> (Harness, Vec<String>) {
         ..AllocatorConfig::default()
     });
     h.nodes([node("n1", 8), node("n2", 8), node("n3", 8)]);
-    h.queue(queue("a", Some("c"), 8));
-    h.queue(queue("b", Some("c"), 8));
+    h.queue(queue("a", Some("c"), 12));
+    h.queue(queue("b", Some("c"), 4));
     for i in 0..12 {
         h.submit(job(&format!("b-run-{i:02}"), "b", 1, 1));
     }
@@ -207,10 +208,17 @@ fn cohort_hold_scenario(backfill: bool) -> (Harness, Vec<String>) {
 #[test]
 fn cohort_headroom_is_kept_for_the_first_job_in_line() {
     let (h, admitted) = cohort_hold_scenario(true);
-    assert_eq!(admitted, vec!["a-big"], "headroom accumulated for the big job");
+    assert_eq!(
+        admitted,
+        vec!["a-big"],
+        "headroom accumulated for the big job"
+    );
     assert!(h.admitted("a-big").is_some());
     let (_, without) = cohort_hold_scenario(false);
-    assert!(!without.contains(&"a-big".to_string()), "small jobs take every freed GPU");
+    assert!(
+        !without.contains(&"a-big".to_string()),
+        "small jobs take every freed GPU"
+    );
     assert_eq!(without.len(), 8);
 }
 
@@ -628,7 +636,8 @@ fn preemption_throws_away_the_least_work() {
         .expect("one node left");
     for small in ["small-a", "small-b"] {
         let mut j = job(small, "q", 1, 4);
-        j.node_selector.insert(names::HOSTNAME_LABEL.into(), free_node.into());
+        j.node_selector
+            .insert(names::HOSTNAME_LABEL.into(), free_node.into());
         h.submit(j);
     }
     assert_eq!(h.cycle(2).admissions.len(), 2);
@@ -636,9 +645,17 @@ fn preemption_throws_away_the_least_work() {
     urgent.priority = 10;
     h.submit(urgent);
     let out = h.cycle(3);
-    let mut victims: Vec<&str> = out.preemptions[0].victims.iter().map(|v| v.uid.as_str()).collect();
+    let mut victims: Vec<&str> = out.preemptions[0]
+        .victims
+        .iter()
+        .map(|v| v.uid.as_str())
+        .collect();
     victims.sort_unstable();
-    assert_eq!(victims, vec!["small-a", "small-b"], "8 GPUs of work lost, not 16");
+    assert_eq!(
+        victims,
+        vec!["small-a", "small-b"],
+        "8 GPUs of work lost, not 16"
+    );
 }
 
 #[test]

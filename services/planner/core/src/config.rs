@@ -36,6 +36,9 @@ pub struct PlannerConfig {
     pub restart_backoff_initial_seconds: u32,
     /// Longest delay between restarts.
     pub restart_backoff_max_seconds: u32,
+    /// Seconds a finished Job (and its pods, with their logs) is kept before Kubernetes
+    /// deletes it (`ttlSecondsAfterFinished`). Unset: kept until the TrainingJob goes.
+    pub finished_job_ttl_seconds: Option<u32>,
 }
 
 impl Default for PlannerConfig {
@@ -50,6 +53,7 @@ impl Default for PlannerConfig {
             stop_grace_period_seconds: 300,
             restart_backoff_initial_seconds: 10,
             restart_backoff_max_seconds: 300,
+            finished_job_ttl_seconds: Some(86_400),
         }
     }
 }

@@ -24,6 +24,7 @@ mod preflight;
 mod resources;
 mod state;
 mod status;
+mod sweep;
 
 pub use config::{FrameworkImages, PlannerConfig};
 pub use decide::{
@@ -51,3 +52,4 @@ pub use state::{
     PreemptionSeen, ProgressSeen, TrialStopSeen, observe,
 };
 pub use status::{MetricGoal, format_duration};
+pub use sweep::{WELL_KNOWN_HYPERPARAMETERS, sweep_status, trial_spec};

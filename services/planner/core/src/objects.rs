@@ -169,6 +169,11 @@ pub fn desired_objects(job: &TrainingJob, plan: &JobPlan<'_>) -> Result<DesiredO
                 .as_ref()
                 .and_then(|f| f.active_deadline_seconds)
                 .map(|seconds| i64::try_from(seconds).unwrap_or(i64::MAX)),
+            // Finished Jobs and their pods stay for `kubectl logs`, then Kubernetes removes them.
+            ttl_seconds_after_finished: plan
+                .config
+                .finished_job_ttl_seconds
+                .map(|seconds| i32::try_from(seconds).unwrap_or(i32::MAX)),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(pod_labels),

@@ -57,6 +57,7 @@ pub async fn start() -> Cluster {
     .expect("runtime");
     let client = kube_fake_client::ClientBuilder::new()
         .with_resource::<TrainingJob>()
+        .with_resource::<trainyard_api::Sweep>()
         .with_status_subresource::<TrainingJob>()
         .with_status_subresource::<Job>()
         .with_status_subresource::<Pod>()
@@ -99,6 +100,9 @@ impl Cluster {
     pub fn training_jobs(&self) -> Api<TrainingJob> {
         Api::namespaced(self.client.clone(), NS)
     }
+    pub fn sweeps(&self) -> Api<trainyard_api::Sweep> {
+        Api::namespaced(self.client.clone(), NS)
+    }
     pub fn jobs(&self) -> Api<Job> {
         Api::namespaced(self.client.clone(), NS)
     }
@@ -120,6 +124,18 @@ impl Cluster {
         job.metadata.namespace = Some(NS.to_string());
         self.training_jobs()
             .create(&PostParams::default(), &job)
+            .await
+            .expect("create")
+    }
+
+    /// Creates a Sweep from an example file (its namespace replaced by `ml`).
+    pub async fn create_sweep(&self, file: &str) -> trainyard_api::Sweep {
+        let path = format!("{}/../../examples/{file}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).expect("example exists");
+        let mut sweep: trainyard_api::Sweep = serde_yaml::from_str(&text).expect("example parses");
+        sweep.metadata.namespace = Some(NS.to_string());
+        self.sweeps()
+            .create(&PostParams::default(), &sweep)
             .await
             .expect("create")
     }

@@ -132,13 +132,13 @@ impl Harness {
 }
 
 pub fn admitted_uids(out: &CycleOutcome) -> Vec<String> {
-    out.admissions.iter().map(|a| a.uid.0.clone()).collect()
+    out.admissions.iter().map(|a| a.uid.to_string()).collect()
 }
 
 pub fn reason_of<'a>(out: &'a CycleOutcome, u: &str) -> &'a PendingExplanation {
     out.pending
         .iter()
-        .find(|p| p.uid.0 == u)
+        .find(|p| p.uid.as_str() == u)
         .unwrap_or_else(|| {
             panic!(
                 "{u} should be pending with a reason; pending: {:?}",
