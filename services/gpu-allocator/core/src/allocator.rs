@@ -1,44 +1,24 @@
-//! The allocator: state, event application, and the admission cycle.
-//!
-//! A cycle runs in five steps:
-//! 1. evictions: victims whose grace period ended (or who reported their
-//!    checkpoint) release their GPUs and go back to pending;
-//! 2. preemptors whose victims are all gone are admitted first, so the
-//!    capacity they paid for is not taken by someone else;
-//! 3. jobs that held a reservation or cohort quota hold last cycle are
-//!    evaluated next, so they keep it until they start;
-//! 4. the main pass walks every pending job, queues interleaved by weighted
-//!    dominant share, and admits each one that fits quota and concrete nodes
-//!    now; blocked jobs at the front get backfill reservations;
-//! 5. a bounded number of still-blocked jobs look for preemption victims.
+//! The allocator's state and event application: nodes, queues and jobs in,
+//! with every event idempotent by its key. The cycle lives in `cycle.rs`,
+//! snapshots in `snapshot.rs`.
 
-use std::cmp::Ordering;
-use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
-use std::rc::Rc;
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::backfill::{Claim, Reservations, Timeline};
 use crate::config::AllocatorConfig;
 use crate::decision::{
-    Admission, CycleOutcome, CycleStats, Eviction, EvictionReason, PlannedNode, Preemption,
-    PreemptionRule, TopologyAssignment, WorkerPlacement,
+    Admission, Eviction, EvictionReason, PlannedNode, Preemption, PreemptionRule,
 };
 use crate::error::AllocatorError;
 use crate::event::{Applied, Event, JobSpec, NodeInfo, QueueSpec};
-use crate::explain::{PendingExplanation, PendingReason};
 use crate::inventory::{Inventory, JobIdx, NodeFilter, NodeIdx, ResIdx};
-use crate::placement::{self, Candidate};
-use crate::queues::{QueueIdx, Queues, QuotaSlot};
-use crate::types::{GpuSliceRequest, JobUid, ResourceKind, Timestamp, names};
+use crate::queues::{QueueIdx, Queues, QuotaSlot, SlotClass};
+use crate::types::{JobUid, ResourceKind, Timestamp};
 
 /// Hash map with a fast, fixed-seed hasher: per-cycle memos are hot, and a
 /// fixed seed keeps every run of the same input identical.
 pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
-
-/// Version of the snapshot format.
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
 
 /// A victim that is checkpointing before eviction.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,6 +80,11 @@ pub(crate) struct Job {
     /// Arrival order, the last tie-breaker after priority and submission
     /// time (cheaper than comparing uids, and the same after a replay).
     pub(crate) seq: u64,
+    /// A victim search that found nothing is not repeated before this time
+    /// (see the preemption pass): searches are the costliest part of a cycle.
+    pub(crate) preemption_retry_after: Timestamp,
+    /// Consecutive fruitless victim searches.
+    pub(crate) preemption_failures: u32,
 }
 
 impl Job {
@@ -109,55 +94,6 @@ impl Job {
             JobState::Pending(_) => None,
         }
     }
-}
-
-/// Serializable allocator state. Restoring it re-applies each part through
-/// the same validated paths as live events, so a tampered snapshot yields an
-/// error rather than an inconsistent allocator.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AllocatorSnapshot {
-    /// Format version.
-    pub format_version: u32,
-    /// Configuration.
-    pub config: AllocatorConfig,
-    /// Time of the last cycle.
-    pub clock: Timestamp,
-    /// Node arena in slot order (`None` for free slots).
-    pub nodes: Vec<Option<NodeInfo>>,
-    /// Free node slots, in reuse order.
-    pub free_node_slots: Vec<u32>,
-    /// Queues that exist.
-    pub queues: Vec<QueueSpec>,
-    /// Jobs, sorted by uid.
-    pub jobs: Vec<JobSnapshot>,
-    /// Uids of finished jobs still remembered, with the time they finished.
-    pub tombstones: Vec<(JobUid, Timestamp)>,
-    /// Evictions decided outside a cycle (node lost) not yet reported.
-    pub undelivered_evictions: Vec<Eviction>,
-    /// Jobs holding a backfill reservation, evaluated first next cycle.
-    #[serde(default)]
-    pub reserved_jobs: Vec<JobUid>,
-}
-
-/// One job in a snapshot.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct JobSnapshot {
-    /// Spec.
-    pub spec: JobSpec,
-    /// Arrival order among jobs (tie-breaker after priority and submission time).
-    pub seq: u64,
-    /// Times the job was evicted and requeued.
-    pub requeues: u32,
-    /// Last preemptor.
-    pub preempted_by: Option<JobUid>,
-    /// Admission when running.
-    pub admission: Option<Admission>,
-    /// Set when running and being preempted.
-    pub preempting: Option<PreemptingState>,
-    /// Set when pending and waiting for victims.
-    pub nomination: Option<Nomination>,
 }
 
 /// Cluster-level counters.
@@ -181,152 +117,23 @@ pub struct Allocator {
     pub(crate) config: AllocatorConfig,
     pub(crate) inv: Inventory,
     pub(crate) queues: Queues,
-    jobs: Vec<Option<Job>>,
-    job_by_uid: FastMap<JobUid, JobIdx>,
-    free_job_slots: Vec<JobIdx>,
+    pub(crate) jobs: Vec<Option<Job>>,
+    pub(crate) job_by_uid: FastMap<JobUid, JobIdx>,
+    pub(crate) free_job_slots: Vec<JobIdx>,
     pub(crate) filters: Vec<NodeFilter>,
-    filter_ids: HashMap<NodeFilter, u32>,
-    preempting: BTreeSet<JobIdx>,
-    nominated: BTreeSet<JobIdx>,
-    tombstones: HashMap<JobUid, Timestamp>,
-    tombstone_order: VecDeque<(Timestamp, JobUid)>,
-    undelivered_evictions: Vec<Eviction>,
-    clock: Timestamp,
-    next_seq: u64,
+    pub(crate) filter_ids: HashMap<NodeFilter, u32>,
+    pub(crate) preempting: BTreeSet<JobIdx>,
+    pub(crate) nominated: BTreeSet<JobIdx>,
+    pub(crate) tombstones: HashMap<JobUid, Timestamp>,
+    pub(crate) tombstone_order: VecDeque<(Timestamp, JobUid)>,
+    pub(crate) undelivered_evictions: Vec<Eviction>,
+    pub(crate) clock: Timestamp,
+    pub(crate) next_seq: u64,
     /// Jobs that held a reservation at the end of the last cycle.
-    reserved_jobs: Vec<JobUid>,
+    pub(crate) reserved_jobs: Vec<JobUid>,
 }
 
-/// What a successful placement attempt produced.
-struct Plan {
-    res: ResIdx,
-    per_worker: u32,
-    placement: Vec<(NodeIdx, u32)>,
-    ahead_of: Option<JobUid>,
-}
-
-/// Placement-failure memo key: jobs with the same shape and node filter fail
-/// alike within a cycle, because capacity only shrinks during a cycle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct MemoKey {
-    res: ResIdx,
-    per_worker: u32,
-    workers: u32,
-    filter: u32,
-    topology: crate::types::TopologyRequirement,
-}
-
-/// (queue, resource, requested, used, available, a hold is involved).
-type QuotaMemoKey = (QueueIdx, ResIdx, u64, u64, u64, bool);
-
-/// Cohort headroom kept for the first job that only the pool blocks.
-struct QuotaHold {
-    units: u64,
-    holder: JobUid,
-    /// When the holder can expect enough headroom; jobs ending by then may
-    /// still use the held units.
-    until: Option<Timestamp>,
-}
-
-/// What a victim search depends on, besides cluster state.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct PreemptionKey {
-    queue: QueueIdx,
-    priority: i32,
-    per_worker: u32,
-    workers: u32,
-    filter: u32,
-    topology: crate::types::TopologyRequirement,
-    sharing: bool,
-    slice: Option<GpuSliceRequest>,
-}
-
-struct MemoEntry {
-    /// Smallest job end (u64::MAX = no estimate) known to fail; jobs ending
-    /// later see at least as much reservation protection, so fail too.
-    min_failing_end: u64,
-    reason: Arc<PendingReason>,
-}
-
-/// Scratch state of one cycle.
-#[derive(Default)]
-struct CycleCtx {
-    memo: FastMap<MemoKey, MemoEntry>,
-    /// Release timelines per resource (see `timeline_cached`).
-    timelines: FastMap<ResIdx, Rc<Timeline>>,
-    /// Failures of jobs evaluated before the main pass.
-    early: FastMap<JobIdx, (Arc<PendingReason>, bool)>,
-    /// Jobs given a reservation this cycle, in order.
-    reserved_order: Vec<JobUid>,
-    quota_memo: FastMap<QuotaMemoKey, Arc<PendingReason>>,
-    /// Cohort pool headroom held for the first job that only the pool
-    /// blocks, per (cohort, resource).
-    quota_holds: FastMap<(crate::queues::CohortIdx, ResIdx), QuotaHold>,
-    reservations: Reservations,
-    failed: Vec<Failed>,
-    stats: CycleStats,
-}
-
-struct Failed {
-    job: JobIdx,
-    position: u32,
-    queue_length: u32,
-    effective_priority: i32,
-    reason: Arc<PendingReason>,
-    /// The job may try preemption (blocked by quota or capacity).
-    can_preempt: bool,
-}
-
-/// A queue's ordered pending jobs during a cycle.
-struct Lane {
-    queue: QueueIdx,
-    /// (effective priority, global rank, job), in rank order.
-    jobs: Vec<(i32, u32, JobIdx)>,
-    next: usize,
-}
-
-/// Heap key: lowest weighted share first, then the head job's global rank
-/// (effective priority, submission time, uid), precomputed once per cycle so
-/// that comparing keys never touches strings.
-struct LaneKey {
-    share: f64,
-    rank: u32,
-    lane: usize,
-}
-
-impl PartialEq for LaneKey {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-impl Eq for LaneKey {}
-impl PartialOrd for LaneKey {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for LaneKey {
-    // BinaryHeap is a max-heap: "greater" means "goes first".
-    fn cmp(&self, other: &Self) -> Ordering {
-        other
-            .share
-            .total_cmp(&self.share)
-            .then(other.rank.cmp(&self.rank))
-            .then(other.lane.cmp(&self.lane))
-    }
-}
-
-fn job_end_key(spec: &JobSpec, now: Timestamp) -> (u64, Option<Timestamp>) {
-    match spec.runtime_estimate_secs {
-        Some(est) => {
-            let end = now.plus_secs(est);
-            (end.0, Some(end))
-        }
-        None => (u64::MAX, None),
-    }
-}
-
-fn units_i64(units: u64) -> i64 {
+pub(crate) fn units_i64(units: u64) -> i64 {
     i64::try_from(units).unwrap_or(i64::MAX)
 }
 
@@ -367,11 +174,11 @@ impl Allocator {
         self.jobs.get(idx as usize).and_then(Option::as_ref)
     }
 
-    fn job_mut(&mut self, idx: JobIdx) -> Option<&mut Job> {
+    pub(crate) fn job_mut(&mut self, idx: JobIdx) -> Option<&mut Job> {
         self.jobs.get_mut(idx as usize).and_then(Option::as_mut)
     }
 
-    fn intern_filter(&mut self, filter: NodeFilter) -> u32 {
+    pub(crate) fn intern_filter(&mut self, filter: NodeFilter) -> u32 {
         if let Some(id) = self.filter_ids.get(&filter) {
             return *id;
         }
@@ -381,7 +188,7 @@ impl Allocator {
         id
     }
 
-    fn filter_for(&mut self, spec: &JobSpec) -> u32 {
+    pub(crate) fn filter_for(&mut self, spec: &JobSpec) -> u32 {
         let mut tolerations = spec.tolerations.clone();
         tolerations.sort();
         self.intern_filter(NodeFilter {
@@ -453,7 +260,7 @@ impl Allocator {
         }
     }
 
-    fn upsert_node(&mut self, info: NodeInfo) -> Result<Applied, AllocatorError> {
+    pub(crate) fn upsert_node(&mut self, info: NodeInfo) -> Result<Applied, AllocatorError> {
         if let Some(idx) = self.inv.node_by_name(&info.name)
             && self.inv.node(idx).is_some_and(|n| n.info == info)
         {
@@ -463,7 +270,7 @@ impl Allocator {
         Ok(Applied::Changed)
     }
 
-    fn remove_node(&mut self, name: &str) -> Applied {
+    pub(crate) fn remove_node(&mut self, name: &str) -> Applied {
         let Some(running) = self.inv.remove_node(name) else {
             return Applied::Unchanged;
         };
@@ -484,7 +291,7 @@ impl Allocator {
         Applied::Changed
     }
 
-    fn upsert_queue(&mut self, spec: QueueSpec) -> Result<Applied, AllocatorError> {
+    pub(crate) fn upsert_queue(&mut self, spec: QueueSpec) -> Result<Applied, AllocatorError> {
         spec.validate()?;
         if let Some(idx) = self.queues.by_name(&spec.name)
             && self.queues.get(idx).and_then(|q| q.spec.as_ref()) == Some(&spec)
@@ -498,11 +305,17 @@ impl Allocator {
                 let Some(kind) = ResourceKind::from_quota_name(&rq.resource) else {
                     continue;
                 };
+                let class = match kind {
+                    ResourceKind::Gpu => SlotClass::WholeGpu,
+                    ResourceKind::SharedGpu => SlotClass::SharedGpu,
+                    ResourceKind::Mig(_) => SlotClass::Mig,
+                };
                 let kind = self.inv.intern_kind(&kind);
                 let res = self.inv.intern_res(flavor, kind);
                 slots.push(QuotaSlot {
                     res,
                     flavor,
+                    class,
                     nominal: rq.nominal,
                     borrowing_limit: rq.borrowing_limit,
                     lending_limit: rq.lending_limit,
@@ -513,7 +326,7 @@ impl Allocator {
         Ok(Applied::Changed)
     }
 
-    fn submit(&mut self, spec: JobSpec) -> Result<Applied, AllocatorError> {
+    pub(crate) fn submit(&mut self, spec: JobSpec) -> Result<Applied, AllocatorError> {
         spec.validate()?;
         if self.tombstones.contains_key(&spec.uid) {
             return Ok(Applied::Unchanged);
@@ -554,6 +367,8 @@ impl Allocator {
         self.next_seq += 1;
         let job = Job {
             seq,
+            preemption_retry_after: Timestamp(0),
+            preemption_failures: 0,
             spec,
             queue,
             filter,
@@ -580,13 +395,13 @@ impl Allocator {
         Ok(Applied::Changed)
     }
 
-    fn tombstone(&mut self, uid: JobUid) {
+    pub(crate) fn tombstone(&mut self, uid: JobUid) {
         if self.tombstones.insert(uid.clone(), self.clock).is_none() {
             self.tombstone_order.push_back((self.clock, uid));
         }
     }
 
-    fn finish(&mut self, uid: &JobUid) -> Applied {
+    pub(crate) fn finish(&mut self, uid: &JobUid) -> Applied {
         let Some(idx) = self.job_by_uid.get(uid).copied() else {
             if self.tombstones.contains_key(uid) {
                 return Applied::Unchanged;
@@ -624,7 +439,7 @@ impl Allocator {
         Applied::Changed
     }
 
-    fn checkpointed(&mut self, uid: &JobUid) -> Applied {
+    pub(crate) fn checkpointed(&mut self, uid: &JobUid) -> Applied {
         let Some(idx) = self.job_by_uid.get(uid).copied() else {
             return Applied::Unchanged;
         };
@@ -642,7 +457,7 @@ impl Allocator {
     }
 
     /// Frees a running job's units (no-op for pending jobs).
-    fn release(&mut self, idx: JobIdx) {
+    pub(crate) fn release(&mut self, idx: JobIdx) {
         let Some(job) = self.job(idx) else { return };
         let Some(run) = job.running() else { return };
         let res = run.res;
@@ -666,7 +481,7 @@ impl Allocator {
     }
 
     /// Stops a running job and puts it back in its queue.
-    fn requeue(&mut self, idx: JobIdx, preempted_by: Option<JobUid>) {
+    pub(crate) fn requeue(&mut self, idx: JobIdx, preempted_by: Option<JobUid>) {
         self.release(idx);
         let Some(job) = self.job_mut(idx) else { return };
         job.state = JobState::Pending(None);
@@ -681,7 +496,7 @@ impl Allocator {
     }
 
     /// Takes units on nodes and marks the job running.
-    fn commit(
+    pub(crate) fn commit(
         &mut self,
         idx: JobIdx,
         res: ResIdx,
@@ -720,7 +535,7 @@ impl Allocator {
         }
     }
 
-    fn replay_admission(&mut self, adm: &Admission) -> Result<Applied, AllocatorError> {
+    pub(crate) fn replay_admission(&mut self, adm: &Admission) -> Result<Applied, AllocatorError> {
         const EVENT: &str = "Admitted";
         let Some(idx) = self.job_by_uid.get(&adm.uid).copied() else {
             if self.tombstones.contains_key(&adm.uid) {
@@ -769,7 +584,7 @@ impl Allocator {
         Ok(Applied::Changed)
     }
 
-    fn replay_preemption(&mut self, p: &Preemption) -> Result<Applied, AllocatorError> {
+    pub(crate) fn replay_preemption(&mut self, p: &Preemption) -> Result<Applied, AllocatorError> {
         const EVENT: &str = "PreemptionStarted";
         let mut changed = false;
         for v in &p.victims {
@@ -826,7 +641,7 @@ impl Allocator {
         })
     }
 
-    fn replay_eviction(&mut self, e: &Eviction) -> Applied {
+    pub(crate) fn replay_eviction(&mut self, e: &Eviction) -> Applied {
         let Some(idx) = self.job_by_uid.get(&e.uid).copied() else {
             return Applied::Unchanged;
         };
@@ -839,1235 +654,5 @@ impl Allocator {
         };
         self.requeue(idx, by);
         Applied::Changed
-    }
-
-    // ---------------------------------------------------------------- snapshot
-
-    /// The whole state, serializable for a key-value store.
-    pub fn snapshot(&self) -> AllocatorSnapshot {
-        let (nodes, free_node_slots) = self.inv.arena_layout();
-        let queues = self
-            .queues
-            .queues
-            .iter()
-            .filter_map(|q| q.spec.clone())
-            .collect();
-        let mut jobs: Vec<JobSnapshot> = self
-            .jobs
-            .iter()
-            .flatten()
-            .map(|j| {
-                let (admission, preempting, nomination) = match &j.state {
-                    JobState::Running(r) => (Some(r.admission.clone()), r.preempting.clone(), None),
-                    JobState::Pending(n) => (None, None, n.clone()),
-                };
-                JobSnapshot {
-                    seq: j.seq,
-                    spec: j.spec.clone(),
-                    requeues: j.requeues,
-                    preempted_by: j.preempted_by.clone(),
-                    admission,
-                    preempting,
-                    nomination,
-                }
-            })
-            .collect();
-        jobs.sort_by(|a, b| a.spec.uid.cmp(&b.spec.uid));
-        let mut tombstones: Vec<(JobUid, Timestamp)> = self
-            .tombstone_order
-            .iter()
-            .map(|(t, u)| (u.clone(), *t))
-            .collect();
-        tombstones.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
-        AllocatorSnapshot {
-            format_version: SNAPSHOT_FORMAT_VERSION,
-            config: self.config.clone(),
-            clock: self.clock,
-            nodes,
-            free_node_slots,
-            queues,
-            jobs,
-            tombstones,
-            undelivered_evictions: self.undelivered_evictions.clone(),
-            reserved_jobs: self.reserved_jobs.clone(),
-        }
-    }
-
-    /// Rebuilds an allocator from a snapshot.
-    pub fn restore(snapshot: AllocatorSnapshot) -> Result<Self, AllocatorError> {
-        if snapshot.format_version != SNAPSHOT_FORMAT_VERSION {
-            return Err(AllocatorError::InvalidConfig {
-                field: "formatVersion".into(),
-                reason: format!(
-                    "snapshot format {} is not {SNAPSHOT_FORMAT_VERSION}",
-                    snapshot.format_version
-                ),
-            });
-        }
-        let mut alloc = Allocator::new(snapshot.config)?;
-        alloc.clock = snapshot.clock;
-        for node in snapshot.nodes {
-            match node {
-                Some(info) => {
-                    alloc.inv.upsert_node(info)?;
-                }
-                None => alloc.inv.push_gap(),
-            }
-        }
-        alloc.inv.set_free_slots(snapshot.free_node_slots);
-        for queue in snapshot.queues {
-            alloc.upsert_queue(queue)?;
-        }
-        let mut by_arrival: Vec<&JobSnapshot> = snapshot.jobs.iter().collect();
-        by_arrival.sort_by_key(|j| j.seq);
-        for job in by_arrival {
-            alloc.submit(job.spec.clone())?;
-            if let Some(idx) = alloc.job_by_uid.get(&job.spec.uid).copied()
-                && let Some(j) = alloc.job_mut(idx)
-            {
-                j.seq = job.seq;
-            }
-            alloc.next_seq = alloc.next_seq.max(job.seq.saturating_add(1));
-        }
-        for job in snapshot.jobs {
-            let Some(idx) = alloc.job_by_uid.get(&job.spec.uid).copied() else {
-                continue;
-            };
-            if let Some(admission) = &job.admission {
-                alloc.replay_admission(admission)?;
-            }
-            let nominated = job.nomination.is_some();
-            let preempting = job.preempting.is_some();
-            if let Some(j) = alloc.job_mut(idx) {
-                j.requeues = job.requeues;
-                j.preempted_by = job.preempted_by;
-                match &mut j.state {
-                    JobState::Running(run) => run.preempting = job.preempting,
-                    JobState::Pending(n) => *n = job.nomination,
-                }
-            }
-            if nominated {
-                alloc.nominated.insert(idx);
-            }
-            if preempting && job.admission.is_some() {
-                alloc.preempting.insert(idx);
-            }
-        }
-        for (uid, at) in snapshot.tombstones {
-            if alloc.tombstones.insert(uid.clone(), at).is_none() {
-                alloc.tombstone_order.push_back((at, uid));
-            }
-        }
-        alloc.undelivered_evictions = snapshot.undelivered_evictions;
-        alloc.reserved_jobs = snapshot.reserved_jobs;
-        alloc.queues.recompute_all_cohorts();
-        Ok(alloc)
-    }
-
-    // ------------------------------------------------------------------ cycle
-
-    /// Base priority plus the aging boost.
-    pub(crate) fn effective_priority(&self, spec: &JobSpec, now: Timestamp) -> i32 {
-        spec.priority
-            .saturating_add(self.config.aging.boost(now.secs_since(spec.submitted_at)))
-    }
-
-    /// Resources a job may use, in the queue's flavor preference order.
-    fn options_for(&self, job: &Job, out: &mut Vec<ResIdx>) {
-        out.clear();
-        let Some(queue) = self.queues.get(job.queue) else {
-            return;
-        };
-        for flavor in &queue.flavor_order {
-            let slots = queue.quotas.iter().filter(|s| s.flavor == *flavor);
-            match &job.spec.gpu_slice {
-                None => {
-                    // Opted-in jobs try shared GPUs first: that is what they asked for.
-                    let kinds: &[ResourceKind] = if job.spec.allow_gpu_sharing {
-                        &[ResourceKind::SharedGpu, ResourceKind::Gpu]
-                    } else {
-                        &[ResourceKind::Gpu]
-                    };
-                    for kind in kinds {
-                        let Some(k) = self.inv.kind_idx(kind) else {
-                            continue;
-                        };
-                        if let Some(slot) = queue.quotas.iter().find(|s| {
-                            s.flavor == *flavor && self.inv.res(s.res).is_some_and(|r| r.kind == k)
-                        }) {
-                            out.push(slot.res);
-                        }
-                    }
-                }
-                Some(request) => {
-                    // Smallest matching MIG profile first: least GPU memory wasted.
-                    let mut matching: Vec<(u32, u32, &str, ResIdx)> = slots
-                        .filter_map(|s| match self.inv.kind_of_res(s.res) {
-                            Some(ResourceKind::Mig(p)) => {
-                                let ok = match request {
-                                    GpuSliceRequest::Profile(name) => p.name == *name,
-                                    GpuSliceRequest::MemoryGb(gb) => {
-                                        p.memory_gb.is_some_and(|m| m >= *gb)
-                                    }
-                                };
-                                ok.then(|| {
-                                    (
-                                        p.memory_gb.unwrap_or(u32::MAX),
-                                        p.compute_slices.unwrap_or(u32::MAX),
-                                        p.name.as_str(),
-                                        s.res,
-                                    )
-                                })
-                            }
-                            _ => None,
-                        })
-                        .collect();
-                    matching.sort();
-                    out.extend(matching.into_iter().map(|m| m.3));
-                }
-            }
-        }
-    }
-
-    fn wants_description(spec: &JobSpec) -> String {
-        match &spec.gpu_slice {
-            Some(GpuSliceRequest::Profile(p)) => format!("{}{p}", names::MIG_RESOURCE_PREFIX),
-            Some(GpuSliceRequest::MemoryGb(gb)) => {
-                format!(
-                    "a MIG slice ({}*) with at least {gb}GB",
-                    names::MIG_RESOURCE_PREFIX
-                )
-            }
-            None if spec.allow_gpu_sharing => {
-                format!("{} or {}", names::SHARED_GPU_RESOURCE, names::GPU_RESOURCE)
-            }
-            None => names::GPU_RESOURCE.to_string(),
-        }
-    }
-
-    /// Runs one admission cycle at `now`.
-    pub fn cycle(&mut self, now: Timestamp) -> CycleOutcome {
-        self.clock = self.clock.max(now);
-        self.prune_tombstones(now);
-        let mut out = CycleOutcome {
-            now,
-            ..CycleOutcome::default()
-        };
-        out.evictions.append(&mut self.undelivered_evictions);
-        self.process_evictions(now, &mut out);
-
-        let mut ctx = CycleCtx::default();
-        ctx.failed.reserve(self.job_by_uid.len());
-        self.hold_for_waiting_preemptors(now, &mut ctx);
-        self.admit_ready_preemptors(now, &mut ctx, &mut out);
-        self.evaluate_reserved_first(now, &mut ctx, &mut out);
-        let lanes = self.build_lanes(now);
-        self.main_pass(now, lanes, &mut ctx, &mut out);
-        self.reserved_jobs = std::mem::take(&mut ctx.reserved_order);
-        if self.config.preemption.enabled {
-            self.preemption_pass(now, &mut ctx, &mut out);
-        }
-        // Positions count only jobs still waiting: admitted ones left the line.
-        let mut waiting: FastMap<QueueIdx, u32> = FastMap::default();
-        let mut failed = std::mem::take(&mut ctx.failed);
-        for f in &mut failed {
-            if let Some(job) = self.job(f.job) {
-                let count = waiting.entry(job.queue).or_default();
-                *count += 1;
-                f.position = *count;
-            }
-        }
-        out.pending = failed
-            .into_iter()
-            .filter_map(|f| {
-                let job = self.job(f.job)?;
-                let queue = self.queues.get(job.queue)?.name.clone();
-                Some(PendingExplanation {
-                    uid: job.spec.uid.clone(),
-                    queue,
-                    position: f.position,
-                    queue_length: waiting.get(&job.queue).copied().unwrap_or(f.queue_length),
-                    effective_priority: f.effective_priority,
-                    reason: f.reason,
-                })
-            })
-            .collect();
-        out.stats = ctx.stats;
-        out.stats.admitted = u32::try_from(out.admissions.len()).unwrap_or(u32::MAX);
-        out
-    }
-
-    fn prune_tombstones(&mut self, now: Timestamp) {
-        let retention = self.config.tombstone_retention_secs;
-        while let Some((at, _)) = self.tombstone_order.front() {
-            if now.secs_since(*at) <= retention {
-                break;
-            }
-            if let Some((_, uid)) = self.tombstone_order.pop_front() {
-                self.tombstones.remove(&uid);
-            }
-        }
-    }
-
-    fn process_evictions(&mut self, now: Timestamp, out: &mut CycleOutcome) {
-        let due: Vec<JobIdx> = self
-            .preempting
-            .iter()
-            .copied()
-            .filter(|idx| {
-                self.job(*idx)
-                    .and_then(Job::running)
-                    .and_then(|r| r.preempting.as_ref())
-                    .is_some_and(|p| p.checkpointed || p.evict_at <= now)
-            })
-            .collect();
-        for idx in due {
-            let Some(job) = self.job(idx) else { continue };
-            let uid = job.spec.uid.clone();
-            let by = job
-                .running()
-                .and_then(|r| r.preempting.as_ref())
-                .map(|p| p.by.clone());
-            let Some(by) = by else { continue };
-            self.requeue(idx, Some(by.clone()));
-            out.evictions.push(Eviction {
-                uid,
-                reason: EvictionReason::Preempted { by },
-                at: now,
-            });
-        }
-    }
-
-    /// The resource a nomination planned on.
-    pub(crate) fn nomination_res(&self, nomination: &Nomination) -> Option<ResIdx> {
-        let flavor = self.inv.flavor_by_name(&nomination.flavor)?;
-        let kind = ResourceKind::from_quota_name(&nomination.resource)?;
-        self.inv
-            .kind_idx(&kind)
-            .and_then(|k| self.inv.res_of(flavor, k))
-    }
-
-    pub(crate) fn preempting_jobs(&self) -> Vec<JobIdx> {
-        self.preempting.iter().copied().collect()
-    }
-
-    pub(crate) fn nominated_jobs(&self) -> Vec<JobIdx> {
-        self.nominated.iter().copied().collect()
-    }
-
-    pub(crate) fn job_idx(&self, uid: &JobUid) -> Option<JobIdx> {
-        self.job_by_uid.get(uid).copied()
-    }
-
-    /// Victims still running for a nominated preemptor.
-    pub(crate) fn victims_left(&self, nomination: &Nomination) -> u32 {
-        let left = nomination
-            .victims
-            .iter()
-            .filter(|uid| {
-                self.job_by_uid
-                    .get(*uid)
-                    .and_then(|i| self.job(*i))
-                    .is_some_and(|j| j.running().is_some())
-            })
-            .count();
-        u32::try_from(left).unwrap_or(u32::MAX)
-    }
-
-    /// Keeps the nodes a waiting preemptor planned on from being taken by
-    /// jobs that would still run when its victims are evicted.
-    fn hold_for_waiting_preemptors(&self, now: Timestamp, ctx: &mut CycleCtx) {
-        for idx in &self.nominated {
-            let Some(job) = self.job(*idx) else { continue };
-            let JobState::Pending(Some(nomination)) = &job.state else {
-                continue;
-            };
-            if self.victims_left(nomination) == 0 || nomination.nodes.is_empty() {
-                continue;
-            }
-            let Some(res) = self.nomination_res(nomination) else {
-                continue;
-            };
-            let timeline = Self::timeline_cached(self, &mut ctx.timelines, res, now);
-            let start = nomination.evict_at.max(now);
-            for planned in &nomination.nodes {
-                let workers = &planned.workers;
-                let Some(node) = self.inv.node_by_name(&planned.node) else {
-                    continue;
-                };
-                ctx.reservations.add(
-                    node,
-                    res,
-                    Claim {
-                        start,
-                        need: workers.saturating_mul(job.spec.gpus_per_worker),
-                        released_by_start: Self::released_by(&timeline, node, start),
-                        holder: job.spec.uid.clone(),
-                    },
-                );
-            }
-        }
-    }
-
-    fn admit_ready_preemptors(
-        &mut self,
-        now: Timestamp,
-        ctx: &mut CycleCtx,
-        out: &mut CycleOutcome,
-    ) {
-        let mut ready: Vec<(i32, Timestamp, JobUid, JobIdx)> = self
-            .nominated
-            .iter()
-            .filter_map(|idx| {
-                let job = self.job(*idx)?;
-                let JobState::Pending(Some(n)) = &job.state else {
-                    return None;
-                };
-                (self.victims_left(n) == 0).then(|| {
-                    (
-                        -self.effective_priority(&job.spec, now),
-                        job.spec.submitted_at,
-                        job.spec.uid.clone(),
-                        *idx,
-                    )
-                })
-            })
-            .collect();
-        ready.sort();
-        for (_, _, _, idx) in ready {
-            // Whatever happens now, the nomination is used up: if the plan no
-            // longer fits (a node vanished) the job competes normally.
-            if let Some(job) = self.job_mut(idx) {
-                job.state = JobState::Pending(None);
-            }
-            self.nominated.remove(&idx);
-            let mut options = Vec::new();
-            if let Some(job) = self.job(idx) {
-                self.options_for(job, &mut options);
-            }
-            for res in options {
-                let Some(job) = self.job(idx) else { break };
-                let units = job.spec.total_units();
-                if self.queues.check(job.queue, res, units, &[]).is_err() {
-                    continue;
-                }
-                if let Ok(plan) = self.try_place(idx, res, now, ctx) {
-                    ctx.timelines.remove(&plan.res);
-                    self.admit(idx, plan, now, out);
-                    break;
-                }
-            }
-        }
-    }
-
-    /// Orders every pending job once (effective priority, submission time,
-    /// arrival) and splits the order into per-queue lanes.
-    fn build_lanes(&self, now: Timestamp) -> Vec<Lane> {
-        let mut all: Vec<(i32, Timestamp, u64, JobIdx, QueueIdx)> = Vec::new();
-        for queue in &self.queues.queues {
-            for idx in &queue.pending {
-                if let Some(job) = self.job(*idx) {
-                    all.push((
-                        self.effective_priority(&job.spec, now),
-                        job.spec.submitted_at,
-                        job.seq,
-                        *idx,
-                        job.queue,
-                    ));
-                }
-            }
-        }
-        all.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-        let mut lane_of: FastMap<QueueIdx, usize> = FastMap::default();
-        let mut lanes: Vec<Lane> = Vec::new();
-        for (rank, (priority, _, _, idx, queue)) in all.into_iter().enumerate() {
-            let lane = *lane_of.entry(queue).or_insert_with(|| {
-                lanes.push(Lane {
-                    queue,
-                    jobs: Vec::new(),
-                    next: 0,
-                });
-                lanes.len() - 1
-            });
-            if let Some(l) = lanes.get_mut(lane) {
-                l.jobs
-                    .push((priority, u32::try_from(rank).unwrap_or(u32::MAX), idx));
-            }
-        }
-        lanes
-    }
-
-    fn lane_key(&self, lanes: &[Lane], lane: usize) -> Option<LaneKey> {
-        let l = lanes.get(lane)?;
-        let (_, rank, _) = *l.jobs.get(l.next)?;
-        Some(LaneKey {
-            share: self.queues.share(l.queue, &[]),
-            rank,
-            lane,
-        })
-    }
-
-    fn main_pass(
-        &mut self,
-        now: Timestamp,
-        mut lanes: Vec<Lane>,
-        ctx: &mut CycleCtx,
-        out: &mut CycleOutcome,
-    ) {
-        let mut heap = BinaryHeap::new();
-        for i in 0..lanes.len() {
-            if let Some(key) = self.lane_key(&lanes, i) {
-                heap.push(key);
-            }
-        }
-        let mut options = Vec::new();
-        while let Some(key) = heap.pop() {
-            let lane_idx = key.lane;
-            let Some(lane) = lanes.get_mut(lane_idx) else {
-                continue;
-            };
-            let Some((priority, _, idx)) = lane.jobs.get(lane.next).copied() else {
-                continue;
-            };
-            lane.next += 1;
-            if self.job(idx).and_then(Job::running).is_some() {
-                // Admitted before the pass (reserved or preemptor).
-                if let Some(key) = self.lane_key(&lanes, lane_idx) {
-                    heap.push(key);
-                }
-                continue;
-            }
-            let position = u32::try_from(lane.next).unwrap_or(u32::MAX);
-            let queue_length = u32::try_from(lane.jobs.len()).unwrap_or(u32::MAX);
-            ctx.stats.considered += 1;
-            let outcome = match ctx.early.remove(&idx) {
-                // Evaluated before the pass (it held a reservation).
-                Some(failure) => Err(failure),
-                None => self.evaluate(idx, now, ctx, &mut options),
-            };
-            match outcome {
-                Ok(plan) => {
-                    ctx.timelines.remove(&plan.res);
-                    self.admit(idx, plan, now, out);
-                }
-                Err((reason, can_preempt)) => ctx.failed.push(Failed {
-                    job: idx,
-                    position,
-                    queue_length,
-                    effective_priority: priority,
-                    reason,
-                    can_preempt,
-                }),
-            }
-            if let Some(key) = self.lane_key(&lanes, lane_idx) {
-                heap.push(key);
-            }
-        }
-    }
-
-    /// Jobs that held a reservation last cycle are evaluated before everyone
-    /// else, so they keep it until they start: without this, a big gang
-    /// could lose its reservation to whichever queue the fair-share order
-    /// puts first next cycle, and be passed over again and again.
-    fn evaluate_reserved_first(
-        &mut self,
-        now: Timestamp,
-        ctx: &mut CycleCtx,
-        out: &mut CycleOutcome,
-    ) {
-        let reserved = std::mem::take(&mut self.reserved_jobs);
-        let mut options = Vec::new();
-        for uid in reserved {
-            let Some(idx) = self.job_by_uid.get(&uid).copied() else {
-                continue;
-            };
-            if !matches!(
-                self.job(idx).map(|j| &j.state),
-                Some(JobState::Pending(None))
-            ) {
-                continue;
-            }
-            match self.evaluate(idx, now, ctx, &mut options) {
-                Ok(plan) => {
-                    ctx.timelines.remove(&plan.res);
-                    self.admit(idx, plan, now, out);
-                }
-                Err(failure) => {
-                    ctx.early.insert(idx, failure);
-                }
-            }
-        }
-    }
-
-    /// Tries every allowed (flavor, resource) of a pending job. On failure
-    /// returns the most useful reason and whether preemption may help.
-    fn evaluate(
-        &mut self,
-        idx: JobIdx,
-        now: Timestamp,
-        ctx: &mut CycleCtx,
-        options: &mut Vec<ResIdx>,
-    ) -> Result<Plan, (Arc<PendingReason>, bool)> {
-        let Some(job) = self.job(idx) else {
-            return Err((
-                Arc::new(PendingReason::QueueNotFound {
-                    queue: String::new(),
-                }),
-                false,
-            ));
-        };
-        if job.running().is_some() {
-            // Admitted earlier in this cycle (a preemptor whose victims left):
-            // never evaluate a job twice.
-            return Err((
-                Arc::new(PendingReason::NoMatchingFlavor {
-                    wants: String::new(),
-                }),
-                false,
-            ));
-        }
-        if let JobState::Pending(Some(nomination)) = &job.state {
-            return Err((
-                Arc::new(PendingReason::AwaitingPreemption {
-                    victims: self.victims_left(nomination),
-                    evict_at: nomination.evict_at,
-                }),
-                false,
-            ));
-        }
-        let queue = job.queue;
-        if self.queues.get(queue).is_none_or(|q| q.spec.is_none()) {
-            let name = self
-                .queues
-                .get(queue)
-                .map(|q| q.name.to_string())
-                .unwrap_or_default();
-            return Err((
-                Arc::new(PendingReason::QueueNotFound { queue: name }),
-                false,
-            ));
-        }
-        self.options_for(job, options);
-        if options.is_empty() {
-            return Err((
-                Arc::new(PendingReason::NoMatchingFlavor {
-                    wants: Self::wants_description(&job.spec),
-                }),
-                false,
-            ));
-        }
-        let units = job.spec.total_units();
-        let mut best: Option<Arc<PendingReason>> = None;
-        let mut first_capacity_failure: Option<(ResIdx, Arc<PendingReason>)> = None;
-        let consider = |reason: Arc<PendingReason>, best: &mut Option<Arc<PendingReason>>| {
-            if best
-                .as_ref()
-                .is_none_or(|b| reason.shortfall() < b.shortfall())
-            {
-                *best = Some(reason);
-            }
-        };
-        let cohort = self.queues.get(queue).and_then(|q| q.cohort);
-        let (_, job_end) = job_end_key(&job.spec, now);
-        let mut blocked_by_hold_only = true;
-        // When the job can expect to start without preempting anyone.
-        let mut expected_start: Option<Timestamp> = None;
-        for &res in options.iter() {
-            let hold = cohort.and_then(|c| ctx.quota_holds.get(&(c, res)));
-            // A job that ends before the holder can expect its headroom may
-            // use it (backfill, applied to quota).
-            // Nominal quota is guaranteed: a hold only stops jobs that would
-            // borrow, and not those gone before the holder can start.
-            let borrows = self.queues.get(queue).is_some_and(|q| {
-                q.usage(res).saturating_add(units) > q.quota(res).map_or(0, |s| s.nominal)
-            });
-            let (held, held_for) = match hold {
-                Some(h)
-                    if borrows
-                        && h.holder != job.spec.uid
-                        && !matches!((job_end, h.until), (Some(end), Some(until)) if end <= until) =>
-                {
-                    (h.units, Some(h.holder.clone()))
-                }
-                _ => (0, None),
-            };
-            if let Err(short) = self.queues.check_with_hold(queue, res, units, &[], held) {
-                if held == 0 || self.queues.check(queue, res, units, &[]).is_err() {
-                    blocked_by_hold_only = false;
-                }
-                // The first job in line that only the cohort pool holds back
-                // keeps what the pool has left, so a stream of smaller jobs
-                // cannot take the headroom as fast as it frees up.
-                let mut holding = false;
-                if short.cohort_short
-                    && self.config.backfill.enabled
-                    && let Some(c) = cohort
-                    && !ctx.quota_holds.contains_key(&(c, res))
-                {
-                    let until =
-                        self.quota_release_time(c, res, units.saturating_sub(short.available), now);
-                    expected_start = until;
-                    ctx.quota_holds.insert(
-                        (c, res),
-                        QuotaHold {
-                            units: short.pool_headroom,
-                            holder: job.spec.uid.clone(),
-                            until,
-                        },
-                    );
-                    ctx.reserved_order.push(job.spec.uid.clone());
-                    holding = true;
-                }
-                // Jobs of one queue blocked by the same quota share one reason.
-                let key = (
-                    queue,
-                    res,
-                    units,
-                    short.used,
-                    short.available,
-                    held_for.is_some() || holding,
-                );
-                let reason = match ctx.quota_memo.get(&key) {
-                    Some(r) if !holding => Arc::clone(r),
-                    _ => {
-                        let r = Arc::new(PendingReason::QuotaExceeded {
-                            flavor: self.inv.res_flavor_name(res).to_string(),
-                            resource: self.inv.res_quota_name(res),
-                            requested: units,
-                            available: short.available,
-                            nominal: short.nominal,
-                            used: short.used,
-                            held_for: held_for.clone(),
-                            holding_cohort_quota: holding,
-                        });
-                        if !holding {
-                            ctx.quota_memo.insert(key, Arc::clone(&r));
-                        }
-                        r
-                    }
-                };
-                consider(reason, &mut best);
-                continue;
-            }
-            blocked_by_hold_only = false;
-            match self.try_place(idx, res, now, ctx) {
-                Ok(plan) => return Ok(plan),
-                Err(reason) => {
-                    if matches!(*reason, PendingReason::InsufficientCapacity { .. })
-                        && first_capacity_failure.is_none()
-                    {
-                        first_capacity_failure = Some((res, Arc::clone(&reason)));
-                    }
-                    consider(reason, &mut best);
-                }
-            }
-        }
-        let mut reason = best.unwrap_or_else(|| {
-            Arc::new(PendingReason::NoMatchingFlavor {
-                wants: String::new(),
-            })
-        });
-        if let Some((res, capacity_reason)) = first_capacity_failure
-            && self.config.backfill.enabled
-            && ctx.reservations.count < self.config.backfill.max_reservations
-            && let Some(start) = self.reserve(idx, res, now, ctx)
-        {
-            expected_start = Some(expected_start.map_or(start, |e| e.max(start)));
-            // The reserved flavor is the one the job will start in: explain that one.
-            let mut annotated = (*capacity_reason).clone();
-            if let PendingReason::InsufficientCapacity { reserved_start, .. } = &mut annotated {
-                *reserved_start = Some(start);
-            }
-            reason = Arc::new(annotated);
-        }
-        // Waiting only because headroom is kept for a job ahead in line is
-        // not a shortage preemption should fix; nor is a wait expected to
-        // end within the grace period a preemption would cost anyway.
-        let starts_soon = expected_start
-            .is_some_and(|t| t <= now.plus_secs(self.config.preemption.grace_period_secs));
-        Err((reason, !blocked_by_hold_only && !starts_soon))
-    }
-
-    /// When enough units of `res` are expected back in the cohort pool for a
-    /// job short of `short` units (running jobs of the cohort ending at their
-    /// estimates). `None` when the running jobs never free that much.
-    fn quota_release_time(
-        &self,
-        cohort: crate::queues::CohortIdx,
-        res: ResIdx,
-        short: u64,
-        now: Timestamp,
-    ) -> Option<Timestamp> {
-        let mut ends: Vec<(Timestamp, u64)> = self
-            .running_jobs_in(res)
-            .filter(|(_, job, run)| {
-                run.res == res
-                    && self
-                        .queues
-                        .get(job.queue)
-                        .is_some_and(|q| q.cohort == Some(cohort))
-            })
-            .map(|(idx, _, run)| (self.expected_end(idx, now), run.admission.total_units()))
-            .collect();
-        ends.sort_unstable();
-        let mut freed = 0u64;
-        for (end, units) in ends {
-            freed += units;
-            if freed >= short {
-                return Some(end);
-            }
-        }
-        None
-    }
-
-    /// Release timeline of `res`, computed once per cycle until an admission
-    /// in `res` changes it.
-    fn timeline_cached(
-        alloc: &Allocator,
-        cache: &mut FastMap<ResIdx, Rc<Timeline>>,
-        res: ResIdx,
-        now: Timestamp,
-    ) -> Rc<Timeline> {
-        Rc::clone(
-            cache
-                .entry(res)
-                .or_insert_with(|| Rc::new(alloc.release_timeline(res, now))),
-        )
-    }
-
-    /// Computes and records a reservation for a blocked job.
-    fn reserve(
-        &mut self,
-        idx: JobIdx,
-        res: ResIdx,
-        now: Timestamp,
-        ctx: &mut CycleCtx,
-    ) -> Option<Timestamp> {
-        let timeline = Self::timeline_cached(self, &mut ctx.timelines, res, now);
-        let job = self.job(idx)?;
-        let spec = &job.spec;
-        let reservation = self.compute_reservation(
-            res,
-            job.filter,
-            spec.gpus_per_worker,
-            spec.num_workers,
-            spec.topology,
-            now,
-            &ctx.reservations,
-            &timeline,
-        )?;
-        for (node, workers) in &reservation.placement {
-            ctx.reservations.add(
-                *node,
-                res,
-                Claim {
-                    start: reservation.start,
-                    need: workers.saturating_mul(spec.gpus_per_worker),
-                    released_by_start: Self::released_by(&timeline, *node, reservation.start),
-                    holder: spec.uid.clone(),
-                },
-            );
-        }
-        ctx.reservations.count += 1;
-        ctx.stats.reservations += 1;
-        ctx.reserved_order.push(spec.uid.clone());
-        Some(reservation.start)
-    }
-
-    /// Finds concrete nodes for every worker of a job in `res`, honouring
-    /// node filters and this cycle's reservations.
-    fn try_place(
-        &self,
-        idx: JobIdx,
-        res: ResIdx,
-        now: Timestamp,
-        ctx: &mut CycleCtx,
-    ) -> Result<Plan, Arc<PendingReason>> {
-        let Some(job) = self.job(idx) else {
-            return Err(Arc::new(PendingReason::QueueNotFound {
-                queue: String::new(),
-            }));
-        };
-        let spec = &job.spec;
-        let per_worker = spec.gpus_per_worker;
-        let workers = spec.num_workers;
-        let (end_key, end) = job_end_key(spec, now);
-        let key = MemoKey {
-            res,
-            per_worker,
-            workers,
-            filter: job.filter,
-            topology: spec.topology,
-        };
-        if let Some(entry) = ctx.memo.get(&key)
-            && entry.min_failing_end <= end_key
-        {
-            ctx.stats.memo_hits += 1;
-            return Err(Arc::clone(&entry.reason));
-        }
-        let Some(r) = self.inv.res(res) else {
-            return Err(Arc::new(
-                self.capacity_reason(res, per_worker, workers, 0, job.filter),
-            ));
-        };
-        let protected = ctx.reservations.has_any(res);
-        let filter = self.filters.get(job.filter as usize);
-        let unfiltered = job.filter == 0;
-        let mut placement = None;
-        let mut placeable: u64 = 0;
-        let mut placeable_unprotected: u64 = 0;
-        if r.slot_upper_bound(per_worker) >= u64::from(workers) {
-            let mut candidates: Vec<Candidate> = Vec::new();
-            for (node_idx, free) in r.nodes_with_free(per_worker) {
-                let Some(node) = self.inv.node(node_idx) else {
-                    continue;
-                };
-                let admits = if unfiltered {
-                    node.extra_taints.is_empty()
-                } else {
-                    filter.is_some_and(|f| Inventory::node_admits(node, f))
-                };
-                if !admits {
-                    continue;
-                }
-                placeable_unprotected += u64::from(free / per_worker);
-                let usable = if protected {
-                    free.saturating_sub(ctx.reservations.protected(node_idx, res, end))
-                } else {
-                    free
-                };
-                if usable < per_worker {
-                    continue;
-                }
-                let candidate = Candidate {
-                    node: node_idx,
-                    usable,
-                    zone: node.zone,
-                    rack: node.rack,
-                };
-                placeable += u64::from(usable / per_worker);
-                if workers == 1 && !protected {
-                    // Buckets are walked in ascending free order: the first
-                    // admissible node is the best fit.
-                    placement = Some(vec![(node_idx, 1)]);
-                    break;
-                }
-                candidates.push(candidate);
-            }
-            if placement.is_none() && placeable >= u64::from(workers) {
-                placement = placement::place_gang(per_worker, workers, spec.topology, &candidates);
-            }
-        }
-        if let Some(placement) = placement {
-            let ahead_of = if protected {
-                ctx.reservations
-                    .first_holder
-                    .get(&res)
-                    .map(|(u, _)| u.clone())
-            } else {
-                None
-            };
-            return Ok(Plan {
-                res,
-                per_worker,
-                placement,
-                ahead_of,
-            });
-        }
-        let reason = match ctx.reservations.first_holder.get(&res) {
-            Some((holder, until)) if protected && placeable_unprotected >= u64::from(workers) => {
-                PendingReason::HeldForReservation {
-                    flavor: self.inv.res_flavor_name(res).to_string(),
-                    resource: self.inv.res_quota_name(res),
-                    reserved_for: holder.clone(),
-                    until: *until,
-                }
-            }
-            _ => self.capacity_reason(res, per_worker, workers, placeable, job.filter),
-        };
-        let reason = Arc::new(reason);
-        let entry = ctx.memo.entry(key).or_insert(MemoEntry {
-            min_failing_end: end_key,
-            reason: Arc::clone(&reason),
-        });
-        if end_key < entry.min_failing_end {
-            entry.min_failing_end = end_key;
-            entry.reason = Arc::clone(&reason);
-        }
-        Err(reason)
-    }
-
-    fn capacity_reason(
-        &self,
-        res: ResIdx,
-        per_worker: u32,
-        workers: u32,
-        placeable: u64,
-        filter: u32,
-    ) -> PendingReason {
-        let placeable = placeable.min(u64::from(workers));
-        // Would the gang fit if every running job ended? (Not a promise:
-        // nodes come and go; it tells "wait" apart from "never, as is".)
-        let filter = self.filters.get(filter as usize);
-        let empty_slots: u64 = self
-            .inv
-            .res(res)
-            .map(|r| {
-                r.nodes_with_free(0)
-                    .filter_map(|(n, _)| self.inv.node(n))
-                    .filter(|node| filter.is_some_and(|f| Inventory::node_admits(node, f)))
-                    .map(|node| {
-                        u64::from(node.pool(res).map_or(0, |p| p.capacity) / per_worker.max(1))
-                    })
-                    .sum()
-            })
-            .unwrap_or(0);
-        PendingReason::InsufficientCapacity {
-            flavor: self.inv.res_flavor_name(res).to_string(),
-            resource: self.inv.res_quota_name(res),
-            workers,
-            units_per_worker: per_worker,
-            placeable_workers: u32::try_from(placeable).unwrap_or(u32::MAX),
-            units_short: (u64::from(workers) - placeable) * u64::from(per_worker),
-            reserved_start: None,
-            fits_when_empty: empty_slots >= u64::from(workers),
-        }
-    }
-
-    /// Turns a plan into an admission decision and commits it.
-    fn admit(&mut self, idx: JobIdx, plan: Plan, now: Timestamp, out: &mut CycleOutcome) {
-        let Some(job) = self.job(idx) else { return };
-        let Some(r) = self.inv.res(plan.res) else {
-            return;
-        };
-        let flavor = self.inv.flavors.get(r.flavor as usize);
-        let flavor_labels = flavor.map(|f| f.labels.clone()).unwrap_or_default();
-        let mut workers = Vec::new();
-        let mut zones = BTreeSet::new();
-        let mut racks = BTreeSet::new();
-        for (node_idx, count) in &plan.placement {
-            let Some(node) = self.inv.node(*node_idx) else {
-                continue;
-            };
-            zones.insert(node.zone);
-            racks.insert(node.rack);
-            let request = node
-                .pool(plan.res)
-                .map(|p| p.request_name.clone())
-                .unwrap_or_default();
-            for _ in 0..*count {
-                let mut selector = flavor_labels.clone();
-                selector.insert(names::HOSTNAME_LABEL.to_string(), node.info.name.clone());
-                workers.push(WorkerPlacement {
-                    index: u32::try_from(workers.len()).unwrap_or(u32::MAX),
-                    node: node.info.name.clone(),
-                    node_selector: selector,
-                    request_resource: request.clone(),
-                });
-            }
-        }
-        let single = |set: &BTreeSet<u32>| {
-            (set.len() == 1)
-                .then(|| set.iter().next().copied())
-                .flatten()
-        };
-        let topology = TopologyAssignment {
-            zone: single(&zones)
-                .and_then(|z| self.inv.zones.name(z))
-                .map(str::to_string),
-            rack: single(&racks)
-                .and_then(|r| self.inv.racks.name(r))
-                .map(str::to_string),
-            rack_label: self.config.rack_label.clone(),
-            nodes: u32::try_from(plan.placement.len()).unwrap_or(u32::MAX),
-        };
-        let total = job.spec.total_units();
-        let queue = self.queues.get(job.queue);
-        let borrowing = queue.is_some_and(|q| {
-            q.usage(plan.res) + total > q.quota(plan.res).map_or(0, |s| s.nominal)
-        });
-        let admission = Admission {
-            uid: job.spec.uid.clone(),
-            namespace: job.spec.namespace.clone(),
-            name: job.spec.name.clone(),
-            queue: queue.map(|q| q.name.to_string()).unwrap_or_default(),
-            flavor: self.inv.flavor_name(r.flavor).to_string(),
-            resource: self.inv.res_quota_name(plan.res),
-            units_per_worker: plan.per_worker,
-            capacity_type: flavor.and_then(|f| f.capacity_type),
-            workers,
-            tolerations: flavor.map(|f| f.tolerations.clone()).unwrap_or_default(),
-            topology,
-            admitted_at: now,
-            borrowing,
-            backfilled_ahead_of: plan.ahead_of.clone(),
-        };
-        out.admissions.push(admission.clone());
-        self.commit(idx, plan.res, plan.per_worker, plan.placement, admission);
-    }
-
-    // ------------------------------------------------------------- preemption
-
-    fn preemption_pass(&mut self, now: Timestamp, ctx: &mut CycleCtx, out: &mut CycleOutcome) {
-        let policy = self.config.preemption;
-        let mut attempts = 0u32;
-        let mut decided = 0u32;
-        let mut failed_searches: std::collections::HashSet<
-            PreemptionKey,
-            foldhash::fast::FixedState,
-        > = std::collections::HashSet::default();
-        let mut inflight = self.inflight();
-        for i in 0..ctx.failed.len() {
-            if attempts >= policy.max_attempts_per_cycle
-                || decided >= policy.max_preemptions_per_cycle
-            {
-                break;
-            }
-            let Some(failed) = ctx.failed.get(i) else {
-                break;
-            };
-            if !failed.can_preempt {
-                continue;
-            }
-            let idx = failed.job;
-            if !self.may_try_preemption(idx) {
-                continue;
-            }
-            // Jobs alike in every respect the victim search looks at fail
-            // alike; decisions within the cycle only make it harder.
-            let key = self.job(idx).and_then(|j| {
-                j.preempted_by.is_none().then(|| PreemptionKey {
-                    queue: j.queue,
-                    priority: j.spec.priority,
-                    per_worker: j.spec.gpus_per_worker,
-                    workers: j.spec.num_workers,
-                    filter: j.filter,
-                    topology: j.spec.topology,
-                    sharing: j.spec.allow_gpu_sharing,
-                    slice: j.spec.gpu_slice.clone(),
-                })
-            });
-            if let Some(key) = &key
-                && failed_searches.contains(key)
-            {
-                continue;
-            }
-            attempts += 1;
-            ctx.stats.preemption_attempts += 1;
-            let Some(plan) = self.find_victims(idx, &inflight) else {
-                if let Some(key) = key {
-                    failed_searches.insert(key);
-                }
-                continue;
-            };
-            let Some(preemption) = self.start_preemption(idx, &plan, now) else {
-                continue;
-            };
-            decided += 1;
-            // The decision changes usage projections and claims.
-            inflight = self.inflight();
-            if let Some(f) = ctx.failed.get_mut(i) {
-                f.reason = Arc::new(PendingReason::AwaitingPreemption {
-                    victims: u32::try_from(preemption.victims.len()).unwrap_or(u32::MAX),
-                    evict_at: preemption.evict_at,
-                });
-            }
-            out.preemptions.push(preemption);
-        }
-    }
-
-    /// Records victims and the preemptor's nomination.
-    fn start_preemption(
-        &mut self,
-        idx: JobIdx,
-        plan: &crate::preemption::VictimPlan,
-        now: Timestamp,
-    ) -> Option<Preemption> {
-        let evict_at = now.plus_secs(self.config.preemption.grace_period_secs);
-        let preemptor = self.job(idx)?.spec.uid.clone();
-        let mut victims = Vec::new();
-        for (victim, rule) in &plan.victims {
-            let job = self.job(*victim)?;
-            let run = job.running()?;
-            victims.push(crate::decision::Victim {
-                uid: job.spec.uid.clone(),
-                namespace: job.spec.namespace.clone(),
-                name: job.spec.name.clone(),
-                queue: self
-                    .queues
-                    .get(job.queue)
-                    .map(|q| q.name.to_string())
-                    .unwrap_or_default(),
-                units: run.admission.total_units(),
-                rule: *rule,
-            });
-        }
-        for (victim, rule) in &plan.victims {
-            if let Some(Job {
-                state: JobState::Running(run),
-                ..
-            }) = self.job_mut(*victim)
-            {
-                run.preempting = Some(PreemptingState {
-                    by: preemptor.clone(),
-                    rule: *rule,
-                    evict_at,
-                    checkpointed: false,
-                });
-            }
-            self.preempting.insert(*victim);
-        }
-        let flavor = self.inv.res_flavor_name(plan.res).to_string();
-        let resource = self.inv.res_quota_name(plan.res);
-        let nodes: Vec<PlannedNode> = plan
-            .placement
-            .iter()
-            .filter_map(|(n, w)| {
-                self.inv.node(*n).map(|node| PlannedNode {
-                    node: node.info.name.clone(),
-                    workers: *w,
-                })
-            })
-            .collect();
-        if let Some(job) = self.job_mut(idx) {
-            job.state = JobState::Pending(Some(Nomination {
-                victims: victims.iter().map(|v| v.uid.clone()).collect(),
-                evict_at,
-                flavor: flavor.clone(),
-                resource: resource.clone(),
-                nodes: nodes.clone(),
-            }));
-        }
-        self.nominated.insert(idx);
-        Some(Preemption {
-            preemptor,
-            victims,
-            flavor,
-            resource,
-            planned_nodes: nodes,
-            decided_at: now,
-            evict_at,
-        })
-    }
-
-    pub(crate) fn running_jobs_in(
-        &self,
-        res: ResIdx,
-    ) -> impl Iterator<Item = (JobIdx, &Job, &Running)> + '_ {
-        self.inv.res(res).into_iter().flat_map(move |r| {
-            r.running.iter().filter_map(move |idx| {
-                let job = self.job(*idx)?;
-                let run = job.running()?;
-                Some((*idx, job, run))
-            })
-        })
-    }
-
-    pub(crate) fn options_of(&self, idx: JobIdx) -> Vec<ResIdx> {
-        let mut out = Vec::new();
-        if let Some(job) = self.job(idx) {
-            self.options_for(job, &mut out);
-        }
-        out
     }
 }

@@ -159,7 +159,7 @@ impl Default for PreemptionPolicy {
             enabled: true,
             grace_period_secs: 120,
             max_preemptions_per_cycle: 8,
-            max_attempts_per_cycle: 8,
+            max_attempts_per_cycle: 4,
             max_victims: 32,
         }
     }

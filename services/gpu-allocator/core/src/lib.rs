@@ -31,6 +31,7 @@
 mod allocator;
 mod backfill;
 mod config;
+mod cycle;
 mod decision;
 mod error;
 mod event;
@@ -39,12 +40,10 @@ mod inventory;
 mod placement;
 mod preemption;
 mod queues;
+mod snapshot;
 mod types;
 
-pub use allocator::{
-    Allocator, AllocatorSnapshot, AllocatorStats, JobSnapshot, Nomination, PreemptingState,
-    SNAPSHOT_FORMAT_VERSION,
-};
+pub use allocator::{Allocator, AllocatorStats, Nomination, PreemptingState};
 pub use config::{AgingPolicy, AllocatorConfig, BackfillPolicy, FlavorSpec, PreemptionPolicy};
 pub use decision::{
     Admission, CycleOutcome, CycleStats, Eviction, EvictionReason, PlannedNode, Preemption,
@@ -57,6 +56,7 @@ pub use event::{
 };
 pub use explain::{PendingExplanation, PendingReason};
 pub use inventory::MAX_NODE_UNITS;
+pub use snapshot::{AllocatorSnapshot, JobSnapshot, SNAPSHOT_FORMAT_VERSION};
 pub use types::{
     CapacityType, GpuSliceRequest, JobUid, MigProfile, ResourceKind, Taint, TaintEffect, Timestamp,
     Toleration, TolerationOperator, TopologyRequirement, names,

@@ -22,9 +22,20 @@ pub(crate) type CohortIdx = u32;
 pub(crate) struct QuotaSlot {
     pub(crate) res: ResIdx,
     pub(crate) flavor: FlavorIdx,
+    /// What the slot counts: whole GPUs, time-sliced replicas, or MIG.
+    pub(crate) class: SlotClass,
     pub(crate) nominal: u64,
     pub(crate) borrowing_limit: Option<u64>,
     pub(crate) lending_limit: Option<u64>,
+}
+
+/// Coarse kind of a quota slot, enough to pick a job's options without
+/// looking up resource kinds per job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SlotClass {
+    WholeGpu,
+    SharedGpu,
+    Mig,
 }
 
 impl QuotaSlot {
@@ -51,6 +62,11 @@ pub(crate) struct Queue {
     pub(crate) quotas: Vec<QuotaSlot>,
     /// Flavors in preference order (deduplicated from `quotas`).
     pub(crate) flavor_order: Vec<FlavorIdx>,
+    /// Resources a whole-GPU job may use, in preference order.
+    pub(crate) plain_options: Vec<ResIdx>,
+    /// Resources a job that opted in to sharing may use: per flavor, shared
+    /// replicas first, then whole GPUs.
+    pub(crate) sharing_options: Vec<ResIdx>,
     /// Units in use per resource (kept when the spec is removed, because the
     /// jobs still hold them).
     pub(crate) usage: Vec<(ResIdx, u64)>,
@@ -67,6 +83,8 @@ impl Queue {
             weight: 1.0,
             quotas: Vec::new(),
             flavor_order: Vec::new(),
+            plain_options: Vec::new(),
+            sharing_options: Vec::new(),
             usage: Vec::new(),
             pending: BTreeSet::new(),
             preemption: QueuePreemption::default(),
@@ -208,11 +226,33 @@ impl Queues {
                 flavor_order.push(s.flavor);
             }
         }
+        let find = |flavor: FlavorIdx, class: SlotClass| {
+            slots
+                .iter()
+                .find(|s| s.flavor == flavor && s.class == class)
+                .map(|s| s.res)
+        };
+        let plain_options: Vec<ResIdx> = flavor_order
+            .iter()
+            .filter_map(|f| find(*f, SlotClass::WholeGpu))
+            .collect();
+        let sharing_options: Vec<ResIdx> = flavor_order
+            .iter()
+            .flat_map(|f| {
+                [
+                    find(*f, SlotClass::SharedGpu),
+                    find(*f, SlotClass::WholeGpu),
+                ]
+            })
+            .flatten()
+            .collect();
         if let Some(q) = self.get_mut(idx) {
             q.weight = spec.weight;
             q.preemption = spec.preemption;
             q.quotas = slots;
             q.flavor_order = flavor_order;
+            q.plain_options = plain_options;
+            q.sharing_options = sharing_options;
             q.cohort = new_cohort;
             q.spec = Some(spec);
         }
@@ -235,6 +275,8 @@ impl Queues {
         q.spec = None;
         q.quotas.clear();
         q.flavor_order.clear();
+        q.plain_options.clear();
+        q.sharing_options.clear();
         q.cohort = None;
         self.recompute_cohorts(&[old_cohort]);
         true
@@ -474,6 +516,7 @@ mod tests {
         QuotaSlot {
             res,
             flavor: 0,
+            class: SlotClass::WholeGpu,
             nominal,
             borrowing_limit: borrowing,
             lending_limit: lending,
