@@ -2,20 +2,33 @@
 # Starts a local NATS server with JetStream and the seven Trainyard services as
 # separate processes (as in production), shows their health, and stops everything
 # on Ctrl-C. `--for SECONDS` stops by itself (used by CI-like headless runs).
+# `--kubeconfig FILE` (or KUBECONFIG, or ~/.kube/config) gives the watcher and the
+# planner a cluster; without one they are not started, since they need a
+# Kubernetes API and the simulated cluster does not exist yet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/deps.sh
 ensure_nats_server
 
 run_for=""
+kubeconfig="${KUBECONFIG:-}"
+[ -z "$kubeconfig" ] && [ -f "$HOME/.kube/config" ] && kubeconfig="$HOME/.kube/config"
 while [ $# -gt 0 ]; do
   case "$1" in
     --for) run_for="$2"; shift 2 ;;
-    *) echo "usage: scripts/demo.sh [--for SECONDS]" >&2; exit 2 ;;
+    --kubeconfig) kubeconfig="$2"; shift 2 ;;
+    *) echo "usage: scripts/demo.sh [--kubeconfig FILE] [--for SECONDS]" >&2; exit 2 ;;
   esac
 done
 
-services=(watcher planner gpu-allocator hpo-tuner checkpoint-manager cost-optimizer notifier)
+services=(gpu-allocator hpo-tuner checkpoint-manager cost-optimizer notifier)
+if [ -n "$kubeconfig" ]; then
+  [ -f "$kubeconfig" ] || { echo "kubeconfig $kubeconfig not found" >&2; exit 2; }
+  export KUBECONFIG="$kubeconfig"
+  services=(watcher planner "${services[@]}")
+else
+  echo "note: no kubeconfig; the watcher and planner need a Kubernetes API and are not started"
+fi
 echo "== building the services (release)"
 cargo build --release --locked $(printf -- '-p trainyard-%s ' "${services[@]}")
 

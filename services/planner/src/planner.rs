@@ -21,7 +21,7 @@ use trainyard_contracts::events::{Change, JobObserved, PodObserved, TrainingJobC
 use trainyard_contracts::lifecycle::TrainingJobFinalized;
 use trainyard_contracts::submit::TrainingJobSubmitted;
 use trainyard_contracts::worker::{CheckpointReported, ProgressReported};
-use trainyard_contracts::{EntityRef, Incoming};
+use trainyard_contracts::{EntityRef, Incoming, Payload};
 use trainyard_runtime::{Delivery, HandleError, Handler, Publisher};
 
 use crate::error::PlannerError;
@@ -465,35 +465,19 @@ fn is_dns_label(name: &str) -> bool {
 
 /// Routes each message type the planner reads to its effect.
 fn input_of(message: &Incoming) -> Result<Option<Input>, HandleError> {
-    let observe = |o: Observation| Ok(Some(Input::Observe(Box::new(o))));
-    if message.is::<TrainingJobChanged>() {
-        return Ok(Some(Input::Object(Box::new(message.payload()?))));
-    }
-    if message.is::<JobObserved>() {
-        return observe(Observation::Job(message.payload()?));
-    }
-    if message.is::<PodObserved>() {
-        return observe(Observation::Pod(message.payload()?));
-    }
-    if message.is::<ProgressReported>() {
-        return observe(Observation::Progress(message.payload()?));
-    }
-    if message.is::<CheckpointReported>() {
-        return observe(Observation::Checkpoint(message.payload()?));
-    }
-    if message.is::<AdmissionDecided>() {
-        return observe(Observation::Admission(message.payload()?));
-    }
-    if message.is::<PendingExplained>() {
-        return observe(Observation::Pending(message.payload()?));
-    }
-    if message.is::<PreemptionDecided>() {
-        return observe(Observation::Preemption(message.payload()?));
-    }
-    if message.is::<ResumePointChosen>() {
-        return observe(Observation::ResumePoint(message.payload()?));
-    }
-    Ok(None)
+    let observation = match message.header.message_type.as_str() {
+        TrainingJobChanged::TYPE => return Ok(Some(Input::Object(Box::new(message.payload()?)))),
+        JobObserved::TYPE => Observation::Job(message.payload()?),
+        PodObserved::TYPE => Observation::Pod(message.payload()?),
+        ProgressReported::TYPE => Observation::Progress(message.payload()?),
+        CheckpointReported::TYPE => Observation::Checkpoint(message.payload()?),
+        AdmissionDecided::TYPE => Observation::Admission(message.payload()?),
+        PendingExplained::TYPE => Observation::Pending(message.payload()?),
+        PreemptionDecided::TYPE => Observation::Preemption(message.payload()?),
+        ResumePointChosen::TYPE => Observation::ResumePoint(message.payload()?),
+        _ => return Ok(None),
+    };
+    Ok(Some(Input::Observe(Box::new(observation))))
 }
 
 /// The planner as a consumer of every stream it reads.
