@@ -182,6 +182,23 @@ async fn distributed_job_runs_to_completion_and_a_replay_changes_nothing() {
         ]
     );
 
+    // `kubectl describe` tells the story: an Event per transition.
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> =
+        kube::Api::namespaced(cluster.client.clone(), NS);
+    let reasons: Vec<String> = events
+        .list(&Default::default())
+        .await
+        .expect("list events")
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str()))
+        .filter_map(|e| e.reason)
+        .collect();
+    assert!(
+        reasons.len() >= 4,
+        "events for the transitions: {reasons:?}"
+    );
+
     // Replay every input the planner consumed, as new messages: nothing changes.
     let jobs_before = cluster.job_names().await;
     let status_before = cluster
