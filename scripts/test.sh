@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 source scripts/lib/deps.sh
 ensure_nats_server
 ensure_nats_py
+ensure_mlflow
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -23,3 +23,11 @@ ensure_nats_py() {
   python_bin_on_path
   python3 -c 'import nats' 2>/dev/null || python3 -m pip install --quiet --disable-pip-version-check nats-py
 }
+
+ensure_mlflow() {
+  python_bin_on_path
+  if ! command -v mlflow >/dev/null 2>&1; then
+    echo "== installing mlflow (for the hpo-tuner's tracking tests)"
+    python3 -m pip install --quiet --disable-pip-version-check mlflow
+  fi
+}

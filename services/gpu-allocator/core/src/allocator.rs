@@ -439,6 +439,21 @@ impl Allocator {
         Applied::Changed
     }
 
+    /// Removes a job like `JobRemoved` but without remembering its uid, so
+    /// the same uid may be submitted again later (a job suspended while it
+    /// was still pending, then resumed as the same attempt). Additive helper
+    /// for the service adapter; not an [`Event`], so it is not replayable.
+    pub fn withdraw(&mut self, uid: &JobUid) -> Applied {
+        if !self.job_by_uid.contains_key(uid) {
+            return Applied::Unchanged;
+        }
+        self.finish(uid);
+        if self.tombstones.remove(uid).is_some() {
+            self.tombstone_order.retain(|(_, u)| u != uid);
+        }
+        Applied::Changed
+    }
+
     pub(crate) fn checkpointed(&mut self, uid: &JobUid) -> Applied {
         let Some(idx) = self.job_by_uid.get(uid).copied() else {
             return Applied::Unchanged;

@@ -1,0 +1,69 @@
+//! The gpu-allocator service: feeds node, TrainingQueue and TrainingJob
+//! events into the pure allocator core (`gpu-allocator-core`) and publishes
+//! its admission, preemption and pending decisions. No Kubernetes client:
+//! the planner carries the decisions out.
+
+pub mod config;
+pub mod error;
+pub mod mapping;
+pub mod metrics;
+pub mod service;
+pub mod state;
+
+use std::sync::Arc;
+
+use trainyard_contracts::{Bucket, Service};
+use trainyard_runtime::{ConfigSources, Runtime};
+
+pub use config::{AllocatorServiceConfig, FlavorConfig};
+pub use error::ServiceError;
+pub use metrics::AllocatorMetrics;
+pub use service::{Allocation, AllocatorHandler, CycleLoop, SNAPSHOT_KEY};
+pub use state::{AllocatorState, Outgoing, PersistedState};
+
+/// Configuration section of this service.
+pub const CONFIG_SECTION: &str = "gpu_allocator";
+
+/// Service setup for `trainyard_runtime::serve`: reads the `gpu_allocator` section.
+pub async fn setup(runtime: &Runtime, sources: &ConfigSources) -> Result<(), ServiceError> {
+    let config: AllocatorServiceConfig = sources.section(CONFIG_SECTION)?;
+    start(runtime, config).await
+}
+
+/// Restores the saved state, then starts the consumers and the cycle loop on `runtime`.
+pub async fn start(runtime: &Runtime, config: AllocatorServiceConfig) -> Result<(), ServiceError> {
+    let bucket = runtime.bucket(Bucket::Allocator).cloned().ok_or_else(|| {
+        ServiceError::Store(format!(
+            "bucket {} was not provisioned",
+            Bucket::Allocator.name()
+        ))
+    })?;
+    let state = match service::load(&bucket).await? {
+        Some(persisted) => {
+            let state = AllocatorState::restore(config.clone(), persisted)?;
+            let stats = state.allocator().stats();
+            tracing::info!(
+                pending = stats.pending_jobs,
+                running = stats.running_jobs,
+                nodes = stats.nodes,
+                outbox = state.outbox().len(),
+                "restored allocator state"
+            );
+            state
+        }
+        None => AllocatorState::new(config.clone())?,
+    };
+    let metrics = AllocatorMetrics::register(&runtime.registry)?;
+    let allocation = Allocation::new(state, config, metrics, runtime.shutdown.clone());
+    let handler = Arc::new(AllocatorHandler(allocation.clone()));
+    for consumer in Service::GpuAllocator.consumers() {
+        runtime.spawn_consumer(consumer, handler.clone());
+    }
+    let cycle_loop = CycleLoop {
+        allocation,
+        bucket,
+        publisher: runtime.publisher.clone(),
+    };
+    runtime.spawn(cycle_loop.run());
+    Ok(())
+}

@@ -1,0 +1,765 @@
+//! Pure mapping between Trainyard messages and the allocator core's events
+//! and decisions. No I/O: everything here is unit-tested.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use gpu_allocator_core::{
+    Admission, Event, FlavorQuota, FlavorSpec, GpuSliceRequest, JobSpec, JobUid, NodeInfo,
+    PendingExplanation, PendingReason, Preemption, PreemptionRule, QueuePreemption, QueueSpec,
+    ResourceQuota, Taint, TaintEffect, Timestamp, Toleration, TolerationOperator,
+    TopologyRequirement, Victim, names,
+};
+use trainyard_api::{ReclaimWithinCohort, TrainingJob, TrainingQueue, WithinQueuePreemption};
+use trainyard_contracts::EntityRef;
+use trainyard_contracts::decisions::{
+    AdmissionDecided, PendingExplained, PreemptionDecided, TolerationSpec, WorkerPlacement,
+};
+use trainyard_contracts::events::{Change, NodeObserved, TrainingQueueChanged};
+
+use crate::config::AllocatorServiceConfig;
+use crate::error::ServiceError;
+
+/// Separates the Kubernetes uid from the attempt in an allocator job uid.
+pub const ATTEMPT_SEPARATOR: &str = "/a";
+
+/// Weight given to a queue whose `fairShare.weight` is 0: it borrows last.
+pub const ZERO_WEIGHT: f64 = 1e-6;
+
+/// The allocator uid of one attempt of a TrainingJob: `<k8s uid>/a<attempt>`.
+/// Every restart attempt is a fresh allocator job.
+pub fn attempt_uid(k8s_uid: &str, attempt: u32) -> JobUid {
+    JobUid::new(format!("{k8s_uid}{ATTEMPT_SEPARATOR}{attempt}"))
+}
+
+/// Splits an allocator uid into the Kubernetes uid and the attempt.
+pub fn split_uid(uid: &JobUid) -> Option<(&str, u32)> {
+    let (k8s_uid, attempt) = uid.as_str().rsplit_once(ATTEMPT_SEPARATOR)?;
+    Some((k8s_uid, attempt.parse().ok()?))
+}
+
+/// `status.restartCount` of a TrainingJob, 0 when unset.
+pub fn job_attempt(job: &TrainingJob) -> u32 {
+    job.status
+        .as_ref()
+        .and_then(|s| s.restart_count)
+        .unwrap_or(0)
+}
+
+fn taint_effect(object: &str, field: String, effect: &str) -> Result<TaintEffect, ServiceError> {
+    match effect {
+        "NoSchedule" => Ok(TaintEffect::NoSchedule),
+        "PreferNoSchedule" => Ok(TaintEffect::PreferNoSchedule),
+        "NoExecute" => Ok(TaintEffect::NoExecute),
+        other => Err(ServiceError::invalid(
+            object,
+            field,
+            format!(
+                "unknown effect {other:?} (expected NoSchedule, PreferNoSchedule or NoExecute)"
+            ),
+        )),
+    }
+}
+
+/// A node event: upsert with its GPU resources, or removal.
+pub fn node_event(entity: &EntityRef, node: &NodeObserved) -> Result<Event, ServiceError> {
+    let name = entity.name.clone();
+    if node.change == Change::Deleted {
+        return Ok(Event::NodeRemoved { name });
+    }
+    let object = format!("node {name}");
+    let mut allocatable = BTreeMap::new();
+    allocatable.insert(
+        names::GPU_RESOURCE.to_string(),
+        node.allocatable_gpus.to_string(),
+    );
+    for (profile, count) in &node.mig {
+        let profile = profile
+            .strip_prefix(names::MIG_RESOURCE_PREFIX)
+            .unwrap_or(profile);
+        allocatable.insert(
+            format!("{}{profile}", names::MIG_RESOURCE_PREFIX),
+            count.to_string(),
+        );
+    }
+    let taints = node
+        .taints
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            Ok(Taint {
+                key: t.key.clone(),
+                value: t.value.clone().unwrap_or_default(),
+                effect: taint_effect(&object, format!("taints[{i}].effect"), &t.effect)?,
+            })
+        })
+        .collect::<Result<Vec<_>, ServiceError>>()?;
+    Ok(Event::NodeUpserted(NodeInfo {
+        name,
+        labels: node.labels.clone(),
+        allocatable,
+        taints,
+        unschedulable: node.unschedulable,
+        ready: node.ready,
+    }))
+}
+
+/// What the adapter remembers of a TrainingQueue besides the core's view.
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueInfo {
+    /// `priority.defaultPriority`: priority of jobs without a PriorityClass.
+    pub default_priority: i32,
+    /// Flavors the queue defines by `nodeLabels`.
+    pub flavors: Vec<FlavorSpec>,
+}
+
+/// A TrainingQueue event. The spec is checked against the CRD's rules first,
+/// so a bad queue is rejected naming the field (`spec.flavors[0].lendingLimit`).
+pub fn queue_event(
+    entity: &EntityRef,
+    change: &TrainingQueueChanged,
+) -> Result<(Event, Option<QueueInfo>), ServiceError> {
+    let queue: &TrainingQueue = &change.object;
+    let name = queue
+        .metadata
+        .name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| entity.name.clone());
+    if change.change == Change::Deleted {
+        return Ok((Event::QueueRemoved { name }, None));
+    }
+    let spec = &queue.spec;
+    if let Err(errors) = spec.validate() {
+        let first = errors.first();
+        return Err(ServiceError::invalid(
+            format!("TrainingQueue {name}"),
+            first
+                .map(|e| e.path.clone())
+                .unwrap_or_else(|| "spec".into()),
+            errors
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; "),
+        ));
+    }
+    let quotas = spec
+        .flavors
+        .iter()
+        .map(|f| FlavorQuota {
+            flavor: f.name.clone(),
+            resources: vec![ResourceQuota {
+                resource: names::GPU_RESOURCE.to_string(),
+                nominal: u64::from(f.nominal_quota),
+                borrowing_limit: f.borrowing_limit.map(u64::from),
+                lending_limit: f.lending_limit.map(u64::from),
+            }],
+        })
+        .collect();
+    let weight = spec.fair_share_weight();
+    let reclaim = spec.reclaim_within_cohort();
+    let core = QueueSpec {
+        name,
+        cohort: spec.cohort.clone(),
+        weight: if weight > 0.0 { weight } else { ZERO_WEIGHT },
+        quotas,
+        preemption: QueuePreemption {
+            within_queue: spec.within_queue_preemption() == WithinQueuePreemption::LowerPriority,
+            reclaim_within_cohort: reclaim != ReclaimWithinCohort::Never,
+            fair_share: reclaim == ReclaimWithinCohort::Any,
+        },
+    };
+    core.validate()?;
+    let info = QueueInfo {
+        default_priority: spec.default_priority(),
+        flavors: spec
+            .flavors
+            .iter()
+            .filter(|f| !f.node_labels.is_empty())
+            .map(|f| FlavorSpec {
+                name: f.name.clone(),
+                node_labels: f.node_labels.clone(),
+                ..FlavorSpec::default()
+            })
+            .collect(),
+    };
+    Ok((Event::QueueUpserted(core), Some(info)))
+}
+
+fn toleration(
+    object: &str,
+    index: usize,
+    t: &TolerationLike<'_>,
+) -> Result<Toleration, ServiceError> {
+    let operator = match t.operator {
+        None | Some("Equal") => TolerationOperator::Equal,
+        Some("Exists") => TolerationOperator::Exists,
+        Some(other) => {
+            return Err(ServiceError::invalid(
+                object,
+                format!("spec.scheduling.tolerations[{index}].operator"),
+                format!("unknown operator {other:?} (expected Equal or Exists)"),
+            ));
+        }
+    };
+    let effect = match t.effect {
+        None | Some("") => None,
+        Some(effect) => Some(taint_effect(
+            object,
+            format!("spec.scheduling.tolerations[{index}].effect"),
+            effect,
+        )?),
+    };
+    Ok(Toleration {
+        key: t.key.filter(|k| !k.is_empty()).map(str::to_string),
+        operator,
+        value: t.value.map(str::to_string),
+        effect,
+    })
+}
+
+struct TolerationLike<'a> {
+    key: Option<&'a str>,
+    operator: Option<&'a str>,
+    value: Option<&'a str>,
+    effect: Option<&'a str>,
+}
+
+/// Resolves a job's priority: its PriorityClass from the configuration, else
+/// its queue's default priority.
+pub fn resolve_priority(
+    config: &AllocatorServiceConfig,
+    class: Option<&str>,
+    queue_default: Option<i32>,
+) -> i32 {
+    class
+        .and_then(|c| config.priority_classes.get(c).copied())
+        .or(queue_default)
+        .unwrap_or(0)
+}
+
+/// The allocator's view of one attempt of a TrainingJob. `queue_default` is
+/// the default priority of the job's queue when the queue is known.
+pub fn job_spec(
+    config: &AllocatorServiceConfig,
+    job: &TrainingJob,
+    k8s_uid: &str,
+    attempt: u32,
+    queue_default: Option<i32>,
+    now: Timestamp,
+) -> Result<JobSpec, ServiceError> {
+    let namespace = job.metadata.namespace.clone().unwrap_or_default();
+    let name = job.metadata.name.clone().unwrap_or_default();
+    let object = format!("TrainingJob {namespace}/{name}");
+    let spec = &job.spec;
+    let scheduling = spec.scheduling.clone().unwrap_or_default();
+    let tolerations = scheduling
+        .tolerations
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            toleration(
+                &object,
+                i,
+                &TolerationLike {
+                    key: t.key.as_deref(),
+                    operator: t.operator.as_deref(),
+                    value: t.value.as_deref(),
+                    effect: t.effect.as_deref(),
+                },
+            )
+        })
+        .collect::<Result<Vec<_>, ServiceError>>()?;
+    let mut node_selector = scheduling.node_selector.clone();
+    if let Some(label) = &config.capacity_type_label {
+        match spec.capacity_type() {
+            trainyard_api::CapacityType::Spot => {
+                node_selector.insert(label.clone(), "spot".into());
+            }
+            trainyard_api::CapacityType::OnDemand => {
+                node_selector.insert(label.clone(), "on-demand".into());
+            }
+            trainyard_api::CapacityType::Any => {}
+        }
+    }
+    let gpu_slice = scheduling
+        .mig_profile
+        .clone()
+        .filter(|p| !p.is_empty())
+        .map(GpuSliceRequest::Profile);
+    let submitted_at = job
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(|t| u64::try_from(t.0.as_second()).ok())
+        .unwrap_or(now.0);
+    let core = JobSpec {
+        uid: attempt_uid(k8s_uid, attempt),
+        namespace,
+        name,
+        queue: scheduling.queue.clone(),
+        priority: resolve_priority(config, scheduling.priority.as_deref(), queue_default),
+        submitted_at: Timestamp(submitted_at),
+        num_workers: spec.num_workers,
+        gpus_per_worker: spec.gpus_per_worker(),
+        // MIG slices are never time-sliced: a MIG request wins.
+        allow_gpu_sharing: gpu_slice.is_none() && scheduling.allow_time_slicing.unwrap_or(false),
+        gpu_slice,
+        runtime_estimate_secs: scheduling.estimated_runtime_seconds.filter(|s| *s > 0),
+        min_gpu_memory_mib: None,
+        node_selector,
+        tolerations,
+        topology: TopologyRequirement::Preferred,
+        preemptible: true,
+    };
+    // CPU-only jobs (gpusPerWorker 0) are admitted by the adapter itself; the
+    // core only validates GPU jobs.
+    if core.gpus_per_worker > 0 {
+        core.validate()?;
+    }
+    Ok(core)
+}
+
+fn operator_name(op: TolerationOperator) -> &'static str {
+    match op {
+        TolerationOperator::Equal => "Equal",
+        TolerationOperator::Exists => "Exists",
+    }
+}
+
+fn effect_name(effect: TaintEffect) -> &'static str {
+    match effect {
+        TaintEffect::NoSchedule => "NoSchedule",
+        TaintEffect::PreferNoSchedule => "PreferNoSchedule",
+        TaintEffect::NoExecute => "NoExecute",
+    }
+}
+
+/// A core toleration as the planner injects it.
+pub fn toleration_spec(t: &Toleration) -> TolerationSpec {
+    TolerationSpec {
+        key: t.key.clone().unwrap_or_default(),
+        operator: operator_name(t.operator).to_string(),
+        value: t.value.clone(),
+        effect: t.effect.map(|e| effect_name(e).to_string()),
+    }
+}
+
+/// The labels every worker's selector shares, without the per-node hostname:
+/// an Indexed Job has one pod template, so only common labels can be injected.
+pub fn common_selector(admission: &Admission) -> BTreeMap<String, String> {
+    let mut workers = admission.workers.iter();
+    let Some(first) = workers.next() else {
+        return BTreeMap::new();
+    };
+    let mut common = first.node_selector.clone();
+    common.remove(names::HOSTNAME_LABEL);
+    for worker in workers {
+        common.retain(|k, v| worker.node_selector.get(k) == Some(v));
+    }
+    common
+}
+
+/// An admission as the planner consumes it.
+pub fn admission_decided(admission: &Admission, attempt: u32) -> AdmissionDecided {
+    let mut topology = BTreeMap::new();
+    if let Some(zone) = &admission.topology.zone {
+        topology.insert(names::ZONE_LABEL.to_string(), zone.clone());
+    }
+    if let Some(rack) = &admission.topology.rack {
+        topology.insert(admission.topology.rack_label.clone(), rack.clone());
+    }
+    AdmissionDecided {
+        attempt,
+        queue: admission.queue.clone(),
+        flavor: admission.flavor.clone(),
+        node_selector: common_selector(admission),
+        tolerations: admission.tolerations.iter().map(toleration_spec).collect(),
+        placements: admission
+            .workers
+            .iter()
+            .map(|w| WorkerPlacement {
+                index: w.index,
+                node: w.node.clone(),
+                gpus: admission.units_per_worker,
+            })
+            .collect(),
+        topology,
+    }
+}
+
+/// Deduplication id of an admission: one per attempt.
+pub fn admission_id(uid: &JobUid) -> String {
+    format!("admission:{uid}")
+}
+
+/// Deduplication id of a preemption: one per victim and preemptor.
+pub fn preemption_id(victim: &JobUid, preemptor: &JobUid) -> String {
+    format!("preemption:{victim}:{preemptor}")
+}
+
+/// Deduplication id of a pending explanation: its text and the job.
+pub fn pending_id(uid: &JobUid, text: &str) -> String {
+    format!("pending:{:016x}:{uid}", text_hash(text))
+}
+
+/// FNV-1a: stable across builds and platforms, unlike `DefaultHasher`.
+pub fn text_hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The entity a decision about a job is published for: namespace, name and
+/// the Kubernetes uid (without the attempt).
+pub fn job_entity(namespace: &str, name: &str, uid: &JobUid) -> EntityRef {
+    let k8s_uid = split_uid(uid).map(|(u, _)| u).unwrap_or(uid.as_str());
+    EntityRef::new(namespace, name, k8s_uid)
+}
+
+fn timestamp_to_utc(at: Timestamp) -> DateTime<Utc> {
+    i64::try_from(at.0)
+        .ok()
+        .and_then(|secs| DateTime::from_timestamp(secs, 0))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// One victim's preemption notice.
+pub fn preemption_decided(
+    preemption: &Preemption,
+    victim: &Victim,
+    preemptor: EntityRef,
+    grace_seconds: u64,
+) -> PreemptionDecided {
+    let (reason, rule) = match victim.rule {
+        PreemptionRule::LowerPriority => ("priority", "a higher-priority job of the same queue"),
+        PreemptionRule::ReclaimQuota => ("reclaim", "its queue reclaims quota lent to the cohort"),
+        PreemptionRule::FairShare => ("reclaim", "the cohort's fair share moves GPUs to its queue"),
+    };
+    PreemptionDecided {
+        message: format!(
+            "{} needs {} {} of flavor {} ({rule}); checkpoint now, workers are evicted after the grace period",
+            preemptor.key(),
+            victim.units,
+            preemption.resource,
+            preemption.flavor,
+        ),
+        preemptor,
+        reason: reason.to_string(),
+        grace_period_seconds: u32::try_from(grace_seconds).unwrap_or(u32::MAX),
+        evict_after: timestamp_to_utc(preemption.evict_at),
+    }
+}
+
+fn reason_flavor(reason: &PendingReason) -> Option<String> {
+    match reason {
+        PendingReason::QuotaExceeded { flavor, .. }
+        | PendingReason::InsufficientCapacity { flavor, .. }
+        | PendingReason::HeldForReservation { flavor, .. } => Some(flavor.clone()),
+        PendingReason::QueueNotFound { .. }
+        | PendingReason::NoMatchingFlavor { .. }
+        | PendingReason::AwaitingPreemption { .. } => None,
+    }
+}
+
+/// Why a job waits, as the planner writes it into the job's status.
+pub fn pending_explained(
+    explanation: &PendingExplanation,
+    gpus_requested: u32,
+) -> PendingExplained {
+    let short = explanation.reason.shortfall();
+    let gpus_short = if short == u64::MAX {
+        gpus_requested
+    } else {
+        u32::try_from(short).unwrap_or(u32::MAX)
+    };
+    PendingExplained {
+        queue: explanation.queue.to_string(),
+        position: explanation.position,
+        flavor: reason_flavor(&explanation.reason),
+        gpus_requested,
+        gpus_short,
+        message: explanation.message(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use gpu_allocator_core::{TopologyAssignment, WorkerPlacement as CorePlacement};
+    use serde_json::json;
+    use trainyard_contracts::events::Taint as NodeTaint;
+
+    use super::*;
+
+    fn node(gpus: u32) -> NodeObserved {
+        NodeObserved {
+            change: Change::Applied,
+            allocatable_gpus: gpus,
+            mig: [("1g.10gb".to_string(), 7)].into(),
+            labels: [("nvidia.com/gpu.product".to_string(), "A100".to_string())].into(),
+            taints: vec![NodeTaint {
+                key: "nvidia.com/gpu".into(),
+                value: None,
+                effect: "NoSchedule".into(),
+            }],
+            unschedulable: true,
+            ready: true,
+        }
+    }
+
+    #[test]
+    fn node_maps_gpu_and_mig_counts_taints_and_flags() {
+        let entity = EntityRef::new("", "gpu-1", "");
+        let Event::NodeUpserted(info) = node_event(&entity, &node(8)).expect("maps") else {
+            panic!("expected NodeUpserted");
+        };
+        assert_eq!(info.name, "gpu-1");
+        assert_eq!(info.allocatable["nvidia.com/gpu"], "8");
+        assert_eq!(info.allocatable["nvidia.com/mig-1g.10gb"], "7");
+        assert_eq!(info.taints[0].effect, TaintEffect::NoSchedule);
+        assert_eq!(info.taints[0].value, "");
+        assert!(info.unschedulable && info.ready);
+        let deleted = NodeObserved {
+            change: Change::Deleted,
+            ..node(8)
+        };
+        assert_eq!(
+            node_event(&entity, &deleted).expect("maps"),
+            Event::NodeRemoved {
+                name: "gpu-1".into()
+            }
+        );
+    }
+
+    #[test]
+    fn node_with_unknown_taint_effect_names_the_field() {
+        let mut bad = node(8);
+        bad.taints[0].effect = "Sometimes".into();
+        let err = node_event(&EntityRef::new("", "gpu-1", ""), &bad).expect_err("rejected");
+        assert!(err.to_string().contains("taints[0].effect"), "{err}");
+    }
+
+    fn queue(spec: serde_json::Value) -> TrainingQueueChanged {
+        serde_json::from_value(json!({
+            "change": "Applied",
+            "object": {
+                "apiVersion": "trainyard.dev/v1", "kind": "TrainingQueue",
+                "metadata": {"name": "team-a"},
+                "spec": spec,
+            }
+        }))
+        .expect("queue parses")
+    }
+
+    #[test]
+    fn queue_maps_quotas_cohort_weight_preemption_and_flavors() {
+        let change = queue(json!({
+            "cohort": "research",
+            "flavors": [
+                {"name": "a100", "nominalQuota": 16, "borrowingLimit": 8, "lendingLimit": 4,
+                 "nodeLabels": {"nvidia.com/gpu.product": "A100"}},
+                {"name": "t4", "nominalQuota": 8}
+            ],
+            "fairShare": {"weight": 0},
+            "preemption": {"withinQueue": "LowerPriority", "reclaimWithinCohort": "Any"},
+            "priority": {"defaultPriority": 5}
+        }));
+        let (event, info) = queue_event(&EntityRef::new("", "team-a", ""), &change).expect("maps");
+        let Event::QueueUpserted(spec) = event else {
+            panic!("expected QueueUpserted")
+        };
+        assert_eq!(spec.name, "team-a");
+        assert_eq!(spec.cohort.as_deref(), Some("research"));
+        assert_eq!(spec.weight, ZERO_WEIGHT);
+        assert_eq!(spec.quotas[0].resources[0].nominal, 16);
+        assert_eq!(spec.quotas[0].resources[0].borrowing_limit, Some(8));
+        assert_eq!(spec.quotas[0].resources[0].lending_limit, Some(4));
+        assert!(spec.preemption.within_queue && spec.preemption.reclaim_within_cohort);
+        assert!(spec.preemption.fair_share);
+        let info = info.expect("info");
+        assert_eq!(info.default_priority, 5);
+        assert_eq!(
+            info.flavors.len(),
+            1,
+            "only flavors with node labels are learned"
+        );
+        assert_eq!(info.flavors[0].name, "a100");
+    }
+
+    #[test]
+    fn bad_queue_spec_names_the_field() {
+        let change = queue(json!({
+            "cohort": "research",
+            "flavors": [{"name": "a100", "nominalQuota": 4, "lendingLimit": 8}]
+        }));
+        let err = queue_event(&EntityRef::new("", "team-a", ""), &change).expect_err("rejected");
+        assert!(
+            err.to_string().contains("spec.flavors[0].lendingLimit"),
+            "{err}"
+        );
+    }
+
+    fn training_job(scheduling: serde_json::Value, restart_count: Option<u32>) -> TrainingJob {
+        serde_json::from_value(json!({
+            "apiVersion": "trainyard.dev/v1", "kind": "TrainingJob",
+            "metadata": {"name": "bert", "namespace": "ml", "uid": "u-1",
+                         "creationTimestamp": "2024-01-01T00:00:00Z"},
+            "spec": {"model": "bert", "dataset": "wiki", "numWorkers": 4, "gpusPerWorker": 2,
+                     "scheduling": scheduling},
+            "status": {"restartCount": restart_count},
+        }))
+        .expect("job parses")
+    }
+
+    #[test]
+    fn job_maps_attempt_uid_priority_and_scheduling() {
+        let config = AllocatorServiceConfig {
+            priority_classes: [("high-priority".to_string(), 1000)].into(),
+            capacity_type_label: Some("karpenter.sh/capacity-type".into()),
+            ..AllocatorServiceConfig::default()
+        };
+        let job = training_job(
+            json!({"priority": "high-priority", "queue": "team-a",
+                   "nodeSelector": {"disk": "ssd"}, "capacityType": "spot",
+                   "migProfile": "1g.10gb", "allowTimeSlicing": true,
+                   "estimatedRuntimeSeconds": 3600,
+                   "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]}),
+            Some(3),
+        );
+        assert_eq!(job_attempt(&job), 3);
+        let spec = job_spec(&config, &job, "u-1", 3, Some(7), Timestamp(99)).expect("maps");
+        assert_eq!(spec.uid.as_str(), "u-1/a3");
+        assert_eq!(split_uid(&spec.uid), Some(("u-1", 3)));
+        assert_eq!(spec.priority, 1000);
+        assert_eq!(spec.queue.as_deref(), Some("team-a"));
+        assert_eq!(spec.submitted_at, Timestamp(1_704_067_200));
+        assert_eq!((spec.num_workers, spec.gpus_per_worker), (4, 2));
+        assert_eq!(
+            spec.gpu_slice,
+            Some(GpuSliceRequest::Profile("1g.10gb".into()))
+        );
+        assert!(!spec.allow_gpu_sharing, "MIG wins over time slicing");
+        assert_eq!(spec.runtime_estimate_secs, Some(3600));
+        assert_eq!(spec.node_selector["karpenter.sh/capacity-type"], "spot");
+        assert_eq!(spec.node_selector["disk"], "ssd");
+        assert_eq!(spec.tolerations[0].operator, TolerationOperator::Exists);
+        let plain = training_job(json!({}), None);
+        assert_eq!(job_attempt(&plain), 0);
+        let spec = job_spec(&config, &plain, "u-1", 0, Some(7), Timestamp(99)).expect("maps");
+        assert_eq!(spec.priority, 7, "queue default without a PriorityClass");
+        assert_eq!(spec.queue, None, "the configured default queue applies");
+    }
+
+    #[test]
+    fn job_with_bad_toleration_names_the_field() {
+        let job = training_job(
+            json!({"tolerations": [{"key": "a", "operator": "Maybe"}]}),
+            None,
+        );
+        let err = job_spec(
+            &AllocatorServiceConfig::default(),
+            &job,
+            "u-1",
+            0,
+            None,
+            Timestamp(0),
+        )
+        .expect_err("rejected");
+        assert!(
+            err.to_string()
+                .contains("spec.scheduling.tolerations[0].operator"),
+            "{err}"
+        );
+    }
+
+    fn worker(index: u32, node: &str) -> CorePlacement {
+        CorePlacement {
+            index,
+            node: node.into(),
+            node_selector: [
+                (names::HOSTNAME_LABEL.to_string(), node.to_string()),
+                ("nvidia.com/gpu.product".to_string(), "A100".to_string()),
+            ]
+            .into(),
+            request_resource: names::GPU_RESOURCE.into(),
+        }
+    }
+
+    fn admission(workers: Vec<CorePlacement>) -> Admission {
+        Admission {
+            uid: JobUid::new("u-1/a2"),
+            namespace: "ml".into(),
+            name: "bert".into(),
+            queue: "team-a".into(),
+            flavor: "a100".into(),
+            resource: names::GPU_RESOURCE.into(),
+            units_per_worker: 4,
+            capacity_type: None,
+            workers,
+            tolerations: vec![Toleration::exists(
+                "nvidia.com/gpu",
+                TaintEffect::NoSchedule,
+            )],
+            topology: TopologyAssignment {
+                zone: Some("z1".into()),
+                rack: Some("r1".into()),
+                rack_label: names::NVLINK_CLIQUE_LABEL.into(),
+                nodes: 2,
+            },
+            admitted_at: Timestamp(5),
+            borrowing: false,
+            backfilled_ahead_of: None,
+        }
+    }
+
+    #[test]
+    fn admission_selector_is_the_common_flavor_labels_without_hostnames() {
+        let decided = admission_decided(&admission(vec![worker(0, "n1"), worker(1, "n2")]), 2);
+        assert_eq!(decided.attempt, 2);
+        assert_eq!(
+            decided.node_selector,
+            [("nvidia.com/gpu.product".to_string(), "A100".to_string())].into()
+        );
+        assert_eq!(decided.placements.len(), 2);
+        assert_eq!(decided.placements[1].node, "n2");
+        assert_eq!(decided.placements[1].gpus, 4);
+        assert_eq!(decided.tolerations[0].operator, "Exists");
+        assert_eq!(decided.tolerations[0].effect.as_deref(), Some("NoSchedule"));
+        assert_eq!(decided.topology[names::ZONE_LABEL], "z1");
+        assert_eq!(decided.topology[names::NVLINK_CLIQUE_LABEL], "r1");
+        // All workers on one node: the hostname is still not injected.
+        let single = admission_decided(&admission(vec![worker(0, "n1"), worker(1, "n1")]), 2);
+        assert!(!single.node_selector.contains_key(names::HOSTNAME_LABEL));
+        assert_eq!(admission_id(&JobUid::new("u-1/a2")), "admission:u-1/a2");
+    }
+
+    #[test]
+    fn pending_explanation_carries_shortfall_and_stable_id() {
+        let explanation = PendingExplanation {
+            uid: JobUid::new("u-1/a0"),
+            queue: Arc::from("team-a"),
+            position: 2,
+            queue_length: 3,
+            effective_priority: 0,
+            reason: Arc::new(PendingReason::QueueNotFound {
+                queue: "team-a".into(),
+            }),
+        };
+        let pending = pending_explained(&explanation, 8);
+        assert_eq!(pending.gpus_short, 8);
+        assert_eq!(pending.position, 2);
+        assert!(
+            pending.message.contains("does not exist"),
+            "{}",
+            pending.message
+        );
+        let id = pending_id(&explanation.uid, &pending.message);
+        assert_eq!(id, pending_id(&explanation.uid, &pending.message));
+        assert_ne!(id, pending_id(&explanation.uid, "other text"));
+        assert_eq!(text_hash(""), 0xcbf2_9ce4_8422_2325);
+    }
+}

@@ -1,0 +1,188 @@
+//! The allocator's Prometheus metrics. Labels are bounded: queue names (an
+//! operator creates a handful of TrainingQueues), eviction reasons, message
+//! types and outcomes; never a job name.
+
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+use crate::error::ServiceError;
+use crate::state::CycleReport;
+
+/// Handles for the allocator's metrics.
+#[derive(Clone)]
+pub struct AllocatorMetrics {
+    pub cycle_seconds: Histogram,
+    pub admissions: IntCounter,
+    pub preemptions: IntCounter,
+    pub evictions: IntCounterVec,
+    pub pending_jobs: IntGauge,
+    pub running_jobs: IntGauge,
+    pub queue_depth: IntGaugeVec,
+    pub gpus: IntGaugeVec,
+    pub events: IntCounterVec,
+    pub snapshots: IntCounterVec,
+    pub snapshot_bytes: IntGauge,
+    pub outbox: IntGauge,
+}
+
+fn metric_error(err: prometheus::Error) -> ServiceError {
+    ServiceError::Metrics(err.to_string())
+}
+
+fn saturating_i64(value: impl TryInto<i64>) -> i64 {
+    value.try_into().unwrap_or(i64::MAX)
+}
+
+impl AllocatorMetrics {
+    pub fn register(registry: &Registry) -> Result<Self, ServiceError> {
+        let metrics = Self {
+            cycle_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "trainyard_allocator_cycle_seconds",
+                    "Time of one admission cycle",
+                )
+                .buckets(vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                ]),
+            )
+            .map_err(metric_error)?,
+            admissions: IntCounter::new(
+                "trainyard_allocator_admissions_total",
+                "Jobs admitted (one per attempt)",
+            )
+            .map_err(metric_error)?,
+            preemptions: IntCounter::new(
+                "trainyard_allocator_preemptions_total",
+                "Running jobs told to make room (one per victim)",
+            )
+            .map_err(metric_error)?,
+            evictions: IntCounterVec::new(
+                Opts::new(
+                    "trainyard_allocator_evictions_total",
+                    "Admitted jobs whose GPUs were taken back, by reason",
+                ),
+                &["reason"],
+            )
+            .map_err(metric_error)?,
+            pending_jobs: IntGauge::new(
+                "trainyard_allocator_pending_jobs",
+                "Jobs waiting for admission",
+            )
+            .map_err(metric_error)?,
+            running_jobs: IntGauge::new(
+                "trainyard_allocator_running_jobs",
+                "Jobs holding an admission",
+            )
+            .map_err(metric_error)?,
+            queue_depth: IntGaugeVec::new(
+                Opts::new(
+                    "trainyard_allocator_queue_depth",
+                    "Jobs waiting for admission, by TrainingQueue",
+                ),
+                &["queue"],
+            )
+            .map_err(metric_error)?,
+            gpus: IntGaugeVec::new(
+                Opts::new(
+                    "trainyard_allocator_gpus",
+                    "Whole GPUs known to the allocator, by state (capacity, allocated)",
+                ),
+                &["state"],
+            )
+            .map_err(metric_error)?,
+            events: IntCounterVec::new(
+                Opts::new(
+                    "trainyard_allocator_events_total",
+                    "Messages applied to the allocator, by type and outcome",
+                ),
+                &["type", "outcome"],
+            )
+            .map_err(metric_error)?,
+            snapshots: IntCounterVec::new(
+                Opts::new(
+                    "trainyard_allocator_snapshots_total",
+                    "State snapshots written to the trainyard_allocator bucket, by outcome",
+                ),
+                &["outcome"],
+            )
+            .map_err(metric_error)?,
+            snapshot_bytes: IntGauge::new(
+                "trainyard_allocator_snapshot_bytes",
+                "Size of the last state snapshot",
+            )
+            .map_err(metric_error)?,
+            outbox: IntGauge::new(
+                "trainyard_allocator_outbox",
+                "Decisions saved but not yet published",
+            )
+            .map_err(metric_error)?,
+        };
+        registry
+            .register(Box::new(metrics.cycle_seconds.clone()))
+            .map_err(metric_error)?;
+        registry
+            .register(Box::new(metrics.admissions.clone()))
+            .map_err(metric_error)?;
+        registry
+            .register(Box::new(metrics.preemptions.clone()))
+            .map_err(metric_error)?;
+        registry
+            .register(Box::new(metrics.evictions.clone()))
+            .map_err(metric_error)?;
+        registry
+            .register(Box::new(metrics.pending_jobs.clone()))
+            .map_err(metric_error)?;
+        registry
+            .register(Box::new(metrics.running_jobs.clone()))
+            .map_err(metric_error)?;
+        registry
+            .register(Box::new(metrics.queue_depth.clone()))
+            .map_err(metric_error)?;
+        registry
+            .register(Box::new(metrics.gpus.clone()))
+            .map_err(metric_error)?;
+        registry
+            .register(Box::new(metrics.events.clone()))
+            .map_err(metric_error)?;
+        registry
+            .register(Box::new(metrics.snapshots.clone()))
+            .map_err(metric_error)?;
+        registry
+            .register(Box::new(metrics.snapshot_bytes.clone()))
+            .map_err(metric_error)?;
+        registry
+            .register(Box::new(metrics.outbox.clone()))
+            .map_err(metric_error)?;
+        Ok(metrics)
+    }
+
+    /// Records one cycle.
+    pub fn observe_cycle(&self, report: &CycleReport, seconds: f64) {
+        self.cycle_seconds.observe(seconds);
+        self.admissions.inc_by(report.admissions as u64);
+        self.preemptions.inc_by(report.preempted_victims as u64);
+        self.evictions
+            .with_label_values(&["preempted"])
+            .inc_by(report.evictions_preempted as u64);
+        self.evictions
+            .with_label_values(&["node_lost"])
+            .inc_by(report.evictions_node_lost as u64);
+        self.pending_jobs
+            .set(saturating_i64(report.totals.pending_jobs));
+        self.running_jobs
+            .set(saturating_i64(report.totals.running_jobs));
+        self.gpus
+            .with_label_values(&["capacity"])
+            .set(saturating_i64(report.totals.gpu_capacity));
+        self.gpus
+            .with_label_values(&["allocated"])
+            .set(saturating_i64(report.totals.gpus_allocated));
+        self.queue_depth.reset();
+        for (queue, depth) in &report.queue_depth {
+            self.queue_depth
+                .with_label_values(&[queue.as_str()])
+                .set(i64::from(*depth));
+        }
+    }
+}

@@ -1,0 +1,906 @@
+//! The adapter's state: the allocator core plus what the core does not keep
+//! (the last spec of every TrainingJob and its current attempt, queue
+//! defaults, flavors learned from queues, which explanations were published)
+//! and the outbox of decisions not yet published. Pure: no I/O, no clock.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use gpu_allocator_core::{
+    Admission, Allocator, AllocatorSnapshot, AllocatorStats, Applied, CycleStats, Event,
+    EvictionReason, FlavorSpec, JobSpec, JobUid, Preemption, Timestamp,
+};
+use serde::{Deserialize, Serialize};
+use trainyard_api::{TrainingJobState, TrainingQueue};
+use trainyard_contracts::EntityRef;
+use trainyard_contracts::decisions::{AdmissionDecided, PendingExplained, PreemptionDecided};
+use trainyard_contracts::events::{Change, NodeObserved, TrainingJobChanged, TrainingQueueChanged};
+use trainyard_contracts::lifecycle::TrainingJobTransitioned;
+
+use crate::config::AllocatorServiceConfig;
+use crate::error::ServiceError;
+use crate::mapping::{self, QueueInfo};
+
+/// Version of [`PersistedState`].
+pub const STATE_FORMAT_VERSION: u32 = 1;
+
+/// Flavor name of CPU-only admissions (gpusPerWorker 0): no GPU, no placement.
+pub const CPU_FLAVOR: &str = "cpu";
+
+/// What the adapter knows of one TrainingJob.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobRecord {
+    /// Namespace, name and Kubernetes uid.
+    pub entity: EntityRef,
+    /// The attempt the allocator knows (`status.restartCount`).
+    pub attempt: u32,
+    /// The last spec seen, with the uid of `attempt`; a new attempt announced
+    /// only by a lifecycle message is submitted from it.
+    pub template: JobSpec,
+    /// `spec.suspend` of the last spec seen.
+    pub suspended: bool,
+}
+
+/// A decision waiting to be published (kept in the snapshot until it is).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
+pub enum Outgoing {
+    /// `admission.decided`.
+    Admission {
+        id: String,
+        entity: EntityRef,
+        payload: AdmissionDecided,
+        /// The core decision, fed back once published (none for CPU-only jobs).
+        decision: Option<Admission>,
+    },
+    /// `preemption.decided`, one per victim.
+    Preemption {
+        id: String,
+        entity: EntityRef,
+        payload: PreemptionDecided,
+        decision: Preemption,
+    },
+    /// `admission.pending`.
+    Pending {
+        id: String,
+        entity: EntityRef,
+        payload: PendingExplained,
+    },
+}
+
+impl Outgoing {
+    /// The `Nats-Msg-Id`.
+    pub fn id(&self) -> &str {
+        match self {
+            Outgoing::Admission { id, .. }
+            | Outgoing::Preemption { id, .. }
+            | Outgoing::Pending { id, .. } => id,
+        }
+    }
+}
+
+/// Everything saved under the `snapshot` key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PersistedState {
+    pub format_version: u32,
+    pub allocator: AllocatorSnapshot,
+    #[serde(default)]
+    pub jobs: BTreeMap<String, JobRecord>,
+    #[serde(default)]
+    pub queues: BTreeMap<String, QueueInfo>,
+    #[serde(default)]
+    pub learned_flavors: BTreeMap<String, FlavorSpec>,
+    #[serde(default)]
+    pub explained: BTreeMap<String, u64>,
+    #[serde(default)]
+    pub cpu_admitted: BTreeSet<String>,
+    #[serde(default)]
+    pub outbox: Vec<Outgoing>,
+}
+
+/// Counters of one cycle, for metrics.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CycleReport {
+    pub admissions: usize,
+    pub preempted_victims: usize,
+    pub evictions_preempted: usize,
+    pub evictions_node_lost: usize,
+    pub pending: usize,
+    pub explanations_published: usize,
+    /// Pending jobs per queue.
+    pub queue_depth: BTreeMap<String, u32>,
+    pub core: CycleStats,
+    pub totals: AllocatorStats,
+}
+
+/// The adapter state.
+pub struct AllocatorState {
+    config: AllocatorServiceConfig,
+    alloc: Allocator,
+    jobs: BTreeMap<String, JobRecord>,
+    by_uid: HashMap<String, String>,
+    queues: BTreeMap<String, QueueInfo>,
+    learned_flavors: BTreeMap<String, FlavorSpec>,
+    explained: BTreeMap<String, u64>,
+    cpu_admitted: BTreeSet<String>,
+    outbox: Vec<Outgoing>,
+    generation: u64,
+}
+
+fn entity_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+fn changed(applied: Applied) -> bool {
+    applied == Applied::Changed
+}
+
+impl AllocatorState {
+    /// An empty state.
+    pub fn new(config: AllocatorServiceConfig) -> Result<Self, ServiceError> {
+        let alloc = Allocator::new(config.allocator_config(&[]))?;
+        Ok(Self {
+            config,
+            alloc,
+            jobs: BTreeMap::new(),
+            by_uid: HashMap::new(),
+            queues: BTreeMap::new(),
+            learned_flavors: BTreeMap::new(),
+            explained: BTreeMap::new(),
+            cpu_admitted: BTreeSet::new(),
+            outbox: Vec::new(),
+            generation: 0,
+        })
+    }
+
+    /// Rebuilds the state from a snapshot, under the current configuration
+    /// (falling back to the snapshot's own if the current one does not fit it).
+    pub fn restore(
+        config: AllocatorServiceConfig,
+        persisted: PersistedState,
+    ) -> Result<Self, ServiceError> {
+        if persisted.format_version != STATE_FORMAT_VERSION {
+            return Err(ServiceError::Store(format!(
+                "snapshot format {} is not {STATE_FORMAT_VERSION}",
+                persisted.format_version
+            )));
+        }
+        let learned: Vec<FlavorSpec> = persisted.learned_flavors.values().cloned().collect();
+        let mut snapshot = persisted.allocator;
+        let stored_config = snapshot.config.clone();
+        snapshot.config = config.allocator_config(&learned);
+        let alloc = match Allocator::restore(snapshot.clone()) {
+            Ok(alloc) => alloc,
+            Err(err) => {
+                tracing::warn!(error = %err, "snapshot does not fit the current configuration; restoring with the configuration it was taken under");
+                snapshot.config = stored_config;
+                Allocator::restore(snapshot)?
+            }
+        };
+        let by_uid = persisted
+            .jobs
+            .iter()
+            .map(|(key, rec)| (rec.entity.uid.clone(), key.clone()))
+            .collect();
+        Ok(Self {
+            config,
+            alloc,
+            jobs: persisted.jobs,
+            by_uid,
+            queues: persisted.queues,
+            learned_flavors: persisted.learned_flavors,
+            explained: persisted.explained,
+            cpu_admitted: persisted.cpu_admitted,
+            outbox: persisted.outbox,
+            generation: 0,
+        })
+    }
+
+    /// Everything needed to continue after a restart.
+    pub fn persisted(&self) -> PersistedState {
+        PersistedState {
+            format_version: STATE_FORMAT_VERSION,
+            allocator: self.alloc.snapshot(),
+            jobs: self.jobs.clone(),
+            queues: self.queues.clone(),
+            learned_flavors: self.learned_flavors.clone(),
+            explained: self.explained.clone(),
+            cpu_admitted: self.cpu_admitted.clone(),
+            outbox: self.outbox.clone(),
+        }
+    }
+
+    /// Increases with every change; the persister saves up to a generation.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    fn touch(&mut self) {
+        self.generation += 1;
+    }
+
+    /// The core (read-only), for tests and metrics.
+    pub fn allocator(&self) -> &Allocator {
+        &self.alloc
+    }
+
+    /// The record of a TrainingJob.
+    pub fn job(&self, namespace: &str, name: &str) -> Option<&JobRecord> {
+        self.jobs.get(&entity_key(namespace, name))
+    }
+
+    /// Decisions waiting to be published, oldest first.
+    pub fn outbox(&self) -> &[Outgoing] {
+        &self.outbox
+    }
+
+    fn apply(&mut self, event: Event) -> Result<bool, ServiceError> {
+        let applied = changed(self.alloc.apply(event)?);
+        if applied {
+            self.touch();
+        }
+        Ok(applied)
+    }
+
+    // ------------------------------------------------------------------ nodes
+
+    /// `node.observed`.
+    pub fn on_node(&mut self, entity: &EntityRef, node: &NodeObserved) -> Result<(), ServiceError> {
+        let event = mapping::node_event(entity, node)?;
+        self.apply(event)?;
+        Ok(())
+    }
+
+    // ----------------------------------------------------------------- queues
+
+    /// `trainingqueue.changed`.
+    pub fn on_queue(
+        &mut self,
+        entity: &EntityRef,
+        change: &TrainingQueueChanged,
+    ) -> Result<(), ServiceError> {
+        let (event, info) = mapping::queue_event(entity, change)?;
+        let name = queue_name(entity, &change.object);
+        match info {
+            Some(info) => {
+                self.learn_flavors(&name, &info.flavors);
+                if self.queues.get(&name) != Some(&info) {
+                    self.queues.insert(name, info);
+                    self.touch();
+                }
+            }
+            None => {
+                if self.queues.remove(&name).is_some() {
+                    self.touch();
+                }
+            }
+        }
+        self.apply(event)?;
+        Ok(())
+    }
+
+    /// Flavors a queue defines by node labels become allocator flavors. The
+    /// core's flavors are part of its configuration, so a new one rebuilds
+    /// the core from its own snapshot (nodes are re-matched to flavors).
+    fn learn_flavors(&mut self, queue: &str, flavors: &[FlavorSpec]) {
+        let mut added = Vec::new();
+        for flavor in flavors {
+            if self.config.configures_flavor(&flavor.name) {
+                continue;
+            }
+            match self.learned_flavors.get(&flavor.name) {
+                Some(known) if known.node_labels == flavor.node_labels => {}
+                Some(known) => tracing::warn!(
+                    queue,
+                    flavor = %flavor.name,
+                    known = ?known.node_labels,
+                    ignored = ?flavor.node_labels,
+                    "flavor already defined with other node labels by another queue; keeping the first definition"
+                ),
+                None => {
+                    self.learned_flavors
+                        .insert(flavor.name.clone(), flavor.clone());
+                    added.push(flavor.name.clone());
+                }
+            }
+        }
+        if added.is_empty() {
+            return;
+        }
+        let learned: Vec<FlavorSpec> = self.learned_flavors.values().cloned().collect();
+        let mut snapshot = self.alloc.snapshot();
+        snapshot.config = self.config.allocator_config(&learned);
+        match Allocator::restore(snapshot) {
+            Ok(alloc) => {
+                self.alloc = alloc;
+                self.touch();
+                tracing::info!(queue, flavors = ?added, "learned flavors from TrainingQueue node labels");
+            }
+            Err(err) => {
+                for name in &added {
+                    self.learned_flavors.remove(name);
+                }
+                tracing::warn!(queue, flavors = ?added, error = %err, "cannot add flavors defined by the queue; its jobs wait with NoMatchingFlavor");
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------- jobs
+
+    /// `trainingjob.changed`: submit the current attempt, finish older ones.
+    pub fn on_job_changed(
+        &mut self,
+        entity: &EntityRef,
+        change: &TrainingJobChanged,
+        now: Timestamp,
+    ) -> Result<(), ServiceError> {
+        let job = &change.object;
+        let namespace = job
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| entity.namespace.clone());
+        let name = job
+            .metadata
+            .name
+            .clone()
+            .unwrap_or_else(|| entity.name.clone());
+        let key = entity_key(&namespace, &name);
+        let k8s_uid = job
+            .metadata
+            .uid
+            .clone()
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| entity.uid.clone());
+        if k8s_uid.is_empty() {
+            return Err(ServiceError::invalid(
+                format!("TrainingJob {key}"),
+                "metadata.uid",
+                "must not be empty: the allocator keys jobs by uid",
+            ));
+        }
+        if change.change == Change::Deleted {
+            if let Some(rec) = self.jobs.get(&key).cloned()
+                && rec.entity.uid == k8s_uid
+            {
+                self.forget(&key);
+                self.apply(Event::JobRemoved {
+                    uid: rec.template.uid.clone(),
+                })?;
+            }
+            return Ok(());
+        }
+        let attempt = mapping::job_attempt(job);
+        let queue = job
+            .spec
+            .scheduling
+            .as_ref()
+            .and_then(|s| s.queue.as_deref())
+            .unwrap_or(self.config.default_queue.as_str());
+        let queue_default = self.queues.get(queue).map(|q| q.default_priority);
+        let spec = mapping::job_spec(&self.config, job, &k8s_uid, attempt, queue_default, now)?;
+        if let Some(rec) = self.jobs.get(&key).cloned() {
+            if rec.entity.uid != k8s_uid {
+                // Deleted and created again under the same name.
+                self.finish_attempt(&rec.template.uid)?;
+            } else if attempt < rec.attempt {
+                return Ok(()); // an older copy of the object
+            } else if attempt > rec.attempt {
+                self.finish_attempt(&rec.template.uid)?;
+            }
+        }
+        let suspended = job.spec.is_suspended();
+        let terminal = job
+            .status
+            .as_ref()
+            .and_then(|s| s.state)
+            .is_some_and(|s| s.is_terminal());
+        let record = JobRecord {
+            entity: EntityRef::new(&namespace, &name, &k8s_uid),
+            attempt,
+            template: spec.clone(),
+            suspended,
+        };
+        self.remember(key, record);
+        if terminal {
+            self.finish_attempt(&spec.uid)
+        } else if suspended {
+            self.suspend_attempt(&spec.uid)
+        } else {
+            self.submit(spec)
+        }
+    }
+
+    fn remember(&mut self, key: String, record: JobRecord) {
+        if self.jobs.get(&key) != Some(&record) {
+            self.by_uid.insert(record.entity.uid.clone(), key.clone());
+            self.jobs.insert(key, record);
+            self.touch();
+        }
+    }
+
+    fn forget(&mut self, key: &str) {
+        if let Some(rec) = self.jobs.remove(key) {
+            self.by_uid.remove(&rec.entity.uid);
+            self.touch();
+        }
+    }
+
+    fn submit(&mut self, spec: JobSpec) -> Result<(), ServiceError> {
+        if spec.gpus_per_worker == 0 {
+            return self.admit_cpu_only(&spec);
+        }
+        self.apply(Event::JobSubmitted(spec))?;
+        Ok(())
+    }
+
+    /// CPU-only jobs hold no GPU: admitted at once, without placement.
+    fn admit_cpu_only(&mut self, spec: &JobSpec) -> Result<(), ServiceError> {
+        let uid = spec.uid.to_string();
+        if self.cpu_admitted.contains(&uid) {
+            return Ok(());
+        }
+        // A finished attempt stays finished.
+        if self.alloc.contains_job(&spec.uid) {
+            return Ok(());
+        }
+        let attempt = mapping::split_uid(&spec.uid).map_or(0, |(_, a)| a);
+        self.outbox.push(Outgoing::Admission {
+            id: mapping::admission_id(&spec.uid),
+            entity: mapping::job_entity(&spec.namespace, &spec.name, &spec.uid),
+            payload: AdmissionDecided {
+                attempt,
+                queue: spec
+                    .queue
+                    .clone()
+                    .unwrap_or_else(|| self.config.default_queue.clone()),
+                flavor: CPU_FLAVOR.to_string(),
+                node_selector: BTreeMap::new(),
+                tolerations: Vec::new(),
+                placements: Vec::new(),
+                topology: BTreeMap::new(),
+            },
+            decision: None,
+        });
+        self.cpu_admitted.insert(uid);
+        self.touch();
+        Ok(())
+    }
+
+    fn finish_attempt(&mut self, uid: &JobUid) -> Result<(), ServiceError> {
+        self.cpu_admitted.remove(uid.as_str());
+        self.explained.remove(uid.as_str());
+        self.apply(Event::JobFinished { uid: uid.clone() })?;
+        Ok(())
+    }
+
+    /// A suspended attempt releases its GPUs. If it was admitted, the planner
+    /// deletes its Job and resumes as a new attempt, so it is finished; if it
+    /// was still waiting, the same attempt may resume, so it is withdrawn
+    /// without a tombstone.
+    fn suspend_attempt(&mut self, uid: &JobUid) -> Result<(), ServiceError> {
+        if self.alloc.admission(uid).is_some() || self.cpu_admitted.contains(uid.as_str()) {
+            return self.finish_attempt(uid);
+        }
+        self.explained.remove(uid.as_str());
+        if changed(self.alloc.withdraw(uid)) {
+            self.touch();
+        }
+        Ok(())
+    }
+
+    /// `trainingjob.transitioned` from the planner.
+    pub fn on_transition(
+        &mut self,
+        entity: &EntityRef,
+        transition: &TrainingJobTransitioned,
+    ) -> Result<(), ServiceError> {
+        let key = entity_key(&entity.namespace, &entity.name);
+        let Some(mut rec) = self.jobs.get(&key).cloned() else {
+            // Never saw its spec: remember only that a finished attempt is done.
+            if transition.to.is_terminal() && !entity.uid.is_empty() {
+                self.apply(Event::JobFinished {
+                    uid: mapping::attempt_uid(&entity.uid, transition.restart_count),
+                })?;
+            }
+            return Ok(());
+        };
+        if !entity.uid.is_empty() && entity.uid != rec.entity.uid {
+            return Ok(()); // about an earlier object of the same name
+        }
+        let attempt = transition.restart_count;
+        if attempt < rec.attempt {
+            return Ok(());
+        }
+        if attempt > rec.attempt {
+            self.finish_attempt(&rec.template.uid)?;
+            rec.attempt = attempt;
+            rec.template.uid = mapping::attempt_uid(&rec.entity.uid, attempt);
+            self.remember(key, rec.clone());
+        }
+        let uid = rec.template.uid.clone();
+        match transition.to {
+            TrainingJobState::Completed | TrainingJobState::Failed => self.finish_attempt(&uid),
+            TrainingJobState::Suspended => self.suspend_attempt(&uid),
+            TrainingJobState::Pending
+            | TrainingJobState::Queued
+            | TrainingJobState::Initializing
+            | TrainingJobState::Running => {
+                if rec.suspended {
+                    Ok(())
+                } else {
+                    self.submit(rec.template)
+                }
+            }
+        }
+    }
+
+    /// `trainingjob.finalized`: the job and everything it owned are gone.
+    pub fn on_finalized(&mut self, entity: &EntityRef) -> Result<(), ServiceError> {
+        let key = entity_key(&entity.namespace, &entity.name);
+        let Some(rec) = self.jobs.get(&key).cloned() else {
+            return Ok(());
+        };
+        if !entity.uid.is_empty() && entity.uid != rec.entity.uid {
+            return Ok(());
+        }
+        self.forget(&key);
+        self.cpu_admitted.remove(rec.template.uid.as_str());
+        self.explained.remove(rec.template.uid.as_str());
+        self.apply(Event::JobRemoved {
+            uid: rec.template.uid,
+        })?;
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ cycle
+
+    fn record_of(&self, uid: &JobUid) -> Option<&JobRecord> {
+        let (k8s_uid, _) = mapping::split_uid(uid)?;
+        self.jobs.get(self.by_uid.get(k8s_uid)?)
+    }
+
+    fn entity_of(&self, uid: &JobUid) -> EntityRef {
+        match self.record_of(uid) {
+            Some(rec) => rec.entity.clone(),
+            None => mapping::job_entity("", "", uid),
+        }
+    }
+
+    /// Runs one admission cycle and queues its decisions in the outbox.
+    pub fn cycle(&mut self, now: Timestamp) -> CycleReport {
+        let outcome = self.alloc.cycle(now);
+        let mut report = CycleReport {
+            admissions: outcome.admissions.len(),
+            pending: outcome.pending.len(),
+            core: outcome.stats,
+            ..CycleReport::default()
+        };
+        for queue in self.queues.keys() {
+            report.queue_depth.insert(queue.clone(), 0);
+        }
+        let mut decided = !outcome.admissions.is_empty()
+            || !outcome.preemptions.is_empty()
+            || !outcome.evictions.is_empty();
+        for admission in outcome.admissions {
+            let attempt = mapping::split_uid(&admission.uid).map_or(0, |(_, a)| a);
+            self.outbox.push(Outgoing::Admission {
+                id: mapping::admission_id(&admission.uid),
+                entity: mapping::job_entity(&admission.namespace, &admission.name, &admission.uid),
+                payload: mapping::admission_decided(&admission, attempt),
+                decision: Some(admission),
+            });
+        }
+        for preemption in outcome.preemptions {
+            let preemptor = self.entity_of(&preemption.preemptor);
+            for victim in &preemption.victims {
+                report.preempted_victims += 1;
+                self.outbox.push(Outgoing::Preemption {
+                    id: mapping::preemption_id(&victim.uid, &preemption.preemptor),
+                    entity: mapping::job_entity(&victim.namespace, &victim.name, &victim.uid),
+                    payload: mapping::preemption_decided(
+                        &preemption,
+                        victim,
+                        preemptor.clone(),
+                        self.config.grace_seconds,
+                    ),
+                    decision: preemption.clone(),
+                });
+            }
+        }
+        for eviction in outcome.evictions {
+            match eviction.reason {
+                EvictionReason::Preempted { .. } => report.evictions_preempted += 1,
+                EvictionReason::NodeLost { .. } => report.evictions_node_lost += 1,
+            }
+            let uid = eviction.uid.clone();
+            // Feed the decision back (a no-op: the cycle applied it), then end
+            // the attempt: the planner replaces an evicted attempt with a new
+            // one, which is submitted fresh when it is announced.
+            if let Err(err) = self.alloc.apply(Event::Evicted(eviction)) {
+                tracing::warn!(%uid, error = %err, "eviction feedback rejected");
+            }
+            if let Err(err) = self.finish_attempt(&uid) {
+                tracing::warn!(%uid, error = %err, "cannot finish evicted attempt");
+            }
+        }
+        let mut still_pending = BTreeSet::new();
+        for explanation in &outcome.pending {
+            *report
+                .queue_depth
+                .entry(explanation.queue.to_string())
+                .or_default() += 1;
+            let uid = explanation.uid.to_string();
+            still_pending.insert(uid.clone());
+            let text = explanation.message();
+            let hash = mapping::text_hash(&text);
+            if self.explained.get(&uid) == Some(&hash) {
+                continue;
+            }
+            let Some(rec) = self.record_of(&explanation.uid) else {
+                continue;
+            };
+            let gpus = u32::try_from(rec.template.total_units()).unwrap_or(u32::MAX);
+            let entity = rec.entity.clone();
+            self.outbox
+                .retain(|o| !matches!(o, Outgoing::Pending { entity: e, .. } if *e == entity));
+            self.outbox.push(Outgoing::Pending {
+                id: mapping::pending_id(&explanation.uid, &text),
+                entity,
+                payload: mapping::pending_explained(explanation, gpus),
+            });
+            self.explained.insert(uid, hash);
+            report.explanations_published += 1;
+            decided = true;
+        }
+        let before = self.explained.len();
+        self.explained.retain(|uid, _| still_pending.contains(uid));
+        decided |= before != self.explained.len();
+        if decided {
+            self.touch();
+        }
+        report.totals = self.alloc.stats();
+        report
+    }
+
+    /// A decision was published: drop it from the outbox and feed it back
+    /// into the core, as the core's README asks (a no-op when applied).
+    pub fn published(&mut self, id: &str) {
+        let Some(pos) = self.outbox.iter().position(|o| o.id() == id) else {
+            return;
+        };
+        let outgoing = self.outbox.remove(pos);
+        self.touch();
+        let event = match outgoing {
+            Outgoing::Admission {
+                decision: Some(admission),
+                ..
+            } => Event::Admitted(admission),
+            Outgoing::Preemption { decision, .. } => Event::PreemptionStarted(decision),
+            Outgoing::Admission { decision: None, .. } | Outgoing::Pending { .. } => return,
+        };
+        let kind = event.kind();
+        if let Err(err) = self.alloc.apply(event) {
+            tracing::debug!(kind, error = %err, "decision feedback not applied");
+        }
+    }
+}
+
+fn queue_name(entity: &EntityRef, queue: &TrainingQueue) -> String {
+    queue
+        .metadata
+        .name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| entity.name.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use trainyard_contracts::events::Change;
+
+    use super::*;
+
+    fn state() -> AllocatorState {
+        let mut state = AllocatorState::new(AllocatorServiceConfig::default()).expect("state");
+        let node: NodeObserved = serde_json::from_value(json!({
+            "change": "Applied", "allocatableGpus": 8,
+            "labels": {"nvidia.com/gpu.product": "A100"},
+            "unschedulable": false, "ready": true
+        }))
+        .expect("node");
+        state
+            .on_node(&EntityRef::new("", "n1", ""), &node)
+            .expect("node applies");
+        let queue: TrainingQueueChanged = serde_json::from_value(json!({
+            "change": "Applied",
+            "object": {"apiVersion": "trainyard.dev/v1", "kind": "TrainingQueue",
+                       "metadata": {"name": "default"},
+                       "spec": {"flavors": [{"name": "a100", "nominalQuota": 8,
+                                "nodeLabels": {"nvidia.com/gpu.product": "A100"}}]}}
+        }))
+        .expect("queue");
+        state
+            .on_queue(&EntityRef::new("", "default", ""), &queue)
+            .expect("queue applies");
+        state
+    }
+
+    fn job(name: &str, gpus: u32, restart: u32, suspend: bool) -> TrainingJobChanged {
+        serde_json::from_value(json!({
+            "change": "Applied",
+            "object": {"apiVersion": "trainyard.dev/v1", "kind": "TrainingJob",
+                       "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}")},
+                       "spec": {"model": "m", "dataset": "d", "numWorkers": 1,
+                                "gpusPerWorker": gpus, "suspend": suspend},
+                       "status": {"restartCount": restart}}
+        }))
+        .expect("job")
+    }
+
+    fn entity(name: &str) -> EntityRef {
+        EntityRef::new("ml", name, format!("uid-{name}"))
+    }
+
+    fn admitted(state: &AllocatorState) -> Vec<(String, u32)> {
+        state
+            .outbox()
+            .iter()
+            .filter_map(|o| match o {
+                Outgoing::Admission {
+                    entity, payload, ..
+                } => Some((entity.name.clone(), payload.attempt)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn transition(to: TrainingJobState, restart_count: u32) -> TrainingJobTransitioned {
+        TrainingJobTransitioned {
+            from: None,
+            to,
+            reason: "test".into(),
+            message: String::new(),
+            restart_count,
+            gpus: 0,
+            queue: None,
+        }
+    }
+
+    #[test]
+    fn queue_flavor_labels_become_allocator_flavors() {
+        let mut state = state();
+        state
+            .on_job_changed(&entity("a"), &job("a", 8, 0, false), Timestamp(10))
+            .expect("job");
+        state.cycle(Timestamp(10));
+        let outbox = state.outbox();
+        let Some(Outgoing::Admission { payload, .. }) = outbox.first() else {
+            panic!("expected an admission, got {outbox:?}");
+        };
+        assert_eq!(payload.flavor, "a100");
+        assert_eq!(payload.node_selector["nvidia.com/gpu.product"], "A100");
+    }
+
+    #[test]
+    fn a_restart_finishes_the_old_attempt_and_submits_the_new_one() {
+        let mut state = state();
+        state
+            .on_job_changed(&entity("a"), &job("a", 8, 0, false), Timestamp(10))
+            .expect("job");
+        state.cycle(Timestamp(10));
+        assert_eq!(admitted(&state), [("a".to_string(), 0)]);
+        let ids: Vec<String> = state.outbox().iter().map(|o| o.id().to_string()).collect();
+        for id in ids {
+            state.published(&id);
+        }
+        // The planner restarts the job as attempt 1: GPUs of attempt 0 are freed
+        // and attempt 1 is admitted from the remembered spec.
+        state
+            .on_transition(&entity("a"), &transition(TrainingJobState::Pending, 1))
+            .expect("transition");
+        assert_eq!(state.job("ml", "a").map(|r| r.attempt), Some(1));
+        state.cycle(Timestamp(11));
+        assert_eq!(admitted(&state), [("a".to_string(), 1)]);
+        // A late copy of attempt 0 changes nothing.
+        state
+            .on_job_changed(&entity("a"), &job("a", 8, 0, false), Timestamp(12))
+            .expect("stale job");
+        assert!(
+            !state
+                .allocator()
+                .contains_job(&mapping::attempt_uid("uid-a", 0))
+        );
+    }
+
+    #[test]
+    fn a_job_suspended_while_pending_resumes_as_the_same_attempt() {
+        let mut state = state();
+        state
+            .on_job_changed(&entity("big"), &job("big", 16, 0, false), Timestamp(10))
+            .expect("job");
+        state
+            .on_job_changed(&entity("big"), &job("big", 16, 0, true), Timestamp(11))
+            .expect("suspend");
+        let uid = mapping::attempt_uid("uid-big", 0);
+        assert!(!state.allocator().contains_job(&uid));
+        state
+            .on_job_changed(&entity("big"), &job("big", 16, 0, false), Timestamp(12))
+            .expect("resume");
+        assert!(state.allocator().is_pending(&uid));
+        state
+            .on_transition(&entity("big"), &transition(TrainingJobState::Failed, 0))
+            .expect("failed");
+        assert!(!state.allocator().contains_job(&uid));
+    }
+
+    #[test]
+    fn pending_explanations_are_queued_only_when_their_text_changes() {
+        let mut state = state();
+        state
+            .on_job_changed(&entity("big"), &job("big", 16, 0, false), Timestamp(10))
+            .expect("job");
+        let report = state.cycle(Timestamp(10));
+        assert_eq!(report.explanations_published, 1);
+        assert_eq!(report.queue_depth["default"], 1);
+        let report = state.cycle(Timestamp(11));
+        assert_eq!(report.explanations_published, 0);
+    }
+
+    #[test]
+    fn cpu_only_jobs_are_admitted_once_without_placement() {
+        let mut state = state();
+        state
+            .on_job_changed(&entity("cpu"), &job("cpu", 0, 0, false), Timestamp(10))
+            .expect("job");
+        state
+            .on_job_changed(&entity("cpu"), &job("cpu", 0, 0, false), Timestamp(11))
+            .expect("again");
+        assert_eq!(admitted(&state), [("cpu".to_string(), 0)]);
+    }
+
+    #[test]
+    fn a_restored_state_never_admits_twice() {
+        let mut state = state();
+        state
+            .on_job_changed(&entity("a"), &job("a", 4, 0, false), Timestamp(10))
+            .expect("job");
+        state.cycle(Timestamp(10));
+        assert_eq!(admitted(&state).len(), 1);
+        let saved = serde_json::to_vec(&state.persisted()).expect("encode");
+        let persisted: PersistedState = serde_json::from_slice(&saved).expect("decode");
+        let mut restored =
+            AllocatorState::restore(AllocatorServiceConfig::default(), persisted).expect("restore");
+        // The unpublished admission is still in the outbox, to be republished
+        // under the same id; the job is not admitted again.
+        assert_eq!(admitted(&restored), [("a".to_string(), 0)]);
+        let id = restored.outbox()[0].id().to_string();
+        restored.published(&id);
+        restored
+            .on_job_changed(&entity("a"), &job("a", 4, 0, false), Timestamp(11))
+            .expect("redelivered");
+        restored.cycle(Timestamp(11));
+        assert!(admitted(&restored).is_empty());
+    }
+
+    #[test]
+    fn deleted_jobs_are_forgotten() {
+        let mut state = state();
+        state
+            .on_job_changed(&entity("a"), &job("a", 4, 0, false), Timestamp(10))
+            .expect("job");
+        let mut deleted = job("a", 4, 0, false);
+        deleted.change = Change::Deleted;
+        state
+            .on_job_changed(&entity("a"), &deleted, Timestamp(11))
+            .expect("deleted");
+        assert!(state.job("ml", "a").is_none());
+        assert!(
+            !state
+                .allocator()
+                .contains_job(&mapping::attempt_uid("uid-a", 0))
+        );
+    }
+}

@@ -1,0 +1,353 @@
+//! End to end against a real nats-server: events in, decisions out, restarts,
+//! dead letters.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use trainyard_contracts::dead_letter::DeadLetter;
+use trainyard_contracts::decisions::{AdmissionDecided, PendingExplained, PreemptionDecided};
+use trainyard_contracts::events::{NodeObserved, TrainingJobChanged, TrainingQueueChanged};
+use trainyard_contracts::{EntityRef, Envelope, Incoming, Payload, Service, streams};
+use trainyard_gpu_allocator::AllocatorServiceConfig;
+use trainyard_runtime::{Runtime, Settings};
+use trainyard_testkit::NatsServer;
+
+const NS: &str = "ml";
+
+async fn start(nats: &NatsServer, config: AllocatorServiceConfig) -> Runtime {
+    let mut settings = Settings::default();
+    settings.nats.url = nats.url();
+    settings.http.listen = "127.0.0.1:0".to_string();
+    let runtime = Runtime::start(Service::GpuAllocator, settings, CancellationToken::new())
+        .await
+        .expect("runtime");
+    trainyard_gpu_allocator::start(&runtime, config)
+        .await
+        .expect("allocator starts");
+    runtime
+}
+
+fn config() -> AllocatorServiceConfig {
+    AllocatorServiceConfig {
+        cycle_interval_ms: 100,
+        priority_classes: [("high".to_string(), 100), ("low".to_string(), 1)].into(),
+        ..AllocatorServiceConfig::default()
+    }
+}
+
+async fn publish<P: Payload>(runtime: &Runtime, entity: EntityRef, payload: P) {
+    let envelope = Envelope::new("test", entity, payload);
+    runtime.publisher.publish(envelope).await.expect("publish");
+}
+
+async fn node(runtime: &Runtime, name: &str, gpus: u32) {
+    let payload: NodeObserved = serde_json::from_value(json!({
+        "change": "Applied", "allocatableGpus": gpus,
+        "labels": {"nvidia.com/gpu.product": "A100", "pool": "a100"},
+        "unschedulable": false, "ready": true
+    }))
+    .expect("node");
+    publish(runtime, EntityRef::new("", name, ""), payload).await;
+}
+
+async fn queue(runtime: &Runtime, name: &str, spec: serde_json::Value) {
+    let payload: TrainingQueueChanged = serde_json::from_value(json!({
+        "change": "Applied",
+        "object": {"apiVersion": "trainyard.dev/v1", "kind": "TrainingQueue",
+                   "metadata": {"name": name}, "spec": spec}
+    }))
+    .expect("queue");
+    publish(runtime, EntityRef::new("", name, ""), payload).await;
+}
+
+async fn default_queue(runtime: &Runtime, nominal: u32) {
+    queue(
+        runtime,
+        "default",
+        json!({"flavors": [{"name": "a100", "nominalQuota": nominal,
+                             "nodeLabels": {"pool": "a100"}}],
+               "preemption": {"withinQueue": "LowerPriority"}}),
+    )
+    .await;
+}
+
+async fn job(runtime: &Runtime, name: &str, workers: u32, gpus: u32, priority: Option<&str>) {
+    let mut scheduling = json!({});
+    if let Some(priority) = priority {
+        scheduling = json!({"priority": priority});
+    }
+    let payload: TrainingJobChanged = serde_json::from_value(json!({
+        "change": "Applied",
+        "object": {"apiVersion": "trainyard.dev/v1", "kind": "TrainingJob",
+                   "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}"),
+                                "creationTimestamp": "2024-01-01T00:00:00Z"},
+                   "spec": {"model": "m", "dataset": "d", "numWorkers": workers,
+                            "gpusPerWorker": gpus, "scheduling": scheduling}}
+    }))
+    .expect("job");
+    publish(
+        runtime,
+        EntityRef::new(NS, name, format!("uid-{name}")),
+        payload,
+    )
+    .await;
+}
+
+/// Every message of a stream, raw.
+async fn raw_messages(runtime: &Runtime, stream: &str) -> Vec<Vec<u8>> {
+    let stream = runtime.jetstream.get_stream(stream).await.expect("stream");
+    let consumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+        .expect("consumer");
+    let mut batch = consumer
+        .fetch()
+        .max_messages(10_000)
+        .expires(Duration::from_millis(300))
+        .messages()
+        .await
+        .expect("fetch");
+    let mut out = Vec::new();
+    while let Some(Ok(message)) = batch.next().await {
+        out.push(message.payload.to_vec());
+    }
+    out
+}
+
+async fn decisions<P: Payload>(runtime: &Runtime) -> Vec<(EntityRef, P)> {
+    raw_messages(runtime, streams::DECISIONS.name)
+        .await
+        .iter()
+        .filter_map(|bytes| Incoming::decode(bytes).ok())
+        .filter_map(|m| {
+            let entity = m.header.entity.clone();
+            m.payload::<P>().ok().map(|p| (entity, p))
+        })
+        .collect()
+}
+
+async fn admissions(runtime: &Runtime) -> Vec<(String, AdmissionDecided)> {
+    decisions::<AdmissionDecided>(runtime)
+        .await
+        .into_iter()
+        .map(|(e, p)| (e.name, p))
+        .collect()
+}
+
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn stop(runtime: Runtime) {
+    runtime.shutdown.cancel();
+    runtime.run_until_shutdown().await.expect("stops");
+}
+
+fn admissions_counter(runtime: &Runtime) -> f64 {
+    runtime
+        .registry
+        .gather()
+        .iter()
+        .find(|f| f.name() == "trainyard_allocator_admissions_total")
+        .and_then(|f| f.get_metric().first().map(|m| m.get_counter().get_value()))
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_never_admits_twice_and_new_jobs_still_get_admitted() {
+    let nats = NatsServer::start();
+    let first = start(&nats, config()).await;
+    node(&first, "n1", 8).await;
+    node(&first, "n2", 8).await;
+    default_queue(&first, 32).await;
+    job(&first, "a", 1, 8, None).await;
+    job(&first, "b", 1, 8, None).await;
+    eventually("a and b admitted", || async {
+        (admissions(&first).await.len() == 2).then_some(())
+    })
+    .await;
+    stop(first).await;
+
+    let second = start(&nats, config()).await;
+    // A watcher relist re-announces everything; only the new job is admitted.
+    node(&second, "n3", 8).await;
+    job(&second, "a", 1, 8, None).await;
+    job(&second, "b", 1, 8, None).await;
+    job(&second, "c", 1, 8, None).await;
+    eventually("c admitted", || async {
+        admissions(&second)
+            .await
+            .iter()
+            .any(|(name, _)| name == "c")
+            .then_some(())
+    })
+    .await;
+    // Give a few more cycles the chance to (wrongly) admit again.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let all = admissions(&second).await;
+    for name in ["a", "b", "c"] {
+        let count = all.iter().filter(|(n, _)| n == name).count();
+        assert_eq!(count, 1, "{name} admitted {count} times: {all:?}");
+    }
+    assert_eq!(
+        admissions_counter(&second),
+        1.0,
+        "the restarted allocator decided only c (JetStream dedup cannot hide a second decision here)"
+    );
+    let nodes: Vec<&str> = all
+        .iter()
+        .map(|(_, a)| a.placements[0].node.as_str())
+        .collect();
+    let mut distinct = nodes.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        3,
+        "each 8-GPU job has its own node: {nodes:?}"
+    );
+    stop(second).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_is_admitted_all_or_nothing_and_told_why_it_waits() {
+    let nats = NatsServer::start();
+    let runtime = start(&nats, config()).await;
+    node(&runtime, "n1", 4).await;
+    node(&runtime, "n2", 4).await;
+    default_queue(&runtime, 32).await;
+    job(&runtime, "gang", 3, 4, None).await;
+    let pending = eventually("a pending explanation", || async {
+        decisions::<PendingExplained>(&runtime)
+            .await
+            .into_iter()
+            .find(|(e, _)| e.name == "gang")
+    })
+    .await;
+    assert_eq!(pending.0.uid, "uid-gang");
+    assert_eq!(pending.1.gpus_requested, 12);
+    assert_eq!(pending.1.queue, "default");
+    assert!(
+        pending.1.message.contains("capacity"),
+        "{}",
+        pending.1.message
+    );
+    assert!(
+        admissions(&runtime).await.is_empty(),
+        "no partial admission"
+    );
+    // The same explanation is not repeated every cycle.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let explained = decisions::<PendingExplained>(&runtime).await.len();
+    assert_eq!(explained, 1);
+
+    node(&runtime, "n3", 4).await;
+    let (_, admission) = eventually("the gang admitted", || async {
+        admissions(&runtime).await.into_iter().next()
+    })
+    .await;
+    assert_eq!(admission.attempt, 0);
+    assert_eq!(admission.placements.len(), 3);
+    assert_eq!(admission.flavor, "a100");
+    assert_eq!(
+        admission.node_selector.get("pool").map(String::as_str),
+        Some("a100")
+    );
+    assert!(
+        !admission
+            .node_selector
+            .contains_key("kubernetes.io/hostname")
+    );
+    stop(runtime).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_higher_priority_job_preempts_a_lower_priority_one() {
+    let nats = NatsServer::start();
+    let runtime = start(&nats, config()).await;
+    node(&runtime, "n1", 8).await;
+    default_queue(&runtime, 8).await;
+    job(&runtime, "low", 1, 8, Some("low")).await;
+    eventually("low admitted", || async {
+        (!admissions(&runtime).await.is_empty()).then_some(())
+    })
+    .await;
+    job(&runtime, "high", 1, 8, Some("high")).await;
+    let (victim, decision) = eventually("a preemption", || async {
+        decisions::<PreemptionDecided>(&runtime)
+            .await
+            .into_iter()
+            .next()
+    })
+    .await;
+    assert_eq!(victim.name, "low");
+    assert_eq!(victim.uid, "uid-low");
+    assert_eq!(decision.preemptor.name, "high");
+    assert_eq!(decision.reason, "priority");
+    assert_eq!(decision.grace_period_seconds, 120);
+    stop(runtime).await;
+}
+
+async fn dead_letters(runtime: &Runtime) -> Vec<DeadLetter> {
+    raw_messages(runtime, streams::DEAD_LETTER.name)
+        .await
+        .iter()
+        .filter_map(|bytes| serde_json::from_slice(bytes).ok())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_nodes_and_queues_are_dead_lettered_with_the_field() {
+    let nats = NatsServer::start();
+    let runtime = start(&nats, config()).await;
+    node(&runtime, "huge", 100_000).await;
+    queue(
+        &runtime,
+        "bad",
+        json!({"cohort": "c", "flavors": [{"name": "a100", "nominalQuota": 4, "lendingLimit": 8}]}),
+    )
+    .await;
+    let letters = eventually("two dead letters", || async {
+        let letters = dead_letters(&runtime).await;
+        (letters.len() >= 2).then_some(letters)
+    })
+    .await;
+    assert!(
+        letters
+            .iter()
+            .any(|l| l.reason.contains("allocatable[nvidia.com/gpu]")
+                && l.category == "invalid_node"),
+        "{letters:?}"
+    );
+    assert!(
+        letters
+            .iter()
+            .any(|l| l.reason.contains("spec.flavors[0].lendingLimit")),
+        "{letters:?}"
+    );
+    // Good messages still flow afterwards.
+    node(&runtime, "n1", 8).await;
+    default_queue(&runtime, 8).await;
+    job(&runtime, "ok", 1, 8, None).await;
+    eventually("ok admitted", || async {
+        (!admissions(&runtime).await.is_empty()).then_some(())
+    })
+    .await;
+    stop(runtime).await;
+}

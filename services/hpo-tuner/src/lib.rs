@@ -1,0 +1,150 @@
+//! The hpo-tuner: runs hyperparameter sweeps. It reads Sweep change events,
+//! trial progress and trial lifecycle transitions, drives the pure sweep state
+//! machine of `hpo-tuner-core`, and publishes trial requests, early stops and
+//! sweep progress for the planner to carry out. Sweep state lives in the
+//! `trainyard_tuner` KV bucket, so a restarted tuner (or another replica) goes on
+//! where the last one stopped. Trials can be recorded in MLflow.
+
+pub mod error;
+pub mod metrics;
+pub mod mlflow;
+pub mod routing;
+pub mod spec;
+pub mod store;
+pub mod tracking;
+pub mod tuner;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use trainyard_contracts::{Bucket, Service};
+use trainyard_runtime::{ConfigSources, Runtime};
+
+pub use error::TunerError;
+pub use metrics::TunerMetrics;
+pub use tuner::{Tuner, TunerHandler};
+
+/// The `hpo_tuner` configuration section (`TRAINYARD_HPO_TUNER__*` variables).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "snake_case")]
+pub struct TunerConfig {
+    /// MLflow tracking server, e.g. `http://mlflow.mlflow:5000`; tracking is off when unset or empty.
+    pub mlflow_tracking_uri: Option<String>,
+    /// Time limit of one MLflow request.
+    pub mlflow_timeout_seconds: u64,
+    /// Attempts per MLflow request (5xx, 429 and connection errors are retried with backoff).
+    pub mlflow_max_attempts: u32,
+    /// Tracking commands queued before new ones are dropped (and counted).
+    pub mlflow_queue_capacity: usize,
+}
+
+impl Default for TunerConfig {
+    fn default() -> Self {
+        Self {
+            mlflow_tracking_uri: None,
+            mlflow_timeout_seconds: 10,
+            mlflow_max_attempts: 5,
+            mlflow_queue_capacity: 10_000,
+        }
+    }
+}
+
+impl TunerConfig {
+    /// The tracking URI when tracking is on.
+    pub fn tracking_uri(&self) -> Option<&str> {
+        self.mlflow_tracking_uri
+            .as_deref()
+            .map(str::trim)
+            .filter(|uri| !uri.is_empty())
+    }
+}
+
+/// Service setup: reads the `hpo_tuner` section and starts the tuner.
+pub async fn setup(runtime: &Runtime, sources: &ConfigSources) -> Result<(), TunerError> {
+    start(runtime, sources.section("hpo_tuner")?).await?;
+    Ok(())
+}
+
+/// Starts the tuner's consumers (and the MLflow tracker when configured) on
+/// `runtime`, after loading the stored sweeps.
+pub async fn start(runtime: &Runtime, config: TunerConfig) -> Result<Arc<Tuner>, TunerError> {
+    let bucket = runtime
+        .bucket(Bucket::Tuner)
+        .cloned()
+        .ok_or_else(|| TunerError::Store("bucket trainyard_tuner was not provisioned".into()))?;
+    let metrics = TunerMetrics::register(&runtime.registry)?;
+    let tracker = match config.tracking_uri() {
+        None => None,
+        Some(uri) => {
+            let client = mlflow::MlflowClient::new(
+                uri,
+                Duration::from_secs(config.mlflow_timeout_seconds.max(1)),
+                mlflow::RetryPolicy {
+                    max_attempts: config.mlflow_max_attempts.max(1),
+                    ..mlflow::RetryPolicy::default()
+                },
+                runtime.shutdown.clone(),
+            )
+            .map_err(|err| TunerError::Config(format!("hpo_tuner.mlflow_tracking_uri: {err}")))?;
+            let (handle, tracker, receiver) =
+                tracking::tracker(client, metrics.clone(), config.mlflow_queue_capacity);
+            runtime.spawn(tracker.run(receiver, runtime.shutdown.clone()));
+            tracing::info!(%uri, "recording trials in MLflow");
+            Some(handle)
+        }
+    };
+    let tuner = Arc::new(Tuner::new(
+        runtime.publisher.clone(),
+        store::StateStore::new(bucket),
+        metrics,
+        tracker,
+    ));
+    match tuner.warm_up().await {
+        Ok(count) => tracing::info!(count, "loaded stored sweeps"),
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot list stored sweeps; each loads on its next message")
+        }
+    }
+    let handler = Arc::new(TunerHandler(tuner.clone()));
+    for consumer in Service::HpoTuner.consumers() {
+        runtime.spawn_consumer(consumer, handler.clone());
+    }
+    Ok(tuner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section(pairs: &[(&str, &str)]) -> TunerConfig {
+        let env = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        ConfigSources::load(None, env)
+            .expect("loads")
+            .section("hpo_tuner")
+            .expect("section")
+    }
+
+    #[test]
+    fn tracking_is_off_unless_a_uri_is_configured() {
+        assert_eq!(section(&[]), TunerConfig::default());
+        assert_eq!(section(&[]).tracking_uri(), None);
+        assert_eq!(
+            section(&[("TRAINYARD_HPO_TUNER__MLFLOW_TRACKING_URI", "  ")]).tracking_uri(),
+            None
+        );
+        let config = section(&[
+            (
+                "TRAINYARD_HPO_TUNER__MLFLOW_TRACKING_URI",
+                "http://mlflow.mlflow:5000",
+            ),
+            ("TRAINYARD_HPO_TUNER__MLFLOW_MAX_ATTEMPTS", "3"),
+        ]);
+        assert_eq!(config.tracking_uri(), Some("http://mlflow.mlflow:5000"));
+        assert_eq!(config.mlflow_max_attempts, 3);
+        assert_eq!(config.mlflow_timeout_seconds, 10, "defaults fill the rest");
+    }
+}

@@ -1,0 +1,681 @@
+//! A small client for the MLflow tracking REST API (`/api/2.0/mlflow/...`):
+//! experiments, runs, batched params/metrics/tags and run status, with retries
+//! and exponential backoff on 5xx, 429 and connection errors.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode, Url};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use thiserror::Error;
+use tokio_util::sync::CancellationToken;
+
+/// MLflow's limits for one `runs/log-batch` request.
+pub const MAX_METRICS_PER_BATCH: usize = 1000;
+pub const MAX_PARAMS_PER_BATCH: usize = 100;
+pub const MAX_TAGS_PER_BATCH: usize = 100;
+/// Metrics, params and tags together.
+pub const MAX_ENTITIES_PER_BATCH: usize = 1000;
+
+/// A failed MLflow call.
+#[derive(Debug, Clone, Error)]
+pub enum MlflowError {
+    #[error("invalid MLflow tracking URI {uri:?}: {reason}")]
+    InvalidUri { uri: String, reason: String },
+    /// The server answered with an error.
+    #[error("MLflow {operation}: HTTP {status} {error_code}: {message}")]
+    Api {
+        operation: &'static str,
+        status: u16,
+        error_code: String,
+        message: String,
+    },
+    /// The server could not be reached or did not answer in time.
+    #[error("MLflow {operation}: cannot reach the tracking server: {message}")]
+    Transport {
+        operation: &'static str,
+        message: String,
+    },
+    /// The server answered something this client does not understand.
+    #[error("MLflow {operation}: unexpected response: {message}")]
+    Decode {
+        operation: &'static str,
+        message: String,
+    },
+}
+
+impl MlflowError {
+    /// Worth trying again: the server is down, overloaded or failed internally.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            MlflowError::Transport { .. } => true,
+            MlflowError::Api { status, .. } => *status >= 500 || *status == 429,
+            MlflowError::InvalidUri { .. } | MlflowError::Decode { .. } => false,
+        }
+    }
+
+    /// MLflow's `error_code` (`RESOURCE_DOES_NOT_EXIST`, ...), for API errors.
+    pub fn error_code(&self) -> Option<&str> {
+        match self {
+            MlflowError::Api { error_code, .. } => Some(error_code),
+            _ => None,
+        }
+    }
+
+    /// The operation that failed, a bounded label for metrics.
+    pub fn operation(&self) -> &'static str {
+        match self {
+            MlflowError::InvalidUri { .. } => "configure",
+            MlflowError::Api { operation, .. }
+            | MlflowError::Transport { operation, .. }
+            | MlflowError::Decode { operation, .. } => operation,
+        }
+    }
+}
+
+/// How often and how patiently to retry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempts per request, the first included (at least 1).
+    pub max_attempts: u32,
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 5,
+            initial_backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(5),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Wait before attempt `attempt + 1` (attempt counts from 1): doubling, capped.
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let factor = 2u32.saturating_pow(attempt.saturating_sub(1).min(16));
+        self.initial_backoff
+            .saturating_mul(factor)
+            .min(self.max_backoff)
+    }
+}
+
+/// Final status of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunStatus {
+    Running,
+    Finished,
+    Failed,
+    Killed,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "RUNNING",
+            RunStatus::Finished => "FINISHED",
+            RunStatus::Failed => "FAILED",
+            RunStatus::Killed => "KILLED",
+        }
+    }
+}
+
+/// One metric point.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Metric {
+    pub key: String,
+    pub value: f64,
+    /// Milliseconds since the Unix epoch.
+    pub timestamp_ms: i64,
+    pub step: i64,
+}
+
+impl Metric {
+    fn to_json(&self) -> Value {
+        // JSON has no NaN or infinity; MLflow's protobuf JSON reads them as strings.
+        let value = if self.value.is_nan() {
+            json!("NaN")
+        } else if self.value == f64::INFINITY {
+            json!("Infinity")
+        } else if self.value == f64::NEG_INFINITY {
+            json!("-Infinity")
+        } else {
+            json!(self.value)
+        };
+        json!({"key": self.key, "value": value, "timestamp": self.timestamp_ms, "step": self.step})
+    }
+}
+
+/// One `runs/log-batch` request's worth of data.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Batch {
+    pub metrics: Vec<Metric>,
+    pub params: Vec<(String, String)>,
+    pub tags: Vec<(String, String)>,
+}
+
+impl Batch {
+    pub fn is_empty(&self) -> bool {
+        self.metrics.is_empty() && self.params.is_empty() && self.tags.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.metrics.len() + self.params.len() + self.tags.len()
+    }
+}
+
+/// Splits data into requests within MLflow's limits, keeping the order of each
+/// kind (params and tags go first: they are few and a run should have them early).
+pub fn split_batch(batch: Batch) -> Vec<Batch> {
+    let Batch {
+        metrics,
+        params,
+        tags,
+    } = batch;
+    let mut metrics = metrics.into_iter().peekable();
+    let mut params = params.into_iter().peekable();
+    let mut tags = tags.into_iter().peekable();
+    let mut out = Vec::new();
+    while metrics.peek().is_some() || params.peek().is_some() || tags.peek().is_some() {
+        let params: Vec<_> = params.by_ref().take(MAX_PARAMS_PER_BATCH).collect();
+        let tags: Vec<_> = tags.by_ref().take(MAX_TAGS_PER_BATCH).collect();
+        let room = MAX_METRICS_PER_BATCH.min(MAX_ENTITIES_PER_BATCH - params.len() - tags.len());
+        let metrics: Vec<_> = metrics.by_ref().take(room).collect();
+        out.push(Batch {
+            metrics,
+            params,
+            tags,
+        });
+    }
+    out
+}
+
+fn pairs(items: &[(String, String)]) -> Value {
+    Value::Array(
+        items
+            .iter()
+            .map(|(key, value)| json!({"key": key, "value": value}))
+            .collect(),
+    )
+}
+
+/// An experiment as `experiments/get-by-name` returns it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Experiment {
+    pub experiment_id: String,
+    pub name: String,
+    #[serde(default)]
+    pub lifecycle_stage: String,
+}
+
+/// A run's info.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct RunInfo {
+    pub run_id: String,
+    #[serde(default)]
+    pub run_name: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub lifecycle_stage: String,
+}
+
+#[derive(Deserialize)]
+struct ExperimentResponse {
+    experiment: Experiment,
+}
+
+#[derive(Deserialize)]
+struct CreateExperimentResponse {
+    experiment_id: String,
+}
+
+#[derive(Deserialize)]
+struct RunResponse {
+    run: RunEnvelope,
+}
+
+#[derive(Deserialize)]
+struct RunEnvelope {
+    info: RunInfo,
+}
+
+#[derive(Deserialize)]
+struct SearchRunsResponse {
+    #[serde(default)]
+    runs: Vec<RunEnvelope>,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    #[serde(default)]
+    error_code: String,
+    #[serde(default)]
+    message: String,
+}
+
+/// Client of one MLflow tracking server.
+#[derive(Clone)]
+pub struct MlflowClient {
+    http: reqwest::Client,
+    api: Url,
+    retry: RetryPolicy,
+    shutdown: CancellationToken,
+}
+
+impl MlflowClient {
+    /// `tracking_uri` is the server's base URL, e.g. `http://mlflow.mlflow:5000`.
+    /// `shutdown` cuts retry waits short.
+    pub fn new(
+        tracking_uri: &str,
+        timeout: Duration,
+        retry: RetryPolicy,
+        shutdown: CancellationToken,
+    ) -> Result<Self, MlflowError> {
+        let invalid = |reason: String| MlflowError::InvalidUri {
+            uri: tracking_uri.to_string(),
+            reason,
+        };
+        let mut base = Url::parse(tracking_uri).map_err(|err| invalid(err.to_string()))?;
+        match base.scheme() {
+            "http" => {}
+            "https" => {
+                return Err(invalid(
+                    "https is not supported by this build (it carries no TLS stack); reach MLflow over http inside the cluster or through a TLS-terminating sidecar".into(),
+                ));
+            }
+            other => return Err(invalid(format!("scheme {other:?} is not http"))),
+        }
+        let path = format!("{}/api/2.0/mlflow/", base.path().trim_end_matches('/'));
+        base.set_path(&path);
+        base.set_query(None);
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(5)))
+            .build()
+            .map_err(|err| invalid(err.to_string()))?;
+        Ok(Self {
+            http,
+            api: base,
+            retry: RetryPolicy {
+                max_attempts: retry.max_attempts.max(1),
+                ..retry
+            },
+            shutdown,
+        })
+    }
+
+    /// The API root, e.g. `http://127.0.0.1:5000/api/2.0/mlflow/`.
+    pub fn api_url(&self) -> &Url {
+        &self.api
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        operation: &'static str,
+        method: Method,
+        path: &str,
+        query: &[(&str, &str)],
+        body: Option<&Value>,
+    ) -> Result<T, MlflowError> {
+        let mut attempt = 1;
+        loop {
+            let result = self
+                .once(operation, method.clone(), path, query, body)
+                .await;
+            match result {
+                Err(err) if err.is_retryable() && attempt < self.retry.max_attempts => {
+                    let wait = self.retry.backoff(attempt);
+                    tracing::debug!(operation, attempt, ?wait, error = %err, "MLflow call failed; retrying");
+                    tokio::select! {
+                        _ = self.shutdown.cancelled() => return Err(err),
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn once<T: DeserializeOwned>(
+        &self,
+        operation: &'static str,
+        method: Method,
+        path: &str,
+        query: &[(&str, &str)],
+        body: Option<&Value>,
+    ) -> Result<T, MlflowError> {
+        let url = self.api.join(path).map_err(|err| MlflowError::Decode {
+            operation,
+            message: format!("bad path {path}: {err}"),
+        })?;
+        let mut request = self.http.request(method, url).query(query);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let transport = |err: reqwest::Error| MlflowError::Transport {
+            operation,
+            message: err.to_string(),
+        };
+        let response = request.send().await.map_err(transport)?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(transport)?;
+        if status.is_success() {
+            return serde_json::from_slice(&bytes).map_err(|err| MlflowError::Decode {
+                operation,
+                message: err.to_string(),
+            });
+        }
+        let (error_code, message) = match serde_json::from_slice::<ErrorBody>(&bytes) {
+            Ok(body) if !body.error_code.is_empty() => (body.error_code, body.message),
+            _ => (
+                status
+                    .canonical_reason()
+                    .unwrap_or("error")
+                    .to_uppercase()
+                    .replace(' ', "_"),
+                String::from_utf8_lossy(&bytes).chars().take(500).collect(),
+            ),
+        };
+        Err(MlflowError::Api {
+            operation,
+            status: status.as_u16(),
+            error_code,
+            message,
+        })
+    }
+
+    /// The experiment named `name`, if any (deleted ones included).
+    pub async fn experiment_by_name(&self, name: &str) -> Result<Option<Experiment>, MlflowError> {
+        let found = self
+            .call::<ExperimentResponse>(
+                "get_experiment",
+                Method::GET,
+                "experiments/get-by-name",
+                &[("experiment_name", name)],
+                None,
+            )
+            .await;
+        match found {
+            Ok(response) => Ok(Some(response.experiment)),
+            Err(err) if is_missing(&err) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// The id of the experiment named `name`, creating it (with `tags`) or
+    /// restoring it from the trash when needed. Safe against concurrent creators.
+    pub async fn get_or_create_experiment(
+        &self,
+        name: &str,
+        tags: &[(String, String)],
+    ) -> Result<String, MlflowError> {
+        if let Some(experiment) = self.experiment_by_name(name).await? {
+            if experiment.lifecycle_stage == "deleted" {
+                self.call::<Value>(
+                    "restore_experiment",
+                    Method::POST,
+                    "experiments/restore",
+                    &[],
+                    Some(&json!({"experiment_id": experiment.experiment_id})),
+                )
+                .await?;
+            }
+            return Ok(experiment.experiment_id);
+        }
+        let created = self
+            .call::<CreateExperimentResponse>(
+                "create_experiment",
+                Method::POST,
+                "experiments/create",
+                &[],
+                Some(&json!({"name": name, "tags": pairs(tags)})),
+            )
+            .await;
+        match created {
+            Ok(response) => Ok(response.experiment_id),
+            Err(err) if err.error_code() == Some("RESOURCE_ALREADY_EXISTS") => self
+                .experiment_by_name(name)
+                .await?
+                .map(|e| e.experiment_id)
+                .ok_or(err),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Active runs of an experiment matching an MLflow search `filter`.
+    pub async fn search_runs(
+        &self,
+        experiment_id: &str,
+        filter: &str,
+    ) -> Result<Vec<RunInfo>, MlflowError> {
+        let response = self
+            .call::<SearchRunsResponse>(
+                "search_runs",
+                Method::POST,
+                "runs/search",
+                &[],
+                Some(&json!({
+                    "experiment_ids": [experiment_id],
+                    "filter": filter,
+                    "run_view_type": "ACTIVE_ONLY",
+                    "max_results": 10,
+                })),
+            )
+            .await?;
+        Ok(response.runs.into_iter().map(|r| r.info).collect())
+    }
+
+    /// Creates a run; returns its id.
+    pub async fn create_run(
+        &self,
+        experiment_id: &str,
+        run_name: &str,
+        start_time_ms: i64,
+        tags: &[(String, String)],
+    ) -> Result<String, MlflowError> {
+        let response = self
+            .call::<RunResponse>(
+                "create_run",
+                Method::POST,
+                "runs/create",
+                &[],
+                Some(&json!({
+                    "experiment_id": experiment_id,
+                    "run_name": run_name,
+                    "start_time": start_time_ms,
+                    "tags": pairs(tags),
+                })),
+            )
+            .await?;
+        Ok(response.run.info.run_id)
+    }
+
+    /// Logs metrics, params and tags, in as many requests as MLflow's limits need.
+    pub async fn log_batch(&self, run_id: &str, batch: Batch) -> Result<(), MlflowError> {
+        for part in split_batch(batch) {
+            let metrics: Vec<Value> = part.metrics.iter().map(Metric::to_json).collect();
+            self.call::<Value>(
+                "log_batch",
+                Method::POST,
+                "runs/log-batch",
+                &[],
+                Some(&json!({
+                    "run_id": run_id,
+                    "metrics": metrics,
+                    "params": pairs(&part.params),
+                    "tags": pairs(&part.tags),
+                })),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Sets a run's status (and end time, for a final status).
+    pub async fn update_run(
+        &self,
+        run_id: &str,
+        status: RunStatus,
+        end_time_ms: Option<i64>,
+    ) -> Result<(), MlflowError> {
+        let mut body = json!({"run_id": run_id, "status": status.as_str()});
+        if let Some(end) = end_time_ms {
+            body["end_time"] = json!(end);
+        }
+        self.call::<Value>("update_run", Method::POST, "runs/update", &[], Some(&body))
+            .await
+            .map(|_| ())
+    }
+}
+
+fn is_missing(err: &MlflowError) -> bool {
+    matches!(err, MlflowError::Api { status, error_code, .. }
+        if *status == StatusCode::NOT_FOUND.as_u16() || error_code == "RESOURCE_DOES_NOT_EXIST")
+}
+
+/// Quotes a value for an MLflow search filter (`'it''s'`).
+pub fn filter_literal(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metric(i: usize) -> Metric {
+        Metric {
+            key: format!("m{i}"),
+            value: i as f64,
+            timestamp_ms: 0,
+            step: 0,
+        }
+    }
+
+    fn pair(prefix: &str, i: usize) -> (String, String) {
+        (format!("{prefix}{i}"), i.to_string())
+    }
+
+    fn check_limits(parts: &[Batch]) {
+        for part in parts {
+            assert!(part.metrics.len() <= MAX_METRICS_PER_BATCH);
+            assert!(part.params.len() <= MAX_PARAMS_PER_BATCH);
+            assert!(part.tags.len() <= MAX_TAGS_PER_BATCH);
+            assert!(part.len() <= MAX_ENTITIES_PER_BATCH);
+            assert!(!part.is_empty());
+        }
+    }
+
+    #[test]
+    fn batches_respect_every_limit_and_keep_order() {
+        let batch = Batch {
+            metrics: (0..2500).map(metric).collect(),
+            params: (0..250).map(|i| pair("p", i)).collect(),
+            tags: (0..120).map(|i| pair("t", i)).collect(),
+        };
+        let parts = split_batch(batch.clone());
+        check_limits(&parts);
+        let metrics: Vec<Metric> = parts.iter().flat_map(|p| p.metrics.clone()).collect();
+        let params: Vec<_> = parts.iter().flat_map(|p| p.params.clone()).collect();
+        let tags: Vec<_> = parts.iter().flat_map(|p| p.tags.clone()).collect();
+        assert_eq!(metrics, batch.metrics);
+        assert_eq!(params, batch.params);
+        assert_eq!(tags, batch.tags);
+        assert_eq!(
+            parts[0].len(),
+            MAX_ENTITIES_PER_BATCH,
+            "first request is full"
+        );
+        assert_eq!(parts.len(), 3, "800 + 880 + 820 metrics");
+    }
+
+    #[test]
+    fn small_and_empty_batches() {
+        assert!(split_batch(Batch::default()).is_empty());
+        let parts = split_batch(Batch {
+            metrics: vec![metric(1)],
+            params: vec![],
+            tags: vec![pair("t", 1)],
+        });
+        assert_eq!(parts.len(), 1);
+        let parts = split_batch(Batch {
+            metrics: (0..1000).map(metric).collect(),
+            params: vec![],
+            tags: vec![],
+        });
+        assert_eq!(parts.len(), 1);
+        check_limits(&parts);
+    }
+
+    #[test]
+    fn non_finite_metrics_are_written_as_protobuf_strings() {
+        let mut m = metric(1);
+        m.value = f64::NAN;
+        assert_eq!(m.to_json()["value"], json!("NaN"));
+        m.value = f64::NEG_INFINITY;
+        assert_eq!(m.to_json()["value"], json!("-Infinity"));
+        m.value = 0.5;
+        assert_eq!(m.to_json()["value"], json!(0.5));
+    }
+
+    #[test]
+    fn retries_only_what_can_succeed_later() {
+        let api = |status| MlflowError::Api {
+            operation: "x",
+            status,
+            error_code: "E".into(),
+            message: String::new(),
+        };
+        assert!(api(500).is_retryable());
+        assert!(api(503).is_retryable());
+        assert!(api(429).is_retryable());
+        assert!(!api(400).is_retryable());
+        assert!(!api(404).is_retryable());
+        assert!(
+            MlflowError::Transport {
+                operation: "x",
+                message: "refused".into()
+            }
+            .is_retryable()
+        );
+        let policy = RetryPolicy::default();
+        assert_eq!(policy.backoff(1), Duration::from_millis(200));
+        assert_eq!(policy.backoff(3), Duration::from_millis(800));
+        assert_eq!(policy.backoff(40), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn tracking_uris_are_checked() {
+        let token = CancellationToken::new();
+        let client = MlflowClient::new(
+            "http://mlflow:5000/prefix/",
+            Duration::from_secs(1),
+            RetryPolicy::default(),
+            token.clone(),
+        )
+        .expect("valid");
+        assert_eq!(
+            client.api_url().as_str(),
+            "http://mlflow:5000/prefix/api/2.0/mlflow/"
+        );
+        for bad in ["https://mlflow:5000", "file:///tmp/mlruns", "not a uri"] {
+            let err = MlflowClient::new(
+                bad,
+                Duration::from_secs(1),
+                RetryPolicy::default(),
+                token.clone(),
+            )
+            .err()
+            .expect("rejected");
+            assert!(
+                matches!(err, MlflowError::InvalidUri { .. }),
+                "{bad}: {err}"
+            );
+        }
+        assert_eq!(filter_literal("it's"), "'it''s'");
+    }
+}
