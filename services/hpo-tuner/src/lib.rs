@@ -3,7 +3,8 @@
 //! machine of `hpo-tuner-core`, and publishes trial requests, early stops and
 //! sweep progress for the planner to carry out. Sweep state lives in the
 //! `trainyard_tuner` KV bucket, so a restarted tuner (or another replica) goes on
-//! where the last one stopped. Trials can be recorded in MLflow.
+//! where the last one stopped. Trials, and standalone TrainingJobs, can be
+//! recorded in MLflow.
 
 pub mod error;
 pub mod metrics;
@@ -37,6 +38,10 @@ pub struct TunerConfig {
     pub mlflow_max_attempts: u32,
     /// Tracking commands queued before new ones are dropped (and counted).
     pub mlflow_queue_capacity: usize,
+    /// Also record standalone TrainingJobs (not trials of a sweep), one run per job.
+    pub mlflow_track_standalone_jobs: bool,
+    /// Experiment of standalone jobs' runs; `{namespace}` is replaced by the job's namespace.
+    pub mlflow_standalone_experiment: String,
 }
 
 impl Default for TunerConfig {
@@ -46,6 +51,8 @@ impl Default for TunerConfig {
             mlflow_timeout_seconds: 10,
             mlflow_max_attempts: 5,
             mlflow_queue_capacity: 10_000,
+            mlflow_track_standalone_jobs: true,
+            mlflow_standalone_experiment: tracking::DEFAULT_STANDALONE_EXPERIMENT.to_string(),
         }
     }
 }
@@ -57,6 +64,21 @@ impl TunerConfig {
             .as_deref()
             .map(str::trim)
             .filter(|uri| !uri.is_empty())
+    }
+
+    /// The experiment template for standalone jobs when they are tracked:
+    /// tracking on, `mlflow_track_standalone_jobs` set.
+    pub fn standalone_experiment(&self) -> Result<Option<&str>, TunerError> {
+        if self.tracking_uri().is_none() || !self.mlflow_track_standalone_jobs {
+            return Ok(None);
+        }
+        let template = self.mlflow_standalone_experiment.trim();
+        if tracking::standalone_experiment_name(template, "x").is_empty() {
+            return Err(TunerError::Config(
+                "hpo_tuner.mlflow_standalone_experiment must name an experiment (e.g. \"{namespace}\")".into(),
+            ));
+        }
+        Ok(Some(template))
     }
 }
 
@@ -74,6 +96,7 @@ pub async fn start(runtime: &Runtime, config: TunerConfig) -> Result<Arc<Tuner>,
         .cloned()
         .ok_or_else(|| TunerError::Store("bucket trainyard_tuner was not provisioned".into()))?;
     let metrics = TunerMetrics::register(&runtime.registry)?;
+    let standalone = config.standalone_experiment()?.map(str::to_string);
     let tracker = match config.tracking_uri() {
         None => None,
         Some(uri) => {
@@ -90,8 +113,16 @@ pub async fn start(runtime: &Runtime, config: TunerConfig) -> Result<Arc<Tuner>,
             let (handle, tracker, receiver) =
                 tracking::tracker(client, metrics.clone(), config.mlflow_queue_capacity);
             runtime.spawn(tracker.run(receiver, runtime.shutdown.clone()));
-            tracing::info!(%uri, "recording trials in MLflow");
-            Some(handle)
+            match standalone {
+                Some(template) => {
+                    tracing::info!(%uri, experiment = %template, "recording trials and standalone TrainingJobs in MLflow");
+                    Some(handle.with_standalone_jobs(template))
+                }
+                None => {
+                    tracing::info!(%uri, "recording trials in MLflow");
+                    Some(handle)
+                }
+            }
         }
     };
     let tuner = Arc::new(Tuner::new(
@@ -146,5 +177,43 @@ mod tests {
         assert_eq!(config.tracking_uri(), Some("http://mlflow.mlflow:5000"));
         assert_eq!(config.mlflow_max_attempts, 3);
         assert_eq!(config.mlflow_timeout_seconds, 10, "defaults fill the rest");
+    }
+
+    #[test]
+    fn standalone_jobs_are_tracked_by_default_once_tracking_is_on() {
+        assert_eq!(section(&[]).standalone_experiment().ok(), Some(None));
+        let uri = (
+            "TRAINYARD_HPO_TUNER__MLFLOW_TRACKING_URI",
+            "http://mlflow.mlflow:5000",
+        );
+        assert_eq!(
+            section(&[uri]).standalone_experiment().ok(),
+            Some(Some("{namespace}"))
+        );
+        let config = section(&[
+            uri,
+            (
+                "TRAINYARD_HPO_TUNER__MLFLOW_STANDALONE_EXPERIMENT",
+                "jobs/{namespace}",
+            ),
+        ]);
+        assert_eq!(
+            config.standalone_experiment().ok(),
+            Some(Some("jobs/{namespace}"))
+        );
+        let off = section(&[
+            uri,
+            ("TRAINYARD_HPO_TUNER__MLFLOW_TRACK_STANDALONE_JOBS", "false"),
+        ]);
+        assert!(!off.mlflow_track_standalone_jobs);
+        assert_eq!(off.standalone_experiment().ok(), Some(None));
+        let empty = section(&[
+            uri,
+            ("TRAINYARD_HPO_TUNER__MLFLOW_STANDALONE_EXPERIMENT", " "),
+        ]);
+        assert!(matches!(
+            empty.standalone_experiment(),
+            Err(TunerError::Config(_))
+        ));
     }
 }

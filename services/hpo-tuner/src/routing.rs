@@ -35,6 +35,9 @@ pub enum Route {
         trial: TrialRef,
         input: TrialInput,
     },
+    /// Something happened to a TrainingJob that is not named like a trial: a
+    /// standalone job, recorded in MLflow when that is configured.
+    Job { job: EntityRef, input: TrialInput },
     /// Not for the tuner; acknowledged and dropped.
     Ignore(&'static str),
 }
@@ -48,7 +51,7 @@ pub struct TrialRef {
     pub uid: String,
 }
 
-/// What happened to a trial.
+/// What happened to a trial (or to a standalone TrainingJob).
 #[derive(Debug, Clone, PartialEq)]
 pub enum TrialInput {
     Started,
@@ -79,7 +82,8 @@ pub fn parse_trial_name(name: &str) -> Option<(&str, u32)> {
 }
 
 /// Routes one message. Payloads that do not decode are rejected (dead-lettered);
-/// messages that are not about sweeps or trials are ignored.
+/// messages about TrainingJobs not named like a trial route to [`Route::Job`];
+/// other messages the tuner does not act on are ignored.
 pub fn route(message: &Incoming) -> Result<Route, HandleError> {
     let entity = &message.header.entity;
     if message.is::<SweepChanged>() {
@@ -121,14 +125,15 @@ pub fn route(message: &Incoming) -> Result<Route, HandleError> {
     } else {
         return Ok(Route::Ignore("a message type the tuner does not read"));
     };
-    let Some((sweep, index)) = parse_trial_name(&entity.name) else {
-        return Ok(Route::Ignore(
-            "a TrainingJob that is not named like a trial",
-        ));
-    };
-    if entity.namespace.is_empty() {
-        return Ok(Route::Ignore("a TrainingJob without a namespace"));
+    if entity.namespace.is_empty() || entity.name.is_empty() {
+        return Ok(Route::Ignore("a TrainingJob without a namespace or name"));
     }
+    let Some((sweep, index)) = parse_trial_name(&entity.name) else {
+        return Ok(Route::Job {
+            job: entity.clone(),
+            input,
+        });
+    };
     Ok(Route::Trial {
         sweep: EntityRef::new(entity.namespace.clone(), sweep, ""),
         trial: TrialRef {
@@ -578,11 +583,80 @@ mod tests {
     }
 
     #[test]
+    fn jobs_not_named_like_trials_route_as_standalone_jobs() {
+        let job = EntityRef::new("ml", "bert", "job-uid");
+        let cases = [
+            (
+                incoming(
+                    "ml",
+                    "bert",
+                    "job-uid",
+                    transition(TrainingJobState::Running),
+                ),
+                TrialInput::Started,
+            ),
+            (
+                incoming(
+                    "ml",
+                    "bert",
+                    "job-uid",
+                    transition(TrainingJobState::Completed),
+                ),
+                TrialInput::Completed,
+            ),
+            (
+                incoming(
+                    "ml",
+                    "bert",
+                    "job-uid",
+                    TrainingJobFinalized { last_state: None },
+                ),
+                TrialInput::Finalized { last_state: None },
+            ),
+            (
+                incoming("ml", "bert", "job-uid", progress(0, 2, &[("loss", 0.5)])),
+                TrialInput::Progress {
+                    epoch: 2,
+                    step: 100,
+                    metrics: [("loss".to_string(), 0.5)].into(),
+                },
+            ),
+        ];
+        for (m, input) in cases {
+            assert_eq!(
+                route(&m).expect("routes"),
+                Route::Job {
+                    job: job.clone(),
+                    input
+                }
+            );
+        }
+        // Names that only look close to a trial's are standalone jobs too.
+        for name in ["s-t003", "s-t00003", "bert-t", "-t0001"] {
+            let m = incoming("ml", name, "u", transition(TrainingJobState::Running));
+            assert!(
+                matches!(route(&m).expect("routes"), Route::Job { ref job, .. } if job.name == name),
+                "{name}"
+            );
+        }
+        // ... while trial names still route to their sweep.
+        let m = incoming(
+            "ml",
+            "bert-t0001",
+            "u",
+            transition(TrainingJobState::Running),
+        );
+        assert!(matches!(route(&m).expect("routes"), Route::Trial { .. }));
+    }
+
+    #[test]
     fn other_messages_are_ignored() {
         let cases = [
             incoming("ml", "s-t0002", "", progress(1, 3, &[("loss", 0.5)])),
-            incoming("ml", "bert", "", progress(0, 3, &[("loss", 0.5)])),
-            incoming("ml", "bert", "", transition(TrainingJobState::Completed)),
+            incoming("ml", "bert", "u", progress(2, 3, &[("loss", 0.5)])),
+            incoming("ml", "bert", "u", transition(TrainingJobState::Suspended)),
+            incoming("", "bert", "u", transition(TrainingJobState::Running)),
+            incoming("ml", "", "u", transition(TrainingJobState::Running)),
             incoming("ml", "s-t0002", "", transition(TrainingJobState::Queued)),
             incoming(
                 "ml",

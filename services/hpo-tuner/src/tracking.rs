@@ -1,5 +1,8 @@
 //! Experiment tracking in MLflow: one experiment per Sweep (`<namespace>/<name>`),
 //! one run per trial with its parameters, tags, metrics by epoch and final status.
+//! Standalone TrainingJobs (not trials of a sweep) get one run each, named
+//! `<namespace>/<name>`, in the experiment the `mlflow_standalone_experiment`
+//! template names (by default the namespace).
 //!
 //! Tracking never blocks a sweep: the tuner hands commands to a bounded queue
 //! and one background task carries them out with retries. A command that still
@@ -11,8 +14,12 @@ use std::collections::{BTreeMap, HashMap};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use trainyard_api::TrainingJobState;
+use trainyard_contracts::EntityRef;
+
 use crate::metrics::TunerMetrics;
 use crate::mlflow::{Batch, Metric, MlflowClient, MlflowError, RunStatus, filter_literal};
+use crate::routing::TrialInput;
 
 /// Tag keys the tuner sets on experiments and runs.
 pub mod tags {
@@ -24,6 +31,20 @@ pub mod tags {
     pub const SWEEP: &str = "trainyard.sweep";
     pub const SWEEP_UID: &str = "trainyard.sweep_uid";
     pub const TRIAL_INDEX: &str = "trainyard.trial_index";
+    /// `TrainingJob` on the runs of standalone jobs.
+    pub const KIND: &str = "trainyard.kind";
+}
+
+/// The default `mlflow_standalone_experiment` template: one experiment per namespace.
+pub const DEFAULT_STANDALONE_EXPERIMENT: &str = "{namespace}";
+
+/// The experiment name a `mlflow_standalone_experiment` template gives for
+/// `namespace`: every `{namespace}` replaced, surrounding blanks trimmed.
+pub fn standalone_experiment_name(template: &str, namespace: &str) -> String {
+    template
+        .replace("{namespace}", namespace)
+        .trim()
+        .to_string()
 }
 
 /// The Sweep a command is about.
@@ -52,6 +73,94 @@ pub struct TrialInfo {
     pub uid: String,
 }
 
+/// A standalone TrainingJob a command is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobInfo {
+    pub namespace: String,
+    pub name: String,
+    /// The TrainingJob's uid (never empty: jobs are only tracked by uid).
+    pub uid: String,
+    /// The experiment its run belongs to.
+    pub experiment: String,
+}
+
+impl JobInfo {
+    /// The run name: `<namespace>/<name>`.
+    pub fn run_name(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// The tags that identify the job's run (and find it again after a restart).
+    pub fn run_tags(&self) -> Vec<(String, String)> {
+        vec![
+            (tags::NAMESPACE.to_string(), self.namespace.clone()),
+            (tags::NAME.to_string(), self.name.clone()),
+            (tags::UID.to_string(), self.uid.clone()),
+            (tags::KIND.to_string(), JOB_KIND.to_string()),
+        ]
+    }
+
+    fn key(&self) -> (String, String, String) {
+        (self.namespace.clone(), self.name.clone(), self.uid.clone())
+    }
+}
+
+/// The `trainyard.kind` tag value of standalone job runs.
+pub const JOB_KIND: &str = "TrainingJob";
+
+/// What ends a standalone job's run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobEnd {
+    /// The job completed or failed: the run gets this status.
+    Ended(RunStatus),
+    /// The job was deleted: a run still open gets `status` (`KILLED` unless the
+    /// job had completed or failed), then the job is forgotten.
+    Finalized { status: RunStatus },
+}
+
+/// The tracking command for one input about a standalone job, if any.
+/// `start_on_progress`: whether a progress report may create the job's run
+/// (not for jobs named like a trial, whose sweep may just have been deleted).
+pub fn job_command(
+    job: JobInfo,
+    input: &TrialInput,
+    at_ms: i64,
+    start_on_progress: bool,
+) -> Option<TrackingCommand> {
+    Some(match input {
+        TrialInput::Started => TrackingCommand::JobStarted { job, at_ms },
+        TrialInput::Progress { epoch, metrics, .. } => TrackingCommand::JobMetrics {
+            job,
+            epoch: *epoch,
+            metrics: metrics.clone(),
+            at_ms,
+            create: start_on_progress,
+        },
+        TrialInput::Completed => TrackingCommand::JobEnded {
+            job,
+            end: JobEnd::Ended(RunStatus::Finished),
+            at_ms,
+        },
+        TrialInput::Failed { .. } => TrackingCommand::JobEnded {
+            job,
+            end: JobEnd::Ended(RunStatus::Failed),
+            at_ms,
+        },
+        TrialInput::Finalized { last_state } => TrackingCommand::JobEnded {
+            job,
+            end: JobEnd::Finalized {
+                status: match last_state {
+                    // The transition may have been missed (or dropped from a full queue).
+                    Some(TrainingJobState::Completed) => RunStatus::Finished,
+                    Some(TrainingJobState::Failed) => RunStatus::Failed,
+                    _ => RunStatus::Killed,
+                },
+            },
+            at_ms,
+        },
+    })
+}
+
 /// What the tracker records.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TrackingCommand {
@@ -78,6 +187,23 @@ pub enum TrackingCommand {
         status: RunStatus,
         at_ms: i64,
     },
+    /// A standalone job started running: create its run unless it has one.
+    JobStarted { job: JobInfo, at_ms: i64 },
+    /// Rank 0 of a standalone job reported metrics after `epoch` epochs; the
+    /// run is created first when it has none and `create` is set.
+    JobMetrics {
+        job: JobInfo,
+        epoch: u32,
+        metrics: BTreeMap<String, f64>,
+        at_ms: i64,
+        create: bool,
+    },
+    /// A standalone job ended or was deleted; nothing happens when it has no run.
+    JobEnded {
+        job: JobInfo,
+        end: JobEnd,
+        at_ms: i64,
+    },
 }
 
 impl TrackingCommand {
@@ -87,6 +213,9 @@ impl TrackingCommand {
             TrackingCommand::TrialRequested { .. } => "trial_requested",
             TrackingCommand::TrialMetrics { .. } => "trial_metrics",
             TrackingCommand::TrialEnded { .. } => "trial_ended",
+            TrackingCommand::JobStarted { .. } => "job_started",
+            TrackingCommand::JobMetrics { .. } => "job_metrics",
+            TrackingCommand::JobEnded { .. } => "job_ended",
         }
     }
 }
@@ -96,9 +225,45 @@ impl TrackingCommand {
 pub struct TrackerHandle {
     sender: mpsc::Sender<TrackingCommand>,
     metrics: TunerMetrics,
+    /// The `mlflow_standalone_experiment` template; standalone jobs are not
+    /// tracked when unset.
+    standalone_experiment: Option<String>,
 }
 
 impl TrackerHandle {
+    /// Tracks standalone TrainingJobs in the experiment `template` names
+    /// (`{namespace}` replaced).
+    pub fn with_standalone_jobs(mut self, template: impl Into<String>) -> Self {
+        self.standalone_experiment = Some(template.into());
+        self
+    }
+
+    /// Queues what `input` means for the standalone job `job` (see
+    /// [`job_command`]). Jobs without a namespace, name or uid, and jobs whose
+    /// experiment name would be empty, are not tracked.
+    pub fn job(&self, job: &EntityRef, input: &TrialInput, at_ms: i64, start_on_progress: bool) {
+        let Some(template) = &self.standalone_experiment else {
+            return;
+        };
+        if job.namespace.is_empty() || job.name.is_empty() || job.uid.is_empty() {
+            tracing::debug!(job = %job.key(), "standalone job without namespace, name or uid; not tracked");
+            return;
+        }
+        let experiment = standalone_experiment_name(template, &job.namespace);
+        if experiment.is_empty() {
+            return;
+        }
+        let info = JobInfo {
+            namespace: job.namespace.clone(),
+            name: job.name.clone(),
+            uid: job.uid.clone(),
+            experiment,
+        };
+        if let Some(command) = job_command(info, input, at_ms, start_on_progress) {
+            self.send(command);
+        }
+    }
+
     /// Queues a command; never waits. A full queue drops it (logged and counted).
     pub fn send(&self, command: TrackingCommand) {
         if let Err(err) = self.sender.try_send(command) {
@@ -123,6 +288,16 @@ pub struct Tracker {
     experiments: HashMap<String, String>,
     /// (sweep uid or experiment name, trial name) → run id.
     runs: HashMap<(String, String), String>,
+    /// Standalone jobs (namespace, name, uid) → their run.
+    jobs: HashMap<(String, String, String), JobRun>,
+}
+
+/// A standalone job's run as the tracker knows it.
+#[derive(Debug, Clone)]
+struct JobRun {
+    id: String,
+    /// Still `RUNNING` (or `SCHEDULED`) as far as the tracker knows.
+    open: bool,
 }
 
 /// Creates the tracker and its queue (`capacity` commands).
@@ -136,12 +311,14 @@ pub fn tracker(
         TrackerHandle {
             sender,
             metrics: metrics.clone(),
+            standalone_experiment: None,
         },
         Tracker {
             client,
             metrics,
             experiments: HashMap::new(),
             runs: HashMap::new(),
+            jobs: HashMap::new(),
         },
         receiver,
     )
@@ -236,8 +413,151 @@ impl Tracker {
                 let updated = self.client.update_run(&run, status, Some(at_ms)).await;
                 self.on_run(&sweep, &trial, updated)?;
             }
+            TrackingCommand::JobStarted { job, at_ms } => {
+                self.job_run(&job, at_ms, true).await?;
+            }
+            TrackingCommand::JobMetrics {
+                job,
+                epoch,
+                metrics,
+                at_ms,
+                create,
+            } => {
+                let Some(run) = self.job_run(&job, at_ms, create).await? else {
+                    return Ok(());
+                };
+                let batch = Batch {
+                    metrics: metrics
+                        .into_iter()
+                        .map(|(key, value)| Metric {
+                            key,
+                            value,
+                            timestamp_ms: at_ms,
+                            step: i64::from(epoch),
+                        })
+                        .collect(),
+                    ..Batch::default()
+                };
+                let logged = self.client.log_batch(&run.id, batch).await;
+                self.on_job_run(&job, logged)?;
+            }
+            TrackingCommand::JobEnded { job, end, at_ms } => {
+                let finalized = matches!(end, JobEnd::Finalized { .. });
+                let run = self.job_run(&job, at_ms, false).await;
+                if finalized {
+                    // The job is gone; nothing more will come for this uid.
+                    self.jobs.remove(&job.key());
+                }
+                let Some(run) = run? else {
+                    return Ok(());
+                };
+                // A closed run keeps its status and end time (a redelivered
+                // completion or the later deletion does not move them).
+                if !run.open {
+                    return Ok(());
+                }
+                let status = match end {
+                    JobEnd::Ended(status) | JobEnd::Finalized { status } => status,
+                };
+                let updated = self.client.update_run(&run.id, status, Some(at_ms)).await;
+                self.on_job_run(&job, updated)?;
+                if let Some(known) = self.jobs.get_mut(&job.key()) {
+                    known.open = false;
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Forgets a cached job run when the server no longer knows the run.
+    fn on_job_run(
+        &mut self,
+        job: &JobInfo,
+        result: Result<(), MlflowError>,
+    ) -> Result<(), MlflowError> {
+        if let Err(err) = &result
+            && err.error_code() == Some("RESOURCE_DOES_NOT_EXIST")
+        {
+            self.jobs.remove(&job.key());
+        }
+        result
+    }
+
+    /// A standalone job's run: cached, else found by its tags (after a restart
+    /// or on another replica), else created when `create` is set.
+    async fn job_run(
+        &mut self,
+        job: &JobInfo,
+        at_ms: i64,
+        create: bool,
+    ) -> Result<Option<JobRun>, MlflowError> {
+        let key = job.key();
+        if let Some(run) = self.jobs.get(&key) {
+            return Ok(Some(run.clone()));
+        }
+        let experiment = if create {
+            Some(self.named_experiment(&job.experiment, job).await?)
+        } else {
+            // Only look: a job that never ran leaves no experiment behind.
+            self.existing_experiment(&job.experiment).await?
+        };
+        let Some(experiment) = experiment else {
+            return Ok(None);
+        };
+        let filter = job
+            .run_tags()
+            .iter()
+            .map(|(key, value)| format!("tags.`{key}` = {}", filter_literal(value)))
+            .collect::<Vec<_>>()
+            .join(" and ");
+        let found = match self.client.search_runs(&experiment, &filter).await {
+            Ok(runs) => runs.into_iter().next(),
+            Err(err) if err.error_code() == Some("RESOURCE_DOES_NOT_EXIST") => {
+                self.experiments.remove(&job.experiment);
+                return Err(err);
+            }
+            Err(err) => return Err(err),
+        };
+        let run = match found {
+            Some(info) => JobRun {
+                open: matches!(info.status.as_str(), "RUNNING" | "SCHEDULED"),
+                id: info.run_id,
+            },
+            None if create => JobRun {
+                id: self
+                    .client
+                    .create_run(&experiment, &job.run_name(), at_ms, &job.run_tags())
+                    .await?,
+                open: true,
+            },
+            None => return Ok(None),
+        };
+        self.jobs.insert(key, run.clone());
+        Ok(Some(run))
+    }
+
+    /// The id of the experiment `name`, created (tagged with the job's namespace) when needed.
+    async fn named_experiment(&mut self, name: &str, job: &JobInfo) -> Result<String, MlflowError> {
+        if let Some(id) = self.experiments.get(name) {
+            return Ok(id.clone());
+        }
+        let tags = vec![(tags::NAMESPACE.to_string(), job.namespace.clone())];
+        let id = self.client.get_or_create_experiment(name, &tags).await?;
+        self.experiments.insert(name.to_string(), id.clone());
+        Ok(id)
+    }
+
+    /// The id of the experiment `name` if it exists and is not in the trash.
+    async fn existing_experiment(&mut self, name: &str) -> Result<Option<String>, MlflowError> {
+        if let Some(id) = self.experiments.get(name) {
+            return Ok(Some(id.clone()));
+        }
+        Ok(self
+            .client
+            .experiment_by_name(name)
+            .await?
+            .filter(|e| e.lifecycle_stage != "deleted")
+            .map(|e| e.experiment_id))
     }
 
     /// Forgets a cached run id when the server no longer knows the run.
@@ -344,5 +664,176 @@ fn uid_tag(trial: &TrialInfo) -> Vec<(String, String)> {
         Vec::new()
     } else {
         vec![(tags::UID.to_string(), trial.uid.clone())]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::mlflow::RetryPolicy;
+
+    fn job() -> JobInfo {
+        JobInfo {
+            namespace: "ml".into(),
+            name: "bert".into(),
+            uid: "u-1".into(),
+            experiment: "ml".into(),
+        }
+    }
+
+    fn handle() -> (TrackerHandle, mpsc::Receiver<TrackingCommand>) {
+        let client = MlflowClient::new(
+            "http://127.0.0.1:9",
+            Duration::from_secs(1),
+            RetryPolicy::default(),
+            CancellationToken::new(),
+        )
+        .expect("client");
+        let metrics = TunerMetrics::register(&prometheus::Registry::new()).expect("metrics");
+        let (handle, _tracker, receiver) = tracker(client, metrics, 16);
+        (handle, receiver)
+    }
+
+    #[test]
+    fn standalone_experiment_names_come_from_the_template() {
+        assert_eq!(
+            standalone_experiment_name(DEFAULT_STANDALONE_EXPERIMENT, "ml"),
+            "ml"
+        );
+        assert_eq!(
+            standalone_experiment_name("jobs/{namespace}", "team-a"),
+            "jobs/team-a"
+        );
+        assert_eq!(
+            standalone_experiment_name("{namespace}-{namespace}", "a"),
+            "a-a"
+        );
+        assert_eq!(
+            standalone_experiment_name("all-jobs", "ml"),
+            "all-jobs",
+            "a fixed name puts every namespace in one experiment"
+        );
+        assert_eq!(standalone_experiment_name("  ", "ml"), "");
+        assert_eq!(
+            standalone_experiment_name(" {namespace} ", "ml"),
+            "ml",
+            "trimmed"
+        );
+    }
+
+    #[test]
+    fn job_runs_are_named_and_tagged_after_the_job() {
+        let job = job();
+        assert_eq!(job.run_name(), "ml/bert");
+        let tags: BTreeMap<String, String> = job.run_tags().into_iter().collect();
+        assert_eq!(
+            tags,
+            [
+                ("trainyard.kind", "TrainingJob"),
+                ("trainyard.name", "bert"),
+                ("trainyard.namespace", "ml"),
+                ("trainyard.uid", "u-1"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+        );
+    }
+
+    #[test]
+    fn job_inputs_become_tracking_commands() {
+        assert_eq!(
+            job_command(job(), &TrialInput::Started, 5, true),
+            Some(TrackingCommand::JobStarted {
+                job: job(),
+                at_ms: 5
+            })
+        );
+        let progress = TrialInput::Progress {
+            epoch: 2,
+            step: 200,
+            metrics: [("loss".to_string(), 0.5)].into(),
+        };
+        for create in [true, false] {
+            assert_eq!(
+                job_command(job(), &progress, 5, create),
+                Some(TrackingCommand::JobMetrics {
+                    job: job(),
+                    epoch: 2,
+                    metrics: [("loss".to_string(), 0.5)].into(),
+                    at_ms: 5,
+                    create,
+                })
+            );
+        }
+        let end = |input: TrialInput| match job_command(job(), &input, 5, true) {
+            Some(TrackingCommand::JobEnded { end, .. }) => Some(end),
+            _ => None,
+        };
+        assert_eq!(
+            end(TrialInput::Completed),
+            Some(JobEnd::Ended(RunStatus::Finished))
+        );
+        assert_eq!(
+            end(TrialInput::Failed { reason: "x".into() }),
+            Some(JobEnd::Ended(RunStatus::Failed))
+        );
+        for (last_state, status) in [
+            (None, RunStatus::Killed),
+            (Some(TrainingJobState::Running), RunStatus::Killed),
+            (Some(TrainingJobState::Suspended), RunStatus::Killed),
+            (Some(TrainingJobState::Completed), RunStatus::Finished),
+            (Some(TrainingJobState::Failed), RunStatus::Failed),
+        ] {
+            assert_eq!(
+                end(TrialInput::Finalized { last_state }),
+                Some(JobEnd::Finalized { status }),
+                "{last_state:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn standalone_jobs_are_queued_only_when_configured_and_identified() {
+        let (plain, mut receiver) = handle();
+        plain.job(
+            &EntityRef::new("ml", "bert", "u-1"),
+            &TrialInput::Started,
+            1,
+            true,
+        );
+        assert!(
+            receiver.try_recv().is_err(),
+            "not configured: nothing queued"
+        );
+
+        let (handle, mut receiver) = handle();
+        let handle = handle.with_standalone_jobs("jobs-{namespace}");
+        for unidentified in [
+            EntityRef::new("ml", "bert", ""),
+            EntityRef::new("", "bert", "u-1"),
+            EntityRef::new("ml", "", "u-1"),
+        ] {
+            handle.job(&unidentified, &TrialInput::Started, 1, true);
+        }
+        assert!(receiver.try_recv().is_err(), "no uid, namespace or name");
+        handle.job(
+            &EntityRef::new("ml", "bert", "u-1"),
+            &TrialInput::Started,
+            7,
+            true,
+        );
+        assert_eq!(
+            receiver.try_recv().expect("queued"),
+            TrackingCommand::JobStarted {
+                job: JobInfo {
+                    experiment: "jobs-ml".into(),
+                    ..job()
+                },
+                at_ms: 7
+            }
+        );
     }
 }

@@ -167,6 +167,11 @@ impl Tuner {
                 tracing::debug!(message_type = %message.header.message_type, why, "ignored");
                 return Ok(());
             }
+            Route::Job { job, input } => {
+                // Standalone jobs are only tracked: nothing to store or decide.
+                self.track_job(&job, &input, &message.header, true);
+                return Ok(());
+            }
             Route::SweepApplied { sweep, object } => (sweep, Input::Applied(object)),
             Route::SweepDeleted { sweep } => (sweep, Input::Deleted),
             Route::Trial {
@@ -299,7 +304,12 @@ impl Tuner {
             }
             Input::Trial { trial, input } => {
                 let Some(state) = &cell.state else {
-                    tracing::debug!(trial = %trial.name, "not a trial of a known sweep; ignored");
+                    // Named like a trial, but there is no such sweep: a standalone
+                    // job. Progress alone does not start its run: it may be a trial
+                    // of a sweep that was just deleted, still reporting.
+                    tracing::debug!(trial = %trial.name, "not a trial of a known sweep; tracked as a standalone job");
+                    let job = EntityRef::new(sweep.namespace.clone(), trial.name, trial.uid);
+                    self.track_job(&job, &input, header, false);
                     return Ok(());
                 };
                 if input == TrialInput::Completed && delivered < COMPLETION_WAIT_DELIVERIES {
@@ -443,6 +453,25 @@ impl Tuner {
                 .with_label_values(&[routing::finish_name(reason)])
                 .inc();
             tracing::info!(sweep = %state.sweep.key(), reason = routing::finish_name(reason), "sweep finished");
+        }
+    }
+
+    /// Hands what happened to a standalone TrainingJob to the experiment
+    /// tracker, if one is configured for standalone jobs. Never waits.
+    fn track_job(
+        &self,
+        job: &EntityRef,
+        input: &TrialInput,
+        header: &Header,
+        start_on_progress: bool,
+    ) {
+        if let Some(tracker) = &self.tracker {
+            tracker.job(
+                job,
+                input,
+                header.time.timestamp_millis(),
+                start_on_progress,
+            );
         }
     }
 

@@ -14,6 +14,8 @@ use common::*;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use trainyard_api::TrainingJobState;
+use trainyard_contracts::EntityRef;
+use trainyard_contracts::lifecycle::TrainingJobFinalized;
 use trainyard_hpo_tuner::TunerConfig;
 use trainyard_hpo_tuner::mlflow::{Batch, Metric, MlflowClient, RetryPolicy, RunStatus};
 use trainyard_hpo_tuner::spec::parameter_text;
@@ -204,6 +206,7 @@ async fn trials_are_recorded_in_mlflow() {
     };
     client_round_trip(&server, &reader).await;
     tuner_records_a_sweep(&server, &reader).await;
+    tuner_records_standalone_jobs(&server, &reader).await;
 }
 
 /// The client on its own: idempotent experiments, batching past MLflow's
@@ -428,6 +431,164 @@ async fn tuner_records_a_sweep(server: &MlflowServer, reader: &Reader) {
         vec![(1, 0.9), (2, 0.92), (3, 0.95), (4, 0.96)],
         "late reports are still recorded, repeats are not"
     );
+    assert_eq!(metric(&tuner, "trainyard_tuner_mlflow_errors_total"), 0.0);
+    stop_tuner(tuner).await;
+}
+
+/// The experiment's id, once it exists.
+async fn experiment_id(server: &MlflowServer, reader: &Reader, name: &str) -> Option<String> {
+    let response = reader
+        .http
+        .get(server.api("experiments/get-by-name"))
+        .query(&[("experiment_name", name)])
+        .send()
+        .await
+        .ok()?;
+    if !response.status().is_success() {
+        return None;
+    }
+    let body: Value = response.json().await.ok()?;
+    body["experiment"]["experiment_id"]
+        .as_str()
+        .map(str::to_string)
+}
+
+/// Runs of an experiment by run name; fails on a repeated name.
+async fn runs_by_name(
+    server: &MlflowServer,
+    reader: &Reader,
+    experiment_id: &str,
+) -> BTreeMap<String, Value> {
+    let mut out = BTreeMap::new();
+    for run in reader.runs(server, experiment_id).await {
+        let name = run["info"]["run_name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            out.insert(name.clone(), run).is_none(),
+            "two runs named {name}"
+        );
+    }
+    out
+}
+
+/// Standalone TrainingJobs (not trials): one experiment named after the
+/// namespace, one run per job with its tags, metric history by epoch and final
+/// status; a restarted tuner keeps using the runs it made.
+async fn tuner_records_standalone_jobs(server: &MlflowServer, reader: &Reader) {
+    let nats = NatsServer::start();
+    let config = TunerConfig {
+        mlflow_tracking_uri: Some(server.url()),
+        ..TunerConfig::default()
+    };
+    assert!(config.mlflow_track_standalone_jobs, "on by default");
+    let tuner = start_tuner(&nats, config.clone()).await;
+    let driver = Driver::connect(&nats).await;
+
+    // bert: runs 3 epochs (suspended and resumed in between) and completes.
+    driver
+        .transition("bert", "uid-bert", TrainingJobState::Running)
+        .await;
+    let losses = [(1, 0.9), (2, 0.5), (3, 0.25)];
+    for (epoch, loss) in losses {
+        driver
+            .progress("bert", "uid-bert", epoch, &[("loss", loss)])
+            .await;
+        if epoch == 1 {
+            driver
+                .transition("bert", "uid-bert", TrainingJobState::Suspended)
+                .await;
+            driver
+                .transition("bert", "uid-bert", TrainingJobState::Running)
+                .await;
+        }
+    }
+    driver
+        .transition("bert", "uid-bert", TrainingJobState::Completed)
+        .await;
+    // gpt: starts, reports an epoch; finishes after the tuner restarted.
+    driver
+        .transition("gpt", "uid-gpt", TrainingJobState::Running)
+        .await;
+    driver.progress("gpt", "uid-gpt", 1, &[("loss", 2.0)]).await;
+    // llama: deleted while running.
+    driver
+        .transition("llama", "uid-llama", TrainingJobState::Running)
+        .await;
+    driver
+        .publish(
+            EntityRef::new(NS, "llama", "uid-llama"),
+            TrainingJobFinalized {
+                last_state: Some(TrainingJobState::Running),
+            },
+        )
+        .await;
+
+    let experiment = eventually("the namespace's experiment", 60, || {
+        experiment_id(server, reader, NS)
+    })
+    .await;
+    let runs = eventually("bert finished with 3 points, llama killed", 60, || async {
+        let runs = runs_by_name(server, reader, &experiment).await;
+        let bert = runs.get("ml/bert")?;
+        let llama = runs.get("ml/llama")?;
+        let gpt = runs.get("ml/gpt")?;
+        let bert_id = bert["info"]["run_id"].as_str()?;
+        let gpt_id = gpt["info"]["run_id"].as_str()?;
+        let done = bert["info"]["status"] == "FINISHED"
+            && llama["info"]["status"] == "KILLED"
+            && reader.history(server, bert_id, "loss").await.len() == 3
+            && reader.history(server, gpt_id, "loss").await.len() == 1;
+        done.then_some(runs)
+    })
+    .await;
+    assert_eq!(runs.len(), 3, "one run per job: {:?}", runs.keys());
+    let bert = &runs["ml/bert"];
+    let tags = pairs_of(bert, "tags");
+    assert_eq!(tags["trainyard.namespace"], "ml");
+    assert_eq!(tags["trainyard.name"], "bert");
+    assert_eq!(tags["trainyard.uid"], "uid-bert");
+    assert_eq!(tags["trainyard.kind"], "TrainingJob");
+    assert!(bert["info"]["end_time"].as_i64().is_some(), "ended");
+    let bert_id = bert["info"]["run_id"].as_str().expect("run id").to_string();
+    let expected: Vec<(i64, f64)> = losses.iter().map(|(e, l)| (i64::from(*e), *l)).collect();
+    assert_eq!(reader.history(server, &bert_id, "loss").await, expected);
+    assert_eq!(runs["ml/gpt"]["info"]["status"], "RUNNING");
+    // Trials are not standalone jobs: the sweep's runs stay in their own experiment.
+    assert!(runs.keys().all(|name| !name.contains("-t0")));
+
+    // A restarted tuner goes on with the runs it made.
+    stop_tuner(tuner).await;
+    let tuner = start_tuner(&nats, config).await;
+    driver.progress("gpt", "uid-gpt", 2, &[("loss", 1.0)]).await;
+    driver
+        .transition("gpt", "uid-gpt", TrainingJobState::Failed)
+        .await;
+    // bert is deleted after it completed: its run stays FINISHED.
+    driver
+        .publish(
+            EntityRef::new(NS, "bert", "uid-bert"),
+            TrainingJobFinalized {
+                last_state: Some(TrainingJobState::Completed),
+            },
+        )
+        .await;
+    let runs = eventually("gpt failed with 2 points", 60, || async {
+        let runs = runs_by_name(server, reader, &experiment).await;
+        let gpt = runs.get("ml/gpt")?;
+        let gpt_id = gpt["info"]["run_id"].as_str()?;
+        let done = gpt["info"]["status"] == "FAILED"
+            && reader.history(server, gpt_id, "loss").await == vec![(1, 2.0), (2, 1.0)];
+        done.then_some(runs)
+    })
+    .await;
+    assert_eq!(runs.len(), 3, "no second run after the restart");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let bert = reader
+        .get(&server.api("runs/get"), &[("run_id", bert_id.as_str())])
+        .await;
+    assert_eq!(bert["run"]["info"]["status"], "FINISHED");
     assert_eq!(metric(&tuner, "trainyard_tuner_mlflow_errors_total"), 0.0);
     stop_tuner(tuner).await;
 }
