@@ -294,25 +294,7 @@ impl Planner {
                 PlannerAction::RecreateAfter { delay, .. }
                 | PlannerAction::RecheckAfter { delay, .. } => self.schedule(entity.clone(), delay),
                 PlannerAction::SendCommand { command, dedup_key } => {
-                    let published = match command {
-                        PlannerCommand::Stop(stop) => {
-                            self.publisher
-                                .publish_with_id(
-                                    self.publisher.envelope(entity.clone(), stop),
-                                    &dedup_key,
-                                )
-                                .await
-                        }
-                        PlannerCommand::CheckpointNow(request) => {
-                            self.publisher
-                                .publish_with_id(
-                                    self.publisher.envelope(entity.clone(), request),
-                                    &dedup_key,
-                                )
-                                .await
-                        }
-                    };
-                    published?;
+                    self.send_command(entity, command, &dedup_key).await?
                 }
                 PlannerAction::RecordEvent {
                     event_type,
@@ -347,6 +329,26 @@ impl Planner {
             }
             self.metrics.actions.with_label_values(&[label]).inc();
         }
+        Ok(())
+    }
+
+    /// Publishes a command to the job's workers; the two kinds are distinct payload types.
+    async fn send_command(
+        &self,
+        entity: &EntityRef,
+        command: PlannerCommand,
+        dedup_key: &str,
+    ) -> Result<(), PlannerError> {
+        match command {
+            PlannerCommand::Stop(stop) => {
+                let envelope = self.publisher.envelope(entity.clone(), stop);
+                self.publisher.publish_with_id(envelope, dedup_key).await?
+            }
+            PlannerCommand::CheckpointNow(request) => {
+                let envelope = self.publisher.envelope(entity.clone(), request);
+                self.publisher.publish_with_id(envelope, dedup_key).await?
+            }
+        };
         Ok(())
     }
 
