@@ -3,9 +3,7 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
-use futures::StreamExt;
 use trainyard_contracts::worker::{CheckpointReported, ProgressReported};
 use trainyard_contracts::{Incoming, Service, streams};
 use trainyard_runtime::Runtime;
@@ -32,31 +30,12 @@ fn run_worker(nats: &NatsServer, job: &str, extra: &[(&str, String)]) {
 }
 
 async fn worker_messages(runtime: &Runtime, job: &str) -> Vec<Incoming> {
-    let stream = runtime
-        .jetstream
-        .get_stream(streams::WORKER.name)
+    let filter = format!("trainyard.worker.*.*.ml.{job}");
+    trainyard_testkit::stream_messages(&runtime.jetstream, streams::WORKER.name, Some(&filter))
         .await
-        .expect("stream");
-    let consumer = stream
-        .create_consumer(async_nats::jetstream::consumer::pull::Config {
-            filter_subject: format!("trainyard.worker.*.*.ml.{job}"),
-            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
-            ..Default::default()
-        })
-        .await
-        .expect("consumer");
-    let mut messages = consumer
-        .fetch()
-        .max_messages(1000)
-        .expires(Duration::from_secs(1))
-        .messages()
-        .await
-        .expect("fetch");
-    let mut out = Vec::new();
-    while let Some(Ok(message)) = messages.next().await {
-        out.push(Incoming::decode(&message.payload).expect("a valid envelope"));
-    }
-    out
+        .iter()
+        .map(|m| Incoming::decode(&m.payload).expect("a valid envelope"))
+        .collect()
 }
 
 #[tokio::test]

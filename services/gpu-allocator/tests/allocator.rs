@@ -3,7 +3,6 @@
 
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use trainyard_contracts::dead_letter::DeadLetter;
@@ -97,26 +96,11 @@ async fn job(runtime: &Runtime, name: &str, workers: u32, gpus: u32, priority: O
 
 /// Every message of a stream, raw.
 async fn raw_messages(runtime: &Runtime, stream: &str) -> Vec<Vec<u8>> {
-    let stream = runtime.jetstream.get_stream(stream).await.expect("stream");
-    let consumer = stream
-        .create_consumer(async_nats::jetstream::consumer::pull::Config {
-            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
-            ..Default::default()
-        })
+    trainyard_testkit::stream_messages(&runtime.jetstream, stream, None)
         .await
-        .expect("consumer");
-    let mut batch = consumer
-        .fetch()
-        .max_messages(10_000)
-        .expires(Duration::from_millis(300))
-        .messages()
-        .await
-        .expect("fetch");
-    let mut out = Vec::new();
-    while let Some(Ok(message)) = batch.next().await {
-        out.push(message.payload.to_vec());
-    }
-    out
+        .into_iter()
+        .map(|m| m.payload.to_vec())
+        .collect()
 }
 
 async fn decisions<P: Payload>(runtime: &Runtime) -> Vec<(EntityRef, P)> {

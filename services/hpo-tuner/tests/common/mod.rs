@@ -8,9 +8,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::{self, consumer};
+use async_nats::jetstream;
 use bytes::Bytes;
-use futures::StreamExt;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use trainyard_api::{Sweep, TrainingJobState};
@@ -231,36 +230,11 @@ impl Driver {
 
     /// Every message of one stream, in order, with its subject and headers.
     pub async fn messages(&self, stream: &str) -> Vec<(String, Option<HeaderMap>, Bytes)> {
-        let stream = self.jetstream.get_stream(stream).await.expect("stream");
-        let consumer = stream
-            .create_consumer(consumer::pull::Config {
-                ack_policy: consumer::AckPolicy::None,
-                ..Default::default()
-            })
+        trainyard_testkit::stream_messages(&self.jetstream, stream, None)
             .await
-            .expect("consumer");
-        let mut out = Vec::new();
-        loop {
-            let mut batch = consumer
-                .fetch()
-                .max_messages(1000)
-                .expires(Duration::from_millis(300))
-                .messages()
-                .await
-                .expect("fetch");
-            let mut got = 0;
-            while let Some(Ok(message)) = batch.next().await {
-                got += 1;
-                out.push((
-                    message.subject.to_string(),
-                    message.headers.clone(),
-                    message.payload.clone(),
-                ));
-            }
-            if got == 0 {
-                return out;
-            }
-        }
+            .into_iter()
+            .map(|m| (m.subject, m.headers, m.payload))
+            .collect()
     }
 
     /// Decisions the tuner published about `sweep`, decoded as `P`, in order.

@@ -7,7 +7,6 @@
 
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
@@ -299,33 +298,11 @@ impl Cluster {
 
     /// Every message of one stream, in order.
     pub async fn stream_messages(&self, stream: &str) -> Vec<(String, Incoming)> {
-        let stream = self
-            .runtime
-            .jetstream
-            .get_stream(stream)
+        trainyard_testkit::stream_messages(&self.runtime.jetstream, stream, None)
             .await
-            .expect("stream");
-        let consumer = stream
-            .create_consumer(async_nats::jetstream::consumer::pull::Config {
-                ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
-                ..Default::default()
-            })
-            .await
-            .expect("consumer");
-        let mut batch = consumer
-            .fetch()
-            .max_messages(10_000)
-            .expires(Duration::from_millis(500))
-            .messages()
-            .await
-            .expect("fetch");
-        let mut out = Vec::new();
-        while let Some(Ok(message)) = batch.next().await {
-            if let Ok(incoming) = Incoming::decode(&message.payload) {
-                out.push((message.subject.to_string(), incoming));
-            }
-        }
-        out
+            .into_iter()
+            .filter_map(|m| Some((m.subject, Incoming::decode(&m.payload).ok()?)))
+            .collect()
     }
 
     /// The lifecycle states published for `name`, in order.
