@@ -12,7 +12,7 @@
 //! and follows a TrainingJob from creation to admission to deletion.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
@@ -39,19 +39,13 @@ async fn client() -> Option<Client> {
     Some(Client::try_from(config).expect("client"))
 }
 
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    // A real cluster pulls images and schedules pods: give it two minutes.
+    trainyard_testkit::eventually_within(what, Duration::from_secs(120), check).await
 }
 
 async fn runtime(nats: &NatsServer, service: TrainyardService) -> Runtime {

@@ -1,7 +1,7 @@
 //! End to end against a real nats-server: events in, decisions out, restarts,
 //! dead letters.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -123,20 +123,7 @@ async fn admissions(runtime: &Runtime) -> Vec<(String, AdmissionDecided)> {
         .collect()
 }
 
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+use trainyard_testkit::eventually;
 
 async fn stop(runtime: Runtime) {
     runtime.shutdown.cancel();

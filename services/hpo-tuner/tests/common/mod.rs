@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream;
@@ -76,19 +76,12 @@ pub fn metric(runtime: &Runtime, name: &str) -> f64 {
 }
 
 /// Polls `check` until it returns Some, or fails after `seconds`.
-pub async fn eventually<T, F, Fut>(what: &str, seconds: u64, mut check: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, seconds: u64, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + Duration::from_secs(seconds);
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    trainyard_testkit::eventually_within(what, Duration::from_secs(seconds), check).await
 }
 
 /// A Sweep object in namespace [`NS`].

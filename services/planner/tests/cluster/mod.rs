@@ -5,8 +5,6 @@
 // Each test binary uses a different subset of the driver.
 #![allow(dead_code)]
 
-use std::time::{Duration, Instant};
-
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
@@ -79,21 +77,7 @@ pub async fn start() -> Cluster {
     }
 }
 
-/// Polls `check` until it returns Some, or fails after 20 s.
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+pub use trainyard_testkit::eventually;
 
 impl Cluster {
     pub fn training_jobs(&self) -> Api<TrainingJob> {
