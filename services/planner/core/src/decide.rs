@@ -116,7 +116,18 @@ pub fn decide(
         config,
     };
     if previous.state.is_some_and(|s| s.is_terminal()) {
-        return context.terminal_cleanup();
+        let mut actions = context.terminal_cleanup();
+        // A worker's last reports can arrive after the Job's end (they travel on
+        // another stream); they still describe the final attempt.
+        let mut status = previous.clone();
+        context.fold_reports(
+            &mut status,
+            previous.state == Some(TrainingJobState::Completed),
+        );
+        if status != previous {
+            actions.push(PlannerAction::UpdateStatus(Box::new(status)));
+        }
+        return actions;
     }
     let verdict = context.judge();
     context.finish(verdict)
@@ -1082,6 +1093,37 @@ impl Context<'_> {
         actions
     }
 
+    /// Progress, metrics and checkpoint fields from the workers' reports.
+    fn fold_reports(&self, status: &mut TrainingJobStatus, completed: bool) {
+        let spec = self.spec();
+        let total = self.total_epochs();
+        status.total_epochs = Some(total);
+        if let Some(progress) = &self.state.progress {
+            status.current_epoch = Some(progress.epoch);
+            status.progress = Some(progress_percent(progress.epoch, total));
+            status.metrics = progress.metrics.clone();
+        } else if status.progress.is_none() {
+            status.progress = Some(progress_percent(0, total));
+        }
+        if completed {
+            status.progress = Some("100%".to_owned());
+        }
+        if let Some(checkpoint) = &self.state.latest_checkpoint {
+            let distinct = u32::try_from(self.state.checkpoint_uris.len()).unwrap_or(u32::MAX);
+            let retention = spec
+                .checkpoint
+                .as_ref()
+                .and_then(|c| c.retention)
+                .unwrap_or(u32::MAX);
+            status.checkpoint = Some(CheckpointStatus {
+                latest_path: Some(checkpoint.uri.clone()),
+                latest_epoch: Some(checkpoint.epoch),
+                last_checkpoint_time: Some(to_time(checkpoint.at)),
+                count: distinct.min(retention),
+            });
+        }
+    }
+
     fn status_for(&self, verdict: &Verdict) -> TrainingJobStatus {
         let spec = self.spec();
         let record = self.record();
@@ -1153,37 +1195,12 @@ impl Context<'_> {
             _ => {}
         }
 
-        let total = self.total_epochs();
-        status.total_epochs = Some(total);
-        if let Some(progress) = &self.state.progress {
-            status.current_epoch = Some(progress.epoch);
-            status.progress = Some(progress_percent(progress.epoch, total));
-            status.metrics = progress.metrics.clone();
-        } else if status.progress.is_none() {
-            status.progress = Some(progress_percent(0, total));
-        }
-        if verdict.state == TrainingJobState::Completed {
-            status.progress = Some("100%".to_owned());
-        }
+        self.fold_reports(&mut status, verdict.state == TrainingJobState::Completed);
         if let Some(job) = &record.job {
             status.workers = Some(WorkerCounts {
                 active: job.active,
                 succeeded: job.succeeded,
                 failed: job.failed,
-            });
-        }
-        if let Some(checkpoint) = &self.state.latest_checkpoint {
-            let distinct = u32::try_from(self.state.checkpoint_uris.len()).unwrap_or(u32::MAX);
-            let retention = spec
-                .checkpoint
-                .as_ref()
-                .and_then(|c| c.retention)
-                .unwrap_or(u32::MAX);
-            status.checkpoint = Some(CheckpointStatus {
-                latest_path: Some(checkpoint.uri.clone()),
-                latest_epoch: Some(checkpoint.epoch),
-                last_checkpoint_time: Some(to_time(checkpoint.at)),
-                count: distinct.min(retention),
             });
         }
         status.resources = verdict.allocation.as_ref().map(|admission| {

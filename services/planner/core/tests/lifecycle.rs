@@ -177,6 +177,24 @@ fn happy_path_goes_pending_queued_initializing_running_completed() {
     h.advance(60);
     assert!(h.decide().is_empty());
     assert_eq!(h.applied_jobs.len(), 1);
+
+    // The workers' last reports may arrive after the Job's end, on their own
+    // stream: they fill in the final epoch without changing the state.
+    h.observe(Observation::Progress(progress(0, 0, 10, &[("loss", 0.05)])));
+    h.observe(Observation::Checkpoint(checkpoint(0, 10)));
+    let actions = h.decide();
+    assert!(
+        matches!(actions.as_slice(), [PlannerAction::UpdateStatus(_)]),
+        "{actions:?}"
+    );
+    let status = h.status();
+    assert_eq!(status.state, Some(TrainingJobState::Completed));
+    assert_eq!(status.current_epoch, Some(10));
+    assert_eq!(status.progress.as_deref(), Some("100%"));
+    assert_eq!(status.metrics.get("loss"), Some(&0.05));
+    assert_eq!(status.checkpoint.and_then(|c| c.latest_epoch), Some(10));
+    assert_eq!(h.transitions.len(), 5, "no new transition");
+    assert!(h.decide().is_empty(), "and nothing more once folded in");
 }
 
 #[test]

@@ -1,0 +1,211 @@
+//! Command-line syntax: flags named and shaped like kubectl's.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Trainyard's command-line client: apply manifests, watch TrainingJobs and Sweeps,
+/// summarise a run. Talks to any Kubernetes API (a real cluster or the simulator)
+/// found through KUBECONFIG, ~/.kube/config or the in-cluster service account.
+#[derive(Debug, Parser)]
+#[command(name = "trainyard", version)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create or update TrainingJobs, Sweeps and TrainingQueues from YAML files
+    /// (server-side apply); nothing is applied if any document is invalid.
+    Apply(ApplyArgs),
+    /// List TrainingJobs, Sweeps or TrainingQueues as a table, or watch them change.
+    Get(GetArgs),
+    /// Outcome counts, queueing delay, durations and GPU utilisation of TrainingJobs.
+    Summary(SummaryArgs),
+}
+
+/// `trainyard apply`.
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    /// Manifest file, directory of .yaml/.yml/.json files, or - for standard input;
+    /// repeat for more.
+    #[arg(short = 'f', long = "filename", value_name = "FILE", required = true)]
+    pub files: Vec<PathBuf>,
+
+    /// Namespace for objects that do not name one (default: the kubeconfig context's,
+    /// else "default").
+    #[arg(short = 'n', long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+}
+
+/// `-n` / `-A`, shared by `get` and `summary`.
+#[derive(Debug, Args)]
+pub struct ScopeArgs {
+    /// Namespace to look in (default: the kubeconfig context's, else "default").
+    #[arg(
+        short = 'n',
+        long,
+        value_name = "NAMESPACE",
+        conflicts_with = "all_namespaces"
+    )]
+    pub namespace: Option<String>,
+
+    /// Look in every namespace.
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
+}
+
+/// `trainyard get`.
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    /// What to list.
+    #[arg(value_enum)]
+    pub resource: ResourceKind,
+
+    /// Which namespaces (ignored for cluster-scoped trainingqueues).
+    #[command(flatten)]
+    pub scope: ScopeArgs,
+
+    /// After listing, print a row again each time one changes.
+    #[arg(short = 'w', long)]
+    pub watch: bool,
+
+    /// Watch until every object in scope is Completed or Failed (at least one must
+    /// exist), then exit 0. Implies --watch.
+    #[arg(long)]
+    pub until_done: bool,
+
+    /// Give up after this many seconds and exit non-zero.
+    #[arg(long, value_name = "SECONDS")]
+    pub timeout: Option<u64>,
+
+    /// Output format: wide (extra columns) or json.
+    #[arg(short = 'o', long, value_enum, value_name = "FORMAT")]
+    pub output: Option<OutputFormat>,
+}
+
+/// The kinds `get` lists, with kubectl's plural, singular and short names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ResourceKind {
+    /// TrainingJobs.
+    #[value(
+        name = "trainingjobs",
+        alias = "trainingjob",
+        alias = "tj",
+        alias = "tjob"
+    )]
+    TrainingJobs,
+    /// Sweeps.
+    #[value(name = "sweeps", alias = "sweep", alias = "sw")]
+    Sweeps,
+    /// TrainingQueues.
+    #[value(name = "trainingqueues", alias = "trainingqueue", alias = "tq")]
+    TrainingQueues,
+}
+
+/// `-o` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// The table with extra columns after AGE.
+    Wide,
+    /// JSON: a kubectl-style List, or one object per line while watching.
+    Json,
+}
+
+/// `trainyard summary`.
+#[derive(Debug, Args)]
+pub struct SummaryArgs {
+    /// Which namespaces.
+    #[command(flatten)]
+    pub scope: ScopeArgs,
+
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("trainyard").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_command_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn apply_takes_several_files_and_a_namespace() {
+        let cli =
+            parse(&["apply", "-f", "a.yaml", "--filename", "b.yaml", "-n", "ml"]).expect("parses");
+        let Command::Apply(args) = cli.command else {
+            panic!("not apply: {cli:?}");
+        };
+        assert_eq!(
+            args.files,
+            [PathBuf::from("a.yaml"), PathBuf::from("b.yaml")]
+        );
+        assert_eq!(args.namespace.as_deref(), Some("ml"));
+        assert!(parse(&["apply"]).is_err(), "-f is required");
+    }
+
+    #[test]
+    fn get_understands_kubectl_names_and_flags() {
+        let cli = parse(&[
+            "get",
+            "tj",
+            "-A",
+            "-w",
+            "--until-done",
+            "--timeout",
+            "30",
+            "-o",
+            "wide",
+        ])
+        .expect("parses");
+        let Command::Get(args) = cli.command else {
+            panic!("not get: {cli:?}");
+        };
+        assert_eq!(args.resource, ResourceKind::TrainingJobs);
+        assert!(args.scope.all_namespaces && args.watch && args.until_done);
+        assert_eq!(args.timeout, Some(30));
+        assert_eq!(args.output, Some(OutputFormat::Wide));
+        for (name, kind) in [
+            ("sweeps", ResourceKind::Sweeps),
+            ("sw", ResourceKind::Sweeps),
+            ("trainingjob", ResourceKind::TrainingJobs),
+            ("tq", ResourceKind::TrainingQueues),
+        ] {
+            let Command::Get(args) = parse(&["get", name]).expect("parses").command else {
+                panic!("not get");
+            };
+            assert_eq!(args.resource, kind, "{name}");
+        }
+        assert!(parse(&["get", "pods"]).is_err());
+        assert!(
+            parse(&["get", "tj", "-n", "ml", "-A"]).is_err(),
+            "-n and -A conflict"
+        );
+        assert!(parse(&["get", "tj", "-o", "yaml"]).is_err());
+        assert!(parse(&["get", "tj", "--timeout", "soon"]).is_err());
+    }
+
+    #[test]
+    fn summary_takes_scope_and_json() {
+        let Command::Summary(args) = parse(&["summary", "-n", "ml", "--json"])
+            .expect("parses")
+            .command
+        else {
+            panic!("not summary");
+        };
+        assert_eq!(args.scope.namespace.as_deref(), Some("ml"));
+        assert!(args.json);
+    }
+}

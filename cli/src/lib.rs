@@ -1,0 +1,122 @@
+//! The `trainyard` command-line client: apply Trainyard manifests, watch TrainingJobs
+//! and Sweeps, and summarise a run, against any Kubernetes API.
+//!
+//! Parsing, validation, rows, watch logic and the summary are pure functions; only
+//! `apply::apply_manifests` and the `get` module talk to the cluster.
+
+pub mod apply;
+pub mod cli;
+pub mod error;
+pub mod format;
+pub mod get;
+pub mod manifest;
+pub mod queue_position;
+pub mod resources;
+pub mod summary;
+pub mod watch;
+
+use std::io::Write;
+use std::time::Duration;
+
+use kube::Client;
+use trainyard_api::validation::is_dns_label;
+use trainyard_api::{Sweep, TrainingJob, TrainingQueue};
+
+use crate::cli::{Cli, Command, ResourceKind, ScopeArgs};
+use crate::error::CliError;
+use crate::get::GetOptions;
+use crate::resources::Scope;
+
+/// Connects the way kubectl does: KUBECONFIG, then ~/.kube/config, then the
+/// in-cluster service account.
+pub async fn connect() -> Result<Client, CliError> {
+    Client::try_default()
+        .await
+        .map_err(|error| CliError::Connect(Box::new(error)))
+}
+
+fn checked_namespace(namespace: &str) -> Result<String, CliError> {
+    if is_dns_label(namespace) {
+        Ok(namespace.to_owned())
+    } else {
+        Err(CliError::Usage(format!(
+            "{namespace:?} is not a valid namespace: use at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit"
+        )))
+    }
+}
+
+/// `-n` / `-A`, falling back to the client's namespace (the kubeconfig context's, or
+/// "default"). A bad `-n` is refused before connecting.
+async fn connect_in_scope<C>(args: &ScopeArgs, connect: C) -> Result<(Client, Scope), CliError>
+where
+    C: AsyncFnOnce() -> Result<Client, CliError>,
+{
+    let flag_namespace = args
+        .namespace
+        .as_deref()
+        .map(checked_namespace)
+        .transpose()?;
+    let client = connect().await?;
+    let scope = match (args.all_namespaces, flag_namespace) {
+        (true, _) => Scope::AllNamespaces,
+        (false, Some(namespace)) => Scope::Namespace(namespace),
+        (false, None) => Scope::Namespace(checked_namespace(client.default_namespace())?),
+    };
+    Ok((client, scope))
+}
+
+/// Runs one parsed command, writing results to `out` and notices (such as "No
+/// trainingjobs found") to `err`.
+///
+/// `connect` is called only once the command's own input is known to be good, so a
+/// bad manifest or flag is reported even where no cluster is reachable.
+pub async fn run<C>(
+    cli: Cli,
+    connect: C,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<(), CliError>
+where
+    C: AsyncFnOnce() -> Result<Client, CliError>,
+{
+    match cli.command {
+        Command::Apply(args) => {
+            let flag_namespace = args
+                .namespace
+                .as_deref()
+                .map(checked_namespace)
+                .transpose()?;
+            let sources = apply::read_sources(&args.files)?;
+            let manifests = apply::validate_sources(&sources)?;
+            let client = connect().await?;
+            let namespace = match flag_namespace {
+                Some(namespace) => namespace,
+                None => checked_namespace(client.default_namespace())?,
+            };
+            apply::apply_manifests(&client, &manifests, &namespace, out).await
+        }
+        Command::Get(args) => {
+            let (client, scope) = connect_in_scope(&args.scope, connect).await?;
+            let options = GetOptions {
+                scope,
+                output: args.output,
+                watch: args.watch,
+                until_done: args.until_done,
+                timeout: args.timeout.map(Duration::from_secs),
+            };
+            match args.resource {
+                ResourceKind::TrainingJobs => {
+                    get::get::<TrainingJob>(client, &options, out, err).await
+                }
+                ResourceKind::Sweeps => get::get::<Sweep>(client, &options, out, err).await,
+                ResourceKind::TrainingQueues => {
+                    get::get::<TrainingQueue>(client, &options, out, err).await
+                }
+            }
+        }
+        Command::Summary(args) => {
+            let (client, scope) = connect_in_scope(&args.scope, connect).await?;
+            get::summary(client, &scope, args.json, out).await
+        }
+    }
+}

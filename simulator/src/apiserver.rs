@@ -1,0 +1,496 @@
+//! The HTTP face of the simulated cluster: the subset of the Kubernetes REST API
+//! that kube-rs clients (the watcher, the planner, the `trainyard` CLI) use — get,
+//! list, watch with resume and bookmarks, create, replace, merge and apply patches,
+//! delete with propagation, and the status subresource. Plain HTTP on loopback, no
+//! authentication: it is a simulator.
+
+use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tokio::sync::broadcast::{self, error::RecvError};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::ApiError;
+use crate::resources::{self, ResourceType};
+use crate::selector::Selector;
+use crate::store::{Change, ChangeKind, PatchKind, Propagation, Store, Subresource};
+
+/// Longest a watch stays open before the client re-watches, as on a real apiserver.
+const MAX_WATCH_SECONDS: u64 = 290;
+
+#[derive(Clone)]
+struct ApiState {
+    store: Arc<Store>,
+    shutdown: CancellationToken,
+}
+
+/// The router serving the API from `store`; open watches end on `shutdown`.
+pub fn router(store: Arc<Store>, shutdown: CancellationToken) -> Router {
+    Router::new()
+        .fallback(handle)
+        .with_state(ApiState { store, shutdown })
+}
+
+/// A request path, taken apart.
+#[derive(Debug, PartialEq, Eq)]
+struct Target {
+    rt: &'static ResourceType,
+    namespace: Option<String>,
+    name: Option<String>,
+    subresource: Subresource,
+}
+
+fn parse_path(path: &str) -> Result<Target, ApiError> {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, version, rest) = match parts.as_slice() {
+        ["api", version, rest @ ..] => ("", *version, rest),
+        ["apis", group, version, rest @ ..] => (*group, *version, rest),
+        _ => return Err(not_served(path)),
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, plural, rest @ ..] if *plural != "status" && *plural != "finalize" => {
+            (Some((*ns).to_owned()), [&[*plural][..], rest].concat())
+        }
+        other => (None, other.to_vec()),
+    };
+    let (plural, name, sub) = match rest.as_slice() {
+        [plural] => (*plural, None, None),
+        [plural, name] => (*plural, Some(*name), None),
+        [plural, name, sub] => (*plural, Some(*name), Some(*sub)),
+        _ => return Err(not_served(path)),
+    };
+    let rt = resources::lookup(group, version, plural).ok_or_else(|| not_served(path))?;
+    let subresource = match sub {
+        None => Subresource::Main,
+        Some("status") => Subresource::Status,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "subresource {other:?} is not simulated; only /status is"
+            )));
+        }
+    };
+    if rt.namespaced != namespace.is_some() && name.is_some() {
+        return Err(ApiError::bad_request(format!(
+            "{} is {}namespaced; use the {} path",
+            rt.name,
+            if rt.namespaced { "" } else { "not " },
+            if rt.namespaced {
+                "/namespaces/<ns>/..."
+            } else {
+                "cluster-scoped"
+            }
+        )));
+    }
+    Ok(Target {
+        rt,
+        namespace,
+        name: name.map(str::to_owned),
+        subresource,
+    })
+}
+
+fn not_served(path: &str) -> ApiError {
+    let mut err = ApiError::bad_request(format!(
+        "the simulated cluster does not serve {path}; it serves {}",
+        resources::all()
+            .iter()
+            .map(|rt| rt.name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    err.code = 404;
+    err.reason = "NotFound";
+    err
+}
+
+fn reply(status: StatusCode, body: &Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn error_reply(err: &ApiError) -> Response {
+    let status = StatusCode::from_u16(err.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    reply(status, &err.status())
+}
+
+fn object_reply(result: Result<Arc<Value>, ApiError>, success: StatusCode) -> Response {
+    match result {
+        Ok(object) => reply(success, &object),
+        Err(err) => error_reply(&err),
+    }
+}
+
+fn flag(query: &HashMap<String, String>, name: &str) -> bool {
+    query
+        .get(name)
+        .is_some_and(|v| v.is_empty() || v == "true" || v == "1")
+}
+
+/// The request body as JSON; YAML too when the content type says so (apply patches).
+fn parse_body(body: &Bytes, headers: &HeaderMap) -> Result<Value, ApiError> {
+    if body.is_empty() {
+        return Ok(Value::Null);
+    }
+    let yaml = content_type(headers).contains("yaml");
+    match serde_json::from_slice(body) {
+        Ok(value) => Ok(value),
+        Err(json) if !yaml => Err(ApiError::bad_request(format!(
+            "the request body is not valid JSON: {json}"
+        ))),
+        Err(json) => serde_yaml::from_slice(body).map_err(|yaml| {
+            ApiError::bad_request(format!(
+                "the request body is neither valid JSON ({json}) nor valid YAML ({yaml})"
+            ))
+        }),
+    }
+}
+
+fn content_type(headers: &HeaderMap) -> &str {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+}
+
+async fn handle(
+    State(state): State<ApiState>,
+    method: Method,
+    uri: Uri,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if uri.path() == "/version" {
+        return reply(
+            StatusCode::OK,
+            &json!({"major": "1", "minor": "36", "gitVersion": "v1.36.0-trainyard-simulator", "platform": "simulated"}),
+        );
+    }
+    let target = match parse_path(uri.path()) {
+        Ok(target) => target,
+        Err(err) => return error_reply(&err),
+    };
+    match serve(&state, &method, target, &query, &headers, &body) {
+        Ok(response) => response,
+        Err(err) => error_reply(&err),
+    }
+}
+
+fn serve(
+    state: &ApiState,
+    method: &Method,
+    target: Target,
+    query: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    let store = &state.store;
+    let Target {
+        rt,
+        namespace,
+        name,
+        subresource,
+    } = target;
+    let ns = namespace.as_deref();
+    if method != Method::GET && query.contains_key("dryRun") {
+        return Err(ApiError::bad_request(
+            "dryRun is not simulated; the simulated cluster would perform the write",
+        ));
+    }
+    match (method, name) {
+        (&Method::GET, Some(name)) => Ok(object_reply(store.get(rt, ns, &name), StatusCode::OK)),
+        (&Method::GET, None) => {
+            let labels = Selector::parse(query.get("labelSelector").map_or("", String::as_str))?;
+            let fields = Selector::parse(query.get("fieldSelector").map_or("", String::as_str))?;
+            if flag(query, "watch") {
+                return watch(state, rt, namespace, labels, fields, query);
+            }
+            let (items, revision) = store.list(rt, ns, &labels, &fields);
+            Ok(reply(
+                StatusCode::OK,
+                &json!({
+                    "apiVersion": rt.api_version(),
+                    "kind": format!("{}List", rt.kind),
+                    "metadata": {"resourceVersion": revision.to_string()},
+                    "items": items.iter().map(|o| o.as_ref()).collect::<Vec<_>>(),
+                }),
+            ))
+        }
+        (&Method::POST, None) => Ok(object_reply(
+            store.create(rt, ns, parse_body(body, headers)?),
+            StatusCode::CREATED,
+        )),
+        (&Method::PUT, Some(name)) => Ok(object_reply(
+            store.replace(rt, ns, &name, parse_body(body, headers)?, subresource),
+            StatusCode::OK,
+        )),
+        (&Method::PATCH, Some(name)) => {
+            let kind = match content_type(headers) {
+                "application/apply-patch+yaml" => PatchKind::Apply {
+                    force: flag(query, "force"),
+                },
+                "application/merge-patch+json" => PatchKind::Merge,
+                "application/strategic-merge-patch+json" => PatchKind::Strategic,
+                other => {
+                    return Err(ApiError::unsupported_media_type(format!(
+                        "patch type {other:?} is not simulated; use server-side apply, a merge patch or a strategic merge patch"
+                    )));
+                }
+            };
+            Ok(object_reply(
+                store.patch(
+                    rt,
+                    ns,
+                    &name,
+                    kind,
+                    parse_body(body, headers)?,
+                    query.get("fieldManager").map(String::as_str),
+                    subresource,
+                ),
+                StatusCode::OK,
+            ))
+        }
+        (&Method::DELETE, Some(name)) => {
+            let options = parse_body(body, headers)?;
+            let policy = query
+                .get("propagationPolicy")
+                .map(String::as_str)
+                .or(options["propagationPolicy"].as_str());
+            let propagation = match policy {
+                None | Some("Background") => Propagation::Background,
+                Some("Foreground") => Propagation::Foreground,
+                Some("Orphan") => Propagation::Orphan,
+                Some(other) => {
+                    return Err(ApiError::bad_request(format!(
+                        "propagationPolicy {other:?}: use Background, Foreground or Orphan"
+                    )));
+                }
+            };
+            Ok(object_reply(
+                store.delete(rt, ns, &name, propagation),
+                StatusCode::OK,
+            ))
+        }
+        (method, _) => Err(ApiError::method_not_allowed(format!(
+            "{method} is not allowed on this path"
+        ))),
+    }
+}
+
+/// What a watch stream is doing.
+enum Phase {
+    Backlog(VecDeque<Change>, broadcast::Receiver<Change>),
+    Live(broadcast::Receiver<Change>),
+    Closing,
+    Done,
+}
+
+struct Watch {
+    phase: Phase,
+    rt: &'static ResourceType,
+    namespace: Option<String>,
+    labels: Selector,
+    fields: Selector,
+    deadline: tokio::time::Instant,
+    shutdown: CancellationToken,
+    bookmarks: bool,
+    /// The resourceVersion of the last change this watch has passed (sent or not):
+    /// a bookmark must not point past changes still queued for it.
+    last: u64,
+}
+
+impl Watch {
+    fn matches(&self, object: &Value) -> bool {
+        self.labels.matches_labels(object) && self.fields.matches_fields(object)
+    }
+
+    /// The event this watch sends for `change`, if any: as on a real apiserver, a
+    /// modification that makes an object match the selectors is ADDED, one that
+    /// makes it stop matching is DELETED.
+    fn event_for(&self, change: &Change) -> Option<Bytes> {
+        let watched = change.resource == self.rt.name
+            && self
+                .namespace
+                .as_deref()
+                .is_none_or(|ns| change.namespace() == Some(ns));
+        if !watched {
+            return None;
+        }
+        let matched_before = change.previous.as_deref().map(|p| self.matches(p));
+        let kind = match (self.matches(&change.object), matched_before) {
+            (true, Some(false)) => ChangeKind::Added,
+            (true, _) => change.kind,
+            (false, Some(true)) => ChangeKind::Deleted,
+            (false, _) => return None,
+        };
+        Some(Self::line(
+            &json!({"type": kind.as_str(), "object": change.object.as_ref()}),
+        ))
+    }
+
+    fn line(value: &Value) -> Bytes {
+        let mut text = value.to_string();
+        text.push('\n');
+        Bytes::from(text)
+    }
+
+    fn bookmark(&self) -> Bytes {
+        Self::line(&json!({
+            "type": "BOOKMARK",
+            "object": {
+                "apiVersion": self.rt.api_version(),
+                "kind": self.rt.kind,
+                "metadata": {"resourceVersion": self.last.to_string()},
+            },
+        }))
+    }
+
+    fn expired() -> Bytes {
+        Self::line(&json!({
+            "type": "ERROR",
+            "object": ApiError::gone("the watch fell behind; relist").status(),
+        }))
+    }
+
+    /// The next line to send, or `None` when the stream ends.
+    async fn next(&mut self) -> Option<Bytes> {
+        loop {
+            match std::mem::replace(&mut self.phase, Phase::Done) {
+                Phase::Done => return None,
+                Phase::Closing => {
+                    return self.bookmarks.then(|| self.bookmark());
+                }
+                Phase::Backlog(mut backlog, live) => match backlog.pop_front() {
+                    Some(change) => {
+                        self.phase = Phase::Backlog(backlog, live);
+                        self.last = change.resource_version;
+                        if let Some(event) = self.event_for(&change) {
+                            return Some(event);
+                        }
+                    }
+                    None => self.phase = Phase::Live(live),
+                },
+                Phase::Live(mut live) => {
+                    let received = tokio::select! {
+                        _ = self.shutdown.cancelled() => { self.phase = Phase::Done; return None; }
+                        _ = tokio::time::sleep_until(self.deadline) => { self.phase = Phase::Closing; continue; }
+                        received = live.recv() => received,
+                    };
+                    match received {
+                        Ok(change) => {
+                            self.phase = Phase::Live(live);
+                            self.last = change.resource_version;
+                            if let Some(event) = self.event_for(&change) {
+                                return Some(event);
+                            }
+                        }
+                        Err(RecvError::Lagged(_)) => return Some(Self::expired()),
+                        Err(RecvError::Closed) => return None,
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn watch(
+    state: &ApiState,
+    rt: &'static ResourceType,
+    namespace: Option<String>,
+    labels: Selector,
+    fields: Selector,
+    query: &HashMap<String, String>,
+) -> Result<Response, ApiError> {
+    let from = match query.get("resourceVersion").map(String::as_str) {
+        None | Some("") | Some("0") => state.store.revision(),
+        Some(rv) => rv.parse::<u64>().map_err(|_| {
+            ApiError::bad_request(format!(
+                "resourceVersion {rv:?} is not one this server issued"
+            ))
+        })?,
+    };
+    let seconds = query
+        .get("timeoutSeconds")
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(MAX_WATCH_SECONDS)
+        .min(MAX_WATCH_SECONDS);
+    let phase = match state.store.watch(rt, from) {
+        Some(start) => Phase::Backlog(start.backlog.into(), start.live),
+        None => Phase::Done,
+    };
+    let expired = matches!(phase, Phase::Done);
+    let watch = Watch {
+        phase,
+        rt,
+        namespace,
+        labels,
+        fields,
+        deadline: tokio::time::Instant::now() + Duration::from_secs(seconds),
+        shutdown: state.shutdown.clone(),
+        bookmarks: flag(query, "allowWatchBookmarks"),
+        last: from,
+    };
+    let stream = futures::stream::unfold(watch, |mut watch| async move {
+        watch.next().await.map(|line| (line, watch))
+    });
+    let body = if expired {
+        Body::from(Watch::expired())
+    } else {
+        Body::from_stream(stream.map(Ok::<_, Infallible>))
+    };
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_name_type_scope_and_subresource() {
+        let t = parse_path("/apis/batch/v1/namespaces/ml/jobs/a/status").expect("parses");
+        assert_eq!(t.rt.name, "jobs.batch");
+        assert_eq!(t.namespace.as_deref(), Some("ml"));
+        assert_eq!(t.name.as_deref(), Some("a"));
+        assert_eq!(t.subresource, Subresource::Status);
+        let t = parse_path("/api/v1/nodes").expect("parses");
+        assert_eq!((t.rt.name, t.namespace, t.name), ("nodes", None, None));
+        let t = parse_path("/api/v1/namespaces/ml").expect("parses");
+        assert_eq!((t.rt.name, t.name.as_deref()), ("namespaces", Some("ml")));
+        let t = parse_path("/apis/trainyard.dev/v1/trainingjobs").expect("parses");
+        assert_eq!(t.rt.kind, "TrainingJob");
+        assert_eq!(
+            parse_path("/apis/apps/v1/deployments")
+                .expect_err("not served")
+                .code,
+            404
+        );
+        assert_eq!(
+            parse_path("/api/v1/namespaces/ml/pods/a/log")
+                .expect_err("no logs")
+                .code,
+            400
+        );
+    }
+}

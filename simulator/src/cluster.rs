@@ -1,0 +1,1242 @@
+//! The simulated cluster's controllers: the nodes' kubelets, the Job controller, the
+//! scheduler and the training itself. `Cluster::step` advances everything to the
+//! virtual clock's now and returns the worker reports to publish; it does no I/O
+//! beyond the in-memory store, so tests drive it step by step.
+//!
+//! Simplifications, deliberately: only GPUs (`nvidia.com/gpu`, `nvidia.com/mig-*`)
+//! and pod counts are accounted on nodes, not CPU or memory; a Job is a gang (any
+//! worker failure fails the Job, as Trainyard's Jobs have `backoffLimit: 0`); the
+//! workers of a gang start training together once all are Running (a rendezvous)
+//! and advance in lockstep.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use chrono::{SecondsFormat, Utc};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use trainyard_contracts::worker::{CheckpointReported, ProgressReported};
+
+use crate::clock::SimClock;
+use crate::config::{ClusterConfig, NodeGroup};
+use crate::resources;
+use crate::selector::Selector;
+use crate::store::{Propagation, Store};
+
+const GPU: &str = "nvidia.com/gpu";
+const MIG_PREFIX: &str = "nvidia.com/mig-";
+const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
+const CONTROLLER_UID_LABEL: &str = "batch.kubernetes.io/controller-uid";
+const INDEX_KEY: &str = "batch.kubernetes.io/job-completion-index";
+const TRAINING_JOB_LABEL: &str = "trainyard.dev/job";
+const ATTEMPT_LABEL: &str = "trainyard.dev/attempt";
+/// Per-job override of the epoch speed, for trace replay (set through `spec.env`).
+pub const EPOCH_SECONDS_ENV: &str = "TRAINYARD_SIM_SECONDS_PER_EPOCH";
+
+fn wall_clock() -> String {
+    Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+/// What a simulated worker says over NATS.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Report {
+    Progress {
+        namespace: String,
+        training_job: String,
+        payload: ProgressReported,
+    },
+    Checkpoint {
+        namespace: String,
+        training_job: String,
+        payload: CheckpointReported,
+    },
+}
+
+/// A command a worker received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkerCommand {
+    CheckpointNow {
+        namespace: String,
+        training_job: String,
+    },
+    Stop {
+        namespace: String,
+        training_job: String,
+    },
+}
+
+/// How one gang run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunOutcome {
+    Succeeded,
+    Failed,
+    Disrupted,
+}
+
+/// The simulated history of one TrainingJob, in simulated seconds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobHistory {
+    pub gpus: u32,
+    /// When each gang run started training (all workers Running).
+    pub started: Vec<f64>,
+    /// When each run ended, and how.
+    pub ended: Vec<(f64, RunOutcome)>,
+}
+
+/// A sample of the cluster's GPU use.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct UsageSample {
+    pub at: f64,
+    pub busy_gpus: u32,
+    pub total_gpus: u32,
+    pub pending_pods: u32,
+}
+
+#[derive(Debug, Clone)]
+struct NodeSlot {
+    group: usize,
+    index: u32,
+    name: String,
+    generation: u32,
+    /// Down (reclaimed or failed) until this simulated time.
+    down_until: Option<f64>,
+}
+
+#[derive(Debug, Clone)]
+struct Run {
+    namespace: String,
+    job: String,
+    training_job: String,
+    attempt: u32,
+    workers: u32,
+    gpus: u32,
+    started: Option<f64>,
+    start_epoch: u32,
+    total_epochs: u32,
+    seconds_per_epoch: f64,
+    checkpoint_dir: Option<String>,
+    checkpoint_every: u32,
+    reported_epoch: u32,
+    /// Fails when training reaches this simulated time, with this exit code.
+    failure: Option<(f64, i32)>,
+    stop_requested: bool,
+    /// How good the run's hyperparameters are, 0..=1 (see [`quality`]).
+    quality: f64,
+    model_key: u64,
+}
+
+/// The simulated cluster.
+pub struct Cluster {
+    store: Arc<Store>,
+    config: ClusterConfig,
+    clock: SimClock,
+    rng: StdRng,
+    nodes: Vec<NodeSlot>,
+    runs: HashMap<String, Run>,
+    bound_at: HashMap<String, f64>,
+    history: BTreeMap<String, JobHistory>,
+    usage: Vec<UsageSample>,
+    last_step: f64,
+}
+
+fn key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+fn str_of<'a>(value: &'a Value, path: &[&str]) -> Option<&'a str> {
+    path.iter().fold(value, |v, p| &v[*p]).as_str()
+}
+
+/// `"4"`, `4` or `"4000m"` as whole units.
+fn quantity(value: &Value) -> u32 {
+    match value {
+        Value::Number(n) => n.as_u64().unwrap_or(0) as u32,
+        Value::String(s) => match s.strip_suffix('m') {
+            Some(milli) => milli.parse::<u32>().map(|m| m / 1000).unwrap_or(0),
+            None => s.parse().unwrap_or(0),
+        },
+        _ => 0,
+    }
+}
+
+/// Extended resources (GPUs, MIG slices) a pod asks for: limits, else requests.
+fn pod_requests(pod: &Value) -> BTreeMap<String, u32> {
+    let mut total = BTreeMap::new();
+    for container in pod["spec"]["containers"].as_array().into_iter().flatten() {
+        let resources = &container["resources"];
+        for section in ["limits", "requests"] {
+            let Some(map) = resources[section].as_object() else {
+                continue;
+            };
+            for (name, value) in map {
+                if (name == GPU || name.starts_with(MIG_PREFIX))
+                    && (section == "limits" || resources["limits"][name].is_null())
+                {
+                    *total.entry(name.clone()).or_insert(0) += quantity(value);
+                }
+            }
+        }
+    }
+    total
+}
+
+fn phase(pod: &Value) -> &str {
+    str_of(pod, &["status", "phase"]).unwrap_or("Pending")
+}
+
+fn terminal(pod: &Value) -> bool {
+    matches!(phase(pod), "Succeeded" | "Failed")
+}
+
+fn job_finished(job: &Value) -> bool {
+    job["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| matches!(c["type"].as_str(), Some("Complete" | "Failed")) && c["status"] == "True")
+}
+
+fn tolerates(tolerations: &[Value], taint: &Value) -> bool {
+    let effect = taint["effect"].as_str().unwrap_or_default();
+    if effect == "PreferNoSchedule" {
+        return true;
+    }
+    tolerations.iter().any(|t| {
+        let key_ok = match t["key"].as_str() {
+            None | Some("") => t["operator"] == "Exists",
+            Some(k) => Some(k) == taint["key"].as_str(),
+        };
+        let value_ok = t["operator"] == "Exists"
+            || t["value"].as_str().unwrap_or_default()
+                == taint["value"].as_str().unwrap_or_default();
+        let effect_ok = t["effect"]
+            .as_str()
+            .is_none_or(|e| e.is_empty() || e == effect);
+        key_ok && value_ok && effect_ok
+    })
+}
+
+fn expression_matches(expression: &Value, labels: &Value) -> bool {
+    let key = expression["key"].as_str().unwrap_or_default();
+    let value = labels[key].as_str();
+    let values: Vec<&str> = expression["values"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    match expression["operator"].as_str().unwrap_or_default() {
+        "In" => value.is_some_and(|v| values.contains(&v)),
+        "NotIn" => value.is_none_or(|v| !values.contains(&v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        _ => false,
+    }
+}
+
+fn label_selector_matches(selector: &Value, labels: &Value) -> bool {
+    let match_labels = selector["matchLabels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .all(|(k, v)| labels[k] == *v);
+    let expressions = selector["matchExpressions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .all(|e| expression_matches(e, labels));
+    match_labels && expressions
+}
+
+/// Why a node cannot take a pod, or `None` when it can.
+fn unfit(
+    pod: &Value,
+    node: &Value,
+    free: &BTreeMap<String, i64>,
+    requests: &BTreeMap<String, u32>,
+    placed: &[(String, Value)],
+    node_labels: &HashMap<String, Value>,
+) -> Option<&'static str> {
+    let spec = &pod["spec"];
+    let labels = &node["metadata"]["labels"];
+    let ready = node["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+    if !ready || node["spec"]["unschedulable"] == true {
+        return Some("node not ready or cordoned");
+    }
+    let tolerations = spec["tolerations"].as_array().cloned().unwrap_or_default();
+    let untolerated = node["spec"]["taints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|taint| !tolerates(&tolerations, taint));
+    if untolerated {
+        return Some("untolerated taint");
+    }
+    let selector_ok = spec["nodeSelector"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .all(|(k, v)| labels[k] == *v);
+    let terms = &spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"];
+    let affinity_ok = terms.as_array().is_none_or(|terms| {
+        terms.is_empty()
+            || terms.iter().any(|term| {
+                term["matchExpressions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .all(|e| expression_matches(e, labels))
+            })
+    });
+    if !selector_ok || !affinity_ok {
+        return Some("node selector or affinity mismatch");
+    }
+    let anti =
+        &spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+    let conflict = anti.as_array().into_iter().flatten().any(|term| {
+        let topology = term["topologyKey"]
+            .as_str()
+            .unwrap_or("kubernetes.io/hostname");
+        let domain = &labels[topology];
+        !domain.is_null()
+            && placed.iter().any(|(other_node, other_labels)| {
+                node_labels
+                    .get(other_node)
+                    .is_some_and(|l| l[topology] == *domain)
+                    && label_selector_matches(&term["labelSelector"], other_labels)
+            })
+    });
+    if conflict {
+        return Some("pod anti-affinity");
+    }
+    let short = requests
+        .iter()
+        .any(|(resource, want)| free.get(resource).copied().unwrap_or(0) < i64::from(*want));
+    if short || free.get("pods").copied().unwrap_or(0) < 1 {
+        return Some("insufficient GPUs");
+    }
+    None
+}
+
+impl Cluster {
+    pub fn new(store: Arc<Store>, config: ClusterConfig, clock: SimClock) -> Self {
+        let rng = StdRng::seed_from_u64(config.seed);
+        let mut nodes = Vec::new();
+        for (group, spec) in config.nodes.iter().enumerate() {
+            for index in 0..spec.count {
+                nodes.push(NodeSlot {
+                    group,
+                    index,
+                    name: format!("{}-{index}", spec.name),
+                    generation: 0,
+                    down_until: None,
+                });
+            }
+        }
+        let mut cluster = Self {
+            store,
+            config,
+            clock,
+            rng,
+            nodes,
+            runs: HashMap::new(),
+            bound_at: HashMap::new(),
+            history: BTreeMap::new(),
+            usage: Vec::new(),
+            last_step: 0.0,
+        };
+        for slot in cluster.nodes.clone() {
+            cluster.register_node(&slot);
+        }
+        cluster
+    }
+
+    pub fn clock(&self) -> SimClock {
+        self.clock
+    }
+
+    /// Total whole GPUs the configured nodes advertise when all are up.
+    pub fn total_gpus(&self) -> u32 {
+        self.config
+            .nodes
+            .iter()
+            .map(|g| g.count * g.gpus * g.time_slicing_replicas.unwrap_or(1))
+            .sum()
+    }
+
+    /// Per TrainingJob (`namespace/name`), what the cluster ran.
+    pub fn history(&self) -> &BTreeMap<String, JobHistory> {
+        &self.history
+    }
+
+    /// GPU use, one sample per step.
+    pub fn usage(&self) -> &[UsageSample] {
+        &self.usage
+    }
+
+    fn node_object(group: &NodeGroup, slot: &NodeSlot) -> Value {
+        let mut labels = BTreeMap::from([
+            ("kubernetes.io/hostname".to_owned(), slot.name.clone()),
+            ("kubernetes.io/os".to_owned(), "linux".to_owned()),
+            (
+                "karpenter.sh/capacity-type".to_owned(),
+                group.capacity_type.as_str().to_owned(),
+            ),
+            ("trainyard.dev/simulated".to_owned(), "true".to_owned()),
+            ("nvidia.com/gpu.count".to_owned(), group.gpus.to_string()),
+        ]);
+        let optional = [
+            ("nvidia.com/gpu.product", group.gpu_product.clone()),
+            (
+                "nvidia.com/gpu.memory",
+                group.gpu_memory_mib.map(|m| m.to_string()),
+            ),
+            (
+                "nvidia.com/gpu.replicas",
+                group.time_slicing_replicas.map(|r| r.to_string()),
+            ),
+            ("topology.kubernetes.io/zone", group.zone.clone()),
+            ("trainyard.dev/price-class", group.price_class.clone()),
+            (
+                "nvidia.com/gpu.clique",
+                group
+                    .nodes_per_rack
+                    .map(|n| format!("{}-rack-{}", group.name, slot.index / n.max(1))),
+            ),
+        ];
+        for (label, value) in optional {
+            if let Some(value) = value {
+                labels.insert(label.to_owned(), value);
+            }
+        }
+        labels.extend(group.labels.clone());
+        let mut allocatable = serde_json::Map::new();
+        allocatable.insert(
+            GPU.into(),
+            json!((group.gpus * group.time_slicing_replicas.unwrap_or(1)).to_string()),
+        );
+        for (profile, count) in &group.mig {
+            allocatable.insert(format!("{MIG_PREFIX}{profile}"), json!(count.to_string()));
+        }
+        allocatable.insert("cpu".into(), json!("128"));
+        allocatable.insert("memory".into(), json!("2Ti"));
+        allocatable.insert("pods".into(), json!("110"));
+        json!({
+            "metadata": {"name": slot.name, "labels": labels},
+            "spec": {"taints": group.taints, "unschedulable": false},
+            "status": {
+                "capacity": allocatable,
+                "allocatable": allocatable,
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "lastTransitionTime": wall_clock()}],
+            },
+        })
+    }
+
+    fn register_node(&mut self, slot: &NodeSlot) {
+        let group = &self.config.nodes[slot.group];
+        let object = Self::node_object(group, slot);
+        if let Err(err) = self
+            .store
+            .create_with_status(resources::nodes(), None, object)
+        {
+            tracing::warn!(node = %slot.name, error = %err, "cannot register node");
+        }
+    }
+
+    /// Receives a worker command (from NATS).
+    pub fn command(&mut self, command: WorkerCommand) -> Vec<Report> {
+        let mut reports = Vec::new();
+        let now = self.last_step;
+        for run in self.runs.values_mut() {
+            match &command {
+                WorkerCommand::Stop {
+                    namespace,
+                    training_job,
+                } if run.namespace == *namespace && run.training_job == *training_job => {
+                    run.stop_requested = true;
+                }
+                WorkerCommand::CheckpointNow {
+                    namespace,
+                    training_job,
+                } if run.namespace == *namespace && run.training_job == *training_job => {
+                    if let (Some(started), Some(dir)) = (run.started, &run.checkpoint_dir) {
+                        let epoch = Self::epoch_at(run, started, now);
+                        reports.push(Self::checkpoint(run, dir, epoch));
+                    }
+                }
+                _ => {}
+            }
+        }
+        reports
+    }
+
+    /// Advances the cluster to the clock's now.
+    pub fn step(&mut self) -> Vec<Report> {
+        let now = self.clock.now();
+        self.step_at(now)
+    }
+
+    /// Advances the cluster to simulated time `now` (tests choose the time).
+    pub fn step_at(&mut self, now: f64) -> Vec<Report> {
+        let elapsed = (now - self.last_step).max(0.0);
+        self.last_step = now;
+        let mut reports = Vec::new();
+        self.disrupt(now, elapsed);
+        self.run_job_controller();
+        self.schedule(now);
+        self.start_pods(now);
+        self.train(now, &mut reports);
+        self.sample(now);
+        reports
+    }
+
+    fn pods(&self) -> Vec<Arc<Value>> {
+        self.store
+            .list(
+                resources::pods(),
+                None,
+                &Selector::default(),
+                &Selector::default(),
+            )
+            .0
+    }
+
+    /// Pods by the uid of the Job that owns them.
+    fn pods_by_job(&self) -> HashMap<String, Vec<Arc<Value>>> {
+        let mut by_job: HashMap<String, Vec<Arc<Value>>> = HashMap::new();
+        for pod in self.pods() {
+            if let Some(uid) = str_of(&pod, &["metadata", "labels", CONTROLLER_UID_LABEL]) {
+                by_job.entry(uid.to_owned()).or_default().push(pod.clone());
+            }
+        }
+        by_job
+    }
+
+    /// Spot reclaims and node failures (Poisson in simulated time), and recoveries.
+    fn disrupt(&mut self, now: f64, elapsed: f64) {
+        let hours = elapsed / 3600.0;
+        let d = self.config.disruptions.clone();
+        for i in 0..self.nodes.len() {
+            let slot = self.nodes[i].clone();
+            let group = &self.config.nodes[slot.group];
+            if let Some(until) = slot.down_until {
+                if now >= until {
+                    let slot = &mut self.nodes[i];
+                    slot.down_until = None;
+                    if group.capacity_type == crate::config::CapacityType::Spot {
+                        // A reclaimed instance comes back as a new node.
+                        slot.generation += 1;
+                        slot.name = format!("{}-{}-r{}", group.name, slot.index, slot.generation);
+                        let slot = slot.clone();
+                        self.register_node(&slot);
+                    } else {
+                        let name = slot.name.clone();
+                        self.set_ready(&name, true);
+                    }
+                }
+                continue;
+            }
+            let spot = group.capacity_type == crate::config::CapacityType::Spot;
+            let reclaim = spot
+                && self.rng.random::<f64>() < 1.0 - (-d.spot_reclaims_per_node_hour * hours).exp();
+            let failure = !reclaim
+                && self.rng.random::<f64>() < 1.0 - (-d.node_failures_per_node_hour * hours).exp();
+            if !(reclaim || failure) {
+                continue;
+            }
+            self.nodes[i].down_until = Some(now + d.recovery_seconds);
+            let reason = if reclaim {
+                "spot reclaim"
+            } else {
+                "node failure"
+            };
+            tracing::info!(node = %slot.name, reason, "node disrupted");
+            for pod in self.pods().into_iter().filter(|p| {
+                str_of(p, &["spec", "nodeName"]) == Some(slot.name.as_str()) && !terminal(p)
+            }) {
+                let (reason, exit_code) = if reclaim {
+                    ("TerminationByKubelet", Some(143))
+                } else {
+                    ("DeletionByPodGC", None)
+                };
+                self.fail_pod(&pod, exit_code, Some(reason));
+            }
+            if reclaim {
+                let _ = self.store.delete(
+                    resources::nodes(),
+                    None,
+                    &slot.name,
+                    Propagation::Background,
+                );
+            } else {
+                self.set_ready(&slot.name, false);
+            }
+        }
+    }
+
+    fn set_ready(&self, node: &str, ready: bool) {
+        let status = if ready { "True" } else { "Unknown" };
+        let reason = if ready {
+            "KubeletReady"
+        } else {
+            "NodeStatusUnknown"
+        };
+        let _ = self.store.update(resources::nodes(), None, node, |n| {
+            n["status"]["conditions"] = json!([{"type": "Ready", "status": status, "reason": reason, "lastTransitionTime": wall_clock()}]);
+        });
+    }
+
+    fn fail_pod(&self, pod: &Value, exit_code: Option<i32>, disruption: Option<&str>) {
+        let ns = str_of(pod, &["metadata", "namespace"]).unwrap_or_default();
+        let name = str_of(pod, &["metadata", "name"]).unwrap_or_default();
+        let container = pod["spec"]["containers"][0]["name"]
+            .as_str()
+            .unwrap_or("worker")
+            .to_owned();
+        let _ = self.store.update(resources::pods(), Some(ns), name, |p| {
+            p["status"]["phase"] = json!("Failed");
+            let mut conditions = vec![json!({"type": "Ready", "status": "False"})];
+            if let Some(reason) = disruption {
+                conditions.push(json!({"type": "DisruptionTarget", "status": "True", "reason": reason, "message": format!("simulated {reason}")}));
+            }
+            p["status"]["conditions"] = json!(conditions);
+            p["status"]["containerStatuses"] = match exit_code {
+                Some(code) => json!([{
+                    "name": container,
+                    "ready": false,
+                    "restartCount": 0,
+                    "image": "",
+                    "imageID": "",
+                    "state": {"terminated": {"exitCode": code, "reason": if code == 137 { "OOMKilled" } else { "Error" }, "finishedAt": wall_clock()}},
+                }]),
+                None => json!([]),
+            };
+        });
+    }
+
+    /// The Job controller: pods for unsuspended Jobs, none for suspended ones,
+    /// Job status from its pods.
+    fn run_job_controller(&mut self) {
+        let (jobs, _) = self.store.list(
+            resources::jobs(),
+            None,
+            &Selector::default(),
+            &Selector::default(),
+        );
+        let mut live = HashSet::new();
+        let pods_by_job = self.pods_by_job();
+        for job in jobs {
+            let ns = str_of(&job, &["metadata", "namespace"])
+                .unwrap_or_default()
+                .to_owned();
+            let name = str_of(&job, &["metadata", "name"])
+                .unwrap_or_default()
+                .to_owned();
+            let uid = str_of(&job, &["metadata", "uid"])
+                .unwrap_or_default()
+                .to_owned();
+            let run_key = format!("{ns}/{name}/{uid}");
+            live.insert(run_key.clone());
+            if job_finished(&job) {
+                continue;
+            }
+            let pods = pods_by_job.get(&uid).cloned().unwrap_or_default();
+            if job["spec"]["suspend"] == true {
+                for pod in pods.iter().filter(|p| !terminal(p)) {
+                    let pod_name = str_of(pod, &["metadata", "name"]).unwrap_or_default();
+                    let _ = self.store.delete(
+                        resources::pods(),
+                        Some(&ns),
+                        pod_name,
+                        Propagation::Background,
+                    );
+                }
+                self.runs.remove(&run_key);
+                let _ = self.store.update(resources::jobs(), Some(&ns), &name, |j| {
+                    j["status"]["active"] = json!(0);
+                    j["status"]["ready"] = json!(0);
+                    j["status"]["conditions"] = json!([{"type": "Suspended", "status": "True", "reason": "JobSuspended", "message": "Job suspended"}]);
+                });
+                continue;
+            }
+            if !self.runs.contains_key(&run_key) {
+                match self.start_run(&job) {
+                    Some(run) => {
+                        self.runs.insert(run_key.clone(), run);
+                    }
+                    None => continue,
+                }
+            }
+            let running = pods.iter().filter(|p| phase(p) == "Running").count();
+            let active = pods.iter().filter(|p| !terminal(p)).count();
+            let _ = self.store.update(resources::jobs(), Some(&ns), &name, |j| {
+                j["status"]["active"] = json!(active);
+                j["status"]["ready"] = json!(running);
+                if j["status"]["startTime"].is_null() {
+                    j["status"]["startTime"] = json!(wall_clock());
+                }
+                if let Some(conditions) = j["status"]["conditions"].as_array_mut() {
+                    conditions.retain(|c| c["type"] != "Suspended");
+                }
+            });
+        }
+        self.runs.retain(|k, _| live.contains(k));
+    }
+
+    /// Creates the pods of an unsuspended Job and remembers how its workers train.
+    fn start_run(&mut self, job: &Value) -> Option<Run> {
+        let ns = str_of(job, &["metadata", "namespace"])?.to_owned();
+        let name = str_of(job, &["metadata", "name"])?.to_owned();
+        let uid = str_of(job, &["metadata", "uid"])?.to_owned();
+        let template = &job["spec"]["template"];
+        let workers = job["spec"]["completions"].as_u64().unwrap_or(1) as u32;
+        let labels = &template["metadata"]["labels"];
+        let training_job = labels[TRAINING_JOB_LABEL]
+            .as_str()
+            .unwrap_or(&name)
+            .to_owned();
+        let attempt = labels[ATTEMPT_LABEL]
+            .as_str()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(0);
+        let mut gpus = 0;
+        for index in 0..workers {
+            let mut pod = json!({
+                "metadata": {
+                    "generateName": format!("{name}-{index}-"),
+                    "namespace": ns,
+                    "labels": template["metadata"]["labels"].clone(),
+                    "annotations": template["metadata"]["annotations"].clone(),
+                    "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid, "controller": true, "blockOwnerDeletion": true}],
+                },
+                "spec": template["spec"].clone(),
+                "status": {"phase": "Pending"},
+            });
+            if !pod["metadata"]["labels"].is_object() {
+                pod["metadata"]["labels"] = json!({});
+            }
+            if !pod["metadata"]["annotations"].is_object() {
+                pod["metadata"]["annotations"] = json!({});
+            }
+            pod["metadata"]["labels"][JOB_NAME_LABEL] = json!(name);
+            pod["metadata"]["labels"][CONTROLLER_UID_LABEL] = json!(uid);
+            pod["metadata"]["labels"][INDEX_KEY] = json!(index.to_string());
+            pod["metadata"]["annotations"][INDEX_KEY] = json!(index.to_string());
+            pod["spec"]["hostname"] = json!(format!("{name}-{index}"));
+            gpus += pod_requests(&pod).get(GPU).copied().unwrap_or(0);
+            if let Err(err) = self
+                .store
+                .create_with_status(resources::pods(), Some(&ns), pod)
+            {
+                tracing::warn!(job = %name, error = %err, "cannot create pod");
+                return None;
+            }
+        }
+        let container = &template["spec"]["containers"][0];
+        let env = |wanted: &str| -> Option<String> {
+            let var = container["env"]
+                .as_array()?
+                .iter()
+                .find(|e| e["name"] == wanted)?;
+            if let Some(value) = var["value"].as_str() {
+                return Some(value.to_owned());
+            }
+            let reference = &var["valueFrom"]["configMapKeyRef"];
+            let map = self
+                .store
+                .get(
+                    resources::config_maps(),
+                    Some(&ns),
+                    reference["name"].as_str()?,
+                )
+                .ok()?;
+            map["data"][reference["key"].as_str()?]
+                .as_str()
+                .map(str::to_owned)
+        };
+        let config_file = |file: &str| -> Value {
+            template["spec"]["volumes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v["configMap"]["name"].as_str())
+                .filter_map(|cm| self.store.get(resources::config_maps(), Some(&ns), cm).ok())
+                .find_map(|cm| {
+                    cm["data"][file]
+                        .as_str()
+                        .and_then(|t| serde_json::from_str(t).ok())
+                })
+                .unwrap_or(Value::Null)
+        };
+        let hyperparameters = config_file("hyperparameters.json");
+        let training = config_file("training-config.json");
+        let model = training["model"].as_str().unwrap_or_default().to_owned();
+        let total_epochs = hyperparameters["epochs"].as_u64().unwrap_or(10) as u32;
+        let start_epoch = env("RESUME_FROM")
+            .map(|uri| resume_epoch(&uri))
+            .unwrap_or(0)
+            .min(total_epochs);
+        let seconds_per_epoch = env(EPOCH_SECONDS_ENV)
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .unwrap_or_else(|| self.config.seconds_per_epoch(&model));
+        let checkpoint_dir = env("CHECKPOINT_DIR");
+        let checkpoint_every = env("CHECKPOINT_FREQUENCY")
+            .and_then(|f| f.parse().ok())
+            .unwrap_or(0);
+        let failure = (self.rng.random::<f64>() < self.config.failures.rate).then(|| {
+            let codes = &self.config.failures.exit_codes;
+            let code = codes[self.rng.random_range(0..codes.len())];
+            let fraction = self.rng.random::<f64>();
+            (
+                fraction * f64::from(total_epochs.saturating_sub(start_epoch)) * seconds_per_epoch,
+                code,
+            )
+        });
+        self.history
+            .entry(key(&ns, &training_job))
+            .or_default()
+            .gpus = gpus;
+        tracing::debug!(job = %name, workers, gpus, start_epoch, total_epochs, "pods created");
+        Some(Run {
+            namespace: ns,
+            job: name,
+            model_key: hash(&model),
+            quality: quality(&hyperparameters),
+            training_job,
+            attempt,
+            workers,
+            gpus,
+            started: None,
+            start_epoch,
+            total_epochs,
+            seconds_per_epoch,
+            checkpoint_dir,
+            checkpoint_every,
+            reported_epoch: start_epoch,
+            failure,
+            stop_requested: false,
+        })
+    }
+
+    /// The scheduler: binds pending pods to nodes that satisfy their selectors,
+    /// tolerations and affinities and have the GPUs free, packing GPUs tightly.
+    fn schedule(&mut self, now: f64) {
+        let (nodes, _) = self.store.list(
+            resources::nodes(),
+            None,
+            &Selector::default(),
+            &Selector::default(),
+        );
+        let pods = self.pods();
+        let mut free: HashMap<String, BTreeMap<String, i64>> = nodes
+            .iter()
+            .map(|n| {
+                let allocatable = n["status"]["allocatable"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, v)| (k.clone(), i64::from(quantity(v))))
+                    .collect();
+                (
+                    str_of(n, &["metadata", "name"])
+                        .unwrap_or_default()
+                        .to_owned(),
+                    allocatable,
+                )
+            })
+            .collect();
+        let node_labels: HashMap<String, Value> = nodes
+            .iter()
+            .map(|n| {
+                (
+                    str_of(n, &["metadata", "name"])
+                        .unwrap_or_default()
+                        .to_owned(),
+                    n["metadata"]["labels"].clone(),
+                )
+            })
+            .collect();
+        let mut placed: Vec<(String, Value)> = Vec::new();
+        for pod in pods.iter().filter(|p| !terminal(p)) {
+            if let Some(node) = str_of(pod, &["spec", "nodeName"])
+                && let Some(resources) = free.get_mut(node)
+            {
+                for (resource, count) in pod_requests(pod) {
+                    *resources.entry(resource).or_insert(0) -= i64::from(count);
+                }
+                *resources.entry("pods".into()).or_insert(0) -= 1;
+                placed.push((node.to_owned(), pod["metadata"]["labels"].clone()));
+            }
+        }
+        let mut pending: Vec<&Arc<Value>> = pods
+            .iter()
+            .filter(|p| !terminal(p) && p["spec"]["nodeName"].is_null())
+            .collect();
+        pending.sort_by_key(|p| {
+            p["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|rv| rv.parse::<u64>().ok())
+        });
+        for pod in pending {
+            let requests = pod_requests(pod);
+            let mut best: Option<(&str, i64)> = None;
+            let mut reasons: BTreeMap<&'static str, u32> = BTreeMap::new();
+            for node in &nodes {
+                let node_name = str_of(node, &["metadata", "name"]).unwrap_or_default();
+                let Some(node_free) = free.get(node_name) else {
+                    continue;
+                };
+                match unfit(pod, node, node_free, &requests, &placed, &node_labels) {
+                    Some(reason) => *reasons.entry(reason).or_insert(0) += 1,
+                    None => {
+                        let left = node_free.get(GPU).copied().unwrap_or(0);
+                        if best.is_none_or(|(_, best_left)| left < best_left) {
+                            best = Some((node_name, left));
+                        }
+                    }
+                }
+            }
+            let ns = str_of(pod, &["metadata", "namespace"]).unwrap_or_default();
+            let pod_name = str_of(pod, &["metadata", "name"]).unwrap_or_default();
+            match best {
+                Some((node, _)) => {
+                    if let Some(resources) = free.get_mut(node) {
+                        for (resource, count) in &requests {
+                            *resources.entry(resource.clone()).or_insert(0) -= i64::from(*count);
+                        }
+                        *resources.entry("pods".into()).or_insert(0) -= 1;
+                    }
+                    placed.push((node.to_owned(), pod["metadata"]["labels"].clone()));
+                    let node = node.to_owned();
+                    let _ = self
+                        .store
+                        .update(resources::pods(), Some(ns), pod_name, |p| {
+                            p["spec"]["nodeName"] = json!(node);
+                            p["status"]["conditions"] =
+                                json!([{"type": "PodScheduled", "status": "True"}]);
+                        });
+                    self.bound_at.insert(key(ns, pod_name), now);
+                }
+                None => {
+                    let detail = reasons
+                        .iter()
+                        .map(|(r, n)| format!("{n} {r}"))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    let message = format!("0/{} nodes are available: {detail}.", nodes.len());
+                    let _ = self.store.update(resources::pods(), Some(ns), pod_name, |p| {
+                        p["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]);
+                    });
+                }
+            }
+        }
+    }
+
+    /// The kubelets: bound pods start after the configured delay.
+    fn start_pods(&mut self, now: f64) {
+        let delay = self.config.workers.start_delay_seconds;
+        for pod in self.pods() {
+            if phase(&pod) != "Pending" || pod["spec"]["nodeName"].is_null() {
+                continue;
+            }
+            let ns = str_of(&pod, &["metadata", "namespace"]).unwrap_or_default();
+            let name = str_of(&pod, &["metadata", "name"]).unwrap_or_default();
+            let bound = *self.bound_at.entry(key(ns, name)).or_insert(now);
+            if now < bound + delay {
+                continue;
+            }
+            let container = pod["spec"]["containers"][0]["name"]
+                .as_str()
+                .unwrap_or("worker")
+                .to_owned();
+            let _ = self.store.update(resources::pods(), Some(ns), name, |p| {
+                p["status"]["phase"] = json!("Running");
+                p["status"]["startTime"] = json!(wall_clock());
+                p["status"]["conditions"] = json!([
+                    {"type": "PodScheduled", "status": "True"},
+                    {"type": "Initialized", "status": "True"},
+                    {"type": "ContainersReady", "status": "True"},
+                    {"type": "Ready", "status": "True"},
+                ]);
+                p["status"]["containerStatuses"] = json!([{
+                    "name": container, "ready": true, "restartCount": 0, "image": "", "imageID": "",
+                    "state": {"running": {"startedAt": wall_clock()}},
+                }]);
+            });
+            self.bound_at.remove(&key(ns, name));
+        }
+    }
+
+    fn epoch_at(run: &Run, started: f64, now: f64) -> u32 {
+        let trained = ((now - started) / run.seconds_per_epoch).floor().max(0.0) as u32;
+        (run.start_epoch + trained).min(run.total_epochs)
+    }
+
+    /// Loss decays and accuracy rises with the epochs, towards values that are
+    /// worse the further the hyperparameters are from the simulated optimum. Both
+    /// the training and the validation names are reported, as training scripts do.
+    fn metrics(&self, run: &Run, epoch: u32) -> BTreeMap<String, f64> {
+        let w = &self.config.workers;
+        let progress = f64::from(epoch) / f64::from(run.total_epochs.max(1));
+        // A little per-model variation so jobs do not all look alike.
+        let jitter = (run.model_key % 7) as f64 * 0.01;
+        let decay = (-3.0 * progress).exp();
+        let final_loss = w.final_loss + jitter + (1.0 - run.quality);
+        let loss = final_loss + (w.initial_loss - final_loss).max(0.0) * decay;
+        let accuracy = (w.final_accuracy - jitter) * run.quality.sqrt() * (1.0 - decay);
+        BTreeMap::from([
+            ("loss".to_owned(), loss),
+            ("validation_loss".to_owned(), loss * 1.05),
+            ("accuracy".to_owned(), accuracy),
+            ("validation_accuracy".to_owned(), accuracy * 0.98),
+        ])
+    }
+
+    /// Every worker's progress report for an epoch.
+    fn progress(&self, run: &Run, epoch: u32) -> Vec<Report> {
+        let metrics = self.metrics(run, epoch);
+        (0..run.workers)
+            .map(|worker_index| Report::Progress {
+                namespace: run.namespace.clone(),
+                training_job: run.training_job.clone(),
+                payload: ProgressReported {
+                    worker_index,
+                    attempt: run.attempt,
+                    epoch,
+                    total_epochs: Some(run.total_epochs),
+                    step: u64::from(epoch) * 100,
+                    metrics: metrics.clone(),
+                },
+            })
+            .collect()
+    }
+
+    fn checkpoint(run: &Run, dir: &str, epoch: u32) -> Report {
+        Report::Checkpoint {
+            namespace: run.namespace.clone(),
+            training_job: run.training_job.clone(),
+            payload: CheckpointReported {
+                worker_index: 0,
+                attempt: run.attempt,
+                epoch,
+                step: u64::from(epoch) * 100,
+                uri: format!("{}/checkpoint-epoch-{epoch}", dir.trim_end_matches('/')),
+                size_bytes: u64::from(run.gpus.max(1)) * 512 * 1024 * 1024,
+                metrics: BTreeMap::new(),
+            },
+        }
+    }
+
+    /// Training: gangs whose pods all run advance epochs, report, checkpoint, and
+    /// end by succeeding, failing or being stopped.
+    fn train(&mut self, now: f64, reports: &mut Vec<Report>) {
+        let keys: Vec<String> = self.runs.keys().cloned().collect();
+        let pods_by_job = self.pods_by_job();
+        for run_key in keys {
+            let Some(mut run) = self.runs.get(&run_key).cloned() else {
+                continue;
+            };
+            let uid = run_key.rsplit('/').next().unwrap_or_default().to_owned();
+            let pods = pods_by_job.get(&uid).cloned().unwrap_or_default();
+            if pods.iter().any(|p| phase(p) == "Failed") {
+                self.end_run(&run_key, &run, now, &pods, false);
+                continue;
+            }
+            let all_running =
+                pods.len() as u32 == run.workers && pods.iter().all(|p| phase(p) == "Running");
+            let Some(started) = run.started else {
+                if all_running {
+                    run.started = Some(now);
+                    self.history
+                        .entry(key(&run.namespace, &run.training_job))
+                        .or_default()
+                        .started
+                        .push(now);
+                    if run.start_epoch > 0 {
+                        // A resumed worker says where it starts.
+                        reports.extend(self.progress(&run, run.start_epoch));
+                    }
+                    self.runs.insert(run_key, run);
+                }
+                continue;
+            };
+            // A run ends one step after its last report, as a worker exits after
+            // reporting: the reports are published before the Job's end is visible.
+            if run.reported_epoch >= run.total_epochs || run.stop_requested {
+                self.end_run(&run_key, &run, now, &pods, true);
+                continue;
+            }
+            let epoch = Self::epoch_at(&run, started, now);
+            for e in run.reported_epoch + 1..=epoch {
+                reports.extend(self.progress(&run, e));
+                if let Some(dir) = &run.checkpoint_dir
+                    && run.checkpoint_every > 0
+                    && e % run.checkpoint_every == 0
+                {
+                    reports.push(Self::checkpoint(&run, dir, e));
+                }
+            }
+            run.reported_epoch = run.reported_epoch.max(epoch);
+            if let Some((after, code)) = run.failure
+                && now - started >= after
+                && epoch < run.total_epochs
+            {
+                if let Some(pod) = pods.first() {
+                    self.fail_pod(pod, Some(code), None);
+                }
+                self.end_run(&run_key, &run, now, &pods, false);
+                continue;
+            }
+            self.runs.insert(run_key, run);
+        }
+    }
+
+    fn end_run(
+        &mut self,
+        run_key: &str,
+        run: &Run,
+        now: f64,
+        pods: &[Arc<Value>],
+        succeeded: bool,
+    ) {
+        self.runs.remove(run_key);
+        let disrupted = pods.iter().any(|p| {
+            p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "DisruptionTarget")
+        });
+        let outcome = match (succeeded, disrupted) {
+            (true, _) => RunOutcome::Succeeded,
+            (false, true) => RunOutcome::Disrupted,
+            (false, false) => RunOutcome::Failed,
+        };
+        if run.started.is_some() || !succeeded {
+            self.history
+                .entry(key(&run.namespace, &run.training_job))
+                .or_default()
+                .ended
+                .push((now, outcome));
+        }
+        let ns = run.namespace.as_str();
+        for pod in pods {
+            let name = str_of(pod, &["metadata", "name"]).unwrap_or_default();
+            // The snapshot may predate this step's own failure of a worker.
+            let Ok(pod) = self.store.get(resources::pods(), Some(ns), name) else {
+                continue;
+            };
+            if terminal(&pod) {
+                continue;
+            }
+            if succeeded {
+                let container = pod["spec"]["containers"][0]["name"]
+                    .as_str()
+                    .unwrap_or("worker")
+                    .to_owned();
+                let _ = self.store.update(resources::pods(), Some(ns), name, |p| {
+                    p["status"]["phase"] = json!("Succeeded");
+                    p["status"]["conditions"] = json!([{"type": "Ready", "status": "False", "reason": "PodCompleted"}]);
+                    p["status"]["containerStatuses"] = json!([{
+                        "name": container, "ready": false, "restartCount": 0, "image": "", "imageID": "",
+                        "state": {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": wall_clock()}},
+                    }]);
+                });
+            } else {
+                // The Job controller terminates the rest of a failed gang.
+                let _ =
+                    self.store
+                        .delete(resources::pods(), Some(ns), name, Propagation::Background);
+            }
+        }
+        let workers = run.workers;
+        let _ = self.store.update(resources::jobs(), Some(ns), &run.job, |j| {
+            let time = wall_clock();
+            j["status"]["active"] = json!(0);
+            j["status"]["ready"] = json!(0);
+            if succeeded {
+                j["status"]["succeeded"] = json!(workers);
+                j["status"]["completionTime"] = json!(time);
+                j["status"]["conditions"] = json!([
+                    {"type": "SuccessCriteriaMet", "status": "True", "reason": "CompletionsReached", "lastTransitionTime": time},
+                    {"type": "Complete", "status": "True", "reason": "CompletionsReached", "lastTransitionTime": time},
+                ]);
+            } else {
+                j["status"]["failed"] = json!(1);
+                j["status"]["conditions"] = json!([
+                    {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit", "lastTransitionTime": time},
+                    {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit", "lastTransitionTime": time},
+                ]);
+            }
+        });
+    }
+
+    fn sample(&mut self, now: f64) {
+        let pods = self.pods();
+        let busy = pods
+            .iter()
+            .filter(|p| phase(p) == "Running")
+            .map(|p| pod_requests(p).get(GPU).copied().unwrap_or(0))
+            .sum();
+        let pending = pods.iter().filter(|p| phase(p) == "Pending").count() as u32;
+        let total = self
+            .nodes
+            .iter()
+            .filter(|n| n.down_until.is_none())
+            .map(|n| {
+                let g = &self.config.nodes[n.group];
+                g.gpus * g.time_slicing_replicas.unwrap_or(1)
+            })
+            .sum();
+        self.usage.push(UsageSample {
+            at: now,
+            busy_gpus: busy,
+            total_gpus: total,
+            pending_pods: pending,
+        });
+    }
+}
+
+/// How close hyperparameters are to the simulated optimum (learning rate 3e-4,
+/// batch size 64), from 1 (there) towards 0; 1 when none are given.
+fn quality(hyperparameters: &Value) -> f64 {
+    let mut quality = 1.0;
+    if let Some(rate) = hyperparameters["learningRate"]
+        .as_f64()
+        .filter(|r| *r > 0.0)
+    {
+        let distance = rate.log10() - 3e-4f64.log10();
+        quality *= (-distance * distance / 2.0).exp();
+    }
+    if let Some(batch) = hyperparameters["batchSize"].as_f64().filter(|b| *b > 0.0) {
+        let distance = (batch / 64.0).log2();
+        quality *= (-distance * distance / 8.0).exp();
+    }
+    quality
+}
+
+/// The epoch a checkpoint URI names (`.../checkpoint-epoch-12` → 12); 0 if none.
+pub fn resume_epoch(uri: &str) -> u32 {
+    uri.rsplit_once("epoch-")
+        .or_else(|| uri.rsplit_once("epoch_"))
+        .map(|(_, tail)| {
+            tail.chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+        })
+        .and_then(|digits| digits.parse().ok())
+        .unwrap_or(0)
+}
+
+fn hash(text: &str) -> u64 {
+    text.bytes().fold(1469598103934665603u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(1099511628211)
+    })
+}

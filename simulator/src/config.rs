@@ -1,0 +1,304 @@
+//! The simulated cluster's configuration file (YAML): virtual nodes, the clock,
+//! worker speeds, failures and disruptions. `simulator/clusters/*.yaml` are examples.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::SimulatorError;
+
+/// Capacity type label values follow Karpenter (`karpenter.sh/capacity-type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CapacityType {
+    #[default]
+    OnDemand,
+    Spot,
+}
+
+impl CapacityType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::OnDemand => "on-demand",
+            Self::Spot => "spot",
+        }
+    }
+}
+
+/// A node taint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaintConfig {
+    pub key: String,
+    #[serde(default)]
+    pub value: Option<String>,
+    pub effect: String,
+}
+
+/// A group of identical virtual nodes, named `<name>-<index>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeGroup {
+    pub name: String,
+    #[serde(default = "one")]
+    pub count: u32,
+    /// Whole GPUs per node (`nvidia.com/gpu`).
+    #[serde(default)]
+    pub gpus: u32,
+    /// `nvidia.com/gpu.product`, e.g. `A100-SXM4-80GB`.
+    #[serde(default)]
+    pub gpu_product: Option<String>,
+    /// `nvidia.com/gpu.memory` in MiB.
+    #[serde(default)]
+    pub gpu_memory_mib: Option<u32>,
+    /// MIG slices per node by profile (`1g.10gb: 7` → `nvidia.com/mig-1g.10gb: 7`).
+    #[serde(default)]
+    pub mig: BTreeMap<String, u32>,
+    /// Time-slicing replicas per GPU (`nvidia.com/gpu.replicas`); whole GPUs are
+    /// then advertised `gpus × replicas` times, as the device plugin does.
+    #[serde(default)]
+    pub time_slicing_replicas: Option<u32>,
+    #[serde(default)]
+    pub capacity_type: CapacityType,
+    /// Price class label (`trainyard.dev/price-class`), e.g. `a100-spot`.
+    #[serde(default)]
+    pub price_class: Option<String>,
+    /// `topology.kubernetes.io/zone`.
+    #[serde(default)]
+    pub zone: Option<String>,
+    /// Nodes per rack (`nvidia.com/gpu.clique` = `<group>-rack-<n>`); unset: no rack label.
+    #[serde(default)]
+    pub nodes_per_rack: Option<u32>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub taints: Vec<TaintConfig>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// How simulated workers train.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct WorkerConfig {
+    /// Simulated seconds per epoch for models not listed in `models`.
+    pub seconds_per_epoch: f64,
+    /// Simulated seconds per epoch by `spec.model`.
+    pub models: BTreeMap<String, f64>,
+    /// Simulated seconds from binding to Running (image pull, container start).
+    pub start_delay_seconds: f64,
+    /// Loss at epoch 0; it decays towards `final_loss`. Accuracy rises to `final_accuracy`.
+    pub initial_loss: f64,
+    pub final_loss: f64,
+    pub final_accuracy: f64,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            seconds_per_epoch: 60.0,
+            models: BTreeMap::new(),
+            start_delay_seconds: 5.0,
+            initial_loss: 2.5,
+            final_loss: 0.2,
+            final_accuracy: 0.93,
+        }
+    }
+}
+
+/// Random failures of training runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct FailureConfig {
+    /// Probability that a run (one attempt of one job) fails before it completes.
+    pub rate: f64,
+    /// Exit codes a failing worker ends with, picked uniformly (137 = OOM-killed,
+    /// retryable; 1 = a bug, permanent).
+    pub exit_codes: Vec<i32>,
+}
+
+impl Default for FailureConfig {
+    fn default() -> Self {
+        Self {
+            rate: 0.0,
+            exit_codes: vec![137],
+        }
+    }
+}
+
+/// Node disruptions, as Poisson processes in simulated time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct DisruptionConfig {
+    /// Reclaims per spot node per simulated hour.
+    pub spot_reclaims_per_node_hour: f64,
+    /// Failures (NotReady, pods lost) per node per simulated hour.
+    pub node_failures_per_node_hour: f64,
+    /// Simulated seconds until a reclaimed spot node is replaced (under a new name)
+    /// or a failed node is Ready again.
+    pub recovery_seconds: f64,
+}
+
+impl Default for DisruptionConfig {
+    fn default() -> Self {
+        Self {
+            spot_reclaims_per_node_hour: 0.0,
+            node_failures_per_node_hour: 0.0,
+            recovery_seconds: 120.0,
+        }
+    }
+}
+
+/// The whole simulated cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Simulated seconds per real second (1 = real time, 3600 = an hour per second).
+    #[serde(default = "real_time")]
+    pub speed: f64,
+    /// Seed for failures and disruptions, so a run can be repeated.
+    #[serde(default)]
+    pub seed: u64,
+    /// Real milliseconds between two steps of the simulated controllers (they also
+    /// step at once when an object changes).
+    #[serde(default = "default_tick")]
+    pub tick_milliseconds: u64,
+    pub nodes: Vec<NodeGroup>,
+    #[serde(default)]
+    pub workers: WorkerConfig,
+    #[serde(default)]
+    pub failures: FailureConfig,
+    #[serde(default)]
+    pub disruptions: DisruptionConfig,
+}
+
+fn real_time() -> f64 {
+    1.0
+}
+
+fn default_tick() -> u64 {
+    50
+}
+
+impl ClusterConfig {
+    /// Reads and checks a config file; errors name the file and the field.
+    pub fn load(path: &str) -> Result<Self, SimulatorError> {
+        let text = std::fs::read_to_string(path).map_err(|e| SimulatorError::Config {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        Self::parse(&text).map_err(|message| SimulatorError::Config {
+            path: path.to_owned(),
+            message,
+        })
+    }
+
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let config: Self = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+        config.check()?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if !(self.speed.is_finite() && self.speed > 0.0) {
+            return Err(format!("speed: {} must be a positive number", self.speed));
+        }
+        if self.tick_milliseconds == 0 {
+            return Err("tickMilliseconds: must be at least 1".into());
+        }
+        if self.nodes.is_empty() {
+            return Err("nodes: at least one node group is needed".into());
+        }
+        for (i, group) in self.nodes.iter().enumerate() {
+            if group.name.is_empty()
+                || !group
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            {
+                return Err(format!(
+                    "nodes[{i}].name: {:?} must be lowercase letters, digits and '-'",
+                    group.name
+                ));
+            }
+            if group.nodes_per_rack == Some(0) {
+                return Err(format!(
+                    "nodes[{i}].nodesPerRack: must be at least 1 (or unset)"
+                ));
+            }
+        }
+        if !(0.0..=1.0).contains(&self.failures.rate) {
+            return Err(format!(
+                "failures.rate: {} must be between 0 and 1",
+                self.failures.rate
+            ));
+        }
+        if self.failures.rate > 0.0 && self.failures.exit_codes.is_empty() {
+            return Err(
+                "failures.exitCodes: give at least one exit code when failures.rate > 0".into(),
+            );
+        }
+        let speeds = std::iter::once((
+            "workers.secondsPerEpoch".to_owned(),
+            self.workers.seconds_per_epoch,
+        ))
+        .chain(
+            self.workers
+                .models
+                .iter()
+                .map(|(m, s)| (format!("workers.models.{m}"), *s)),
+        );
+        for (field, seconds) in speeds {
+            if !(seconds.is_finite() && seconds > 0.0) {
+                return Err(format!(
+                    "{field}: {seconds} must be a positive number of seconds"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Simulated seconds per epoch for a model.
+    pub fn seconds_per_epoch(&self, model: &str) -> f64 {
+        self.workers
+            .models
+            .get(model)
+            .copied()
+            .unwrap_or(self.workers.seconds_per_epoch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_minimal_file_gets_defaults() {
+        let config =
+            ClusterConfig::parse("nodes: [{name: gpu, count: 2, gpus: 8}]").expect("valid");
+        assert_eq!(config.speed, 1.0);
+        assert_eq!(config.nodes[0].capacity_type, CapacityType::OnDemand);
+        assert_eq!(config.seconds_per_epoch("any"), 60.0);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases = [
+            ("speed: 0\nnodes: [{name: a}]", "speed"),
+            ("nodes: []", "nodes"),
+            ("nodes: [{name: A_B}]", "nodes[0].name"),
+            ("nodes: [{name: a}]\nfailures: {rate: 2}", "failures.rate"),
+            (
+                "nodes: [{name: a}]\nworkers: {models: {bert: -1}}",
+                "workers.models.bert",
+            ),
+            ("nodes: [{name: a, gpu: 8}]", "gpu"),
+        ];
+        for (text, field) in cases {
+            let err = ClusterConfig::parse(text).expect_err(text);
+            assert!(err.contains(field), "{text}: {err}");
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! A simulated Kubernetes cluster for demos, load tests and trace replay — not for
+//! production. It serves the part of the Kubernetes API that Trainyard's watcher and
+//! planner use (so their real code runs against it), and plays the Job controller,
+//! the scheduler and the kubelets of virtual GPU nodes whose workers train at a
+//! configured speed on a virtual clock and report over NATS like real workers.
+
+pub mod apiserver;
+pub mod error;
+pub mod resources;
+pub mod selector;
+pub mod store;
+
+pub use error::{ApiError, SimulatorError};
+pub use store::Store;
+pub mod clock;
+pub mod cluster;
+pub mod config;
+pub mod runner;

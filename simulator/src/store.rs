@@ -1,0 +1,1002 @@
+//! The simulated API server's object store: every object as JSON, one global
+//! resourceVersion counter, watch history, optimistic concurrency, finalizers,
+//! owner-reference garbage collection and an approximation of server-side apply.
+//!
+//! The semantics follow the real apiserver where Trainyard depends on them:
+//! unchanged writes do not bump the resourceVersion nor emit an event, the status
+//! subresource is the only way to change `status` of types that have one, a
+//! deletion of an object with finalizers only sets `deletionTimestamp`, and a
+//! watch from a resourceVersion the history no longer holds ends with 410 Gone.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use chrono::{SecondsFormat, Utc};
+use serde_json::{Map, Value, json};
+use tokio::sync::broadcast;
+
+use crate::error::ApiError;
+use crate::resources::ResourceType;
+use crate::selector::Selector;
+
+/// Watch history kept for resuming watches; older resumes get 410 Gone and relist.
+pub const HISTORY: usize = 200_000;
+/// Events a slow watcher may fall behind before its watch is closed (it then relists).
+const WATCH_BUFFER: usize = 65_536;
+
+/// What happened to an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl ChangeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Added => "ADDED",
+            Self::Modified => "MODIFIED",
+            Self::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change, as watches see it.
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub resource_version: u64,
+    pub resource: &'static str,
+    pub kind: ChangeKind,
+    pub object: Arc<Value>,
+    /// The object before a `Modified` change: a filtered watch reports an object
+    /// that starts or stops matching its selectors as added or deleted.
+    pub previous: Option<Arc<Value>>,
+}
+
+impl Change {
+    pub fn namespace(&self) -> Option<&str> {
+        self.object["metadata"]["namespace"].as_str()
+    }
+}
+
+/// Which part of an object a write targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Subresource {
+    Main,
+    Status,
+}
+
+/// How a PATCH body is to be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PatchKind {
+    /// RFC 7386 JSON merge patch.
+    Merge,
+    /// Strategic merge patch, read as a merge patch: lists are replaced whole.
+    Strategic,
+    /// Server-side apply.
+    Apply { force: bool },
+}
+
+/// Deletion propagation to dependents (objects whose ownerReferences name this one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Propagation {
+    #[default]
+    Background,
+    Foreground,
+    Orphan,
+}
+
+type ObjectKey = (String, String);
+/// An object's main resource or status, as field managers apply to them.
+type AppliedKey = (&'static str, String, String, Subresource);
+
+#[derive(Default)]
+struct Inner {
+    revision: u64,
+    objects: HashMap<&'static str, BTreeMap<ObjectKey, Arc<Value>>>,
+    history: VecDeque<Change>,
+    /// What each field manager last applied, per object and subresource: fields it
+    /// applied before and leaves out now are removed, as server-side apply does,
+    /// unless another manager still applies them.
+    applied: HashMap<AppliedKey, BTreeMap<String, Value>>,
+}
+
+/// The object store behind the simulated API server (and the simulated controllers).
+pub struct Store {
+    inner: Mutex<Inner>,
+    changes: broadcast::Sender<Change>,
+    /// Changes kept for resuming watches ([`HISTORY`] unless set).
+    history: usize,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Self::with_history(HISTORY)
+    }
+}
+
+/// A watch's starting point: the changes after the requested resourceVersion
+/// that the history still holds, then the live feed.
+pub struct WatchStart {
+    pub backlog: Vec<Change>,
+    pub live: broadcast::Receiver<Change>,
+}
+
+fn now() -> String {
+    Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+fn key(namespace: Option<&str>, name: &str) -> ObjectKey {
+    (namespace.unwrap_or_default().to_owned(), name.to_owned())
+}
+
+fn meta(object: &Value) -> &Value {
+    &object["metadata"]
+}
+
+fn meta_mut(object: &mut Value) -> &mut Map<String, Value> {
+    if !object["metadata"].is_object() {
+        object["metadata"] = json!({});
+    }
+    match object.get_mut("metadata").and_then(Value::as_object_mut) {
+        Some(map) => map,
+        None => unreachable!("metadata was just made an object"),
+    }
+}
+
+/// RFC 7386: objects merge key by key, `null` removes, anything else replaces.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(fields) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            if let Some(map) = target.as_object_mut() {
+                for (name, value) in fields {
+                    if value.is_null() {
+                        map.remove(name);
+                    } else {
+                        merge_patch(map.entry(name.clone()).or_insert(Value::Null), value);
+                    }
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+/// Removes from `live` the fields `before` had and `after` lacks (map keys only;
+/// lists and scalars are owned whole), except those one of `others` (what the
+/// other managers last applied) still has: a field with several owners stays. A
+/// dropped map loses only the fields this manager applied in it, and goes itself
+/// once nothing else is left in it.
+fn remove_dropped_fields(live: &mut Value, before: &Value, after: &Value, others: &[&Value]) {
+    let (Some(live), Some(before)) = (live.as_object_mut(), before.as_object()) else {
+        return;
+    };
+    for (name, old) in before {
+        let shared: Vec<&Value> = others.iter().filter_map(|o| o.get(name)).collect();
+        let new = after.get(name);
+        let Some(child) = live.get_mut(name) else {
+            continue;
+        };
+        let dropped = new.is_none() && shared.is_empty();
+        if dropped && !(old.is_object() && child.is_object()) {
+            live.remove(name);
+            continue;
+        }
+        remove_dropped_fields(child, old, new.unwrap_or(&Value::Null), &shared);
+        if dropped && child.as_object().is_some_and(Map::is_empty) {
+            live.remove(name);
+        }
+    }
+}
+
+/// Everything except metadata and status: a change here bumps `generation`.
+fn spec_part(object: &Value) -> Value {
+    match object.as_object() {
+        Some(map) => Value::Object(
+            map.iter()
+                .filter(|(k, _)| !matches!(k.as_str(), "metadata" | "status"))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ),
+        None => Value::Null,
+    }
+}
+
+fn without_revision(object: &Value) -> Value {
+    let mut copy = object.clone();
+    if let Some(map) = copy["metadata"].as_object_mut() {
+        map.remove("resourceVersion");
+        map.remove("managedFields");
+    }
+    copy
+}
+
+impl Store {
+    /// A store whose watch history keeps the last `changes` changes (at least one):
+    /// a watch resuming from before them gets 410 Gone and its client relists.
+    pub fn with_history(changes: usize) -> Self {
+        Self {
+            // Revision 0 is never issued: a list of an empty store must not report
+            // "0", which a watch reads as "from now" and which would skip changes
+            // made between that list and the watch.
+            inner: Mutex::new(Inner {
+                revision: 1,
+                ..Inner::default()
+            }),
+            changes: broadcast::channel(WATCH_BUFFER).0,
+            history: changes.max(1),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave a half-written object: every
+        // write replaces a whole Arc, so the data is usable after poisoning.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The current resourceVersion.
+    pub fn revision(&self) -> u64 {
+        self.lock().revision
+    }
+
+    pub fn get(
+        &self,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Arc<Value>, ApiError> {
+        self.lock()
+            .objects
+            .get(rt.name)
+            .and_then(|objects| objects.get(&key(namespace, name)))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(rt, name))
+    }
+
+    /// Objects of a type, in one namespace or all, matching the selectors, with the
+    /// resourceVersion the list is consistent at.
+    pub fn list(
+        &self,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        labels: &Selector,
+        fields: &Selector,
+    ) -> (Vec<Arc<Value>>, u64) {
+        let inner = self.lock();
+        let items = inner
+            .objects
+            .get(rt.name)
+            .map(|objects| {
+                objects
+                    .iter()
+                    .filter(|((ns, _), _)| namespace.is_none_or(|want| want == ns))
+                    .filter(|(_, object)| {
+                        labels.matches_labels(object) && fields.matches_fields(object)
+                    })
+                    .map(|(_, object)| object.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        (items, inner.revision)
+    }
+
+    /// Starts a watch after `from` (exclusive). `None` when the history no longer
+    /// reaches back that far: the client must relist (410 Gone).
+    pub fn watch(&self, rt: &ResourceType, from: u64) -> Option<WatchStart> {
+        let inner = self.lock();
+        // Subscribing under the lock means no change falls between backlog and feed.
+        let live = self.changes.subscribe();
+        let oldest = inner.history.front().map(|c| c.resource_version);
+        if let Some(oldest) = oldest
+            && from + 1 < oldest
+        {
+            return None;
+        }
+        let backlog = inner
+            .history
+            .iter()
+            .filter(|c| c.resource_version > from && c.resource == rt.name)
+            .cloned()
+            .collect();
+        Some(WatchStart { backlog, live })
+    }
+
+    /// Subscribes to every change from now on (the simulated controllers use this).
+    pub fn subscribe(&self) -> broadcast::Receiver<Change> {
+        self.changes.subscribe()
+    }
+
+    fn record(
+        &self,
+        inner: &mut Inner,
+        rt: &ResourceType,
+        kind: ChangeKind,
+        object: Arc<Value>,
+        previous: Option<Arc<Value>>,
+    ) {
+        let change = Change {
+            resource_version: inner.revision,
+            resource: rt.name,
+            kind,
+            object,
+            previous,
+        };
+        while inner.history.len() >= self.history {
+            inner.history.pop_front();
+        }
+        inner.history.push_back(change.clone());
+        // No receiver is fine: nobody is watching.
+        let _ = self.changes.send(change);
+    }
+
+    fn next_revision(inner: &mut Inner) -> u64 {
+        inner.revision += 1;
+        inner.revision
+    }
+
+    /// POST: creates the object; `generateName` is honoured. Types with a status
+    /// subresource start without status, as on a real apiserver.
+    pub fn create(
+        &self,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        mut object: Value,
+    ) -> Result<Arc<Value>, ApiError> {
+        let mut inner = self.lock();
+        self.create_locked(
+            &mut inner,
+            rt,
+            namespace,
+            &mut object,
+            rt.status_subresource,
+        )
+    }
+
+    /// Creates an object with its status (the simulated kubelet registering a Node,
+    /// the simulated Job controller creating a Pod).
+    pub fn create_with_status(
+        &self,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        mut object: Value,
+    ) -> Result<Arc<Value>, ApiError> {
+        let mut inner = self.lock();
+        self.create_locked(&mut inner, rt, namespace, &mut object, false)
+    }
+
+    fn create_locked(
+        &self,
+        inner: &mut Inner,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        object: &mut Value,
+        drop_status: bool,
+    ) -> Result<Arc<Value>, ApiError> {
+        if !object.is_object() {
+            return Err(ApiError::bad_request("the body must be a JSON object"));
+        }
+        let name = match (
+            meta(object)["name"].as_str(),
+            meta(object)["generateName"].as_str(),
+        ) {
+            (Some(name), _) if !name.is_empty() => name.to_owned(),
+            (_, Some(prefix)) => format!("{prefix}{}", random_suffix()),
+            _ => {
+                return Err(ApiError::invalid(
+                    rt,
+                    "",
+                    "metadata.name: Required value: name or generateName is required",
+                ));
+            }
+        };
+        let namespace = if rt.namespaced {
+            match namespace.or(meta(object)["namespace"].as_str()) {
+                Some(ns) if !ns.is_empty() => Some(ns.to_owned()),
+                _ => {
+                    return Err(ApiError::bad_request(
+                        "metadata.namespace: a namespaced object needs a namespace",
+                    ));
+                }
+            }
+        } else {
+            None
+        };
+        let object_key = key(namespace.as_deref(), &name);
+        if inner
+            .objects
+            .get(rt.name)
+            .is_some_and(|objects| objects.contains_key(&object_key))
+        {
+            return Err(ApiError::already_exists(rt, &name));
+        }
+        object["apiVersion"] = json!(rt.api_version());
+        object["kind"] = json!(rt.kind);
+        if drop_status {
+            object.as_object_mut().map(|o| o.remove("status"));
+        }
+        let revision = Self::next_revision(inner);
+        let metadata = meta_mut(object);
+        metadata.insert("name".into(), json!(name));
+        match &namespace {
+            Some(ns) => metadata.insert("namespace".into(), json!(ns)),
+            None => metadata.remove("namespace"),
+        };
+        metadata.insert("uid".into(), json!(uuid::Uuid::now_v7().to_string()));
+        metadata.insert("creationTimestamp".into(), json!(now()));
+        metadata.insert("resourceVersion".into(), json!(revision.to_string()));
+        metadata.insert("generation".into(), json!(1));
+        metadata.remove("deletionTimestamp");
+        let stored = Arc::new(object.clone());
+        inner
+            .objects
+            .entry(rt.name)
+            .or_default()
+            .insert(object_key, stored.clone());
+        self.record(inner, rt, ChangeKind::Added, stored.clone(), None);
+        Ok(stored)
+    }
+
+    /// PUT: replaces the object (or its status), checking `resourceVersion` when given.
+    pub fn replace(
+        &self,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        name: &str,
+        object: Value,
+        subresource: Subresource,
+    ) -> Result<Arc<Value>, ApiError> {
+        if !object.is_object() {
+            return Err(ApiError::bad_request("the body must be a JSON object"));
+        }
+        let mut inner = self.lock();
+        let current = Self::current(&inner, rt, namespace, name)?;
+        Self::check_revision(rt, name, &current, &object)?;
+        let next = Self::combine(rt, &current, object, subresource);
+        self.commit(&mut inner, rt, namespace, name, &current, next)
+    }
+
+    /// PATCH: merge, strategic (as merge) or server-side apply. Apply creates the
+    /// object when it does not exist.
+    // One argument per part of the request, as the HTTP layer has them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn patch(
+        &self,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        name: &str,
+        kind: PatchKind,
+        body: Value,
+        field_manager: Option<&str>,
+        subresource: Subresource,
+    ) -> Result<Arc<Value>, ApiError> {
+        if !body.is_object() {
+            return Err(ApiError::bad_request(
+                "the patch must be a JSON object (a JSON Patch list is not simulated)",
+            ));
+        }
+        let mut inner = self.lock();
+        if let PatchKind::Apply { .. } = kind {
+            let Some(manager) = field_manager.filter(|m| !m.is_empty()) else {
+                return Err(ApiError::bad_request(
+                    "fieldManager is required for apply patch (set ?fieldManager=<name>)",
+                ));
+            };
+            let applied_key = (
+                rt.name,
+                namespace.unwrap_or_default().to_owned(),
+                name.to_owned(),
+                subresource,
+            );
+            let current = match Self::current(&inner, rt, namespace, name) {
+                Ok(current) => current,
+                Err(_) if subresource == Subresource::Main => {
+                    let mut object = body.clone();
+                    meta_mut(&mut object).insert("name".into(), json!(name));
+                    let created = self.create_locked(
+                        &mut inner,
+                        rt,
+                        namespace,
+                        &mut object,
+                        rt.status_subresource,
+                    )?;
+                    inner
+                        .applied
+                        .entry(applied_key)
+                        .or_default()
+                        .insert(manager.to_owned(), body);
+                    return Ok(created);
+                }
+                Err(err) => return Err(err),
+            };
+            let mut next = (*current).clone();
+            if let Some(managers) = inner.applied.get(&applied_key)
+                && let Some(before) = managers.get(manager)
+            {
+                let others: Vec<&Value> = managers
+                    .iter()
+                    .filter(|(other, _)| *other != manager)
+                    .map(|(_, applied)| applied)
+                    .collect();
+                remove_dropped_fields(&mut next, before, &body, &others);
+            }
+            merge_patch(&mut next, &strip_nulls(&body));
+            let next = Self::combine(rt, &current, next, subresource);
+            let stored = self.commit(&mut inner, rt, namespace, name, &current, next)?;
+            inner
+                .applied
+                .entry(applied_key)
+                .or_default()
+                .insert(manager.to_owned(), body);
+            return Ok(stored);
+        }
+        let current = Self::current(&inner, rt, namespace, name)?;
+        Self::check_revision(rt, name, &current, &body)?;
+        let mut next = (*current).clone();
+        merge_patch(&mut next, &body);
+        let next = Self::combine(rt, &current, next, subresource);
+        self.commit(&mut inner, rt, namespace, name, &current, next)
+    }
+
+    /// DELETE: with finalizers the object only gets a `deletionTimestamp`; without,
+    /// it goes, and (unless orphaned) so do its dependents.
+    pub fn delete(
+        &self,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        name: &str,
+        propagation: Propagation,
+    ) -> Result<Arc<Value>, ApiError> {
+        let mut inner = self.lock();
+        let current = Self::current(&inner, rt, namespace, name)?;
+        let has_finalizers = meta(&current)["finalizers"]
+            .as_array()
+            .is_some_and(|f| !f.is_empty());
+        if has_finalizers {
+            if meta(&current)["deletionTimestamp"].is_string() {
+                return Ok(current);
+            }
+            let mut next = (*current).clone();
+            meta_mut(&mut next).insert("deletionTimestamp".into(), json!(now()));
+            return self.commit(&mut inner, rt, namespace, name, &current, next);
+        }
+        Ok(self.remove_locked(&mut inner, rt, namespace, name, propagation))
+    }
+
+    fn remove_locked(
+        &self,
+        inner: &mut Inner,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        name: &str,
+        propagation: Propagation,
+    ) -> Arc<Value> {
+        let Some(removed) = inner
+            .objects
+            .get_mut(rt.name)
+            .and_then(|objects| objects.remove(&key(namespace, name)))
+        else {
+            return Arc::new(Value::Null);
+        };
+        for subresource in [Subresource::Main, Subresource::Status] {
+            let applied_key = (
+                rt.name,
+                namespace.unwrap_or_default().to_owned(),
+                name.to_owned(),
+                subresource,
+            );
+            inner.applied.remove(&applied_key);
+        }
+        let revision = Self::next_revision(inner);
+        let mut gone = (*removed).clone();
+        meta_mut(&mut gone).insert("resourceVersion".into(), json!(revision.to_string()));
+        let gone = Arc::new(gone);
+        self.record(inner, rt, ChangeKind::Deleted, gone.clone(), None);
+        if propagation != Propagation::Orphan
+            && let Some(uid) = meta(&removed)["uid"].as_str()
+        {
+            self.collect_dependents(inner, uid, namespace);
+        }
+        gone
+    }
+
+    /// Garbage collection: deletes (through the normal path) what `owner_uid` owns.
+    fn collect_dependents(&self, inner: &mut Inner, owner_uid: &str, namespace: Option<&str>) {
+        let mut dependents = Vec::new();
+        for (plural, objects) in &inner.objects {
+            for ((ns, name), object) in objects {
+                if namespace.is_some_and(|owner_ns| owner_ns != ns) {
+                    continue;
+                }
+                let owned = meta(object)["ownerReferences"]
+                    .as_array()
+                    .is_some_and(|owners| owners.iter().any(|o| o["uid"] == owner_uid));
+                if owned {
+                    dependents.push((*plural, ns.clone(), name.clone()));
+                }
+            }
+        }
+        for (plural, ns, name) in dependents {
+            let Some(rt) = crate::resources::by_name(plural) else {
+                continue;
+            };
+            let ns = (!ns.is_empty()).then_some(ns);
+            let Ok(current) = Self::current(inner, rt, ns.as_deref(), &name) else {
+                continue;
+            };
+            let has_finalizers = meta(&current)["finalizers"]
+                .as_array()
+                .is_some_and(|f| !f.is_empty());
+            if has_finalizers {
+                if !meta(&current)["deletionTimestamp"].is_string() {
+                    let mut next = (*current).clone();
+                    meta_mut(&mut next).insert("deletionTimestamp".into(), json!(now()));
+                    let _ = self.commit(inner, rt, ns.as_deref(), &name, &current, next);
+                }
+            } else {
+                self.remove_locked(inner, rt, ns.as_deref(), &name, Propagation::Background);
+            }
+        }
+    }
+
+    /// Changes an object in place (the simulated controllers and kubelet use this;
+    /// they write status directly, as the real ones do through the status subresource).
+    pub fn update<F>(
+        &self,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        name: &str,
+        change: F,
+    ) -> Result<Arc<Value>, ApiError>
+    where
+        F: FnOnce(&mut Value),
+    {
+        let mut inner = self.lock();
+        let current = Self::current(&inner, rt, namespace, name)?;
+        let mut next = (*current).clone();
+        change(&mut next);
+        self.commit(&mut inner, rt, namespace, name, &current, next)
+    }
+
+    fn current(
+        inner: &Inner,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Arc<Value>, ApiError> {
+        inner
+            .objects
+            .get(rt.name)
+            .and_then(|objects| objects.get(&key(namespace, name)))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(rt, name))
+    }
+
+    fn check_revision(
+        rt: &ResourceType,
+        name: &str,
+        current: &Value,
+        body: &Value,
+    ) -> Result<(), ApiError> {
+        match meta(body)["resourceVersion"].as_str() {
+            Some(wanted) if Some(wanted) != meta(current)["resourceVersion"].as_str() => {
+                Err(ApiError::conflict(rt, name))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The next object from a full proposed object: identity fields stay, and the
+    /// status subresource rule decides whether `status` or everything else changes.
+    fn combine(
+        rt: &ResourceType,
+        current: &Value,
+        proposed: Value,
+        subresource: Subresource,
+    ) -> Value {
+        let mut next = match subresource {
+            Subresource::Status => {
+                let mut next = current.clone();
+                next["status"] = proposed.get("status").cloned().unwrap_or(Value::Null);
+                if next["status"].is_null() {
+                    next.as_object_mut().map(|o| o.remove("status"));
+                }
+                next
+            }
+            Subresource::Main => {
+                let mut next = proposed;
+                if rt.status_subresource {
+                    match current.get("status") {
+                        Some(status) => next["status"] = status.clone(),
+                        None => {
+                            next.as_object_mut().map(|o| o.remove("status"));
+                        }
+                    }
+                }
+                next
+            }
+        };
+        next["apiVersion"] = json!(rt.api_version());
+        next["kind"] = json!(rt.kind);
+        let keep = [
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "generation",
+            "deletionTimestamp",
+        ];
+        let current_meta = meta(current).clone();
+        let metadata = meta_mut(&mut next);
+        for field in keep {
+            match current_meta.get(field) {
+                Some(value) => metadata.insert(field.into(), value.clone()),
+                None => metadata.remove(field),
+            };
+        }
+        next
+    }
+
+    /// Stores `next` unless nothing changed; bumps generation on spec changes and
+    /// completes a deletion once the last finalizer is gone.
+    fn commit(
+        &self,
+        inner: &mut Inner,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        name: &str,
+        current: &Arc<Value>,
+        mut next: Value,
+    ) -> Result<Arc<Value>, ApiError> {
+        if without_revision(&next) == without_revision(current) {
+            return Ok(current.clone());
+        }
+        if spec_part(&next) != spec_part(current) {
+            let generation = meta(current)["generation"].as_i64().unwrap_or(1) + 1;
+            meta_mut(&mut next).insert("generation".into(), json!(generation));
+        }
+        let deleting = meta(&next)["deletionTimestamp"].is_string();
+        let finalized = meta(&next)["finalizers"]
+            .as_array()
+            .is_none_or(|f| f.is_empty());
+        if deleting && finalized {
+            return Ok(self.remove_locked(inner, rt, namespace, name, Propagation::Background));
+        }
+        let revision = Self::next_revision(inner);
+        meta_mut(&mut next).insert("resourceVersion".into(), json!(revision.to_string()));
+        let stored = Arc::new(next);
+        inner
+            .objects
+            .entry(rt.name)
+            .or_default()
+            .insert(key(namespace, name), stored.clone());
+        self.record(
+            inner,
+            rt,
+            ChangeKind::Modified,
+            stored.clone(),
+            Some(current.clone()),
+        );
+        Ok(stored)
+    }
+}
+
+/// Apply bodies never remove with `null`; the absent-field rule does that.
+fn strip_nulls(value: &Value) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), strip_nulls(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// Five lowercase alphanumerics, as the apiserver appends for `generateName`.
+pub fn random_suffix() -> String {
+    use rand::Rng;
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut rng = rand::rng();
+    (0..5)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources;
+
+    #[test]
+    fn merge_patch_follows_rfc_7386() {
+        // The examples of RFC 7386, appendix A.
+        let cases = [
+            (json!({"a": "b"}), json!({"a": "c"}), json!({"a": "c"})),
+            (
+                json!({"a": "b"}),
+                json!({"b": "c"}),
+                json!({"a": "b", "b": "c"}),
+            ),
+            (json!({"a": "b"}), json!({"a": null}), json!({})),
+            (
+                json!({"a": "b", "b": "c"}),
+                json!({"a": null}),
+                json!({"b": "c"}),
+            ),
+            (json!({"a": ["b"]}), json!({"a": "c"}), json!({"a": "c"})),
+            (json!({"a": "c"}), json!({"a": ["b"]}), json!({"a": ["b"]})),
+            (
+                json!({"a": {"b": "c"}}),
+                json!({"a": {"b": "d", "c": null}}),
+                json!({"a": {"b": "d"}}),
+            ),
+            (
+                json!({"a": [{"b": "c"}]}),
+                json!({"a": [1]}),
+                json!({"a": [1]}),
+            ),
+            (json!(["a", "b"]), json!(["c", "d"]), json!(["c", "d"])),
+            (json!({"a": "b"}), json!(["c"]), json!(["c"])),
+            (json!({"a": "foo"}), json!(null), json!(null)),
+            (json!({"a": "foo"}), json!("bar"), json!("bar")),
+            (
+                json!({"e": null}),
+                json!({"a": 1}),
+                json!({"e": null, "a": 1}),
+            ),
+            (
+                json!([1, 2]),
+                json!({"a": "b", "c": null}),
+                json!({"a": "b"}),
+            ),
+            (
+                json!({}),
+                json!({"a": {"bb": {"ccc": null}}}),
+                json!({"a": {"bb": {}}}),
+            ),
+        ];
+        for (target, patch, expected) in cases {
+            let mut merged = target.clone();
+            merge_patch(&mut merged, &patch);
+            assert_eq!(merged, expected, "{target} + {patch}");
+        }
+    }
+
+    #[test]
+    fn a_manager_loses_only_the_fields_it_stopped_applying() {
+        let before = json!({"spec": {"image": "a", "args": ["x"], "env": {"A": "1", "B": "2"}}, "metadata": {"labels": {"l": "1"}}});
+        let after = json!({"spec": {"args": ["y"], "env": {"A": "1"}}});
+        let mut live = json!({
+            "metadata": {"name": "n", "labels": {"l": "1", "other": "2"}},
+            "spec": {"image": "a", "args": ["x"], "env": {"A": "1", "B": "2", "C": "3"}, "replicas": 2},
+            "status": {"phase": "Running"},
+        });
+        remove_dropped_fields(&mut live, &before, &after, &[]);
+        assert_eq!(
+            live,
+            json!({
+                "metadata": {"name": "n", "labels": {"other": "2"}},
+                "spec": {"args": ["x"], "env": {"A": "1", "C": "3"}, "replicas": 2},
+                "status": {"phase": "Running"},
+            }),
+            "dropped image, env.B and its label; kept what it still applies and what others set"
+        );
+    }
+
+    #[test]
+    fn a_field_another_manager_still_applies_stays() {
+        let before =
+            json!({"metadata": {"labels": {"shared": "1", "mine": "1"}}, "spec": {"image": "a"}});
+        let after = json!({});
+        let other = json!({"metadata": {"labels": {"shared": "1"}}});
+        let mut live =
+            json!({"metadata": {"labels": {"shared": "1", "mine": "1"}}, "spec": {"image": "a"}});
+        remove_dropped_fields(&mut live, &before, &after, &[&other]);
+        assert_eq!(live, json!({"metadata": {"labels": {"shared": "1"}}}));
+        // A map the manager alone applied goes when it is left empty, not before.
+        let mut live = json!({"spec": {"env": {"A": "1"}}, "status": {"x": {"A": "1", "B": "2"}}});
+        let before = json!({"spec": {"env": {"A": "1"}}, "status": {"x": {"A": "1"}}});
+        remove_dropped_fields(&mut live, &before, &json!({}), &[]);
+        assert_eq!(live, json!({"status": {"x": {"B": "2"}}}));
+    }
+
+    fn config_map(name: &str, data: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data})
+    }
+
+    #[test]
+    fn writes_that_change_nothing_keep_the_resource_version() {
+        let store = Store::default();
+        let rt = resources::config_maps();
+        let created = store
+            .create(rt, Some("ns"), config_map("c", json!({"k": "v"})))
+            .expect("created");
+        let revision = store.revision();
+        let same = store
+            .patch(
+                rt,
+                Some("ns"),
+                "c",
+                PatchKind::Merge,
+                json!({"data": {"k": "v"}}),
+                None,
+                Subresource::Main,
+            )
+            .expect("patched");
+        assert_eq!(same, created);
+        assert_eq!(store.revision(), revision);
+    }
+
+    #[test]
+    fn non_object_bodies_are_rejected_not_applied() {
+        let store = Store::default();
+        let rt = resources::config_maps();
+        store
+            .create(rt, Some("ns"), config_map("c", json!({})))
+            .expect("created");
+        for body in [
+            json!(null),
+            json!("text"),
+            json!([{"op": "remove", "path": "/data"}]),
+        ] {
+            let err = store
+                .patch(
+                    rt,
+                    Some("ns"),
+                    "c",
+                    PatchKind::Merge,
+                    body.clone(),
+                    None,
+                    Subresource::Main,
+                )
+                .expect_err("not an object");
+            assert_eq!(err.code, 400, "{body}");
+            let err = store
+                .replace(rt, Some("ns"), "c", body.clone(), Subresource::Main)
+                .expect_err("not an object");
+            assert_eq!(err.code, 400, "{body}");
+        }
+        assert_eq!(
+            store.get(rt, Some("ns"), "c").expect("still there")["kind"],
+            "ConfigMap"
+        );
+    }
+
+    #[test]
+    fn watches_from_before_the_kept_history_expire() {
+        let store = Store::with_history(3);
+        let rt = resources::config_maps();
+        let start = store.revision();
+        assert_ne!(
+            start, 0,
+            "0 means \"from now\" to a watch; a list never reports it"
+        );
+        for i in 0..5 {
+            store
+                .create(rt, Some("ns"), config_map(&format!("c{i}"), json!({})))
+                .expect("created");
+        }
+        // Five changes; the history holds the last three, so a watch may resume
+        // after the second.
+        assert!(store.watch(rt, start + 1).is_none(), "change 2 is gone");
+        let from_two = store.watch(rt, start + 2).expect("nothing missing after 2");
+        let revisions: Vec<u64> = from_two
+            .backlog
+            .iter()
+            .map(|c| c.resource_version - start)
+            .collect();
+        assert_eq!(revisions, [3, 4, 5]);
+        assert!(
+            store
+                .watch(rt, start + 5)
+                .expect("current")
+                .backlog
+                .is_empty()
+        );
+    }
+}

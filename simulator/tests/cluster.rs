@@ -1,0 +1,347 @@
+//! The simulated controllers, stepped by hand on the virtual clock: binding honours
+//! selectors, taints and capacity; pods start after the delay; gangs train, report,
+//! checkpoint and complete; failures and spot reclaims end runs the way Kubernetes
+//! reports them.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use trainyard_simulator::clock::SimClock;
+use trainyard_simulator::cluster::{Cluster, Report, RunOutcome, WorkerCommand};
+use trainyard_simulator::config::ClusterConfig;
+use trainyard_simulator::resources;
+use trainyard_simulator::selector::Selector;
+use trainyard_simulator::store::{PatchKind, Store, Subresource};
+
+const NS: &str = "ml";
+
+fn cluster(yaml: &str) -> (Arc<Store>, Cluster) {
+    let store = Arc::new(Store::default());
+    let config = ClusterConfig::parse(yaml).expect("valid config");
+    let clock = SimClock::new(config.speed);
+    let cluster = Cluster::new(store.clone(), config, clock);
+    (store, cluster)
+}
+
+/// A Job as the planner writes it: indexed, a GPU request per worker, the
+/// hyperparameters in a mounted ConfigMap, RESUME_FROM from the ConfigMap.
+fn job(store: &Store, name: &str, workers: u32, gpus: u32, suspend: bool, selector: Value) {
+    store
+        .create(
+            resources::config_maps(),
+            Some(NS),
+            json!({
+                "metadata": {"name": format!("{name}-config")},
+                "data": {
+                    "hyperparameters.json": "{\"epochs\": 4}",
+                    "training-config.json": "{\"model\": \"cnn\"}",
+                    "resume-from": "s3://b/x/checkpoint-epoch-1",
+                },
+            }),
+        )
+        .expect("configmap");
+    store
+        .create(
+            resources::jobs(),
+            Some(NS),
+            json!({
+                "metadata": {"name": name, "labels": {"trainyard.dev/job": name}},
+                "spec": {
+                    "completions": workers,
+                    "parallelism": workers,
+                    "completionMode": "Indexed",
+                    "backoffLimit": 0,
+                    "suspend": suspend,
+                    "template": {
+                        "metadata": {"labels": {"trainyard.dev/job": name, "trainyard.dev/attempt": "0"}},
+                        "spec": {
+                            "nodeSelector": selector,
+                            "restartPolicy": "Never",
+                            "containers": [{
+                                "name": "worker",
+                                "image": "x",
+                                "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}},
+                                "env": [
+                                    {"name": "CHECKPOINT_DIR", "value": "s3://b/x"},
+                                    {"name": "CHECKPOINT_FREQUENCY", "value": "1"},
+                                    {"name": "RESUME_FROM", "valueFrom": {"configMapKeyRef": {"name": format!("{name}-config"), "key": "resume-from"}}},
+                                ],
+                            }],
+                            "volumes": [{"name": "config", "configMap": {"name": format!("{name}-config")}}],
+                        },
+                    },
+                },
+            }),
+        )
+        .expect("job");
+}
+
+fn pods(store: &Store, job: &str) -> Vec<Value> {
+    store
+        .list(
+            resources::pods(),
+            Some(NS),
+            &Selector::parse(&format!("batch.kubernetes.io/job-name={job}")).expect("selector"),
+            &Selector::default(),
+        )
+        .0
+        .iter()
+        .map(|p| (**p).clone())
+        .collect()
+}
+
+fn job_condition(store: &Store, job: &str) -> Vec<String> {
+    let job = store.get(resources::jobs(), Some(NS), job).expect("job");
+    job["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["status"] == "True")
+        .map(|c| c["type"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+const TWO_NODES: &str = "
+nodes:
+  - {name: big, count: 1, gpus: 8, gpuProduct: A100, labels: {pool: a}}
+  - {name: small, count: 1, gpus: 2, gpuProduct: T4, labels: {pool: b},
+     taints: [{key: dedicated, value: t4, effect: NoSchedule}]}
+workers: {secondsPerEpoch: 10, startDelaySeconds: 5}
+";
+
+#[test]
+fn nodes_are_registered_with_gpus_labels_and_taints() {
+    let (store, _) = cluster(TWO_NODES);
+    let big = store.get(resources::nodes(), None, "big-0").expect("node");
+    assert_eq!(big["status"]["allocatable"]["nvidia.com/gpu"], "8");
+    assert_eq!(big["metadata"]["labels"]["nvidia.com/gpu.product"], "A100");
+    assert_eq!(
+        big["metadata"]["labels"]["karpenter.sh/capacity-type"],
+        "on-demand"
+    );
+    let small = store
+        .get(resources::nodes(), None, "small-0")
+        .expect("node");
+    assert_eq!(small["spec"]["taints"][0]["key"], "dedicated");
+}
+
+#[test]
+fn a_suspended_job_waits_and_an_unsuspended_one_trains_to_completion() {
+    let (store, mut cluster) = cluster(TWO_NODES);
+    job(&store, "a", 2, 2, true, json!({"pool": "a"}));
+    cluster.step_at(1.0);
+    assert!(pods(&store, "a").is_empty(), "a suspended Job has no pods");
+    store
+        .patch(
+            resources::jobs(),
+            Some(NS),
+            "a",
+            PatchKind::Merge,
+            json!({"spec": {"suspend": false}}),
+            None,
+            Subresource::Main,
+        )
+        .expect("unsuspend");
+    cluster.step_at(2.0);
+    let bound = pods(&store, "a");
+    assert_eq!(bound.len(), 2);
+    for pod in &bound {
+        assert_eq!(pod["spec"]["nodeName"], "big-0", "selector pool=a");
+        assert_eq!(
+            pod["status"]["phase"], "Pending",
+            "not started before the delay"
+        );
+    }
+    let start = cluster.step_at(7.5);
+    assert!(
+        pods(&store, "a")
+            .iter()
+            .all(|p| p["status"]["phase"] == "Running")
+    );
+    assert!(
+        matches!(start.first(), Some(Report::Progress { payload, .. }) if payload.epoch == 1),
+        "a resumed worker reports its starting epoch: {start:?}"
+    );
+    // Resumed from epoch 1 of 4: epochs 2..4 at 10 s each.
+    let reports = cluster.step_at(7.5 + 30.5);
+    let epochs: Vec<u32> = reports
+        .iter()
+        .filter_map(|r| match r {
+            Report::Progress { payload, .. } if payload.worker_index == 0 => Some(payload.epoch),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(epochs, vec![2, 3, 4]);
+    let checkpoints = reports
+        .iter()
+        .filter(|r| matches!(r, Report::Checkpoint { .. }))
+        .count();
+    assert_eq!(checkpoints, 3, "every epoch with CHECKPOINT_FREQUENCY=1");
+    assert!(
+        pods(&store, "a")
+            .iter()
+            .all(|p| p["status"]["phase"] == "Running"),
+        "the last reports go out before the Job ends"
+    );
+    cluster.step_at(38.5);
+    assert!(
+        pods(&store, "a")
+            .iter()
+            .all(|p| p["status"]["phase"] == "Succeeded")
+    );
+    assert_eq!(
+        job_condition(&store, "a"),
+        vec!["SuccessCriteriaMet", "Complete"]
+    );
+    let history = &cluster.history()["ml/a"];
+    assert_eq!(history.gpus, 4);
+    assert_eq!(history.ended, vec![(38.5, RunOutcome::Succeeded)]);
+}
+
+#[test]
+fn pods_stay_pending_without_free_gpus_or_toleration() {
+    let (store, mut cluster) = cluster(TWO_NODES);
+    job(&store, "fits", 1, 6, false, json!({}));
+    job(&store, "too-big", 1, 4, false, json!({}));
+    cluster.step_at(1.0);
+    let fits = pods(&store, "fits");
+    assert_eq!(fits[0]["spec"]["nodeName"], "big-0");
+    let waiting = pods(&store, "too-big");
+    assert!(
+        waiting[0]["spec"]["nodeName"].is_null(),
+        "2 GPUs left on big-0, small-0 is tainted"
+    );
+    let condition = &waiting[0]["status"]["conditions"][0];
+    assert_eq!(condition["reason"], "Unschedulable");
+    let message = condition["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("0/2 nodes are available") && message.contains("untolerated taint"),
+        "{message}"
+    );
+}
+
+#[test]
+fn pod_anti_affinity_spreads_workers_over_hosts() {
+    let (store, mut cluster) = cluster("nodes: [{name: n, count: 2, gpus: 8}]");
+    job(&store, "spread", 2, 1, false, json!({}));
+    store
+        .update(resources::jobs(), Some(NS), "spread", |j| {
+            j["spec"]["template"]["spec"]["affinity"] = json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"trainyard.dev/job": "spread"}}, "topologyKey": "kubernetes.io/hostname"}
+            ]}});
+        })
+        .expect("affinity");
+    cluster.step_at(1.0);
+    let mut nodes: Vec<String> = pods(&store, "spread")
+        .iter()
+        .map(|p| {
+            p["spec"]["nodeName"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    nodes.sort();
+    assert_eq!(nodes, vec!["n-0", "n-1"]);
+}
+
+#[test]
+fn a_failing_run_ends_with_its_exit_code_and_a_failed_job() {
+    let (store, mut cluster) = cluster(
+        "nodes: [{name: n, gpus: 8}]\nfailures: {rate: 1.0, exitCodes: [137]}\nworkers: {secondsPerEpoch: 10, startDelaySeconds: 0}",
+    );
+    job(&store, "f", 2, 1, false, json!({}));
+    for t in 0..100 {
+        cluster.step_at(f64::from(t));
+    }
+    let pods = pods(&store, "f");
+    assert_eq!(pods.len(), 1, "the rest of the gang is terminated");
+    assert_eq!(pods[0]["status"]["phase"], "Failed");
+    assert_eq!(
+        pods[0]["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"],
+        137
+    );
+    assert_eq!(job_condition(&store, "f"), vec!["FailureTarget", "Failed"]);
+    assert_eq!(cluster.history()["ml/f"].ended[0].1, RunOutcome::Failed);
+}
+
+#[test]
+fn spot_reclaims_fire_fail_pods_as_disruptions_and_nodes_come_back() {
+    let (store, mut cluster) = cluster(
+        "nodes: [{name: s, count: 3, gpus: 8, capacityType: spot}]\nworkers: {secondsPerEpoch: 1000, startDelaySeconds: 0}\ndisruptions: {spotReclaimsPerNodeHour: 1000, recoverySeconds: 60}",
+    );
+    job(&store, "victim", 1, 8, false, json!({}));
+    cluster.step_at(0.0);
+    cluster.step_at(0.0);
+    cluster.step_at(36.0);
+    let (nodes, _) = store.list(
+        resources::nodes(),
+        None,
+        &Selector::default(),
+        &Selector::default(),
+    );
+    assert!(
+        nodes.is_empty(),
+        "a reclaim rate of 1000/hour takes every node within 36 s"
+    );
+    let pod = &pods(&store, "victim")[0];
+    assert_eq!(pod["status"]["phase"], "Failed");
+    assert_eq!(pod["status"]["conditions"][1]["type"], "DisruptionTarget");
+    cluster.step_at(37.0);
+    assert_eq!(
+        cluster.history()["ml/victim"].ended[0].1,
+        RunOutcome::Disrupted
+    );
+    cluster.step_at(100.0);
+    let (nodes, _) = store.list(
+        resources::nodes(),
+        None,
+        &Selector::default(),
+        &Selector::default(),
+    );
+    assert_eq!(nodes.len(), 3, "replacements arrive after recoverySeconds");
+    assert!(nodes.iter().all(|n| {
+        n["metadata"]["name"]
+            .as_str()
+            .is_some_and(|name| name.ends_with("-r1"))
+    }));
+}
+
+#[test]
+fn stop_and_checkpoint_commands_reach_the_workers() {
+    let (store, mut cluster) = cluster(
+        "nodes: [{name: n, gpus: 8}]\nworkers: {secondsPerEpoch: 10, startDelaySeconds: 0}",
+    );
+    job(&store, "c", 1, 1, false, json!({}));
+    cluster.step_at(0.0);
+    cluster.step_at(1.0);
+    cluster.step_at(2.0);
+    cluster.step_at(15.0);
+    let reports = cluster.command(WorkerCommand::CheckpointNow {
+        namespace: NS.into(),
+        training_job: "c".into(),
+    });
+    match reports.as_slice() {
+        [Report::Checkpoint { payload, .. }] => {
+            assert_eq!(payload.epoch, 2, "resumed at 1, one epoch done");
+            assert_eq!(payload.uri, "s3://b/x/checkpoint-epoch-2");
+        }
+        other => panic!("expected one checkpoint, got {other:?}"),
+    }
+    cluster.command(WorkerCommand::Stop {
+        namespace: NS.into(),
+        training_job: "c".into(),
+    });
+    cluster.step_at(16.0);
+    assert_eq!(
+        job_condition(&store, "c"),
+        vec!["SuccessCriteriaMet", "Complete"]
+    );
+}
+
+#[test]
+fn the_virtual_clock_scales_simulated_time() {
+    let config = ClusterConfig::parse("speed: 3600\nnodes: [{name: n}]").expect("valid");
+    let clock = SimClock::new(config.speed);
+    assert_eq!(clock.real(3600.0), std::time::Duration::from_secs(1));
+}

@@ -1,0 +1,213 @@
+//! The demo scenario, headless: the simulated cluster of `simulator/clusters/demo.yaml`
+//! (clock sped up), a real NATS server, and the watcher, planner, gpu-allocator and
+//! hpo-tuner running their real code against the simulator's Kubernetes API. The
+//! example TrainingJobs and the example Sweep are applied as the demo applies them;
+//! every job must complete with its status filled in, and the sweep must finish
+//! with a best trial.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use planner_core::PlannerConfig;
+use tokio_util::sync::CancellationToken;
+use trainyard_api::{Sweep, SweepState, TrainingJob, TrainingJobState, TrainingQueue};
+use trainyard_contracts::Service;
+use trainyard_runtime::{Runtime, Settings};
+use trainyard_simulator::config::ClusterConfig;
+use trainyard_simulator::runner::Simulator;
+use trainyard_testkit::{NatsServer, eventually_within};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn manifest<K: serde::de::DeserializeOwned>(path: &str) -> K {
+    let text = std::fs::read_to_string(repo().join(path)).expect("manifest readable");
+    serde_yaml::from_str(&text).expect("manifest parses")
+}
+
+async fn runtime(service: Service, nats: &NatsServer, shutdown: &CancellationToken) -> Runtime {
+    let mut settings = Settings::default();
+    settings.nats.url = nats.url();
+    settings.http.listen = "127.0.0.1:0".into();
+    Runtime::start(service, settings, shutdown.child_token())
+        .await
+        .expect("runtime starts")
+}
+
+async fn apply<K>(api: &Api<K>, object: &K)
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(
+        &object.name_any(),
+        &PatchParams::apply("demo").force(),
+        &Patch::Apply(object),
+    )
+    .await
+    .expect("apply");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_example_job_and_the_sweep_complete_on_the_simulated_cluster() {
+    let _ = tracing_subscriber_init();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let nats = NatsServer::start();
+    let shutdown = CancellationToken::new();
+    let mut config = ClusterConfig::load(
+        &repo()
+            .join("simulator/clusters/demo.yaml")
+            .to_string_lossy(),
+    )
+    .expect("demo cluster config");
+    // An hour of simulated time in about six seconds.
+    config.speed = 600.0;
+    let client = async_nats::connect(nats.url()).await.expect("nats");
+    let simulator = Simulator::start(config, "127.0.0.1:0", Some(client), shutdown.clone())
+        .await
+        .expect("simulator starts");
+    // Connect the way the services' binaries do: through the kubeconfig the simulator writes.
+    let kubeconfig =
+        kube::config::Kubeconfig::from_yaml(&simulator.kubeconfig()).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("kube config");
+    let kube = Client::try_from(config).expect("kube client");
+
+    let watcher = runtime(Service::Watcher, &nats, &shutdown).await;
+    let metrics = trainyard_watcher::WatcherMetrics::register(&watcher.registry).expect("metrics");
+    trainyard_watcher::adapter::spawn_watches(&watcher, kube.clone(), &Default::default(), metrics);
+    let planner = runtime(Service::Planner, &nats, &shutdown).await;
+    let planner_config = PlannerConfig {
+        worker_nats_url: nats.url(),
+        restart_backoff_initial_seconds: 1,
+        restart_backoff_max_seconds: 2,
+        ..Default::default()
+    };
+    trainyard_planner::start(&planner, planner_config, kube.clone()).expect("planner starts");
+    let allocator = runtime(Service::GpuAllocator, &nats, &shutdown).await;
+    trainyard_gpu_allocator::start(&allocator, Default::default())
+        .await
+        .expect("allocator starts");
+    let tuner = runtime(Service::HpoTuner, &nats, &shutdown).await;
+    trainyard_hpo_tuner::start(&tuner, Default::default())
+        .await
+        .expect("tuner starts");
+
+    apply(
+        &Api::<TrainingQueue>::all(kube.clone()),
+        &manifest("simulator/clusters/demo-queue.yaml"),
+    )
+    .await;
+    let names = ["simple", "distributed", "resume", "advanced"];
+    let jobs = Api::<TrainingJob>::namespaced(kube.clone(), "default");
+    for name in names {
+        apply(
+            &jobs,
+            &manifest::<TrainingJob>(&format!("examples/trainingjob-{name}.yaml")),
+        )
+        .await;
+    }
+    let sweep: Sweep = manifest("examples/sweep.yaml");
+    let sweeps = Api::<Sweep>::namespaced(kube.clone(), &sweep.namespace().unwrap_or_default());
+    apply(&sweeps, &sweep).await;
+
+    let expected: Vec<TrainingJob> = names
+        .iter()
+        .map(|n| manifest(&format!("examples/trainingjob-{n}.yaml")))
+        .collect();
+    let finished = eventually_within(
+        "every example TrainingJob to finish",
+        Duration::from_secs(120),
+        || {
+            let jobs = jobs.clone();
+            let expected = expected.clone();
+            async move {
+                let mut done = Vec::new();
+                for job in &expected {
+                    let live = jobs.get(&job.name_any()).await.ok()?;
+                    let status = live.status.as_ref()?;
+                    // Workers' last reports may be folded in just after the end.
+                    let settled = status.current_epoch == Some(live.spec.epochs());
+                    if !status.state.as_ref()?.is_terminal() || !settled {
+                        return None;
+                    }
+                    done.push(live);
+                }
+                Some(done)
+            }
+        },
+    )
+    .await;
+    for job in &finished {
+        let name = job.name_any();
+        let status = job.status.clone().unwrap_or_default();
+        assert_eq!(
+            status.state,
+            Some(TrainingJobState::Completed),
+            "{name}: {status:?}"
+        );
+        let total = job.spec.epochs();
+        assert_eq!(status.total_epochs, Some(total), "{name}");
+        assert_eq!(status.progress.as_deref(), Some("100%"), "{name}");
+        assert!(
+            status.start_time.is_some() && status.completion_time.is_some(),
+            "{name}: {status:?}"
+        );
+        assert!(
+            status.metrics.contains_key("loss"),
+            "{name} reports metrics: {status:?}"
+        );
+        let succeeded = status
+            .conditions
+            .iter()
+            .find(|c| c.condition_type == "Succeeded");
+        assert!(
+            succeeded.is_some_and(|c| c.is_true()),
+            "{name}: {:?}",
+            status.conditions
+        );
+        assert!(status.failure_reason.is_none(), "{name}");
+        let resumed_at = job
+            .spec
+            .checkpoint
+            .as_ref()
+            .and_then(|c| c.resume_from.as_deref())
+            .map_or(0, trainyard_simulator::cluster::resume_epoch);
+        if job.spec.checkpointing_enabled() && total >= resumed_at + job.spec.checkpoint_frequency()
+        {
+            let checkpoint = status.checkpoint.clone().unwrap_or_default();
+            assert!(
+                checkpoint.latest_epoch.is_some(),
+                "{name} checkpointed: {status:?}"
+            );
+        }
+    }
+    let sweep = eventually_within("the sweep to finish", Duration::from_secs(120), || {
+        let sweeps = sweeps.clone();
+        let name = sweep.name_any();
+        async move {
+            let live = sweeps.get(&name).await.ok()?;
+            let state = live.status.as_ref()?.state?;
+            matches!(state, SweepState::Completed | SweepState::Failed).then_some(live)
+        }
+    })
+    .await;
+    let status = sweep.status.clone().unwrap_or_default();
+    assert_eq!(status.state, Some(SweepState::Completed), "{status:?}");
+    let best = status.best_trial.expect("a best trial");
+    assert!(best.objective_value.is_finite(), "{best:?}");
+    shutdown.cancel();
+    simulator.join().await;
+}
+
+fn tracing_subscriber_init() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init()
+}
