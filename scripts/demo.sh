@@ -1,60 +1,97 @@
 #!/usr/bin/env bash
-# Starts a local NATS server with JetStream and the seven Trainyard services as
-# separate processes (as in production), shows their health, and stops everything
-# on Ctrl-C. `--for SECONDS` stops by itself (used by CI-like headless runs).
-# `--kubeconfig FILE` (or KUBECONFIG, or ~/.kube/config) gives the watcher and the
-# planner a cluster; without one they are not started, since they need a
-# Kubernetes API and the simulated cluster does not exist yet.
+# The demo. Starts a local NATS server with JetStream, the seven Trainyard services
+# as separate processes (as in production) and, unless a cluster is given, the
+# simulated cluster of simulator/clusters/demo.yaml. Then applies the example
+# TrainingJobs and the example Sweep, shows them live (like
+# `kubectl get trainingjobs -w`) until all have finished, prints a summary, and
+# stops everything. Ctrl-C stops everything at any time.
+#
+#   scripts/demo.sh [--kubeconfig FILE] [--speed N] [--timeout SECONDS] [--keep-running]
+#
+# --kubeconfig FILE  run against a real cluster instead of the simulator (the CRDs in
+#                    crds/ must be installed, and its pods must reach this machine's NATS
+#                    at TRAINYARD_DEMO_WORKER_NATS_URL to report progress).
+# --speed N          simulated seconds per real second (default: the cluster file's).
+# --timeout SECONDS  give up waiting for the jobs after this long (default 600).
+# --keep-running     after the summary, keep everything running until Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/deps.sh
 ensure_nats_server
 
-run_for=""
-kubeconfig="${KUBECONFIG:-}"
-[ -z "$kubeconfig" ] && [ -f "$HOME/.kube/config" ] && kubeconfig="$HOME/.kube/config"
+kubeconfig=""
+speed=""
+timeout=600
+keep_running=no
+usage="usage: scripts/demo.sh [--kubeconfig FILE] [--speed N] [--timeout SECONDS] [--keep-running]"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --for) run_for="$2"; shift 2 ;;
-    --kubeconfig) kubeconfig="$2"; shift 2 ;;
-    *) echo "usage: scripts/demo.sh [--kubeconfig FILE] [--for SECONDS]" >&2; exit 2 ;;
+    --kubeconfig) kubeconfig="${2:?$usage}"; shift 2 ;;
+    --speed) speed="${2:?$usage}"; shift 2 ;;
+    --timeout) timeout="${2:?$usage}"; shift 2 ;;
+    --keep-running) keep_running=yes; shift ;;
+    -h|--help) echo "$usage"; exit 0 ;;
+    *) echo "$usage" >&2; exit 2 ;;
   esac
 done
-
-services=(gpu-allocator hpo-tuner checkpoint-manager cost-optimizer notifier)
-if [ -n "$kubeconfig" ]; then
-  [ -f "$kubeconfig" ] || { echo "kubeconfig $kubeconfig not found" >&2; exit 2; }
-  export KUBECONFIG="$kubeconfig"
-  services=(watcher planner "${services[@]}")
-else
-  echo "note: no kubeconfig; the watcher and planner need a Kubernetes API and are not started"
+if [ -n "$kubeconfig" ] && [ ! -f "$kubeconfig" ]; then
+  echo "kubeconfig $kubeconfig not found" >&2
+  exit 2
 fi
-echo "== building the services (release)"
-cargo build --release --locked $(printf -- '-p trainyard-%s ' "${services[@]}")
+
+services=(watcher planner gpu-allocator hpo-tuner checkpoint-manager cost-optimizer notifier)
+echo "== building the simulator, the trainyard CLI and the seven services (release)"
+cargo build --release --locked -p trainyard-simulator -p trainyard-cli \
+  $(printf -- '-p trainyard-%s ' "${services[@]}")
 
 work=$(mktemp -d -t trainyard-demo.XXXXXX)
 nats_port=${TRAINYARD_DEMO_NATS_PORT:-4222}
+nats_url="nats://127.0.0.1:$nats_port"
 pids=()
 stop_all() {
   trap - INT TERM EXIT
   echo
   echo "== stopping"
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  # Services and the simulator first, NATS last, so nobody loses its server mid-drain.
+  for pid in "${pids[@]:1}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]:1}"; do wait "$pid" 2>/dev/null || true; done
+  kill -TERM "${pids[0]}" 2>/dev/null || true
+  wait "${pids[0]}" 2>/dev/null || true
   echo "logs kept in $work"
 }
-trap stop_all INT TERM EXIT
+trap stop_all EXIT
+trap 'exit 130' INT TERM
 
 nats-server -js -a 127.0.0.1 -p "$nats_port" -sd "$work/jetstream" >"$work/nats.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/"$nats_port") 2>/dev/null && break; sleep 0.1; done
 
+if [ -z "$kubeconfig" ]; then
+  kubeconfig="$work/kubeconfig"
+  target/release/trainyard-simulator --config simulator/clusters/demo.yaml \
+    --kubeconfig-out "$kubeconfig" --nats-url "$nats_url" ${speed:+--speed "$speed"} \
+    >"$work/simulator.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 1 100); do [ -s "$kubeconfig" ] && break; sleep 0.1; done
+  [ -s "$kubeconfig" ] || { echo "the simulator did not start; see $work/simulator.log" >&2; exit 1; }
+  queue=simulator/clusters/demo-queue.yaml
+  echo "== simulated cluster: simulator/clusters/demo.yaml (a simulator, not Kubernetes)"
+  worker_nats_url="$nats_url"
+else
+  queue=examples/trainingqueue-default.yaml
+  echo "== cluster: $kubeconfig"
+  worker_nats_url="${TRAINYARD_DEMO_WORKER_NATS_URL:-$nats_url}"
+fi
+export KUBECONFIG="$kubeconfig"
+
 port=9101
 declare -A http_port
 for service in "${services[@]}"; do
   http_port[$service]=$port
-  TRAINYARD_NATS__URL="nats://127.0.0.1:$nats_port" \
+  TRAINYARD_NATS__URL="$nats_url" \
   TRAINYARD_HTTP__LISTEN="127.0.0.1:$port" \
+  TRAINYARD_PLANNER__WORKER_NATS_URL="$worker_nats_url" \
+  TRAINYARD_PLANNER__RESTART_BACKOFF_INITIAL_SECONDS=2 \
     "target/release/trainyard-$service" >"$work/$service.log" 2>&1 &
   pids+=($!)
   port=$((port + 1))
@@ -64,18 +101,35 @@ ready() { curl -fsS "http://127.0.0.1:$1/readyz" >/dev/null 2>&1; }
 for service in "${services[@]}"; do
   for _ in $(seq 1 100); do ready "${http_port[$service]}" && break; sleep 0.1; done
 done
-
 printf '\n%-20s %-8s %-28s %s\n' SERVICE READY METRICS LOG
 for service in "${services[@]}"; do
   p=${http_port[$service]}
   state=no; ready "$p" && state=yes
   printf '%-20s %-8s %-28s %s\n' "$service" "$state" "http://127.0.0.1:$p/metrics" "$work/$service.log"
 done
-echo
-echo "NATS: nats://127.0.0.1:$nats_port   (Ctrl-C stops everything)"
+echo "NATS: $nats_url   KUBECONFIG=$kubeconfig"
 
-if [ -n "$run_for" ]; then
-  sleep "$run_for"
-else
+trainyard=target/release/trainyard
+echo
+echo "== applying the queue, the example TrainingJobs and the example Sweep"
+"$trainyard" apply -f "$queue" \
+  -f examples/trainingjob-simple.yaml -f examples/trainingjob-distributed.yaml \
+  -f examples/trainingjob-resume.yaml -f examples/trainingjob-advanced.yaml \
+  -f examples/sweep.yaml
+echo
+echo "== watching (trainyard get trainingjobs -A -w), until every job has finished"
+status=0
+"$trainyard" get trainingjobs -A --until-done --timeout "$timeout" || status=$?
+echo
+echo "== sweeps"
+"$trainyard" get sweeps -A -o wide || status=$?
+echo
+echo "== summary"
+"$trainyard" summary -A || status=$?
+
+if [ "$keep_running" = yes ]; then
+  echo
+  echo "everything is still running (KUBECONFIG=$kubeconfig); Ctrl-C stops it"
   wait "${pids[0]}"
 fi
+exit "$status"
