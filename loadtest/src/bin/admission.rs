@@ -1,23 +1,37 @@
 //! Admission benchmark: the gpu-allocator core against FIFO baselines on the
 //! same seeded job stream, in one process.
 //!
-//! Cluster: 2,000 nodes x 8 GPUs (16,000 GPUs), 3 zones, NVLink racks of 16
-//! nodes; 30 TrainingQueues in 3 cohorts (nominal quotas add up to the
-//! cluster, borrowing unlimited). Workload, a fragmenting mix: 1/2/4/8-GPU
-//! single-worker jobs (90% of jobs) and gangs of 2, 4, 16 and 64 workers x 8
-//! GPUs; runtimes uniform in 10 min - 3 h, runtime estimates (1.0-1.5x the
-//! truth) on 70% of jobs, 5% high-priority jobs.
+//! Cluster (2,000 nodes, 15,200 GPUs), three node pools as a cloud cluster
+//! has them, nodes named and indexed pool by pool:
+//! - `a100-mig`: 100 nodes x 8 A100 partitioned into 7 `1g.10gb` MIG slices
+//!   each (56 slices a node, 800 GPUs);
+//! - `h100-4g`: 200 nodes x 4 H100 (800 GPUs);
+//! - `h100-8g`: 1,700 nodes x 8 H100 (13,600 GPUs);
+//!
+//! in 3 zones, NVLink racks of 16 nodes. 30 TrainingQueues in 3 cohorts; each
+//! has an equal share of the H100 GPUs and of the MIG slices as nominal quota
+//! (quotas add up to the cluster), borrowing unlimited inside the cohort.
+//!
+//! Workload, a fragmenting mix (see `SHAPES`): MIG slices for notebooks,
+//! 1/2/4/8-GPU single-worker jobs, and gangs of 4-GPU and 8-GPU workers from 2
+//! to 96 workers (the API allows 100); heavy-tailed runtimes (log-uniform, so jobs end at all
+//! times and leave holes), runtime estimates (1.0-1.5x the truth) on 70% of
+//! jobs, 5% high-priority jobs, queues picked uniformly.
 //!
 //! Closed loop: before every cycle the backlog is topped up to 10,000
 //! pending jobs from one pre-generated stream (so every policy sees the same
 //! jobs in the same order); jobs finish after their actual runtime in
 //! simulated time, one cycle per simulated step. Bounded by `--cycles` and
 //! `--max-wall-secs`. Prints figures only; nothing is asserted on timing.
+//! The allocation ratio counts GPU-equivalents (a MIG slice is 1/7 GPU) held
+//! by running jobs, the same bookkeeping for every policy.
 //!
-//! Baselines (all all-or-nothing per gang, in submission order): strict FIFO
-//! with first-fit placement (the first job that does not fit blocks the rest),
-//! FIFO first-fit skipping blocked jobs, and strict FIFO with spread placement
-//! (what kube-scheduler's default scoring does behind a FIFO admission queue).
+//! Baselines (all all-or-nothing per gang, in submission order, each job
+//! limited to the pool kind it asks for): strict FIFO with first-fit
+//! placement (the first job that does not fit blocks the rest: Kueue's
+//! StrictFIFO on one ClusterQueue), FIFO first-fit skipping blocked jobs, and
+//! strict FIFO with spread placement (what kube-scheduler's default scoring
+//! does behind a FIFO admission queue).
 //!
 //! Usage: `admission [--seed N] [--cycles N] [--step-secs N] [--max-wall-secs N]
 //! [--warmup-secs N] [--preemption 0|1]`
@@ -27,21 +41,105 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
 
 use gpu_allocator_core::{
-    Allocator, AllocatorConfig, Event, FlavorQuota, JobSpec, JobUid, NodeInfo, QueueSpec,
-    ResourceQuota, Timestamp, names,
+    Allocator, AllocatorConfig, Event, FlavorQuota, GpuSliceRequest, JobSpec, JobUid, NodeInfo,
+    QueueSpec, ResourceQuota, Timestamp, names,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-const NODES: usize = 2_000;
-const GPUS_PER_NODE: u32 = 8;
+/// A node pool: `count` nodes of `gpus` GPUs, MIG-partitioned or whole.
+struct NodePool {
+    name: &'static str,
+    count: usize,
+    gpus: u32,
+    product: &'static str,
+    mig: bool,
+}
+
+const POOLS: [NodePool; 3] = [
+    NodePool {
+        name: "a100-mig",
+        count: 20,
+        gpus: 8,
+        product: "A100",
+        mig: true,
+    },
+    NodePool {
+        name: "h100-4g",
+        count: 200,
+        gpus: 4,
+        product: "H100",
+        mig: false,
+    },
+    NodePool {
+        name: "h100-8g",
+        count: 1_780,
+        gpus: 8,
+        product: "H100",
+        mig: false,
+    },
+];
+const MIG_PROFILE: &str = "1g.10gb";
+const SLICES_PER_GPU: u32 = 7;
 const RACK_SIZE: usize = 16;
 const ZONES: usize = 3;
 const QUEUES: usize = 30;
 const COHORTS: usize = 3;
 const BACKLOG: usize = 10_000;
-const FLAVOR: &str = "H100.on-demand";
+const GPU_FLAVOR: &str = "H100.on-demand";
+const MIG_FLAVOR: &str = "A100.on-demand";
+
+/// One kind of job in the mix.
+#[derive(Clone, Copy)]
+struct Shape {
+    workers: u32,
+    /// GPUs (or MIG slices) per worker.
+    units: u32,
+    mig: bool,
+    /// Share of jobs, per mille.
+    weight: u32,
+    /// Runtime range in seconds, drawn log-uniformly.
+    runtime: (u64, u64),
+}
+
+const fn shape(workers: u32, units: u32, mig: bool, weight: u32, lo: u64, hi: u64) -> Shape {
+    Shape {
+        workers,
+        units,
+        mig,
+        weight,
+        runtime: (lo, hi),
+    }
+}
+
+/// The job mix. Most jobs are small and short, most GPU-hours go to a few
+/// large gangs, as in published cluster traces; runtimes are log-uniform, so
+/// jobs end at all times and leave holes.
+const SHAPES: [Shape; 15] = [
+    shape(1, 1, true, 60, 300, 14_400),
+    shape(1, 2, true, 40, 300, 14_400),
+    shape(1, 1, false, 270, 300, 14_400),
+    shape(1, 2, false, 170, 300, 14_400),
+    shape(1, 4, false, 140, 600, 14_400),
+    shape(1, 8, false, 90, 600, 14_400),
+    shape(2, 4, false, 50, 900, 14_400),
+    shape(4, 4, false, 30, 900, 14_400),
+    shape(2, 8, false, 50, 1_800, 21_600),
+    shape(4, 8, false, 35, 1_800, 21_600),
+    shape(8, 8, false, 25, 1_800, 21_600),
+    shape(16, 8, false, 18, 1_800, 21_600),
+    shape(32, 8, false, 10, 3_600, 21_600),
+    shape(64, 8, false, 5, 3_600, 21_600),
+    shape(96, 8, false, 2, 3_600, 21_600),
+];
+
+fn total_gpus() -> u64 {
+    POOLS
+        .iter()
+        .map(|p| p.count as u64 * u64::from(p.gpus))
+        .sum()
+}
 
 struct Args {
     seed: u64,
@@ -85,44 +183,46 @@ fn parse_args() -> Result<Args, String> {
 struct SimJob {
     queue: usize,
     workers: u32,
-    gpus: u32,
+    units: u32,
+    mig: bool,
     priority: i32,
     duration: u64,
     estimate: Option<u64>,
 }
 
 impl SimJob {
-    fn total(&self) -> u64 {
-        u64::from(self.workers) * u64::from(self.gpus)
+    /// GPUs the job holds, a MIG slice counting as 1/7 GPU.
+    fn gpu_equivalents(&self) -> f64 {
+        let units = f64::from(self.workers) * f64::from(self.units);
+        if self.mig {
+            units / f64::from(SLICES_PER_GPU)
+        } else {
+            units
+        }
+    }
+
+    fn is_big(&self) -> bool {
+        !self.mig && u64::from(self.workers) * u64::from(self.units) >= 64
     }
 }
 
 fn generate_stream(seed: u64, count: usize) -> Vec<SimJob> {
     let mut rng = StdRng::seed_from_u64(seed);
-    // (workers, gpus per worker, weight %): fragmenting small jobs plus gangs
-    // of whole 8-GPU workers.
-    let shapes: [(u32, u32, u32); 8] = [
-        (1, 1, 30),
-        (1, 2, 25),
-        (1, 4, 25),
-        (1, 8, 10),
-        (2, 8, 4),
-        (4, 8, 3),
-        (16, 8, 2),
-        (64, 8, 1),
-    ];
+    let total_weight: u32 = SHAPES.iter().map(|s| s.weight).sum();
     (0..count)
         .map(|_| {
-            let mut pick = rng.random_range(0..100u32);
-            let mut shape = shapes[0];
-            for s in shapes {
-                if pick < s.2 {
+            let mut pick = rng.random_range(0..total_weight);
+            let mut shape = SHAPES[0];
+            for s in SHAPES {
+                if pick < s.weight {
                     shape = s;
                     break;
                 }
-                pick -= s.2;
+                pick -= s.weight;
             }
-            let duration = rng.random_range(600..10_800u64);
+            let (lo, hi) = shape.runtime;
+            let duration =
+                (lo as f64 * (hi as f64 / lo as f64).powf(rng.random_range(0.0..1.0))) as u64;
             let estimate = if rng.random_range(0..100u32) < 70 {
                 Some((duration as f64 * rng.random_range(1.0..1.5)) as u64)
             } else {
@@ -130,8 +230,9 @@ fn generate_stream(seed: u64, count: usize) -> Vec<SimJob> {
             };
             SimJob {
                 queue: rng.random_range(0..QUEUES),
-                workers: shape.0,
-                gpus: shape.1,
+                workers: shape.workers,
+                units: shape.units,
+                mig: shape.mig,
                 priority: if rng.random_range(0..100u32) < 5 {
                     100
                 } else {
@@ -144,45 +245,84 @@ fn generate_stream(seed: u64, count: usize) -> Vec<SimJob> {
         .collect()
 }
 
-fn nodes() -> Vec<NodeInfo> {
-    (0..NODES)
-        .map(|i| {
+/// Every node with its pool, in index order.
+fn nodes() -> Vec<(NodeInfo, &'static NodePool)> {
+    let mut out = Vec::new();
+    let mut rack = 0usize;
+    for pool in &POOLS {
+        for i in 0..pool.count {
+            if i % RACK_SIZE == 0 && i > 0 {
+                rack += 1;
+            }
             let mut n = NodeInfo {
-                name: format!("node-{i:04}"),
+                name: format!("{}-{i:04}", pool.name),
                 ready: true,
                 ..NodeInfo::default()
             };
-            n.allocatable
-                .insert(names::GPU_RESOURCE.into(), GPUS_PER_NODE.to_string());
+            if pool.mig {
+                n.allocatable.insert(names::GPU_RESOURCE.into(), "0".into());
+                n.allocatable.insert(
+                    format!("{}{MIG_PROFILE}", names::MIG_RESOURCE_PREFIX),
+                    (pool.gpus * SLICES_PER_GPU).to_string(),
+                );
+            } else {
+                n.allocatable
+                    .insert(names::GPU_RESOURCE.into(), pool.gpus.to_string());
+            }
             n.labels
-                .insert(names::GPU_PRODUCT_LABEL.into(), "H100".into());
+                .insert(names::GPU_PRODUCT_LABEL.into(), pool.product.into());
             n.labels
                 .insert(names::HOSTNAME_LABEL.into(), n.name.clone());
-            let rack = i / RACK_SIZE;
             n.labels
                 .insert(names::ZONE_LABEL.into(), format!("zone-{}", rack % ZONES));
             n.labels
                 .insert(names::NVLINK_CLIQUE_LABEL.into(), format!("rack-{rack:03}"));
-            n
-        })
-        .collect()
+            out.push((n, pool));
+        }
+        rack += 1;
+    }
+    out
+}
+
+/// `total` split into `QUEUES` nominal quotas that add up exactly.
+fn share(total: u64, queue: usize) -> u64 {
+    total / QUEUES as u64 + u64::from((queue as u64) < total % QUEUES as u64)
 }
 
 fn queues() -> Vec<QueueSpec> {
-    let total = NODES as u64 * u64::from(GPUS_PER_NODE);
+    let gpus: u64 = POOLS
+        .iter()
+        .filter(|p| !p.mig)
+        .map(|p| p.count as u64 * u64::from(p.gpus))
+        .sum();
+    let slices: u64 = POOLS
+        .iter()
+        .filter(|p| p.mig)
+        .map(|p| p.count as u64 * u64::from(p.gpus * SLICES_PER_GPU))
+        .sum();
     (0..QUEUES)
         .map(|i| QueueSpec {
             name: format!("team-{i:02}"),
             cohort: Some(format!("cohort-{}", i % COHORTS)),
             weight: 1.0 + (i % 3) as f64,
-            quotas: vec![FlavorQuota {
-                flavor: FLAVOR.into(),
-                resources: vec![ResourceQuota {
-                    resource: names::GPU_RESOURCE.into(),
-                    nominal: total / QUEUES as u64,
-                    ..ResourceQuota::default()
-                }],
-            }],
+            quotas: vec![
+                FlavorQuota {
+                    flavor: GPU_FLAVOR.into(),
+                    resources: vec![ResourceQuota {
+                        resource: names::GPU_RESOURCE.into(),
+                        nominal: share(gpus, i),
+                        ..ResourceQuota::default()
+                    }],
+                },
+                FlavorQuota {
+                    flavor: MIG_FLAVOR.into(),
+                    resources: vec![ResourceQuota {
+                        resource: format!("{}{MIG_PROFILE}", names::MIG_RESOURCE_PREFIX),
+                        nominal: share(slices, i),
+                        ..ResourceQuota::default()
+                    }],
+                },
+            ],
             ..QueueSpec::default()
         })
         .collect()
@@ -197,7 +337,10 @@ fn job_spec(index: usize, job: &SimJob, now: u64) -> JobSpec {
         priority: job.priority,
         submitted_at: Timestamp(now),
         num_workers: job.workers,
-        gpus_per_worker: job.gpus,
+        gpus_per_worker: job.units,
+        gpu_slice: job
+            .mig
+            .then(|| GpuSliceRequest::Profile(MIG_PROFILE.into())),
         runtime_estimate_secs: job.estimate,
         ..JobSpec::default()
     }
@@ -250,6 +393,9 @@ struct Sim {
     submitted_at: Vec<u64>,
     started: Vec<bool>,
     generation: Vec<u32>,
+    /// GPU-equivalents each job holds while it runs (0 otherwise).
+    held: Vec<f64>,
+    allocated: f64,
     finishes: BinaryHeap<Reverse<(u64, usize, u32)>>,
     next_job: usize,
     cycle_ms: Vec<f64>,
@@ -271,6 +417,8 @@ impl Sim {
             submitted_at: vec![0; stream_len],
             started: vec![false; stream_len],
             generation: vec![0; stream_len],
+            held: vec![0.0; stream_len],
+            allocated: 0.0,
             finishes: BinaryHeap::new(),
             next_job: 0,
             cycle_ms: Vec::new(),
@@ -292,11 +440,23 @@ impl Sim {
             *g += 1;
             self.finishes.push(Reverse((now + job.duration, idx, *g)));
         }
-        if job.total() >= 64 && !self.started[idx] {
+        if let Some(h) = self.held.get_mut(idx) {
+            *h = job.gpu_equivalents();
+            self.allocated += *h;
+        }
+        if job.is_big() && !self.started[idx] {
             self.big_waits_min
                 .push((now - self.submitted_at[idx]) as f64 / 60.0);
         }
         self.started[idx] = true;
+    }
+
+    /// The running instance of `idx` stopped (finished or evicted).
+    fn stopped(&mut self, idx: usize) {
+        if let Some(h) = self.held.get_mut(idx) {
+            self.allocated -= *h;
+            *h = 0.0;
+        }
     }
 
     /// Pops jobs finishing by `now` that are still the running instance.
@@ -308,6 +468,7 @@ impl Sim {
             }
             self.finishes.pop();
             if self.generation.get(idx) == Some(&generation) {
+                self.stopped(idx);
                 out.push(idx);
             }
         }
@@ -320,7 +481,7 @@ impl Sim {
         let mut big_waiting = 0u64;
         let mut oldest_waiting = 0u64;
         for (idx, job) in stream.iter().enumerate().take(self.next_job) {
-            if job.total() < 64 {
+            if !job.is_big() {
                 continue;
             }
             big_submitted += 1;
@@ -383,7 +544,7 @@ fn run_allocator(stream: &[SimJob], args: &Args) -> Result<Report, String> {
     let mut config = AllocatorConfig::default();
     config.preemption.enabled = args.preemption;
     let mut alloc = Allocator::new(config).map_err(|e| e.to_string())?;
-    for n in nodes() {
+    for (n, _) in nodes() {
         alloc
             .apply(Event::NodeUpserted(n))
             .map_err(|e| e.to_string())?;
@@ -393,7 +554,7 @@ fn run_allocator(stream: &[SimJob], args: &Args) -> Result<Report, String> {
             .apply(Event::QueueUpserted(q))
             .map_err(|e| e.to_string())?;
     }
-    let total_gpus = (NODES as u64 * u64::from(GPUS_PER_NODE)) as f64;
+    let total_gpus = total_gpus() as f64;
     let mut sim = Sim::new(stream.len());
     let mut pending: usize = 0;
     for step in 0..args.cycles {
@@ -430,6 +591,7 @@ fn run_allocator(stream: &[SimJob], args: &Args) -> Result<Report, String> {
                 if let Some(g) = sim.generation.get_mut(idx) {
                     *g += 1;
                 }
+                sim.stopped(idx);
                 pending += 1;
             }
         }
@@ -454,8 +616,7 @@ fn run_allocator(stream: &[SimJob], args: &Args) -> Result<Report, String> {
             }
         }
         if now >= args.warmup_secs {
-            sim.alloc_samples
-                .push(alloc.stats().gpus_allocated as f64 / total_gpus);
+            sim.alloc_samples.push(sim.allocated / total_gpus);
         }
     }
     Ok(sim.report(
@@ -489,17 +650,119 @@ impl Baseline {
     }
 }
 
+/// Free units per node and, per pool kind (whole GPUs, MIG slices), how
+/// many nodes have each free count, for an O(capacity) "can this gang fit at
+/// all" test.
+struct FifoCluster {
+    free: Vec<u32>,
+    mig: Vec<bool>,
+    by_free: [Vec<usize>; 2],
+}
+
+impl FifoCluster {
+    fn new() -> Self {
+        let mut c = FifoCluster {
+            free: Vec::new(),
+            mig: Vec::new(),
+            by_free: [Vec::new(), Vec::new()],
+        };
+        for (_, pool) in nodes() {
+            let units = if pool.mig {
+                pool.gpus * SLICES_PER_GPU
+            } else {
+                pool.gpus
+            };
+            c.free.push(units);
+            c.mig.push(pool.mig);
+            let counts = &mut c.by_free[usize::from(pool.mig)];
+            if counts.len() <= units as usize {
+                counts.resize(units as usize + 1, 0);
+            }
+            counts[units as usize] += 1;
+        }
+        c
+    }
+
+    fn adjust(&mut self, node: usize, units: u32, take: bool) {
+        let counts = &mut self.by_free[usize::from(self.mig[node])];
+        counts[self.free[node] as usize] -= 1;
+        if take {
+            self.free[node] -= units;
+        } else {
+            self.free[node] += units;
+        }
+        counts[self.free[node] as usize] += 1;
+    }
+
+    /// Workers of `g` units the free counts could host.
+    fn slots(&self, mig: bool, g: u32) -> u64 {
+        let counts = &self.by_free[usize::from(mig)];
+        (g as usize..counts.len())
+            .map(|f| counts[f] as u64 * u64::from(f as u32 / g))
+            .sum()
+    }
+
+    /// All workers on the emptiest nodes (spread) or the lowest-numbered
+    /// nodes with room (first fit); `None` when the gang does not fit.
+    fn place(&self, job: &SimJob, spread: bool) -> Option<Vec<(usize, u32)>> {
+        let g = job.units;
+        if self.slots(job.mig, g) < u64::from(job.workers) {
+            return None;
+        }
+        let mut placement: Vec<(usize, u32)> = Vec::new();
+        if spread {
+            // Enough slots exist, so placing workers one by one on the
+            // emptiest node always completes the gang.
+            for _ in 0..job.workers {
+                let mut best: Option<(usize, u32)> = None;
+                for (node, f) in self.free.iter().enumerate() {
+                    if self.mig[node] != job.mig {
+                        continue;
+                    }
+                    let taken: u32 = placement
+                        .iter()
+                        .filter(|(n, _)| *n == node)
+                        .map(|(_, u)| *u)
+                        .sum();
+                    let left = f - taken;
+                    if left >= g && best.is_none_or(|(_, b)| left > b) {
+                        best = Some((node, left));
+                    }
+                }
+                let (node, _) = best?;
+                match placement.iter_mut().find(|(n, _)| *n == node) {
+                    Some(entry) => entry.1 += g,
+                    None => placement.push((node, g)),
+                }
+            }
+        } else {
+            let mut left = job.workers;
+            for (node, f) in self.free.iter().enumerate() {
+                if left == 0 {
+                    break;
+                }
+                if self.mig[node] != job.mig {
+                    continue;
+                }
+                let take = (f / g).min(left);
+                if take > 0 {
+                    placement.push((node, take * g));
+                    left -= take;
+                }
+            }
+        }
+        Some(placement)
+    }
+}
+
 fn run_fifo(stream: &[SimJob], args: &Args, baseline: Baseline) -> Report {
     let strict = baseline != Baseline::SkipBlockedFirstFit;
+    let spread = baseline == Baseline::StrictSpread;
     let started_wall = Instant::now();
-    let total_gpus = (NODES as u64 * u64::from(GPUS_PER_NODE)) as f64;
-    let mut free = vec![GPUS_PER_NODE; NODES];
-    // Node count per free value, for an O(9) "can this gang fit at all" test.
-    let mut by_free = [0usize; GPUS_PER_NODE as usize + 1];
-    by_free[GPUS_PER_NODE as usize] = NODES;
+    let total_gpus = total_gpus() as f64;
+    let mut cluster = FifoCluster::new();
     let mut placed: Vec<Vec<(usize, u32)>> = vec![Vec::new(); stream.len()];
     let mut queue: VecDeque<usize> = VecDeque::new();
-    let mut allocated: u64 = 0;
     let mut sim = Sim::new(stream.len());
     for step in 0..args.cycles {
         if started_wall.elapsed() > args.max_wall {
@@ -508,10 +771,7 @@ fn run_fifo(stream: &[SimJob], args: &Args, baseline: Baseline) -> Report {
         let now = step as u64 * args.step_secs;
         for idx in sim.due(now) {
             for (node, units) in std::mem::take(&mut placed[idx]) {
-                by_free[free[node] as usize] -= 1;
-                free[node] += units;
-                by_free[free[node] as usize] += 1;
-                allocated -= u64::from(units);
+                cluster.adjust(node, units, false);
             }
         }
         while queue.len() < BACKLOG && sim.next_job < stream.len() {
@@ -524,59 +784,15 @@ fn run_fifo(stream: &[SimJob], args: &Args, baseline: Baseline) -> Report {
         let mut kept: VecDeque<usize> = VecDeque::with_capacity(queue.len());
         while let Some(idx) = queue.pop_front() {
             let job = &stream[idx];
-            let g = job.gpus;
-            let slots: u64 = (g as usize..by_free.len())
-                .map(|f| by_free[f] as u64 * u64::from(f as u32 / g))
-                .sum();
-            let mut placement: Vec<(usize, u32)> = Vec::new();
-            if slots >= u64::from(job.workers) && baseline == Baseline::StrictSpread {
-                // Enough slots exist, so placing workers one by one on the
-                // emptiest node always completes the gang.
-                for _ in 0..job.workers {
-                    let mut best: Option<(usize, u32)> = None;
-                    for (node, f) in free.iter().enumerate() {
-                        let taken: u32 = placement
-                            .iter()
-                            .filter(|(n, _)| *n == node)
-                            .map(|(_, u)| *u)
-                            .sum();
-                        let left = f - taken;
-                        if left >= g && best.is_none_or(|(_, b)| left > b) {
-                            best = Some((node, left));
-                        }
-                    }
-                    if let Some((node, _)) = best {
-                        match placement.iter_mut().find(|(n, _)| *n == node) {
-                            Some(entry) => entry.1 += g,
-                            None => placement.push((node, g)),
-                        }
-                    }
-                }
-            } else if slots >= u64::from(job.workers) {
-                let mut left = job.workers;
-                for (node, f) in free.iter().enumerate() {
-                    if left == 0 {
-                        break;
-                    }
-                    let take = (f / g).min(left);
-                    if take > 0 {
-                        placement.push((node, take * g));
-                        left -= take;
-                    }
-                }
-            }
-            if placement.is_empty() {
+            let Some(placement) = cluster.place(job, spread) else {
                 kept.push_back(idx);
                 if strict {
                     break;
                 }
                 continue;
-            }
+            };
             for (node, units) in &placement {
-                by_free[free[*node] as usize] -= 1;
-                free[*node] -= units;
-                by_free[free[*node] as usize] += 1;
-                allocated += u64::from(*units);
+                cluster.adjust(*node, *units, true);
             }
             placed[idx] = placement;
             admitted += 1;
@@ -590,7 +806,7 @@ fn run_fifo(stream: &[SimJob], args: &Args, baseline: Baseline) -> Report {
             sim.first_cycle = (ms, admitted);
         }
         if now >= args.warmup_secs {
-            sim.alloc_samples.push(allocated as f64 / total_gpus);
+            sim.alloc_samples.push(sim.allocated / total_gpus);
         }
     }
     sim.report(baseline.name(), args, started_wall.elapsed(), stream)
@@ -618,13 +834,28 @@ fn main() {
     let spread = run_fifo(&stream, &args, Baseline::StrictSpread);
 
     println!(
-        "steady state: admits/s = admissions / total cycle time; alloc % = allocated GPUs / 16,000 averaged over \
-         cycles after warm-up; big gangs = jobs of >= 64 GPUs"
+        "steady state: admits/s = admissions / total cycle time; alloc % = allocated GPU-equivalents / {} GPUs \
+         averaged over cycles after warm-up; big gangs = jobs of >= 64 GPUs",
+        total_gpus()
     );
     println!(
-        "admission benchmark: {NODES} nodes x {GPUS_PER_NODE} GPUs, {QUEUES} queues, backlog {BACKLOG}, \
+        "admission benchmark: {} nodes ({}), {QUEUES} queues, backlog {BACKLOG}, \
          step {} s, seed {}, steady state after {} s",
-        args.step_secs, args.seed, args.warmup_secs
+        POOLS.iter().map(|p| p.count).sum::<usize>(),
+        POOLS
+            .iter()
+            .map(|p| format!(
+                "{} x {} {}{}",
+                p.count,
+                p.gpus,
+                p.product,
+                if p.mig { " MIG" } else { "" }
+            ))
+            .collect::<Vec<_>>()
+            .join(", "),
+        args.step_secs,
+        args.seed,
+        args.warmup_secs
     );
     println!(
         "{:<36} {:>6} {:>8} {:>8} {:>8} {:>10} {:>8} {:>8} {:>17} {:>14}",
@@ -691,8 +922,8 @@ fn main() {
     let line = Line {
         benchmark: "admission",
         seed: args.seed,
-        nodes: NODES,
-        gpus: NODES as u64 * u64::from(GPUS_PER_NODE),
+        nodes: POOLS.iter().map(|p| p.count).sum(),
+        gpus: total_gpus(),
         queues: QUEUES,
         backlog: BACKLOG,
         step_secs: args.step_secs,

@@ -50,11 +50,13 @@ pub struct AllocatorServiceConfig {
     /// Smallest gap between two cycles triggered by arriving events.
     pub event_cycle_min_gap_ms: u64,
     /// Snapshot the state at least every this many cycles (it is also saved
-    /// whenever a cycle decided something or a message changed it).
+    /// at once when a cycle decided something, and at most every
+    /// `snapshot_min_interval_ms` when only messages changed it).
     pub snapshot_every_cycles: u64,
-    /// How long a message handler waits for its change to be saved before
-    /// asking for redelivery.
-    pub persist_timeout_seconds: u64,
+    /// Smallest gap between two snapshots saved for message changes alone;
+    /// messages acked since the last snapshot are replayed from their streams
+    /// at start.
+    pub snapshot_min_interval_ms: u64,
     /// Seconds a preemption victim gets to checkpoint before eviction.
     pub grace_seconds: u64,
     /// Node label naming the rack / NVLink domain.
@@ -71,7 +73,8 @@ pub struct AllocatorServiceConfig {
     pub capacity_type_label: Option<String>,
     /// Seconds of waiting per priority step (0 disables aging).
     pub aging_interval_seconds: u64,
-    /// Largest aging boost.
+    /// Largest aging boost, also the ceiling of a TrainingQueue's own aging
+    /// (`priority.agingSeconds` / `agingStep`).
     pub aging_max_boost: i32,
     /// Backfill behind reserved jobs.
     pub backfill_enabled: bool,
@@ -95,7 +98,7 @@ impl Default for AllocatorServiceConfig {
             cycle_interval_ms: 500,
             event_cycle_min_gap_ms: 50,
             snapshot_every_cycles: 20,
-            persist_timeout_seconds: 10,
+            snapshot_min_interval_ms: 1_000,
             grace_seconds: core.preemption.grace_period_secs,
             rack_label: core.rack_label,
             flavors: Vec::new(),
@@ -135,6 +138,7 @@ impl AllocatorServiceConfig {
             aging: AgingPolicy {
                 interval_secs: self.aging_interval_seconds,
                 max_boost: self.aging_max_boost,
+                ..AgingPolicy::default()
             },
             backfill: BackfillPolicy {
                 enabled: self.backfill_enabled,
@@ -164,8 +168,8 @@ impl AllocatorServiceConfig {
         Duration::from_millis(self.event_cycle_min_gap_ms)
     }
 
-    pub fn persist_timeout(&self) -> Duration {
-        Duration::from_secs(self.persist_timeout_seconds.max(1))
+    pub fn snapshot_min_interval(&self) -> Duration {
+        Duration::from_millis(self.snapshot_min_interval_ms)
     }
 }
 

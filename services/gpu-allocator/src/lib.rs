@@ -18,7 +18,7 @@ use trainyard_runtime::{ConfigSources, Runtime};
 pub use config::{AllocatorServiceConfig, FlavorConfig};
 pub use error::ServiceError;
 pub use metrics::AllocatorMetrics;
-pub use service::{Allocation, AllocatorHandler, CycleLoop, SNAPSHOT_KEY};
+pub use service::{Allocation, AllocatorHandler, CycleLoop, SNAPSHOT_KEY, replay};
 pub use state::{AllocatorState, Outgoing, PersistedState};
 
 /// Configuration section of this service.
@@ -38,7 +38,7 @@ pub async fn start(runtime: &Runtime, config: AllocatorServiceConfig) -> Result<
             Bucket::Allocator.name()
         ))
     })?;
-    let state = match service::load(&bucket).await? {
+    let mut state = match service::load(&bucket).await? {
         Some(persisted) => {
             let state = AllocatorState::restore(config.clone(), persisted)?;
             let stats = state.allocator().stats();
@@ -53,11 +53,25 @@ pub async fn start(runtime: &Runtime, config: AllocatorServiceConfig) -> Result<
         }
         None => AllocatorState::new(config.clone())?,
     };
+    let consumers = Service::GpuAllocator.consumers();
+    for consumer in &consumers {
+        let replayed = service::replay(&runtime.jetstream, consumer, &mut state).await?;
+        if replayed > 0 {
+            tracing::info!(
+                stream = consumer.stream.name,
+                replayed,
+                "replayed messages newer than the snapshot"
+            );
+        }
+    }
     let metrics = AllocatorMetrics::register(&runtime.registry)?;
     let allocation = Allocation::new(state, config, metrics, runtime.shutdown.clone());
-    let handler = Arc::new(AllocatorHandler(allocation.clone()));
-    for consumer in Service::GpuAllocator.consumers() {
-        runtime.spawn_consumer(consumer, handler.clone());
+    for consumer in consumers {
+        let handler = Arc::new(AllocatorHandler::new(
+            allocation.clone(),
+            consumer.stream.name,
+        ));
+        runtime.spawn_consumer(consumer, handler);
     }
     let cycle_loop = CycleLoop {
         allocation,

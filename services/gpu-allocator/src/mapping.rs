@@ -5,12 +5,14 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use gpu_allocator_core::{
-    Admission, Event, FlavorQuota, FlavorSpec, GpuSliceRequest, JobSpec, JobUid, NodeInfo,
-    PendingExplanation, PendingReason, Preemption, PreemptionRule, QueuePreemption, QueueSpec,
-    ResourceQuota, Taint, TaintEffect, Timestamp, Toleration, TolerationOperator,
+    Admission, AgingPolicy, Event, FlavorQuota, FlavorSpec, GpuSliceRequest, JobSpec, JobUid,
+    NodeInfo, PendingExplanation, PendingReason, Preemption, PreemptionRule, QueuePreemption,
+    QueueSpec, ResourceQuota, Taint, TaintEffect, Timestamp, Toleration, TolerationOperator,
     TopologyRequirement, Victim, names,
 };
-use trainyard_api::{ReclaimWithinCohort, TrainingJob, TrainingQueue, WithinQueuePreemption};
+use trainyard_api::{
+    DEFAULT_AGING_STEP, ReclaimWithinCohort, TrainingJob, TrainingQueue, WithinQueuePreemption,
+};
 use trainyard_contracts::EntityRef;
 use trainyard_contracts::decisions::{
     AdmissionDecided, PendingExplained, PreemptionDecided, TolerationSpec, WorkerPlacement,
@@ -116,7 +118,12 @@ pub struct QueueInfo {
 
 /// A TrainingQueue event. The spec is checked against the CRD's rules first,
 /// so a bad queue is rejected naming the field (`spec.flavors[0].lendingLimit`).
+/// Per flavor, `nominalQuota` is the `nvidia.com/gpu` quota and each
+/// `migQuotas[]` entry the quota of `nvidia.com/mig-<profile>`; the queue's own
+/// aging (`priority.agingSeconds`, `agingStep`) is capped by the configured
+/// `aging_max_boost`, and without `agingSeconds` the configured aging applies.
 pub fn queue_event(
+    config: &AllocatorServiceConfig,
     entity: &EntityRef,
     change: &TrainingQueueChanged,
 ) -> Result<(Event, Option<QueueInfo>), ServiceError> {
@@ -150,14 +157,28 @@ pub fn queue_event(
         .iter()
         .map(|f| FlavorQuota {
             flavor: f.name.clone(),
-            resources: vec![ResourceQuota {
+            resources: std::iter::once(ResourceQuota {
                 resource: names::GPU_RESOURCE.to_string(),
                 nominal: u64::from(f.nominal_quota),
                 borrowing_limit: f.borrowing_limit.map(u64::from),
                 lending_limit: f.lending_limit.map(u64::from),
-            }],
+            })
+            .chain(f.mig_quotas.iter().map(|m| ResourceQuota {
+                resource: format!("{}{}", names::MIG_RESOURCE_PREFIX, m.profile),
+                nominal: u64::from(m.nominal_quota),
+                borrowing_limit: m.borrowing_limit.map(u64::from),
+                lending_limit: m.lending_limit.map(u64::from),
+            }))
+            .collect(),
         })
         .collect();
+    let aging = spec.priority.as_ref().and_then(|p| {
+        p.aging_seconds.map(|seconds| AgingPolicy {
+            interval_secs: u64::from(seconds),
+            step: p.aging_step.unwrap_or(DEFAULT_AGING_STEP),
+            max_boost: config.aging_max_boost,
+        })
+    });
     let weight = spec.fair_share_weight();
     let reclaim = spec.reclaim_within_cohort();
     let core = QueueSpec {
@@ -170,6 +191,7 @@ pub fn queue_event(
             reclaim_within_cohort: reclaim != ReclaimWithinCohort::Never,
             fair_share: reclaim == ReclaimWithinCohort::Any,
         },
+        aging,
     };
     core.validate()?;
     let info = QueueInfo {
@@ -495,6 +517,10 @@ mod tests {
 
     use super::*;
 
+    fn config() -> AllocatorServiceConfig {
+        AllocatorServiceConfig::default()
+    }
+
     fn node(gpus: u32) -> NodeObserved {
         NodeObserved {
             change: Change::Applied,
@@ -568,7 +594,8 @@ mod tests {
             "preemption": {"withinQueue": "LowerPriority", "reclaimWithinCohort": "Any"},
             "priority": {"defaultPriority": 5}
         }));
-        let (event, info) = queue_event(&EntityRef::new("", "team-a", ""), &change).expect("maps");
+        let (event, info) =
+            queue_event(&config(), &EntityRef::new("", "team-a", ""), &change).expect("maps");
         let Event::QueueUpserted(spec) = event else {
             panic!("expected QueueUpserted")
         };
@@ -588,6 +615,84 @@ mod tests {
             "only flavors with node labels are learned"
         );
         assert_eq!(info.flavors[0].name, "a100");
+        assert_eq!(spec.aging, None, "no agingSeconds: the configured aging");
+    }
+
+    #[test]
+    fn queue_maps_mig_quotas_per_profile_and_its_own_aging() {
+        let change = queue(json!({
+            "cohort": "research",
+            "flavors": [
+                {"name": "a100-mig", "nominalQuota": 0,
+                 "migQuotas": [
+                     {"profile": "1g.10gb", "nominalQuota": 14, "borrowingLimit": 7},
+                     {"profile": "3g.40gb", "nominalQuota": 2, "lendingLimit": 1}
+                 ]}
+            ],
+            "priority": {"agingSeconds": 300, "agingStep": 10}
+        }));
+        let config = AllocatorServiceConfig {
+            aging_max_boost: 500,
+            ..config()
+        };
+        let (event, _) =
+            queue_event(&config, &EntityRef::new("", "team-a", ""), &change).expect("maps");
+        let Event::QueueUpserted(spec) = event else {
+            panic!("expected QueueUpserted")
+        };
+        let resources: Vec<(&str, u64, Option<u64>, Option<u64>)> = spec.quotas[0]
+            .resources
+            .iter()
+            .map(|r| {
+                (
+                    r.resource.as_str(),
+                    r.nominal,
+                    r.borrowing_limit,
+                    r.lending_limit,
+                )
+            })
+            .collect();
+        assert_eq!(
+            resources,
+            [
+                ("nvidia.com/gpu", 0, None, None),
+                ("nvidia.com/mig-1g.10gb", 14, Some(7), None),
+                ("nvidia.com/mig-3g.40gb", 2, None, Some(1)),
+            ]
+        );
+        assert_eq!(
+            spec.aging,
+            Some(AgingPolicy {
+                interval_secs: 300,
+                step: 10,
+                max_boost: 500,
+            })
+        );
+        let default_step = queue(json!({
+            "flavors": [{"name": "a100", "nominalQuota": 8}],
+            "priority": {"agingSeconds": 60}
+        }));
+        let (event, _) =
+            queue_event(&config, &EntityRef::new("", "team-a", ""), &default_step).expect("maps");
+        let Event::QueueUpserted(spec) = event else {
+            panic!("expected QueueUpserted")
+        };
+        assert_eq!(spec.aging.map(|a| (a.interval_secs, a.step)), Some((60, 1)));
+    }
+
+    #[test]
+    fn queue_with_a_bad_mig_profile_names_the_field() {
+        let change = queue(json!({
+            "flavors": [{"name": "a100", "nominalQuota": 0,
+                         "migQuotas": [{"profile": "nvidia.com/mig-1g.10gb", "nominalQuota": 7}]}]
+        }));
+        let err = queue_event(&config(), &EntityRef::new("", "team-a", ""), &change)
+            .expect_err("rejected");
+        assert!(
+            err.to_string()
+                .contains("spec.flavors[0].migQuotas[0].profile"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -596,7 +701,8 @@ mod tests {
             "cohort": "research",
             "flavors": [{"name": "a100", "nominalQuota": 4, "lendingLimit": 8}]
         }));
-        let err = queue_event(&EntityRef::new("", "team-a", ""), &change).expect_err("rejected");
+        let err = queue_event(&config(), &EntityRef::new("", "team-a", ""), &change)
+            .expect_err("rejected");
         assert!(
             err.to_string().contains("spec.flavors[0].lendingLimit"),
             "{err}"

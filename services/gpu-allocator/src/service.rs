@@ -2,8 +2,11 @@
 //! the `trainyard_allocator` bucket and publishing through an outbox.
 //!
 //! Exactly-once admission across restarts rests on two rules:
-//! - a message is acked only after a snapshot containing its effect is saved
-//!   (the handler waits for it), so nothing acked is ever lost;
+//! - a message is acked once applied, and the snapshot records, per stream,
+//!   the sequence of the last message applied; at start the messages after
+//!   it are replayed from the stream, so nothing acked is lost even though
+//!   snapshots are saved at most every `snapshot_min_interval_ms` for
+//!   message changes alone;
 //! - a decision is published only after a snapshot containing it (in the
 //!   outbox) is saved, and leaves the outbox only once JetStream stored it, so
 //!   a restarted allocator republishes (deduplicated by `Nats-Msg-Id`) rather
@@ -12,13 +15,15 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use async_nats::jetstream::kv;
+use async_nats::jetstream::{self, consumer, kv};
+use futures::StreamExt;
 use gpu_allocator_core::Timestamp;
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use trainyard_contracts::decisions::{AdmissionDecided, PendingExplained, PreemptionDecided};
 use trainyard_contracts::events::{NodeObserved, TrainingJobChanged, TrainingQueueChanged};
 use trainyard_contracts::lifecycle::{TrainingJobFinalized, TrainingJobTransitioned};
+use trainyard_contracts::streams::ConsumerSpec;
 use trainyard_contracts::{EntityRef, Incoming, Payload};
 use trainyard_runtime::{Delivery, HandleError, Handler, Publisher};
 
@@ -58,11 +63,118 @@ pub async fn load(bucket: &kv::Store) -> Result<Option<PersistedState>, ServiceE
     })
 }
 
+/// Applies one message to the state (no metrics, no waking: shared by the
+/// handler and the start-up replay). Messages of other types are ignored.
+pub fn apply_message(state: &mut AllocatorState, message: &Incoming) -> Result<(), ServiceError> {
+    let entity: &EntityRef = &message.header.entity;
+    if message.is::<NodeObserved>() {
+        let payload = message.payload::<NodeObserved>()?;
+        state.on_node(entity, &payload)
+    } else if message.is::<TrainingQueueChanged>() {
+        let payload = message.payload::<TrainingQueueChanged>()?;
+        state.on_queue(entity, &payload)
+    } else if message.is::<TrainingJobChanged>() {
+        let payload = message.payload::<TrainingJobChanged>()?;
+        state.on_job_changed(entity, &payload, now())
+    } else if message.is::<TrainingJobTransitioned>() {
+        let payload = message.payload::<TrainingJobTransitioned>()?;
+        state.on_transition(entity, &payload)
+    } else if message.is::<TrainingJobFinalized>() {
+        message.payload::<TrainingJobFinalized>()?;
+        state.on_finalized(entity)
+    } else {
+        Ok(())
+    }
+}
+
+/// Replays the messages `consumer` reads that come after the last one the
+/// snapshot recorded for its stream, in stream order, up to the end of the
+/// stream at call time (later ones reach the durable consumer as usual).
+/// Run before the consumers start. A message the state rejects is skipped:
+/// the consumer dead-lettered it when it first arrived. Returns how many
+/// messages were read.
+pub async fn replay(
+    jetstream: &jetstream::Context,
+    consumer: &ConsumerSpec,
+    state: &mut AllocatorState,
+) -> Result<u64, ServiceError> {
+    let stream_name = consumer.stream.name;
+    let store_error = |what: &str, err: &dyn std::fmt::Display| {
+        ServiceError::Store(format!("replaying {stream_name}: {what}: {err}"))
+    };
+    let after = state.applied_sequence(stream_name);
+    let mut stream = jetstream
+        .get_stream(stream_name)
+        .await
+        .map_err(|e| store_error("get stream", &e))?;
+    let last = stream
+        .info()
+        .await
+        .map_err(|e| store_error("stream info", &e))?
+        .state
+        .last_sequence;
+    if last <= after {
+        return Ok(0);
+    }
+    let reader = stream
+        .create_consumer(consumer::pull::Config {
+            ack_policy: consumer::AckPolicy::None,
+            deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: after + 1,
+            },
+            filter_subjects: consumer.filter_subjects.clone(),
+            inactive_threshold: Duration::from_secs(60),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| store_error("create reader", &e))?;
+    let mut read = 0u64;
+    loop {
+        let mut batch = reader
+            .fetch()
+            .max_messages(500)
+            .expires(Duration::from_millis(200))
+            .messages()
+            .await
+            .map_err(|e| store_error("fetch", &e))?;
+        let mut seen = false;
+        while let Some(message) = batch.next().await {
+            let message = message.map_err(|e| store_error("read", &e))?;
+            let sequence = message
+                .info()
+                .map_err(|e| store_error("message metadata", &e))?
+                .stream_sequence;
+            if sequence > last {
+                return Ok(read);
+            }
+            seen = true;
+            read += 1;
+            match Incoming::decode(&message.payload) {
+                Ok(incoming) => {
+                    if let Err(err) = apply_message(state, &incoming) {
+                        tracing::debug!(stream = stream_name, sequence, error = %err, "replayed message rejected again");
+                    }
+                }
+                Err(err) => {
+                    tracing::debug!(stream = stream_name, sequence, error = %err, "replayed message undecodable");
+                }
+            }
+            state.note_applied(stream_name, sequence);
+            if sequence == last {
+                return Ok(read);
+            }
+        }
+        // An empty fetch: the filtered messages ran out before `last`.
+        if !seen {
+            return Ok(read);
+        }
+    }
+}
+
 /// State shared by the handler and the cycle loop.
 pub struct Allocation {
     state: Mutex<AllocatorState>,
     wake: Notify,
-    persisted: watch::Sender<u64>,
     config: AllocatorServiceConfig,
     metrics: AllocatorMetrics,
     shutdown: CancellationToken,
@@ -75,11 +187,9 @@ impl Allocation {
         metrics: AllocatorMetrics,
         shutdown: CancellationToken,
     ) -> Arc<Self> {
-        let (persisted, _) = watch::channel(state.generation());
         Arc::new(Self {
             state: Mutex::new(state),
             wake: Notify::new(),
-            persisted,
             config,
             metrics,
             shutdown,
@@ -92,29 +202,24 @@ impl Allocation {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Applies one message to the state; returns the generation to wait for.
-    fn apply(&self, message: &Incoming) -> Result<u64, ServiceError> {
-        let entity: &EntityRef = &message.header.entity;
+    /// Applies one message read at `sequence` of `stream` and records it.
+    fn apply(&self, message: &Incoming, stream: &str, sequence: u64) -> Result<(), ServiceError> {
         let mut state = self.lock();
         let message_type = message.header.message_type.as_str();
-        let result = if message.is::<NodeObserved>() {
-            let payload = message.payload::<NodeObserved>()?;
-            state.on_node(entity, &payload)
-        } else if message.is::<TrainingQueueChanged>() {
-            let payload = message.payload::<TrainingQueueChanged>()?;
-            state.on_queue(entity, &payload)
-        } else if message.is::<TrainingJobChanged>() {
-            let payload = message.payload::<TrainingJobChanged>()?;
-            state.on_job_changed(entity, &payload, now())
-        } else if message.is::<TrainingJobTransitioned>() {
-            let payload = message.payload::<TrainingJobTransitioned>()?;
-            state.on_transition(entity, &payload)
-        } else if message.is::<TrainingJobFinalized>() {
-            message.payload::<TrainingJobFinalized>()?;
-            state.on_finalized(entity)
-        } else {
-            return Ok(state.generation());
-        };
+        if state.already_applied(stream, sequence) {
+            // Applying it again could only take the state back in time
+            // (e.g. an older version of a node after a newer one was replayed).
+            self.metrics
+                .events
+                .with_label_values(&[message_type, "already_applied"])
+                .inc();
+            return Ok(());
+        }
+        let result = apply_message(&mut state, message);
+        // Recorded whatever the outcome: a rejected message is dead-lettered
+        // (acked), so replaying it would only be rejected again. The state
+        // raises no retryable error, so no earlier message is still to come.
+        state.note_applied(stream, sequence);
         let outcome = match &result {
             Ok(()) => "applied",
             Err(_) => "rejected",
@@ -123,46 +228,39 @@ impl Allocation {
             .events
             .with_label_values(&[message_type, outcome])
             .inc();
-        result.map(|()| state.generation())
-    }
-
-    /// Waits until a snapshot at least as new as `generation` is saved.
-    async fn wait_persisted(&self, generation: u64) -> Result<(), HandleError> {
-        let mut saved = self.persisted.subscribe();
-        if *saved.borrow() >= generation {
-            return Ok(());
-        }
-        self.wake.notify_one();
-        let timeout = self.config.persist_timeout();
-        let wait = saved.wait_for(|g| *g >= generation);
-        let outcome = tokio::select! {
-            outcome = tokio::time::timeout(timeout, wait) => outcome,
-            _ = async {
-                self.shutdown.cancelled().await;
-                // The loop saves once more on shutdown.
-                tokio::time::sleep(Duration::from_secs(2)).await;
-            } => return Err(HandleError::Retry("shutting down before the change was saved".into())),
-        };
-        match outcome {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(_)) => Err(HandleError::Retry(
-                "allocator stopped before the change was saved".into(),
-            )),
-            Err(_) => Err(HandleError::Retry(format!(
-                "state snapshot not saved within {timeout:?}; will retry"
-            ))),
-        }
+        result
     }
 }
 
-/// The consumer handler: applies the message, then acks once it is saved.
-pub struct AllocatorHandler(pub Arc<Allocation>);
+/// The handler of one consumer: applies the message and wakes the cycle
+/// loop; the runtime then acks. The change reaches the store with the next
+/// snapshot, and until then the stream holds the message for a replay.
+pub struct AllocatorHandler {
+    allocation: Arc<Allocation>,
+    stream: &'static str,
+}
+
+impl AllocatorHandler {
+    /// A handler for the consumer of `stream`.
+    pub fn new(allocation: Arc<Allocation>, stream: &'static str) -> Self {
+        Self { allocation, stream }
+    }
+}
 
 impl Handler for AllocatorHandler {
-    async fn handle(&self, message: Incoming, _delivery: Delivery) -> Result<(), HandleError> {
-        let generation = self.0.apply(&message).map_err(HandleError::from)?;
-        self.0.wait_persisted(generation).await
+    async fn handle(&self, message: Incoming, delivery: Delivery) -> Result<(), HandleError> {
+        self.allocation
+            .apply(&message, self.stream, delivery.stream_sequence)
+            .map_err(HandleError::from)?;
+        self.allocation.wake.notify_one();
+        Ok(())
     }
+}
+
+/// The last snapshot saved: the generation it holds and when.
+struct Saved {
+    generation: u64,
+    at: Option<Instant>,
 }
 
 /// The cycle loop: cycles, saves and publishes until shutdown, then saves once more.
@@ -178,7 +276,10 @@ impl CycleLoop {
         let interval = config.cycle_interval();
         let min_gap = config.event_cycle_min_gap();
         let every = config.snapshot_every_cycles.max(1);
-        let mut persisted = *self.allocation.persisted.borrow();
+        let mut persisted = Saved {
+            generation: self.allocation.lock().generation(),
+            at: None,
+        };
         let mut cycles: u64 = 0;
         let mut last_cycle: Option<Instant> = None;
         // Decisions saved before a restart and not yet published go out first.
@@ -204,7 +305,8 @@ impl CycleLoop {
         tracing::info!("allocator state saved on shutdown");
     }
 
-    async fn step(&self, cycle: bool, persisted: &mut u64, force_save: bool) {
+    async fn step(&self, cycle: bool, persisted: &mut Saved, force_save: bool) {
+        let min_interval = self.allocation.config.snapshot_min_interval();
         let allocation = &self.allocation;
         let (bytes, generation, outbox) = {
             let mut state = allocation.lock();
@@ -216,7 +318,13 @@ impl CycleLoop {
                     .observe_cycle(&report, started.elapsed().as_secs_f64());
             }
             let generation = state.generation();
-            let bytes = if generation > *persisted || force_save {
+            // Decisions wait for a save before they are published, so they are
+            // saved at once; message changes alone at most every interval.
+            let due = force_save
+                || (generation > persisted.generation
+                    && (!state.outbox().is_empty()
+                        || persisted.at.is_none_or(|at| at.elapsed() >= min_interval)));
+            let bytes = if due {
                 match serde_json::to_vec(&state.persisted()) {
                     Ok(bytes) => Some(bytes),
                     Err(err) => {
@@ -237,8 +345,8 @@ impl CycleLoop {
             let size = bytes.len();
             match self.bucket.put(SNAPSHOT_KEY, bytes.into()).await {
                 Ok(_) => {
-                    *persisted = (*persisted).max(generation);
-                    allocation.persisted.send_replace(*persisted);
+                    persisted.generation = persisted.generation.max(generation);
+                    persisted.at = Some(Instant::now());
                     allocation
                         .metrics
                         .snapshots
@@ -260,7 +368,7 @@ impl CycleLoop {
                 }
             }
         }
-        if *persisted < generation {
+        if persisted.generation < generation {
             return;
         }
         for outgoing in outbox {

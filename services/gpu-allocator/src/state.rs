@@ -97,6 +97,11 @@ pub struct PersistedState {
     pub cpu_admitted: BTreeSet<String>,
     #[serde(default)]
     pub outbox: Vec<Outgoing>,
+    /// Per stream, the sequence of the last message applied: at start, the
+    /// messages after it are replayed, since they may have been acked after
+    /// this snapshot was saved.
+    #[serde(default)]
+    pub applied: BTreeMap<String, u64>,
 }
 
 /// Counters of one cycle, for metrics.
@@ -125,6 +130,7 @@ pub struct AllocatorState {
     explained: BTreeMap<String, u64>,
     cpu_admitted: BTreeSet<String>,
     outbox: Vec<Outgoing>,
+    applied: BTreeMap<String, u64>,
     generation: u64,
 }
 
@@ -150,6 +156,7 @@ impl AllocatorState {
             explained: BTreeMap::new(),
             cpu_admitted: BTreeSet::new(),
             outbox: Vec::new(),
+            applied: BTreeMap::new(),
             generation: 0,
         })
     }
@@ -193,6 +200,7 @@ impl AllocatorState {
             explained: persisted.explained,
             cpu_admitted: persisted.cpu_admitted,
             outbox: persisted.outbox,
+            applied: persisted.applied,
             generation: 0,
         })
     }
@@ -208,7 +216,29 @@ impl AllocatorState {
             explained: self.explained.clone(),
             cpu_admitted: self.cpu_admitted.clone(),
             outbox: self.outbox.clone(),
+            applied: self.applied.clone(),
         }
+    }
+
+    /// Records that the message at `sequence` of `stream` was applied. Not a
+    /// change of its own (the generation stays): if it is lost in a crash,
+    /// the message is only replayed once more, and applying it is idempotent.
+    pub fn note_applied(&mut self, stream: &str, sequence: u64) {
+        let last = self.applied.entry(stream.to_string()).or_default();
+        *last = (*last).max(sequence);
+    }
+
+    /// Sequence of the last message of `stream` applied (0 = none).
+    pub fn applied_sequence(&self, stream: &str) -> u64 {
+        self.applied.get(stream).copied().unwrap_or(0)
+    }
+
+    /// Whether the message at `sequence` of `stream` is already in the state:
+    /// a consumer delivers a stream in order, so one at or below the last
+    /// applied sequence was replayed at start (or is a redelivery). Sequence
+    /// 0 means unknown, never applied.
+    pub fn already_applied(&self, stream: &str, sequence: u64) -> bool {
+        sequence > 0 && sequence <= self.applied_sequence(stream)
     }
 
     /// Increases with every change; the persister saves up to a generation.
@@ -260,7 +290,7 @@ impl AllocatorState {
         entity: &EntityRef,
         change: &TrainingQueueChanged,
     ) -> Result<(), ServiceError> {
-        let (event, info) = mapping::queue_event(entity, change)?;
+        let (event, info) = mapping::queue_event(&self.config, entity, change)?;
         let name = queue_name(entity, &change.object);
         match info {
             Some(info) => {
@@ -883,6 +913,31 @@ mod tests {
             .expect("redelivered");
         restored.cycle(Timestamp(11));
         assert!(admitted(&restored).is_empty());
+    }
+
+    #[test]
+    fn applied_stream_positions_survive_a_restore_and_mark_redeliveries() {
+        let mut state = state();
+        assert!(!state.already_applied("EVENTS", 1));
+        state.note_applied("EVENTS", 7);
+        state.note_applied("EVENTS", 5);
+        state.note_applied("LIFECYCLE", 2);
+        assert_eq!(
+            state.applied_sequence("EVENTS"),
+            7,
+            "the highest one counts"
+        );
+        let restored =
+            AllocatorState::restore(AllocatorServiceConfig::default(), state.persisted())
+                .expect("restore");
+        assert!(restored.already_applied("EVENTS", 7));
+        assert!(!restored.already_applied("EVENTS", 8));
+        assert!(restored.already_applied("LIFECYCLE", 2));
+        assert!(
+            !restored.already_applied("LIFECYCLE", 0),
+            "0 = no position known"
+        );
+        assert!(!restored.already_applied("OTHER", 1));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use trainyard_contracts::dead_letter::DeadLetter;
 use trainyard_contracts::decisions::{AdmissionDecided, PendingExplained, PreemptionDecided};
 use trainyard_contracts::events::{NodeObserved, TrainingJobChanged, TrainingQueueChanged};
 use trainyard_contracts::{EntityRef, Envelope, Incoming, Payload, Service, streams};
-use trainyard_gpu_allocator::AllocatorServiceConfig;
+use trainyard_gpu_allocator::{AllocatorServiceConfig, AllocatorState, Outgoing, replay};
 use trainyard_runtime::{Runtime, Settings};
 use trainyard_testkit::NatsServer;
 
@@ -194,6 +194,76 @@ async fn a_restart_never_admits_twice_and_new_jobs_still_get_admitted() {
         "each 8-GPU job has its own node: {nodes:?}"
     );
     stop(second).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_acked_after_the_last_snapshot_are_replayed_from_the_streams() {
+    let nats = NatsServer::start();
+    // The runtime provisions the streams; the allocator itself is driven by hand.
+    let mut settings = Settings::default();
+    settings.nats.url = nats.url();
+    settings.http.listen = "127.0.0.1:0".to_string();
+    let runtime = Runtime::start(Service::GpuAllocator, settings, CancellationToken::new())
+        .await
+        .expect("runtime");
+    let consumers = Service::GpuAllocator.consumers();
+    let replay_all = |state: AllocatorState| {
+        let jetstream = runtime.jetstream.clone();
+        let consumers = consumers.clone();
+        async move {
+            let mut state = state;
+            let mut read = 0;
+            for consumer in &consumers {
+                read += replay(&jetstream, consumer, &mut state)
+                    .await
+                    .expect("replay");
+            }
+            (state, read)
+        }
+    };
+
+    // Before the snapshot: the node was applied.
+    node(&runtime, "n1", 8).await;
+    let (state, read) = replay_all(AllocatorState::new(config()).expect("state")).await;
+    assert_eq!(read, 1);
+    let snapshot = state.persisted();
+    assert!(
+        snapshot.applied[streams::EVENTS.name] > 0,
+        "{:?}",
+        snapshot.applied
+    );
+
+    // After it (acked, then the allocator died before saving): the queue and the job.
+    default_queue(&runtime, 8).await;
+    job(&runtime, "late", 1, 8, None).await;
+    let restored = AllocatorState::restore(config(), snapshot).expect("restores");
+    let (mut restored, read) = replay_all(restored).await;
+    assert_eq!(
+        read, 2,
+        "only the messages after the snapshot are read again"
+    );
+    restored.cycle(gpu_allocator_core::Timestamp(1_700_000_000));
+    let admitted: Vec<&str> = restored
+        .outbox()
+        .iter()
+        .filter_map(|o| match o {
+            Outgoing::Admission {
+                entity, payload, ..
+            } => {
+                assert_eq!(payload.placements[0].node, "n1");
+                Some(entity.name.as_str())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        admitted,
+        ["late"],
+        "the replayed job is admitted on the known node"
+    );
+    let (_, read) = replay_all(restored).await;
+    assert_eq!(read, 0, "nothing is replayed twice");
+    stop(runtime).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

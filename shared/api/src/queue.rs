@@ -15,6 +15,12 @@ use crate::wire_enum::wire_enum;
 
 /// Most flavors one queue may list.
 pub const MAX_FLAVORS: usize = 16;
+/// Most MIG profiles one flavor may list.
+pub const MAX_MIG_PROFILES: usize = 8;
+/// Longest MIG profile name, e.g. `1g.10gb+me`.
+pub const MAX_MIG_PROFILE_LENGTH: usize = 32;
+/// A MIG profile as the device plugin names it: `<compute>g.<memory>gb`, optionally `+me`.
+pub const MIG_PROFILE_PATTERN: &str = r"^[0-9]+g\.[0-9]+gb(\+me)?$";
 /// Fair-share weight when `fairShare.weight` is unset.
 pub const DEFAULT_FAIR_SHARE_WEIGHT: f64 = 1.0;
 /// Priority of jobs without a PriorityClass when `priority.defaultPriority` is unset.
@@ -22,18 +28,16 @@ pub const DEFAULT_PRIORITY: i32 = 0;
 /// Priority gained per aging period when `priority.agingStep` is unset.
 pub const DEFAULT_AGING_STEP: i32 = 1;
 
-const RULE_BORROWING_NEEDS_COHORT: &str =
-    "has(self.cohort) || self.flavors.all(f, !has(f.borrowingLimit))";
-const MSG_BORROWING_NEEDS_COHORT: &str =
-    "flavors[].borrowingLimit needs a cohort: queues borrow only from other queues in their cohort";
-const RULE_LENDING_NEEDS_COHORT: &str =
-    "has(self.cohort) || self.flavors.all(f, !has(f.lendingLimit))";
-const MSG_LENDING_NEEDS_COHORT: &str =
-    "flavors[].lendingLimit needs a cohort: queues lend only to other queues in their cohort";
+const RULE_BORROWING_NEEDS_COHORT: &str = "has(self.cohort) || self.flavors.all(f, !has(f.borrowingLimit) && (!has(f.migQuotas) || f.migQuotas.all(m, !has(m.borrowingLimit))))";
+const MSG_BORROWING_NEEDS_COHORT: &str = "flavors[].borrowingLimit and flavors[].migQuotas[].borrowingLimit need a cohort: queues borrow only from other queues in their cohort";
+const RULE_LENDING_NEEDS_COHORT: &str = "has(self.cohort) || self.flavors.all(f, !has(f.lendingLimit) && (!has(f.migQuotas) || f.migQuotas.all(m, !has(m.lendingLimit))))";
+const MSG_LENDING_NEEDS_COHORT: &str = "flavors[].lendingLimit and flavors[].migQuotas[].lendingLimit need a cohort: queues lend only to other queues in their cohort";
 const RULE_LENDING_WITHIN_QUOTA: &str =
     "!has(self.lendingLimit) || self.lendingLimit <= self.nominalQuota";
 const MSG_LENDING_WITHIN_QUOTA: &str =
     "lendingLimit cannot exceed nominalQuota: a queue can only lend GPUs it has";
+const MSG_MIG_LENDING_WITHIN_QUOTA: &str =
+    "lendingLimit cannot exceed nominalQuota: a queue can only lend MIG slices it has";
 
 wire_enum! {
     /// Preemption inside the queue: Never, or LowerPriority (a pending job may evict
@@ -149,6 +153,48 @@ pub struct FlavorQuota {
     /// Node labels that identify nodes of this flavor, e.g. nvidia.com/gpu.product: A100-SXM4-80GB. Workers admitted from this flavor get them as node selector.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_labels: BTreeMap<String, String>,
+
+    /// MIG slices of this flavor guaranteed to the queue, per profile (nvidia.com/mig-<profile>), at most 8 with unique profiles. nominalQuota counts whole GPUs only; a job with a migProfile is admitted against the quota of its profile. Default: none, so MIG jobs cannot use this flavor.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_MIG_PROFILES))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["profile"]))]
+    pub mig_quotas: Vec<MigQuota>,
+}
+
+/// Quota of one MIG profile in one flavor, counted in slices.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new(RULE_LENDING_WITHIN_QUOTA).message(MSG_MIG_LENDING_WITHIN_QUOTA).field_path(".lendingLimit")
+)]
+pub struct MigQuota {
+    /// MIG profile as in the resource name nvidia.com/mig-<profile>, e.g. 1g.10gb or 3g.40gb.
+    #[schemars(length(min = 1, max = MAX_MIG_PROFILE_LENGTH), pattern(MIG_PROFILE_PATTERN))]
+    pub profile: String,
+
+    /// Slices of this profile guaranteed to the queue.
+    #[schemars(range(min = 0))]
+    pub nominal_quota: u32,
+
+    /// Most slices the queue may borrow from its cohort beyond nominalQuota; needs a cohort. Default: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub borrowing_limit: Option<u32>,
+
+    /// Most of its nominalQuota slices the queue lends to its cohort, at most nominalQuota; needs a cohort. Default: all unused slices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub lending_limit: Option<u32>,
+}
+
+/// Whether `value` is a MIG profile name (`MIG_PROFILE_PATTERN`): `<digits>g.<digits>gb`,
+/// optionally followed by `+me`.
+fn is_mig_profile(value: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let base = value.strip_suffix("+me").unwrap_or(value);
+    base.split_once("g.")
+        .and_then(|(compute, rest)| Some((compute, rest.strip_suffix("gb")?)))
+        .is_some_and(|(compute, memory)| digits(compute) && digits(memory))
 }
 
 /// Fair sharing of borrowed GPUs.
@@ -189,7 +235,7 @@ pub struct QueuePriorityPolicy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_priority: Option<i32>,
 
-    /// Seconds a job waits in the queue before its effective priority rises by agingStep, at least 1; it keeps rising every agingSeconds so no job starves. Default: no aging.
+    /// Seconds a job waits in the queue before its effective priority rises by agingStep, at least 1; it keeps rising every agingSeconds (up to the gpu-allocator's configured ceiling) so no job starves. Default: the gpu-allocator's cluster-wide aging (one step per 600 s unless configured otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub aging_seconds: Option<u32>,
@@ -279,6 +325,59 @@ impl TrainingQueueSpec {
             if self.cohort.is_none() && flavor.lending_limit.is_some() {
                 errors.forbidden(format!("{path}.lendingLimit"), MSG_LENDING_NEEDS_COHORT);
             }
+            errors.items(
+                &format!("{path}.migQuotas"),
+                flavor.mig_quotas.len(),
+                0,
+                MAX_MIG_PROFILES,
+            );
+            for (slot, mig) in flavor.mig_quotas.iter().enumerate() {
+                let mig_path = format!("{path}.migQuotas[{slot}]");
+                errors.length(
+                    &format!("{mig_path}.profile"),
+                    &mig.profile,
+                    1,
+                    MAX_MIG_PROFILE_LENGTH,
+                );
+                if !is_mig_profile(&mig.profile) {
+                    errors.invalid(
+                        format!("{mig_path}.profile"),
+                        format!(
+                            "{:?} is not a MIG profile such as 1g.10gb (pattern {MIG_PROFILE_PATTERN})",
+                            mig.profile
+                        ),
+                    );
+                }
+                if flavor.mig_quotas[..slot]
+                    .iter()
+                    .any(|earlier| earlier.profile == mig.profile)
+                {
+                    errors.invalid(
+                        format!("{mig_path}.profile"),
+                        format!(
+                            "duplicate MIG profile {:?}: list every profile once",
+                            mig.profile
+                        ),
+                    );
+                }
+                if let Some(lending) = mig.lending_limit
+                    && lending > mig.nominal_quota
+                {
+                    errors.invalid(
+                        format!("{mig_path}.lendingLimit"),
+                        MSG_MIG_LENDING_WITHIN_QUOTA,
+                    );
+                }
+                if self.cohort.is_none() && mig.borrowing_limit.is_some() {
+                    errors.forbidden(
+                        format!("{mig_path}.borrowingLimit"),
+                        MSG_BORROWING_NEEDS_COHORT,
+                    );
+                }
+                if self.cohort.is_none() && mig.lending_limit.is_some() {
+                    errors.forbidden(format!("{mig_path}.lendingLimit"), MSG_LENDING_NEEDS_COHORT);
+                }
+            }
         }
         if let Some(weight) = self.fair_share.as_ref().and_then(|f| f.weight) {
             // NaN compares as None and is rejected too.
@@ -332,8 +431,9 @@ impl TrainingQueueSpec {
             .unwrap_or(DEFAULT_PRIORITY)
     }
 
-    /// Effective priority of a job with `base_priority` after waiting `waited_seconds`:
-    /// one agingStep per full agingSeconds, saturating instead of overflowing.
+    /// Effective priority of a job with `base_priority` after waiting `waited_seconds`
+    /// under this queue's own aging: one agingStep per full agingSeconds, saturating
+    /// instead of overflowing (without agingSeconds the queue sets no aging of its own).
     pub fn aged_priority(&self, base_priority: i32, waited_seconds: u64) -> i32 {
         let Some(policy) = &self.priority else {
             return base_priority;
@@ -371,6 +471,7 @@ mod tests {
                 borrowing_limit: None,
                 lending_limit: None,
                 node_labels: BTreeMap::new(),
+                mig_quotas: Vec::new(),
             }],
             fair_share: None,
             preemption: None,
@@ -393,6 +494,47 @@ mod tests {
         assert_eq!(stepped.aged_priority(0, 120), 2000);
         assert_eq!(stepped.aged_priority(i32::MAX - 1, u64::MAX), i32::MAX);
         assert_eq!(queue_with_aging(None, Some(5)).aged_priority(7, 10_000), 7);
+    }
+
+    #[test]
+    fn mig_quotas_are_checked_per_profile() {
+        let mig = |profile: &str, lending: Option<u32>| MigQuota {
+            profile: profile.into(),
+            nominal_quota: 14,
+            borrowing_limit: None,
+            lending_limit: lending,
+        };
+        let mut queue = queue_with_aging(None, None);
+        queue.flavors[0].mig_quotas = vec![mig("1g.10gb", None), mig("3g.40gb+me", None)];
+        assert!(queue.validate().is_ok());
+        assert!(is_mig_profile("7g.80gb"));
+        assert!(!is_mig_profile("1g.10"));
+        assert!(!is_mig_profile("g.10gb"));
+
+        queue.flavors[0].mig_quotas = vec![mig("1g.10gb", None), mig("1g.10gb", None)];
+        let paths: Vec<String> = queue
+            .validate()
+            .expect_err("duplicate profile")
+            .into_iter()
+            .map(|e| e.path)
+            .collect();
+        assert_eq!(paths, ["spec.flavors[0].migQuotas[1].profile"]);
+
+        queue.flavors[0].mig_quotas = vec![mig("mig-1g.10gb", None), mig("2g.20gb", Some(15))];
+        let paths: Vec<String> = queue
+            .validate()
+            .expect_err("bad profile, lending above quota, lending without cohort")
+            .into_iter()
+            .map(|e| e.path)
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                "spec.flavors[0].migQuotas[0].profile",
+                "spec.flavors[0].migQuotas[1].lendingLimit",
+                "spec.flavors[0].migQuotas[1].lendingLimit",
+            ]
+        );
     }
 
     #[test]

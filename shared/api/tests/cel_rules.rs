@@ -314,6 +314,18 @@ fn queue_bad_cases() -> Vec<Bad> {
             json!({"spec": {"flavors": [{"name": "a100", "nominalQuota": 8, "lendingLimit": 9}]}}),
             "spec.flavors[0].lendingLimit",
         ),
+        bad(
+            "borrowing MIG slices without a cohort",
+            json!({"spec": {"cohort": null, "flavors": [{"name": "a100", "nominalQuota": 8,
+                "migQuotas": [{"profile": "1g.10gb", "nominalQuota": 14, "borrowingLimit": 7}]}]}}),
+            "spec.flavors",
+        ),
+        bad(
+            "lending more MIG slices than the quota",
+            json!({"spec": {"flavors": [{"name": "a100", "nominalQuota": 8,
+                "migQuotas": [{"profile": "1g.10gb", "nominalQuota": 14, "lendingLimit": 15}]}]}}),
+            "spec.flavors[0].migQuotas[0].lendingLimit",
+        ),
     ]
 }
 

@@ -79,13 +79,16 @@ pub struct FlavorSpec {
     pub tolerations: Vec<Toleration>,
 }
 
-/// Priority aging: a pending job gains one priority step per `intervalSecs`
-/// of waiting, up to `maxBoost` steps.
+/// Priority aging: a pending job gains `step` priority per `intervalSecs` of
+/// waiting, up to `maxBoost` in total. The configured policy applies to every
+/// queue that does not set its own ([`crate::QueueSpec::aging`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct AgingPolicy {
     /// Seconds of waiting per priority step; 0 disables aging.
     pub interval_secs: u64,
+    /// Priority gained per step (at least 1).
+    pub step: i32,
     /// Largest boost a job can gain.
     pub max_boost: i32,
 }
@@ -94,6 +97,7 @@ impl Default for AgingPolicy {
     fn default() -> Self {
         AgingPolicy {
             interval_secs: 600,
+            step: 1,
             max_boost: 1_000,
         }
     }
@@ -106,8 +110,21 @@ impl AgingPolicy {
             return 0;
         }
         let steps = waited_secs / self.interval_secs;
+        let boost = steps.saturating_mul(u64::try_from(self.step.max(0)).unwrap_or(0));
         let cap = u64::try_from(self.max_boost.max(0)).unwrap_or(0);
-        i32::try_from(steps.min(cap)).unwrap_or(i32::MAX)
+        i32::try_from(boost.min(cap)).unwrap_or(i32::MAX)
+    }
+
+    /// Rejects policies that cannot age sensibly: the offending field (relative
+    /// to the policy) and why.
+    pub(crate) fn check(&self) -> Result<(), (&'static str, &'static str)> {
+        if self.max_boost < 0 {
+            return Err(("maxBoost", "must be >= 0"));
+        }
+        if self.step < 1 {
+            return Err(("step", "must be >= 1"));
+        }
+        Ok(())
     }
 }
 
@@ -205,8 +222,8 @@ impl AllocatorConfig {
                 ));
             }
         }
-        if self.aging.max_boost < 0 {
-            return Err(config_error("aging.maxBoost", "must be >= 0"));
+        if let Err((field, reason)) = self.aging.check() {
+            return Err(config_error(format!("aging.{field}"), reason));
         }
         if self.backfill.assumed_runtime_secs == 0 {
             return Err(config_error("backfill.assumedRuntimeSecs", "must be > 0"));
@@ -250,15 +267,28 @@ mod tests {
     fn aging_boost_grows_per_interval_and_is_capped() {
         let aging = AgingPolicy {
             interval_secs: 100,
+            step: 1,
             max_boost: 3,
         };
         assert_eq!(aging.boost(99), 0);
         assert_eq!(aging.boost(250), 2);
         assert_eq!(aging.boost(10_000), 3);
+        let stepped = AgingPolicy {
+            step: 5,
+            max_boost: 12,
+            ..aging
+        };
+        assert_eq!(stepped.boost(250), 10);
+        assert_eq!(stepped.boost(10_000), 12);
         let off = AgingPolicy {
             interval_secs: 0,
-            max_boost: 3,
+            ..aging
         };
         assert_eq!(off.boost(10_000), 0);
+        let bad = AgingPolicy { step: 0, ..aging };
+        assert!(matches!(
+            AllocatorConfig { aging: bad, ..AllocatorConfig::default() }.validate(),
+            Err(AllocatorError::InvalidConfig { ref field, .. }) if field == "aging.step"
+        ));
     }
 }

@@ -16,6 +16,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use crate::backfill::{Claim, Reservations, Timeline};
+use crate::config::AgingPolicy;
 use crate::decision::{
     Admission, CycleOutcome, CycleStats, Eviction, EvictionReason, PlannedNode, Preemption,
     TopologyAssignment, WorkerPlacement,
@@ -98,6 +99,36 @@ pub(crate) struct CycleCtx {
     reservations: Reservations,
     failed: Vec<Failed>,
     stats: CycleStats,
+    /// Bumped by every admission and every new quota hold: what a quota
+    /// check saw is valid while the epoch stays.
+    quota_epoch: u64,
+    /// Jobs blocked by quota on every option, by (queue, shares GPUs,
+    /// units): another job of that shape fails alike within the epoch.
+    quota_blocked: FastMap<(QueueIdx, bool, u64), QuotaBlocked>,
+}
+
+/// A quota failure on every option, reusable by jobs of the same shape.
+pub(crate) struct QuotaBlocked {
+    epoch: u64,
+    reason: Arc<PendingReason>,
+    can_preempt: bool,
+    /// The latest time a quota hold lets jobs ending by then through; a job
+    /// with an earlier estimated end may be let through, so it is evaluated
+    /// in full. `None`: no hold exempts anyone.
+    exempt_until: Option<u64>,
+}
+
+/// What the main pass needs of a job without touching it again, read in
+/// `build_lanes` (in job-table order, cheap on the cache) rather than in
+/// priority order (a cache miss per job at 10,000 pending jobs).
+pub(crate) struct LaneJob {
+    priority: i32,
+    rank: u32,
+    idx: JobIdx,
+    uid: JobUid,
+    /// `Some((shares GPUs, units, estimated end))` for a job that may take
+    /// the quota shortcut: pending without a nomination, whole or shared GPUs.
+    shape: Option<(bool, u64, Option<u64>)>,
 }
 
 pub(crate) struct Failed {
@@ -117,8 +148,8 @@ pub(crate) struct Failed {
 /// A queue's ordered pending jobs during a cycle.
 pub(crate) struct Lane {
     queue: QueueIdx,
-    /// (effective priority, global rank, job), in rank order.
-    jobs: Vec<(i32, u32, JobIdx)>,
+    /// In rank order.
+    jobs: Vec<LaneJob>,
     next: usize,
 }
 
@@ -166,10 +197,20 @@ pub(crate) fn job_end_key(spec: &JobSpec, now: Timestamp) -> (u64, Option<Timest
 impl Allocator {
     // ------------------------------------------------------------------ cycle
 
-    /// Base priority plus the aging boost.
-    pub(crate) fn effective_priority(&self, spec: &JobSpec, now: Timestamp) -> i32 {
-        spec.priority
-            .saturating_add(self.config.aging.boost(now.secs_since(spec.submitted_at)))
+    /// The aging policy of a queue: its own, else the configured one.
+    pub(crate) fn aging_of(&self, queue: QueueIdx) -> AgingPolicy {
+        self.queues
+            .get(queue)
+            .and_then(|q| q.aging)
+            .unwrap_or(self.config.aging)
+    }
+
+    /// Base priority plus the aging boost of the job's queue.
+    pub(crate) fn effective_priority(&self, job: &Job, now: Timestamp) -> i32 {
+        let waited = now.secs_since(job.spec.submitted_at);
+        job.spec
+            .priority
+            .saturating_add(self.aging_of(job.queue).boost(waited))
     }
 
     /// Resources a job may use, in the queue's flavor preference order.
@@ -414,7 +455,7 @@ impl Allocator {
                 };
                 (self.victims_left(n) == 0).then(|| {
                     (
-                        -self.effective_priority(&job.spec, now),
+                        -self.effective_priority(job, now),
                         job.spec.submitted_at,
                         job.spec.uid.clone(),
                         *idx,
@@ -441,8 +482,7 @@ impl Allocator {
                     continue;
                 }
                 if let Ok(plan) = self.try_place(idx, res, now, ctx) {
-                    ctx.timelines.remove(&plan.res);
-                    self.admit(idx, plan, now, out);
+                    self.admit_in_cycle(idx, plan, now, ctx, out);
                     break;
                 }
             }
@@ -452,24 +492,48 @@ impl Allocator {
     /// Orders every pending job once (effective priority, submission time,
     /// arrival) and splits the order into per-queue lanes.
     pub(crate) fn build_lanes(&self, now: Timestamp) -> Vec<Lane> {
-        let mut all: Vec<(i32, Timestamp, u64, JobIdx, QueueIdx)> = Vec::new();
+        let mut all: Vec<(Timestamp, u64, QueueIdx, LaneJob)> = Vec::new();
         for queue in &self.queues.queues {
+            // One policy per queue: looked up once, not per job.
+            let aging = queue.aging.unwrap_or(self.config.aging);
             for idx in &queue.pending {
                 if let Some(job) = self.job(*idx) {
+                    let shape = (matches!(job.state, JobState::Pending(None))
+                        && job.spec.gpu_slice.is_none())
+                    .then(|| {
+                        (
+                            job.spec.allow_gpu_sharing,
+                            job.spec.total_units(),
+                            job_end_key(&job.spec, now).1.map(|t| t.0),
+                        )
+                    });
                     all.push((
-                        self.effective_priority(&job.spec, now),
                         job.spec.submitted_at,
                         job.seq,
-                        *idx,
                         job.queue,
+                        LaneJob {
+                            priority: job
+                                .spec
+                                .priority
+                                .saturating_add(aging.boost(now.secs_since(job.spec.submitted_at))),
+                            rank: 0,
+                            idx: *idx,
+                            uid: job.spec.uid.clone(),
+                            shape,
+                        },
                     ));
                 }
             }
         }
-        all.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        all.sort_unstable_by(|a, b| {
+            b.3.priority
+                .cmp(&a.3.priority)
+                .then(a.0.cmp(&b.0))
+                .then(a.1.cmp(&b.1))
+        });
         let mut lane_of: FastMap<QueueIdx, usize> = FastMap::default();
         let mut lanes: Vec<Lane> = Vec::new();
-        for (rank, (priority, _, _, idx, queue)) in all.into_iter().enumerate() {
+        for (rank, (_, _, queue, mut job)) in all.into_iter().enumerate() {
             let lane = *lane_of.entry(queue).or_insert_with(|| {
                 lanes.push(Lane {
                     queue,
@@ -479,8 +543,8 @@ impl Allocator {
                 lanes.len() - 1
             });
             if let Some(l) = lanes.get_mut(lane) {
-                l.jobs
-                    .push((priority, u32::try_from(rank).unwrap_or(u32::MAX), idx));
+                job.rank = u32::try_from(rank).unwrap_or(u32::MAX);
+                l.jobs.push(job);
             }
         }
         lanes
@@ -488,12 +552,40 @@ impl Allocator {
 
     pub(crate) fn lane_key(&self, lanes: &[Lane], lane: usize) -> Option<LaneKey> {
         let l = lanes.get(lane)?;
-        let (_, rank, _) = *l.jobs.get(l.next)?;
+        let rank = l.jobs.get(l.next)?.rank;
         Some(LaneKey {
             share: self.queues.share(l.queue, &[]),
             rank,
             lane,
         })
+    }
+
+    /// Takes a job's GPUs for this cycle: the release timeline of its
+    /// resource and every quota check seen so far are out of date.
+    pub(crate) fn admit_in_cycle(
+        &mut self,
+        idx: JobIdx,
+        plan: Plan,
+        now: Timestamp,
+        ctx: &mut CycleCtx,
+        out: &mut CycleOutcome,
+    ) {
+        ctx.timelines.remove(&plan.res);
+        ctx.quota_epoch += 1;
+        self.admit(idx, plan, now, out);
+    }
+
+    /// The failure of an earlier job of the same shape blocked by quota on
+    /// every option, when it holds for this job too.
+    fn quota_blocked_like(
+        ctx: &CycleCtx,
+        queue: QueueIdx,
+        (sharing, units, end): (bool, u64, Option<u64>),
+    ) -> Option<(Arc<PendingReason>, bool)> {
+        let known = ctx.quota_blocked.get(&(queue, sharing, units))?;
+        let exempt = matches!((end, known.exempt_until), (Some(end), Some(until)) if end <= until);
+        (known.epoch == ctx.quota_epoch && !exempt)
+            .then(|| (Arc::clone(&known.reason), known.can_preempt))
     }
 
     pub(crate) fn main_pass(
@@ -515,17 +607,14 @@ impl Allocator {
             let Some(lane) = lanes.get_mut(lane_idx) else {
                 continue;
             };
-            let Some((priority, _, idx)) = lane.jobs.get(lane.next).copied() else {
+            // Lanes are built after the preemptors and reserved jobs went, so
+            // every job here is still pending.
+            let Some(job) = lane.jobs.get_mut(lane.next) else {
                 continue;
             };
+            let (priority, idx, shape) = (job.priority, job.idx, job.shape);
+            let uid = std::mem::take(&mut job.uid);
             lane.next += 1;
-            if self.job(idx).and_then(Job::running).is_some() {
-                // Admitted before the pass (reserved or preemptor).
-                if let Some(key) = self.lane_key(&lanes, lane_idx) {
-                    heap.push(key);
-                }
-                continue;
-            }
             let position = u32::try_from(lane.next).unwrap_or(u32::MAX);
             let queue_length = u32::try_from(lane.jobs.len()).unwrap_or(u32::MAX);
             let lane_queue = lane.queue;
@@ -533,19 +622,19 @@ impl Allocator {
             let outcome = match ctx.early.remove(&idx) {
                 // Evaluated before the pass (it held a reservation).
                 Some(failure) => Err(failure),
-                None => self.evaluate(idx, now, ctx, &mut options),
+                None => match shape.and_then(|s| Self::quota_blocked_like(ctx, lane_queue, s)) {
+                    Some(failure) => {
+                        ctx.stats.memo_hits += 1;
+                        Err(failure)
+                    }
+                    None => self.evaluate(idx, now, ctx, &mut options),
+                },
             };
             match outcome {
-                Ok(plan) => {
-                    ctx.timelines.remove(&plan.res);
-                    self.admit(idx, plan, now, out);
-                }
+                Ok(plan) => self.admit_in_cycle(idx, plan, now, ctx, out),
                 Err((reason, can_preempt)) => ctx.failed.push(Failed {
                     job: idx,
-                    uid: self
-                        .job(idx)
-                        .map(|j| j.spec.uid.clone())
-                        .unwrap_or_default(),
+                    uid,
                     queue: lane_queue,
                     position,
                     queue_length,
@@ -583,10 +672,7 @@ impl Allocator {
                 continue;
             }
             match self.evaluate(idx, now, ctx, &mut options) {
-                Ok(plan) => {
-                    ctx.timelines.remove(&plan.res);
-                    self.admit(idx, plan, now, out);
-                }
+                Ok(plan) => self.admit_in_cycle(idx, plan, now, ctx, out),
                 Err(failure) => {
                     ctx.early.insert(idx, failure);
                 }
@@ -652,6 +738,7 @@ impl Allocator {
             ));
         }
         let units = job.spec.total_units();
+        let sharing = job.spec.allow_gpu_sharing;
         let mut best: Option<Arc<PendingReason>> = None;
         let mut first_capacity_failure: Option<(ResIdx, Arc<PendingReason>)> = None;
         let consider = |reason: Arc<PendingReason>, best: &mut Option<Arc<PendingReason>>| {
@@ -667,6 +754,11 @@ impl Allocator {
         let mut blocked_by_hold_only = true;
         // When the job can expect to start without preempting anyone.
         let mut expected_start: Option<Timestamp> = None;
+        // Whether jobs of the same shape fail exactly alike (see
+        // `quota_blocked`): only if every option failed on quota, this job
+        // holds nothing and no hold let it through.
+        let mut alike = job.spec.gpu_slice.is_none();
+        let mut exempt_until: Option<u64> = None;
         for &res in options.iter() {
             let hold = cohort.and_then(|c| ctx.quota_holds.get(&(c, res)));
             // A job that ends before the holder can expect its headroom may
@@ -676,12 +768,18 @@ impl Allocator {
             let borrows = self.queues.get(queue).is_some_and(|q| {
                 q.usage(res).saturating_add(units) > q.quota(res).map_or(0, |s| s.nominal)
             });
+            let exempt = |h: &QuotaHold| matches!((job_end, h.until), (Some(end), Some(until)) if end <= until);
+            if let Some(h) = hold
+                && borrows
+            {
+                if h.holder_idx == idx || exempt(h) {
+                    alike = false;
+                } else if let Some(until) = h.until {
+                    exempt_until = Some(exempt_until.map_or(until.0, |u| u.max(until.0)));
+                }
+            }
             let (held, held_for) = match hold {
-                Some(h)
-                    if borrows
-                        && h.holder_idx != idx
-                        && !matches!((job_end, h.until), (Some(end), Some(until)) if end <= until) =>
-                {
+                Some(h) if borrows && h.holder_idx != idx && !exempt(h) => {
                     (h.units, Some(h.holder.clone()))
                 }
                 _ => (0, None),
@@ -712,6 +810,8 @@ impl Allocator {
                         },
                     );
                     ctx.reserved_order.push(job.spec.uid.clone());
+                    ctx.quota_epoch += 1;
+                    alike = false;
                     holding = true;
                 }
                 // Jobs of one queue blocked by the same quota share one reason.
@@ -746,6 +846,7 @@ impl Allocator {
                 continue;
             }
             blocked_by_hold_only = false;
+            alike = false;
             match self.try_place(idx, res, now, ctx) {
                 Ok(plan) => return Ok(plan),
                 Err(reason) => {
@@ -781,7 +882,19 @@ impl Allocator {
         // end within the grace period a preemption would cost anyway.
         let starts_soon = expected_start
             .is_some_and(|t| t <= now.plus_secs(self.config.preemption.grace_period_secs));
-        Err((reason, !blocked_by_hold_only && !starts_soon))
+        let can_preempt = !blocked_by_hold_only && !starts_soon;
+        if alike {
+            ctx.quota_blocked.insert(
+                (queue, sharing, units),
+                QuotaBlocked {
+                    epoch: ctx.quota_epoch,
+                    reason: Arc::clone(&reason),
+                    can_preempt,
+                    exempt_until,
+                },
+            );
+        }
+        Err((reason, can_preempt))
     }
 
     /// When enough units of `res` are expected back in the cohort pool for a

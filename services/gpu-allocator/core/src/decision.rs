@@ -183,7 +183,8 @@ pub struct CycleStats {
     pub backfilled: u32,
     /// Reservations made for blocked jobs.
     pub reservations: u32,
-    /// Placement attempts answered from the per-cycle failure memo.
+    /// Jobs answered from a per-cycle failure memo (placement, or quota on
+    /// every option) instead of being checked again.
     pub memo_hits: u32,
     /// Pending jobs examined for preemption.
     pub preemption_attempts: u32,

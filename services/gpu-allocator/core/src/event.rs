@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::AgingPolicy;
 use crate::decision::{Admission, Eviction, Preemption};
 use crate::error::AllocatorError;
 use crate::types::{GpuSliceRequest, JobUid, Taint, Timestamp, Toleration, TopologyRequirement};
@@ -122,6 +123,10 @@ pub struct QueueSpec {
     pub quotas: Vec<FlavorQuota>,
     /// Which preemptions this queue's jobs may perform.
     pub preemption: QueuePreemption,
+    /// Priority aging of this queue's pending jobs; `None` = the configured
+    /// [`crate::AllocatorConfig::aging`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aging: Option<AgingPolicy>,
 }
 
 impl Default for QueueSpec {
@@ -132,6 +137,7 @@ impl Default for QueueSpec {
             weight: 1.0,
             quotas: Vec::new(),
             preemption: QueuePreemption::default(),
+            aging: None,
         }
     }
 }
@@ -347,6 +353,11 @@ impl QueueSpec {
                 "cohort".into(),
                 "must not be empty when set",
             ));
+        }
+        if let Some(aging) = &self.aging
+            && let Err((field, reason)) = aging.check()
+        {
+            return Err(queue_error(&self.name, format!("aging.{field}"), reason));
         }
         let mut flavors = std::collections::BTreeSet::new();
         for (i, fq) in self.quotas.iter().enumerate() {

@@ -11,6 +11,7 @@
 
 use std::collections::BTreeSet;
 
+use crate::config::AgingPolicy;
 use crate::event::{QueuePreemption, QueueSpec};
 use crate::inventory::{FlavorIdx, JobIdx, ResIdx};
 
@@ -72,6 +73,8 @@ pub(crate) struct Queue {
     pub(crate) usage: Vec<(ResIdx, u64)>,
     pub(crate) pending: BTreeSet<JobIdx>,
     pub(crate) preemption: QueuePreemption,
+    /// The queue's own aging; `None` = the configured one.
+    pub(crate) aging: Option<AgingPolicy>,
 }
 
 impl Queue {
@@ -88,6 +91,7 @@ impl Queue {
             usage: Vec::new(),
             pending: BTreeSet::new(),
             preemption: QueuePreemption::default(),
+            aging: None,
         }
     }
 
@@ -249,6 +253,7 @@ impl Queues {
         if let Some(q) = self.get_mut(idx) {
             q.weight = spec.weight;
             q.preemption = spec.preemption;
+            q.aging = spec.aging;
             q.quotas = slots;
             q.flavor_order = flavor_order;
             q.plain_options = plain_options;
@@ -273,6 +278,7 @@ impl Queues {
             return false;
         }
         q.spec = None;
+        q.aging = None;
         q.quotas.clear();
         q.flavor_order.clear();
         q.plain_options.clear();

@@ -222,6 +222,54 @@ fn cohort_headroom_is_kept_for_the_first_job_in_line() {
     assert_eq!(without.len(), 8);
 }
 
+#[test]
+fn a_short_job_passes_a_cohort_hold_however_many_alike_jobs_wait_before_it() {
+    let mut h = Harness::new(AllocatorConfig {
+        preemption: PreemptionPolicy {
+            enabled: false,
+            ..PreemptionPolicy::default()
+        },
+        ..AllocatorConfig::default()
+    });
+    h.nodes([node("n1", 8), node("n2", 8), node("n3", 8)]);
+    h.queue(queue("a", Some("c"), 12));
+    h.queue(queue("b", Some("c"), 4));
+    for i in 0..12 {
+        h.submit(job(&format!("b-run-{i:02}"), "b", 1, 1));
+    }
+    for i in 0..4 {
+        h.submit(job(&format!("a-run-{i}"), "a", 1, 1));
+    }
+    assert_eq!(h.cycle(0).admissions.len(), 16);
+    let mut big = job("a-big", "a", 1, 8);
+    big.submitted_at = Timestamp(10);
+    h.submit(big);
+    // Many jobs of one shape without an estimate: the first one's quota
+    // failure answers for the others...
+    for i in 0..20 {
+        let mut j = job(&format!("b-wait-{i:02}"), "b", 1, 1);
+        j.submitted_at = Timestamp(20 + i);
+        h.submit(j);
+    }
+    // ...but not for this one, of the same shape, which ends long before
+    // the held headroom can add up to a-big's 8 GPUs.
+    let mut short = job("b-short", "b", 1, 1);
+    short.submitted_at = Timestamp(50);
+    short.runtime_estimate_secs = Some(60);
+    h.submit(short);
+    h.finish("b-run-00");
+    let out = h.cycle(100);
+    assert_eq!(admitted_uids(&out), vec!["b-short"]);
+    let first = &reason_of(&out, "b-wait-00").reason;
+    assert!(
+        matches!(&**first, PendingReason::QuotaExceeded { held_for: Some(holder), .. } if holder.as_str() == "a-big"),
+        "{first:?}"
+    );
+    for i in 1..20 {
+        assert_eq!(&reason_of(&out, &format!("b-wait-{i:02}")).reason, first);
+    }
+}
+
 // ----------------------------------------------------------- priority, aging
 
 #[test]
@@ -252,8 +300,14 @@ fn aging_scenario(aging: AgingPolicy) -> Vec<String> {
         aging,
         ..AllocatorConfig::default()
     });
+    aging_race(&mut h, queue("q", None, 8))
+}
+
+/// Two 8-GPU jobs race for one 8-GPU node at t=1000: `old-low` (priority 0,
+/// waiting since 0) against `new-high` (priority 5, waiting since 900).
+fn aging_race(h: &mut Harness, q: QueueSpec) -> Vec<String> {
     h.nodes([node("n1", 8)]);
-    h.queue(queue("q", None, 8));
+    h.queue(q);
     let mut old = job("old-low", "q", 1, 8);
     old.submitted_at = Timestamp(0);
     old.priority = 0;
@@ -269,14 +323,48 @@ fn aging_scenario(aging: AgingPolicy) -> Vec<String> {
 fn aging_lets_a_long_waiting_low_priority_job_overtake() {
     let aged = aging_scenario(AgingPolicy {
         interval_secs: 100,
+        step: 1,
         max_boost: 100,
     });
     assert_eq!(aged, vec!["old-low"], "1000 s of waiting = +10 priority");
     let no_aging = aging_scenario(AgingPolicy {
         interval_secs: 0,
+        step: 1,
         max_boost: 0,
     });
     assert_eq!(no_aging, vec!["new-high"]);
+}
+
+#[test]
+fn a_queue_ages_by_its_own_policy_over_the_configured_one() {
+    // The configured aging (one step per 600 s) gives old-low only +1.
+    let config = AllocatorConfig::default();
+    let mut default_aging = Harness::new(config.clone());
+    assert_eq!(
+        aging_race(&mut default_aging, queue("q", None, 8)),
+        vec!["new-high"]
+    );
+    // The queue's own aging (3 per 500 s) gives it +6: it overtakes.
+    let mut own = Harness::new(config);
+    let mut q = queue("q", None, 8);
+    q.aging = Some(AgingPolicy {
+        interval_secs: 500,
+        step: 3,
+        max_boost: 1_000,
+    });
+    assert_eq!(aging_race(&mut own, q.clone()), vec!["old-low"]);
+    let out = own.cycle(1_000);
+    assert_eq!(reason_of(&out, "new-high").effective_priority, 5);
+    // A policy that cannot age is rejected naming the field.
+    q.aging = Some(AgingPolicy {
+        interval_secs: 60,
+        step: 0,
+        max_boost: 10,
+    });
+    assert!(matches!(
+        q.validate(),
+        Err(AllocatorError::InvalidQueue { ref field, .. }) if field == "aging.step"
+    ));
 }
 
 // --------------------------------------------------------------------- DRF
@@ -521,6 +609,65 @@ fn mig_requests_get_the_smallest_profile_with_enough_memory() {
         *reason_of(&out, "whole-gpu").reason,
         PendingReason::NoMatchingFlavor { .. }
     ));
+}
+
+#[test]
+fn mig_quota_is_counted_per_profile_in_slices() {
+    let mut h = Harness::default_config();
+    let mut mig = node("mig-node", 0);
+    mig.allocatable
+        .insert("nvidia.com/mig-1g.10gb".into(), "14".into());
+    mig.allocatable
+        .insert("nvidia.com/mig-3g.40gb".into(), "4".into());
+    h.nodes([mig]);
+    let slices = |profile: &str, nominal: u64| ResourceQuota {
+        resource: format!("nvidia.com/mig-{profile}"),
+        nominal,
+        ..ResourceQuota::default()
+    };
+    h.queue(QueueSpec {
+        name: "q".into(),
+        quotas: vec![FlavorQuota {
+            flavor: A100.into(),
+            resources: vec![gpu_quota(8), slices("1g.10gb", 5), slices("3g.40gb", 1)],
+        }],
+        ..QueueSpec::default()
+    });
+    let sliced = |uid: &str, profile: &str, count: u32, at: u64| {
+        let mut j = job(uid, "q", 1, count);
+        j.gpu_slice = Some(GpuSliceRequest::Profile(profile.into()));
+        j.submitted_at = Timestamp(at);
+        j
+    };
+    h.submit(sliced("small-a", "1g.10gb", 3, 0));
+    h.submit(sliced("small-b", "1g.10gb", 3, 1));
+    h.submit(sliced("small-c", "1g.10gb", 2, 2));
+    h.submit(sliced("big-a", "3g.40gb", 1, 3));
+    h.submit(sliced("big-b", "3g.40gb", 1, 4));
+    let out = h.cycle(10);
+    // The node has 14 + 4 slices; the quota allows 5 + 1.
+    assert_eq!(admitted_uids(&out), vec!["small-a", "small-c", "big-a"]);
+    match &*reason_of(&out, "small-b").reason {
+        PendingReason::QuotaExceeded {
+            resource,
+            requested,
+            available,
+            nominal,
+            used,
+            ..
+        } => {
+            assert_eq!(resource, "nvidia.com/mig-1g.10gb");
+            assert_eq!((*requested, *available, *nominal, *used), (3, 2, 5, 3));
+        }
+        other => panic!("expected QuotaExceeded, got {other:?}"),
+    }
+    assert!(matches!(
+        &*reason_of(&out, "big-b").reason,
+        PendingReason::QuotaExceeded { resource, .. } if resource == "nvidia.com/mig-3g.40gb"
+    ));
+    // Slices freed by a finished job are quota again.
+    h.finish("small-a");
+    assert_eq!(admitted_uids(&h.cycle(20)), vec!["small-b"]);
 }
 
 #[test]
