@@ -99,6 +99,14 @@ pub enum Error {
     #[error("job `{job}`: {problem}; fix the record before building the report")]
     InvalidRecord { job: String, problem: &'static str },
 
+    /// A benchmark manifest does not fit the API types (a bug in the
+    /// benchmark, or the API changed under it).
+    #[error("the benchmark's {kind} manifest does not match the API: {source}")]
+    Manifest {
+        kind: &'static str,
+        source: serde_json::Error,
+    },
+
     /// The process does not exist any more (or has exited and is a zombie).
     #[error("process {pid} is gone")]
     ProcessGone { pid: u32 },

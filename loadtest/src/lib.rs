@@ -1,6 +1,7 @@
-//! Pure building blocks for Trainyard's trace-replay and pipeline load tests.
-//! Nothing here talks to a cluster: the benchmarks wire these pieces to a
-//! (simulated) cluster and print or plot what they return.
+//! Building blocks for Trainyard's trace-replay and pipeline load tests. All
+//! but [`stack`] are pure: nothing else talks to a cluster or a process; the
+//! benchmarks wire these pieces to the stack and a (simulated) cluster and
+//! print or plot what they return.
 //!
 //! - [`trace`]: read and write GPU job traces in the Tiresias CSV columns,
 //!   and derive each job's gang layout for a node size;
@@ -10,15 +11,25 @@
 //! - [`plot`]: an SVG chart of those time series;
 //! - [`procstats`]: CPU seconds and peak RSS of a process from `/proc`;
 //! - [`latency`]: latency percentiles for the pipeline test;
-//! - [`percentile`]: the nearest-rank percentile both summaries use.
+//! - [`percentile`]: the nearest-rank percentile both summaries use;
+//! - [`throughput`]: message rates from periodic counter samples;
+//! - [`workload`]: the simulated cluster, queue and TrainingJobs the
+//!   benchmarks submit, and job records from the simulator's history;
+//! - [`fifo`]: a strict-FIFO reference schedule for a replayed trace;
+//! - [`stack`]: NATS, the simulator and the service binaries as processes,
+//!   for the `pipeline` and `trace_replay` benchmarks.
 
 pub mod error;
+pub mod fifo;
 pub mod generate;
 pub mod latency;
 pub mod percentile;
 pub mod plot;
 pub mod procstats;
 pub mod report;
+pub mod stack;
+pub mod throughput;
 pub mod trace;
+pub mod workload;
 
 pub use error::Error;

@@ -1,0 +1,558 @@
+//! The whole Trainyard stack as separate processes, for the pipeline and
+//! trace-replay benchmarks: a `nats-server` with JetStream, optionally the
+//! simulated cluster's binary, and the service binaries from a cargo target
+//! directory. Every process is started in its own process group (so a Ctrl-C
+//! in the terminal reaches only the benchmark, which then stops them in
+//! order) and is killed when the [`Stack`] is dropped, so none outlives the
+//! benchmark.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use serde::Serialize;
+use tokio::process::{Child, Command};
+use trainyard_contracts::Service;
+use trainyard_contracts::streams;
+
+use crate::procstats::{self, ProcStats};
+
+/// Why the stack could not be started or read.
+#[derive(Debug, thiserror::Error)]
+pub enum StackError {
+    #[error(
+        "cannot start {program}: {source}; build it first (cargo build --release) or pass the right --target-dir"
+    )]
+    Spawn {
+        program: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{name} did not become ready within {seconds} s; see {}", log.display())]
+    NotReady {
+        name: String,
+        seconds: u64,
+        log: PathBuf,
+    },
+    #[error("{name} exited ({status}); see {}", log.display())]
+    Exited {
+        name: String,
+        status: String,
+        log: PathBuf,
+    },
+    #[error("NATS: {0}")]
+    Nats(String),
+    #[error("HTTP client: {0}")]
+    Http(String),
+    #[error("Kubernetes client: {0}")]
+    Kube(String),
+}
+
+/// One child process of the stack.
+struct Process {
+    name: String,
+    child: Child,
+    log: PathBuf,
+    /// The service's `/metrics` `/healthz` `/readyz` listener.
+    http: Option<SocketAddr>,
+}
+
+/// CPU time and peak memory of one process of the stack.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessStats {
+    pub name: String,
+    pub pid: u32,
+    pub cpu_seconds: f64,
+    pub peak_rss_bytes: u64,
+}
+
+/// A running stack. Logs and the JetStream store live in a temporary work
+/// directory, removed on drop unless [`Stack::keep_work_dir`] was called.
+pub struct Stack {
+    bin_dir: PathBuf,
+    work: tempfile::TempDir,
+    keep: bool,
+    log_level: String,
+    nats_url: Option<String>,
+    processes: Vec<Process>,
+}
+
+/// A loopback TCP port that was free a moment ago.
+pub fn free_port() -> Result<u16, StackError> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|source| StackError::Io {
+        path: "127.0.0.1:0".into(),
+        source,
+    })?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|source| StackError::Io {
+            path: "127.0.0.1:0".into(),
+            source,
+        })
+}
+
+impl Stack {
+    /// A stack whose binaries are in `bin_dir` (e.g. `target/release`);
+    /// services log at `log_level` (a `tracing` filter).
+    pub fn new(bin_dir: &Path, log_level: &str) -> Result<Self, StackError> {
+        let work = tempfile::Builder::new()
+            .prefix("trainyard-loadtest.")
+            .tempdir()
+            .map_err(|source| StackError::Io {
+                path: std::env::temp_dir(),
+                source,
+            })?;
+        Ok(Self {
+            bin_dir: bin_dir.to_path_buf(),
+            work,
+            keep: false,
+            log_level: log_level.to_owned(),
+            nats_url: None,
+            processes: Vec::new(),
+        })
+    }
+
+    pub fn work_dir(&self) -> &Path {
+        self.work.path()
+    }
+
+    /// Keeps the work directory (logs) after the stack stops, e.g. after a failure.
+    pub fn keep_work_dir(&mut self) {
+        self.keep = true;
+    }
+
+    fn spawn(
+        &mut self,
+        name: &str,
+        program: PathBuf,
+        args: &[String],
+        env: &[(String, String)],
+        http: Option<SocketAddr>,
+    ) -> Result<(), StackError> {
+        let log = self.work.path().join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).map_err(|source| StackError::Io {
+            path: log.clone(),
+            source,
+        })?;
+        let err_file = file.try_clone().map_err(|source| StackError::Io {
+            path: log.clone(),
+            source,
+        })?;
+        let child = Command::new(&program)
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(err_file)
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| StackError::Spawn { program, source })?;
+        self.processes.push(Process {
+            name: name.to_owned(),
+            child,
+            log,
+            http,
+        });
+        Ok(())
+    }
+
+    /// Fails if the last started process has already exited.
+    fn check_alive(&mut self) -> Result<(), StackError> {
+        let Some(process) = self.processes.last_mut() else {
+            return Ok(());
+        };
+        match process.child.try_wait() {
+            Ok(Some(status)) => Err(StackError::Exited {
+                name: process.name.clone(),
+                status: status.to_string(),
+                log: process.log.clone(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Starts `nats-server` (from PATH) with JetStream on a free loopback port
+    /// and waits until it accepts connections; returns its URL. `max_payload`
+    /// raises the server's message size limit (1 MiB by default).
+    pub async fn start_nats(&mut self, max_payload: Option<u64>) -> Result<String, StackError> {
+        let port = free_port()?;
+        let store = self.work.path().join("jetstream");
+        let mut args = Vec::new();
+        if let Some(bytes) = max_payload {
+            // No command-line flag sets it; only a configuration file does.
+            let config = self.work.path().join("nats.conf");
+            std::fs::write(&config, format!("max_payload: {bytes}\n")).map_err(|source| {
+                StackError::Io {
+                    path: config.clone(),
+                    source,
+                }
+            })?;
+            args.extend(["-c".to_owned(), config.to_string_lossy().into_owned()]);
+        }
+        args.extend([
+            "-js".to_owned(),
+            "-a".to_owned(),
+            "127.0.0.1".to_owned(),
+            "-p".to_owned(),
+            port.to_string(),
+            "-sd".to_owned(),
+            store.to_string_lossy().into_owned(),
+        ]);
+        self.spawn("nats-server", "nats-server".into(), &args, &[], None)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            self.check_alive()?;
+            if Instant::now() > deadline {
+                return Err(self.not_ready("nats-server", 10));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let url = format!("nats://127.0.0.1:{port}");
+        self.nats_url = Some(url.clone());
+        Ok(url)
+    }
+
+    fn not_ready(&self, name: &str, seconds: u64) -> StackError {
+        StackError::NotReady {
+            name: name.to_owned(),
+            seconds,
+            log: self.work.path().join(format!("{name}.log")),
+        }
+    }
+
+    /// Starts the simulated cluster's binary with `config_yaml` (a
+    /// `ClusterConfig`), reporting to this stack's NATS; returns the path of
+    /// the kubeconfig it writes once the API is serving.
+    pub async fn start_simulator(&mut self, config_yaml: &str) -> Result<PathBuf, StackError> {
+        let config = self.work.path().join("cluster.yaml");
+        std::fs::write(&config, config_yaml).map_err(|source| StackError::Io {
+            path: config.clone(),
+            source,
+        })?;
+        let kubeconfig = self.work.path().join("kubeconfig");
+        let mut args = vec![
+            "--config".to_owned(),
+            config.to_string_lossy().into_owned(),
+            "--kubeconfig-out".to_owned(),
+            kubeconfig.to_string_lossy().into_owned(),
+        ];
+        if let Some(url) = &self.nats_url {
+            args.extend(["--nats-url".to_owned(), url.clone()]);
+        }
+        let env = [("RUST_LOG".to_owned(), self.log_level.clone())];
+        let program = self.bin_dir.join("trainyard-simulator");
+        self.spawn("simulator", program, &args, &env, None)?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !kubeconfig.exists() {
+            self.check_alive()?;
+            if Instant::now() > deadline {
+                return Err(self.not_ready("simulator", 30));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(kubeconfig)
+    }
+
+    /// Writes a kubeconfig (e.g. of an in-process simulator) into the work
+    /// directory for the services.
+    pub fn write_kubeconfig(&self, yaml: &str) -> Result<PathBuf, StackError> {
+        let path = self.work.path().join("kubeconfig");
+        std::fs::write(&path, yaml).map_err(|source| StackError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(path)
+    }
+
+    /// Starts one service binary (`trainyard-<name>`) against this stack's
+    /// NATS, with its HTTP listener on a free port, plus `env`.
+    pub fn start_service(
+        &mut self,
+        service: Service,
+        env: &[(String, String)],
+    ) -> Result<(), StackError> {
+        let nats = self
+            .nats_url
+            .clone()
+            .ok_or_else(|| StackError::Nats("start NATS before the services".into()))?;
+        let http = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+        let mut all = vec![
+            ("TRAINYARD_NATS__URL".to_owned(), nats),
+            ("TRAINYARD_HTTP__LISTEN".to_owned(), http.to_string()),
+            (
+                "TRAINYARD_TELEMETRY__LOG_LEVEL".to_owned(),
+                self.log_level.clone(),
+            ),
+        ];
+        all.extend(env.iter().cloned());
+        let name = service.name();
+        let program = self.bin_dir.join(format!("trainyard-{name}"));
+        self.spawn(name, program, &[], &all, Some(http))
+    }
+
+    /// Waits until every service answers `/readyz` with 200, at most `limit`.
+    pub async fn wait_ready(&mut self, limit: Duration) -> Result<(), StackError> {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .build()
+            .map_err(|e| StackError::Http(e.to_string()))?;
+        let deadline = Instant::now() + limit;
+        for i in 0..self.processes.len() {
+            let Some(http) = self.processes[i].http else {
+                continue;
+            };
+            let url = format!("http://{http}/readyz");
+            loop {
+                let process = &mut self.processes[i];
+                if let Ok(Some(status)) = process.child.try_wait() {
+                    return Err(StackError::Exited {
+                        name: process.name.clone(),
+                        status: status.to_string(),
+                        log: process.log.clone(),
+                    });
+                }
+                let ready = client
+                    .get(&url)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success());
+                if ready {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let name = process.name.clone();
+                    return Err(self.not_ready(&name, limit.as_secs()));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// The Prometheus text a service serves on `/metrics`.
+    pub async fn metrics(&self, service: Service) -> Result<String, StackError> {
+        let http = self
+            .processes
+            .iter()
+            .find(|p| p.name == service.name())
+            .and_then(|p| p.http)
+            .ok_or_else(|| StackError::Http(format!("{} is not running", service.name())))?;
+        let response = reqwest::get(format!("http://{http}/metrics"))
+            .await
+            .map_err(|e| StackError::Http(e.to_string()))?;
+        response
+            .text()
+            .await
+            .map_err(|e| StackError::Http(e.to_string()))
+    }
+
+    /// CPU seconds and peak RSS of every process still running.
+    pub fn stats(&self) -> Vec<ProcessStats> {
+        self.processes
+            .iter()
+            .filter_map(|p| {
+                let pid = p.child.id()?;
+                let ProcStats {
+                    cpu_seconds,
+                    peak_rss_bytes,
+                } = procstats::sample(pid).ok()?;
+                Some(ProcessStats {
+                    name: p.name.clone(),
+                    pid,
+                    cpu_seconds,
+                    peak_rss_bytes,
+                })
+            })
+            .collect()
+    }
+
+    /// Stops everything: SIGTERM to the services and the simulator (they
+    /// drain and exit), then to NATS, which they need while draining; a
+    /// process still running after `grace` is killed.
+    pub async fn stop(self, grace: Duration) {
+        let Self {
+            work,
+            keep,
+            processes,
+            ..
+        } = self;
+        let (nats, rest): (Vec<Process>, Vec<Process>) =
+            processes.into_iter().partition(|p| p.name == "nats-server");
+        terminate(rest, grace).await;
+        terminate(nats, grace).await;
+        if keep {
+            eprintln!("logs kept in {}", work.keep().display());
+        }
+    }
+}
+
+/// SIGTERM to each process (through `kill`, as the standard library only
+/// sends SIGKILL), then waits up to `grace` for all, then kills the rest.
+async fn terminate(processes: Vec<Process>, grace: Duration) {
+    for process in &processes {
+        if let Some(pid) = process.child.id() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()
+                .await;
+        }
+    }
+    let deadline = tokio::time::Instant::now() + grace;
+    for mut process in processes {
+        if tokio::time::timeout_at(deadline, process.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = process.child.start_kill();
+            let _ = process.child.wait().await;
+        }
+    }
+}
+
+/// The last sequence number of every Trainyard stream: how many messages
+/// were ever published to it (unaffected by limits or acks).
+pub async fn stream_sequences(
+    js: &jetstream::Context,
+) -> Result<BTreeMap<&'static str, u64>, StackError> {
+    let mut out = BTreeMap::new();
+    for spec in streams::ALL {
+        let mut stream = js
+            .get_stream(spec.name)
+            .await
+            .map_err(|e| StackError::Nats(format!("stream {}: {e}", spec.name)))?;
+        let info = stream
+            .info()
+            .await
+            .map_err(|e| StackError::Nats(format!("stream {}: {e}", spec.name)))?;
+        out.insert(spec.name, info.state.last_sequence);
+    }
+    Ok(out)
+}
+
+/// Where a durable consumer stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsumerProgress {
+    /// Deliveries acknowledged (the ack floor's consumer sequence).
+    pub acked: u64,
+    /// Messages in the stream not yet delivered, plus delivered ones not yet acked.
+    pub backlog: u64,
+}
+
+/// The progress of `service`'s (first) consumer on `stream`.
+pub async fn consumer_progress(
+    js: &jetstream::Context,
+    service: Service,
+    stream: streams::StreamSpec,
+) -> Result<ConsumerProgress, StackError> {
+    let spec = service
+        .consumers()
+        .into_iter()
+        .find(|c| c.stream.name == stream.name)
+        .ok_or_else(|| StackError::Nats(format!("{} reads no {}", service.name(), stream.name)))?;
+    durable_progress(js, stream.name, &spec.durable).await
+}
+
+async fn durable_progress(
+    js: &jetstream::Context,
+    stream: &str,
+    durable: &str,
+) -> Result<ConsumerProgress, StackError> {
+    let handle = js
+        .get_stream(stream)
+        .await
+        .map_err(|e| StackError::Nats(format!("stream {stream}: {e}")))?;
+    let info = handle
+        .consumer_info(durable)
+        .await
+        .map_err(|e| StackError::Nats(format!("consumer {durable}: {e}")))?;
+    Ok(ConsumerProgress {
+        acked: info.ack_floor.consumer_sequence,
+        backlog: info.num_pending + info.num_ack_pending as u64,
+    })
+}
+
+/// Whether no durable consumer of `services` has anything left to handle:
+/// those services have caught up with what was published. Consumers that
+/// cannot be read are skipped: services that do not consume yet (some are
+/// still stubs) never create theirs.
+pub async fn consumers_idle(js: &jetstream::Context, services: &[Service]) -> bool {
+    for service in services {
+        for spec in service.consumers() {
+            if let Ok(progress) = durable_progress(js, spec.stream.name, &spec.durable).await
+                && progress.backlog > 0
+            {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// The value of the first sample of Prometheus text `metrics` whose series
+/// (name and labels, as written) starts with `series`.
+pub fn metric_value(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// The release binaries of the default cargo target directory
+/// (`$CARGO_TARGET_DIR`, else the workspace's `target/`).
+pub fn default_bin_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    target.join("release")
+}
+
+/// A Kubernetes client for the API a kubeconfig (YAML text) points at.
+pub async fn kube_client(kubeconfig: &str) -> Result<kube::Client, StackError> {
+    let kube_err = |e: &dyn std::fmt::Display| StackError::Kube(e.to_string());
+    let parsed = kube::config::Kubeconfig::from_yaml(kubeconfig).map_err(|e| kube_err(&e))?;
+    let config = kube::Config::from_custom_kubeconfig(parsed, &Default::default())
+        .await
+        .map_err(|e| kube_err(&e))?;
+    kube::Client::try_from(config).map_err(|e| kube_err(&e))
+}
+
+/// Resolves on Ctrl-C or SIGTERM; an error if they cannot be listened for
+/// (a benchmark should then not start: an interrupt would leave its
+/// processes behind).
+pub async fn interrupted() -> std::io::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => result,
+        _ = term.recv() => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_values_are_found_by_series_prefix() {
+        let text = "# HELP x_seconds help\n# TYPE x_seconds histogram\nx_seconds_sum{outcome=\"ok\"} 1.5\nx_seconds_count{outcome=\"ok\"} 3\nx_seconds_count{outcome=\"error\"} 1\n";
+        assert_eq!(
+            metric_value(text, "x_seconds_sum{outcome=\"ok\"}"),
+            Some(1.5)
+        );
+        assert_eq!(
+            metric_value(text, "x_seconds_count{outcome=\"error\"}"),
+            Some(1.0)
+        );
+        assert_eq!(metric_value(text, "y_total"), None);
+    }
+}
