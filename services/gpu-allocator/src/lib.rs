@@ -8,6 +8,7 @@ pub mod error;
 pub mod mapping;
 pub mod metrics;
 pub mod service;
+pub mod snapshot;
 pub mod state;
 
 use std::sync::Arc;
@@ -18,7 +19,8 @@ use trainyard_runtime::{ConfigSources, Runtime};
 pub use config::{AllocatorServiceConfig, FlavorConfig};
 pub use error::ServiceError;
 pub use metrics::AllocatorMetrics;
-pub use service::{Allocation, AllocatorHandler, CycleLoop, SNAPSHOT_KEY, replay};
+pub use service::{Allocation, AllocatorHandler, CycleLoop, replay};
+pub use snapshot::{SNAPSHOT_KEY, SnapshotStore};
 pub use state::{AllocatorState, Outgoing, PersistedState};
 
 /// Configuration section of this service.
@@ -38,7 +40,12 @@ pub async fn start(runtime: &Runtime, config: AllocatorServiceConfig) -> Result<
             Bucket::Allocator.name()
         ))
     })?;
-    let mut state = match service::load(&bucket).await? {
+    let (snapshots, saved) = SnapshotStore::open(bucket).await?;
+    let orphans = snapshots.purge_orphans().await?;
+    if orphans > 0 {
+        tracing::info!(orphans, "purged snapshot chunks no manifest names");
+    }
+    let mut state = match saved {
         Some(persisted) => {
             let state = AllocatorState::restore(config.clone(), persisted)?;
             let stats = state.allocator().stats();
@@ -75,7 +82,7 @@ pub async fn start(runtime: &Runtime, config: AllocatorServiceConfig) -> Result<
     }
     let cycle_loop = CycleLoop {
         allocation,
-        bucket,
+        snapshots,
         publisher: runtime.publisher.clone(),
     };
     runtime.spawn(cycle_loop.run());

@@ -15,7 +15,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use async_nats::jetstream::{self, consumer, kv};
+use async_nats::jetstream::{self, consumer};
 use futures::StreamExt;
 use gpu_allocator_core::Timestamp;
 use tokio::sync::Notify;
@@ -30,10 +30,8 @@ use trainyard_runtime::{Delivery, HandleError, Handler, Publisher};
 use crate::config::AllocatorServiceConfig;
 use crate::error::ServiceError;
 use crate::metrics::AllocatorMetrics;
-use crate::state::{AllocatorState, Outgoing, PersistedState};
-
-/// Key of the snapshot in the `trainyard_allocator` bucket.
-pub const SNAPSHOT_KEY: &str = "snapshot";
+use crate::snapshot::SnapshotStore;
+use crate::state::{AllocatorState, Outgoing};
 
 /// Seconds since the Unix epoch (the core's clock unit).
 pub fn now() -> Timestamp {
@@ -43,24 +41,6 @@ pub fn now() -> Timestamp {
             .map(|d| d.as_secs())
             .unwrap_or(0),
     )
-}
-
-/// Loads the saved state, if any.
-pub async fn load(bucket: &kv::Store) -> Result<Option<PersistedState>, ServiceError> {
-    let Some(bytes) = bucket
-        .get(SNAPSHOT_KEY)
-        .await
-        .map_err(|e| ServiceError::Store(format!("get {SNAPSHOT_KEY}: {e}")))?
-    else {
-        return Ok(None);
-    };
-    serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-        ServiceError::Store(format!(
-            "snapshot under {SNAPSHOT_KEY} is unreadable ({e}); refusing to start without it, \
-             since decisions made after it would be repeated. Delete the key only if every \
-             admitted job is known to the planner"
-        ))
-    })
 }
 
 /// Applies one message to the state (no metrics, no waking: shared by the
@@ -266,12 +246,12 @@ struct Saved {
 /// The cycle loop: cycles, saves and publishes until shutdown, then saves once more.
 pub struct CycleLoop {
     pub allocation: Arc<Allocation>,
-    pub bucket: kv::Store,
+    pub snapshots: SnapshotStore,
     pub publisher: Publisher,
 }
 
 impl CycleLoop {
-    pub async fn run(self) {
+    pub async fn run(mut self) {
         let config = &self.allocation.config;
         let interval = config.cycle_interval();
         let min_gap = config.event_cycle_min_gap();
@@ -305,7 +285,7 @@ impl CycleLoop {
         tracing::info!("allocator state saved on shutdown");
     }
 
-    async fn step(&self, cycle: bool, persisted: &mut Saved, force_save: bool) {
+    async fn step(&mut self, cycle: bool, persisted: &mut Saved, force_save: bool) {
         let min_interval = self.allocation.config.snapshot_min_interval();
         let allocation = &self.allocation;
         let (bytes, generation, outbox) = {
@@ -343,7 +323,7 @@ impl CycleLoop {
         };
         if let Some(bytes) = bytes {
             let size = bytes.len();
-            match self.bucket.put(SNAPSHOT_KEY, bytes.into()).await {
+            match self.snapshots.save(&bytes).await {
                 Ok(_) => {
                     persisted.generation = persisted.generation.max(generation);
                     persisted.at = Some(Instant::now());

@@ -1,0 +1,142 @@
+//! The snapshot in chunks, against a real nats-server with its default 1 MiB
+//! message limit: a state far bigger than one message saves and loads whole, a
+//! crash between chunks and manifest keeps the previous save, and a snapshot from
+//! before chunking still loads.
+
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use trainyard_contracts::events::NodeObserved;
+use trainyard_contracts::{Bucket, EntityRef, Service};
+use trainyard_gpu_allocator::{
+    AllocatorServiceConfig, AllocatorState, SNAPSHOT_KEY, SnapshotStore,
+};
+use trainyard_runtime::{Runtime, Settings};
+use trainyard_testkit::NatsServer;
+
+async fn bucket(nats: &NatsServer) -> (Runtime, async_nats::jetstream::kv::Store) {
+    let mut settings = Settings::default();
+    settings.nats.url = nats.url();
+    settings.http.listen = "127.0.0.1:0".to_string();
+    let runtime = Runtime::start(Service::GpuAllocator, settings, CancellationToken::new())
+        .await
+        .expect("runtime");
+    let bucket = runtime.bucket(Bucket::Allocator).cloned().expect("bucket");
+    (runtime, bucket)
+}
+
+/// A state with `nodes` labelled nodes: about 1 KiB of snapshot each.
+fn big_state(nodes: usize) -> AllocatorState {
+    let mut state = AllocatorState::new(AllocatorServiceConfig::default()).expect("state");
+    for i in 0..nodes {
+        let labels: serde_json::Map<String, serde_json::Value> = (0..12)
+            .map(|l| {
+                (
+                    format!("example.com/label-{l}"),
+                    json!(format!("value-{i}-{l}-padding")),
+                )
+            })
+            .chain([("nvidia.com/gpu.product".to_owned(), json!("A100-SXM4-80GB"))])
+            .collect();
+        let node: NodeObserved = serde_json::from_value(json!({
+            "change": "Applied", "allocatableGpus": 8, "labels": labels,
+            "unschedulable": false, "ready": true
+        }))
+        .expect("node");
+        state
+            .on_node(&EntityRef::new("", format!("node-{i}"), ""), &node)
+            .expect("node applies");
+    }
+    state
+}
+
+fn encoded(state: &AllocatorState) -> Vec<u8> {
+    serde_json::to_vec(&state.persisted()).expect("encodes")
+}
+
+#[tokio::test]
+async fn a_snapshot_bigger_than_a_nats_message_saves_and_loads_whole() {
+    let nats = NatsServer::start();
+    let (_runtime, bucket) = bucket(&nats).await;
+    let state = big_state(4000);
+    let bytes = encoded(&state);
+    assert!(bytes.len() > 2 * 1024 * 1024, "{} bytes", bytes.len());
+
+    let (mut store, nothing) = SnapshotStore::open(bucket.clone()).await.expect("opens");
+    assert!(nothing.is_none());
+    store.save(&bytes).await.expect("saves in chunks");
+    let smaller = encoded(&big_state(10));
+    store.save(&smaller).await.expect("saves again");
+
+    let (reopened, loaded) = SnapshotStore::open(bucket.clone()).await.expect("reopens");
+    let loaded = loaded.expect("a snapshot");
+    assert_eq!(serde_json::to_vec(&loaded).expect("encodes"), smaller);
+    assert_eq!(
+        reopened.purge_orphans().await.expect("purges"),
+        0,
+        "the first save's chunks are gone"
+    );
+}
+
+#[tokio::test]
+async fn chunks_without_a_manifest_leave_the_previous_save_in_force() {
+    let nats = NatsServer::start();
+    let (_runtime, bucket) = bucket(&nats).await;
+    let first = encoded(&big_state(5));
+    let (mut store, _) = SnapshotStore::open(bucket.clone()).await.expect("opens");
+    store.save(&first).await.expect("saves");
+    // A crash mid-save: chunks of the next save exist, its manifest does not.
+    bucket
+        .put(format!("{SNAPSHOT_KEY}.2.0"), "{\"half\":".into())
+        .await
+        .expect("put");
+
+    let (reopened, loaded) = SnapshotStore::open(bucket.clone()).await.expect("reopens");
+    assert_eq!(
+        serde_json::to_vec(&loaded.expect("a snapshot")).expect("encodes"),
+        first
+    );
+    assert_eq!(reopened.purge_orphans().await.expect("purges"), 1);
+    assert!(
+        bucket
+            .get(format!("{SNAPSHOT_KEY}.2.0"))
+            .await
+            .expect("get")
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn a_whole_snapshot_from_before_chunking_still_loads() {
+    let nats = NatsServer::start();
+    let (_runtime, bucket) = bucket(&nats).await;
+    let whole = encoded(&big_state(3));
+    bucket
+        .put(SNAPSHOT_KEY, whole.clone().into())
+        .await
+        .expect("put");
+    let (_, loaded) = SnapshotStore::open(bucket).await.expect("opens");
+    assert_eq!(
+        serde_json::to_vec(&loaded.expect("a snapshot")).expect("encodes"),
+        whole
+    );
+}
+
+#[tokio::test]
+async fn a_missing_chunk_is_refused_with_what_to_do() {
+    let nats = NatsServer::start();
+    let (_runtime, bucket) = bucket(&nats).await;
+    let (mut store, _) = SnapshotStore::open(bucket.clone()).await.expect("opens");
+    store.save(&encoded(&big_state(3))).await.expect("saves");
+    bucket
+        .purge(format!("{SNAPSHOT_KEY}.1.0"))
+        .await
+        .expect("purge");
+    let err = match SnapshotStore::open(bucket).await {
+        Err(err) => err.to_string(),
+        Ok(_) => panic!("a snapshot with a missing chunk must not load"),
+    };
+    assert!(
+        err.contains("snapshot.1.0 is missing") && err.contains("refusing to start"),
+        "{err}"
+    );
+}
