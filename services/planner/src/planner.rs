@@ -486,6 +486,10 @@ fn input_of(message: &Incoming) -> Result<Option<Input>, HandleError> {
 pub struct PlannerHandler(pub Arc<Planner>);
 
 impl Handler for PlannerHandler {
+    fn lanes(&self) -> usize {
+        self.0.config.parallel_jobs
+    }
+
     async fn handle(&self, message: Incoming, _delivery: Delivery) -> Result<(), HandleError> {
         let entity = message.header.entity.clone();
         if message.is::<TrainingJobSubmitted>() {

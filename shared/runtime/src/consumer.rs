@@ -63,6 +63,25 @@ pub trait Handler: Send + Sync + 'static {
         message: Incoming,
         delivery: Delivery,
     ) -> impl Future<Output = Result<(), HandleError>> + Send;
+
+    /// How many entities' messages may be handled at once. Messages about one
+    /// entity (one `<namespace>.<name>` subject tail) are always handled one at a
+    /// time, in stream order. Only handlers whose effects do not depend on the
+    /// order across entities may return more than 1.
+    fn lanes(&self) -> usize {
+        1
+    }
+}
+
+/// The lane of a message: the same for every message about one entity.
+fn lane(subject: &str, lanes: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    match subject::parse(subject) {
+        Some(parsed) => (parsed.namespace, parsed.name).hash(&mut hasher),
+        None => subject.hash(&mut hasher),
+    }
+    (hasher.finish() % lanes.max(1) as u64) as usize
 }
 
 /// Everything a consumer loop needs besides its handler.
@@ -106,6 +125,11 @@ pub async fn run<H: Handler>(
             }
         };
         failures = 0;
+        let lanes = handler.lanes().max(1);
+        // Each lane chains its messages; the batch ends when every lane is done,
+        // so the next batch never overtakes this one.
+        let mut chains: Vec<Option<tokio::task::JoinHandle<()>>> =
+            (0..lanes).map(|_| None).collect();
         while let Some(message) = messages.next().await {
             let message = match message {
                 Ok(message) => message,
@@ -118,7 +142,24 @@ pub async fn run<H: Handler>(
                 nak(&message, None).await;
                 continue;
             }
-            process(&context, &spec, handler.as_ref(), message).await;
+            if lanes == 1 {
+                process(&context, &spec, handler.as_ref(), message).await;
+                continue;
+            }
+            let slot = &mut chains[lane(&message.subject, lanes)];
+            let previous = slot.take();
+            let (context, spec, handler) = (context.clone(), spec.clone(), handler.clone());
+            *slot = Some(tokio::spawn(async move {
+                if let Some(previous) = previous {
+                    let _ = previous.await;
+                }
+                process(&context, &spec, handler.as_ref(), message).await;
+            }));
+        }
+        for chain in chains.into_iter().flatten() {
+            if let Err(err) = chain.await {
+                tracing::error!(consumer = %spec.durable, error = %err, "a handler task failed");
+            }
         }
     }
     Ok(())

@@ -299,3 +299,92 @@ async fn bad_messages_are_dead_lettered_and_the_consumer_keeps_going() {
     runtime.shutdown.cancel();
     runtime.run_until_shutdown().await.expect("drains");
 }
+
+/// Handles several entities at once: job `a`'s first message waits until job `b`
+/// has been started, which only happens if lanes overlap (`a` and `b` fall in
+/// different lanes of 4; the lane hash is deterministic).
+struct Overlapping {
+    handled: Mutex<Vec<String>>,
+    b_started: tokio::sync::Notify,
+}
+
+impl Handler for Overlapping {
+    fn lanes(&self) -> usize {
+        4
+    }
+
+    async fn handle(&self, message: Incoming, _delivery: Delivery) -> Result<(), HandleError> {
+        let progress: ProgressReported = message.payload()?;
+        let name = message.header.entity.name.clone();
+        if name == "b" {
+            self.b_started.notify_one();
+        }
+        let overlapped = if (name.as_str(), progress.epoch) == ("a", 1) {
+            tokio::time::timeout(Duration::from_secs(10), self.b_started.notified())
+                .await
+                .is_ok()
+        } else {
+            true
+        };
+        self.handled
+            .lock()
+            .expect("lock")
+            .push(format!("{name}@{}:{overlapped}", progress.epoch));
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn lanes_overlap_entities_and_keep_each_entitys_order() {
+    let nats = NatsServer::start();
+    let runtime = start(&nats, Service::HpoTuner).await;
+    let spec = Service::HpoTuner
+        .consumers()
+        .into_iter()
+        .find(|c| c.stream.name == streams::WORKER.name)
+        .expect("hpo-tuner reads worker progress");
+    let handler = Arc::new(Overlapping {
+        handled: Mutex::default(),
+        b_started: tokio::sync::Notify::new(),
+    });
+    for (name, epoch) in [("a", 1), ("a", 2), ("a", 3), ("b", 1), ("b", 2)] {
+        let envelope = runtime.publisher.envelope(
+            EntityRef::new("ml", name, ""),
+            ProgressReported {
+                worker_index: 0,
+                attempt: 0,
+                epoch,
+                total_epochs: None,
+                step: 0,
+                metrics: Default::default(),
+            },
+        );
+        runtime.publisher.publish(envelope).await.expect("publish");
+    }
+    runtime.spawn_consumer(spec, handler.clone());
+    let handled = trainyard_testkit::eventually("five messages handled", || {
+        let handler = handler.clone();
+        async move {
+            let handled = handler.handled.lock().expect("lock").clone();
+            (handled.len() == 5).then_some(handled)
+        }
+    })
+    .await;
+    let of = |entity: &str| -> Vec<String> {
+        handled
+            .iter()
+            .filter(|h| h.starts_with(entity))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(
+        of("a@"),
+        ["a@1:true", "a@2:true", "a@3:true"],
+        "{handled:?}"
+    );
+    assert_eq!(of("b@"), ["b@1:true", "b@2:true"], "{handled:?}");
+    assert_eq!(
+        handled[0], "b@1:true",
+        "b ran while a's first message waited: {handled:?}"
+    );
+}

@@ -39,6 +39,9 @@ pub struct PlannerConfig {
     /// Seconds a finished Job (and its pods, with their logs) is kept before Kubernetes
     /// deletes it (`ttlSecondsAfterFinished`). Unset: kept until the TrainingJob goes.
     pub finished_job_ttl_seconds: Option<u32>,
+    /// TrainingJobs reconciled at once per consumer (their Kubernetes round trips
+    /// overlap); messages about one job are always handled in order.
+    pub parallel_jobs: usize,
 }
 
 impl Default for PlannerConfig {
@@ -54,6 +57,7 @@ impl Default for PlannerConfig {
             restart_backoff_initial_seconds: 10,
             restart_backoff_max_seconds: 300,
             finished_job_ttl_seconds: Some(86_400),
+            parallel_jobs: 16,
         }
     }
 }
