@@ -299,6 +299,40 @@ impl Stack {
         self.spawn(name, program, &[], &all, Some(http))
     }
 
+    /// Starts all seven services: the watcher and planner against `kubeconfig`,
+    /// workers told to report to this stack's NATS, the allocator cycling every
+    /// `allocator_cycle_ms`.
+    pub fn start_services(
+        &mut self,
+        kubeconfig: &str,
+        allocator_cycle_ms: u64,
+    ) -> Result<(), StackError> {
+        let nats = self
+            .nats_url
+            .clone()
+            .ok_or_else(|| StackError::Nats("start NATS before the services".into()))?;
+        for service in Service::ALL {
+            let mut env = Vec::new();
+            if matches!(service, Service::Watcher | Service::Planner) {
+                env.push(("KUBECONFIG".to_owned(), kubeconfig.to_owned()));
+            }
+            if service == Service::Planner {
+                env.push((
+                    "TRAINYARD_PLANNER__WORKER_NATS_URL".to_owned(),
+                    nats.clone(),
+                ));
+            }
+            if service == Service::GpuAllocator {
+                env.push((
+                    "TRAINYARD_GPU_ALLOCATOR__CYCLE_INTERVAL_MS".to_owned(),
+                    allocator_cycle_ms.to_string(),
+                ));
+            }
+            self.start_service(service, &env)?;
+        }
+        Ok(())
+    }
+
     /// Waits until every service answers `/readyz` with 200, at most `limit`.
     pub async fn wait_ready(&mut self, limit: Duration) -> Result<(), StackError> {
         let client = reqwest::Client::builder()

@@ -209,25 +209,7 @@ async fn run(args: &Args, stack: &mut Stack) -> anyhow::Result<PipelineReport> {
         .start_simulator(&serde_yaml::to_string(&cluster)?)
         .await?;
     let kubeconfig_path = kubeconfig.to_string_lossy().into_owned();
-    for service in Service::ALL {
-        let mut env = Vec::new();
-        if matches!(service, Service::Watcher | Service::Planner) {
-            env.push(("KUBECONFIG".to_owned(), kubeconfig_path.clone()));
-        }
-        if service == Service::Planner {
-            env.push((
-                "TRAINYARD_PLANNER__WORKER_NATS_URL".to_owned(),
-                nats_url.clone(),
-            ));
-        }
-        if service == Service::GpuAllocator {
-            env.push((
-                "TRAINYARD_GPU_ALLOCATOR__CYCLE_INTERVAL_MS".to_owned(),
-                args.cycle_ms.to_string(),
-            ));
-        }
-        stack.start_service(service, &env)?;
-    }
+    stack.start_services(&kubeconfig_path, args.cycle_ms)?;
     stack.wait_ready(Duration::from_secs(60)).await?;
     eprintln!(
         "stack ready ({} nodes, {total_gpus} GPUs); work dir {}",
@@ -393,17 +375,21 @@ async fn settle(js: &jetstream::Context, limit: Duration) {
     eprintln!("warning: the stack was still busy after {limit:?}; measuring anyway");
 }
 
-/// Records when each TrainingJob's batch/v1 Job first appears. Resolves the
-/// returned receiver once the initial list is done.
-fn watch_jobs(
-    client: Client,
-    seen: Arc<Mutex<Seen>>,
+/// Watches `api` and calls `on_apply` with each object seen and when; resolves
+/// the returned receiver once the initial list is done.
+fn watch_objects<K>(
+    api: Api<K>,
+    config: watcher::Config,
     stop: CancellationToken,
-) -> tokio::sync::oneshot::Receiver<()> {
+    mut on_apply: impl FnMut(K, Instant) + Send + 'static,
+) -> tokio::sync::oneshot::Receiver<()>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
     let (ready, ready_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        let api = Api::<Job>::namespaced(client, NAMESPACE);
-        let stream = watcher(api, watcher::Config::default().labels(JOB_LABEL)).default_backoff();
+        let kind = std::any::type_name::<K>();
+        let stream = watcher(api, config).default_backoff();
         futures::pin_mut!(stream);
         let mut ready = Some(ready);
         loop {
@@ -419,17 +405,34 @@ fn watch_jobs(
                         let _ = ready.send(());
                     }
                 }
-                Some(Ok(watcher::Event::Apply(job) | watcher::Event::InitApply(job))) => {
-                    if let Some(name) = job.labels().get(JOB_LABEL) {
-                        lock(&seen).job_applied.entry(name.clone()).or_insert(now);
-                    }
+                Some(Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object))) => {
+                    on_apply(object, now)
                 }
                 Some(Ok(_)) => {}
-                Some(Err(err)) => eprintln!("Job watch: {err}"),
+                Some(Err(err)) => eprintln!("{kind} watch: {err}"),
             }
         }
     });
     ready_rx
+}
+
+/// Records when each TrainingJob's batch/v1 Job first appears.
+fn watch_jobs(
+    client: Client,
+    seen: Arc<Mutex<Seen>>,
+    stop: CancellationToken,
+) -> tokio::sync::oneshot::Receiver<()> {
+    let api = Api::<Job>::namespaced(client, NAMESPACE);
+    watch_objects(
+        api,
+        watcher::Config::default().labels(JOB_LABEL),
+        stop,
+        move |job: Job, now| {
+            if let Some(name) = job.labels().get(JOB_LABEL) {
+                lock(&seen).job_applied.entry(name.clone()).or_insert(now);
+            }
+        },
+    )
 }
 
 /// Records when each TrainingJob is first seen Running and first seen
@@ -439,48 +442,29 @@ fn watch_trainingjobs(
     seen: Arc<Mutex<Seen>>,
     stop: CancellationToken,
 ) -> tokio::sync::oneshot::Receiver<()> {
-    let (ready, ready_rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        let api = Api::<TrainingJob>::namespaced(client, NAMESPACE);
-        let stream = watcher(api, watcher::Config::default()).default_backoff();
-        futures::pin_mut!(stream);
-        let mut ready = Some(ready);
-        loop {
-            let event = tokio::select! {
-                _ = stop.cancelled() => return,
-                event = stream.next() => event,
-            };
-            let now = Instant::now();
-            match event {
-                None => return,
-                Some(Ok(watcher::Event::InitDone)) => {
-                    if let Some(ready) = ready.take() {
-                        let _ = ready.send(());
-                    }
+    let api = Api::<TrainingJob>::namespaced(client, NAMESPACE);
+    watch_objects(
+        api,
+        watcher::Config::default(),
+        stop,
+        move |job: TrainingJob, now| {
+            let state = job.status.as_ref().and_then(|s| s.state);
+            let name = job.name_any();
+            let mut seen = lock(&seen);
+            match state {
+                Some(TrainingJobState::Running) => {
+                    seen.running.entry(name).or_insert(now);
                 }
-                Some(Ok(watcher::Event::Apply(job) | watcher::Event::InitApply(job))) => {
-                    let state = job.status.as_ref().and_then(|s| s.state);
-                    let name = job.name_any();
-                    let mut seen = lock(&seen);
-                    match state {
-                        Some(TrainingJobState::Running) => {
-                            seen.running.entry(name).or_insert(now);
-                        }
-                        Some(state) if state.is_terminal() => {
-                            let ok = state == TrainingJobState::Completed;
-                            // A job that finished before Running was seen still ran.
-                            seen.running.entry(name.clone()).or_insert(now);
-                            seen.finished.entry(name).or_insert((now, ok));
-                        }
-                        _ => {}
-                    }
+                Some(state) if state.is_terminal() => {
+                    let ok = state == TrainingJobState::Completed;
+                    // A job that finished before Running was seen still ran.
+                    seen.running.entry(name.clone()).or_insert(now);
+                    seen.finished.entry(name).or_insert((now, ok));
                 }
-                Some(Ok(_)) => {}
-                Some(Err(err)) => eprintln!("TrainingJob watch: {err}"),
+                _ => {}
             }
-        }
-    });
-    ready_rx
+        },
+    )
 }
 
 /// Creates the TrainingJobs, as fast as the API answers or at `--rate`;

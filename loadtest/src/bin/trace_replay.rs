@@ -211,25 +211,7 @@ async fn run(
     };
     let kubeconfig = stack.write_kubeconfig(&simulator.kubeconfig())?;
     let kubeconfig = kubeconfig.to_string_lossy().into_owned();
-    for service in Service::ALL {
-        let mut env = Vec::new();
-        if matches!(service, Service::Watcher | Service::Planner) {
-            env.push(("KUBECONFIG".to_owned(), kubeconfig.clone()));
-        }
-        if service == Service::Planner {
-            env.push((
-                "TRAINYARD_PLANNER__WORKER_NATS_URL".to_owned(),
-                nats_url.clone(),
-            ));
-        }
-        if service == Service::GpuAllocator {
-            env.push((
-                "TRAINYARD_GPU_ALLOCATOR__CYCLE_INTERVAL_MS".to_owned(),
-                args.cycle_ms.to_string(),
-            ));
-        }
-        stack.start_service(service, &env)?;
-    }
+    stack.start_services(&kubeconfig, args.cycle_ms)?;
     stack.wait_ready(Duration::from_secs(60)).await?;
     let client = stack::kube_client(&simulator.kubeconfig()).await?;
     let js = jetstream::new(async_nats::connect(&nats_url).await?);
