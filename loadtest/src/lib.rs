@@ -33,3 +33,11 @@ pub mod trace;
 pub mod workload;
 
 pub use error::Error;
+
+/// Command-line value parser for a positive, finite number.
+pub fn positive(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(value) if value.is_finite() && value > 0.0 => Ok(value),
+        _ => Err(format!("{text:?} must be a positive number")),
+    }
+}

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use async_nats::jetstream;
+use clap::Parser;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -28,11 +29,11 @@ use tokio_util::sync::CancellationToken;
 use trainyard_api::{TrainingJob, TrainingJobState};
 use trainyard_contracts::{Service, streams};
 use trainyard_loadtest::latency::{LatencyRecorder, LatencySummary};
+use trainyard_loadtest::positive;
 use trainyard_loadtest::stack::{self, ProcessStats, Stack};
 use trainyard_loadtest::throughput::{self, CounterSample};
 use trainyard_loadtest::workload::{self, JobShape};
 
-const USAGE: &str = "usage: pipeline [--jobs N] [--nodes M] [--gpus-per-node G] [--epochs E] [--rate JOBS_PER_S] [--speed S] [--timeout SECONDS] [--cycle-ms MS] [--nats-max-payload BYTES] [--bin-dir DIR] [--json FILE]";
 const NAMESPACE: &str = "default";
 const JOB_LABEL: &str = "trainyard.dev/job";
 const SAMPLE_EVERY: Duration = Duration::from_millis(200);
@@ -40,73 +41,41 @@ const TARGET_P99_MS: f64 = 50.0;
 const TARGET_EVENTS_PER_S: f64 = 2000.0;
 const TARGET_RSS_MIB: f64 = 64.0;
 
+/// Submits N TrainingJobs through the whole stack on a simulated cluster and
+/// reports latencies, message rates and each service's CPU and memory.
+#[derive(Parser)]
 struct Args {
+    /// TrainingJobs to submit (1 worker × 1 GPU each).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
     jobs: u32,
+    /// Simulated nodes.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
     nodes: u32,
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
     gpus_per_node: u32,
+    /// Epochs per job.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     epochs: u32,
+    /// Jobs submitted per second; unset: as fast as the API answers.
+    #[arg(long, value_parser = positive)]
     rate: Option<f64>,
+    /// Simulated seconds per real second.
+    #[arg(long, default_value_t = 100.0, value_parser = positive)]
     speed: f64,
-    timeout: Duration,
+    /// Give up after this many seconds.
+    #[arg(long = "timeout", value_name = "SECONDS", default_value_t = 300)]
+    timeout_seconds: u64,
+    /// The gpu-allocator's cycle interval.
+    #[arg(long, default_value_t = 500)]
     cycle_ms: u64,
+    /// NATS server max_payload in bytes; unset: the server's default (1 MiB).
+    #[arg(long)]
     nats_max_payload: Option<u64>,
+    /// Where the release binaries are.
+    #[arg(long, default_value_os_t = stack::default_bin_dir())]
     bin_dir: PathBuf,
+    #[arg(long, default_value_os_t = Path::new(env!("CARGO_MANIFEST_DIR")).join("out/pipeline.json"))]
     json: PathBuf,
-}
-
-fn parse_args() -> anyhow::Result<Args> {
-    let mut args = Args {
-        jobs: 1000,
-        nodes: 500,
-        gpus_per_node: 8,
-        epochs: 3,
-        rate: None,
-        speed: 100.0,
-        timeout: Duration::from_secs(300),
-        cycle_ms: 500,
-        nats_max_payload: None,
-        bin_dir: stack::default_bin_dir(),
-        json: Path::new(env!("CARGO_MANIFEST_DIR")).join("out/pipeline.json"),
-    };
-    let mut argv = std::env::args().skip(1);
-    while let Some(flag) = argv.next() {
-        let mut value = || {
-            argv.next()
-                .with_context(|| format!("{flag} needs a value\n{USAGE}"))
-        };
-        fn number<T: std::str::FromStr>(flag: &str, text: &str) -> anyhow::Result<T> {
-            text.parse()
-                .map_err(|_| anyhow!("{flag} {text:?} is not a valid number\n{USAGE}"))
-        }
-        match flag.as_str() {
-            "--jobs" => args.jobs = number(&flag, &value()?)?,
-            "--nodes" => args.nodes = number(&flag, &value()?)?,
-            "--gpus-per-node" => args.gpus_per_node = number(&flag, &value()?)?,
-            "--epochs" => args.epochs = number(&flag, &value()?)?,
-            "--rate" => args.rate = Some(number(&flag, &value()?)?),
-            "--speed" => args.speed = number(&flag, &value()?)?,
-            "--timeout" => args.timeout = Duration::from_secs(number(&flag, &value()?)?),
-            "--cycle-ms" => args.cycle_ms = number(&flag, &value()?)?,
-            "--nats-max-payload" => args.nats_max_payload = Some(number(&flag, &value()?)?),
-            "--bin-dir" => args.bin_dir = value()?.into(),
-            "--json" => args.json = value()?.into(),
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => bail!("unknown argument {other:?}\n{USAGE}"),
-        }
-    }
-    if args.jobs == 0 || args.nodes == 0 || args.gpus_per_node == 0 || args.epochs == 0 {
-        bail!("--jobs, --nodes, --gpus-per-node and --epochs must be at least 1");
-    }
-    if args.rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
-        bail!("--rate must be a positive number of jobs per second");
-    }
-    if !(args.speed.is_finite() && args.speed > 0.0) {
-        bail!("--speed must be a positive number");
-    }
-    Ok(args)
 }
 
 /// When each job reached each stage, as first seen through the API.
@@ -175,7 +144,7 @@ struct PipelineReport {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = parse_args()?;
+    let args = Args::parse();
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut stack = Stack::new(&args.bin_dir, "warn")?;
     let outcome = tokio::select! {
@@ -244,7 +213,7 @@ async fn run(args: &Args, stack: &mut Stack) -> anyhow::Result<PipelineReport> {
 
     let start = Instant::now();
     let sampler = tokio::spawn(sample_counters(js.clone(), start, stop.clone()));
-    let deadline = start + args.timeout;
+    let deadline = start + Duration::from_secs(args.timeout_seconds);
     let submitted = submit(args, &client, start, deadline).await?;
     let submit_seconds = start.elapsed().as_secs_f64();
     eprintln!(

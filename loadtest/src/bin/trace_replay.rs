@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use async_nats::jetstream;
+use clap::Parser;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -26,86 +27,50 @@ use trainyard_contracts::Service;
 use trainyard_loadtest::fifo::{self, FifoJob};
 use trainyard_loadtest::percentile::SortedSamples;
 use trainyard_loadtest::plot;
+use trainyard_loadtest::positive;
 use trainyard_loadtest::report::{self, Report};
 use trainyard_loadtest::stack::{self, ProcessStats, Stack};
 use trainyard_loadtest::trace::{self, GangLayout, TraceJob};
 use trainyard_loadtest::workload::{self, JobShape, Submitted};
 use trainyard_simulator::runner::{self, Simulator};
 
-const USAGE: &str = "usage: trace_replay [--trace CSV] [--nodes N] [--gpus-per-node G] [--speed S] [--cycle-ms MS] [--step SECONDS] [--epoch-seconds SECONDS] [--timeout SECONDS] [--bin-dir DIR] [--out-dir DIR]";
 const NAMESPACE: &str = "default";
 const DEFAULT_QUEUE: &str = "default";
 /// Epochs per job at most: each epoch is one progress report per worker.
 const MAX_EPOCHS: u32 = 20;
 
+/// Replays a job trace on the simulated cluster through the whole stack and
+/// reports completion times, queueing delay, makespan and GPU utilisation.
+#[derive(Parser)]
 struct Args {
+    /// Trace CSV (Tiresias columns; optional num_workers and queue).
+    #[arg(long, default_value_os_t = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/sample-40.csv"))]
     trace: PathBuf,
+    /// Simulated nodes (the Tiresias testbed: 15 × 4 GPUs).
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u32).range(1..))]
     nodes: u32,
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     gpus_per_node: u32,
+    /// Simulated seconds per real second.
+    #[arg(long, default_value_t = 60.0, value_parser = positive)]
     speed: f64,
+    /// The gpu-allocator's cycle interval.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     cycle_ms: u64,
+    /// Seconds between samples of the utilisation and queue-depth series.
+    #[arg(long, default_value_t = 60.0, value_parser = positive)]
     step: f64,
+    /// Target simulated seconds per epoch (epochs per job are capped).
+    #[arg(long, default_value_t = 300.0, value_parser = positive)]
     epoch_seconds: f64,
-    timeout: Duration,
+    /// Give up after this many seconds.
+    #[arg(long = "timeout", value_name = "SECONDS", default_value_t = 900)]
+    timeout_seconds: u64,
+    /// Where the release binaries are.
+    #[arg(long, default_value_os_t = stack::default_bin_dir())]
     bin_dir: PathBuf,
+    #[arg(long, default_value_os_t = Path::new(env!("CARGO_MANIFEST_DIR")).join("out"))]
     out_dir: PathBuf,
-}
-
-fn parse_args() -> anyhow::Result<Args> {
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut args = Args {
-        trace: crate_dir.join("traces/sample-40.csv"),
-        nodes: 15,
-        gpus_per_node: 4,
-        speed: 60.0,
-        cycle_ms: 100,
-        step: 60.0,
-        epoch_seconds: 300.0,
-        timeout: Duration::from_secs(900),
-        bin_dir: stack::default_bin_dir(),
-        out_dir: crate_dir.join("out"),
-    };
-    let mut argv = std::env::args().skip(1);
-    while let Some(flag) = argv.next() {
-        let mut value = || {
-            argv.next()
-                .with_context(|| format!("{flag} needs a value\n{USAGE}"))
-        };
-        fn number<T: std::str::FromStr>(flag: &str, text: &str) -> anyhow::Result<T> {
-            text.parse()
-                .map_err(|_| anyhow!("{flag} {text:?} is not a valid number\n{USAGE}"))
-        }
-        match flag.as_str() {
-            "--trace" => args.trace = value()?.into(),
-            "--nodes" => args.nodes = number(&flag, &value()?)?,
-            "--gpus-per-node" => args.gpus_per_node = number(&flag, &value()?)?,
-            "--speed" => args.speed = number(&flag, &value()?)?,
-            "--cycle-ms" => args.cycle_ms = number(&flag, &value()?)?,
-            "--step" => args.step = number(&flag, &value()?)?,
-            "--epoch-seconds" => args.epoch_seconds = number(&flag, &value()?)?,
-            "--timeout" => args.timeout = Duration::from_secs(number(&flag, &value()?)?),
-            "--bin-dir" => args.bin_dir = value()?.into(),
-            "--out-dir" => args.out_dir = value()?.into(),
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => bail!("unknown argument {other:?}\n{USAGE}"),
-        }
-    }
-    if args.nodes == 0 || args.gpus_per_node == 0 || args.cycle_ms == 0 {
-        bail!("--nodes, --gpus-per-node and --cycle-ms must be at least 1");
-    }
-    for (flag, v) in [
-        ("--speed", args.speed),
-        ("--step", args.step),
-        ("--epoch-seconds", args.epoch_seconds),
-    ] {
-        if !(v.is_finite() && v > 0.0) {
-            bail!("{flag} must be a positive number");
-        }
-    }
-    Ok(args)
 }
 
 /// The time resolution of the replay in simulated seconds: the services keep
@@ -139,7 +104,7 @@ struct ReplayOutput {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = parse_args()?;
+    let args = Args::parse();
     let _ = rustls::crypto::ring::default_provider().install_default();
     let jobs = trace::read_trace(&args.trace)?;
     if jobs.is_empty() {
@@ -235,7 +200,7 @@ async fn run(
     settle(&js, Duration::from_secs(60)).await;
 
     let wall_start = Instant::now();
-    let deadline = wall_start + args.timeout;
+    let deadline = wall_start + Duration::from_secs(args.timeout_seconds);
     let api = Api::<TrainingJob>::namespaced(client.clone(), NAMESPACE);
     let origin = clock.now();
     let mut submitted = Vec::with_capacity(jobs.len());
