@@ -1,6 +1,7 @@
 //! The demo scenario, headless: the simulated cluster of `simulator/clusters/demo.yaml`
-//! (clock sped up), a real NATS server, and the watcher, planner, gpu-allocator and
-//! hpo-tuner running their real code against the simulator's Kubernetes API. The
+//! (clock sped up, no random failures), a real NATS server, and the watcher, planner,
+//! gpu-allocator and hpo-tuner running their real code against the simulator's
+//! Kubernetes API. The
 //! example TrainingJobs and the example Sweep are applied as the demo applies them;
 //! every job must complete with its status filled in, and the sweep must finish
 //! with a best trial.
@@ -64,6 +65,12 @@ async fn every_example_job_and_the_sweep_complete_on_the_simulated_cluster() {
     .expect("demo cluster config");
     // An hour of simulated time in about six seconds.
     config.speed = 600.0;
+    // Random failures and spot reclaims would make the outcome depend on timing;
+    // their handling is covered by simulator/tests/cluster.rs and the planner's
+    // failure tests. Here every job must run to its last epoch.
+    config.failures.rate = 0.0;
+    config.disruptions.spot_reclaims_per_node_hour = 0.0;
+    config.disruptions.node_failures_per_node_hour = 0.0;
     let client = async_nats::connect(nats.url()).await.expect("nats");
     let simulator = Simulator::start(config, "127.0.0.1:0", Some(client), shutdown.clone())
         .await
