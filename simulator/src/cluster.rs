@@ -828,13 +828,21 @@ impl Cluster {
     /// The scheduler: binds pending pods to nodes that satisfy their selectors,
     /// tolerations and affinities and have the GPUs free, packing GPUs tightly.
     fn schedule(&mut self, now: f64) {
+        let pods = self.pods();
+        let mut pending: Vec<&Arc<Value>> = pods
+            .iter()
+            .filter(|p| !terminal(p) && p["spec"]["nodeName"].is_null())
+            .collect();
+        // Most steps have nothing to bind: skip the per-node accounting then.
+        if pending.is_empty() {
+            return;
+        }
         let (nodes, _) = self.store.list(
             resources::nodes(),
             None,
             &Selector::default(),
             &Selector::default(),
         );
-        let pods = self.pods();
         let mut free: HashMap<String, BTreeMap<String, i64>> = nodes
             .iter()
             .map(|n| {
@@ -875,10 +883,6 @@ impl Cluster {
                 placed.push((node.to_owned(), pod["metadata"]["labels"].clone()));
             }
         }
-        let mut pending: Vec<&Arc<Value>> = pods
-            .iter()
-            .filter(|p| !terminal(p) && p["spec"]["nodeName"].is_null())
-            .collect();
         pending.sort_by_key(|p| {
             p["metadata"]["resourceVersion"]
                 .as_str()
