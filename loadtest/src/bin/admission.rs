@@ -3,18 +3,21 @@
 //!
 //! Cluster (2,000 nodes, 15,200 GPUs), three node pools as a cloud cluster
 //! has them, nodes named and indexed pool by pool:
-//! - `a100-mig`: 100 nodes x 8 A100 partitioned into 7 `1g.10gb` MIG slices
-//!   each (56 slices a node, 800 GPUs);
+//! - `a100-mig`: 20 nodes x 8 A100 partitioned into 7 `1g.10gb` MIG slices
+//!   each (56 slices a node, 160 GPUs);
 //! - `h100-4g`: 200 nodes x 4 H100 (800 GPUs);
-//! - `h100-8g`: 1,700 nodes x 8 H100 (13,600 GPUs);
+//! - `h100-8g`: 1,780 nodes x 8 H100 (14,240 GPUs);
 //!
 //! in 3 zones, NVLink racks of 16 nodes. 30 TrainingQueues in 3 cohorts; each
 //! has an equal share of the H100 GPUs and of the MIG slices as nominal quota
 //! (quotas add up to the cluster), borrowing unlimited inside the cohort.
 //!
-//! Workload, a fragmenting mix (see `SHAPES`): MIG slices for notebooks,
-//! 1/2/4/8-GPU single-worker jobs, and gangs of 4-GPU and 8-GPU workers from 2
-//! to 96 workers (the API allows 100); heavy-tailed runtimes (log-uniform, so jobs end at all
+//! Two job mixes (`--mix`, both by default): `trace` (`TRACE_MIX`), shaped
+//! like published cluster traces: MIG slices for notebooks, 1/2/4/8-GPU
+//! single-worker jobs, and gangs of 4-GPU and 8-GPU workers from 2 to 96
+//! workers (the API allows 100); and `fragmenting` (`FRAGMENTING_MIX`), where
+//! small jobs run for hours and hold about half of the GPUs beside gangs of
+//! 8-GPU workers. Heavy-tailed runtimes (log-uniform, so jobs end at all
 //! times and leave holes), runtime estimates (1.0-1.5x the truth) on 70% of
 //! jobs, 5% high-priority jobs, queues picked uniformly.
 //!
@@ -26,15 +29,17 @@
 //! The allocation ratio counts GPU-equivalents (a MIG slice is 1/7 GPU) held
 //! by running jobs, the same bookkeeping for every policy.
 //!
-//! Baselines (all all-or-nothing per gang, in submission order, each job
-//! limited to the pool kind it asks for): strict FIFO with first-fit
-//! placement (the first job that does not fit blocks the rest: Kueue's
-//! StrictFIFO on one ClusterQueue), FIFO first-fit skipping blocked jobs, and
-//! strict FIFO with spread placement (what kube-scheduler's default scoring
-//! does behind a FIFO admission queue).
+//! Baselines, in submission order, each job limited to the pool kind it asks
+//! for. Placement-aware and all-or-nothing per gang: strict FIFO with
+//! first-fit placement (the first job that does not fit blocks the rest:
+//! Kueue's StrictFIFO on one ClusterQueue), FIFO first-fit skipping blocked
+//! jobs, and strict FIFO with spread placement. Kueue-like (quota-only
+//! admission, BestEffortFIFO, then every pod bound on its own, first fit or
+//! spread as kube-scheduler's default LeastAllocated scoring does, gangs
+//! partly bound after `waitForPodsReady` evicted and requeued).
 //!
-//! Usage: `admission [--seed N] [--cycles N] [--step-secs N] [--max-wall-secs N]
-//! [--warmup-secs N] [--preemption 0|1]`
+//! Usage: `admission [--mix trace,fragmenting] [--seed N] [--cycles N]
+//! [--step-secs N] [--max-wall-secs N] [--warmup-secs N] [--preemption 0|1]`
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -87,6 +92,8 @@ const ZONES: usize = 3;
 const QUEUES: usize = 30;
 const COHORTS: usize = 3;
 const BACKLOG: usize = 10_000;
+/// Kueue's `waitForPodsReady.timeout` default.
+const WAIT_FOR_PODS_READY_SECS: u64 = 300;
 const GPU_FLAVOR: &str = "H100.on-demand";
 const MIG_FLAVOR: &str = "A100.on-demand";
 
@@ -116,7 +123,7 @@ const fn shape(workers: u32, units: u32, mig: bool, weight: u32, lo: u64, hi: u6
 /// The job mix. Most jobs are small and short, most GPU-hours go to a few
 /// large gangs, as in published cluster traces; runtimes are log-uniform, so
 /// jobs end at all times and leave holes.
-const SHAPES: [Shape; 15] = [
+const TRACE_MIX: [Shape; 15] = [
     shape(1, 1, true, 60, 300, 14_400),
     shape(1, 2, true, 40, 300, 14_400),
     shape(1, 1, false, 270, 300, 14_400),
@@ -134,6 +141,24 @@ const SHAPES: [Shape; 15] = [
     shape(96, 8, false, 2, 3_600, 21_600),
 ];
 
+/// A mix that fragments nodes: small jobs (1, 2, 4 GPUs) run for hours and
+/// hold about half of the GPUs, so a node is wholly free only when its
+/// longest small job ends, while gangs of 8-GPU workers need whole nodes.
+/// This is the shape of a shared research cluster where notebooks and
+/// single-GPU fine-tunes sit beside multi-node pre-training.
+const FRAGMENTING_MIX: [Shape; 10] = [
+    shape(1, 1, true, 50, 1_800, 28_800),
+    shape(1, 1, false, 400, 1_800, 43_200),
+    shape(1, 2, false, 200, 1_800, 43_200),
+    shape(1, 4, false, 150, 1_800, 43_200),
+    shape(2, 4, false, 40, 1_800, 21_600),
+    shape(2, 8, false, 60, 3_600, 21_600),
+    shape(4, 8, false, 40, 3_600, 21_600),
+    shape(8, 8, false, 30, 3_600, 21_600),
+    shape(16, 8, false, 20, 3_600, 21_600),
+    shape(32, 8, false, 10, 3_600, 21_600),
+];
+
 fn total_gpus() -> u64 {
     POOLS
         .iter()
@@ -141,41 +166,54 @@ fn total_gpus() -> u64 {
         .sum()
 }
 
-struct Args {
-    seed: u64,
-    cycles: usize,
-    step_secs: u64,
-    max_wall: Duration,
-    warmup_secs: u64,
-    preemption: bool,
+/// Which job stream to replay.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum MixName {
+    /// `TRACE_MIX`: shaped like published cluster traces.
+    Trace,
+    /// `FRAGMENTING_MIX`: long small jobs that pin nodes, beside 8-GPU gangs.
+    Fragmenting,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        seed: 7,
-        cycles: 360,
-        step_secs: 60,
-        max_wall: Duration::from_secs(240),
-        warmup_secs: 2 * 3600,
-        preemption: true,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let n: u64 = value
-            .parse()
-            .map_err(|_| format!("{flag}: {value:?} is not a number"))?;
-        match flag.as_str() {
-            "--seed" => args.seed = n,
-            "--cycles" => args.cycles = usize::try_from(n).map_err(|e| e.to_string())?,
-            "--step-secs" => args.step_secs = n.max(1),
-            "--max-wall-secs" => args.max_wall = Duration::from_secs(n),
-            "--warmup-secs" => args.warmup_secs = n,
-            "--preemption" => args.preemption = n != 0,
-            other => return Err(format!("unknown flag {other}")),
+impl MixName {
+    fn shapes(self) -> &'static [Shape] {
+        match self {
+            MixName::Trace => &TRACE_MIX,
+            MixName::Fragmenting => &FRAGMENTING_MIX,
         }
     }
-    Ok(args)
+
+    fn label(self) -> &'static str {
+        match self {
+            MixName::Trace => "trace",
+            MixName::Fragmenting => "fragmenting",
+        }
+    }
+}
+
+#[derive(clap::Parser)]
+#[command(about = "gpu-allocator admission cycles against FIFO baselines on one seeded job stream")]
+struct Args {
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Cycles, one per simulated step.
+    #[arg(long, default_value_t = 360)]
+    cycles: usize,
+    /// Simulated seconds between cycles.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    step_secs: u64,
+    /// Wall-clock bound of each policy's run.
+    #[arg(long, value_name = "SECONDS", default_value_t = 240)]
+    max_wall_secs: u64,
+    /// Simulated seconds before the allocation ratio is sampled.
+    #[arg(long, default_value_t = 2 * 3600)]
+    warmup_secs: u64,
+    /// Allocator preemption on (1) or off (0).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+    preemption: u8,
+    /// Job mixes to run, each against every policy.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [MixName::Trace, MixName::Fragmenting])]
+    mix: Vec<MixName>,
 }
 
 /// One job of the stream; `duration` is the truth the allocator never sees.
@@ -206,14 +244,14 @@ impl SimJob {
     }
 }
 
-fn generate_stream(seed: u64, count: usize) -> Vec<SimJob> {
+fn generate_stream(shapes: &[Shape], seed: u64, count: usize) -> Vec<SimJob> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let total_weight: u32 = SHAPES.iter().map(|s| s.weight).sum();
+    let total_weight: u32 = shapes.iter().map(|s| s.weight).sum();
     (0..count)
         .map(|_| {
             let mut pick = rng.random_range(0..total_weight);
-            let mut shape = SHAPES[0];
-            for s in SHAPES {
+            let mut shape = shapes[0];
+            for &s in shapes {
                 if pick < s.weight {
                     shape = s;
                     break;
@@ -363,6 +401,9 @@ struct Report {
     admissions: u64,
     admissions_per_sec: f64,
     steady_allocation_ratio: f64,
+    /// GPUs bound to pods of gangs that cannot run yet (Kueue-like only).
+    bound_idle_ratio: f64,
+    /// Preemptions; for the Kueue-like baseline, gangs evicted by waitForPodsReady.
     preemptions: u64,
     victims_lower_priority: u64,
     victims_reclaim: u64,
@@ -515,6 +556,7 @@ impl Sim {
             } else {
                 0.0
             },
+            bound_idle_ratio: 0.0,
             steady_allocation_ratio: if steady.is_empty() {
                 0.0
             } else {
@@ -542,7 +584,7 @@ impl Sim {
 fn run_allocator(stream: &[SimJob], args: &Args) -> Result<Report, String> {
     let started_wall = Instant::now();
     let mut config = AllocatorConfig::default();
-    config.preemption.enabled = args.preemption;
+    config.preemption.enabled = args.preemption == 1;
     let mut alloc = Allocator::new(config).map_err(|e| e.to_string())?;
     for (n, _) in nodes() {
         alloc
@@ -558,7 +600,7 @@ fn run_allocator(stream: &[SimJob], args: &Args) -> Result<Report, String> {
     let mut sim = Sim::new(stream.len());
     let mut pending: usize = 0;
     for step in 0..args.cycles {
-        if started_wall.elapsed() > args.max_wall {
+        if started_wall.elapsed() > Duration::from_secs(args.max_wall_secs) {
             break;
         }
         let now = step as u64 * args.step_secs;
@@ -765,7 +807,7 @@ fn run_fifo(stream: &[SimJob], args: &Args, baseline: Baseline) -> Report {
     let mut queue: VecDeque<usize> = VecDeque::new();
     let mut sim = Sim::new(stream.len());
     for step in 0..args.cycles {
-        if started_wall.elapsed() > args.max_wall {
+        if started_wall.elapsed() > Duration::from_secs(args.max_wall_secs) {
             break;
         }
         let now = step as u64 * args.step_secs;
@@ -812,26 +854,167 @@ fn run_fifo(stream: &[SimJob], args: &Args, baseline: Baseline) -> Report {
     sim.report(baseline.name(), args, started_wall.elapsed(), stream)
 }
 
-fn main() {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("admission: {e}");
-            std::process::exit(2);
+/// Kueue's default ClusterQueue with kube-scheduler behind it: admission
+/// checks quota only (one queue whose quota is the whole cluster, per pool
+/// kind), in submission order skipping what does not fit (BestEffortFIFO);
+/// then each worker pod binds on its own, to the lowest-numbered node with
+/// room (first fit) or to the one with the most room (`spread`, the default
+/// kube-scheduler scoring, LeastAllocated). A gang runs once every worker is bound; one still partly bound
+/// after `WAIT_FOR_PODS_READY_SECS` is evicted (its pods released) and
+/// requeued at the back, as `waitForPodsReady` does.
+fn run_quota_fifo(stream: &[SimJob], args: &Args, spread: bool) -> Report {
+    let started_wall = Instant::now();
+    let total_gpus = total_gpus() as f64;
+    let mut cluster = FifoCluster::new();
+    let mut quota_free = [0u64; 2];
+    for (_, pool) in nodes() {
+        let units = if pool.mig {
+            pool.gpus * SLICES_PER_GPU
+        } else {
+            pool.gpus
+        };
+        quota_free[usize::from(pool.mig)] += u64::from(units);
+    }
+    let demand = |job: &SimJob| u64::from(job.workers) * u64::from(job.units);
+    let mut placed: Vec<Vec<(usize, u32)>> = vec![Vec::new(); stream.len()];
+    // Admitted gangs not yet wholly bound: (job, admitted at).
+    let mut binding: Vec<(usize, u64)> = Vec::new();
+    let mut queue: VecDeque<usize> = VecDeque::new();
+    let mut sim = Sim::new(stream.len());
+    let mut idle_bound_samples: Vec<f64> = Vec::new();
+    for step in 0..args.cycles {
+        if started_wall.elapsed() > Duration::from_secs(args.max_wall_secs) {
+            break;
         }
+        let now = step as u64 * args.step_secs;
+        for idx in sim.due(now) {
+            for (node, units) in std::mem::take(&mut placed[idx]) {
+                cluster.adjust(node, units, false);
+            }
+            quota_free[usize::from(stream[idx].mig)] += demand(&stream[idx]);
+        }
+        binding.retain(|&(idx, admitted_at)| {
+            if now.saturating_sub(admitted_at) < WAIT_FOR_PODS_READY_SECS {
+                return true;
+            }
+            for (node, units) in std::mem::take(&mut placed[idx]) {
+                cluster.adjust(node, units, false);
+            }
+            quota_free[usize::from(stream[idx].mig)] += demand(&stream[idx]);
+            queue.push_back(idx);
+            sim.preemptions += 1;
+            false
+        });
+        while queue.len() < BACKLOG && sim.next_job < stream.len() {
+            sim.submitted_at[sim.next_job] = now;
+            queue.push_back(sim.next_job);
+            sim.next_job += 1;
+        }
+        let t0 = Instant::now();
+        let mut admitted = 0u64;
+        queue.retain(|&idx| {
+            let job = &stream[idx];
+            let free = &mut quota_free[usize::from(job.mig)];
+            if demand(job) > *free {
+                return true;
+            }
+            *free -= demand(job);
+            binding.push((idx, now));
+            admitted += 1;
+            false
+        });
+        // The scheduler binds pending pods in admission order, one at a time;
+        // a pod that fits nowhere waits.
+        binding.retain(|&(idx, _)| {
+            let job = &stream[idx];
+            let mut bound: u32 = placed[idx].iter().map(|(_, u)| u / job.units).sum();
+            while bound < job.workers {
+                let mut fitting = (0..cluster.free.len())
+                    .filter(|&n| cluster.mig[n] == job.mig && cluster.free[n] >= job.units);
+                let chosen = if spread {
+                    // The first of the emptiest nodes, as `max_by_key` keeps the last.
+                    fitting.min_by_key(|&n| Reverse(cluster.free[n]))
+                } else {
+                    fitting.next()
+                };
+                let Some(node) = chosen else {
+                    break;
+                };
+                cluster.adjust(node, job.units, true);
+                match placed[idx].iter_mut().find(|(n, _)| *n == node) {
+                    Some(entry) => entry.1 += job.units,
+                    None => placed[idx].push((node, job.units)),
+                }
+                bound += 1;
+            }
+            if bound < job.workers {
+                return true;
+            }
+            sim.started(idx, job, now);
+            false
+        });
+        let ms = t0.elapsed().as_secs_f64() * 1000.0;
+        sim.cycle_ms.push(ms);
+        if step == 0 {
+            sim.first_cycle = (ms, admitted);
+        }
+        if now >= args.warmup_secs {
+            sim.alloc_samples.push(sim.allocated / total_gpus);
+            let idle: f64 = binding
+                .iter()
+                .map(|&(idx, _)| {
+                    let units: u32 = placed[idx].iter().map(|(_, u)| u).sum();
+                    if stream[idx].mig {
+                        f64::from(units) / f64::from(SLICES_PER_GPU)
+                    } else {
+                        f64::from(units)
+                    }
+                })
+                .sum();
+            idle_bound_samples.push(idle / total_gpus);
+        }
+    }
+    let mut report = sim.report(
+        if spread {
+            "Kueue-like: quota FIFO, pods spread"
+        } else {
+            "Kueue-like: quota FIFO, pods first-fit"
+        },
+        args,
+        started_wall.elapsed(),
+        stream,
+    );
+    report.bound_idle_ratio = if idle_bound_samples.is_empty() {
+        0.0
+    } else {
+        idle_bound_samples.iter().sum::<f64>() / idle_bound_samples.len() as f64
     };
-    // Enough jobs for the whole run: backlog plus generous turnover.
-    let stream = generate_stream(args.seed, BACKLOG + args.cycles * 200);
-    let ours = match run_allocator(&stream, &args) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("admission: allocator run failed: {e}");
+    report
+}
+
+fn main() {
+    let args = <Args as clap::Parser>::parse();
+    for &mix in &args.mix {
+        if let Err(e) = run_mix(&args, mix) {
+            eprintln!(
+                "admission: allocator run on the {} mix failed: {e}",
+                mix.label()
+            );
             std::process::exit(1);
         }
-    };
-    let strict = run_fifo(&stream, &args, Baseline::StrictFirstFit);
-    let greedy = run_fifo(&stream, &args, Baseline::SkipBlockedFirstFit);
-    let spread = run_fifo(&stream, &args, Baseline::StrictSpread);
+    }
+}
+
+/// Runs every policy on one mix and prints the table and a JSON line.
+fn run_mix(args: &Args, mix: MixName) -> Result<(), String> {
+    // Enough jobs for the whole run: backlog plus generous turnover.
+    let stream = generate_stream(mix.shapes(), args.seed, BACKLOG + args.cycles * 200);
+    let ours = run_allocator(&stream, args)?;
+    let strict = run_fifo(&stream, args, Baseline::StrictFirstFit);
+    let greedy = run_fifo(&stream, args, Baseline::SkipBlockedFirstFit);
+    let spread = run_fifo(&stream, args, Baseline::StrictSpread);
+    let kueue = run_quota_fifo(&stream, args, false);
+    let kueue_spread = run_quota_fifo(&stream, args, true);
 
     println!(
         "steady state: admits/s = admissions / total cycle time; alloc % = allocated GPU-equivalents / {} GPUs \
@@ -839,8 +1022,9 @@ fn main() {
         total_gpus()
     );
     println!(
-        "admission benchmark: {} nodes ({}), {QUEUES} queues, backlog {BACKLOG}, \
+        "admission benchmark, {} mix: {} nodes ({}), {QUEUES} queues, backlog {BACKLOG}, \
          step {} s, seed {}, steady state after {} s",
+        mix.label(),
         POOLS.iter().map(|p| p.count).sum::<usize>(),
         POOLS
             .iter()
@@ -870,7 +1054,7 @@ fn main() {
         ">=64-GPU started",
         "their wait p50"
     );
-    for r in [&ours, &strict, &greedy, &spread] {
+    for r in [&ours, &strict, &greedy, &spread, &kueue, &kueue_spread] {
         println!(
             "{:<36} {:>6} {:>8.3} {:>8.3} {:>8.3} {:>10.0} {:>8.1} {:>8} {:>8}/{:<8} {:>9.0} min",
             r.policy,
@@ -898,15 +1082,26 @@ fn main() {
         ("strict FIFO first-fit (the baseline)", &strict),
         ("FIFO first-fit skipping blocked jobs", &greedy),
         ("strict FIFO with spread placement", &spread),
+        ("Kueue-like quota FIFO, pods first-fit", &kueue),
+        ("Kueue-like quota FIFO, pods spread", &kueue_spread),
     ] {
         println!(
             "allocation ratio vs {label}: {:+.1} points",
             (ours.steady_allocation_ratio - base.steady_allocation_ratio) * 100.0
         );
     }
+    for r in [&kueue, &kueue_spread] {
+        println!(
+            "{}: {:.1} % of the GPUs bound to pods of gangs still waiting for the rest of their workers; {} gangs evicted by waitForPodsReady",
+            r.policy,
+            r.bound_idle_ratio * 100.0,
+            r.preemptions
+        );
+    }
     #[derive(Serialize)]
     struct Line<'a> {
         benchmark: &'static str,
+        mix: &'static str,
         seed: u64,
         nodes: usize,
         gpus: u64,
@@ -917,10 +1112,13 @@ fn main() {
         fifo_strict: &'a Report,
         fifo_skip_blocked: &'a Report,
         fifo_strict_spread: &'a Report,
+        kueue_like_first_fit: &'a Report,
+        kueue_like_spread: &'a Report,
         allocation_gain_points: f64,
     }
     let line = Line {
         benchmark: "admission",
+        mix: mix.label(),
         seed: args.seed,
         nodes: POOLS.iter().map(|p| p.count).sum(),
         gpus: total_gpus(),
@@ -931,6 +1129,8 @@ fn main() {
         fifo_strict: &strict,
         fifo_skip_blocked: &greedy,
         fifo_strict_spread: &spread,
+        kueue_like_first_fit: &kueue,
+        kueue_like_spread: &kueue_spread,
         allocation_gain_points: (ours.steady_allocation_ratio - strict.steady_allocation_ratio)
             * 100.0,
     };
@@ -938,4 +1138,5 @@ fn main() {
         Ok(json) => println!("{json}"),
         Err(e) => eprintln!("admission: cannot encode JSON: {e}"),
     }
+    Ok(())
 }

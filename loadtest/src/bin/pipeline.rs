@@ -138,6 +138,8 @@ struct PipelineReport {
     total: StreamRate,
     events: EventsRates,
     planner_handle: BTreeMap<String, HandleTime>,
+    /// The planner's `trainyard_planner_actions_total`, by action.
+    planner_actions: BTreeMap<String, f64>,
     processes: Vec<ProcessStats>,
     timed_out: bool,
 }
@@ -237,7 +239,7 @@ async fn run(args: &Args, stack: &mut Stack) -> anyhow::Result<PipelineReport> {
     let run_seconds = start.elapsed().as_secs_f64();
     // Read before anything stops: peak RSS and CPU time so far.
     let processes = stack.stats();
-    let planner_handle = planner_handle_times(stack).await;
+    let (planner_handle, planner_actions) = planner_figures(stack).await;
     stop.cancel();
     let samples = sampler.await.context("sampler")?;
 
@@ -279,21 +281,38 @@ async fn run(args: &Args, stack: &mut Stack) -> anyhow::Result<PipelineReport> {
         total,
         events,
         planner_handle,
+        planner_actions,
         processes,
         timed_out,
     })
 }
 
-/// Where the planner spends its time, per consumer, from its `/metrics`.
-async fn planner_handle_times(stack: &Stack) -> BTreeMap<String, HandleTime> {
+/// Where the planner spends its time, per consumer, and what it did, by
+/// action, from its `/metrics`.
+async fn planner_figures(stack: &Stack) -> (BTreeMap<String, HandleTime>, BTreeMap<String, f64>) {
     let metrics = match stack.metrics(Service::Planner).await {
         Ok(metrics) => metrics,
         Err(err) => {
             eprintln!("warning: planner metrics unavailable: {err}");
-            return BTreeMap::new();
+            return (BTreeMap::new(), BTreeMap::new());
         }
     };
-    Service::Planner
+    let actions = [
+        "apply",
+        "delete_job",
+        "timer",
+        "command",
+        "event",
+        "transition",
+        "status",
+    ]
+    .into_iter()
+    .filter_map(|action| {
+        let series = format!("trainyard_planner_actions_total{{action=\"{action}\"}}");
+        Some((action.to_owned(), stack::metric_value(&metrics, &series)?))
+    })
+    .collect();
+    let handle = Service::Planner
         .consumers()
         .into_iter()
         .filter_map(|c| {
@@ -317,7 +336,8 @@ async fn planner_handle_times(stack: &Stack) -> BTreeMap<String, HandleTime> {
                 )
             })
         })
-        .collect()
+        .collect();
+    (handle, actions)
 }
 
 fn lock(seen: &Mutex<Seen>) -> std::sync::MutexGuard<'_, Seen> {
@@ -630,6 +650,15 @@ fn print_report(r: &PipelineReport) {
             h.handled, h.mean_ms
         );
     }
+    let jobs = f64::from(r.jobs.max(1));
+    println!(
+        "planner actions per TrainingJob: {}",
+        r.planner_actions
+            .iter()
+            .map(|(action, n)| format!("{action} {:.2}", n / jobs))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     println!(
         "\n{:<20} {:>8} {:>12} {:>14}",
         "process", "pid", "CPU s", "peak RSS MiB"
