@@ -94,8 +94,12 @@ pub struct ConsumerContext {
 }
 
 /// Creates (or updates) the durable consumer and handles messages until `shutdown`.
-/// On shutdown it stops pulling, finishes the message in hand and returns; fetched
-/// messages not yet started are NAKed so another replica takes them at once.
+/// On shutdown it stops pulling, finishes the messages already started and returns;
+/// fetched messages not yet started are NAKed so another replica takes them at once.
+///
+/// With lanes, each lane chains its messages (one entity's messages stay in
+/// order) and pulling goes on while lanes are busy, up to `batch_size` messages
+/// in flight: a slow message holds back its own lane, not the next fetch.
 pub async fn run<H: Handler>(
     context: ConsumerContext,
     spec: ConsumerSpec,
@@ -104,6 +108,11 @@ pub async fn run<H: Handler>(
 ) -> Result<(), RuntimeError> {
     let consumer = ensure_consumer(&context, &spec).await?;
     let mut failures = 0usize;
+    let lanes = handler.lanes().max(1);
+    let mut chains: Vec<Option<tokio::task::JoinHandle<()>>> = (0..lanes).map(|_| None).collect();
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(
+        context.settings.batch_size.max(1),
+    ));
     while !shutdown.is_cancelled() {
         let batch = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -125,11 +134,6 @@ pub async fn run<H: Handler>(
             }
         };
         failures = 0;
-        let lanes = handler.lanes().max(1);
-        // Each lane chains its messages; the batch ends when every lane is done,
-        // so the next batch never overtakes this one.
-        let mut chains: Vec<Option<tokio::task::JoinHandle<()>>> =
-            (0..lanes).map(|_| None).collect();
         while let Some(message) = messages.next().await {
             let message = match message {
                 Ok(message) => message,
@@ -146,20 +150,30 @@ pub async fn run<H: Handler>(
                 process(&context, &spec, handler.as_ref(), message).await;
                 continue;
             }
+            let permit = tokio::select! {
+                permit = in_flight.clone().acquire_owned() => permit,
+                _ = shutdown.cancelled() => {
+                    nak(&message, None).await;
+                    continue;
+                }
+            };
             let slot = &mut chains[lane(&message.subject, lanes)];
             let previous = slot.take();
             let (context, spec, handler) = (context.clone(), spec.clone(), handler.clone());
             *slot = Some(tokio::spawn(async move {
-                if let Some(previous) = previous {
-                    let _ = previous.await;
+                if let Some(previous) = previous
+                    && let Err(err) = previous.await
+                {
+                    tracing::error!(consumer = %spec.durable, error = %err, "a handler task failed");
                 }
                 process(&context, &spec, handler.as_ref(), message).await;
+                drop(permit);
             }));
         }
-        for chain in chains.into_iter().flatten() {
-            if let Err(err) = chain.await {
-                tracing::error!(consumer = %spec.durable, error = %err, "a handler task failed");
-            }
+    }
+    for chain in chains.into_iter().flatten() {
+        if let Err(err) = chain.await {
+            tracing::error!(consumer = %spec.durable, error = %err, "a handler task failed");
         }
     }
     Ok(())
