@@ -22,6 +22,9 @@ pub enum PlannerError {
     /// A metric could not be registered.
     #[error("metrics: {0}")]
     Metrics(String),
+    /// A value could not be encoded as JSON.
+    #[error("cannot encode {0}")]
+    Encode(String),
 }
 
 impl PlannerError {
@@ -41,6 +44,7 @@ impl PlannerError {
             PlannerError::Runtime(_) => "runtime",
             PlannerError::Store(_) => "store",
             PlannerError::Metrics(_) => "metrics",
+            PlannerError::Encode(_) => "encode",
         }
     }
 }

@@ -89,8 +89,8 @@ impl KubeWriter {
             .map_err(PlannerError::kube("list trainingjobs"))
     }
 
-    /// Applies the ConfigMap, the Service and the Job, in that order (the Job mounts
-    /// the ConfigMap and names the Service as its subdomain).
+    /// Applies the ConfigMap and the Service together, then the Job (it mounts the
+    /// ConfigMap and names the Service as its subdomain).
     pub async fn apply(
         &self,
         namespace: &str,
@@ -98,21 +98,26 @@ impl KubeWriter {
     ) -> Result<(), PlannerError> {
         let params = PatchParams::apply(&objects.field_manager).force();
         let cm = &objects.config_map;
-        Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
-            .patch(&cm.name_any(), &params, &Patch::Apply(cm))
-            .await
-            .map_err(PlannerError::kube(format!(
-                "apply configmap {namespace}/{}",
-                cm.name_any()
-            )))?;
         let svc = &objects.service;
-        Api::<Service>::namespaced(self.client.clone(), namespace)
-            .patch(&svc.name_any(), &params, &Patch::Apply(svc))
-            .await
-            .map_err(PlannerError::kube(format!(
-                "apply service {namespace}/{}",
-                svc.name_any()
-            )))?;
+        let config_map = async {
+            Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
+                .patch(&cm.name_any(), &params, &Patch::Apply(cm))
+                .await
+                .map_err(PlannerError::kube(format!(
+                    "apply configmap {namespace}/{}",
+                    cm.name_any()
+                )))
+        };
+        let service = async {
+            Api::<Service>::namespaced(self.client.clone(), namespace)
+                .patch(&svc.name_any(), &params, &Patch::Apply(svc))
+                .await
+                .map_err(PlannerError::kube(format!(
+                    "apply service {namespace}/{}",
+                    svc.name_any()
+                )))
+        };
+        futures::try_join!(config_map, service)?;
         let job = &objects.job;
         Api::<Job>::namespaced(self.client.clone(), namespace)
             .patch(&job.name_any(), &params, &Patch::Apply(job))

@@ -2,6 +2,7 @@
 //! against Kubernetes and NATS. One job's messages are handled one at a time.
 
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -84,6 +85,12 @@ struct Entry {
     loaded: bool,
     object: Option<TrainingJob>,
     state: PlannerJobState,
+    /// Fingerprint of the objects this process last applied: the core asks for
+    /// the same objects on every event while a job waits, and re-applying them
+    /// unchanged is three API writes for nothing.
+    applied: Option<u64>,
+    /// Fingerprint of the state as last saved to (or loaded from) the KV bucket.
+    saved: Option<u64>,
 }
 
 /// One message's effect on a job.
@@ -101,6 +108,27 @@ pub struct Planner {
     metrics: PlannerMetrics,
     shutdown: CancellationToken,
     entries: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Entry>>>>,
+}
+
+/// A hash of encoded values; compared only within this process.
+fn fingerprint(parts: &[&[u8]]) -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    for part in parts {
+        part.hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
+fn objects_fingerprint(objects: &planner_core::DesiredObjects) -> Result<u64, PlannerError> {
+    let encode = |value: Result<Vec<u8>, serde_json::Error>| {
+        value.map_err(|e| PlannerError::Encode(format!("desired objects: {e}")))
+    };
+    Ok(fingerprint(&[
+        objects.field_manager.as_bytes(),
+        &encode(serde_json::to_vec(&objects.config_map))?,
+        &encode(serde_json::to_vec(&objects.service))?,
+        &encode(serde_json::to_vec(&objects.job))?,
+    ]))
 }
 
 fn resource_version(job: &TrainingJob) -> Option<u64> {
@@ -180,6 +208,7 @@ impl Planner {
         let mut entry = entry.lock().await;
         if !entry.loaded {
             entry.state = self.store.load(&key).await?.unwrap_or_default();
+            entry.saved = Some(fingerprint(&[&StateStore::encode(&key, &entry.state)?]));
             if entry.object.is_none() && !matches!(input, Input::Object(_)) {
                 entry.object = self.writer.get(&entity.namespace, &entity.name).await?;
             }
@@ -227,6 +256,12 @@ impl Planner {
                 }
             }
             Input::Observe(observation) => {
+                if let Observation::Job(job) = observation.as_ref()
+                    && job.change == Change::Deleted
+                {
+                    // Whoever deleted it, a Job asked for again must be created again.
+                    entry.applied = None;
+                }
                 planner_core::observe(&mut entry.state, at, *observation);
             }
             Input::Reconcile => {}
@@ -243,7 +278,13 @@ impl Planner {
         self.writer.ensure_finalizer(&job).await?;
         let actions = planner_core::decide(&job, &entry.state, Utc::now(), &self.config);
         self.carry_out(entity, entry, &job, actions).await?;
-        self.store.save(key, &entry.state).await
+        let bytes = StateStore::encode(key, &entry.state)?;
+        let print = fingerprint(&[&bytes]);
+        if entry.saved != Some(print) {
+            self.store.put(key, bytes).await?;
+            entry.saved = Some(print);
+        }
+        Ok(())
     }
 
     async fn finalized(
@@ -286,9 +327,14 @@ impl Planner {
             };
             match action {
                 PlannerAction::ApplyObjects(objects) => {
-                    self.writer.apply(&namespace, &objects).await?
+                    let print = objects_fingerprint(&objects)?;
+                    if entry.applied != Some(print) {
+                        self.writer.apply(&namespace, &objects).await?;
+                        entry.applied = Some(print);
+                    }
                 }
                 PlannerAction::DeleteJob { name } => {
+                    entry.applied = None;
                     self.writer.delete_job(&namespace, &name).await?
                 }
                 PlannerAction::RecreateAfter { delay, .. }

@@ -42,9 +42,12 @@ impl StateStore {
         }
     }
 
-    pub async fn save(&self, key: &str, state: &PlannerJobState) -> Result<(), PlannerError> {
-        let bytes = serde_json::to_vec(state)
-            .map_err(|e| PlannerError::Store(format!("encode {key}: {e}")))?;
+    pub fn encode(key: &str, state: &PlannerJobState) -> Result<Vec<u8>, PlannerError> {
+        serde_json::to_vec(state).map_err(|e| PlannerError::Store(format!("encode {key}: {e}")))
+    }
+
+    /// Stores an encoded state (see `encode`).
+    pub async fn put(&self, key: &str, bytes: Vec<u8>) -> Result<(), PlannerError> {
         self.bucket
             .put(key, bytes.into())
             .await
