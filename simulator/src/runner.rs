@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use futures::StreamExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -63,6 +64,14 @@ impl Simulator {
         let router = apiserver::router(store.clone(), shutdown.clone());
         let api_shutdown = shutdown.clone();
         let mut tasks = vec![tokio::spawn(async move {
+            // As Go's net package (and so the real API server) does: without it
+            // a watch event or a response body written after its headers waits
+            // for the client's delayed ACK, up to 40 ms.
+            let listener = listener.tap_io(|tcp| {
+                if let Err(err) = tcp.set_nodelay(true) {
+                    tracing::warn!(error = %err, "cannot set TCP_NODELAY");
+                }
+            });
             let served = axum::serve(listener, router)
                 .with_graceful_shutdown(api_shutdown.cancelled_owned())
                 .await;
@@ -130,7 +139,7 @@ async fn drive(
             _ = tokio::time::sleep(tick) => {}
             _ = changes.recv() => {
                 // Let a burst of writes land before stepping once for all of them.
-                tokio::time::sleep(tick / 10).await;
+                tokio::time::sleep(tick / 2).await;
                 changes = changes.resubscribe();
             }
         }
