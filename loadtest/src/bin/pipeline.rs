@@ -68,6 +68,9 @@ struct Args {
     /// The gpu-allocator's cycle interval.
     #[arg(long, default_value_t = 500)]
     cycle_ms: u64,
+    /// The services' `RUST_LOG` filter; when given, their logs are kept.
+    #[arg(long)]
+    log: Option<String>,
     /// NATS server max_payload in bytes; unset: the server's default (1 MiB).
     #[arg(long)]
     nats_max_payload: Option<u64>,
@@ -148,7 +151,7 @@ struct PipelineReport {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut stack = Stack::new(&args.bin_dir, "warn")?;
+    let mut stack = Stack::new(&args.bin_dir, args.log.as_deref().unwrap_or("warn"))?;
     let outcome = tokio::select! {
         report = run(&args, &mut stack) => report,
         signal = stack::interrupted() => match signal {
@@ -157,7 +160,7 @@ async fn main() -> anyhow::Result<()> {
         },
     };
     // Logs of a failed or timed-out run are kept to find out why.
-    if outcome.as_ref().map_or(true, |r| r.timed_out) {
+    if args.log.is_some() || outcome.as_ref().map_or(true, |r| r.timed_out) {
         stack.keep_work_dir();
     }
     stack.stop(Duration::from_secs(10)).await;
