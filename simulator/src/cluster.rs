@@ -249,31 +249,56 @@ fn label_selector_matches(selector: &Value, labels: &Value) -> bool {
     match_labels && expressions
 }
 
+/// What the scheduler reads of a node, looked up once per step rather than
+/// once per pending pod.
+struct NodeView<'a> {
+    name: &'a str,
+    labels: &'a Value,
+    schedulable: bool,
+    taints: &'a [Value],
+}
+
+impl<'a> NodeView<'a> {
+    fn of(node: &'a Value) -> Self {
+        let ready = node["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        Self {
+            name: str_of(node, &["metadata", "name"]).unwrap_or_default(),
+            labels: &node["metadata"]["labels"],
+            schedulable: ready && node["spec"]["unschedulable"] != true,
+            taints: node["spec"]["taints"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default(),
+        }
+    }
+}
+
 /// Why a node cannot take a pod, or `None` when it can.
 fn unfit(
     pod: &Value,
-    node: &Value,
+    node: &NodeView,
     free: &BTreeMap<String, i64>,
     requests: &BTreeMap<String, u32>,
-    placed: &[(String, Value)],
-    node_labels: &HashMap<String, Value>,
+    placed: &[(&str, &Value)],
+    node_labels: &HashMap<&str, &Value>,
 ) -> Option<&'static str> {
     let spec = &pod["spec"];
-    let labels = &node["metadata"]["labels"];
-    let ready = node["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|c| c["type"] == "Ready" && c["status"] == "True");
-    if !ready || node["spec"]["unschedulable"] == true {
+    let labels = node.labels;
+    if !node.schedulable {
         return Some("node not ready or cordoned");
     }
-    let tolerations = spec["tolerations"].as_array().cloned().unwrap_or_default();
-    let untolerated = node["spec"]["taints"]
+    let tolerations = spec["tolerations"]
         .as_array()
-        .into_iter()
-        .flatten()
-        .any(|taint| !tolerates(&tolerations, taint));
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let untolerated = node
+        .taints
+        .iter()
+        .any(|taint| !tolerates(tolerations, taint));
     if untolerated {
         return Some("untolerated taint");
     }
@@ -307,7 +332,7 @@ fn unfit(
         !domain.is_null()
             && placed.iter().any(|(other_node, other_labels)| {
                 node_labels
-                    .get(other_node)
+                    .get(*other_node)
                     .is_some_and(|l| l[topology] == *domain)
                     && label_selector_matches(&term["labelSelector"], other_labels)
             })
@@ -658,6 +683,15 @@ impl Cluster {
                     );
                 }
                 self.runs.remove(&run_key);
+                let status = &job["status"];
+                let marked = status["active"] == json!(0)
+                    && status["ready"] == json!(0)
+                    && status["conditions"]
+                        .as_array()
+                        .is_some_and(|c| c.len() == 1 && c[0]["type"] == "Suspended");
+                if marked {
+                    continue;
+                }
                 let _ = self.store.update(resources::jobs(), Some(&ns), &name, |j| {
                     j["status"]["active"] = json!(0);
                     j["status"]["ready"] = json!(0);
@@ -675,6 +709,18 @@ impl Cluster {
             }
             let running = pods.iter().filter(|p| phase(p) == "Running").count();
             let active = pods.iter().filter(|p| !terminal(p)).count();
+            // Most Jobs are unchanged on most steps: a copy-and-compare of each
+            // would be most of the step's time.
+            let status = &job["status"];
+            let current = status["active"] == json!(active)
+                && status["ready"] == json!(running)
+                && !status["startTime"].is_null()
+                && !status["conditions"]
+                    .as_array()
+                    .is_some_and(|c| c.iter().any(|c| c["type"] == "Suspended"));
+            if current {
+                continue;
+            }
             let _ = self.store.update(resources::jobs(), Some(&ns), &name, |j| {
                 j["status"]["active"] = json!(active);
                 j["status"]["ready"] = json!(running);
@@ -860,18 +906,9 @@ impl Cluster {
                 )
             })
             .collect();
-        let node_labels: HashMap<String, Value> = nodes
-            .iter()
-            .map(|n| {
-                (
-                    str_of(n, &["metadata", "name"])
-                        .unwrap_or_default()
-                        .to_owned(),
-                    n["metadata"]["labels"].clone(),
-                )
-            })
-            .collect();
-        let mut placed: Vec<(String, Value)> = Vec::new();
+        let views: Vec<NodeView> = nodes.iter().map(|n| NodeView::of(n)).collect();
+        let node_labels: HashMap<&str, &Value> = views.iter().map(|v| (v.name, v.labels)).collect();
+        let mut placed: Vec<(&str, &Value)> = Vec::new();
         for pod in pods.iter().filter(|p| !terminal(p)) {
             if let Some(node) = str_of(pod, &["spec", "nodeName"])
                 && let Some(resources) = free.get_mut(node)
@@ -880,7 +917,7 @@ impl Cluster {
                     *resources.entry(resource).or_insert(0) -= i64::from(count);
                 }
                 *resources.entry("pods".into()).or_insert(0) -= 1;
-                placed.push((node.to_owned(), pod["metadata"]["labels"].clone()));
+                placed.push((node, &pod["metadata"]["labels"]));
             }
         }
         pending.sort_by_key(|p| {
@@ -892,8 +929,8 @@ impl Cluster {
             let requests = pod_requests(pod);
             let mut best: Option<(&str, i64)> = None;
             let mut reasons: BTreeMap<&'static str, u32> = BTreeMap::new();
-            for node in &nodes {
-                let node_name = str_of(node, &["metadata", "name"]).unwrap_or_default();
+            for node in &views {
+                let node_name = node.name;
                 let Some(node_free) = free.get(node_name) else {
                     continue;
                 };
@@ -917,7 +954,7 @@ impl Cluster {
                         }
                         *resources.entry("pods".into()).or_insert(0) -= 1;
                     }
-                    placed.push((node.to_owned(), pod["metadata"]["labels"].clone()));
+                    placed.push((node, &pod["metadata"]["labels"]));
                     let node = node.to_owned();
                     let _ = self
                         .store

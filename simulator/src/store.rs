@@ -194,25 +194,34 @@ fn remove_dropped_fields(live: &mut Value, before: &Value, after: &Value, others
 }
 
 /// Everything except metadata and status: a change here bumps `generation`.
-fn spec_part(object: &Value) -> Value {
-    match object.as_object() {
-        Some(map) => Value::Object(
-            map.iter()
-                .filter(|(k, _)| !matches!(k.as_str(), "metadata" | "status"))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-        ),
-        None => Value::Null,
-    }
+/// Whether two JSON objects are equal but for the fields in `skip`.
+fn equal_except(a: &Value, b: &Value, skip: &[&str]) -> bool {
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return a == b;
+    };
+    let kept =
+        |map: &Map<String, Value>| map.keys().filter(|k| !skip.contains(&k.as_str())).count();
+    kept(a) == kept(b)
+        && a.iter()
+            .filter(|(k, _)| !skip.contains(&k.as_str()))
+            .all(|(k, v)| b.get(k) == Some(v))
 }
 
-fn without_revision(object: &Value) -> Value {
-    let mut copy = object.clone();
-    if let Some(map) = copy["metadata"].as_object_mut() {
-        map.remove("resourceVersion");
-        map.remove("managedFields");
-    }
-    copy
+/// Whether two objects differ at most in `resourceVersion` and `managedFields`:
+/// such a write changes nothing. Compared in place: copying both objects to
+/// strip those fields was most of a write's cost.
+fn same_but_revision(a: &Value, b: &Value) -> bool {
+    equal_except(a, b, &["metadata"])
+        && equal_except(
+            &a["metadata"],
+            &b["metadata"],
+            &["resourceVersion", "managedFields"],
+        )
+}
+
+/// Whether the spec part (everything but metadata and status) differs.
+fn spec_changed(a: &Value, b: &Value) -> bool {
+    !equal_except(a, b, &["metadata", "status"])
 }
 
 impl Store {
@@ -751,10 +760,10 @@ impl Store {
         current: &Arc<Value>,
         mut next: Value,
     ) -> Result<Arc<Value>, ApiError> {
-        if without_revision(&next) == without_revision(current) {
+        if same_but_revision(&next, current) {
             return Ok(current.clone());
         }
-        if spec_part(&next) != spec_part(current) {
+        if spec_changed(&next, current) {
             let generation = meta(current)["generation"].as_i64().unwrap_or(1) + 1;
             meta_mut(&mut next).insert("generation".into(), json!(generation));
         }
@@ -811,6 +820,51 @@ pub fn random_suffix() -> String {
 mod tests {
     use super::*;
     use crate::resources;
+
+    #[test]
+    fn writes_differing_only_in_revision_or_managed_fields_change_nothing() {
+        let stored = json!({
+            "metadata": {"name": "a", "resourceVersion": "7", "managedFields": [{"manager": "x"}], "labels": {"l": "1"}},
+            "spec": {"replicas": 1},
+            "status": {"ready": 0},
+        });
+        let mut next = stored.clone();
+        next["metadata"]["resourceVersion"] = json!("9");
+        next["metadata"]["managedFields"] = json!([]);
+        assert!(same_but_revision(&next, &stored));
+        assert!(!spec_changed(&next, &stored));
+
+        let mut relabelled = stored.clone();
+        relabelled["metadata"]["labels"]["l"] = json!("2");
+        assert!(!same_but_revision(&relabelled, &stored));
+        assert!(!spec_changed(&relabelled, &stored), "metadata is not spec");
+
+        let mut status = stored.clone();
+        status["status"]["ready"] = json!(1);
+        assert!(!same_but_revision(&status, &stored));
+        assert!(!spec_changed(&status, &stored), "status is not spec");
+
+        let mut scaled = stored.clone();
+        scaled["spec"]["replicas"] = json!(2);
+        assert!(spec_changed(&scaled, &stored));
+
+        let mut extra = stored.clone();
+        extra["data"] = json!({"k": "v"});
+        assert!(
+            !same_but_revision(&extra, &stored),
+            "a new top-level field is a change"
+        );
+        assert!(spec_changed(&extra, &stored));
+
+        let mut unnamed = stored.clone();
+        unnamed["metadata"]
+            .as_object_mut()
+            .map(|m| m.remove("name"));
+        assert!(
+            !same_but_revision(&unnamed, &stored),
+            "a removed field is a change"
+        );
+    }
 
     #[test]
     fn merge_patch_follows_rfc_7386() {
