@@ -302,6 +302,7 @@ async fn planner_figures(stack: &Stack) -> (BTreeMap<String, HandleTime>, BTreeM
     };
     let actions = [
         "apply",
+        "apply_unchanged",
         "delete_job",
         "timer",
         "command",

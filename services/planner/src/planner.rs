@@ -59,7 +59,7 @@ impl PlannerMetrics {
         let actions = IntCounterVec::new(
             Opts::new(
                 "trainyard_planner_actions_total",
-                "Actions carried out, by kind",
+                "Actions carried out, by kind (apply_unchanged: objects as last applied, not sent again)",
             ),
             &["action"],
         )
@@ -316,7 +316,7 @@ impl Planner {
     ) -> Result<(), PlannerError> {
         let namespace = job.namespace().unwrap_or_default();
         for action in actions {
-            let label = match &action {
+            let mut label = match &action {
                 PlannerAction::ApplyObjects(_) => "apply",
                 PlannerAction::DeleteJob { .. } => "delete_job",
                 PlannerAction::RecreateAfter { .. } | PlannerAction::RecheckAfter { .. } => "timer",
@@ -328,7 +328,9 @@ impl Planner {
             match action {
                 PlannerAction::ApplyObjects(objects) => {
                     let print = objects_fingerprint(&objects)?;
-                    if entry.applied != Some(print) {
+                    if entry.applied == Some(print) {
+                        label = "apply_unchanged";
+                    } else {
                         self.writer.apply(&namespace, &objects).await?;
                         entry.applied = Some(print);
                     }
