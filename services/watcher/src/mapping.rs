@@ -91,6 +91,14 @@ fn message_id<K: kube::Resource>(object: &K, change: Change) -> Option<String> {
     })
 }
 
+/// A copy of `object` without `metadata.managedFields`: no consumer reads them,
+/// and on a real API server they are often most of an object's bytes.
+fn without_managed_fields<K: kube::Resource + Clone>(object: &K) -> K {
+    let mut copy = object.clone();
+    copy.meta_mut().managed_fields = None;
+    copy
+}
+
 fn own_entity<K: kube::Resource>(object: &K) -> EntityRef {
     EntityRef::new(
         object.namespace().unwrap_or_default(),
@@ -131,7 +139,7 @@ impl Watched for TrainingJob {
             message_id: message_id(self, change)?,
             payload: ChangePayload::TrainingJob(Box::new(TrainingJobChanged {
                 change,
-                object: self.clone(),
+                object: without_managed_fields(self),
             })),
         })
     }
@@ -144,7 +152,7 @@ impl Watched for Sweep {
             message_id: message_id(self, change)?,
             payload: ChangePayload::Sweep(Box::new(SweepChanged {
                 change,
-                object: self.clone(),
+                object: without_managed_fields(self),
             })),
         })
     }
@@ -157,7 +165,7 @@ impl Watched for TrainingQueue {
             message_id: message_id(self, change)?,
             payload: ChangePayload::TrainingQueue(Box::new(TrainingQueueChanged {
                 change,
-                object: self.clone(),
+                object: without_managed_fields(self),
             })),
         })
     }

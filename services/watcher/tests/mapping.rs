@@ -41,6 +41,24 @@ fn pods_are_published_under_their_training_job_with_exit_codes() {
 }
 
 #[test]
+fn published_objects_carry_no_managed_fields() {
+    let mut job = fixtures::training_job("a", "ua", "1");
+    job.metadata.managed_fields = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry {
+            manager: Some("kubectl".into()),
+            operation: Some("Apply".into()),
+            ..Default::default()
+        },
+    ]);
+    let event = job.to_event(Change::Applied).expect("a trainingjob event");
+    let ChangePayload::TrainingJob(changed) = event.payload else {
+        panic!("trainingjob payload expected")
+    };
+    assert_eq!(changed.object.metadata.managed_fields, None);
+    assert_eq!(changed.object.metadata.name.as_deref(), Some("a"));
+}
+
+#[test]
 fn jobs_trainyard_does_not_own_are_ignored() {
     assert!(fixtures::foreign_job().to_event(Change::Applied).is_none());
 }

@@ -97,14 +97,14 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
         entry::<events::TrainingJobChanged>(
             "watcher",
             "planner, gpu-allocator, cost-optimizer",
-            "A TrainingJob was created, changed or deleted.",
+            "A TrainingJob was created, changed or deleted (the object without `metadata.managedFields`).",
             job(),
             json!({"change": "Applied", "object": training_job_object()}),
         )?,
         entry::<events::SweepChanged>(
             "watcher",
             "planner, hpo-tuner",
-            "A Sweep was created, changed or deleted.",
+            "A Sweep was created, changed or deleted (the object without `metadata.managedFields`).",
             sweep(),
             json!({"change": "Applied", "object": {
                 "apiVersion": "trainyard.dev/v1", "kind": "Sweep",

@@ -20,7 +20,7 @@ pub enum Change {
     Deleted,
 }
 
-/// A TrainingJob as the API server holds it.
+/// A TrainingJob as the API server holds it, without `metadata.managedFields`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TrainingJobChanged {
@@ -28,7 +28,7 @@ pub struct TrainingJobChanged {
     pub object: TrainingJob,
 }
 
-/// A Sweep as the API server holds it.
+/// A Sweep as the API server holds it, without `metadata.managedFields`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SweepChanged {
@@ -36,7 +36,7 @@ pub struct SweepChanged {
     pub object: Sweep,
 }
 
-/// A TrainingQueue (cluster-scoped) as the API server holds it.
+/// A TrainingQueue (cluster-scoped) as the API server holds it, without `metadata.managedFields`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TrainingQueueChanged {
