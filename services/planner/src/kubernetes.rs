@@ -97,36 +97,37 @@ impl KubeWriter {
         objects: &DesiredObjects,
     ) -> Result<(), PlannerError> {
         let params = PatchParams::apply(&objects.field_manager).force();
-        let cm = &objects.config_map;
-        let svc = &objects.service;
-        let config_map = async {
-            Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
-                .patch(&cm.name_any(), &params, &Patch::Apply(cm))
-                .await
-                .map_err(PlannerError::kube(format!(
-                    "apply configmap {namespace}/{}",
-                    cm.name_any()
-                )))
-        };
-        let service = async {
-            Api::<Service>::namespaced(self.client.clone(), namespace)
-                .patch(&svc.name_any(), &params, &Patch::Apply(svc))
-                .await
-                .map_err(PlannerError::kube(format!(
-                    "apply service {namespace}/{}",
-                    svc.name_any()
-                )))
-        };
-        futures::try_join!(config_map, service)?;
-        let job = &objects.job;
-        Api::<Job>::namespaced(self.client.clone(), namespace)
-            .patch(&job.name_any(), &params, &Patch::Apply(job))
+        futures::try_join!(
+            self.apply_one(namespace, &params, &objects.config_map),
+            self.apply_one(namespace, &params, &objects.service),
+        )?;
+        self.apply_one(namespace, &params, &objects.job).await
+    }
+
+    /// Server-side applies one namespaced object.
+    async fn apply_one<K>(
+        &self,
+        namespace: &str,
+        params: &PatchParams,
+        object: &K,
+    ) -> Result<(), PlannerError>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + Clone
+            + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        let name = object.name_any();
+        Api::<K>::namespaced(self.client.clone(), namespace)
+            .patch(&name, params, &Patch::Apply(object))
             .await
+            .map(|_| ())
             .map_err(PlannerError::kube(format!(
-                "apply job {namespace}/{}",
-                job.name_any()
-            )))?;
-        Ok(())
+                "apply {} {namespace}/{name}",
+                K::kind(&Default::default()).to_lowercase()
+            )))
     }
 
     /// Deletes a Job and (in the background) its pods. Already gone is fine.
