@@ -137,7 +137,10 @@ mod tests {
         assert!(s.peak_rss_bytes > 0);
         let later = sample(std::process::id())?;
         assert!(later.cpu_seconds >= s.cpu_seconds);
-        assert!(later.peak_rss_bytes >= s.peak_rss_bytes);
+        // Not compared with the first reading: the kernel derives VmHWM from
+        // per-CPU RSS counters that it syncs lazily, so while other test
+        // threads free memory a second reading can come out lower.
+        assert!(later.peak_rss_bytes > 0);
         Ok(())
     }
 
