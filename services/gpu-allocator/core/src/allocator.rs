@@ -131,6 +131,8 @@ pub struct Allocator {
     pub(crate) next_seq: u64,
     /// Jobs that held a reservation at the end of the last cycle.
     pub(crate) reserved_jobs: Vec<JobUid>,
+    /// What the cycle keeps from one run to the next (see `CycleScratch`).
+    pub(crate) scratch: crate::cycle::CycleScratch,
 }
 
 pub(crate) fn units_i64(units: u64) -> i64 {
@@ -159,6 +161,7 @@ impl Allocator {
             clock: Timestamp(0),
             next_seq: 0,
             reserved_jobs: Vec::new(),
+            scratch: crate::cycle::CycleScratch::default(),
         };
         // Filter 0 is "no constraints", the common case checked fastest.
         alloc.intern_filter(NodeFilter::default());

@@ -10,7 +10,7 @@
 //!    now; blocked jobs at the front get backfill reservations;
 //! 5. a bounded number of still-blocked jobs look for preemption victims.
 
-use std::cmp::Ordering;
+use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeSet, BinaryHeap};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -82,12 +82,18 @@ pub(crate) struct MemoEntry {
     reason: Arc<PendingReason>,
 }
 
+/// (expected end, units, cohort of the job's queue) of a running job.
+type CohortRelease = (Timestamp, u64, Option<crate::queues::CohortIdx>);
+
 /// Scratch state of one cycle.
 #[derive(Default)]
 pub(crate) struct CycleCtx {
     memo: FastMap<MemoKey, MemoEntry>,
     /// Release timelines per resource (see `timeline_cached`).
     timelines: FastMap<ResIdx, Rc<Timeline>>,
+    /// Expected releases per resource for the cohort pools (see
+    /// `quota_release_time`).
+    cohort_releases: FastMap<ResIdx, Vec<CohortRelease>>,
     /// Failures of jobs evaluated before the main pass.
     early: FastMap<JobIdx, (Arc<PendingReason>, bool)>,
     /// Jobs given a reservation this cycle, in order.
@@ -143,6 +149,27 @@ pub(crate) struct Failed {
     reason: Arc<PendingReason>,
     /// The job may try preemption (blocked by quota or capacity).
     can_preempt: bool,
+}
+
+/// Sort key of a pending job: effective priority (highest first),
+/// submission time, arrival number, and its slot in the staged jobs.
+type LaneSortKey = (Reverse<i32>, Timestamp, u64, usize);
+
+/// What the cycle keeps between runs: last cycle's pending order, only a
+/// starting arrangement that makes the next sort nearly linear (the order
+/// changes little between cycles; it never decides the order itself), and
+/// buffers sized for every pending job, reused so that a cycle does not
+/// fault in fresh memory for them each time.
+#[derive(Default)]
+pub(crate) struct CycleScratch {
+    order: Vec<JobIdx>,
+    /// Pending jobs with their queue, taken out in sorted order.
+    staged: Vec<Option<(QueueIdx, LaneJob)>>,
+    keys: Vec<LaneSortKey>,
+    sorted: Vec<LaneSortKey>,
+    /// Staged slot of each pending job, by job index.
+    slot_of: Vec<Option<usize>>,
+    failed: Vec<Failed>,
 }
 
 /// A queue's ordered pending jobs during a cycle.
@@ -285,7 +312,10 @@ impl Allocator {
         out.evictions.append(&mut self.undelivered_evictions);
         self.process_evictions(now, &mut out);
 
-        let mut ctx = CycleCtx::default();
+        let mut ctx = CycleCtx {
+            failed: std::mem::take(&mut self.scratch.failed),
+            ..CycleCtx::default()
+        };
         ctx.failed.reserve(self.job_by_uid.len());
         self.hold_for_waiting_preemptors(now, &mut ctx);
         self.admit_ready_preemptors(now, &mut ctx, &mut out);
@@ -305,23 +335,23 @@ impl Allocator {
                 f.position = *count;
             }
         }
-        out.pending = failed
-            .into_iter()
-            .filter_map(|f| {
-                let queue = self.queues.get(f.queue)?.name.clone();
-                Some(PendingExplanation {
-                    uid: f.uid,
-                    queue,
-                    position: f.position,
-                    queue_length: waiting
-                        .get(f.queue as usize)
-                        .copied()
-                        .unwrap_or(f.queue_length),
-                    effective_priority: f.effective_priority,
-                    reason: f.reason,
-                })
+        // Sized up front: growing to 10,000 explanations reallocates often.
+        out.pending = Vec::with_capacity(failed.len());
+        out.pending.extend(failed.drain(..).filter_map(|f| {
+            let queue = self.queues.get(f.queue)?.name.clone();
+            Some(PendingExplanation {
+                uid: f.uid,
+                queue,
+                position: f.position,
+                queue_length: waiting
+                    .get(f.queue as usize)
+                    .copied()
+                    .unwrap_or(f.queue_length),
+                effective_priority: f.effective_priority,
+                reason: f.reason,
             })
-            .collect();
+        }));
+        self.scratch.failed = failed;
         out.stats = ctx.stats;
         out.stats.admitted = u32::try_from(out.admissions.len()).unwrap_or(u32::MAX);
         out
@@ -491,8 +521,20 @@ impl Allocator {
 
     /// Orders every pending job once (effective priority, submission time,
     /// arrival) and splits the order into per-queue lanes.
-    pub(crate) fn build_lanes(&self, now: Timestamp) -> Vec<Lane> {
-        let mut all: Vec<(Timestamp, u64, QueueIdx, LaneJob)> = Vec::new();
+    pub(crate) fn build_lanes(&mut self, now: Timestamp) -> Vec<Lane> {
+        let CycleScratch {
+            order: mut last_order,
+            mut staged,
+            mut keys,
+            mut sorted,
+            mut slot_of,
+            failed,
+        } = std::mem::take(&mut self.scratch);
+        staged.clear();
+        keys.clear();
+        sorted.clear();
+        slot_of.clear();
+        slot_of.resize(self.jobs.len(), None);
         for queue in &self.queues.queues {
             // One policy per queue: looked up once, not per job.
             let aging = queue.aging.unwrap_or(self.config.aging);
@@ -507,37 +549,62 @@ impl Allocator {
                             job_end_key(&job.spec, now).1.map(|t| t.0),
                         )
                     });
-                    all.push((
+                    let priority = job
+                        .spec
+                        .priority
+                        .saturating_add(aging.boost(now.secs_since(job.spec.submitted_at)));
+                    if let Some(slot) = slot_of.get_mut(*idx as usize) {
+                        *slot = Some(keys.len());
+                    }
+                    // Keys apart from the lane jobs: moving small keys is far
+                    // cheaper than moving whole lane jobs around. The arrival
+                    // number is unique, so the order is total.
+                    keys.push((
+                        Reverse(priority),
                         job.spec.submitted_at,
                         job.seq,
+                        staged.len(),
+                    ));
+                    staged.push(Some((
                         job.queue,
                         LaneJob {
-                            priority: job
-                                .spec
-                                .priority
-                                .saturating_add(aging.boost(now.secs_since(job.spec.submitted_at))),
+                            priority,
                             rank: 0,
                             idx: *idx,
                             uid: job.spec.uid.clone(),
                             shape,
                         },
-                    ));
+                    )));
                 }
             }
         }
-        all.sort_unstable_by(|a, b| {
-            b.3.priority
-                .cmp(&a.3.priority)
-                .then(a.0.cmp(&b.0))
-                .then(a.1.cmp(&b.1))
-        });
-        let mut lane_of: FastMap<QueueIdx, usize> = FastMap::default();
+        // Last cycle's order first, then jobs new to the line: the stable
+        // sort finds the long sorted runs and merges in the few changes.
+        for idx in &last_order {
+            if let Some(k) = slot_of.get_mut(*idx as usize).and_then(Option::take) {
+                sorted.extend(keys.get(k).copied());
+            }
+        }
+        for k in slot_of.iter().flatten() {
+            sorted.extend(keys.get(*k).copied());
+        }
+        sorted.sort();
+        // Lane of each queue, by queue index (lanes in order of first job).
+        let mut lane_of: Vec<Option<usize>> = vec![None; self.queues.queues.len()];
         let mut lanes: Vec<Lane> = Vec::new();
-        for (rank, (_, _, queue, mut job)) in all.into_iter().enumerate() {
-            let lane = *lane_of.entry(queue).or_insert_with(|| {
+        last_order.clear();
+        for (rank, &(.., slot)) in sorted.iter().enumerate() {
+            let Some((queue, mut job)) = staged.get_mut(slot).and_then(Option::take) else {
+                continue;
+            };
+            last_order.push(job.idx);
+            let Some(lane_slot) = lane_of.get_mut(queue as usize) else {
+                continue;
+            };
+            let lane = *lane_slot.get_or_insert_with(|| {
                 lanes.push(Lane {
                     queue,
-                    jobs: Vec::new(),
+                    jobs: Vec::with_capacity(self.queues.get(queue).map_or(0, |q| q.pending.len())),
                     next: 0,
                 });
                 lanes.len() - 1
@@ -547,6 +614,14 @@ impl Allocator {
                 l.jobs.push(job);
             }
         }
+        self.scratch = CycleScratch {
+            order: last_order,
+            staged,
+            keys,
+            sorted,
+            slot_of,
+            failed,
+        };
         lanes
     }
 
@@ -560,8 +635,8 @@ impl Allocator {
         })
     }
 
-    /// Takes a job's GPUs for this cycle: the release timeline of its
-    /// resource and every quota check seen so far are out of date.
+    /// Takes a job's GPUs for this cycle: every quota check seen so far is
+    /// out of date, and the job's releases join its resource's timeline.
     pub(crate) fn admit_in_cycle(
         &mut self,
         idx: JobIdx,
@@ -570,9 +645,42 @@ impl Allocator {
         ctx: &mut CycleCtx,
         out: &mut CycleOutcome,
     ) {
-        ctx.timelines.remove(&plan.res);
+        let res = plan.res;
+        let cached = ctx.timelines.remove(&res);
         ctx.quota_epoch += 1;
         self.admit(idx, plan, now, out);
+        // Updating a cached timeline in place gives the same sorted events
+        // as rebuilding it from every running job, for a fraction of the cost.
+        if let Some(mut timeline) = cached {
+            self.add_releases(Rc::make_mut(&mut timeline), idx, res, now);
+            ctx.timelines.insert(res, timeline);
+        }
+        // Likewise for the cohort releases.
+        if let Some(releases) = ctx.cohort_releases.get_mut(&res)
+            && let Some(job) = self.job(idx)
+            && let Some(run) = job.running()
+            && let Some(release) = self.cohort_release(idx, job, run, res, now)
+        {
+            let at = releases.partition_point(|r| *r < release);
+            releases.insert(at, release);
+        }
+    }
+
+    /// Inserts the release events of running job `idx` into `timeline` (see
+    /// `release_timeline`), keeping it sorted.
+    fn add_releases(&self, timeline: &mut Timeline, idx: JobIdx, res: ResIdx, now: Timestamp) {
+        let Some(run) = self.job(idx).and_then(Job::running) else {
+            return;
+        };
+        if run.res != res {
+            return;
+        }
+        let end = self.expected_end(idx, now);
+        for (node, workers) in &run.placement {
+            let event = (end, *node, workers.saturating_mul(run.per_worker));
+            let at = timeline.partition_point(|e| *e < event);
+            timeline.insert(at, event);
+        }
     }
 
     /// The failure of an earlier job of the same shape blocked by quota on
@@ -602,7 +710,8 @@ impl Allocator {
             }
         }
         let mut options = Vec::new();
-        while let Some(key) = heap.pop() {
+        let mut current = heap.pop();
+        while let Some(key) = current.take() {
             let lane_idx = key.lane;
             let Some(lane) = lanes.get_mut(lane_idx) else {
                 continue;
@@ -643,9 +752,16 @@ impl Allocator {
                     can_preempt,
                 }),
             }
-            if let Some(key) = self.lane_key(&lanes, lane_idx) {
-                heap.push(key);
-            }
+            // What pushing the lane's next key and popping would return
+            // (keys are unique), for at most one sift: the lane goes on when
+            // it is still first, else it swaps places with the heap's top.
+            current = match self.lane_key(&lanes, lane_idx) {
+                Some(next) => match heap.peek_mut() {
+                    Some(mut top) if *top > next => Some(std::mem::replace(&mut *top, next)),
+                    _ => Some(next),
+                },
+                None => heap.pop(),
+            };
         }
     }
 
@@ -797,8 +913,13 @@ impl Allocator {
                     && let Some(c) = cohort
                     && !ctx.quota_holds.contains_key(&(c, res))
                 {
-                    let until =
-                        self.quota_release_time(c, res, units.saturating_sub(short.available), now);
+                    let until = self.quota_release_time(
+                        &mut ctx.cohort_releases,
+                        c,
+                        res,
+                        units.saturating_sub(short.available),
+                        now,
+                    );
                     expected_start = until;
                     ctx.quota_holds.insert(
                         (c, res),
@@ -902,31 +1023,52 @@ impl Allocator {
     /// estimates). `None` when the running jobs never free that much.
     pub(crate) fn quota_release_time(
         &self,
+        cache: &mut FastMap<ResIdx, Vec<CohortRelease>>,
         cohort: crate::queues::CohortIdx,
         res: ResIdx,
         short: u64,
         now: Timestamp,
     ) -> Option<Timestamp> {
-        let mut ends: Vec<(Timestamp, u64)> = self
-            .running_jobs_in(res)
-            .filter(|(_, job, run)| {
-                run.res == res
-                    && self
-                        .queues
-                        .get(job.queue)
-                        .is_some_and(|q| q.cohort == Some(cohort))
-            })
-            .map(|(idx, _, run)| (self.expected_end(idx, now), run.admission.total_units()))
-            .collect();
-        ends.sort_unstable();
+        // One scan of the running jobs serves every cohort: a cohort's
+        // releases are a sorted subsequence of all of them.
+        let releases = cache
+            .entry(res)
+            .or_insert_with(|| self.cohort_releases(res, now));
         let mut freed = 0u64;
-        for (end, units) in ends {
+        for (end, units, _) in releases.iter().filter(|r| r.2 == Some(cohort)) {
             freed += units;
             if freed >= short {
-                return Some(end);
+                return Some(*end);
             }
         }
         None
+    }
+
+    /// Expected releases of the jobs running in `res`, sorted.
+    fn cohort_releases(&self, res: ResIdx, now: Timestamp) -> Vec<CohortRelease> {
+        let mut releases: Vec<CohortRelease> = self
+            .running_jobs_in(res)
+            .filter_map(|(idx, job, run)| self.cohort_release(idx, job, run, res, now))
+            .collect();
+        releases.sort_unstable();
+        releases
+    }
+
+    fn cohort_release(
+        &self,
+        idx: JobIdx,
+        job: &Job,
+        run: &Running,
+        res: ResIdx,
+        now: Timestamp,
+    ) -> Option<CohortRelease> {
+        (run.res == res).then(|| {
+            (
+                self.expected_end(idx, now),
+                run.admission.total_units(),
+                self.queues.get(job.queue).and_then(|q| q.cohort),
+            )
+        })
     }
 
     /// Release timeline of `res`, computed once per cycle until an admission

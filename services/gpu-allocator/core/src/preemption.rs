@@ -153,7 +153,10 @@ impl Search<'_> {
     }
 
     fn deltas(&self, set: &[usize]) -> Vec<UsageDelta> {
-        let mut deltas = self.inflight.to_vec();
+        // Room for the preemptor's own delta too (see `rules_hold`): one
+        // allocation per check, no regrowth.
+        let mut deltas = Vec::with_capacity(self.inflight.len() + set.len() + 1);
+        deltas.extend_from_slice(self.inflight);
         deltas.extend(
             set.iter()
                 .filter_map(|i| self.cands.get(*i))
@@ -168,7 +171,7 @@ impl Search<'_> {
 
     /// Quota and rule validity of a victim set.
     fn rules_hold(&self, set: &[usize]) -> bool {
-        let deltas = self.deltas(set);
+        let mut deltas = self.deltas(set);
         let queues = &self.alloc.queues;
         if queues
             .check(self.queue, self.res, self.units, &deltas)
@@ -176,12 +179,21 @@ impl Search<'_> {
         {
             return false;
         }
-        let mut per_queue: FastMap<QueueIdx, (u64, u64, bool)> = FastMap::default();
+        // Victim queues are few: a vector beats a map (every queue is checked,
+        // so the order does not matter).
+        let mut per_queue: Vec<(QueueIdx, (u64, u64, bool))> = Vec::new();
         for c in set.iter().filter_map(|i| self.cands.get(*i)) {
             if c.queue == self.queue {
                 continue;
             }
-            let e = per_queue.entry(c.queue).or_insert((0, u64::MAX, false));
+            let e = match per_queue.iter_mut().position(|(q, _)| *q == c.queue) {
+                Some(at) => per_queue.get_mut(at).map(|(_, e)| e),
+                None => {
+                    per_queue.push((c.queue, (0, u64::MAX, false)));
+                    per_queue.last_mut().map(|(_, e)| e)
+                }
+            };
+            let Some(e) = e else { continue };
             e.0 += c.units;
             e.1 = e.1.min(c.units);
             e.2 |= c.rule == PreemptionRule::FairShare;
@@ -189,13 +201,16 @@ impl Search<'_> {
         if per_queue.is_empty() {
             return true;
         }
-        let mut with_me = deltas.clone();
-        with_me.push(UsageDelta {
+        // With the preemptor admitted: the same deltas plus one, so extend
+        // them in place and look at the prefix for the state without it.
+        let without_me = deltas.len();
+        deltas.push(UsageDelta {
             queue: self.queue,
             res: self.res,
             units: i64::try_from(self.units).unwrap_or(i64::MAX),
         });
-        let my_share_after = queues.share(self.queue, &with_me);
+        let my_share_after = queues.share(self.queue, &deltas);
+        let deltas = deltas.get(..without_me).unwrap_or_default();
         for (queue, (removed, smallest, fair_share)) in per_queue {
             let Some(q) = queues.get(queue) else {
                 return false;
@@ -207,7 +222,7 @@ impl Search<'_> {
             if projected.saturating_sub(removed).saturating_add(smallest) <= nominal {
                 return false;
             }
-            if fair_share && my_share_after > queues.share(queue, &deltas) {
+            if fair_share && my_share_after > queues.share(queue, deltas) {
                 return false;
             }
         }
@@ -311,17 +326,29 @@ impl Search<'_> {
     /// gang fits.
     fn node_targeted(&self) -> Option<Vec<usize>> {
         let g = self.per_worker.max(1);
-        let mut on_node: FastMap<NodeIdx, Vec<usize>> = FastMap::default();
-        for (i, c) in self.cands.iter().enumerate() {
-            for (node, _) in c.nodes() {
-                on_node.entry(node).or_default().push(i);
-            }
-        }
+        // (node, candidate) pairs sorted, so each node's candidates form one
+        // run in index order: no vector per node, and the per-node buffers
+        // below are reused (this runs over hundreds of nodes per search).
+        let mut on_node: Vec<(NodeIdx, usize)> = self
+            .cands
+            .iter()
+            .enumerate()
+            .flat_map(|(i, c)| c.placement.iter().map(move |(node, _)| (*node, i)))
+            .collect();
+        on_node.sort_unstable();
+        let mut jobs: Vec<usize> = Vec::new();
+        let mut stats: Vec<(u32, i32, u64)> = Vec::new();
+        let mut dp: Vec<Option<(Cost, Vec<usize>)>> = Vec::new();
         let mut node_costs: Vec<(Cost, NodeIdx, Vec<usize>)> = Vec::new();
-        for (node, jobs) in &on_node {
+        for run in on_node.chunk_by(|a, b| a.0 == b.0) {
+            let Some((node, _)) = run.first() else {
+                continue;
+            };
             let Some((free, _, _)) = self.base.get(node) else {
                 continue;
             };
+            jobs.clear();
+            jobs.extend(run.iter().map(|(_, i)| *i));
             let target = (free / g + 1) * g;
             let units_on = |i: &usize| -> u32 {
                 self.cands
@@ -333,24 +360,23 @@ impl Search<'_> {
             // evicted, then gangs, then priority) that frees `need` units
             // here. Exact, and linear in jobs x units per node.
             let need = target.saturating_sub(*free) as usize;
-            let stats: Vec<(u32, i32, u64)> = jobs
-                .iter()
-                .map(|i| {
-                    let c = self.cands.get(*i);
-                    (
-                        units_on(i),
-                        c.map_or(i32::MIN, |c| c.priority),
-                        c.map_or(0, |c| c.units),
-                    )
-                })
-                .collect();
-            let mut dp: Vec<Option<(Cost, Vec<usize>)>> = vec![None; need + 1];
+            stats.clear();
+            stats.extend(jobs.iter().map(|i| {
+                let c = self.cands.get(*i);
+                (
+                    units_on(i),
+                    c.map_or(i32::MIN, |c| c.priority),
+                    c.map_or(0, |c| c.units),
+                )
+            }));
+            dp.clear();
+            dp.resize(need + 1, None);
             if let Some(slot) = dp.first_mut() {
                 *slot = Some(((0, 0, i32::MIN), Vec::new()));
             }
             for (j, (on_node, prio, units)) in stats.iter().enumerate() {
                 for f in (0..=need).rev() {
-                    let Some(Some((cost, members))) = dp.get(f).cloned() else {
+                    let Some(Some((cost, _))) = dp.get(f) else {
                         continue;
                     };
                     let nf = (f + *on_node as usize).min(need);
@@ -362,7 +388,12 @@ impl Search<'_> {
                         .get(nf)
                         .is_some_and(|d| d.as_ref().is_none_or(|(c, _)| next < *c))
                     {
-                        let mut members = members;
+                        // Members are copied only for an improvement, not
+                        // for every reachable state.
+                        let Some(Some((_, members))) = dp.get(f) else {
+                            continue;
+                        };
+                        let mut members = members.clone();
                         members.push(j);
                         if let Some(slot) = dp.get_mut(nf) {
                             *slot = Some((next, members));
@@ -639,7 +670,9 @@ impl Allocator {
             })
             .collect();
         for (vidx, vjob, run) in self.running_jobs_in(res) {
-            if run.res != res || run.preempting.is_some() || !vjob.spec.preemptible {
+            // Checks on the job come first: `run` lives behind one more
+            // pointer, and most running jobs are ruled out without it.
+            if !vjob.spec.preemptible {
                 continue;
             }
             // Explicit loop guard: never strike back at the last preemptor.
@@ -672,6 +705,9 @@ impl Allocator {
                     PreemptionRule::FairShare
                 }
             };
+            if run.res != res || run.preempting.is_some() {
+                continue;
+            }
             cands.push(Cand {
                 idx: vidx,
                 queue: vjob.queue,
