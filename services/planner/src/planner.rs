@@ -163,6 +163,22 @@ impl Planner {
         entries.entry(key.to_string()).or_default().clone()
     }
 
+    /// Drops a finished job's entry (its state is in the KV bucket and is loaded
+    /// again if anything more arrives), so memory follows the live jobs rather
+    /// than every job ever seen. Only when no other message for the job holds
+    /// the entry: under the map's lock nobody can take a new handle, so one job
+    /// never has two entries at once.
+    fn release_if_idle(&self, key: &str, handle: &Arc<tokio::sync::Mutex<Entry>>) {
+        let mut entries = self
+            .entries
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // The map's copy and `handle`: nobody else holds or waits for it.
+        if Arc::strong_count(handle) == 2 {
+            entries.remove(key);
+        }
+    }
+
     fn forget(&self, key: &str) {
         let mut entries = self
             .entries
@@ -204,17 +220,30 @@ impl Planner {
     ) -> Result<(), PlannerError> {
         let started = Instant::now();
         let key = key(entity);
-        let entry = self.entry(&key);
-        let mut entry = entry.lock().await;
+        let handle = self.entry(&key);
+        let mut entry = handle.lock().await;
         if !entry.loaded {
-            entry.state = self.store.load(&key).await?.unwrap_or_default();
+            let stored = self.store.load(&key).await?;
+            // A job seen before (released when it finished, or before a restart)
+            // is read from the API: a message may carry an older copy of it.
+            let seen_before = stored.is_some();
+            entry.state = stored.unwrap_or_default();
             entry.saved = Some(fingerprint(&[&StateStore::encode(&key, &entry.state)?]));
-            if entry.object.is_none() && !matches!(input, Input::Object(_)) {
+            if entry.object.is_none() && (seen_before || !matches!(input, Input::Object(_))) {
                 entry.object = self.writer.get(&entity.namespace, &entity.name).await?;
             }
             entry.loaded = true;
         }
         let result = self.apply(&key, entity, &mut entry, at, input).await;
+        let finished = entry
+            .object
+            .as_ref()
+            .and_then(|job| job.status.as_ref())
+            .and_then(|status| status.state)
+            .is_some_and(|state| state.is_terminal());
+        if result.is_ok() && finished {
+            self.release_if_idle(&key, &handle);
+        }
         let outcome = if result.is_ok() { "ok" } else { "error" };
         self.metrics.reconciles.with_label_values(&[outcome]).inc();
         self.metrics

@@ -246,6 +246,19 @@ async fn distributed_job_runs_to_completion_and_a_replay_changes_nothing() {
         lifecycle_before,
         "no transition published again"
     );
+    // The finished job's entry was released, so the replay reloads it; the
+    // stale copies of the TrainingJob it carries must not make any input fail.
+    let dead = trainyard_testkit::stream_messages(
+        &cluster.runtime.jetstream,
+        streams::DEAD_LETTER.name,
+        None,
+    )
+    .await;
+    assert!(
+        dead.is_empty(),
+        "a replay dead-letters nothing: {} messages",
+        dead.len()
+    );
     let _ = NS;
 }
 
