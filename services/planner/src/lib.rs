@@ -48,6 +48,7 @@ pub fn start(
         metrics,
         runtime.shutdown.clone(),
     );
+    planner.spawn_release();
     let handler = Arc::new(PlannerHandler(planner.clone()));
     for consumer in Service::Planner.consumers() {
         runtime.spawn_consumer(consumer, handler.clone());

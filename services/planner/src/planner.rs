@@ -91,6 +91,8 @@ struct Entry {
     applied: Option<u64>,
     /// Fingerprint of the state as last saved to (or loaded from) the KV bucket.
     saved: Option<u64>,
+    /// When a message last left the job finished (Completed or Failed).
+    finished_at: Option<Instant>,
 }
 
 /// One message's effect on a job.
@@ -163,20 +165,44 @@ impl Planner {
         entries.entry(key.to_string()).or_default().clone()
     }
 
-    /// Drops a finished job's entry (its state is in the KV bucket and is loaded
-    /// again if anything more arrives), so memory follows the live jobs rather
-    /// than every job ever seen. Only when no other message for the job holds
-    /// the entry: under the map's lock nobody can take a new handle, so one job
-    /// never has two entries at once.
-    fn release_if_idle(&self, key: &str, handle: &Arc<tokio::sync::Mutex<Entry>>) {
+    /// Drops the entries of jobs finished for at least `ttl` (their state is in the KV bucket and is loaded again if anything more
+    /// arrives), so memory follows the live jobs rather than every job ever
+    /// seen. An entry some message holds or waits for is kept: under the map's
+    /// lock nobody can take a new handle, so one job never has two entries.
+    fn release_finished(&self, ttl: Duration) {
         let mut entries = self
             .entries
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        // The map's copy and `handle`: nobody else holds or waits for it.
-        if Arc::strong_count(handle) == 2 {
-            entries.remove(key);
-        }
+        entries.retain(|_, entry| {
+            if Arc::strong_count(entry) > 1 {
+                return true;
+            }
+            entry.try_lock().map_or(true, |entry| {
+                entry.finished_at.is_none_or(|at| at.elapsed() < ttl)
+            })
+        });
+    }
+
+    /// Releases finished jobs' entries (`finished_entry_ttl_seconds` after their
+    /// last message: a job's last reports and object changes arrive just after
+    /// it ends, and each would otherwise load it again) until shutdown.
+    pub fn spawn_release(self: &Arc<Self>) {
+        let planner = Arc::downgrade(self);
+        let shutdown = self.shutdown.clone();
+        let ttl = Duration::from_secs(self.config.finished_entry_ttl_seconds.max(1).into());
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(ttl);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = every.tick() => match planner.upgrade() {
+                        Some(planner) => planner.release_finished(ttl),
+                        None => return,
+                    },
+                }
+            }
+        });
     }
 
     fn forget(&self, key: &str) {
@@ -220,8 +246,8 @@ impl Planner {
     ) -> Result<(), PlannerError> {
         let started = Instant::now();
         let key = key(entity);
-        let handle = self.entry(&key);
-        let mut entry = handle.lock().await;
+        let entry = self.entry(&key);
+        let mut entry = entry.lock().await;
         if !entry.loaded {
             let stored = self.store.load(&key).await?;
             // A job seen before (released when it finished, or before a restart)
@@ -241,9 +267,7 @@ impl Planner {
             .and_then(|job| job.status.as_ref())
             .and_then(|status| status.state)
             .is_some_and(|state| state.is_terminal());
-        if result.is_ok() && finished {
-            self.release_if_idle(&key, &handle);
-        }
+        entry.finished_at = finished.then(Instant::now);
         let outcome = if result.is_ok() { "ok" } else { "error" };
         self.metrics.reconciles.with_label_values(&[outcome]).inc();
         self.metrics

@@ -200,6 +200,9 @@ async fn distributed_job_runs_to_completion_and_a_replay_changes_nothing() {
     );
 
     // Replay every input the planner consumed, as new messages: nothing changes.
+    // First let the planner release the finished job from memory
+    // (`finished_entry_ttl_seconds` is 1 here), so the replay reloads it.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     let jobs_before = cluster.job_names().await;
     let status_before = cluster
         .training_jobs()

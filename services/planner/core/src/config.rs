@@ -42,6 +42,9 @@ pub struct PlannerConfig {
     /// TrainingJobs reconciled at once per consumer (their Kubernetes round trips
     /// overlap); messages about one job are always handled in order.
     pub parallel_jobs: usize,
+    /// Seconds a finished TrainingJob stays in the planner's memory after its
+    /// last message (its state stays in the KV bucket either way).
+    pub finished_entry_ttl_seconds: u32,
 }
 
 impl Default for PlannerConfig {
@@ -58,6 +61,7 @@ impl Default for PlannerConfig {
             restart_backoff_max_seconds: 300,
             finished_job_ttl_seconds: Some(86_400),
             parallel_jobs: 16,
+            finished_entry_ttl_seconds: 30,
         }
     }
 }

@@ -66,6 +66,8 @@ pub async fn start() -> Cluster {
         restart_backoff_initial_seconds: 1,
         restart_backoff_max_seconds: 2,
         stop_grace_period_seconds: 1,
+        // Finished jobs leave memory quickly, so tests go through the reload.
+        finished_entry_ttl_seconds: 1,
         ..Default::default()
     };
     trainyard_planner::start(&runtime, config, client.clone()).expect("planner starts");
