@@ -124,19 +124,31 @@ impl Allocator {
         };
         let mut events = Vec::new();
         for job in &r.running {
-            let Some(JobState::Running(run)) = self.job(*job).map(|j| &j.state) else {
-                continue;
-            };
-            if run.res != res {
-                continue;
-            }
-            let end = self.expected_end(*job, now);
-            for (node, workers) in &run.placement {
-                events.push((end, *node, workers.saturating_mul(run.per_worker)));
-            }
+            self.job_releases(*job, res, now, |event| events.push(event));
         }
         events.sort_unstable();
         events
+    }
+
+    /// Calls `each` with the release events `(end, node, units)` of one job,
+    /// if it runs in `res`.
+    pub(crate) fn job_releases(
+        &self,
+        job: JobIdx,
+        res: ResIdx,
+        now: Timestamp,
+        mut each: impl FnMut((Timestamp, NodeIdx, u32)),
+    ) {
+        let Some(run) = self.job(job).and_then(|j| j.running()) else {
+            return;
+        };
+        if run.res != res {
+            return;
+        }
+        let end = self.expected_end(job, now);
+        for (node, workers) in &run.placement {
+            each((end, *node, workers.saturating_mul(run.per_worker)));
+        }
     }
 
     /// Earliest start and nodes for a blocked gang, not counting on units

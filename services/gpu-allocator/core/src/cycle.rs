@@ -669,18 +669,10 @@ impl Allocator {
     /// Inserts the release events of running job `idx` into `timeline` (see
     /// `release_timeline`), keeping it sorted.
     fn add_releases(&self, timeline: &mut Timeline, idx: JobIdx, res: ResIdx, now: Timestamp) {
-        let Some(run) = self.job(idx).and_then(Job::running) else {
-            return;
-        };
-        if run.res != res {
-            return;
-        }
-        let end = self.expected_end(idx, now);
-        for (node, workers) in &run.placement {
-            let event = (end, *node, workers.saturating_mul(run.per_worker));
+        self.job_releases(idx, res, now, |event| {
             let at = timeline.partition_point(|e| *e < event);
             timeline.insert(at, event);
-        }
+        });
     }
 
     /// The failure of an earlier job of the same shape blocked by quota on
