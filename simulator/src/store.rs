@@ -193,7 +193,6 @@ fn remove_dropped_fields(live: &mut Value, before: &Value, after: &Value, others
     }
 }
 
-/// Everything except metadata and status: a change here bumps `generation`.
 /// Whether two JSON objects are equal but for the fields in `skip`.
 fn equal_except(a: &Value, b: &Value, skip: &[&str]) -> bool {
     let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
@@ -219,7 +218,8 @@ fn same_but_revision(a: &Value, b: &Value) -> bool {
         )
 }
 
-/// Whether the spec part (everything but metadata and status) differs.
+/// Whether the spec part (everything but metadata and status) differs: such a
+/// change bumps `generation`.
 fn spec_changed(a: &Value, b: &Value) -> bool {
     !equal_except(a, b, &["metadata", "status"])
 }
