@@ -165,10 +165,11 @@ impl Planner {
         entries.entry(key.to_string()).or_default().clone()
     }
 
-    /// Drops the entries of jobs finished for at least `ttl` (their state is in the KV bucket and is loaded again if anything more
-    /// arrives), so memory follows the live jobs rather than every job ever
-    /// seen. An entry some message holds or waits for is kept: under the map's
-    /// lock nobody can take a new handle, so one job never has two entries.
+    /// Drops the entries of jobs finished for at least `ttl` (their state is
+    /// in the KV bucket and is loaded again if anything more arrives), so
+    /// memory follows the live jobs rather than every job ever seen. An entry
+    /// some message holds or waits for is kept: under the map's lock nobody
+    /// can take a new handle, so one job never has two entries.
     fn release_finished(&self, ttl: Duration) {
         let mut entries = self
             .entries
