@@ -1,16 +1,18 @@
 //! Every Kubernetes write Trainyard makes happens here: server-side apply under one
 //! field manager, status subresource writes, Job deletions, Events and the finalizer.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client, Resource, ResourceExt};
 use planner_core::DesiredObjects;
 use serde_json::json;
 use trainyard_api::{Sweep, SweepStatus, TrainingJob, TrainingJobSpec, TrainingJobStatus};
 
 use crate::error::PlannerError;
+use crate::events::EventRecorder;
 
 /// Label naming the Sweep a trial belongs to.
 pub const SWEEP_LABEL: &str = "trainyard.dev/sweep";
@@ -37,7 +39,7 @@ fn gone(result: Result<(), kube::Error>, action: String) -> Result<(), PlannerEr
 pub struct KubeWriter {
     client: Client,
     field_manager: String,
-    recorder: Recorder,
+    recorder: Arc<EventRecorder>,
 }
 
 fn is_not_found(err: &kube::Error) -> bool {
@@ -46,17 +48,10 @@ fn is_not_found(err: &kube::Error) -> bool {
 
 impl KubeWriter {
     pub fn new(client: Client, field_manager: &str) -> Self {
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: field_manager.to_string(),
-                instance: None,
-            },
-        );
         Self {
+            recorder: Arc::new(EventRecorder::new(client.clone(), field_manager)),
             client,
             field_manager: field_manager.to_string(),
-            recorder,
         }
     }
 
@@ -174,21 +169,10 @@ impl KubeWriter {
         reason: &str,
         message: &str,
     ) -> Result<(), PlannerError> {
-        let event = Event {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.to_string(),
-            note: Some(message.chars().take(1024).collect()),
-            action: reason.to_string(),
-            secondary: None,
-        };
+        let note: String = message.chars().take(1024).collect();
         self.recorder
-            .publish(&event, &job.object_ref(&()))
+            .publish(&job.object_ref(&()), warning, reason, &note)
             .await
-            .map_err(PlannerError::kube(format!("record event {reason}")))
     }
 
     /// Adds the cleanup finalizer if missing.

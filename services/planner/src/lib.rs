@@ -4,6 +4,7 @@
 //! apply under one field manager.
 
 pub mod error;
+pub mod events;
 pub mod kubernetes;
 pub mod planner;
 pub mod store;
