@@ -103,7 +103,11 @@ pub(crate) struct CycleCtx {
     /// blocks, per (cohort, resource).
     quota_holds: FastMap<(crate::queues::CohortIdx, ResIdx), QuotaHold>,
     reservations: Reservations,
-    failed: Vec<Failed>,
+    /// Failures that may try preemption (blocked by quota or capacity), in
+    /// line order: (slot in the pending explanations, job).
+    may_preempt: Vec<(usize, JobIdx)>,
+    /// The queue of each pending explanation, for its queue length.
+    pending_queues: Vec<QueueIdx>,
     stats: CycleStats,
     /// Bumped by every admission and every new quota hold: what a quota
     /// check saw is valid while the epoch stays.
@@ -137,20 +141,6 @@ pub(crate) struct LaneJob {
     shape: Option<(bool, u64, Option<u64>)>,
 }
 
-pub(crate) struct Failed {
-    job: JobIdx,
-    /// Copied while the job is hot in cache, so building the explanations
-    /// does not walk the job table again.
-    uid: JobUid,
-    queue: QueueIdx,
-    position: u32,
-    queue_length: u32,
-    effective_priority: i32,
-    reason: Arc<PendingReason>,
-    /// The job may try preemption (blocked by quota or capacity).
-    can_preempt: bool,
-}
-
 /// Sort key of a pending job: effective priority (highest first),
 /// submission time, arrival number, and its slot in the staged jobs.
 type LaneSortKey = (Reverse<i32>, Timestamp, u64, usize);
@@ -169,15 +159,17 @@ pub(crate) struct CycleScratch {
     sorted: Vec<LaneSortKey>,
     /// Staged slot of each pending job, by job index.
     slot_of: Vec<Option<usize>>,
-    failed: Vec<Failed>,
+    /// The queue listing each pending job, by job index.
+    queue_of: Vec<Option<QueueIdx>>,
+    pending_queues: Vec<QueueIdx>,
 }
 
 /// A queue's ordered pending jobs during a cycle.
 pub(crate) struct Lane {
     queue: QueueIdx,
-    /// In rank order.
-    jobs: Vec<LaneJob>,
-    next: usize,
+    name: Arc<str>,
+    /// In rank order; the pass takes them from the front.
+    jobs: std::vec::IntoIter<LaneJob>,
 }
 
 /// Heap key: lowest weighted share first, then the head job's global rank
@@ -313,10 +305,9 @@ impl Allocator {
         self.process_evictions(now, &mut out);
 
         let mut ctx = CycleCtx {
-            failed: std::mem::take(&mut self.scratch.failed),
+            pending_queues: std::mem::take(&mut self.scratch.pending_queues),
             ..CycleCtx::default()
         };
-        ctx.failed.reserve(self.job_by_uid.len());
         self.hold_for_waiting_preemptors(now, &mut ctx);
         self.admit_ready_preemptors(now, &mut ctx, &mut out);
         self.evaluate_reserved_first(now, &mut ctx, &mut out);
@@ -326,32 +317,7 @@ impl Allocator {
         if self.config.preemption.enabled {
             self.preemption_pass(now, &mut ctx, &mut out);
         }
-        // Positions count only jobs still waiting: admitted ones left the line.
-        let mut waiting: Vec<u32> = vec![0; self.queues.queues.len()];
-        let mut failed = std::mem::take(&mut ctx.failed);
-        for f in &mut failed {
-            if let Some(count) = waiting.get_mut(f.queue as usize) {
-                *count += 1;
-                f.position = *count;
-            }
-        }
-        // Sized up front: growing to 10,000 explanations reallocates often.
-        out.pending = Vec::with_capacity(failed.len());
-        out.pending.extend(failed.drain(..).filter_map(|f| {
-            let queue = self.queues.get(f.queue)?.name.clone();
-            Some(PendingExplanation {
-                uid: f.uid,
-                queue,
-                position: f.position,
-                queue_length: waiting
-                    .get(f.queue as usize)
-                    .copied()
-                    .unwrap_or(f.queue_length),
-                effective_priority: f.effective_priority,
-                reason: f.reason,
-            })
-        }));
-        self.scratch.failed = failed;
+        self.scratch.pending_queues = std::mem::take(&mut ctx.pending_queues);
         out.stats = ctx.stats;
         out.stats.admitted = u32::try_from(out.admissions.len()).unwrap_or(u32::MAX);
         out
@@ -528,55 +494,63 @@ impl Allocator {
             mut keys,
             mut sorted,
             mut slot_of,
-            failed,
+            mut queue_of,
+            pending_queues,
         } = std::mem::take(&mut self.scratch);
         staged.clear();
         keys.clear();
         sorted.clear();
         slot_of.clear();
         slot_of.resize(self.jobs.len(), None);
-        for queue in &self.queues.queues {
-            // One policy per queue: looked up once, not per job.
-            let aging = queue.aging.unwrap_or(self.config.aging);
-            for idx in &queue.pending {
-                if let Some(job) = self.job(*idx) {
-                    let shape = (matches!(job.state, JobState::Pending(None))
-                        && job.spec.gpu_slice.is_none())
-                    .then(|| {
-                        (
-                            job.spec.allow_gpu_sharing,
-                            job.spec.total_units(),
-                            job_end_key(&job.spec, now).1.map(|t| t.0),
-                        )
-                    });
-                    let priority = job
-                        .spec
-                        .priority
-                        .saturating_add(aging.boost(now.secs_since(job.spec.submitted_at)));
-                    if let Some(slot) = slot_of.get_mut(*idx as usize) {
-                        *slot = Some(keys.len());
-                    }
-                    // Keys apart from the lane jobs: moving small keys is far
-                    // cheaper than moving whole lane jobs around. The arrival
-                    // number is unique, so the order is total.
-                    keys.push((
-                        Reverse(priority),
-                        job.spec.submitted_at,
-                        job.seq,
-                        staged.len(),
-                    ));
-                    staged.push(Some((
-                        job.queue,
-                        LaneJob {
-                            priority,
-                            rank: 0,
-                            idx: *idx,
-                            uid: job.spec.uid.clone(),
-                            shape,
-                        },
-                    )));
+        queue_of.clear();
+        queue_of.resize(self.jobs.len(), None);
+        for (queue, q) in (0..).zip(&self.queues.queues) {
+            for idx in &q.pending {
+                if let Some(listed) = queue_of.get_mut(*idx as usize) {
+                    *listed = Some(queue);
                 }
             }
+        }
+        // Jobs are read in table order, not queue by queue: memory order lets
+        // the prefetcher stream the job table, where queue order misses the
+        // cache on nearly every job. (The sort below fixes the order.)
+        for (((idx, job), queue), slot) in (0..).zip(&self.jobs).zip(&queue_of).zip(&mut slot_of) {
+            let (Some(job), Some(queue)) = (job, *queue) else {
+                continue;
+            };
+            let shape = (matches!(job.state, JobState::Pending(None))
+                && job.spec.gpu_slice.is_none())
+            .then(|| {
+                (
+                    job.spec.allow_gpu_sharing,
+                    job.spec.total_units(),
+                    job_end_key(&job.spec, now).1.map(|t| t.0),
+                )
+            });
+            let priority = job.spec.priority.saturating_add(
+                self.aging_of(queue)
+                    .boost(now.secs_since(job.spec.submitted_at)),
+            );
+            *slot = Some(keys.len());
+            // Keys apart from the lane jobs: moving small keys is far
+            // cheaper than moving whole lane jobs around. The arrival
+            // number is unique, so the order is total.
+            keys.push((
+                Reverse(priority),
+                job.spec.submitted_at,
+                job.seq,
+                staged.len(),
+            ));
+            staged.push(Some((
+                job.queue,
+                LaneJob {
+                    priority,
+                    rank: 0,
+                    idx,
+                    uid: job.spec.uid.clone(),
+                    shape,
+                },
+            )));
         }
         // Last cycle's order first, then jobs new to the line: the stable
         // sort finds the long sorted runs and merges in the few changes.
@@ -591,7 +565,7 @@ impl Allocator {
         sorted.sort();
         // Lane of each queue, by queue index (lanes in order of first job).
         let mut lane_of: Vec<Option<usize>> = vec![None; self.queues.queues.len()];
-        let mut lanes: Vec<Lane> = Vec::new();
+        let mut lanes: Vec<(QueueIdx, Arc<str>, Vec<LaneJob>)> = Vec::new();
         last_order.clear();
         for (rank, &(.., slot)) in sorted.iter().enumerate() {
             let Some((queue, mut job)) = staged.get_mut(slot).and_then(Option::take) else {
@@ -601,17 +575,20 @@ impl Allocator {
             let Some(lane_slot) = lane_of.get_mut(queue as usize) else {
                 continue;
             };
+            let Some(q) = self.queues.get(queue) else {
+                continue;
+            };
             let lane = *lane_slot.get_or_insert_with(|| {
-                lanes.push(Lane {
+                lanes.push((
                     queue,
-                    jobs: Vec::with_capacity(self.queues.get(queue).map_or(0, |q| q.pending.len())),
-                    next: 0,
-                });
+                    Arc::clone(&q.name),
+                    Vec::with_capacity(q.pending.len()),
+                ));
                 lanes.len() - 1
             });
-            if let Some(l) = lanes.get_mut(lane) {
+            if let Some((.., jobs)) = lanes.get_mut(lane) {
                 job.rank = u32::try_from(rank).unwrap_or(u32::MAX);
-                l.jobs.push(job);
+                jobs.push(job);
             }
         }
         self.scratch = CycleScratch {
@@ -620,14 +597,22 @@ impl Allocator {
             keys,
             sorted,
             slot_of,
-            failed,
+            queue_of,
+            pending_queues,
         };
         lanes
+            .into_iter()
+            .map(|(queue, name, jobs)| Lane {
+                queue,
+                name,
+                jobs: jobs.into_iter(),
+            })
+            .collect()
     }
 
     pub(crate) fn lane_key(&self, lanes: &[Lane], lane: usize) -> Option<LaneKey> {
         let l = lanes.get(lane)?;
-        let rank = l.jobs.get(l.next)?.rank;
+        let rank = l.jobs.as_slice().first()?.rank;
         Some(LaneKey {
             share: self.queues.share(l.queue, &[]),
             rank,
@@ -701,6 +686,13 @@ impl Allocator {
                 heap.push(key);
             }
         }
+        // Failures so far per queue: a failure's position counts only jobs
+        // still waiting (admitted ones left the line).
+        let mut waiting: Vec<u32> = vec![0; self.queues.queues.len()];
+        let in_line: usize = lanes.iter().map(|l| l.jobs.len()).sum();
+        out.pending.reserve(in_line);
+        ctx.pending_queues.clear();
+        ctx.pending_queues.reserve(in_line);
         let mut options = Vec::new();
         let mut current = heap.pop();
         while let Some(key) = current.take() {
@@ -710,14 +702,16 @@ impl Allocator {
             };
             // Lanes are built after the preemptors and reserved jobs went, so
             // every job here is still pending.
-            let Some(job) = lane.jobs.get_mut(lane.next) else {
+            let Some(LaneJob {
+                priority,
+                idx,
+                uid,
+                shape,
+                ..
+            }) = lane.jobs.next()
+            else {
                 continue;
             };
-            let (priority, idx, shape) = (job.priority, job.idx, job.shape);
-            let uid = std::mem::take(&mut job.uid);
-            lane.next += 1;
-            let position = u32::try_from(lane.next).unwrap_or(u32::MAX);
-            let queue_length = u32::try_from(lane.jobs.len()).unwrap_or(u32::MAX);
             let lane_queue = lane.queue;
             ctx.stats.considered += 1;
             let outcome = match ctx.early.remove(&idx) {
@@ -733,16 +727,24 @@ impl Allocator {
             };
             match outcome {
                 Ok(plan) => self.admit_in_cycle(idx, plan, now, ctx, out),
-                Err((reason, can_preempt)) => ctx.failed.push(Failed {
-                    job: idx,
-                    uid,
-                    queue: lane_queue,
-                    position,
-                    queue_length,
-                    effective_priority: priority,
-                    reason,
-                    can_preempt,
-                }),
+                Err((reason, can_preempt)) => {
+                    if let Some(waiting) = waiting.get_mut(lane_queue as usize) {
+                        *waiting += 1;
+                        if can_preempt {
+                            ctx.may_preempt.push((out.pending.len(), idx));
+                        }
+                        ctx.pending_queues.push(lane_queue);
+                        out.pending.push(PendingExplanation {
+                            uid,
+                            queue: Arc::clone(&lane.name),
+                            position: *waiting,
+                            // Known once every job was seen.
+                            queue_length: 0,
+                            effective_priority: priority,
+                            reason,
+                        });
+                    }
+                }
             }
             // What pushing the lane's next key and popping would return
             // (keys are unique), for at most one sift: the lane goes on when
@@ -754,6 +756,9 @@ impl Allocator {
                 },
                 None => heap.pop(),
             };
+        }
+        for (pending, queue) in out.pending.iter_mut().zip(&ctx.pending_queues) {
+            pending.queue_length = waiting.get(*queue as usize).copied().unwrap_or(0);
         }
     }
 
@@ -1371,19 +1376,12 @@ impl Allocator {
             foldhash::fast::FixedState,
         > = std::collections::HashSet::default();
         let mut inflight = self.inflight();
-        for i in 0..ctx.failed.len() {
+        for (slot, idx) in std::mem::take(&mut ctx.may_preempt) {
             if attempts >= policy.max_attempts_per_cycle
                 || decided >= policy.max_preemptions_per_cycle
             {
                 break;
             }
-            let Some(failed) = ctx.failed.get(i) else {
-                break;
-            };
-            if !failed.can_preempt {
-                continue;
-            }
-            let idx = failed.job;
             if !self.may_try_preemption(idx) {
                 continue;
             }
@@ -1439,7 +1437,7 @@ impl Allocator {
             decided += 1;
             // The decision changes usage projections and claims.
             inflight = self.inflight();
-            if let Some(f) = ctx.failed.get_mut(i) {
+            if let Some(f) = out.pending.get_mut(slot) {
                 f.reason = Arc::new(PendingReason::AwaitingPreemption {
                     victims: u32::try_from(preemption.victims.len()).unwrap_or(u32::MAX),
                     evict_at: preemption.evict_at,
