@@ -15,6 +15,7 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
+use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::broadcast::{self, error::RecvError};
 use tokio_util::sync::CancellationToken;
@@ -112,13 +113,30 @@ fn not_served(path: &str) -> ApiError {
     err
 }
 
-fn reply(status: StatusCode, body: &Value) -> Response {
+fn reply(status: StatusCode, body: &impl Serialize) -> Response {
     (
         status,
         [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
+        serde_json::to_vec(body).unwrap_or_default(),
     )
         .into_response()
+}
+
+/// A list response, serialised from the stored objects without copying them.
+/// Fields in `json!`'s (sorted) order.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct List<'a> {
+    api_version: String,
+    items: Vec<&'a Value>,
+    kind: String,
+    metadata: ListMeta,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ListMeta {
+    resource_version: String,
 }
 
 fn error_reply(err: &ApiError) -> Response {
@@ -128,7 +146,7 @@ fn error_reply(err: &ApiError) -> Response {
 
 fn object_reply(result: Result<Arc<Value>, ApiError>, success: StatusCode) -> Response {
     match result {
-        Ok(object) => reply(success, &object),
+        Ok(object) => reply(success, object.as_ref()),
         Err(err) => error_reply(&err),
     }
 }
@@ -225,12 +243,14 @@ fn serve(
             let (items, revision) = store.list(rt, ns, &labels, &fields);
             Ok(reply(
                 StatusCode::OK,
-                &json!({
-                    "apiVersion": rt.api_version(),
-                    "kind": format!("{}List", rt.kind),
-                    "metadata": {"resourceVersion": revision.to_string()},
-                    "items": items.iter().map(|o| o.as_ref()).collect::<Vec<_>>(),
-                }),
+                &List {
+                    api_version: rt.api_version(),
+                    items: items.iter().map(AsRef::as_ref).collect(),
+                    kind: format!("{}List", rt.kind),
+                    metadata: ListMeta {
+                        resource_version: revision.to_string(),
+                    },
+                },
             ))
         }
         (&Method::POST, None) => Ok(object_reply(
@@ -302,6 +322,15 @@ enum Phase {
     Done,
 }
 
+/// One line of a watch stream. Serialised from borrowed parts: building it with
+/// `json!` would deep-copy the object first. Fields in `json!`'s (sorted) order.
+#[derive(Serialize)]
+struct WatchEvent<'a> {
+    object: &'a Value,
+    #[serde(rename = "type")]
+    kind: &'a str,
+}
+
 struct Watch {
     phase: Phase,
     rt: &'static ResourceType,
@@ -340,15 +369,16 @@ impl Watch {
             (false, Some(true)) => ChangeKind::Deleted,
             (false, _) => return None,
         };
-        Some(Self::line(
-            &json!({"type": kind.as_str(), "object": change.object.as_ref()}),
-        ))
+        Some(Self::line(&WatchEvent {
+            kind: kind.as_str(),
+            object: &change.object,
+        }))
     }
 
-    fn line(value: &Value) -> Bytes {
-        let mut text = value.to_string();
-        text.push('\n');
-        Bytes::from(text)
+    fn line(value: &impl Serialize) -> Bytes {
+        let mut line = serde_json::to_vec(value).unwrap_or_default();
+        line.push(b'\n');
+        Bytes::from(line)
     }
 
     fn bookmark(&self) -> Bytes {

@@ -133,6 +133,7 @@ pub struct Cluster {
     clock: SimClock,
     rng: StdRng,
     nodes: Vec<NodeSlot>,
+    /// By the uid of the Job running them.
     runs: HashMap<String, Run>,
     bound_at: HashMap<String, f64>,
     history: BTreeMap<String, JobHistory>,
@@ -656,33 +657,27 @@ impl Cluster {
         );
         let mut live = HashSet::new();
         let pods_by_job = self.pods_by_job();
-        for job in jobs {
-            let ns = str_of(&job, &["metadata", "namespace"])
-                .unwrap_or_default()
-                .to_owned();
-            let name = str_of(&job, &["metadata", "name"])
-                .unwrap_or_default()
-                .to_owned();
-            let uid = str_of(&job, &["metadata", "uid"])
-                .unwrap_or_default()
-                .to_owned();
-            let run_key = format!("{ns}/{name}/{uid}");
-            live.insert(run_key.clone());
-            if job_finished(&job) {
+        for job in &jobs {
+            let metadata = &job["metadata"];
+            let ns = metadata["namespace"].as_str().unwrap_or_default();
+            let name = metadata["name"].as_str().unwrap_or_default();
+            let uid = metadata["uid"].as_str().unwrap_or_default();
+            live.insert(uid);
+            if job_finished(job) {
                 continue;
             }
-            let pods = pods_by_job.get(&uid).cloned().unwrap_or_default();
+            let pods = pods_by_job.get(uid).map(Vec::as_slice).unwrap_or_default();
             if job["spec"]["suspend"] == true {
                 for pod in pods.iter().filter(|p| !terminal(p)) {
                     let pod_name = str_of(pod, &["metadata", "name"]).unwrap_or_default();
                     let _ = self.store.delete(
                         resources::pods(),
-                        Some(&ns),
+                        Some(ns),
                         pod_name,
                         Propagation::Background,
                     );
                 }
-                self.runs.remove(&run_key);
+                self.runs.remove(uid);
                 let status = &job["status"];
                 let marked = status["active"] == json!(0)
                     && status["ready"] == json!(0)
@@ -692,17 +687,17 @@ impl Cluster {
                 if marked {
                     continue;
                 }
-                let _ = self.store.update(resources::jobs(), Some(&ns), &name, |j| {
+                let _ = self.store.update(resources::jobs(), Some(ns), name, |j| {
                     j["status"]["active"] = json!(0);
                     j["status"]["ready"] = json!(0);
                     j["status"]["conditions"] = json!([{"type": "Suspended", "status": "True", "reason": "JobSuspended", "message": "Job suspended"}]);
                 });
                 continue;
             }
-            if !self.runs.contains_key(&run_key) {
-                match self.start_run(&job) {
+            if !self.runs.contains_key(uid) {
+                match self.start_run(job) {
                     Some(run) => {
-                        self.runs.insert(run_key.clone(), run);
+                        self.runs.insert(uid.to_owned(), run);
                     }
                     None => continue,
                 }
@@ -721,7 +716,7 @@ impl Cluster {
             if current {
                 continue;
             }
-            let _ = self.store.update(resources::jobs(), Some(&ns), &name, |j| {
+            let _ = self.store.update(resources::jobs(), Some(ns), name, |j| {
                 j["status"]["active"] = json!(active);
                 j["status"]["ready"] = json!(running);
                 if j["status"]["startTime"].is_null() {
@@ -732,7 +727,7 @@ impl Cluster {
                 }
             });
         }
-        self.runs.retain(|k, _| live.contains(k));
+        self.runs.retain(|uid, _| live.contains(uid.as_str()));
     }
 
     /// Creates the pods of an unsuspended Job and remembers how its workers train.
@@ -875,9 +870,10 @@ impl Cluster {
     /// tolerations and affinities and have the GPUs free, packing GPUs tightly.
     fn schedule(&mut self, now: f64) {
         let pods = self.pods();
+        // Most pods are bound: their node name decides before their phase is read.
         let mut pending: Vec<&Arc<Value>> = pods
             .iter()
-            .filter(|p| !terminal(p) && p["spec"]["nodeName"].is_null())
+            .filter(|p| p["spec"]["nodeName"].is_null() && !terminal(p))
             .collect();
         // Most steps have nothing to bind: skip the per-node accounting then.
         if pending.is_empty() {
@@ -1078,16 +1074,17 @@ impl Cluster {
     /// Training: gangs whose pods all run advance epochs, report, checkpoint, and
     /// end by succeeding, failing or being stopped.
     fn train(&mut self, now: f64, reports: &mut Vec<Report>) {
-        let keys: Vec<String> = self.runs.keys().cloned().collect();
+        let uids: Vec<String> = self.runs.keys().cloned().collect();
         let pods_by_job = self.pods_by_job();
-        for run_key in keys {
-            let Some(mut run) = self.runs.get(&run_key).cloned() else {
+        for uid in uids {
+            // Taken out while it advances (put back unless it ends): a copy of
+            // every run on every step was a noticeable part of the step.
+            let Some(mut run) = self.runs.remove(&uid) else {
                 continue;
             };
-            let uid = run_key.rsplit('/').next().unwrap_or_default().to_owned();
-            let pods = pods_by_job.get(&uid).cloned().unwrap_or_default();
+            let pods = pods_by_job.get(&uid).map(Vec::as_slice).unwrap_or_default();
             if pods.iter().any(|p| phase(p) == "Failed") {
-                self.end_run(&run_key, &run, now, &pods, false);
+                self.end_run(&run, now, pods, false);
                 continue;
             }
             let all_running =
@@ -1104,14 +1101,14 @@ impl Cluster {
                         // A resumed worker says where it starts.
                         reports.extend(self.progress(&run, run.start_epoch));
                     }
-                    self.runs.insert(run_key, run);
                 }
+                self.runs.insert(uid, run);
                 continue;
             };
             // A run ends one step after its last report, as a worker exits after
             // reporting: the reports are published before the Job's end is visible.
             if run.reported_epoch >= run.total_epochs || run.stop_requested {
-                self.end_run(&run_key, &run, now, &pods, true);
+                self.end_run(&run, now, pods, true);
                 continue;
             }
             let epoch = Self::epoch_at(&run, started, now);
@@ -1132,22 +1129,15 @@ impl Cluster {
                 if let Some(pod) = pods.first() {
                     self.fail_pod(pod, Some(code), None);
                 }
-                self.end_run(&run_key, &run, now, &pods, false);
+                self.end_run(&run, now, pods, false);
                 continue;
             }
-            self.runs.insert(run_key, run);
+            self.runs.insert(uid, run);
         }
     }
 
-    fn end_run(
-        &mut self,
-        run_key: &str,
-        run: &Run,
-        now: f64,
-        pods: &[Arc<Value>],
-        succeeded: bool,
-    ) {
-        self.runs.remove(run_key);
+    /// Ends a run already taken out of `runs`.
+    fn end_run(&mut self, run: &Run, now: f64, pods: &[Arc<Value>], succeeded: bool) {
         let disrupted = pods.iter().any(|p| {
             p["status"]["conditions"]
                 .as_array()

@@ -124,6 +124,10 @@ impl Selector {
 
     /// Matches against `metadata.labels`.
     pub fn matches_labels(&self, object: &Value) -> bool {
+        // Most lists and watches have no selector: skip even finding the labels.
+        if self.0.is_empty() {
+            return true;
+        }
         let labels = &object["metadata"]["labels"];
         self.matches(|key| labels[key].as_str().map(str::to_owned))
     }

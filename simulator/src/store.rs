@@ -147,6 +147,13 @@ fn meta_mut(object: &mut Value) -> &mut Map<String, Value> {
 
 /// RFC 7386: objects merge key by key, `null` removes, anything else replaces.
 pub fn merge_patch(target: &mut Value, patch: &Value) {
+    merge(target, patch, true);
+}
+
+/// A merge patch; `null` in an object removes the field when `null_removes`, and
+/// is skipped otherwise (apply bodies never remove with `null`: the absent-field
+/// rule does that).
+fn merge(target: &mut Value, patch: &Value, null_removes: bool) {
     match patch {
         Value::Object(fields) => {
             if !target.is_object() {
@@ -154,10 +161,11 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
             }
             if let Some(map) = target.as_object_mut() {
                 for (name, value) in fields {
-                    if value.is_null() {
+                    if !value.is_null() {
+                        let field = map.entry(name.clone()).or_insert(Value::Null);
+                        merge(field, value, null_removes);
+                    } else if null_removes {
                         map.remove(name);
-                    } else {
-                        merge_patch(map.entry(name.clone()).or_insert(Value::Null), value);
                     }
                 }
             }
@@ -353,16 +361,10 @@ impl Store {
         &self,
         rt: &ResourceType,
         namespace: Option<&str>,
-        mut object: Value,
+        object: Value,
     ) -> Result<Arc<Value>, ApiError> {
         let mut inner = self.lock();
-        self.create_locked(
-            &mut inner,
-            rt,
-            namespace,
-            &mut object,
-            rt.status_subresource,
-        )
+        self.create_locked(&mut inner, rt, namespace, object, rt.status_subresource)
     }
 
     /// Creates an object with its status (the simulated kubelet registering a Node,
@@ -371,10 +373,10 @@ impl Store {
         &self,
         rt: &ResourceType,
         namespace: Option<&str>,
-        mut object: Value,
+        object: Value,
     ) -> Result<Arc<Value>, ApiError> {
         let mut inner = self.lock();
-        self.create_locked(&mut inner, rt, namespace, &mut object, false)
+        self.create_locked(&mut inner, rt, namespace, object, false)
     }
 
     fn create_locked(
@@ -382,15 +384,15 @@ impl Store {
         inner: &mut Inner,
         rt: &ResourceType,
         namespace: Option<&str>,
-        object: &mut Value,
+        mut object: Value,
         drop_status: bool,
     ) -> Result<Arc<Value>, ApiError> {
         if !object.is_object() {
             return Err(ApiError::bad_request("the body must be a JSON object"));
         }
         let name = match (
-            meta(object)["name"].as_str(),
-            meta(object)["generateName"].as_str(),
+            meta(&object)["name"].as_str(),
+            meta(&object)["generateName"].as_str(),
         ) {
             (Some(name), _) if !name.is_empty() => name.to_owned(),
             (_, Some(prefix)) => format!("{prefix}{}", random_suffix()),
@@ -403,7 +405,7 @@ impl Store {
             }
         };
         let namespace = if rt.namespaced {
-            match namespace.or(meta(object)["namespace"].as_str()) {
+            match namespace.or(meta(&object)["namespace"].as_str()) {
                 Some(ns) if !ns.is_empty() => Some(ns.to_owned()),
                 _ => {
                     return Err(ApiError::bad_request(
@@ -428,7 +430,7 @@ impl Store {
             object.as_object_mut().map(|o| o.remove("status"));
         }
         let revision = Self::next_revision(inner);
-        let metadata = meta_mut(object);
+        let metadata = meta_mut(&mut object);
         metadata.insert("name".into(), json!(name));
         match &namespace {
             Some(ns) => metadata.insert("namespace".into(), json!(ns)),
@@ -439,7 +441,7 @@ impl Store {
         metadata.insert("resourceVersion".into(), json!(revision.to_string()));
         metadata.insert("generation".into(), json!(1));
         metadata.remove("deletionTimestamp");
-        let stored = Arc::new(object.clone());
+        let stored = Arc::new(object);
         inner
             .objects
             .entry(rt.name)
@@ -509,7 +511,7 @@ impl Store {
                         &mut inner,
                         rt,
                         namespace,
-                        &mut object,
+                        object,
                         rt.status_subresource,
                     )?;
                     inner
@@ -521,7 +523,7 @@ impl Store {
                 }
                 Err(err) => return Err(err),
             };
-            let mut next = (*current).clone();
+            let mut next = Self::patch_base(&current, subresource);
             if let Some(managers) = inner.applied.get(&applied_key)
                 && let Some(before) = managers.get(manager)
             {
@@ -532,7 +534,7 @@ impl Store {
                     .collect();
                 remove_dropped_fields(&mut next, before, &body, &others);
             }
-            merge_patch(&mut next, &strip_nulls(&body));
+            merge(&mut next, &body, false);
             let next = Self::combine(rt, &current, next, subresource);
             let stored = self.commit(&mut inner, rt, namespace, name, &current, next)?;
             inner
@@ -544,7 +546,7 @@ impl Store {
         }
         let current = Self::current(&inner, rt, namespace, name)?;
         Self::check_revision(rt, name, &current, &body)?;
-        let mut next = (*current).clone();
+        let mut next = Self::patch_base(&current, subresource);
         merge_patch(&mut next, &body);
         let next = Self::combine(rt, &current, next, subresource);
         self.commit(&mut inner, rt, namespace, name, &current, next)
@@ -698,28 +700,58 @@ impl Store {
         }
     }
 
+    /// What a patch applies to: the whole object, or for the status subresource
+    /// only its status, the one part of the patched object [`Self::combine`]
+    /// keeps (copying the rest twice was most of a status write's cost).
+    fn patch_base(current: &Value, subresource: Subresource) -> Value {
+        match subresource {
+            Subresource::Main => current.clone(),
+            Subresource::Status => {
+                let mut base = Map::new();
+                if let Some(status) = current.get("status") {
+                    base.insert("status".into(), status.clone());
+                }
+                Value::Object(base)
+            }
+        }
+    }
+
     /// The next object from a full proposed object: identity fields stay, and the
     /// status subresource rule decides whether `status` or everything else changes.
     fn combine(
         rt: &ResourceType,
         current: &Value,
-        proposed: Value,
+        mut proposed: Value,
         subresource: Subresource,
     ) -> Value {
         let mut next = match subresource {
             Subresource::Status => {
-                let mut next = current.clone();
-                next["status"] = proposed.get("status").cloned().unwrap_or(Value::Null);
-                if next["status"].is_null() {
-                    next.as_object_mut().map(|o| o.remove("status"));
+                let status = proposed
+                    .as_object_mut()
+                    .and_then(|o| o.remove("status"))
+                    .filter(|s| !s.is_null());
+                let mut next: Map<String, Value> = current
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter(|(field, _)| *field != "status")
+                    .map(|(field, value)| (field.clone(), value.clone()))
+                    .collect();
+                if let Some(status) = status {
+                    next.insert("status".into(), status);
                 }
-                next
+                Value::Object(next)
             }
             Subresource::Main => {
                 let mut next = proposed;
                 if rt.status_subresource {
                     match current.get("status") {
-                        Some(status) => next["status"] = status.clone(),
+                        // Compared first: most writes leave it as it is, and a
+                        // comparison allocates nothing.
+                        Some(status) if next.get("status") != Some(status) => {
+                            next["status"] = status.clone();
+                        }
+                        Some(_) => {}
                         None => {
                             next.as_object_mut().map(|o| o.remove("status"));
                         }
@@ -738,7 +770,7 @@ impl Store {
             "generation",
             "deletionTimestamp",
         ];
-        let current_meta = meta(current).clone();
+        let current_meta = meta(current);
         let metadata = meta_mut(&mut next);
         for field in keep {
             match current_meta.get(field) {
@@ -790,19 +822,6 @@ impl Store {
             Some(current.clone()),
         );
         Ok(stored)
-    }
-}
-
-/// Apply bodies never remove with `null`; the absent-field rule does that.
-fn strip_nulls(value: &Value) -> Value {
-    match value {
-        Value::Object(map) => Value::Object(
-            map.iter()
-                .filter(|(_, v)| !v.is_null())
-                .map(|(k, v)| (k.clone(), strip_nulls(v)))
-                .collect(),
-        ),
-        other => other.clone(),
     }
 }
 
