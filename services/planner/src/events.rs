@@ -1,5 +1,5 @@
 //! Kubernetes Events on TrainingJobs. An Event that repeats (same object, type,
-//! reason, action and note within six minutes) is counted into the first one's
+//! reason and note within six minutes) is counted into the first one's
 //! `series` rather than created again, as client-go's recorder does. Unlike
 //! kube-runtime's `Recorder`, which scans its whole cache on every publish and
 //! keeps every Event it sent for six minutes, the cache here is swept on an
@@ -33,7 +33,6 @@ struct SeriesKey {
     uid: String,
     warning: bool,
     reason: String,
-    action: String,
     note: String,
 }
 
@@ -160,7 +159,6 @@ impl EventRecorder {
             uid: regarding.uid.clone().unwrap_or_default(),
             warning,
             reason: reason.to_string(),
-            action: reason.to_string(),
             note: note.to_string(),
         };
         let now = Timestamp::now();
@@ -217,7 +215,8 @@ impl EventRecorder {
                 namespace: regarding.namespace.clone(),
                 ..Default::default()
             },
-            action: Some(key.action.clone()),
+            // The planner's Events name what happened by their reason alone.
+            action: Some(key.reason.clone()),
             reason: Some(key.reason.clone()),
             note: Some(key.note.clone()),
             event_time: Some(MicroTime(now)),
@@ -245,7 +244,6 @@ mod tests {
             uid: format!("uid-{name}"),
             warning: false,
             reason: reason.into(),
-            action: reason.into(),
             note: "note".into(),
         }
     }
