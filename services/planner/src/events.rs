@@ -17,6 +17,7 @@ use kube::{Api, Client};
 use serde_json::json;
 
 use crate::error::PlannerError;
+use crate::kubernetes::is_not_found;
 
 /// How long after its last occurrence an Event still counts repeats (client-go's value).
 const SERIES_WINDOW: SignedDuration = SignedDuration::from_mins(6);
@@ -112,7 +113,7 @@ impl SeriesCache {
 
     /// Starts the series again: its first Event is gone.
     fn restart(&mut self, key: &SeriesKey, now: Timestamp) -> String {
-        self.series.remove(key);
+        self.forget(key);
         self.start(key, now)
     }
 
@@ -180,7 +181,7 @@ impl EventRecorder {
                     .await
                 {
                     // The first occurrence is gone (Events expire): start a new series.
-                    Err(kube::Error::Api(status)) if status.code == 404 => {
+                    Err(err) if is_not_found(&err) => {
                         let event_name = self.cache().restart(&key, now);
                         self.create(&events, &event_name, regarding, &key, now)
                             .await
@@ -192,13 +193,9 @@ impl EventRecorder {
                 self.create(&events, event_name, regarding, &key, now).await
             }
         };
-        result.map_err(|source| {
-            self.cache().forget(&key);
-            PlannerError::Kube {
-                action: format!("record event {reason}"),
-                source: Box::new(source),
-            }
-        })
+        result
+            .inspect_err(|_| self.cache().forget(&key))
+            .map_err(PlannerError::kube(format!("record event {reason}")))
     }
 
     async fn create(

@@ -42,7 +42,7 @@ pub struct KubeWriter {
     recorder: Arc<EventRecorder>,
 }
 
-fn is_not_found(err: &kube::Error) -> bool {
+pub(crate) fn is_not_found(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == 404)
 }
 

@@ -95,6 +95,9 @@ struct Entry {
     finished_at: Option<Instant>,
 }
 
+/// Every job's entry, by `<namespace>/<name>`.
+type Entries = HashMap<String, Arc<tokio::sync::Mutex<Entry>>>;
+
 /// One message's effect on a job.
 enum Input {
     Object(Box<TrainingJobChanged>),
@@ -109,7 +112,7 @@ pub struct Planner {
     config: PlannerConfig,
     metrics: PlannerMetrics,
     shutdown: CancellationToken,
-    entries: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Entry>>>>,
+    entries: Mutex<Entries>,
 }
 
 /// A hash of encoded values; compared only within this process.
@@ -157,11 +160,14 @@ impl Planner {
         })
     }
 
-    fn entry(&self, key: &str) -> Arc<tokio::sync::Mutex<Entry>> {
-        let mut entries = self
-            .entries
+    fn entries(&self) -> std::sync::MutexGuard<'_, Entries> {
+        self.entries
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn entry(&self, key: &str) -> Arc<tokio::sync::Mutex<Entry>> {
+        let mut entries = self.entries();
         entries.entry(key.to_string()).or_default().clone()
     }
 
@@ -171,10 +177,7 @@ impl Planner {
     /// some message holds or waits for is kept: under the map's lock nobody
     /// can take a new handle, so one job never has two entries.
     fn release_finished(&self, ttl: Duration) {
-        let mut entries = self
-            .entries
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut entries = self.entries();
         entries.retain(|_, entry| {
             if Arc::strong_count(entry) > 1 {
                 return true;
@@ -207,10 +210,7 @@ impl Planner {
     }
 
     fn forget(&self, key: &str) {
-        let mut entries = self
-            .entries
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut entries = self.entries();
         entries.remove(key);
     }
 
