@@ -27,6 +27,7 @@ use kube::{Client, ResourceExt};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use trainyard_api::{TrainingJob, TrainingJobState};
+use trainyard_contracts::subject::{self, Family};
 use trainyard_contracts::{Service, streams};
 use trainyard_loadtest::latency::{LatencyRecorder, LatencySummary};
 use trainyard_loadtest::positive;
@@ -84,6 +85,8 @@ struct Args {
 /// When each job reached each stage, as first seen through the API.
 #[derive(Default)]
 struct Seen {
+    /// The watcher's first `trainingjob.changed` about the job, seen on NATS.
+    published: HashMap<String, Instant>,
     job_applied: HashMap<String, Instant>,
     running: HashMap<String, Instant>,
     finished: HashMap<String, (Instant, bool)>,
@@ -109,12 +112,14 @@ struct EventsRates {
     planner_acked: u64,
 }
 
-/// Messages a planner consumer handled and its mean time per message (from
-/// the planner's own `trainyard_handle_seconds` histogram, since start).
+/// Messages a planner consumer handled, its mean time per message and the
+/// mean wait from publication to handling (the planner's own
+/// `trainyard_handle_seconds` and `trainyard_message_age_seconds`, since start).
 #[derive(Serialize)]
 struct HandleTime {
     handled: f64,
     mean_ms: f64,
+    mean_wait_ms: f64,
 }
 
 #[derive(Serialize)]
@@ -131,6 +136,7 @@ struct PipelineReport {
     nats_max_payload: Option<u64>,
     submit_seconds: f64,
     run_seconds: f64,
+    published: Option<LatencySummary>,
     job_applied: Option<LatencySummary>,
     running: Option<LatencySummary>,
     jobs_applied: usize,
@@ -191,7 +197,8 @@ async fn run(args: &Args, stack: &mut Stack) -> anyhow::Result<PipelineReport> {
         stack.work_dir().display()
     );
     let client = stack::kube_client(&std::fs::read_to_string(&kubeconfig)?).await?;
-    let js = jetstream::new(async_nats::connect(&nats_url).await?);
+    let nats = async_nats::connect(&nats_url).await?;
+    let js = jetstream::new(nats.clone());
     let queue = workload::training_queue("default", total_gpus)?;
     Api::<trainyard_api::TrainingQueue>::all(client.clone())
         .patch(
@@ -215,6 +222,7 @@ async fn run(args: &Args, stack: &mut Stack) -> anyhow::Result<PipelineReport> {
     trainingjobs_ready
         .await
         .context("TrainingJob watch ended before it started")?;
+    watch_published(&nats, seen.clone(), stop.clone()).await?;
 
     let start = Instant::now();
     let sampler = tokio::spawn(sample_counters(js.clone(), start, stop.clone()));
@@ -247,9 +255,13 @@ async fn run(args: &Args, stack: &mut Stack) -> anyhow::Result<PipelineReport> {
     let samples = sampler.await.context("sampler")?;
 
     let seen = lock(&seen);
+    let mut published = LatencyRecorder::new();
     let mut applied = LatencyRecorder::new();
     let mut running = LatencyRecorder::new();
     for (name, at) in &submitted {
+        if let Some(t) = seen.published.get(name) {
+            published.record(t.saturating_duration_since(*at));
+        }
         if let Some(t) = seen.job_applied.get(name) {
             applied.record(t.saturating_duration_since(*at));
         }
@@ -274,6 +286,7 @@ async fn run(args: &Args, stack: &mut Stack) -> anyhow::Result<PipelineReport> {
         nats_max_payload: args.nats_max_payload,
         submit_seconds,
         run_seconds,
+        published: published.summary(),
         job_applied: applied.summary(),
         running: running.summary(),
         jobs_applied: applied.len(),
@@ -320,22 +333,23 @@ async fn planner_figures(stack: &Stack) -> (BTreeMap<String, HandleTime>, BTreeM
         .consumers()
         .into_iter()
         .filter_map(|c| {
-            let series = |suffix: &str| {
+            let series = |metric: &str, suffix: &str| {
                 stack::metric_value(
                     &metrics,
-                    &format!(
-                        "trainyard_handle_seconds_{suffix}{{consumer=\"{}\"}}",
-                        c.durable
-                    ),
+                    &format!("{metric}_{suffix}{{consumer=\"{}\"}}", c.durable),
                 )
             };
-            let (sum, count) = (series("sum")?, series("count")?);
+            let handle = "trainyard_handle_seconds";
+            let age = "trainyard_message_age_seconds";
+            let (sum, count) = (series(handle, "sum")?, series(handle, "count")?);
+            let waited = series(age, "sum")?;
             (count > 0.0).then(|| {
                 (
                     c.durable.clone(),
                     HandleTime {
                         handled: count,
                         mean_ms: sum / count * 1000.0,
+                        mean_wait_ms: waited / count * 1000.0,
                     },
                 )
             })
@@ -407,6 +421,33 @@ where
         }
     });
     ready_rx
+}
+
+/// Records when the watcher's first `trainingjob.changed` about each job
+/// reaches NATS (a plain subscription sees what JetStream stores), which
+/// splits submit → Job applied into the watcher's part and the planner's.
+async fn watch_published(
+    nats: &async_nats::Client,
+    seen: Arc<Mutex<Seen>>,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let filter = subject::kind_filter(Family::Events, "trainingjob");
+    let mut messages = nats.subscribe(filter).await?;
+    nats.flush().await?;
+    tokio::spawn(async move {
+        loop {
+            let message = tokio::select! {
+                _ = stop.cancelled() => return,
+                message = messages.next() => message,
+            };
+            let Some(message) = message else { return };
+            let now = Instant::now();
+            if let Some(parsed) = subject::parse(&message.subject) {
+                lock(&seen).published.entry(parsed.name).or_insert(now);
+            }
+        }
+    });
+    Ok(())
 }
 
 /// Records when each TrainingJob's batch/v1 Job first appears.
@@ -614,6 +655,7 @@ fn print_report(r: &PipelineReport) {
         "latency (ms)", "p50", "p90", "p99", "max"
     );
     for (label, summary) in [
+        ("submit → event published", &r.published),
         ("submit → Job applied", &r.job_applied),
         ("submit → Running", &r.running),
     ] {
@@ -650,8 +692,8 @@ fn print_report(r: &PipelineReport) {
     );
     for (consumer, h) in &r.planner_handle {
         println!(
-            "planner consumer {consumer}: {} messages, mean {:.2} ms each (since start)",
-            h.handled, h.mean_ms
+            "planner consumer {consumer}: {} messages, mean {:.2} ms each, waited {:.1} ms on average from publication (since start)",
+            h.handled, h.mean_ms, h.mean_wait_ms
         );
     }
     let jobs = f64::from(r.jobs.max(1));

@@ -89,3 +89,65 @@ async fn relists_publish_no_duplicates_and_report_deletions() {
         last.subject
     );
 }
+
+#[tokio::test]
+async fn changes_sent_ahead_of_their_acknowledgements_are_stored_in_watch_order() {
+    let nats = NatsServer::start();
+    let mut settings = Settings::default();
+    settings.nats.url = nats.url();
+    settings.http.listen = "127.0.0.1:0".to_string();
+    let runtime = Runtime::start(Service::Watcher, settings, CancellationToken::new())
+        .await
+        .expect("starts");
+    let metrics = WatcherMetrics::register(&runtime.registry).expect("metrics");
+
+    // More changes than the pump keeps in flight, alternating between two jobs.
+    let changes = 600u64;
+    let watch: Vec<Result<Event<TrainingJob>, watcher::Error>> = (1..=changes)
+        .map(|version| {
+            let (name, uid) = if version % 2 == 0 {
+                ("a", "ua")
+            } else {
+                ("b", "ub")
+            };
+            Ok(Event::Apply(fixtures::training_job(
+                name,
+                uid,
+                &version.to_string(),
+            )))
+        })
+        .collect();
+    pump(
+        stream::iter(watch),
+        runtime.publisher.clone(),
+        metrics.clone(),
+        CancellationToken::new(),
+    )
+    .await;
+
+    assert_eq!(stored(&runtime).await, changes);
+    assert_eq!(
+        metrics
+            .events
+            .with_label_values(&["trainingjob", "stored"])
+            .get(),
+        changes,
+        "every acknowledgement is counted before the pump returns"
+    );
+    let stream = runtime
+        .jetstream
+        .get_stream(streams::EVENTS.name)
+        .await
+        .expect("stream");
+    for sequence in 1..=changes {
+        let message = stream.get_raw_message(sequence).await.expect("message");
+        let incoming = Incoming::decode(&message.payload).expect("envelope");
+        let change: trainyard_contracts::events::TrainingJobChanged =
+            incoming.payload().expect("payload");
+        assert_eq!(
+            change.object.metadata.resource_version.as_deref(),
+            Some(sequence.to_string().as_str()),
+            "stream sequence {sequence}"
+        );
+    }
+}

@@ -227,6 +227,15 @@ async fn process<H: Handler>(
     let outcome = match Incoming::decode(&message.payload) {
         Err(err) => Err(HandleError::from(err)),
         Ok(incoming) => {
+            // A publisher's clock ahead of ours reads as no wait, not a negative one.
+            let age = (Utc::now() - incoming.header.time)
+                .to_std()
+                .unwrap_or_default();
+            context
+                .metrics
+                .message_age_seconds
+                .with_label_values(&[spec.durable.as_str()])
+                .observe(age.as_secs_f64());
             let entity = incoming.header.entity.clone();
             let span = tracing::info_span!(
                 "handle",

@@ -17,7 +17,7 @@ pub mod telemetry;
 
 pub use consumer::{Delivery, HandleError, Handler};
 pub use error::RuntimeError;
-pub use publisher::{Published, Publisher};
+pub use publisher::{PendingPublish, Published, Publisher};
 pub use runtime::Runtime;
 pub use serve::serve;
 pub use settings::{ConfigSources, Settings};

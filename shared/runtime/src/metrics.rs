@@ -15,6 +15,9 @@ pub struct RuntimeMetrics {
     pub dead_letters: IntCounterVec,
     /// Handler time, by consumer.
     pub handle_seconds: HistogramVec,
+    /// From a message's publication (its envelope `time`) to the start of its
+    /// handling, by consumer: how far a consumer lags, in time.
+    pub message_age_seconds: HistogramVec,
     /// Messages published, by message type.
     pub published: IntCounterVec,
     /// 1 while connected to NATS.
@@ -45,6 +48,17 @@ impl RuntimeMetrics {
             ),
             &["consumer"],
         );
+        let message_age_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "trainyard_message_age_seconds",
+                "Time from a message's publication to the start of its handling",
+            )
+            .buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                60.0,
+            ]),
+            &["consumer"],
+        );
         let published = IntCounterVec::new(
             Opts::new(
                 "trainyard_messages_published_total",
@@ -57,6 +71,7 @@ impl RuntimeMetrics {
             messages: messages.map_err(metric_error)?,
             dead_letters: dead_letters.map_err(metric_error)?,
             handle_seconds: handle_seconds.map_err(metric_error)?,
+            message_age_seconds: message_age_seconds.map_err(metric_error)?,
             published: published.map_err(metric_error)?,
             nats_connected: nats_connected.map_err(metric_error)?,
         };
@@ -68,6 +83,9 @@ impl RuntimeMetrics {
             .map_err(metric_error)?;
         registry
             .register(Box::new(metrics.handle_seconds.clone()))
+            .map_err(metric_error)?;
+        registry
+            .register(Box::new(metrics.message_age_seconds.clone()))
             .map_err(metric_error)?;
         registry
             .register(Box::new(metrics.published.clone()))

@@ -52,9 +52,23 @@ impl Publisher {
     /// something that can be seen twice (a watch relist, a replayed decision).
     pub async fn publish_with_id<P: Payload>(
         &self,
-        mut envelope: Envelope<P>,
+        envelope: Envelope<P>,
         message_id: &str,
     ) -> Result<Published, RuntimeError> {
+        self.send_with_id(envelope, message_id)
+            .await?
+            .stored()
+            .await
+    }
+
+    /// Hands the message to NATS and returns without waiting for the stream's
+    /// acknowledgement, so one task can have many messages on the way; they
+    /// are stored in the order they were sent.
+    pub async fn send_with_id<P: Payload>(
+        &self,
+        mut envelope: Envelope<P>,
+        message_id: &str,
+    ) -> Result<PendingPublish, RuntimeError> {
         if envelope.trace_context.traceparent.is_none() {
             envelope.trace_context = telemetry::current_trace_context();
         }
@@ -63,11 +77,11 @@ impl Publisher {
         headers.insert("Nats-Msg-Id", message_id);
         headers.insert("Trainyard-Type", P::TYPE);
         telemetry::inject_current(&mut headers);
-        let published = self
-            .publish_raw(subject, headers, Bytes::from(envelope.to_json()?))
+        let mut pending = self
+            .send_raw(subject, headers, Bytes::from(envelope.to_json()?))
             .await?;
-        self.metrics.published.with_label_values(&[P::TYPE]).inc();
-        Ok(published)
+        pending.counted_as = Some((self.metrics.clone(), P::TYPE));
+        Ok(pending)
     }
 
     /// Publishes bytes as they are and waits for the stream's acknowledgement.
@@ -77,16 +91,51 @@ impl Publisher {
         headers: HeaderMap,
         body: Bytes,
     ) -> Result<Published, RuntimeError> {
-        let error = |message: String| RuntimeError::Publish {
-            subject: subject.clone(),
-            message,
-        };
-        let ack: PublishAckFuture = self
+        self.send_raw(subject, headers, body).await?.stored().await
+    }
+
+    async fn send_raw(
+        &self,
+        subject: String,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<PendingPublish, RuntimeError> {
+        match self
             .jetstream
             .publish_with_headers(subject.clone(), headers, body)
             .await
-            .map_err(|err| error(err.to_string()))?;
-        let ack = ack.await.map_err(|err| error(err.to_string()))?;
+        {
+            Ok(ack) => Ok(PendingPublish {
+                subject,
+                ack,
+                counted_as: None,
+            }),
+            Err(err) => Err(RuntimeError::Publish {
+                subject,
+                message: err.to_string(),
+            }),
+        }
+    }
+}
+
+/// A message handed to NATS whose acknowledgement from the stream is still to come.
+pub struct PendingPublish {
+    subject: String,
+    ack: PublishAckFuture,
+    /// Counted in `trainyard_messages_published_total` under this type once stored.
+    counted_as: Option<(RuntimeMetrics, &'static str)>,
+}
+
+impl PendingPublish {
+    /// Waits until the stream has stored the message (or says it had it already).
+    pub async fn stored(self) -> Result<Published, RuntimeError> {
+        let ack = self.ack.await.map_err(|err| RuntimeError::Publish {
+            subject: self.subject,
+            message: err.to_string(),
+        })?;
+        if let Some((metrics, message_type)) = self.counted_as {
+            metrics.published.with_label_values(&[message_type]).inc();
+        }
         Ok(Published {
             stream_sequence: ack.sequence,
             duplicate: ack.duplicate,
