@@ -12,14 +12,17 @@
 //! has an equal share of the H100 GPUs and of the MIG slices as nominal quota
 //! (quotas add up to the cluster), borrowing unlimited inside the cohort.
 //!
-//! Two job mixes (`--mix`, both by default): `trace` (`TRACE_MIX`), shaped
+//! Three job mixes (`--mix`, all by default): `trace` (`TRACE_MIX`), shaped
 //! like published cluster traces: MIG slices for notebooks, 1/2/4/8-GPU
 //! single-worker jobs, and gangs of 4-GPU and 8-GPU workers from 2 to 96
-//! workers (the API allows 100); and `fragmenting` (`FRAGMENTING_MIX`), where
-//! small jobs run for hours and hold about half of the GPUs beside gangs of
-//! 8-GPU workers. Heavy-tailed runtimes (log-uniform, so jobs end at all
-//! times and leave holes), runtime estimates (1.0-1.5x the truth) on 70% of
-//! jobs, 5% high-priority jobs, queues picked uniformly.
+//! workers (the API allows 100); `fragmenting` (`FRAGMENTING_MIX`), where
+//! jobs smaller than a node (1 to 6 GPUs, some of odd sizes) run for hours
+//! and hold about half of the GPU-hours beside gangs of 8-GPU workers that
+//! need whole nodes; and `gang-heavy` (`GANG_HEAVY_MIX`, called `fragmenting`
+//! until 2026-11-23), 1, 2 and 4-GPU jobs beside the same gang shapes, the
+//! gangs holding 82 % of the GPU-hours. Heavy-tailed runtimes (log-uniform, so jobs end at
+//! all times and leave holes), runtime estimates (1.0-1.5x the truth) on 70%
+//! of jobs, 5% high-priority jobs, queues picked uniformly.
 //!
 //! Closed loop: before every cycle the backlog is topped up to 10,000
 //! pending jobs from one pre-generated stream (so every policy sees the same
@@ -38,7 +41,7 @@
 //! spread as kube-scheduler's default LeastAllocated scoring does, gangs
 //! partly bound after `waitForPodsReady` evicted and requeued).
 //!
-//! Usage: `admission [--mix trace,fragmenting] [--seed N] [--cycles N]
+//! Usage: `admission [--mix trace,fragmenting,gang-heavy] [--seed N] [--cycles N]
 //! [--step-secs N] [--max-wall-secs N] [--warmup-secs N] [--preemption 0|1]`
 
 use std::cmp::Reverse;
@@ -141,12 +144,49 @@ const TRACE_MIX: [Shape; 15] = [
     shape(96, 8, false, 2, 3_600, 21_600),
 ];
 
-/// A mix that fragments nodes: small jobs (1, 2, 4 GPUs) run for hours and
-/// hold about half of the GPUs, so a node is wholly free only when its
-/// longest small job ends, while gangs of 8-GPU workers need whole nodes.
-/// This is the shape of a shared research cluster where notebooks and
-/// single-GPU fine-tunes sit beside multi-node pre-training.
-const FRAGMENTING_MIX: [Shape; 10] = [
+/// A mix that fragments nodes, the shape of a shared research cluster:
+/// notebooks, single-node fine-tunes and evaluations that run for hours
+/// beside multi-node pre-training in gangs of 8-GPU workers that need whole
+/// nodes. Workers smaller than a node are sized by the model's memory, not
+/// by the node, so besides 1, 2 and 4 GPUs some ask for 3 (a 1-GPU hole on a
+/// 4-GPU node, 2 on an 8-GPU node) or 6 (a 2-GPU hole). A node is wholly free
+/// only when its longest small job ends.
+///
+/// GPU-hours of demand per 1,000 jobs are weight x GPUs x mean runtime, the
+/// mean of a log-uniform runtime on `[lo, hi]` being `(hi - lo) / ln(hi / lo)`:
+/// 30 min-12 h gives 3.62 h, 30 min-8 h 2.71 h, 30 min-6 h 2.21 h, 1-6 h
+/// 2.79 h. Workers smaller than a node: MIG 50 x 1/7 x 2.71 = 19; 1 GPU
+/// 380 x 3.62 = 1,375; 2 GPUs 200 x 2 x 3.62 = 1,447; 3 GPUs 50 x 3 x 3.62 =
+/// 543; 4 GPUs 150 x 4 x 3.62 = 2,171; 6 GPUs 80 x 6 x 3.62 = 1,737; 2 x 4
+/// GPUs 40 x 8 x 2.21 = 708; together 8,000 of 15,858 (50.4 %). Gangs of
+/// 8-GPU workers (1-6 h) of 2, 4, 8, 16, 32 workers, weights 20, 12, 9, 6, 3:
+/// 20 x 16 x 2.79 = 893, 1,072, 1,607, 2,143, 2,143; together 7,858 (49.6 %),
+/// 55 % of it in gangs of 16 and 32 workers.
+const FRAGMENTING_MIX: [Shape; 12] = [
+    shape(1, 1, true, 50, 1_800, 28_800),
+    shape(1, 1, false, 380, 1_800, 43_200),
+    shape(1, 2, false, 200, 1_800, 43_200),
+    shape(1, 3, false, 50, 1_800, 43_200),
+    shape(1, 4, false, 150, 1_800, 43_200),
+    shape(1, 6, false, 80, 1_800, 43_200),
+    shape(2, 4, false, 40, 1_800, 21_600),
+    shape(2, 8, false, 20, 3_600, 21_600),
+    shape(4, 8, false, 12, 3_600, 21_600),
+    shape(8, 8, false, 9, 3_600, 21_600),
+    shape(16, 8, false, 6, 3_600, 21_600),
+    shape(32, 8, false, 3, 3_600, 21_600),
+];
+
+/// The mix called `fragmenting` until 2026-11-23, kept so its figures stay
+/// comparable. Jobs smaller than a node are 84 % of the jobs and run for
+/// hours, but by GPU-hours of demand (per 1,000 jobs, computed as for
+/// `FRAGMENTING_MIX`) they are 18 %: MIG 19, 1 GPU 400 x 3.62 = 1,447,
+/// 2 GPUs 1,447, 4 GPUs 150 x 4 x 3.62 = 2,171, 2 x 4 GPUs 708; together
+/// 5,792 of 31,689. Gangs of 8-GPU workers of 2, 4, 8, 16, 32 workers,
+/// weights 60, 40, 30, 20, 10, hold 82 %: 2,679, 3,572, 5,358, 7,144, 7,144,
+/// together 25,897. They vacate whole nodes when they end, so strict FIFO
+/// seldom waits long for room and little of the cluster idles.
+const GANG_HEAVY_MIX: [Shape; 10] = [
     shape(1, 1, true, 50, 1_800, 28_800),
     shape(1, 1, false, 400, 1_800, 43_200),
     shape(1, 2, false, 200, 1_800, 43_200),
@@ -171,8 +211,12 @@ fn total_gpus() -> u64 {
 enum MixName {
     /// `TRACE_MIX`: shaped like published cluster traces.
     Trace,
-    /// `FRAGMENTING_MIX`: long small jobs that pin nodes, beside 8-GPU gangs.
+    /// `FRAGMENTING_MIX`: long small jobs, half of the GPU-hours, pin nodes
+    /// beside gangs of 8-GPU workers.
     Fragmenting,
+    /// `GANG_HEAVY_MIX`: the former `fragmenting` mix, 82 % of its GPU-hours
+    /// in gangs of 8-GPU workers.
+    GangHeavy,
 }
 
 impl MixName {
@@ -180,6 +224,7 @@ impl MixName {
         match self {
             MixName::Trace => &TRACE_MIX,
             MixName::Fragmenting => &FRAGMENTING_MIX,
+            MixName::GangHeavy => &GANG_HEAVY_MIX,
         }
     }
 
@@ -187,6 +232,7 @@ impl MixName {
         match self {
             MixName::Trace => "trace",
             MixName::Fragmenting => "fragmenting",
+            MixName::GangHeavy => "gang-heavy",
         }
     }
 }
@@ -212,7 +258,7 @@ struct Args {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
     preemption: u8,
     /// Job mixes to run, each against every policy.
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [MixName::Trace, MixName::Fragmenting])]
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [MixName::Trace, MixName::Fragmenting, MixName::GangHeavy])]
     mix: Vec<MixName>,
 }
 
