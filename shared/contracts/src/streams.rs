@@ -141,11 +141,11 @@ impl Service {
         match self {
             Service::Watcher => vec![],
             Service::Planner => vec![
-                ConsumerSpec::new(
-                    self,
-                    EVENTS,
-                    events(&["trainingjob", "sweep", "job", "pod"]),
-                ),
+                // The whole family, though node and queue events are acknowledged
+                // unread: with several filters over per-job subjects, NATS searches
+                // its subject index for each next message, and in a burst that
+                // cost nats-server more CPU than all of the planner's deliveries.
+                ConsumerSpec::new(self, EVENTS, vec![family_filter(Family::Events)]),
                 ConsumerSpec::new(self, DECISIONS, vec![family_filter(Family::Decisions)]),
                 ConsumerSpec::new(self, WORKER, vec![family_filter(Family::Worker)]),
                 ConsumerSpec::new(self, SUBMIT, vec![family_filter(Family::Submit)]),

@@ -149,7 +149,10 @@ impl Cluster {
         for change in changes {
             trainyard_watcher::adapter::publish(&self.runtime.publisher, change)
                 .await
-                .expect("publish change");
+                .expect("send change")
+                .stored()
+                .await
+                .expect("store change");
         }
     }
 
