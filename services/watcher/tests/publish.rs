@@ -21,8 +21,8 @@ async fn stored(runtime: &Runtime) -> u64 {
     stream.info().await.expect("info").state.messages
 }
 
-#[tokio::test]
-async fn relists_publish_no_duplicates_and_report_deletions() {
+/// A NATS server and a watcher runtime on it (the server stops when dropped).
+async fn started() -> (NatsServer, Runtime, WatcherMetrics) {
     let nats = NatsServer::start();
     let mut settings = Settings::default();
     settings.nats.url = nats.url();
@@ -31,6 +31,12 @@ async fn relists_publish_no_duplicates_and_report_deletions() {
         .await
         .expect("starts");
     let metrics = WatcherMetrics::register(&runtime.registry).expect("metrics");
+    (nats, runtime, metrics)
+}
+
+#[tokio::test]
+async fn relists_publish_no_duplicates_and_report_deletions() {
+    let (_nats, runtime, metrics) = started().await;
 
     let a = fixtures::training_job("a", "ua", "1");
     let b = fixtures::training_job("b", "ub", "1");
@@ -92,14 +98,7 @@ async fn relists_publish_no_duplicates_and_report_deletions() {
 
 #[tokio::test]
 async fn changes_sent_ahead_of_their_acknowledgements_are_stored_in_watch_order() {
-    let nats = NatsServer::start();
-    let mut settings = Settings::default();
-    settings.nats.url = nats.url();
-    settings.http.listen = "127.0.0.1:0".to_string();
-    let runtime = Runtime::start(Service::Watcher, settings, CancellationToken::new())
-        .await
-        .expect("starts");
-    let metrics = WatcherMetrics::register(&runtime.registry).expect("metrics");
+    let (_nats, runtime, metrics) = started().await;
 
     // More changes than the pump keeps in flight, alternating between two jobs.
     let changes = 600u64;
