@@ -34,6 +34,21 @@ async fn started() -> (NatsServer, Runtime, WatcherMetrics) {
     (nats, runtime, metrics)
 }
 
+/// Runs the pump over `watch` until the watch ends.
+async fn pump_all(
+    runtime: &Runtime,
+    metrics: &WatcherMetrics,
+    watch: Vec<Result<Event<TrainingJob>, watcher::Error>>,
+) {
+    pump(
+        stream::iter(watch),
+        runtime.publisher.clone(),
+        metrics.clone(),
+        CancellationToken::new(),
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn relists_publish_no_duplicates_and_report_deletions() {
     let (_nats, runtime, metrics) = started().await;
@@ -57,13 +72,7 @@ async fn relists_publish_no_duplicates_and_report_deletions() {
         Ok(Event::InitApply(a2)),
         Ok(Event::InitDone),
     ];
-    pump(
-        stream::iter(watch),
-        runtime.publisher.clone(),
-        metrics.clone(),
-        CancellationToken::new(),
-    )
-    .await;
+    pump_all(&runtime, &metrics, watch).await;
 
     assert_eq!(
         stored(&runtime).await,
@@ -116,13 +125,7 @@ async fn changes_sent_ahead_of_their_acknowledgements_are_stored_in_watch_order(
             )))
         })
         .collect();
-    pump(
-        stream::iter(watch),
-        runtime.publisher.clone(),
-        metrics.clone(),
-        CancellationToken::new(),
-    )
-    .await;
+    pump_all(&runtime, &metrics, watch).await;
 
     assert_eq!(stored(&runtime).await, changes);
     assert_eq!(
