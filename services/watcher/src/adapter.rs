@@ -1,11 +1,12 @@
 //! Kubernetes watches in, change events out to JetStream.
 
-use std::collections::VecDeque;
+use std::collections::HashSet;
 use std::fmt::Debug;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use futures::stream::FuturesOrdered;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -133,7 +134,17 @@ where
 /// Changes one watch may have handed to NATS and not yet seen stored.
 const IN_FLIGHT: usize = 256;
 
-type Stored = Pin<Box<dyn Future<Output = Result<Published, RuntimeError>> + Send>>;
+/// A change handed to NATS, resolving to the change and what the stream said.
+type Sent = Pin<Box<dyn Future<Output = (ChangeEvent, Result<Published, RuntimeError>)> + Send>>;
+
+/// The changes in flight: their acknowledgements are awaited together (so the
+/// timeouts of those a crashed server never answers run out together) and
+/// taken in the order sent; and the objects they are about.
+#[derive(Default)]
+struct InFlight {
+    acks: FuturesOrdered<Sent>,
+    objects: HashSet<String>,
+}
 
 /// Publishes every change a watch stream reports until it ends or `shutdown`.
 /// Watch errors are logged (the stream backs off and relists by itself).
@@ -141,9 +152,11 @@ type Stored = Pin<Box<dyn Future<Output = Result<Published, RuntimeError>> + Sen
 /// Changes are sent without waiting for each acknowledgement (up to
 /// [`IN_FLIGHT`] at once): a round trip per change would cap one watch at a
 /// few thousand changes a second, and less on a busy machine. One connection
-/// delivers them in order and the stream stores them in that order; a change
+/// delivers them in order and the stream stores them in that order. A change
 /// whose acknowledgement fails is sent again (its id makes a copy already
-/// stored a duplicate).
+/// stored a duplicate), possibly after changes sent behind it; so at most one
+/// change per object is in flight, and an object's changes stay in order even
+/// then (consumers fold changes per object).
 pub async fn pump<K, S>(
     events: S,
     publisher: Publisher,
@@ -155,23 +168,16 @@ pub async fn pump<K, S>(
 {
     let mut relist = Relist::default();
     let mut events = std::pin::pin!(events);
-    let mut in_flight: VecDeque<(ChangeEvent, Stored)> = VecDeque::new();
+    let mut in_flight = InFlight::default();
     loop {
-        let full = in_flight.len() >= IN_FLIGHT;
-        let oldest = in_flight.front_mut().map(|(_, ack)| ack);
-        let waiting = oldest.is_some();
-        let oldest_stored = async move {
-            match oldest {
-                Some(ack) => ack.await,
-                None => std::future::pending().await,
-            }
-        };
+        let full = in_flight.acks.len() >= IN_FLIGHT;
+        let waiting = !in_flight.acks.is_empty();
         // New changes go first; acknowledgements are collected while the watch is quiet.
         let step = tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
             next = events.next(), if !full => Step::Watch(next),
-            stored = oldest_stored, if waiting => Step::Stored(stored),
+            Some(sent) = in_flight.acks.next(), if waiting => Step::Stored(sent),
         };
         match step {
             Step::Watch(None) => {
@@ -185,8 +191,16 @@ pub async fn pump<K, S>(
                     send(&publisher, &metrics, &mut in_flight, change, &shutdown).await;
                 }
             }
-            Step::Stored(stored) => {
-                settle(&publisher, &metrics, &mut in_flight, stored, &shutdown).await
+            Step::Stored((change, stored)) => {
+                settle(
+                    &publisher,
+                    &metrics,
+                    &mut in_flight,
+                    change,
+                    stored,
+                    &shutdown,
+                )
+                .await
             }
         }
     }
@@ -194,20 +208,31 @@ pub async fn pump<K, S>(
 
 enum Step<E> {
     Watch(Option<Result<E, watcher::Error>>),
-    Stored(Result<Published, RuntimeError>),
+    Stored((ChangeEvent, Result<Published, RuntimeError>)),
 }
 
-/// Sends one change behind those in flight. If it cannot even be sent (no
-/// connection), the ones in flight are settled first so it is stored after them.
+/// Sends one change behind those in flight, once no earlier change of the same
+/// object is. If it cannot even be sent (no connection), the ones in flight are
+/// settled first so it is stored after them.
 async fn send(
     publisher: &Publisher,
     metrics: &WatcherMetrics,
-    in_flight: &mut VecDeque<(ChangeEvent, Stored)>,
+    in_flight: &mut InFlight,
     change: ChangeEvent,
     shutdown: &CancellationToken,
 ) {
+    while in_flight.objects.contains(change.object_uid())
+        && let Some((sent, stored)) = in_flight.acks.next().await
+    {
+        settle(publisher, metrics, in_flight, sent, stored, shutdown).await;
+    }
     match publish(publisher, change.clone()).await {
-        Ok(pending) => in_flight.push_back((change, Box::pin(pending.stored()))),
+        Ok(pending) => {
+            in_flight.objects.insert(change.object_uid().to_owned());
+            in_flight
+                .acks
+                .push_back(Box::pin(async move { (change, pending.stored().await) }));
+        }
         Err(err) => {
             tracing::warn!(kind = change.kind(), entity = %change.entity.key(), error = %err, "publish failed; retrying");
             settle_all(publisher, metrics, in_flight, shutdown).await;
@@ -220,33 +245,31 @@ async fn send(
 async fn settle_all(
     publisher: &Publisher,
     metrics: &WatcherMetrics,
-    in_flight: &mut VecDeque<(ChangeEvent, Stored)>,
+    in_flight: &mut InFlight,
     shutdown: &CancellationToken,
 ) {
-    while let Some((_, ack)) = in_flight.front_mut() {
-        let stored = ack.await;
-        settle(publisher, metrics, in_flight, stored, shutdown).await;
+    while let Some((change, stored)) = in_flight.acks.next().await {
+        settle(publisher, metrics, in_flight, change, stored, shutdown).await;
     }
 }
 
-/// Takes the oldest change in flight off the queue once its acknowledgement came.
+/// Counts a change the stream acknowledged, or sends it again until stored.
 async fn settle(
     publisher: &Publisher,
     metrics: &WatcherMetrics,
-    in_flight: &mut VecDeque<(ChangeEvent, Stored)>,
+    in_flight: &mut InFlight,
+    change: ChangeEvent,
     stored: Result<Published, RuntimeError>,
     shutdown: &CancellationToken,
 ) {
-    let Some((change, _)) = in_flight.pop_front() else {
-        return;
-    };
     match stored {
         Ok(published) => count(metrics, &change, published),
         Err(err) => {
             tracing::warn!(kind = change.kind(), entity = %change.entity.key(), error = %err, "publish failed; retrying");
-            publish_until_stored(publisher, metrics, change, shutdown).await;
+            publish_until_stored(publisher, metrics, change.clone(), shutdown).await;
         }
     }
+    in_flight.objects.remove(change.object_uid());
 }
 
 fn count(metrics: &WatcherMetrics, change: &ChangeEvent, published: Published) {

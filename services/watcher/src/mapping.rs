@@ -49,10 +49,7 @@ pub enum ChangePayload {
 impl ChangeEvent {
     /// The same event, as a deletion.
     pub fn into_deleted(mut self) -> Self {
-        self.message_id = format!(
-            "{}:deleted",
-            self.message_id.split(':').next().unwrap_or_default()
-        );
+        self.message_id = format!("{}:deleted", self.object_uid());
         match &mut self.payload {
             ChangePayload::TrainingJob(p) => p.change = Change::Deleted,
             ChangePayload::Sweep(p) => p.change = Change::Deleted,
@@ -62,6 +59,11 @@ impl ChangeEvent {
             ChangePayload::Node(p) => p.change = Change::Deleted,
         }
         self
+    }
+
+    /// The uid of the object that changed (the first part of the message id).
+    pub fn object_uid(&self) -> &str {
+        self.message_id.split(':').next().unwrap_or_default()
     }
 
     pub fn kind(&self) -> &'static str {

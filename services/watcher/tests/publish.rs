@@ -109,18 +109,14 @@ async fn relists_publish_no_duplicates_and_report_deletions() {
 async fn changes_sent_ahead_of_their_acknowledgements_are_stored_in_watch_order() {
     let (_nats, runtime, metrics) = started().await;
 
-    // More changes than the pump keeps in flight, alternating between two jobs.
+    // More changes than the pump keeps in flight, over 50 jobs in turn.
     let changes = 600u64;
     let watch: Vec<Result<Event<TrainingJob>, watcher::Error>> = (1..=changes)
         .map(|version| {
-            let (name, uid) = if version % 2 == 0 {
-                ("a", "ua")
-            } else {
-                ("b", "ub")
-            };
+            let job = version % 50;
             Ok(Event::Apply(fixtures::training_job(
-                name,
-                uid,
+                &format!("job-{job}"),
+                &format!("uid-{job}"),
                 &version.to_string(),
             )))
         })
@@ -152,4 +148,82 @@ async fn changes_sent_ahead_of_their_acknowledgements_are_stored_in_watch_order(
             "stream sequence {sequence}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_crash_with_changes_in_flight_loses_none_and_keeps_each_objects_order() {
+    let (mut nats, runtime, metrics) = started().await;
+    let (changes, watch) = futures::channel::mpsc::unbounded();
+    let pumping = tokio::spawn(pump(
+        watch,
+        runtime.publisher.clone(),
+        metrics.clone(),
+        CancellationToken::new(),
+    ));
+    let change = |version: u64| -> Result<Event<TrainingJob>, watcher::Error> {
+        let job = version % 20;
+        Ok(Event::Apply(fixtures::training_job(
+            &format!("job-{job}"),
+            &format!("uid-{job}"),
+            &version.to_string(),
+        )))
+    };
+    for version in 1..=100 {
+        changes.unbounded_send(change(version)).expect("queued");
+    }
+    trainyard_testkit::eventually("the first 100 changes stored", || async {
+        (stored(&runtime).await == 100).then_some(())
+    })
+    .await;
+    for version in 101..=150 {
+        changes.unbounded_send(change(version)).expect("queued");
+    }
+    // Let some of them go out, then kill the server under them.
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    nats = tokio::task::spawn_blocking(move || {
+        nats.restart();
+        nats
+    })
+    .await
+    .expect("restarted");
+    for version in 151..=200 {
+        changes.unbounded_send(change(version)).expect("queued");
+    }
+    drop(changes);
+    tokio::time::timeout(std::time::Duration::from_secs(120), pumping)
+        .await
+        .expect("the pump settles everything once the watch ends")
+        .expect("pump task");
+
+    let stream = runtime
+        .jetstream
+        .get_stream(streams::EVENTS.name)
+        .await
+        .expect("stream");
+    let mut seen = std::collections::BTreeSet::new();
+    let mut last_of_job = std::collections::HashMap::new();
+    for sequence in 1..=stored(&runtime).await {
+        let message = stream.get_raw_message(sequence).await.expect("message");
+        let change: trainyard_contracts::events::TrainingJobChanged =
+            Incoming::decode(&message.payload)
+                .expect("envelope")
+                .payload()
+                .expect("payload");
+        let version: u64 = change
+            .object
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse().ok())
+            .expect("resourceVersion");
+        let previous = last_of_job.insert(version % 20, version).unwrap_or(0);
+        assert!(
+            previous <= version,
+            "job-{} stored version {version} after {previous}",
+            version % 20
+        );
+        seen.insert(version);
+    }
+    assert_eq!(seen, (1..=200).collect(), "every change is stored");
+    drop(nats);
 }
