@@ -342,14 +342,14 @@ async fn planner_figures(stack: &Stack) -> (BTreeMap<String, HandleTime>, BTreeM
             let handle = "trainyard_handle_seconds";
             let age = "trainyard_message_age_seconds";
             let (sum, count) = (series(handle, "sum")?, series(handle, "count")?);
-            let waited = series(age, "sum")?;
+            let (waited, aged) = (series(age, "sum")?, series(age, "count")?);
             (count > 0.0).then(|| {
                 (
                     c.durable.clone(),
                     HandleTime {
                         handled: count,
                         mean_ms: sum / count * 1000.0,
-                        mean_wait_ms: waited / count * 1000.0,
+                        mean_wait_ms: waited / aged.max(1.0) * 1000.0,
                     },
                 )
             })

@@ -262,14 +262,15 @@ async fn settle(
     stored: Result<Published, RuntimeError>,
     shutdown: &CancellationToken,
 ) {
+    // The pump waits for the retry below, so the object's next change cannot go out before it.
+    in_flight.objects.remove(change.object_uid());
     match stored {
         Ok(published) => count(metrics, &change, published),
         Err(err) => {
             tracing::warn!(kind = change.kind(), entity = %change.entity.key(), error = %err, "publish failed; retrying");
-            publish_until_stored(publisher, metrics, change.clone(), shutdown).await;
+            publish_until_stored(publisher, metrics, change, shutdown).await;
         }
     }
-    in_flight.objects.remove(change.object_uid());
 }
 
 fn count(metrics: &WatcherMetrics, change: &ChangeEvent, published: Published) {
