@@ -3,8 +3,8 @@
 //!    checkpoint) release their GPUs and go back to pending;
 //! 2. preemptors whose victims are all gone are admitted first, so the
 //!    capacity they paid for is not taken by someone else;
-//! 3. jobs that held a reservation or cohort quota hold last cycle are
-//!    evaluated next, so they keep it until they start;
+//! 3. jobs that held a reservation, a cohort quota hold or a queue hold last
+//!    cycle are evaluated next, so they keep it until they start;
 //! 4. the main pass walks every pending job, queues interleaved by weighted
 //!    dominant share, and admits each one that fits quota and concrete nodes
 //!    now; blocked jobs at the front get backfill reservations;
@@ -52,7 +52,8 @@ pub(crate) struct MemoKey {
 /// (queue, resource, requested, used, available, a hold is involved).
 pub(crate) type QuotaMemoKey = (QueueIdx, ResIdx, u64, u64, u64, bool);
 
-/// Cohort headroom kept for the first job that only the pool blocks.
+/// Quota kept for a blocked job: cohort headroom for the first job that only
+/// the pool blocks, or a queue's nominal quota for one of its own jobs.
 pub(crate) struct QuotaHold {
     units: u64,
     holder: JobUid,
@@ -82,8 +83,8 @@ pub(crate) struct MemoEntry {
     reason: Arc<PendingReason>,
 }
 
-/// (expected end, units, cohort of the job's queue) of a running job.
-type CohortRelease = (Timestamp, u64, Option<crate::queues::CohortIdx>);
+/// (expected end, units, cohort of the job's queue, the queue) of a running job.
+type CohortRelease = (Timestamp, u64, Option<crate::queues::CohortIdx>, QueueIdx);
 
 /// Scratch state of one cycle.
 #[derive(Default)]
@@ -91,7 +92,7 @@ pub(crate) struct CycleCtx {
     memo: FastMap<MemoKey, MemoEntry>,
     /// Release timelines per resource (see `timeline_cached`).
     timelines: FastMap<ResIdx, Rc<Timeline>>,
-    /// Expected releases per resource for the cohort pools (see
+    /// Expected releases per resource for the cohort pools and queues (see
     /// `quota_release_time`).
     cohort_releases: FastMap<ResIdx, Vec<CohortRelease>>,
     /// Failures of jobs evaluated before the main pass.
@@ -102,6 +103,9 @@ pub(crate) struct CycleCtx {
     /// Cohort pool headroom held for the first job that only the pool
     /// blocks, per (cohort, resource).
     quota_holds: FastMap<(crate::queues::CohortIdx, ResIdx), QuotaHold>,
+    /// A queue's nominal quota kept for one of its blocked jobs, per (queue,
+    /// resource): the units that job needs (see `hold_queue_quota`).
+    queue_holds: FastMap<(QueueIdx, ResIdx), QuotaHold>,
     reservations: Reservations,
     /// Failures that may try preemption (blocked by quota or capacity), in
     /// line order: (slot in the pending explanations, job).
@@ -109,7 +113,7 @@ pub(crate) struct CycleCtx {
     /// The queue of each pending explanation, for its queue length.
     pending_queues: Vec<QueueIdx>,
     stats: CycleStats,
-    /// Bumped by every admission and every new quota hold: what a quota
+    /// Bumped by every admission and every new quota or queue hold: what a quota
     /// check saw is valid while the epoch stays.
     quota_epoch: u64,
     /// Jobs blocked by quota on every option, by (queue, shares GPUs,
@@ -872,6 +876,10 @@ impl Allocator {
         // holds nothing and no hold let it through.
         let mut alike = job.spec.gpu_slice.is_none();
         let mut exempt_until: Option<u64> = None;
+        // The first option quota blocks: (resource, units the queue must free
+        // to fit the job within nominal, when the cohort headroom this job
+        // holds is expected).
+        let mut quota_short: Option<(ResIdx, u64, Option<Timestamp>)> = None;
         for &res in options.iter() {
             let hold = cohort.and_then(|c| ctx.quota_holds.get(&(c, res)));
             // A job that ends before the holder can expect its headroom may
@@ -891,12 +899,21 @@ impl Allocator {
                     exempt_until = Some(exempt_until.map_or(until.0, |u| u.max(until.0)));
                 }
             }
-            let (held, held_for) = match hold {
+            let (mut held, mut held_for) = match hold {
                 Some(h) if borrows && h.holder_idx != idx && !exempt(h) => {
                     (h.units, Some(h.holder.clone()))
                 }
                 _ => (0, None),
             };
+            // Nominal quota another queue keeps for its own blocked job is
+            // not lent to a borrower that would still hold it then.
+            if borrows && let Some(c) = cohort {
+                let (kept, holder) = self.kept_by_queue_holds(ctx, c, queue, res, &exempt);
+                held = held.saturating_add(kept);
+                if held_for.is_none() {
+                    held_for = holder;
+                }
+            }
             if let Err(short) = self.queues.check_with_hold(queue, res, units, &[], held) {
                 if held == 0 || self.queues.check(queue, res, units, &[]).is_err() {
                     blocked_by_hold_only = false;
@@ -912,7 +929,7 @@ impl Allocator {
                 {
                     let until = self.quota_release_time(
                         &mut ctx.cohort_releases,
-                        c,
+                        |r| r.2 == Some(c),
                         res,
                         units.saturating_sub(short.available),
                         now,
@@ -931,6 +948,13 @@ impl Allocator {
                     ctx.quota_epoch += 1;
                     alike = false;
                     holding = true;
+                }
+                if quota_short.is_none() {
+                    let need = short
+                        .used
+                        .saturating_add(units)
+                        .saturating_sub(short.nominal);
+                    quota_short = Some((res, need, expected_start.filter(|_| holding)));
                 }
                 // Jobs of one queue blocked by the same quota share one reason.
                 let key = (
@@ -963,6 +987,35 @@ impl Allocator {
                 consider(reason, &mut best);
                 continue;
             }
+            // The queue's nominal quota kept for a job ahead in its line: a
+            // job may take it if both fit within nominal, or if it ends before
+            // that job can expect to start (backfill, applied to the queue).
+            if let Some(h) = ctx.queue_holds.get(&(queue, res))
+                && h.holder_idx != idx
+                && !exempt(h)
+                && let Some(q) = self.queues.get(queue)
+                && let Some(nominal) = q.quota(res).map(|s| s.nominal)
+                && q.usage(res).saturating_add(units).saturating_add(h.units) > nominal
+            {
+                if let Some(until) = h.until {
+                    exempt_until = Some(exempt_until.map_or(until.0, |u| u.max(until.0)));
+                }
+                let used = q.usage(res);
+                consider(
+                    Arc::new(PendingReason::QuotaExceeded {
+                        flavor: self.inv.res_flavor_name(res).to_string(),
+                        resource: self.inv.res_quota_name(res),
+                        requested: units,
+                        available: nominal.saturating_sub(used.saturating_add(h.units)),
+                        nominal,
+                        used,
+                        held_for: Some(h.holder.clone()),
+                        holding_cohort_quota: false,
+                    }),
+                    &mut best,
+                );
+                continue;
+            }
             blocked_by_hold_only = false;
             alike = false;
             match self.try_place(idx, res, now, ctx) {
@@ -982,11 +1035,13 @@ impl Allocator {
                 wants: String::new(),
             })
         });
+        let mut reserved: Option<(ResIdx, Timestamp)> = None;
         if let Some((res, capacity_reason)) = first_capacity_failure
             && self.config.backfill.enabled
             && ctx.reservations.count < self.config.backfill.max_reservations
             && let Some(start) = self.reserve(idx, res, now, ctx)
         {
+            reserved = Some((res, start));
             expected_start = Some(expected_start.map_or(start, |e| e.max(start)));
             // The reserved flavor is the one the job will start in: explain that one.
             let mut annotated = (*capacity_reason).clone();
@@ -995,6 +1050,7 @@ impl Allocator {
             }
             reason = Arc::new(annotated);
         }
+        self.hold_queue_quota(idx, reserved, quota_short, now, ctx);
         // Waiting only because headroom is kept for a job ahead in line is
         // not a shortage preemption should fix; nor is a wait expected to
         // end within the grace period a preemption would cost anyway.
@@ -1015,30 +1071,129 @@ impl Allocator {
         Err((reason, can_preempt))
     }
 
-    /// When enough units of `res` are expected back in the cohort pool for a
-    /// job short of `short` units (running jobs of the cohort ending at their
-    /// estimates). `None` when the running jobs never free that much.
+    /// When enough units of `res` are expected back for a job short of
+    /// `short` units, counting the releases `of` keeps: the running jobs of a
+    /// cohort (its pool) or of a queue, ending at their estimates. `None` when
+    /// they never free that much.
     pub(crate) fn quota_release_time(
         &self,
         cache: &mut FastMap<ResIdx, Vec<CohortRelease>>,
-        cohort: crate::queues::CohortIdx,
+        of: impl Fn(&CohortRelease) -> bool,
         res: ResIdx,
         short: u64,
         now: Timestamp,
     ) -> Option<Timestamp> {
-        // One scan of the running jobs serves every cohort: a cohort's
-        // releases are a sorted subsequence of all of them.
+        // One scan of the running jobs serves every cohort and queue: their
+        // releases are sorted subsequences of all of them.
         let releases = cache
             .entry(res)
             .or_insert_with(|| self.cohort_releases(res, now));
         let mut freed = 0u64;
-        for (end, units, _) in releases.iter().filter(|r| r.2 == Some(cohort)) {
+        for (end, units, ..) in releases.iter().filter(|r| of(r)) {
             freed += units;
             if freed >= short {
                 return Some(*end);
             }
         }
         None
+    }
+
+    /// A blocked job that holds a node reservation, or that quota holds
+    /// back, keeps its queue's nominal quota from the jobs behind
+    /// it in its own queue: the first such job in each queue, so every queue
+    /// has at most one queue hold per resource and no cap on holds can leave
+    /// a queue's head unprotected. Nominal quota frees up as the queue's own
+    /// jobs end, so without this a stream of the queue's small jobs takes it
+    /// as fast as it appears and a gang that must borrow never starts. Only a
+    /// job that fits within nominal holds: its queue alone can make room for
+    /// it, so the hold ends. Jobs ending before it can expect to start pass.
+    fn hold_queue_quota(
+        &self,
+        idx: JobIdx,
+        reserved: Option<(ResIdx, Timestamp)>,
+        quota_short: Option<(ResIdx, u64, Option<Timestamp>)>,
+        now: Timestamp,
+        ctx: &mut CycleCtx,
+    ) {
+        let Some(job) = self.job(idx) else { return };
+        let queue = job.queue;
+        if !self.config.backfill.enabled {
+            return;
+        }
+        let hold = match (reserved, quota_short) {
+            (Some((res, start)), _) => Some((res, start)),
+            (None, Some((res, need, cohort_until))) => {
+                let room = if need == 0 {
+                    Some(now)
+                } else {
+                    self.quota_release_time(
+                        &mut ctx.cohort_releases,
+                        |r| r.3 == queue,
+                        res,
+                        need,
+                        now,
+                    )
+                };
+                room.map(|t| (res, cohort_until.map_or(t, |c| c.max(t))))
+            }
+            (None, None) => None,
+        };
+        let Some((res, until)) = hold else { return };
+        let units = job.spec.total_units();
+        let fits_nominal = self
+            .queues
+            .get(queue)
+            .and_then(|q| q.quota(res))
+            .is_some_and(|s| units <= s.nominal);
+        if !fits_nominal || ctx.queue_holds.contains_key(&(queue, res)) {
+            return;
+        }
+        ctx.queue_holds.insert(
+            (queue, res),
+            QuotaHold {
+                units,
+                holder: job.spec.uid.clone(),
+                holder_idx: idx,
+                until: Some(until),
+            },
+        );
+        if !ctx.reserved_order.contains(&job.spec.uid) {
+            ctx.reserved_order.push(job.spec.uid.clone());
+        }
+        ctx.quota_epoch += 1;
+    }
+
+    /// Unused nominal quota of `res` that the other queues of `cohort` keep
+    /// for their blocked jobs (see `hold_queue_quota`) from a borrower that
+    /// `exempt` does not let through, and the first holder.
+    fn kept_by_queue_holds(
+        &self,
+        ctx: &CycleCtx,
+        cohort: crate::queues::CohortIdx,
+        borrower: QueueIdx,
+        res: ResIdx,
+        exempt: &impl Fn(&QuotaHold) -> bool,
+    ) -> (u64, Option<JobUid>) {
+        let mut kept = 0u64;
+        let mut first: Option<JobUid> = None;
+        for (&(queue, hold_res), h) in &ctx.queue_holds {
+            if hold_res != res || queue == borrower || exempt(h) {
+                continue;
+            }
+            let Some(q) = self.queues.get(queue).filter(|q| q.cohort == Some(cohort)) else {
+                continue;
+            };
+            let unused = q
+                .quota(res)
+                .map_or(0, |s| s.nominal)
+                .saturating_sub(q.usage(res));
+            let units = h.units.min(unused);
+            if units > 0 {
+                kept = kept.saturating_add(units);
+                first.get_or_insert_with(|| h.holder.clone());
+            }
+        }
+        (kept, first)
     }
 
     /// Expected releases of the jobs running in `res`, sorted.
@@ -1064,6 +1219,7 @@ impl Allocator {
                 self.expected_end(idx, now),
                 run.admission.total_units(),
                 self.queues.get(job.queue).and_then(|q| q.cohort),
+                job.queue,
             )
         })
     }

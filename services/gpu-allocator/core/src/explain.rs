@@ -72,7 +72,8 @@ pub enum PendingReason {
         nominal: u64,
         /// The queue's current usage.
         used: u64,
-        /// Cohort headroom is being kept for this job, ahead in line.
+        /// Quota is being kept for this job, ahead in line: cohort headroom,
+        /// or the queue's own nominal quota.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         held_for: Option<JobUid>,
         /// This job is first in line for the cohort's headroom: what frees
@@ -166,10 +167,7 @@ impl fmt::Display for PendingReason {
                     requested.saturating_sub(*available)
                 )?;
                 if let Some(holder) = held_for {
-                    write!(
-                        f,
-                        "; cohort headroom is kept for job {holder}, ahead in line"
-                    )?;
+                    write!(f, "; quota is kept for job {holder}, ahead in line")?;
                 }
                 if *holding_cohort_quota {
                     write!(

@@ -270,6 +270,173 @@ fn a_short_job_passes_a_cohort_hold_however_many_alike_jobs_wait_before_it() {
     }
 }
 
+/// a (nominal 16) and b (nominal 8) fill their nominal quota and the 24
+/// GPUs. a's 8 x 1-GPU gang is within a's nominal but would borrow while a's
+/// 1-GPU jobs hold it; a keeps a stream of 1-GPU jobs without an estimate
+/// waiting, and its running jobs end one per cycle (preemption off).
+#[test]
+fn a_big_gang_is_not_starved_by_small_jobs_of_its_own_queue() {
+    let mut h = Harness::new(AllocatorConfig {
+        preemption: PreemptionPolicy {
+            enabled: false,
+            ..PreemptionPolicy::default()
+        },
+        ..AllocatorConfig::default()
+    });
+    h.nodes([node("n1", 8), node("n2", 8), node("n3", 8)]);
+    h.queue(queue("a", Some("c"), 16));
+    h.queue(queue("b", Some("c"), 8));
+    for i in 0..16 {
+        h.submit(job(&format!("a-run-{i:02}"), "a", 1, 1));
+    }
+    for i in 0..8 {
+        h.submit(job(&format!("b-run-{i}"), "b", 1, 1));
+    }
+    assert_eq!(h.cycle(0).admissions.len(), 24);
+    let mut big = job("a-big", "a", 8, 1);
+    big.submitted_at = Timestamp(10);
+    h.submit(big);
+    for i in 0..20 {
+        let mut j = job(&format!("a-wait-{i:02}"), "a", 1, 1);
+        j.submitted_at = Timestamp(20 + i);
+        h.submit(j);
+    }
+    // Ends long before a's running jobs (no estimate: 4 h assumed) make
+    // room for a-big, so it may use a's quota meanwhile.
+    let mut short = job("a-short", "a", 1, 1);
+    short.submitted_at = Timestamp(15);
+    short.runtime_estimate_secs = Some(60);
+    h.submit(short);
+    let mut admitted = Vec::new();
+    for i in 0..8u64 {
+        h.finish(&format!("a-run-{i:02}"));
+        let out = h.cycle(100 + 100 * i);
+        if i == 0 {
+            let why = &reason_of(&out, "a-wait-00").reason;
+            assert!(
+                matches!(&**why, PendingReason::QuotaExceeded { held_for: Some(holder), .. } if holder.as_str() == "a-big"),
+                "{why:?}"
+            );
+        }
+        admitted.extend(admitted_uids(&out));
+        if i == 0 {
+            h.finish("a-short");
+        }
+    }
+    assert_eq!(
+        admitted,
+        vec!["a-short", "a-big"],
+        "a's freed quota was kept for a-big"
+    );
+}
+
+/// Three queues without a cohort (nominal 4 each, one 4-GPU node each) run
+/// four 1-GPU jobs each; each then gets a 4-GPU gang followed by a stream of
+/// 1-GPU jobs, and one running job per queue ends per cycle. Every queue
+/// keeps what frees up for its gang, though only one reservation is allowed
+/// per cycle: a queue hold is per queue, not capped.
+#[test]
+fn every_queue_keeps_its_freed_quota_for_its_blocked_gang() {
+    let mut h = Harness::new(AllocatorConfig {
+        preemption: PreemptionPolicy {
+            enabled: false,
+            ..PreemptionPolicy::default()
+        },
+        backfill: BackfillPolicy {
+            max_reservations: 1,
+            ..BackfillPolicy::default()
+        },
+        ..AllocatorConfig::default()
+    });
+    let queues = ["a", "b", "c"];
+    h.nodes(queues.map(|q| node(&format!("n-{q}"), 4)));
+    for q in queues {
+        h.queue(queue(q, None, 4));
+        for i in 0..4 {
+            h.submit(job(&format!("{q}-run-{i}"), q, 1, 1));
+        }
+    }
+    assert_eq!(h.cycle(0).admissions.len(), 12);
+    for q in queues {
+        let mut gang = job(&format!("{q}-gang"), q, 4, 1);
+        gang.submitted_at = Timestamp(10);
+        h.submit(gang);
+        for i in 0..5 {
+            let mut j = job(&format!("{q}-wait-{i}"), q, 1, 1);
+            j.submitted_at = Timestamp(20 + i);
+            h.submit(j);
+        }
+    }
+    let mut admitted = Vec::new();
+    for i in 0..4u64 {
+        for q in queues {
+            h.finish(&format!("{q}-run-{i}"));
+        }
+        let out = h.cycle(100 + 100 * i);
+        if i == 0 {
+            for q in queues {
+                let why = &reason_of(&out, &format!("{q}-wait-0")).reason;
+                assert!(
+                    matches!(&**why, PendingReason::QuotaExceeded { held_for: Some(holder), .. } if holder.as_str() == format!("{q}-gang")),
+                    "{q}: {why:?}"
+                );
+            }
+        }
+        admitted.extend(admitted_uids(&out));
+    }
+    admitted.sort();
+    assert_eq!(admitted, vec!["a-gang", "b-gang", "c-gang"]);
+}
+
+/// a (nominal 4, may not borrow) and d (nominal 4) share a cohort and two
+/// 4-GPU nodes, each running four 1-GPU jobs. a's 4-GPU gang waits for a's
+/// own jobs to end (one per cycle); d has 1-GPU jobs that would borrow what
+/// a frees. a keeps that quota for its gang, from d's borrowers too: lent
+/// out, the gang could only start by preempting them (preemption off).
+#[test]
+fn quota_a_queue_keeps_for_its_gang_is_not_lent_to_other_queues() {
+    let mut h = Harness::new(AllocatorConfig {
+        preemption: PreemptionPolicy {
+            enabled: false,
+            ..PreemptionPolicy::default()
+        },
+        ..AllocatorConfig::default()
+    });
+    h.nodes([node("n1", 4), node("n2", 4)]);
+    let mut a = queue("a", Some("c"), 4);
+    a.quotas[0].resources[0].borrowing_limit = Some(0);
+    h.queue(a);
+    h.queue(queue("d", Some("c"), 4));
+    for q in ["a", "d"] {
+        for i in 0..4 {
+            h.submit(job(&format!("{q}-run-{i}"), q, 1, 1));
+        }
+    }
+    assert_eq!(h.cycle(0).admissions.len(), 8);
+    let mut gang = job("a-gang", "a", 4, 1);
+    gang.submitted_at = Timestamp(10);
+    h.submit(gang);
+    for i in 0..5 {
+        let mut j = job(&format!("d-wait-{i}"), "d", 1, 1);
+        j.submitted_at = Timestamp(20 + i);
+        h.submit(j);
+    }
+    let mut admitted = Vec::new();
+    for i in 0..4u64 {
+        h.finish(&format!("a-run-{i}"));
+        let out = h.cycle(100 + 100 * i);
+        if i == 0 {
+            let why = &reason_of(&out, "d-wait-0").reason;
+            assert!(
+                matches!(&**why, PendingReason::QuotaExceeded { held_for: Some(holder), .. } if holder.as_str() == "a-gang"),
+                "{why:?}"
+            );
+        }
+        admitted.extend(admitted_uids(&out));
+    }
+    assert_eq!(admitted, vec!["a-gang"]);
+}
+
 // ----------------------------------------------------------- priority, aging
 
 #[test]
@@ -641,7 +808,11 @@ fn mig_quota_is_counted_per_profile_in_slices() {
     };
     h.submit(sliced("small-a", "1g.10gb", 3, 0));
     h.submit(sliced("small-b", "1g.10gb", 3, 1));
-    h.submit(sliced("small-c", "1g.10gb", 2, 2));
+    // Ends before small-b, blocked by quota, can expect small-a's slices
+    // back, so it may pass small-b's hold on the queue's quota.
+    let mut small_c = sliced("small-c", "1g.10gb", 2, 2);
+    small_c.runtime_estimate_secs = Some(600);
+    h.submit(small_c);
     h.submit(sliced("big-a", "3g.40gb", 1, 3));
     h.submit(sliced("big-b", "3g.40gb", 1, 4));
     let out = h.cycle(10);
