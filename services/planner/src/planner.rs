@@ -59,7 +59,7 @@ impl PlannerMetrics {
         let actions = IntCounterVec::new(
             Opts::new(
                 "trainyard_planner_actions_total",
-                "Actions carried out, by kind (apply_unchanged: objects as last applied, not sent again)",
+                "Actions carried out, by kind (apply_unchanged: objects as last applied, not sent again; status_deferred: a status change waits for the next write)",
             ),
             &["action"],
         )
@@ -93,6 +93,11 @@ struct Entry {
     saved: Option<u64>,
     /// When a message last left the job finished (Completed or Failed).
     finished_at: Option<Instant>,
+    /// When this process last wrote the job's status.
+    status_written_at: Option<Instant>,
+    /// A status change waits for `min_status_interval_ms`, and a reconcile
+    /// that writes it is scheduled.
+    status_deferred: bool,
 }
 
 /// Every job's entry, by `<namespace>/<name>`.
@@ -318,7 +323,7 @@ impl Planner {
                 }
                 planner_core::observe(&mut entry.state, at, *observation);
             }
-            Input::Reconcile => {}
+            Input::Reconcile => entry.status_deferred = false,
         }
         let Some(job) = entry.object.clone() else {
             // Reports about a TrainingJob that no longer exists (or not yet): nothing to do.
@@ -425,8 +430,24 @@ impl Planner {
                         .await?;
                 }
                 PlannerAction::UpdateStatus(status) => {
-                    let stored = self.writer.write_status(job, &status).await?;
-                    entry.object = Some(stored);
+                    let interval = Duration::from_millis(self.config.min_status_interval_ms);
+                    let wait = entry
+                        .status_written_at
+                        .map_or(Duration::ZERO, |at| interval.saturating_sub(at.elapsed()));
+                    let previous = job.status.clone().unwrap_or_default();
+                    if wait.is_zero()
+                        || planner_core::changes_state_or_conditions(&previous, &status)
+                    {
+                        let stored = self.writer.write_status(job, &status).await?;
+                        entry.object = Some(stored);
+                        entry.status_written_at = Some(Instant::now());
+                    } else {
+                        label = "status_deferred";
+                        if !entry.status_deferred {
+                            entry.status_deferred = true;
+                            self.schedule(entity.clone(), wait);
+                        }
+                    }
                 }
             }
             self.metrics.actions.with_label_values(&[label]).inc();
@@ -454,14 +475,18 @@ impl Planner {
         Ok(())
     }
 
-    /// Decides again for `entity` after `delay` (restart backoff, deadlines).
+    /// Decides again for `entity` after `delay` (restart backoff, deadlines,
+    /// deferred status writes).
     fn schedule(self: &Arc<Self>, entity: EntityRef, delay: Duration) {
         let planner = Arc::clone(self);
         tokio::spawn(async move {
             tokio::select! {
                 _ = planner.shutdown.cancelled() => {}
                 _ = tokio::time::sleep(delay) => {
-                    if let Err(err) = planner.handle_input(&entity, Utc::now(), Input::Reconcile).await {
+                    // Boxed: inline, the reconcile's future would size every
+                    // sleeping timer task (thousands in a burst) like a reconcile.
+                    let reconcile = Box::pin(planner.handle_input(&entity, Utc::now(), Input::Reconcile));
+                    if let Err(err) = reconcile.await {
                         tracing::warn!(job = %entity.key(), error = %err, "timed reconcile failed");
                     }
                 }

@@ -140,11 +140,15 @@ async fn distributed_job_runs_to_completion_and_a_replay_changes_nothing() {
         .run_workers("bert-distributed-a0", &name, 0, 2)
         .await;
     cluster.publish(&name, progress(1, 3, 0.71)).await;
-    let running = cluster
+    cluster
         .wait_for_state(&name, TrainingJobState::Running)
         .await;
-    let status = running.status.expect("status");
-    assert_eq!(status.workers.as_ref().map(|w| w.active), Some(2));
+    // Worker counts alone wait up to `min_status_interval_ms` for a write.
+    eventually("2 active workers in status", || async {
+        let status = cluster.training_jobs().get(&name).await.ok()?.status?;
+        (status.workers.as_ref()?.active == 2).then_some(())
+    })
+    .await;
 
     cluster.publish(&name, progress(2, 3, 0.82)).await;
     cluster.publish(&name, progress(3, 3, 0.88)).await;
@@ -266,6 +270,53 @@ async fn distributed_job_runs_to_completion_and_a_replay_changes_nothing() {
 }
 
 /// The envelope as JSON again (header fields plus the raw payload).
+/// While a job runs, reports that change nothing but progress wait for the
+/// next status write (here the one that says Completed) instead of each
+/// writing the status.
+#[tokio::test]
+async fn progress_reports_in_quick_succession_wait_for_the_next_status_write() {
+    let cluster = cluster::start_with(|config| config.min_status_interval_ms = 600_000).await;
+    let tj = cluster.create_example("trainingjob-distributed.yaml").await;
+    let name = tj.name_any();
+    cluster.watch_once().await;
+    cluster.publish(&name, admission(2)).await;
+    cluster
+        .wait_for_state(&name, TrainingJobState::Initializing)
+        .await;
+    cluster
+        .run_workers("bert-distributed-a0", &name, 0, 2)
+        .await;
+    cluster.publish(&name, progress(1, 3, 0.71)).await;
+    let running = cluster
+        .wait_for_state(&name, TrainingJobState::Running)
+        .await;
+    assert_eq!(
+        running.status.expect("status").state,
+        Some(TrainingJobState::Running)
+    );
+    let writes_before = cluster.actions("status");
+
+    cluster.publish(&name, progress(2, 3, 0.82)).await;
+    cluster.publish(&name, progress(3, 3, 0.88)).await;
+    cluster.complete_workers("bert-distributed-a0", 2).await;
+    let done = cluster
+        .wait_for_state(&name, TrainingJobState::Completed)
+        .await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(
+        status.current_epoch,
+        Some(3),
+        "the last report went out with Completed"
+    );
+    assert_eq!(status.metrics.get("accuracy"), Some(&0.88));
+    assert_eq!(
+        cluster.actions("status") - writes_before,
+        1,
+        "one status write after Running: the one that says Completed"
+    );
+    assert!(cluster.actions("status_deferred") >= 2);
+}
+
 fn message_json(message: &Incoming) -> serde_json::Value {
     let mut value = serde_json::to_value(&message.header).expect("header");
     value["payload"] = message.raw_payload();

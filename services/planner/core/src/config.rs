@@ -45,6 +45,12 @@ pub struct PlannerConfig {
     /// Seconds a finished TrainingJob stays in the planner's memory after its
     /// last message (its state stays in the KV bucket either way).
     pub finished_entry_ttl_seconds: u32,
+    /// Least time between two status writes of one TrainingJob when the later
+    /// one changes no state and no condition (progress, metrics, worker counts):
+    /// such a change waits and goes out with the next write. A busy job then
+    /// costs the API server (and every watcher) a write per interval, not one
+    /// per report. 0 writes every change at once.
+    pub min_status_interval_ms: u64,
 }
 
 impl Default for PlannerConfig {
@@ -62,6 +68,7 @@ impl Default for PlannerConfig {
             finished_job_ttl_seconds: Some(86_400),
             parallel_jobs: 16,
             finished_entry_ttl_seconds: 30,
+            min_status_interval_ms: 1_000,
         }
     }
 }

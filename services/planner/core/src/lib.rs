@@ -51,5 +51,5 @@ pub use state::{
     AttemptRecord, CheckpointSeen, EpochMetrics, Observation, Observed, PlannerJobState,
     PreemptionSeen, ProgressSeen, TrialStopSeen, observe,
 };
-pub use status::{MetricGoal, format_duration};
+pub use status::{MetricGoal, changes_state_or_conditions, format_duration};
 pub use sweep::{WELL_KNOWN_HYPERPARAMETERS, sweep_status, trial_spec};

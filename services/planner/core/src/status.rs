@@ -5,6 +5,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use trainyard_api::TrainingJobStatus;
 
 /// A Kubernetes `Time` (second precision on the wire) from a chrono time. Sub-second
 /// parts are dropped so a status read back from the apiserver compares equal to the
@@ -94,9 +95,71 @@ impl MetricGoal {
     }
 }
 
+/// Whether `next` changes the job's state, or the status or reason of any
+/// condition, against `previous`: what users and other systems act on, so it
+/// is written at once. The rest (progress, metrics, worker counts, checkpoint,
+/// start time, a condition's message) can wait for the next write.
+pub fn changes_state_or_conditions(previous: &TrainingJobStatus, next: &TrainingJobStatus) -> bool {
+    if previous.state != next.state || previous.conditions.len() != next.conditions.len() {
+        return true;
+    }
+    next.conditions.iter().any(|condition| {
+        previous
+            .conditions
+            .iter()
+            .find(|p| p.condition_type == condition.condition_type)
+            .is_none_or(|p| p.status != condition.status || p.reason != condition.reason)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use trainyard_api::{Condition, ConditionStatus, TrainingJobState};
+
+    #[test]
+    fn only_state_and_condition_changes_are_urgent() {
+        let running = |reason: &str, message: &str| {
+            Condition::new(
+                "Running",
+                ConditionStatus::True,
+                reason.to_owned(),
+                message.to_owned(),
+            )
+        };
+        let previous = TrainingJobStatus {
+            state: Some(TrainingJobState::Running),
+            conditions: vec![running("WorkersRunning", "1 of 2 workers running")],
+            current_epoch: Some(1),
+            ..TrainingJobStatus::default()
+        };
+        let progressed = TrainingJobStatus {
+            current_epoch: Some(2),
+            progress: Some("66%".to_owned()),
+            conditions: vec![running("WorkersRunning", "2 of 2 workers running")],
+            ..previous.clone()
+        };
+        assert!(!changes_state_or_conditions(&previous, &progressed));
+        let finished = TrainingJobStatus {
+            state: Some(TrainingJobState::Completed),
+            ..progressed.clone()
+        };
+        assert!(changes_state_or_conditions(&progressed, &finished));
+        let mut flipped = progressed.clone();
+        flipped.conditions[0].status = ConditionStatus::False;
+        assert!(changes_state_or_conditions(&progressed, &flipped));
+        let mut reasoned = progressed.clone();
+        reasoned.conditions[0].reason = Some("Restarting".to_owned());
+        assert!(changes_state_or_conditions(&progressed, &reasoned));
+        let mut added = progressed.clone();
+        added.conditions.push(Condition::new(
+            "Suspended",
+            ConditionStatus::True,
+            "Suspended".to_owned(),
+            String::new(),
+        ));
+        assert!(changes_state_or_conditions(&progressed, &added));
+    }
 
     #[test]
     fn durations_read_like_go() {

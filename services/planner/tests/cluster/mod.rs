@@ -34,6 +34,11 @@ pub struct Cluster {
 }
 
 pub async fn start() -> Cluster {
+    start_with(|_| {}).await
+}
+
+/// A cluster whose planner config `configure` changes from the tests' default.
+pub async fn start_with(configure: impl FnOnce(&mut PlannerConfig)) -> Cluster {
     // RUST_LOG=trainyard_planner=debug shows what the planner did when a test fails.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
@@ -61,7 +66,7 @@ pub async fn start() -> Cluster {
         .build()
         .await
         .expect("fake API server");
-    let config = PlannerConfig {
+    let mut config = PlannerConfig {
         worker_nats_url: nats.url(),
         restart_backoff_initial_seconds: 1,
         restart_backoff_max_seconds: 2,
@@ -70,6 +75,7 @@ pub async fn start() -> Cluster {
         finished_entry_ttl_seconds: 1,
         ..Default::default()
     };
+    configure(&mut config);
     trainyard_planner::start(&runtime, config, client.clone()).expect("planner starts");
     Cluster {
         nats,
@@ -82,6 +88,24 @@ pub async fn start() -> Cluster {
 pub use trainyard_testkit::eventually;
 
 impl Cluster {
+    /// `trainyard_planner_actions_total` for one action kind.
+    pub fn actions(&self, action: &str) -> u64 {
+        self.runtime
+            .registry
+            .gather()
+            .iter()
+            .filter(|family| family.name() == "trainyard_planner_actions_total")
+            .flat_map(|family| family.get_metric())
+            .filter(|metric| {
+                metric
+                    .get_label()
+                    .iter()
+                    .any(|label| label.name() == "action" && label.value() == action)
+            })
+            .map(|metric| metric.get_counter().get_value() as u64)
+            .sum()
+    }
+
     pub fn training_jobs(&self) -> Api<TrainingJob> {
         Api::namespaced(self.client.clone(), NS)
     }
