@@ -49,6 +49,18 @@ fn progress(epoch: u32, total: u32, accuracy: f64) -> ProgressReported {
     }
 }
 
+/// The admitted distributed job's two workers start and report epoch 1.
+async fn run_to_running(cluster: &cluster::Cluster, name: &str) {
+    cluster
+        .wait_for_state(name, TrainingJobState::Initializing)
+        .await;
+    cluster.run_workers("bert-distributed-a0", name, 0, 2).await;
+    cluster.publish(name, progress(1, 3, 0.71)).await;
+    cluster
+        .wait_for_state(name, TrainingJobState::Running)
+        .await;
+}
+
 #[tokio::test]
 async fn distributed_job_runs_to_completion_and_a_replay_changes_nothing() {
     let cluster = cluster::start().await;
@@ -132,17 +144,7 @@ async fn distributed_job_runs_to_completion_and_a_replay_changes_nothing() {
             .iter()
             .any(|t| t.key.as_deref() == Some("nvidia.com/gpu"))
     );
-    cluster
-        .wait_for_state(&name, TrainingJobState::Initializing)
-        .await;
-
-    cluster
-        .run_workers("bert-distributed-a0", &name, 0, 2)
-        .await;
-    cluster.publish(&name, progress(1, 3, 0.71)).await;
-    cluster
-        .wait_for_state(&name, TrainingJobState::Running)
-        .await;
+    run_to_running(&cluster, &name).await;
     // Worker counts alone wait up to `min_status_interval_ms` for a write.
     eventually("2 active workers in status", || async {
         let status = cluster.training_jobs().get(&name).await.ok()?.status?;
@@ -269,7 +271,6 @@ async fn distributed_job_runs_to_completion_and_a_replay_changes_nothing() {
     let _ = NS;
 }
 
-/// The envelope as JSON again (header fields plus the raw payload).
 /// While a job runs, reports that change nothing but progress wait for the
 /// next status write (here the one that says Completed) instead of each
 /// writing the status.
@@ -280,20 +281,7 @@ async fn progress_reports_in_quick_succession_wait_for_the_next_status_write() {
     let name = tj.name_any();
     cluster.watch_once().await;
     cluster.publish(&name, admission(2)).await;
-    cluster
-        .wait_for_state(&name, TrainingJobState::Initializing)
-        .await;
-    cluster
-        .run_workers("bert-distributed-a0", &name, 0, 2)
-        .await;
-    cluster.publish(&name, progress(1, 3, 0.71)).await;
-    let running = cluster
-        .wait_for_state(&name, TrainingJobState::Running)
-        .await;
-    assert_eq!(
-        running.status.expect("status").state,
-        Some(TrainingJobState::Running)
-    );
+    run_to_running(&cluster, &name).await;
     let writes_before = cluster.actions("status");
 
     cluster.publish(&name, progress(2, 3, 0.82)).await;
@@ -317,6 +305,7 @@ async fn progress_reports_in_quick_succession_wait_for_the_next_status_write() {
     assert!(cluster.actions("status_deferred") >= 2);
 }
 
+/// The envelope as JSON again (header fields plus the raw payload).
 fn message_json(message: &Incoming) -> serde_json::Value {
     let mut value = serde_json::to_value(&message.header).expect("header");
     value["payload"] = message.raw_payload();

@@ -172,10 +172,7 @@ fn cohort_hold_scenario(backfill: bool) -> (Harness, Vec<String>) {
             enabled: backfill,
             ..BackfillPolicy::default()
         },
-        preemption: PreemptionPolicy {
-            enabled: false,
-            ..PreemptionPolicy::default()
-        },
+        preemption: no_preemption(),
         ..AllocatorConfig::default()
     });
     h.nodes([node("n1", 8), node("n2", 8), node("n3", 8)]);
@@ -224,13 +221,7 @@ fn cohort_headroom_is_kept_for_the_first_job_in_line() {
 
 #[test]
 fn a_short_job_passes_a_cohort_hold_however_many_alike_jobs_wait_before_it() {
-    let mut h = Harness::new(AllocatorConfig {
-        preemption: PreemptionPolicy {
-            enabled: false,
-            ..PreemptionPolicy::default()
-        },
-        ..AllocatorConfig::default()
-    });
+    let mut h = Harness::without_preemption();
     h.nodes([node("n1", 8), node("n2", 8), node("n3", 8)]);
     h.queue(queue("a", Some("c"), 12));
     h.queue(queue("b", Some("c"), 4));
@@ -276,13 +267,7 @@ fn a_short_job_passes_a_cohort_hold_however_many_alike_jobs_wait_before_it() {
 /// waiting, and its running jobs end one per cycle (preemption off).
 #[test]
 fn a_big_gang_is_not_starved_by_small_jobs_of_its_own_queue() {
-    let mut h = Harness::new(AllocatorConfig {
-        preemption: PreemptionPolicy {
-            enabled: false,
-            ..PreemptionPolicy::default()
-        },
-        ..AllocatorConfig::default()
-    });
+    let mut h = Harness::without_preemption();
     h.nodes([node("n1", 8), node("n2", 8), node("n3", 8)]);
     h.queue(queue("a", Some("c"), 16));
     h.queue(queue("b", Some("c"), 8));
@@ -338,10 +323,7 @@ fn a_big_gang_is_not_starved_by_small_jobs_of_its_own_queue() {
 #[test]
 fn every_queue_keeps_its_freed_quota_for_its_blocked_gang() {
     let mut h = Harness::new(AllocatorConfig {
-        preemption: PreemptionPolicy {
-            enabled: false,
-            ..PreemptionPolicy::default()
-        },
+        preemption: no_preemption(),
         backfill: BackfillPolicy {
             max_reservations: 1,
             ..BackfillPolicy::default()
@@ -395,13 +377,7 @@ fn every_queue_keeps_its_freed_quota_for_its_blocked_gang() {
 /// out, the gang could only start by preempting them (preemption off).
 #[test]
 fn quota_a_queue_keeps_for_its_gang_is_not_lent_to_other_queues() {
-    let mut h = Harness::new(AllocatorConfig {
-        preemption: PreemptionPolicy {
-            enabled: false,
-            ..PreemptionPolicy::default()
-        },
-        ..AllocatorConfig::default()
-    });
+    let mut h = Harness::without_preemption();
     h.nodes([node("n1", 4), node("n2", 4)]);
     let mut a = queue("a", Some("c"), 4);
     a.quotas[0].resources[0].borrowing_limit = Some(0);
@@ -1127,10 +1103,7 @@ fn backfill_scenario(backfill: bool) -> Harness {
             enabled: backfill,
             ..BackfillPolicy::default()
         },
-        preemption: PreemptionPolicy {
-            enabled: false,
-            ..PreemptionPolicy::default()
-        },
+        preemption: no_preemption(),
         ..AllocatorConfig::default()
     });
     h.nodes([node("n1", 8), node("n2", 8)]);

@@ -65,6 +65,13 @@ pub fn uid(s: &str) -> JobUid {
     JobUid::new(s)
 }
 
+pub fn no_preemption() -> PreemptionPolicy {
+    PreemptionPolicy {
+        enabled: false,
+        ..PreemptionPolicy::default()
+    }
+}
+
 pub struct Harness {
     pub alloc: Allocator,
     pub log: Vec<Event>,
@@ -80,6 +87,14 @@ impl Harness {
 
     pub fn default_config() -> Self {
         Self::new(AllocatorConfig::default())
+    }
+
+    /// Defaults with preemption off: what the queue does by waiting alone.
+    pub fn without_preemption() -> Self {
+        Self::new(AllocatorConfig {
+            preemption: no_preemption(),
+            ..AllocatorConfig::default()
+        })
     }
 
     pub fn apply(&mut self, event: Event) {
