@@ -727,9 +727,17 @@ fn print_report(r: &PipelineReport) {
         );
     }
     let best = e.planner_busy_per_second.unwrap_or(e.planner_per_second);
+    // A run that offers fewer messages than the target cannot show the
+    // capacity: the planner keeps up, so its rate is the offered one.
+    let verdict = if best >= TARGET_EVENTS_PER_S {
+        met(true)
+    } else if e.published_per_second < TARGET_EVENTS_PER_S {
+        "not measured: this run offers fewer; run a burst (no --rate)"
+    } else {
+        met(false)
+    };
     println!(
-        "  ≥ {TARGET_EVENTS_PER_S} msgs/s sustained watcher → planner: {best:.1}/s while backlogged, {}",
-        met(best >= TARGET_EVENTS_PER_S)
+        "  ≥ {TARGET_EVENTS_PER_S} msgs/s sustained watcher → planner: {best:.1}/s while backlogged, {verdict}"
     );
     for p in r.processes.iter().filter(|p| is_service(&p.name)) {
         let rss = mib(p.peak_rss_bytes);
