@@ -91,6 +91,10 @@ struct Entry {
     applied: Option<u64>,
     /// Fingerprint of the state as last saved to (or loaded from) the KV bucket.
     saved: Option<u64>,
+    /// An observation changed the state since it was last saved: only
+    /// observations change it (the core decides from it, never into it), so
+    /// the many other inputs skip encoding it.
+    observed_unsaved: bool,
     /// When a message last left the job finished (Completed or Failed).
     finished_at: Option<Instant>,
     /// When this process last wrote the job's status.
@@ -322,6 +326,7 @@ impl Planner {
                     entry.applied = None;
                 }
                 planner_core::observe(&mut entry.state, at, *observation);
+                entry.observed_unsaved = true;
             }
             Input::Reconcile => entry.status_deferred = false,
         }
@@ -337,11 +342,14 @@ impl Planner {
         self.writer.ensure_finalizer(&job).await?;
         let actions = planner_core::decide(&job, &entry.state, Utc::now(), &self.config);
         self.carry_out(entity, entry, &job, actions).await?;
-        let bytes = StateStore::encode(key, &entry.state)?;
-        let print = fingerprint(&[&bytes]);
-        if entry.saved != Some(print) {
-            self.store.put(key, bytes).await?;
-            entry.saved = Some(print);
+        if entry.observed_unsaved {
+            let bytes = StateStore::encode(key, &entry.state)?;
+            let print = fingerprint(&[&bytes]);
+            if entry.saved != Some(print) {
+                self.store.put(key, bytes).await?;
+                entry.saved = Some(print);
+            }
+            entry.observed_unsaved = false;
         }
         Ok(())
     }
@@ -361,6 +369,7 @@ impl Planner {
         self.store.delete(key).await?;
         entry.object = None;
         entry.state = PlannerJobState::default();
+        entry.observed_unsaved = false;
         self.forget(key);
         tracing::info!(job = %entity.key(), "finalized");
         Ok(())
