@@ -82,6 +82,8 @@ pub struct AllocatorServiceConfig {
     pub max_reservations: u32,
     /// Runtime assumed for jobs without `scheduling.estimatedRuntimeSeconds`.
     pub assumed_runtime_seconds: u64,
+    /// Wait after which a queue keeps its freed quota for its first blocked job.
+    pub queue_hold_after_seconds: u64,
     /// Preemption master switch.
     pub preemption_enabled: bool,
     /// Preemption decisions per cycle.
@@ -110,6 +112,7 @@ impl Default for AllocatorServiceConfig {
             backfill_enabled: core.backfill.enabled,
             max_reservations: core.backfill.max_reservations,
             assumed_runtime_seconds: core.backfill.assumed_runtime_secs,
+            queue_hold_after_seconds: core.backfill.queue_hold_after_secs,
             preemption_enabled: core.preemption.enabled,
             max_preemptions_per_cycle: core.preemption.max_preemptions_per_cycle,
             tombstone_retention_seconds: core.tombstone_retention_secs,
@@ -144,6 +147,7 @@ impl AllocatorServiceConfig {
                 enabled: self.backfill_enabled,
                 max_reservations: self.max_reservations,
                 assumed_runtime_secs: self.assumed_runtime_seconds,
+                queue_hold_after_secs: self.queue_hold_after_seconds,
             },
             preemption: PreemptionPolicy {
                 enabled: self.preemption_enabled,

@@ -141,6 +141,11 @@ pub struct BackfillPolicy {
     /// Runtime assumed for running jobs without an estimate, when computing
     /// when a reserved job can start.
     pub assumed_runtime_secs: u64,
+    /// How long a queue's first blocked job waits before the queue keeps the
+    /// nominal quota it frees for that job (a queue hold; 0: at once). Until
+    /// then later jobs of the queue may take it (Kueue's BestEffortFIFO): a
+    /// short wait costs less than the idle quota a hold would leave.
+    pub queue_hold_after_secs: u64,
 }
 
 impl Default for BackfillPolicy {
@@ -149,6 +154,7 @@ impl Default for BackfillPolicy {
             enabled: true,
             max_reservations: 4,
             assumed_runtime_secs: 4 * 3600,
+            queue_hold_after_secs: 600,
         }
     }
 }

@@ -1100,7 +1100,8 @@ impl Allocator {
 
     /// A blocked job that holds a node reservation, or that quota holds
     /// back, keeps its queue's nominal quota from the jobs behind
-    /// it in its own queue: the first such job in each queue, so every queue
+    /// it in its own queue once it has waited `backfill.queueHoldAfterSecs`:
+    /// the first such job in each queue, so every queue
     /// has at most one queue hold per resource and no cap on holds can leave
     /// a queue's head unprotected. Nominal quota frees up as the queue's own
     /// jobs end, so without this a stream of the queue's small jobs takes it
@@ -1117,7 +1118,9 @@ impl Allocator {
     ) {
         let Some(job) = self.job(idx) else { return };
         let queue = job.queue;
-        if !self.config.backfill.enabled {
+        if !self.config.backfill.enabled
+            || now.secs_since(job.spec.submitted_at) < self.config.backfill.queue_hold_after_secs
+        {
             return;
         }
         let hold = match (reserved, quota_short) {

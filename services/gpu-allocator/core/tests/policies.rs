@@ -261,6 +261,56 @@ fn a_short_job_passes_a_cohort_hold_however_many_alike_jobs_wait_before_it() {
     }
 }
 
+/// A cycle time by which the gangs below, submitted at 10 s, have waited
+/// past `backfill.queueHoldAfterSecs` (600 s), so their queues hold for them.
+const HELD_FROM: u64 = 1_000;
+
+/// Queue a (nominal 4, one 4-GPU node) runs four 1-GPU jobs; a 4-GPU gang
+/// then waits with 1-GPU jobs behind it. Before the gang has waited
+/// `backfill.queueHoldAfterSecs` a freed GPU goes to the next job (best
+/// effort); after, the queue keeps what it frees for the gang.
+#[test]
+fn a_queue_holds_for_its_blocked_gang_once_it_has_waited() {
+    let mut h = Harness::without_preemption();
+    h.nodes([node("n", 4)]);
+    h.queue(queue("a", None, 4));
+    for i in 0..4 {
+        h.submit(job(&format!("run-{i}"), "a", 1, 1));
+    }
+    assert_eq!(h.cycle(0).admissions.len(), 4);
+    let mut gang = job("gang", "a", 4, 1);
+    gang.submitted_at = Timestamp(10);
+    h.submit(gang);
+    for i in 0..3 {
+        let mut j = job(&format!("wait-{i}"), "a", 1, 1);
+        j.submitted_at = Timestamp(20 + i);
+        h.submit(j);
+    }
+    h.finish("run-0");
+    assert_eq!(
+        admitted_uids(&h.cycle(300)),
+        vec!["wait-0"],
+        "best effort before 600 s"
+    );
+    h.finish("run-1");
+    let out = h.cycle(700);
+    assert!(
+        admitted_uids(&out).is_empty(),
+        "held for the gang after 600 s"
+    );
+    let why = &reason_of(&out, "wait-1").reason;
+    assert!(
+        matches!(&**why, PendingReason::QuotaExceeded { held_for: Some(holder), .. } if holder.as_str() == "gang"),
+        "{why:?}"
+    );
+    for (i, done) in ["run-2", "run-3", "wait-0"].into_iter().enumerate() {
+        h.finish(done);
+        let admitted = admitted_uids(&h.cycle(800 + 100 * i as u64));
+        let expected: &[&str] = if done == "wait-0" { &["gang"] } else { &[] };
+        assert_eq!(admitted, expected, "after {done} ends");
+    }
+}
+
 /// a (nominal 16) and b (nominal 8) fill their nominal quota and the 24
 /// GPUs. a's 8 x 1-GPU gang is within a's nominal but would borrow while a's
 /// 1-GPU jobs hold it; a keeps a stream of 1-GPU jobs without an estimate
@@ -295,7 +345,7 @@ fn a_big_gang_is_not_starved_by_small_jobs_of_its_own_queue() {
     let mut admitted = Vec::new();
     for i in 0..8u64 {
         h.finish(&format!("a-run-{i:02}"));
-        let out = h.cycle(100 + 100 * i);
+        let out = h.cycle(HELD_FROM + 100 * i);
         if i == 0 {
             let why = &reason_of(&out, "a-wait-00").reason;
             assert!(
@@ -354,7 +404,7 @@ fn every_queue_keeps_its_freed_quota_for_its_blocked_gang() {
         for q in queues {
             h.finish(&format!("{q}-run-{i}"));
         }
-        let out = h.cycle(100 + 100 * i);
+        let out = h.cycle(HELD_FROM + 100 * i);
         if i == 0 {
             for q in queues {
                 let why = &reason_of(&out, &format!("{q}-wait-0")).reason;
@@ -400,7 +450,7 @@ fn quota_a_queue_keeps_for_its_gang_is_not_lent_to_other_queues() {
     let mut admitted = Vec::new();
     for i in 0..4u64 {
         h.finish(&format!("a-run-{i}"));
-        let out = h.cycle(100 + 100 * i);
+        let out = h.cycle(HELD_FROM + 100 * i);
         if i == 0 {
             let why = &reason_of(&out, "d-wait-0").reason;
             assert!(
@@ -784,11 +834,7 @@ fn mig_quota_is_counted_per_profile_in_slices() {
     };
     h.submit(sliced("small-a", "1g.10gb", 3, 0));
     h.submit(sliced("small-b", "1g.10gb", 3, 1));
-    // Ends before small-b, blocked by quota, can expect small-a's slices
-    // back, so it may pass small-b's hold on the queue's quota.
-    let mut small_c = sliced("small-c", "1g.10gb", 2, 2);
-    small_c.runtime_estimate_secs = Some(600);
-    h.submit(small_c);
+    h.submit(sliced("small-c", "1g.10gb", 2, 2));
     h.submit(sliced("big-a", "3g.40gb", 1, 3));
     h.submit(sliced("big-b", "3g.40gb", 1, 4));
     let out = h.cycle(10);
