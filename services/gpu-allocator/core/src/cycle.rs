@@ -1123,9 +1123,20 @@ impl Allocator {
         {
             return;
         }
+        let units = job.spec.total_units();
+        // The queue's first hold stands; and only a job that fits within
+        // nominal can be helped by the queue draining.
+        let can_hold = |res: ResIdx| {
+            !ctx.queue_holds.contains_key(&(queue, res))
+                && self
+                    .queues
+                    .get(queue)
+                    .and_then(|q| q.quota(res))
+                    .is_some_and(|s| units <= s.nominal)
+        };
         let hold = match (reserved, quota_short) {
-            (Some((res, start)), _) => Some((res, start)),
-            (None, Some((res, need, cohort_until))) => {
+            (Some((res, start)), _) => can_hold(res).then_some((res, start)),
+            (None, Some((res, need, cohort_until))) if can_hold(res) => {
                 let room = if need == 0 {
                     Some(now)
                 } else {
@@ -1139,18 +1150,9 @@ impl Allocator {
                 };
                 room.map(|t| (res, cohort_until.map_or(t, |c| c.max(t))))
             }
-            (None, None) => None,
+            (None, _) => None,
         };
         let Some((res, until)) = hold else { return };
-        let units = job.spec.total_units();
-        let fits_nominal = self
-            .queues
-            .get(queue)
-            .and_then(|q| q.quota(res))
-            .is_some_and(|s| units <= s.nominal);
-        if !fits_nominal || ctx.queue_holds.contains_key(&(queue, res)) {
-            return;
-        }
         ctx.queue_holds.insert(
             (queue, res),
             QuotaHold {
