@@ -443,10 +443,10 @@ impl Planner {
                     let wait = entry
                         .status_written_at
                         .map_or(Duration::ZERO, |at| interval.saturating_sub(at.elapsed()));
-                    let previous = job.status.clone().unwrap_or_default();
-                    if wait.is_zero()
-                        || planner_core::changes_state_or_conditions(&previous, &status)
-                    {
+                    let urgent = job.status.as_ref().is_none_or(|previous| {
+                        planner_core::changes_state_or_conditions(previous, &status)
+                    });
+                    if wait.is_zero() || urgent {
                         let stored = self.writer.write_status(job, &status).await?;
                         entry.object = Some(stored);
                         entry.status_written_at = Some(Instant::now());
