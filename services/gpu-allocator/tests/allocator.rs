@@ -131,13 +131,11 @@ async fn stop(runtime: Runtime) {
 }
 
 fn admissions_counter(runtime: &Runtime) -> f64 {
-    runtime
-        .registry
-        .gather()
-        .iter()
-        .find(|f| f.name() == "trainyard_allocator_admissions_total")
-        .and_then(|f| f.get_metric().first().map(|m| m.get_counter().get_value()))
-        .unwrap_or(0.0)
+    trainyard_testkit::metric(
+        &runtime.registry,
+        "trainyard_allocator_admissions_total",
+        &[],
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -147,6 +147,27 @@ pub fn unreachable_kubeconfig(dir: &std::path::Path) -> PathBuf {
     path
 }
 
+/// The value of counter or gauge `name` in `registry`, summed over the series
+/// whose labels include every one of `labels`.
+pub fn metric(registry: &prometheus::Registry, name: &str, labels: &[(&str, &str)]) -> f64 {
+    registry
+        .gather()
+        .iter()
+        .filter(|family| family.name() == name)
+        .flat_map(|family| family.get_metric())
+        .filter(|series| {
+            labels.iter().all(|(key, value)| {
+                series
+                    .get_label()
+                    .iter()
+                    .any(|label| label.name() == *key && label.value() == *value)
+            })
+        })
+        // A family is a counter or a gauge; the other reads 0.
+        .map(|series| series.get_counter().get_value() + series.get_gauge().get_value())
+        .sum()
+}
+
 /// A loopback port that was free a moment ago.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

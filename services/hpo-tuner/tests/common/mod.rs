@@ -59,20 +59,7 @@ pub async fn stop_tuner(runtime: Runtime) {
 
 /// Value of a counter or gauge in the runtime's registry (summed over labels).
 pub fn metric(runtime: &Runtime, name: &str) -> f64 {
-    runtime
-        .registry
-        .gather()
-        .iter()
-        .filter(|family| family.name() == name)
-        .flat_map(|family| family.get_metric().iter())
-        .map(|m| {
-            if m.get_counter().get_value() != 0.0 {
-                m.get_counter().get_value()
-            } else {
-                m.get_gauge().get_value()
-            }
-        })
-        .sum()
+    trainyard_testkit::metric(&runtime.registry, name, &[])
 }
 
 /// Polls `check` until it returns Some, or fails after `seconds`.

@@ -90,20 +90,11 @@ pub use trainyard_testkit::eventually;
 impl Cluster {
     /// `trainyard_planner_actions_total` for one action kind.
     pub fn actions(&self, action: &str) -> u64 {
-        self.runtime
-            .registry
-            .gather()
-            .iter()
-            .filter(|family| family.name() == "trainyard_planner_actions_total")
-            .flat_map(|family| family.get_metric())
-            .filter(|metric| {
-                metric
-                    .get_label()
-                    .iter()
-                    .any(|label| label.name() == "action" && label.value() == action)
-            })
-            .map(|metric| metric.get_counter().get_value() as u64)
-            .sum()
+        trainyard_testkit::metric(
+            &self.runtime.registry,
+            "trainyard_planner_actions_total",
+            &[("action", action)],
+        ) as u64
     }
 
     pub fn training_jobs(&self) -> Api<TrainingJob> {
