@@ -298,11 +298,7 @@ fn a_queue_holds_for_its_blocked_gang_once_it_has_waited() {
         admitted_uids(&out).is_empty(),
         "held for the gang after 600 s"
     );
-    let why = &reason_of(&out, "wait-1").reason;
-    assert!(
-        matches!(&**why, PendingReason::QuotaExceeded { held_for: Some(holder), .. } if holder.as_str() == "gang"),
-        "{why:?}"
-    );
+    assert_held_for(&out, "wait-1", "gang");
     for (i, done) in ["run-2", "run-3", "wait-0"].into_iter().enumerate() {
         h.finish(done);
         let admitted = admitted_uids(&h.cycle(800 + 100 * i as u64));
@@ -347,11 +343,7 @@ fn a_big_gang_is_not_starved_by_small_jobs_of_its_own_queue() {
         h.finish(&format!("a-run-{i:02}"));
         let out = h.cycle(HELD_FROM + 100 * i);
         if i == 0 {
-            let why = &reason_of(&out, "a-wait-00").reason;
-            assert!(
-                matches!(&**why, PendingReason::QuotaExceeded { held_for: Some(holder), .. } if holder.as_str() == "a-big"),
-                "{why:?}"
-            );
+            assert_held_for(&out, "a-wait-00", "a-big");
         }
         admitted.extend(admitted_uids(&out));
         if i == 0 {
@@ -407,11 +399,7 @@ fn every_queue_keeps_its_freed_quota_for_its_blocked_gang() {
         let out = h.cycle(HELD_FROM + 100 * i);
         if i == 0 {
             for q in queues {
-                let why = &reason_of(&out, &format!("{q}-wait-0")).reason;
-                assert!(
-                    matches!(&**why, PendingReason::QuotaExceeded { held_for: Some(holder), .. } if holder.as_str() == format!("{q}-gang")),
-                    "{q}: {why:?}"
-                );
+                assert_held_for(&out, &format!("{q}-wait-0"), &format!("{q}-gang"));
             }
         }
         admitted.extend(admitted_uids(&out));
@@ -452,11 +440,7 @@ fn quota_a_queue_keeps_for_its_gang_is_not_lent_to_other_queues() {
         h.finish(&format!("a-run-{i}"));
         let out = h.cycle(HELD_FROM + 100 * i);
         if i == 0 {
-            let why = &reason_of(&out, "d-wait-0").reason;
-            assert!(
-                matches!(&**why, PendingReason::QuotaExceeded { held_for: Some(holder), .. } if holder.as_str() == "a-gang"),
-                "{why:?}"
-            );
+            assert_held_for(&out, "d-wait-0", "a-gang");
         }
         admitted.extend(admitted_uids(&out));
     }

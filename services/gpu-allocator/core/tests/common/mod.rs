@@ -161,3 +161,12 @@ pub fn reason_of<'a>(out: &'a CycleOutcome, u: &str) -> &'a PendingExplanation {
             )
         })
 }
+
+/// Asserts that `u` waits because quota is kept for `holder`, ahead in line.
+pub fn assert_held_for(out: &CycleOutcome, u: &str, holder: &str) {
+    let why = &reason_of(out, u).reason;
+    assert!(
+        matches!(&**why, PendingReason::QuotaExceeded { held_for: Some(h), .. } if h.as_str() == holder),
+        "{u} should wait for {holder}: {why:?}"
+    );
+}
