@@ -261,6 +261,9 @@ struct Args {
     /// Allocator preemption on (1) or off (0).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
     preemption: u8,
+    /// The allocator's `backfill.borrowerHoldAfterSecs` (default: the allocator's).
+    #[arg(long, value_name = "SECONDS")]
+    borrower_hold_after: Option<u64>,
     /// Job mixes to run, each against every policy.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [MixName::Trace, MixName::Fragmenting, MixName::GangHeavy])]
     mix: Vec<MixName>,
@@ -291,6 +294,13 @@ impl SimJob {
 
     fn is_big(&self) -> bool {
         !self.mig && u64::from(self.workers) * u64::from(self.units) >= 64
+    }
+
+    /// More GPUs than its queue's nominal quota: it can only run by borrowing.
+    fn beyond_nominal(&self) -> bool {
+        !self.mig
+            && u64::from(self.workers) * u64::from(self.units)
+                > share(pool_units(false), self.queue)
     }
 }
 
@@ -377,17 +387,18 @@ fn share(total: u64, queue: usize) -> u64 {
     total / QUEUES as u64 + u64::from((queue as u64) < total % QUEUES as u64)
 }
 
+/// Whole GPUs (`mig` false) or MIG slices (`mig` true) in the cluster.
+fn pool_units(mig: bool) -> u64 {
+    POOLS
+        .iter()
+        .filter(|p| p.mig == mig)
+        .map(|p| p.count as u64 * u64::from(if mig { p.gpus * SLICES_PER_GPU } else { p.gpus }))
+        .sum()
+}
+
 fn queues() -> Vec<QueueSpec> {
-    let gpus: u64 = POOLS
-        .iter()
-        .filter(|p| !p.mig)
-        .map(|p| p.count as u64 * u64::from(p.gpus))
-        .sum();
-    let slices: u64 = POOLS
-        .iter()
-        .filter(|p| p.mig)
-        .map(|p| p.count as u64 * u64::from(p.gpus * SLICES_PER_GPU))
-        .sum();
+    let gpus = pool_units(false);
+    let slices = pool_units(true);
     (0..QUEUES)
         .map(|i| QueueSpec {
             name: format!("team-{i:02}"),
@@ -469,6 +480,9 @@ struct Report {
     oldest_waiting_big_gang_min: f64,
     big_gang_wait_p50_min: f64,
     big_gang_wait_max_min: f64,
+    /// Jobs with more GPUs than their queue's nominal quota.
+    beyond_nominal_submitted: u64,
+    beyond_nominal_started: u64,
     simulated_hours: f64,
     wall_secs: f64,
 }
@@ -499,6 +513,7 @@ struct Sim {
     admissions: u64,
     alloc_samples: Vec<f64>,
     big_waits_min: Vec<f64>,
+    beyond_nominal_started: u64,
     preemptions: u64,
     /// Victims by rule: lower priority, reclaim, fair share.
     victims_by_rule: [u64; 3],
@@ -524,6 +539,7 @@ impl Sim {
             admissions: 0,
             alloc_samples: Vec::new(),
             big_waits_min: Vec::new(),
+            beyond_nominal_started: 0,
             preemptions: 0,
             victims_by_rule: [0; 3],
             victim_gpus: 0,
@@ -549,6 +565,9 @@ impl Sim {
         if job.is_big() && !self.started[idx] {
             self.big_waits_min
                 .push((now - self.submitted_at[idx]) as f64 / 60.0);
+        }
+        if job.beyond_nominal() && !self.started[idx] {
+            self.beyond_nominal_started += 1;
         }
         self.started[idx] = true;
     }
@@ -590,6 +609,11 @@ impl Sim {
         let mut big_submitted = 0u64;
         let mut big_waiting = 0u64;
         let mut oldest_waiting = 0u64;
+        let beyond_nominal_submitted = stream
+            .iter()
+            .take(self.next_job)
+            .filter(|j| j.beyond_nominal())
+            .count() as u64;
         for (idx, job) in stream.iter().enumerate().take(self.next_job) {
             if !job.is_big() {
                 continue;
@@ -645,6 +669,8 @@ impl Sim {
             oldest_waiting_big_gang_min: oldest_waiting as f64 / 60.0,
             big_gang_wait_p50_min: percentile(&waits, 0.5),
             big_gang_wait_max_min: waits.last().copied().unwrap_or(0.0),
+            beyond_nominal_submitted,
+            beyond_nominal_started: self.beyond_nominal_started,
             simulated_hours: (self.cycle_ms.len() as u64 * args.step_secs) as f64 / 3600.0,
             wall_secs: wall.as_secs_f64(),
         }
@@ -655,6 +681,9 @@ fn run_allocator(stream: &[SimJob], args: &Args) -> Result<Report, String> {
     let started_wall = Instant::now();
     let mut config = AllocatorConfig::default();
     config.preemption.enabled = args.preemption == 1;
+    if let Some(secs) = args.borrower_hold_after {
+        config.backfill.borrower_hold_after_secs = secs;
+    }
     let mut alloc = Allocator::new(config).map_err(|e| e.to_string())?;
     for (n, _) in nodes() {
         alloc
@@ -1089,7 +1118,7 @@ fn run_mix(args: &Args, mix: MixName) -> Result<(), String> {
     println!(
         "steady state: admits/s = admissions / total cycle time; alloc % = allocated GPU-equivalents / {} GPUs \
          averaged over cycles after warm-up; lost GPU-h = work of evicted jobs, which start over; \
-         big gangs = jobs of >= 64 GPUs",
+         big gangs = jobs of >= 64 GPUs; > nominal = jobs with more GPUs than their queue's nominal quota",
         total_gpus()
     );
     println!(
@@ -1113,7 +1142,7 @@ fn run_mix(args: &Args, mix: MixName) -> Result<(), String> {
         args.warmup_secs
     );
     println!(
-        "{:<36} {:>6} {:>8} {:>8} {:>8} {:>10} {:>8} {:>8} {:>10} {:>17} {:>14}",
+        "{:<36} {:>6} {:>8} {:>8} {:>8} {:>10} {:>8} {:>8} {:>10} {:>17} {:>14} {:>17}",
         "policy",
         "cycles",
         "p50 ms",
@@ -1124,11 +1153,12 @@ fn run_mix(args: &Args, mix: MixName) -> Result<(), String> {
         "preempt",
         "lost GPU-h",
         ">=64-GPU started",
-        "their wait p50"
+        "their wait p50",
+        "> nominal started"
     );
     for r in [&ours, &strict, &greedy, &spread, &kueue, &kueue_spread] {
         println!(
-            "{:<36} {:>6} {:>8.3} {:>8.3} {:>8.3} {:>10.0} {:>8.1} {:>8} {:>10.0} {:>8}/{:<8} {:>9.0} min",
+            "{:<36} {:>6} {:>8.3} {:>8.3} {:>8.3} {:>10.0} {:>8.1} {:>8} {:>10.0} {:>8}/{:<8} {:>9.0} min {:>8}/{:<8}",
             r.policy,
             r.cycles,
             r.cycle_p50_ms,
@@ -1141,6 +1171,8 @@ fn run_mix(args: &Args, mix: MixName) -> Result<(), String> {
             r.big_gangs_started,
             r.big_gangs_submitted,
             r.big_gang_wait_p50_min,
+            r.beyond_nominal_started,
+            r.beyond_nominal_submitted,
         );
     }
     println!(

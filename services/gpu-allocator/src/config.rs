@@ -84,6 +84,9 @@ pub struct AllocatorServiceConfig {
     pub assumed_runtime_seconds: u64,
     /// Wait after which a queue keeps its freed quota for its first blocked job.
     pub queue_hold_after_seconds: u64,
+    /// Wait after which a job larger than its queue's nominal quota makes its
+    /// cohort keep freed quota for it.
+    pub borrower_hold_after_seconds: u64,
     /// Preemption master switch.
     pub preemption_enabled: bool,
     /// Preemption decisions per cycle.
@@ -113,6 +116,7 @@ impl Default for AllocatorServiceConfig {
             max_reservations: core.backfill.max_reservations,
             assumed_runtime_seconds: core.backfill.assumed_runtime_secs,
             queue_hold_after_seconds: core.backfill.queue_hold_after_secs,
+            borrower_hold_after_seconds: core.backfill.borrower_hold_after_secs,
             preemption_enabled: core.preemption.enabled,
             max_preemptions_per_cycle: core.preemption.max_preemptions_per_cycle,
             tombstone_retention_seconds: core.tombstone_retention_secs,
@@ -148,6 +152,7 @@ impl AllocatorServiceConfig {
                 max_reservations: self.max_reservations,
                 assumed_runtime_secs: self.assumed_runtime_seconds,
                 queue_hold_after_secs: self.queue_hold_after_seconds,
+                borrower_hold_after_secs: self.borrower_hold_after_seconds,
             },
             preemption: PreemptionPolicy {
                 enabled: self.preemption_enabled,

@@ -146,6 +146,15 @@ pub struct BackfillPolicy {
     /// then later jobs of the queue may take it (Kueue's BestEffortFIFO): a
     /// short wait costs less than the idle quota a hold would leave.
     pub queue_hold_after_secs: u64,
+    /// How long a job larger than its queue's nominal quota (it can only run
+    /// by borrowing) waits before its cohort keeps the quota any member
+    /// frees for it, from every member's jobs, not only from borrowers (0:
+    /// at once). Each queue's jobs otherwise take back their own nominal
+    /// quota as it frees up, so in a busy cohort such a job never starts.
+    /// Once it runs it is not a victim of reclaim or fair share, which would
+    /// take back at once what it waited for. Jobs ending before it can
+    /// expect to start still pass.
+    pub borrower_hold_after_secs: u64,
 }
 
 impl Default for BackfillPolicy {
@@ -155,6 +164,7 @@ impl Default for BackfillPolicy {
             max_reservations: 4,
             assumed_runtime_secs: 4 * 3600,
             queue_hold_after_secs: 600,
+            borrower_hold_after_secs: 3600,
         }
     }
 }

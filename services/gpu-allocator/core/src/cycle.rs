@@ -61,6 +61,9 @@ pub(crate) struct QuotaHold {
     /// When the holder can expect enough headroom; jobs ending by then may
     /// still use the held units.
     until: Option<Timestamp>,
+    /// A cohort hold of a starving borrower (see `starving_borrower`): it
+    /// binds every member's jobs, not only those that would borrow.
+    binds_lenders: bool,
 }
 
 /// What a victim search depends on, besides cluster state.
@@ -885,13 +888,16 @@ impl Allocator {
             // A job that ends before the holder can expect its headroom may
             // use it (backfill, applied to quota).
             // Nominal quota is guaranteed: a hold only stops jobs that would
-            // borrow, and not those gone before the holder can start.
+            // borrow, and not those gone before the holder can start; a
+            // starving borrower's hold stops every job.
             let borrows = self.queues.get(queue).is_some_and(|q| {
                 q.usage(res).saturating_add(units) > q.quota(res).map_or(0, |s| s.nominal)
             });
+            let starving = self.starving_borrower(job, res, now);
+            let bound = |h: &QuotaHold| borrows || h.binds_lenders;
             let exempt = |h: &QuotaHold| matches!((job_end, h.until), (Some(end), Some(until)) if end <= until);
             if let Some(h) = hold
-                && borrows
+                && bound(h)
             {
                 if h.holder_idx == idx || exempt(h) {
                     alike = false;
@@ -900,14 +906,18 @@ impl Allocator {
                 }
             }
             let (mut held, mut held_for) = match hold {
-                Some(h) if borrows && h.holder_idx != idx && !exempt(h) => {
+                Some(h) if bound(h) && h.holder_idx != idx && !exempt(h) => {
                     (h.units, Some(h.holder.clone()))
                 }
                 _ => (0, None),
             };
             // Nominal quota another queue keeps for its own blocked job is
-            // not lent to a borrower that would still hold it then.
-            if borrows && let Some(c) = cohort {
+            // not lent to a borrower that would still hold it then; a
+            // starving borrower comes first.
+            if borrows
+                && !starving
+                && let Some(c) = cohort
+            {
                 let (kept, holder) = self.kept_by_queue_holds(ctx, c, queue, res, &exempt);
                 held = held.saturating_add(kept);
                 if held_for.is_none() {
@@ -925,7 +935,10 @@ impl Allocator {
                 if short.cohort_short
                     && self.config.backfill.enabled
                     && let Some(c) = cohort
-                    && !ctx.quota_holds.contains_key(&(c, res))
+                    && ctx
+                        .quota_holds
+                        .get(&(c, res))
+                        .is_none_or(|h| starving && !h.binds_lenders)
                 {
                     let until = self.quota_release_time(
                         &mut ctx.cohort_releases,
@@ -942,6 +955,7 @@ impl Allocator {
                             holder: job.spec.uid.clone(),
                             holder_idx: idx,
                             until,
+                            binds_lenders: starving,
                         },
                     );
                     ctx.reserved_order.push(job.spec.uid.clone());
@@ -1160,12 +1174,29 @@ impl Allocator {
                 holder: job.spec.uid.clone(),
                 holder_idx: idx,
                 until: Some(until),
+                binds_lenders: false,
             },
         );
         if !ctx.reserved_order.contains(&job.spec.uid) {
             ctx.reserved_order.push(job.spec.uid.clone());
         }
         ctx.quota_epoch += 1;
+    }
+
+    /// A job larger than its queue's nominal quota of `res`, so it can only
+    /// run by borrowing, that has waited `backfill.borrowerHoldAfterSecs` by
+    /// `at`. Its cohort hold binds every member (see
+    /// `QuotaHold::binds_lenders`): each queue's own jobs would otherwise
+    /// take back their nominal quota as it frees up, and it would never
+    /// start. A queue without nominal quota only borrows what the others
+    /// leave idle, by its definition: its jobs never starve others.
+    pub(crate) fn starving_borrower(&self, job: &Job, res: ResIdx, at: Timestamp) -> bool {
+        at.secs_since(job.spec.submitted_at) >= self.config.backfill.borrower_hold_after_secs
+            && self
+                .queues
+                .get(job.queue)
+                .and_then(|q| q.quota(res))
+                .is_some_and(|s| s.nominal > 0 && job.spec.total_units() > s.nominal)
     }
 
     /// Unused nominal quota of `res` that the other queues of `cohort` keep
@@ -1537,6 +1568,12 @@ impl Allocator {
             foldhash::fast::FixedState,
         > = std::collections::HashSet::default();
         let mut inflight = self.inflight();
+        let draining: Vec<_> = ctx
+            .quota_holds
+            .iter()
+            .filter(|(_, h)| h.binds_lenders)
+            .map(|(&(cohort, res), h)| (cohort, res, h.holder_idx))
+            .collect();
         for (slot, idx) in std::mem::take(&mut ctx.may_preempt) {
             if attempts >= policy.max_attempts_per_cycle
                 || decided >= policy.max_preemptions_per_cycle
@@ -1548,8 +1585,10 @@ impl Allocator {
             }
             // Jobs alike in every respect the victim search looks at fail
             // alike; decisions within the cycle only make it harder.
+            // A draining holder may take what others of its shape may not.
+            let holds_drain = draining.iter().any(|&(.., holder)| holder == idx);
             let key = self.job(idx).and_then(|j| {
-                j.preempted_by.is_none().then(|| PreemptionKey {
+                (j.preempted_by.is_none() && !holds_drain).then(|| PreemptionKey {
                     queue: j.queue,
                     priority: j.spec.priority,
                     per_worker: j.spec.gpus_per_worker,
@@ -1573,7 +1612,7 @@ impl Allocator {
             }
             attempts += 1;
             ctx.stats.preemption_attempts += 1;
-            let Some(plan) = self.find_victims(idx, &inflight) else {
+            let Some(plan) = self.find_victims(idx, &inflight, &draining) else {
                 if let Some(key) = key {
                     failed_searches.insert(key);
                 }

@@ -9,6 +9,13 @@
 //!   keep a weighted share at least as large as the preemptor's queue after
 //!   the preemption.
 //!
+//! A job admitted as a starving borrower (larger than its queue's nonzero
+//! nominal quota, after waiting `backfill.borrowerHoldAfterSecs`) is never a
+//! victim of the last two: it runs on borrowed quota its cohort kept for
+//! it. While a cohort keeps
+//! quota for such a job, the last two rules are off in that cohort for that
+//! resource: capacity they would free is what the cohort is waiting on.
+//!
 //! Why this cannot loop: a lower-priority victim can never preempt back by
 //! priority; a reclaiming queue is within nominal, so it is never a borrower
 //! that the victim could reclaim from or fair-share against; and a fair-share
@@ -24,7 +31,7 @@ use crate::allocator::{Allocator, FastMap, JobState};
 use crate::decision::PreemptionRule;
 use crate::inventory::{Inventory, JobIdx, NodeIdx, ResIdx};
 use crate::placement::{self, Candidate};
-use crate::queues::{QueueIdx, UsageDelta};
+use crate::queues::{CohortIdx, QueueIdx, UsageDelta};
 use crate::types::Timestamp;
 
 /// Candidate victims examined per preemptor, lowest priority first.
@@ -638,16 +645,34 @@ impl Allocator {
     }
 
     /// Victims for a blocked job, trying its flavors in preference order.
-    pub(crate) fn find_victims(&self, idx: JobIdx, inflight: &Inflight) -> Option<VictimPlan> {
+    /// `draining`: (cohort, resource, holder) of the cohort holds that bind
+    /// every member (a starving borrower's): while one stands, nobody else
+    /// in the cohort takes that resource from other queues, since what a
+    /// preemption frees belongs to the holder.
+    pub(crate) fn find_victims(
+        &self,
+        idx: JobIdx,
+        inflight: &Inflight,
+        draining: &[(CohortIdx, ResIdx, JobIdx)],
+    ) -> Option<VictimPlan> {
         self.options_of(idx)
             .into_iter()
-            .find_map(|res| self.find_victims_in(idx, res, inflight))
+            .find_map(|res| self.find_victims_in(idx, res, inflight, draining))
     }
 
-    fn find_victims_in(&self, idx: JobIdx, res: ResIdx, inflight: &Inflight) -> Option<VictimPlan> {
+    fn find_victims_in(
+        &self,
+        idx: JobIdx,
+        res: ResIdx,
+        inflight: &Inflight,
+        draining: &[(CohortIdx, ResIdx, JobIdx)],
+    ) -> Option<VictimPlan> {
         let job = self.job(idx)?;
         let spec = &job.spec;
         let queue = self.queues.get(job.queue)?;
+        let from_other_queues = !draining
+            .iter()
+            .any(|&(c, r, holder)| queue.cohort == Some(c) && r == res && holder != idx);
         let slot = queue.quota(res)?;
         let units = spec.total_units();
         let projected_own = self.queues.usage_with(job.queue, res, &inflight.deltas);
@@ -664,6 +689,7 @@ impl Allocator {
                 let qi = u32::try_from(qi).unwrap_or(u32::MAX);
                 let nominal = vq.quota(res).map_or(0, |s| s.nominal);
                 qi != job.queue
+                    && from_other_queues
                     && queue.cohort.is_some()
                     && vq.cohort == queue.cohort
                     && self.queues.usage_with(qi, res, &inflight.deltas) > nominal
@@ -691,6 +717,11 @@ impl Allocator {
                     .copied()
                     .unwrap_or(false)
                 {
+                    continue;
+                }
+                // A job its cohort kept quota for (a starving borrower when
+                // admitted): taking that back would undo the wait at once.
+                if self.starving_borrower(vjob, res, run.admitted_at) {
                     continue;
                 }
                 if within_nominal {

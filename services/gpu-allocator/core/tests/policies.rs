@@ -447,6 +447,106 @@ fn quota_a_queue_keeps_for_its_gang_is_not_lent_to_other_queues() {
     assert_eq!(admitted, vec!["a-gang"]);
 }
 
+/// a and b share a cohort, 8 GPUs of nominal quota each, on four 4-GPU
+/// nodes; a's 12-GPU gang can only run by borrowing, and both queues keep
+/// 4-GPU jobs without an estimate waiting. Until the gang has waited
+/// `borrowerHoldAfterSecs` each queue takes its own freed quota back; then
+/// the cohort keeps what frees up until the gang fits, and once it runs,
+/// b's reclaim takes a's other job but never the gang.
+#[test]
+fn a_gang_larger_than_its_queues_quota_starts_once_it_has_waited() {
+    let mut h = Harness::default_config();
+    h.nodes((0..4).map(|i| node(&format!("n{i}"), 4)));
+    h.queue(queue("a", Some("c"), 8));
+    h.queue(queue("b", Some("c"), 8));
+    for q in ["a", "b"] {
+        for i in 0..2 {
+            h.submit(job(&format!("{q}-run-{i}"), q, 1, 4));
+        }
+    }
+    assert_eq!(h.cycle(0).admissions.len(), 4);
+    let mut gang = job("a-gang", "a", 3, 4);
+    gang.submitted_at = Timestamp(10);
+    h.submit(gang);
+    for q in ["a", "b"] {
+        for i in 0..4 {
+            let mut j = job(&format!("{q}-wait-{i}"), q, 1, 4);
+            j.submitted_at = Timestamp(20 + i);
+            h.submit(j);
+        }
+    }
+    let hold_from = BackfillPolicy::default().borrower_hold_after_secs;
+    h.finish("b-run-0");
+    assert_eq!(
+        admitted_uids(&h.cycle(hold_from - 100)),
+        vec!["b-wait-0"],
+        "b takes its quota back before the gang has waited"
+    );
+    h.finish("b-wait-0");
+    let out = h.cycle(hold_from + 10);
+    assert!(admitted_uids(&out).is_empty(), "kept for the gang");
+    assert_held_for(&out, "b-wait-1", "a-gang");
+    assert_held_for(&out, "a-wait-0", "a-gang");
+    h.finish("a-run-0");
+    assert!(admitted_uids(&h.cycle(hold_from + 100)).is_empty());
+    h.finish("b-run-1");
+    // a now borrows 8 of b's nominal quota, 4 of them with a-run-1.
+    let mut victims = Vec::new();
+    for step in 0..=10 {
+        let out = h.cycle(hold_from + 200 + 60 * step);
+        if step == 0 {
+            assert_eq!(admitted_uids(&out), vec!["a-gang"]);
+        }
+        for p in &out.preemptions {
+            victims.extend(p.victims.iter().map(|v| v.uid.to_string()));
+        }
+    }
+    assert_eq!(victims, vec!["a-run-1"], "the gang is never reclaimed");
+    assert!(h.admitted("a-gang").is_some());
+}
+
+/// a, b and d share a cohort, 8 GPUs of nominal quota each, on six 4-GPU
+/// nodes, all busy: d borrows 8. While the cohort keeps quota for a's
+/// starving 12-GPU gang, b's job does not reclaim from d (the GPUs d frees
+/// are what the gang waits for); the gang starts once they are free (then
+/// b may reclaim from a, which borrows).
+#[test]
+fn nobody_reclaims_in_a_cohort_that_keeps_quota_for_a_starving_gang() {
+    let mut h = Harness::default_config();
+    h.nodes((0..6).map(|i| node(&format!("n{i}"), 4)));
+    for q in ["a", "b", "d"] {
+        h.queue(queue(q, Some("c"), 8));
+    }
+    for (q, jobs) in [("a", 2), ("d", 4)] {
+        for i in 0..jobs {
+            h.submit(job(&format!("{q}-run-{i}"), q, 1, 4));
+        }
+    }
+    assert_eq!(h.cycle(0).admissions.len(), 6);
+    let mut gang = job("a-gang", "a", 3, 4);
+    gang.submitted_at = Timestamp(10);
+    h.submit(gang);
+    let hold_from = BackfillPolicy::default().borrower_hold_after_secs;
+    let mut b_job = job("b-wait", "b", 1, 4);
+    b_job.submitted_at = Timestamp(hold_from);
+    h.submit(b_job);
+    let out = h.cycle(hold_from + 10);
+    assert!(out.preemptions.is_empty(), "b reclaims nothing from d");
+    assert_held_for(&out, "b-wait", "a-gang");
+    let mut admitted = Vec::new();
+    for (i, done) in ["d-run-0", "d-run-1", "a-run-0"].into_iter().enumerate() {
+        h.finish(done);
+        let out = h.cycle(hold_from + 100 * (i as u64 + 1));
+        let gang_starts = admitted_uids(&out).iter().any(|u| u == "a-gang");
+        assert!(
+            gang_starts || out.preemptions.is_empty(),
+            "no reclaim while the gang waits"
+        );
+        admitted.extend(admitted_uids(&out));
+    }
+    assert_eq!(admitted, vec!["a-gang"]);
+}
+
 // ----------------------------------------------------------- priority, aging
 
 #[test]
