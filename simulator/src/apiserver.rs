@@ -323,12 +323,14 @@ enum Phase {
 }
 
 /// One line of a watch stream. Serialised from borrowed parts: building it with
-/// `json!` would deep-copy the object first. Fields in `json!`'s (sorted) order.
+/// `json!` would deep-copy the object first. `type` comes first, as the API
+/// server sends it: a client's adjacently tagged `WatchEvent` that meets the
+/// object before its type buffers the whole object and parses it twice.
 #[derive(Serialize)]
 struct WatchEvent<'a> {
-    object: &'a Value,
     #[serde(rename = "type")]
     kind: &'a str,
+    object: &'a Value,
 }
 
 struct Watch {
