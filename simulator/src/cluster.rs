@@ -9,13 +9,13 @@
 //! workers of a gang start training together once all are Running (a rendezvous)
 //! and advance in lockstep.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{SecondsFormat, Utc};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use trainyard_contracts::worker::{CheckpointReported, ProgressReported};
 
 use crate::clock::SimClock;
@@ -135,6 +135,10 @@ pub struct Cluster {
     nodes: Vec<NodeSlot>,
     /// By the uid of the Job running them.
     runs: HashMap<String, Run>,
+    /// The names of the pods created for each Job (by uid), in the store's order:
+    /// what a controller-uid label selector finds, without reading every pod's
+    /// labels on every step. Dropped with the Job.
+    job_pods: HashMap<String, BTreeSet<String>>,
     bound_at: HashMap<String, f64>,
     history: BTreeMap<String, JobHistory>,
     usage: Vec<UsageSample>,
@@ -162,7 +166,7 @@ fn quantity(value: &Value) -> u32 {
 }
 
 /// Extended resources (GPUs, MIG slices) a pod asks for: limits, else requests.
-fn pod_requests(pod: &Value) -> BTreeMap<String, u32> {
+fn pod_requests(pod: &Value) -> BTreeMap<&str, u32> {
     let mut total = BTreeMap::new();
     for container in pod["spec"]["containers"].as_array().into_iter().flatten() {
         let resources = &container["resources"];
@@ -174,7 +178,7 @@ fn pod_requests(pod: &Value) -> BTreeMap<String, u32> {
                 if (name == GPU || name.starts_with(MIG_PREFIX))
                     && (section == "limits" || resources["limits"][name].is_null())
                 {
-                    *total.entry(name.clone()).or_insert(0) += quantity(value);
+                    *total.entry(name.as_str()).or_insert(0) += quantity(value);
                 }
             }
         }
@@ -251,12 +255,14 @@ fn label_selector_matches(selector: &Value, labels: &Value) -> bool {
 }
 
 /// What the scheduler reads of a node, looked up once per step rather than
-/// once per pending pod.
+/// once per pending pod, and what is left of its resources.
 struct NodeView<'a> {
     name: &'a str,
     labels: &'a Value,
     schedulable: bool,
     taints: &'a [Value],
+    /// Allocatable less what the pods bound to it ask for.
+    free: BTreeMap<&'a str, i64>,
 }
 
 impl<'a> NodeView<'a> {
@@ -274,43 +280,102 @@ impl<'a> NodeView<'a> {
                 .as_array()
                 .map(Vec::as_slice)
                 .unwrap_or_default(),
+            free: node["status"]["allocatable"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| (k.as_str(), i64::from(quantity(v))))
+                .collect(),
+        }
+    }
+
+    /// Takes what a pod asks for, and a pod slot.
+    fn take(&mut self, requests: &BTreeMap<&'a str, u32>) {
+        for (resource, count) in requests {
+            *self.free.entry(resource).or_insert(0) -= i64::from(*count);
+        }
+        *self.free.entry("pods").or_insert(0) -= 1;
+    }
+}
+
+/// A required pod anti-affinity term, resolved against the pods already placed:
+/// a node whose `topology` label has one of the `taken` values may not take the pod.
+struct Spread<'a> {
+    topology: &'a str,
+    /// The `topology` label values of the nodes of the pods the term selects.
+    taken: Vec<&'a Value>,
+}
+
+/// What the scheduler reads of a pending pod, looked up once rather than once
+/// per node.
+struct PodNeeds<'a> {
+    requests: BTreeMap<&'a str, u32>,
+    tolerations: &'a [Value],
+    node_selector: Option<&'a Map<String, Value>>,
+    /// Required node affinity: any one term must match.
+    affinity_terms: Option<&'a [Value]>,
+    anti_affinity: Vec<Spread<'a>>,
+}
+
+impl<'a> PodNeeds<'a> {
+    /// `placed` holds the labels of each bound pod and of its node.
+    fn of(pod: &'a Value, placed: &[(&'a Value, &'a Value)]) -> Self {
+        let spec = &pod["spec"];
+        let affinity = &spec["affinity"];
+        let spread = |term: &'a Value| {
+            let topology = term["topologyKey"]
+                .as_str()
+                .unwrap_or("kubernetes.io/hostname");
+            let taken = placed
+                .iter()
+                .filter(|(_, pod_labels)| {
+                    label_selector_matches(&term["labelSelector"], pod_labels)
+                })
+                .map(|(node_labels, _)| &node_labels[topology])
+                .collect();
+            Spread { topology, taken }
+        };
+        Self {
+            requests: pod_requests(pod),
+            tolerations: spec["tolerations"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default(),
+            node_selector: spec["nodeSelector"].as_object(),
+            affinity_terms: affinity["nodeAffinity"]
+                ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+                .as_array()
+                .map(Vec::as_slice),
+            anti_affinity: affinity["podAntiAffinity"]
+                ["requiredDuringSchedulingIgnoredDuringExecution"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(spread)
+                .collect(),
         }
     }
 }
 
 /// Why a node cannot take a pod, or `None` when it can.
-fn unfit(
-    pod: &Value,
-    node: &NodeView,
-    free: &BTreeMap<String, i64>,
-    requests: &BTreeMap<String, u32>,
-    placed: &[(&str, &Value)],
-    node_labels: &HashMap<&str, &Value>,
-) -> Option<&'static str> {
-    let spec = &pod["spec"];
+fn unfit(needs: &PodNeeds, node: &NodeView) -> Option<&'static str> {
     let labels = node.labels;
     if !node.schedulable {
         return Some("node not ready or cordoned");
     }
-    let tolerations = spec["tolerations"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default();
     let untolerated = node
         .taints
         .iter()
-        .any(|taint| !tolerates(tolerations, taint));
+        .any(|taint| !tolerates(needs.tolerations, taint));
     if untolerated {
         return Some("untolerated taint");
     }
-    let selector_ok = spec["nodeSelector"]
-        .as_object()
+    let selector_ok = needs
+        .node_selector
         .into_iter()
         .flatten()
         .all(|(k, v)| labels[k] == *v);
-    let terms = &spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-        ["nodeSelectorTerms"];
-    let affinity_ok = terms.as_array().is_none_or(|terms| {
+    let affinity_ok = needs.affinity_terms.is_none_or(|terms| {
         terms.is_empty()
             || terms.iter().any(|term| {
                 term["matchExpressions"]
@@ -323,28 +388,19 @@ fn unfit(
     if !selector_ok || !affinity_ok {
         return Some("node selector or affinity mismatch");
     }
-    let anti =
-        &spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
-    let conflict = anti.as_array().into_iter().flatten().any(|term| {
-        let topology = term["topologyKey"]
-            .as_str()
-            .unwrap_or("kubernetes.io/hostname");
-        let domain = &labels[topology];
-        !domain.is_null()
-            && placed.iter().any(|(other_node, other_labels)| {
-                node_labels
-                    .get(*other_node)
-                    .is_some_and(|l| l[topology] == *domain)
-                    && label_selector_matches(&term["labelSelector"], other_labels)
-            })
+    let conflict = needs.anti_affinity.iter().any(|spread| {
+        let domain = &labels[spread.topology];
+        !domain.is_null() && spread.taken.contains(&domain)
     });
     if conflict {
         return Some("pod anti-affinity");
     }
-    let short = requests
+    let free = |resource: &str| node.free.get(resource).copied().unwrap_or(0);
+    let short = needs
+        .requests
         .iter()
-        .any(|(resource, want)| free.get(resource).copied().unwrap_or(0) < i64::from(*want));
-    if short || free.get("pods").copied().unwrap_or(0) < 1 {
+        .any(|(resource, want)| free(resource) < i64::from(*want));
+    if short || free("pods") < 1 {
         return Some("insufficient GPUs");
     }
     None
@@ -372,6 +428,7 @@ impl Cluster {
             rng,
             nodes,
             runs: HashMap::new(),
+            job_pods: HashMap::new(),
             bound_at: HashMap::new(),
             history: BTreeMap::new(),
             usage: Vec::new(),
@@ -533,29 +590,35 @@ impl Cluster {
             .0
     }
 
-    /// Pods by the uid of the Job that owns them.
-    fn pods_by_job(&self) -> HashMap<String, Vec<Arc<Value>>> {
-        let mut by_job: HashMap<String, Vec<Arc<Value>>> = HashMap::new();
-        for pod in self.pods() {
-            if let Some(uid) = str_of(&pod, &["metadata", "labels", CONTROLLER_UID_LABEL]) {
-                by_job.entry(uid.to_owned()).or_default().push(pod.clone());
-            }
-        }
-        by_job
+    /// The pods of the Job with this uid that still exist.
+    fn pods_of(&self, namespace: &str, job_uid: &str) -> Vec<Arc<Value>> {
+        self.job_pods
+            .get(job_uid)
+            .into_iter()
+            .flatten()
+            .filter_map(|name| {
+                self.store
+                    .get(resources::pods(), Some(namespace), name)
+                    .ok()
+            })
+            .collect()
     }
 
     /// Spot reclaims and node failures (Poisson in simulated time), and recoveries.
     fn disrupt(&mut self, now: f64, elapsed: f64) {
         let hours = elapsed / 3600.0;
-        let d = self.config.disruptions.clone();
+        let d = &self.config.disruptions;
+        let reclaim_chance = 1.0 - (-d.spot_reclaims_per_node_hour * hours).exp();
+        let failure_chance = 1.0 - (-d.node_failures_per_node_hour * hours).exp();
+        let recovery_seconds = d.recovery_seconds;
         for i in 0..self.nodes.len() {
-            let slot = self.nodes[i].clone();
+            let slot = &mut self.nodes[i];
             let group = &self.config.nodes[slot.group];
+            let spot = group.capacity_type == crate::config::CapacityType::Spot;
             if let Some(until) = slot.down_until {
                 if now >= until {
-                    let slot = &mut self.nodes[i];
                     slot.down_until = None;
-                    if group.capacity_type == crate::config::CapacityType::Spot {
+                    if spot {
                         // A reclaimed instance comes back as a new node.
                         slot.generation += 1;
                         slot.name = format!("{}-{}-r{}", group.name, slot.index, slot.generation);
@@ -568,15 +631,14 @@ impl Cluster {
                 }
                 continue;
             }
-            let spot = group.capacity_type == crate::config::CapacityType::Spot;
-            let reclaim = spot
-                && self.rng.random::<f64>() < 1.0 - (-d.spot_reclaims_per_node_hour * hours).exp();
-            let failure = !reclaim
-                && self.rng.random::<f64>() < 1.0 - (-d.node_failures_per_node_hour * hours).exp();
+            let reclaim = spot && self.rng.random::<f64>() < reclaim_chance;
+            let failure = !reclaim && self.rng.random::<f64>() < failure_chance;
             if !(reclaim || failure) {
                 continue;
             }
-            self.nodes[i].down_until = Some(now + d.recovery_seconds);
+            slot.down_until = Some(now + recovery_seconds);
+            // Cloned only for a disrupted node: failing its pods needs `self`.
+            let slot = slot.clone();
             let reason = if reclaim {
                 "spot reclaim"
             } else {
@@ -656,17 +718,17 @@ impl Cluster {
             &Selector::default(),
         );
         let mut live = HashSet::new();
-        let pods_by_job = self.pods_by_job();
         for job in &jobs {
             let metadata = &job["metadata"];
-            let ns = metadata["namespace"].as_str().unwrap_or_default();
-            let name = metadata["name"].as_str().unwrap_or_default();
             let uid = metadata["uid"].as_str().unwrap_or_default();
             live.insert(uid);
             if job_finished(job) {
                 continue;
             }
-            let pods = pods_by_job.get(uid).map(Vec::as_slice).unwrap_or_default();
+            let ns = metadata["namespace"].as_str().unwrap_or_default();
+            let name = metadata["name"].as_str().unwrap_or_default();
+            // Read before a run starts: the pods it creates count from the next step.
+            let pods = self.pods_of(ns, uid);
             if job["spec"]["suspend"] == true {
                 for pod in pods.iter().filter(|p| !terminal(p)) {
                     let pod_name = str_of(pod, &["metadata", "name"]).unwrap_or_default();
@@ -728,6 +790,7 @@ impl Cluster {
             });
         }
         self.runs.retain(|uid, _| live.contains(uid.as_str()));
+        self.job_pods.retain(|uid, _| live.contains(uid.as_str()));
     }
 
     /// Creates the pods of an unsuspended Job and remembers how its workers train.
@@ -771,12 +834,21 @@ impl Cluster {
             pod["metadata"]["annotations"][INDEX_KEY] = json!(index.to_string());
             pod["spec"]["hostname"] = json!(format!("{name}-{index}"));
             gpus += pod_requests(&pod).get(GPU).copied().unwrap_or(0);
-            if let Err(err) = self
+            match self
                 .store
                 .create_with_status(resources::pods(), Some(&ns), pod)
             {
-                tracing::warn!(job = %name, error = %err, "cannot create pod");
-                return None;
+                Ok(created) => {
+                    let pod_name = str_of(&created, &["metadata", "name"]).unwrap_or_default();
+                    self.job_pods
+                        .entry(uid.clone())
+                        .or_default()
+                        .insert(pod_name.to_owned());
+                }
+                Err(err) => {
+                    tracing::warn!(job = %name, error = %err, "cannot create pod");
+                    return None;
+                }
             }
         }
         let container = &template["spec"]["containers"][0];
@@ -885,35 +957,17 @@ impl Cluster {
             &Selector::default(),
             &Selector::default(),
         );
-        let mut free: HashMap<String, BTreeMap<String, i64>> = nodes
-            .iter()
-            .map(|n| {
-                let allocatable = n["status"]["allocatable"]
-                    .as_object()
-                    .into_iter()
-                    .flatten()
-                    .map(|(k, v)| (k.clone(), i64::from(quantity(v))))
-                    .collect();
-                (
-                    str_of(n, &["metadata", "name"])
-                        .unwrap_or_default()
-                        .to_owned(),
-                    allocatable,
-                )
-            })
-            .collect();
-        let views: Vec<NodeView> = nodes.iter().map(|n| NodeView::of(n)).collect();
-        let node_labels: HashMap<&str, &Value> = views.iter().map(|v| (v.name, v.labels)).collect();
-        let mut placed: Vec<(&str, &Value)> = Vec::new();
+        let mut views: Vec<NodeView> = nodes.iter().map(|n| NodeView::of(n)).collect();
+        let by_name: HashMap<&str, usize> =
+            views.iter().enumerate().map(|(i, v)| (v.name, i)).collect();
+        let mut placed: Vec<(&Value, &Value)> = Vec::new();
         for pod in pods.iter().filter(|p| !terminal(p)) {
             if let Some(node) = str_of(pod, &["spec", "nodeName"])
-                && let Some(resources) = free.get_mut(node)
+                .and_then(|name| by_name.get(name))
+                .and_then(|i| views.get_mut(*i))
             {
-                for (resource, count) in pod_requests(pod) {
-                    *resources.entry(resource).or_insert(0) -= i64::from(count);
-                }
-                *resources.entry("pods".into()).or_insert(0) -= 1;
-                placed.push((node, &pod["metadata"]["labels"]));
+                node.take(&pod_requests(pod));
+                placed.push((node.labels, &pod["metadata"]["labels"]));
             }
         }
         pending.sort_by_key(|p| {
@@ -922,36 +976,27 @@ impl Cluster {
                 .and_then(|rv| rv.parse::<u64>().ok())
         });
         for pod in pending {
-            let requests = pod_requests(pod);
-            let mut best: Option<(&str, i64)> = None;
+            let needs = PodNeeds::of(pod, &placed);
+            let mut best: Option<(usize, i64)> = None;
             let mut reasons: BTreeMap<&'static str, u32> = BTreeMap::new();
-            for node in &views {
-                let node_name = node.name;
-                let Some(node_free) = free.get(node_name) else {
-                    continue;
-                };
-                match unfit(pod, node, node_free, &requests, &placed, &node_labels) {
+            for (i, node) in views.iter().enumerate() {
+                match unfit(&needs, node) {
                     Some(reason) => *reasons.entry(reason).or_insert(0) += 1,
                     None => {
-                        let left = node_free.get(GPU).copied().unwrap_or(0);
+                        let left = node.free.get(GPU).copied().unwrap_or(0);
                         if best.is_none_or(|(_, best_left)| left < best_left) {
-                            best = Some((node_name, left));
+                            best = Some((i, left));
                         }
                     }
                 }
             }
             let ns = str_of(pod, &["metadata", "namespace"]).unwrap_or_default();
             let pod_name = str_of(pod, &["metadata", "name"]).unwrap_or_default();
-            match best {
-                Some((node, _)) => {
-                    if let Some(resources) = free.get_mut(node) {
-                        for (resource, count) in &requests {
-                            *resources.entry(resource.clone()).or_insert(0) -= i64::from(*count);
-                        }
-                        *resources.entry("pods".into()).or_insert(0) -= 1;
-                    }
-                    placed.push((node, &pod["metadata"]["labels"]));
-                    let node = node.to_owned();
+            match best.and_then(|(i, _)| views.get_mut(i)) {
+                Some(node) => {
+                    node.take(&needs.requests);
+                    placed.push((node.labels, &pod["metadata"]["labels"]));
+                    let node = node.name.to_owned();
                     let _ = self
                         .store
                         .update(resources::pods(), Some(ns), pod_name, |p| {
@@ -1075,14 +1120,14 @@ impl Cluster {
     /// end by succeeding, failing or being stopped.
     fn train(&mut self, now: f64, reports: &mut Vec<Report>) {
         let uids: Vec<String> = self.runs.keys().cloned().collect();
-        let pods_by_job = self.pods_by_job();
         for uid in uids {
             // Taken out while it advances (put back unless it ends): a copy of
             // every run on every step was a noticeable part of the step.
             let Some(mut run) = self.runs.remove(&uid) else {
                 continue;
             };
-            let pods = pods_by_job.get(&uid).map(Vec::as_slice).unwrap_or_default();
+            let pods = self.pods_of(&run.namespace, &uid);
+            let pods = pods.as_slice();
             if pods.iter().any(|p| phase(p) == "Failed") {
                 self.end_run(&run, now, pods, false);
                 continue;
@@ -1210,13 +1255,14 @@ impl Cluster {
     }
 
     fn sample(&mut self, now: f64) {
-        let pods = self.pods();
-        let busy = pods
-            .iter()
-            .filter(|p| phase(p) == "Running")
-            .map(|p| pod_requests(p).get(GPU).copied().unwrap_or(0))
-            .sum();
-        let pending = pods.iter().filter(|p| phase(p) == "Pending").count() as u32;
+        let (mut busy, mut pending) = (0, 0);
+        for pod in self.pods() {
+            match phase(&pod) {
+                "Running" => busy += pod_requests(&pod).get(GPU).copied().unwrap_or(0),
+                "Pending" => pending += 1,
+                _ => {}
+            }
+        }
         let total = self
             .nodes
             .iter()

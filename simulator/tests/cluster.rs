@@ -11,7 +11,7 @@ use trainyard_simulator::cluster::{Cluster, Report, RunOutcome, WorkerCommand};
 use trainyard_simulator::config::ClusterConfig;
 use trainyard_simulator::resources;
 use trainyard_simulator::selector::Selector;
-use trainyard_simulator::store::{PatchKind, Store, Subresource};
+use trainyard_simulator::store::{PatchKind, Propagation, Store, Subresource};
 
 const NS: &str = "ml";
 
@@ -337,6 +337,56 @@ fn stop_and_checkpoint_commands_reach_the_workers() {
         job_condition(&store, "c"),
         vec!["SuccessCriteriaMet", "Complete"]
     );
+}
+
+#[test]
+fn a_recreated_job_runs_only_its_own_pods_not_those_orphaned_by_its_namesake() {
+    let (store, mut cluster) = cluster(
+        "nodes: [{name: n, gpus: 8}]\nworkers: {secondsPerEpoch: 10, startDelaySeconds: 0}",
+    );
+    job(&store, "r", 2, 1, false, json!({}));
+    cluster.step_at(0.0);
+    cluster.step_at(1.0);
+    let orphans: Vec<Value> = pods(&store, "r");
+    assert_eq!(orphans.len(), 2);
+    store
+        .delete(resources::jobs(), Some(NS), "r", Propagation::Orphan)
+        .expect("deleted");
+    store
+        .delete(
+            resources::config_maps(),
+            Some(NS),
+            "r-config",
+            Propagation::Background,
+        )
+        .expect("deleted");
+    job(&store, "r", 2, 1, false, json!({}));
+    cluster.step_at(2.0);
+    cluster.step_at(3.0);
+    let status = &store.get(resources::jobs(), Some(NS), "r").expect("job")["status"];
+    assert_eq!(status["active"], 2, "the orphans are not the new Job's");
+    assert_eq!(status["ready"], 2);
+    // Resumed from epoch 1 of 4: three epochs of 10 s, then one more step to end.
+    cluster.step_at(33.0);
+    cluster.step_at(34.0);
+    assert_eq!(
+        job_condition(&store, "r"),
+        vec!["SuccessCriteriaMet", "Complete"]
+    );
+    let all = pods(&store, "r");
+    assert_eq!(all.len(), 4);
+    for pod in all {
+        let orphan = orphans
+            .iter()
+            .any(|o| o["metadata"]["name"] == pod["metadata"]["name"]);
+        let expected = if orphan { "Running" } else { "Succeeded" };
+        assert_eq!(
+            pod["status"]["phase"], expected,
+            "{}",
+            pod["metadata"]["name"]
+        );
+    }
+    assert_eq!(cluster.history()["ml/r"].started, vec![0.0, 2.0]);
 }
 
 #[test]
