@@ -695,6 +695,11 @@ impl Allocator {
                     && self.queues.usage_with(qi, res, &inflight.deltas) > nominal
             })
             .collect();
+        // By index: comparing uids with every running job was 2 % of a cycle.
+        let last_preemptor = job
+            .preempted_by
+            .as_ref()
+            .and_then(|uid| self.job_by_uid.get(uid).copied());
         for (vidx, vjob, run) in self.running_jobs_in(res) {
             // Checks on the job come first: `run` lives behind one more
             // pointer, and most running jobs are ruled out without it.
@@ -702,7 +707,7 @@ impl Allocator {
                 continue;
             }
             // Explicit loop guard: never strike back at the last preemptor.
-            if job.preempted_by.as_ref() == Some(&vjob.spec.uid) {
+            if last_preemptor == Some(vidx) {
                 continue;
             }
             let rule = if vjob.queue == job.queue {
