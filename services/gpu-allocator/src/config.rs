@@ -192,6 +192,8 @@ mod tests {
         let core = config.allocator_config(&[]);
         assert_eq!(core.validate(), Ok(()));
         assert_eq!(core.default_queue, "default");
+        // Every backfill key reaches the core with the core's default.
+        assert_eq!(core.backfill, AllocatorConfig::default().backfill);
         assert_eq!(config.cycle_interval(), Duration::from_millis(500));
     }
 
