@@ -893,7 +893,8 @@ impl Allocator {
             let borrows = self.queues.get(queue).is_some_and(|q| {
                 q.usage(res).saturating_add(units) > q.quota(res).map_or(0, |s| s.nominal)
             });
-            let starving = self.starving_borrower(job, res, now);
+            let starving = self.starving_borrower(job, res, now)
+                && self.queues.fits_when_idle(queue, res, units);
             let bound = |h: &QuotaHold| borrows || h.binds_lenders;
             let exempt = |h: &QuotaHold| matches!((job_end, h.until), (Some(end), Some(until)) if end <= until);
             if let Some(h) = hold
@@ -932,13 +933,21 @@ impl Allocator {
                 // keeps what the pool has left, so a stream of smaller jobs
                 // cannot take the headroom as fast as it frees up.
                 let mut holding = false;
+                let standing = cohort
+                    .and_then(|c| ctx.quota_holds.get(&(c, res)))
+                    .map(|h| h.binds_lenders);
+                // Draining the cohort for a job that could never fit (its
+                // quota when idle, checked above, or the nodes when empty)
+                // would idle it for good.
+                let drains = starving
+                    && short.cohort_short
+                    && standing != Some(true)
+                    && self.slots_when_empty(res, job.spec.gpus_per_worker, job.filter)
+                        >= u64::from(job.spec.num_workers);
                 if short.cohort_short
                     && self.config.backfill.enabled
                     && let Some(c) = cohort
-                    && ctx
-                        .quota_holds
-                        .get(&(c, res))
-                        .is_none_or(|h| starving && !h.binds_lenders)
+                    && standing.is_none_or(|binds_lenders| drains && !binds_lenders)
                 {
                     let until = self.quota_release_time(
                         &mut ctx.cohort_releases,
@@ -955,7 +964,7 @@ impl Allocator {
                             holder: job.spec.uid.clone(),
                             holder_idx: idx,
                             until,
-                            binds_lenders: starving,
+                            binds_lenders: drains,
                         },
                     );
                     ctx.reserved_order.push(job.spec.uid.clone());
@@ -1437,20 +1446,12 @@ impl Allocator {
         Err(reason)
     }
 
-    pub(crate) fn capacity_reason(
-        &self,
-        res: ResIdx,
-        per_worker: u32,
-        workers: u32,
-        placeable: u64,
-        filter: u32,
-    ) -> PendingReason {
-        let placeable = placeable.min(u64::from(workers));
-        // Would the gang fit if every running job ended? (Not a promise:
-        // nodes come and go; it tells "wait" apart from "never, as is".)
+    /// Workers of `per_worker` units of `res` that the nodes `filter` admits
+    /// could host if every running job ended. (Not a promise: nodes come
+    /// and go; it tells "wait" apart from "never, as is".)
+    pub(crate) fn slots_when_empty(&self, res: ResIdx, per_worker: u32, filter: u32) -> u64 {
         let filter = self.filters.get(filter as usize);
-        let empty_slots: u64 = self
-            .inv
+        self.inv
             .res(res)
             .map(|r| {
                 r.nodes_with_free(0)
@@ -1461,7 +1462,19 @@ impl Allocator {
                     })
                     .sum()
             })
-            .unwrap_or(0);
+            .unwrap_or(0)
+    }
+
+    pub(crate) fn capacity_reason(
+        &self,
+        res: ResIdx,
+        per_worker: u32,
+        workers: u32,
+        placeable: u64,
+        filter: u32,
+    ) -> PendingReason {
+        let placeable = placeable.min(u64::from(workers));
+        let empty_slots = self.slots_when_empty(res, per_worker, filter);
         PendingReason::InsufficientCapacity {
             flavor: self.inv.res_flavor_name(res).to_string(),
             resource: self.inv.res_quota_name(res),

@@ -372,6 +372,28 @@ impl Queues {
         self.check_with_hold(queue, res, requested, deltas, 0)
     }
 
+    /// Whether `requested` units of `res` would fit `queue`'s quota with
+    /// nothing else running: its own limit and, in a cohort, what the pool
+    /// can lend besides its guaranteed part.
+    pub(crate) fn fits_when_idle(&self, queue: QueueIdx, res: ResIdx, requested: u64) -> bool {
+        let Some(q) = self.get(queue) else {
+            return false;
+        };
+        let Some(slot) = q.quota(res) else {
+            return false;
+        };
+        match q.cohort.and_then(|c| self.cohorts.get(c as usize)) {
+            Some(cohort) => {
+                let own_limit = slot
+                    .nominal
+                    .saturating_add(slot.borrowing_limit.unwrap_or(UNLIMITED));
+                requested <= own_limit
+                    && requested <= slot.guaranteed().saturating_add(cohort.pool(res).lendable)
+            }
+            None => requested <= slot.nominal,
+        }
+    }
+
     /// `check`, with `held` units of the cohort pool set aside for a blocked
     /// job ahead in line (see the quota hold in the allocator).
     pub(crate) fn check_with_hold(

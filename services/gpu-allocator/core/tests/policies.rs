@@ -547,6 +547,33 @@ fn nobody_reclaims_in_a_cohort_that_keeps_quota_for_a_starving_gang() {
     assert_eq!(admitted, vec!["a-gang"]);
 }
 
+/// A gang that could never fit is no starving borrower: 5 x 4 GPUs is more
+/// than the cohort's 16, and 2 x 8 GPUs fits no 4-GPU node. Past the wait,
+/// b's job still gets b's own quota.
+#[test]
+fn a_gang_that_can_never_fit_does_not_drain_its_cohort() {
+    for (workers, gpus) in [(5, 4), (2, 8)] {
+        let mut h = Harness::default_config();
+        h.nodes((0..4).map(|i| node(&format!("n{i}"), 4)));
+        h.queue(queue("a", Some("c"), 8));
+        h.queue(queue("b", Some("c"), 8));
+        h.submit(job("b-run", "b", 1, 4));
+        assert_eq!(h.cycle(0).admissions.len(), 1);
+        let mut gang = job("a-gang", "a", workers, gpus);
+        gang.submitted_at = Timestamp(10);
+        h.submit(gang);
+        let mut wait = job("b-wait", "b", 1, 4);
+        wait.submitted_at = Timestamp(20);
+        h.submit(wait);
+        let hold_from = BackfillPolicy::default().borrower_hold_after_secs;
+        assert_eq!(
+            admitted_uids(&h.cycle(hold_from + 10)),
+            vec!["b-wait"],
+            "{workers} x {gpus} GPUs"
+        );
+    }
+}
+
 // ----------------------------------------------------------- priority, aging
 
 #[test]
