@@ -16,13 +16,15 @@ use chrono::{SecondsFormat, Utc};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Map, Value, json};
+use tokio::sync::broadcast;
+use tokio::sync::broadcast::error::TryRecvError;
 use trainyard_contracts::worker::{CheckpointReported, ProgressReported};
 
 use crate::clock::SimClock;
 use crate::config::{ClusterConfig, NodeGroup};
 use crate::resources;
 use crate::selector::Selector;
-use crate::store::{Propagation, Store};
+use crate::store::{Change, ChangeKind, Propagation, Store};
 
 const GPU: &str = "nvidia.com/gpu";
 const MIG_PREFIX: &str = "nvidia.com/mig-";
@@ -139,6 +141,14 @@ pub struct Cluster {
     /// what a controller-uid label selector finds, without reading every pod's
     /// labels on every step. Dropped with the Job.
     job_pods: HashMap<String, BTreeSet<String>>,
+    /// The store's changes, applied to `live_pods` and `live_jobs` before a step
+    /// reads them: finished pods and Jobs pile up over a run, and listing the
+    /// store would read every one of them on every step.
+    changes: broadcast::Receiver<Change>,
+    /// Pods not yet Succeeded or Failed, by namespace and name (the store's order).
+    live_pods: BTreeMap<(String, String), Arc<Value>>,
+    /// Jobs not yet Complete or Failed, by namespace and name (the store's order).
+    live_jobs: BTreeMap<(String, String), Arc<Value>>,
     bound_at: HashMap<String, f64>,
     history: BTreeMap<String, JobHistory>,
     usage: Vec<UsageSample>,
@@ -147,6 +157,13 @@ pub struct Cluster {
 
 fn key(namespace: &str, name: &str) -> String {
     format!("{namespace}/{name}")
+}
+
+/// Where the store keeps an object: its namespace (empty if cluster-scoped) and name.
+fn store_key(object: &Value) -> Option<(String, String)> {
+    let metadata = &object["metadata"];
+    let namespace = metadata["namespace"].as_str().unwrap_or_default();
+    Some((namespace.to_owned(), metadata["name"].as_str()?.to_owned()))
 }
 
 fn str_of<'a>(value: &'a Value, path: &[&str]) -> Option<&'a str> {
@@ -421,6 +438,7 @@ impl Cluster {
                 });
             }
         }
+        let changes = store.subscribe();
         let mut cluster = Self {
             store,
             config,
@@ -429,11 +447,15 @@ impl Cluster {
             nodes,
             runs: HashMap::new(),
             job_pods: HashMap::new(),
+            changes,
+            live_pods: BTreeMap::new(),
+            live_jobs: BTreeMap::new(),
             bound_at: HashMap::new(),
             history: BTreeMap::new(),
             usage: Vec::new(),
             last_step: 0.0,
         };
+        cluster.relist();
         for slot in cluster.nodes.clone() {
             cluster.register_node(&slot);
         }
@@ -579,15 +601,77 @@ impl Cluster {
         reports
     }
 
-    fn pods(&self) -> Vec<Arc<Value>> {
-        self.store
-            .list(
-                resources::pods(),
-                None,
-                &Selector::default(),
-                &Selector::default(),
-            )
-            .0
+    /// Brings `live_pods` and `live_jobs` up to the store's present.
+    fn catch_up(&mut self) {
+        loop {
+            match self.changes.try_recv() {
+                Ok(change) => self.apply(&change),
+                // Changes were missed: start again from the store's contents.
+                Err(TryRecvError::Lagged(_)) => self.relist(),
+                Err(TryRecvError::Empty | TryRecvError::Closed) => return,
+            }
+        }
+    }
+
+    /// Keeps a changed pod or Job live while it is unfinished; a deleted Job
+    /// takes its run along.
+    fn apply(&mut self, change: &Change) {
+        let object = &change.object;
+        let deleted = change.kind == ChangeKind::Deleted;
+        let (live, done): (_, fn(&Value) -> bool) = if change.resource == resources::pods().name {
+            (&mut self.live_pods, terminal)
+        } else if change.resource == resources::jobs().name {
+            if deleted {
+                let uid = object["metadata"]["uid"].as_str().unwrap_or_default();
+                self.runs.remove(uid);
+                self.job_pods.remove(uid);
+            }
+            (&mut self.live_jobs, job_finished)
+        } else {
+            return;
+        };
+        let Some(key) = store_key(object) else {
+            return;
+        };
+        if deleted || done(object) {
+            live.remove(&key);
+        } else {
+            live.insert(key, object.clone());
+        }
+    }
+
+    /// Rebuilds `live_pods` and `live_jobs` from a listing, and forgets the runs
+    /// of Jobs that are gone. The new subscription may repeat changes the listing
+    /// already holds: applied again in order, they end in the same state.
+    fn relist(&mut self) {
+        self.changes = self.changes.resubscribe();
+        let list = |rt| {
+            self.store
+                .list(rt, None, &Selector::default(), &Selector::default())
+                .0
+        };
+        let (pods, jobs) = (list(resources::pods()), list(resources::jobs()));
+        let uids: HashSet<&str> = jobs
+            .iter()
+            .filter_map(|job| job["metadata"]["uid"].as_str())
+            .collect();
+        self.runs.retain(|uid, _| uids.contains(uid.as_str()));
+        self.job_pods.retain(|uid, _| uids.contains(uid.as_str()));
+        let live = |objects: &[Arc<Value>], done: fn(&Value) -> bool| {
+            objects
+                .iter()
+                .filter(|object| !done(object))
+                .filter_map(|object| Some((store_key(object)?, object.clone())))
+                .collect()
+        };
+        self.live_pods = live(&pods, terminal);
+        self.live_jobs = live(&jobs, job_finished);
+    }
+
+    /// The pods not yet Succeeded or Failed, in the store's order.
+    fn live_pods(&mut self) -> Vec<Arc<Value>> {
+        self.catch_up();
+        self.live_pods.values().cloned().collect()
     }
 
     /// The pods of the Job with this uid that still exist.
@@ -645,9 +729,11 @@ impl Cluster {
                 "node failure"
             };
             tracing::info!(node = %slot.name, reason, "node disrupted");
-            for pod in self.pods().into_iter().filter(|p| {
-                str_of(p, &["spec", "nodeName"]) == Some(slot.name.as_str()) && !terminal(p)
-            }) {
+            for pod in self
+                .live_pods()
+                .into_iter()
+                .filter(|p| str_of(p, &["spec", "nodeName"]) == Some(slot.name.as_str()))
+            {
                 let (reason, exit_code) = if reclaim {
                     ("TerminationByKubelet", Some(143))
                 } else {
@@ -711,20 +797,11 @@ impl Cluster {
     /// The Job controller: pods for unsuspended Jobs, none for suspended ones,
     /// Job status from its pods.
     fn run_job_controller(&mut self) {
-        let (jobs, _) = self.store.list(
-            resources::jobs(),
-            None,
-            &Selector::default(),
-            &Selector::default(),
-        );
-        let mut live = HashSet::new();
+        self.catch_up();
+        let jobs: Vec<Arc<Value>> = self.live_jobs.values().cloned().collect();
         for job in &jobs {
             let metadata = &job["metadata"];
             let uid = metadata["uid"].as_str().unwrap_or_default();
-            live.insert(uid);
-            if job_finished(job) {
-                continue;
-            }
             let ns = metadata["namespace"].as_str().unwrap_or_default();
             let name = metadata["name"].as_str().unwrap_or_default();
             // Read before a run starts: the pods it creates count from the next step.
@@ -789,8 +866,6 @@ impl Cluster {
                 }
             });
         }
-        self.runs.retain(|uid, _| live.contains(uid.as_str()));
-        self.job_pods.retain(|uid, _| live.contains(uid.as_str()));
     }
 
     /// Creates the pods of an unsuspended Job and remembers how its workers train.
@@ -941,11 +1016,10 @@ impl Cluster {
     /// The scheduler: binds pending pods to nodes that satisfy their selectors,
     /// tolerations and affinities and have the GPUs free, packing GPUs tightly.
     fn schedule(&mut self, now: f64) {
-        let pods = self.pods();
-        // Most pods are bound: their node name decides before their phase is read.
+        let pods = self.live_pods();
         let mut pending: Vec<&Arc<Value>> = pods
             .iter()
-            .filter(|p| p["spec"]["nodeName"].is_null() && !terminal(p))
+            .filter(|p| p["spec"]["nodeName"].is_null())
             .collect();
         // Most steps have nothing to bind: skip the per-node accounting then.
         if pending.is_empty() {
@@ -961,7 +1035,7 @@ impl Cluster {
         let by_name: HashMap<&str, usize> =
             views.iter().enumerate().map(|(i, v)| (v.name, i)).collect();
         let mut placed: Vec<(&Value, &Value)> = Vec::new();
-        for pod in pods.iter().filter(|p| !terminal(p)) {
+        for pod in &pods {
             if let Some(node) = str_of(pod, &["spec", "nodeName"])
                 .and_then(|name| by_name.get(name))
                 .and_then(|i| views.get_mut(*i))
@@ -1024,7 +1098,7 @@ impl Cluster {
     /// The kubelets: bound pods start after the configured delay.
     fn start_pods(&mut self, now: f64) {
         let delay = self.config.workers.start_delay_seconds;
-        for pod in self.pods() {
+        for pod in self.live_pods() {
             if phase(&pod) != "Pending" || pod["spec"]["nodeName"].is_null() {
                 continue;
             }
@@ -1256,7 +1330,7 @@ impl Cluster {
 
     fn sample(&mut self, now: f64) {
         let (mut busy, mut pending) = (0, 0);
-        for pod in self.pods() {
+        for pod in self.live_pods() {
             match phase(&pod) {
                 "Running" => busy += pod_requests(&pod).get(GPU).copied().unwrap_or(0),
                 "Pending" => pending += 1,

@@ -22,7 +22,7 @@ use crate::selector::Selector;
 /// Watch history kept for resuming watches; older resumes get 410 Gone and relist.
 pub const HISTORY: usize = 200_000;
 /// Events a slow watcher may fall behind before its watch is closed (it then relists).
-const WATCH_BUFFER: usize = 65_536;
+pub const WATCH_BUFFER: usize = 65_536;
 
 /// What happened to an object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

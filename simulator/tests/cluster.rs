@@ -395,3 +395,108 @@ fn the_virtual_clock_scales_simulated_time() {
     let clock = SimClock::new(config.speed);
     assert_eq!(clock.real(3600.0), std::time::Duration::from_secs(1));
 }
+
+#[test]
+fn pods_other_clients_delete_or_send_back_to_pending_are_seen_at_the_next_step() {
+    let (store, mut cluster) = cluster(
+        "nodes: [{name: n, gpus: 8}]\nworkers: {secondsPerEpoch: 10, startDelaySeconds: 0}",
+    );
+    job(&store, "done", 1, 1, false, json!({}));
+    job(&store, "too-big", 1, 16, false, json!({}));
+    // Resumed from epoch 1 of 4: three epochs of 10 s, then one more step to end.
+    for t in [0.0, 1.0, 31.0, 32.0] {
+        cluster.step_at(t);
+    }
+    assert_eq!(pods(&store, "done")[0]["status"]["phase"], "Succeeded");
+    assert_eq!(cluster.usage().last().map(|u| u.pending_pods), Some(1));
+
+    let waiting = pods(&store, "too-big");
+    let waiting = waiting[0]["metadata"]["name"].as_str().unwrap_or_default();
+    store
+        .delete(
+            resources::pods(),
+            Some(NS),
+            waiting,
+            Propagation::Background,
+        )
+        .expect("deleted");
+    let finished = pods(&store, "done");
+    let finished = finished[0]["metadata"]["name"].as_str().unwrap_or_default();
+    store
+        .patch(
+            resources::pods(),
+            Some(NS),
+            finished,
+            PatchKind::Merge,
+            json!({"status": {"phase": "Pending"}}),
+            None,
+            Subresource::Status,
+        )
+        .expect("pending again");
+    store
+        .patch(
+            resources::pods(),
+            Some(NS),
+            finished,
+            PatchKind::Merge,
+            json!({"spec": {"nodeName": null}}),
+            None,
+            Subresource::Main,
+        )
+        .expect("unbound");
+    cluster.step_at(33.0);
+    let pod = &pods(&store, "done")[0];
+    assert_eq!(pod["spec"]["nodeName"], "n-0", "scheduled again");
+    assert_eq!(pod["status"]["phase"], "Running");
+    assert_eq!(
+        cluster
+            .usage()
+            .last()
+            .map(|u| (u.pending_pods, u.busy_gpus)),
+        Some((0, 1)),
+        "the deleted pod no longer waits"
+    );
+}
+
+#[test]
+fn a_cluster_that_falls_behind_the_stores_changes_relists() {
+    let (store, mut cluster) = cluster(
+        "nodes: [{name: n, gpus: 8}]\nworkers: {secondsPerEpoch: 10, startDelaySeconds: 0}",
+    );
+    job(&store, "orphaned", 1, 1, false, json!({}));
+    job(&store, "too-big", 1, 16, false, json!({}));
+    cluster.step_at(0.0);
+    cluster.step_at(1.0);
+    assert_eq!(cluster.usage().last().map(|u| u.pending_pods), Some(1));
+
+    let waiting = pods(&store, "too-big");
+    let waiting = waiting[0]["metadata"]["name"].as_str().unwrap_or_default();
+    store
+        .delete(
+            resources::pods(),
+            Some(NS),
+            waiting,
+            Propagation::Background,
+        )
+        .expect("deleted");
+    store
+        .delete(resources::jobs(), Some(NS), "orphaned", Propagation::Orphan)
+        .expect("deleted");
+    // More changes than the store buffers for a subscriber that has not read them.
+    for n in 0..=trainyard_simulator::store::WATCH_BUFFER {
+        store
+            .update(resources::config_maps(), Some(NS), "too-big-config", |c| {
+                c["data"]["n"] = json!(n.to_string());
+            })
+            .expect("updated");
+    }
+    cluster.step_at(2.0);
+    assert_eq!(
+        cluster.usage().last().map(|u| u.pending_pods),
+        Some(0),
+        "the deleted pod no longer waits"
+    );
+    let reports = [cluster.step_at(40.0), cluster.step_at(41.0)].concat();
+    assert!(reports.is_empty(), "the deleted Job's run is forgotten");
+    assert_eq!(pods(&store, "orphaned")[0]["status"]["phase"], "Running");
+}
