@@ -90,6 +90,27 @@ fn pods(store: &Store, job: &str) -> Vec<Value> {
         .collect()
 }
 
+/// The name of the first pod of `job`, as another client would look it up.
+fn first_pod_name(store: &Store, job: &str) -> String {
+    pods(store, job)
+        .first()
+        .and_then(|pod| pod["metadata"]["name"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Deletes the first pod of `job`, as another client would.
+fn delete_first_pod(store: &Store, job: &str) {
+    store
+        .delete(
+            resources::pods(),
+            Some(NS),
+            &first_pod_name(store, job),
+            Propagation::Background,
+        )
+        .expect("deleted");
+}
+
 fn job_condition(store: &Store, job: &str) -> Vec<String> {
     let job = store.get(resources::jobs(), Some(NS), job).expect("job");
     job["status"]["conditions"]
@@ -410,18 +431,9 @@ fn pods_other_clients_delete_or_send_back_to_pending_are_seen_at_the_next_step()
     assert_eq!(pods(&store, "done")[0]["status"]["phase"], "Succeeded");
     assert_eq!(cluster.usage().last().map(|u| u.pending_pods), Some(1));
 
-    let waiting = pods(&store, "too-big");
-    let waiting = waiting[0]["metadata"]["name"].as_str().unwrap_or_default();
-    store
-        .delete(
-            resources::pods(),
-            Some(NS),
-            waiting,
-            Propagation::Background,
-        )
-        .expect("deleted");
-    let finished = pods(&store, "done");
-    let finished = finished[0]["metadata"]["name"].as_str().unwrap_or_default();
+    delete_first_pod(&store, "too-big");
+    let finished = first_pod_name(&store, "done");
+    let finished = finished.as_str();
     store
         .patch(
             resources::pods(),
@@ -469,16 +481,7 @@ fn a_cluster_that_falls_behind_the_stores_changes_relists() {
     cluster.step_at(1.0);
     assert_eq!(cluster.usage().last().map(|u| u.pending_pods), Some(1));
 
-    let waiting = pods(&store, "too-big");
-    let waiting = waiting[0]["metadata"]["name"].as_str().unwrap_or_default();
-    store
-        .delete(
-            resources::pods(),
-            Some(NS),
-            waiting,
-            Propagation::Background,
-        )
-        .expect("deleted");
+    delete_first_pod(&store, "too-big");
     store
         .delete(resources::jobs(), Some(NS), "orphaned", Propagation::Orphan)
         .expect("deleted");
