@@ -107,11 +107,12 @@ pub fn decide(
     if job.metadata.deletion_timestamp.is_some() {
         return Vec::new();
     }
-    let previous = job.status.clone().unwrap_or_default();
+    let unset = TrainingJobStatus::default();
+    let previous = job.status.as_ref().unwrap_or(&unset);
     let context = Context {
         job,
         state,
-        previous: &previous,
+        previous,
         now,
         config,
     };
@@ -124,7 +125,7 @@ pub fn decide(
             &mut status,
             previous.state == Some(TrainingJobState::Completed),
         );
-        if status != previous {
+        if status != *previous {
             actions.push(PlannerAction::UpdateStatus(Box::new(status)));
         }
         return actions;
@@ -992,9 +993,10 @@ impl Context<'_> {
     }
 
     /// Turns a verdict into the status and the actions.
-    fn finish(&self, verdict: Verdict) -> Vec<PlannerAction> {
+    fn finish(&self, mut verdict: Verdict) -> Vec<PlannerAction> {
         let status = self.status_for(&verdict);
-        let mut actions = verdict.actions.clone();
+        // Taken, not cloned: they may hold the whole desired Job.
+        let mut actions = std::mem::take(&mut verdict.actions);
         let entered = self.previous.state != Some(verdict.state);
         let uid = self.uid();
         let attempt = verdict.attempt;
