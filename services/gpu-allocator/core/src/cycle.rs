@@ -893,7 +893,10 @@ impl Allocator {
             let borrows = self.queues.get(queue).is_some_and(|q| {
                 q.usage(res).saturating_add(units) > q.quota(res).map_or(0, |s| s.nominal)
             });
-            let starving = self.starving_borrower(job, res, now)
+            // Only a borrower can be one (checked first: this runs for most
+            // jobs of every cycle).
+            let starving = borrows
+                && self.starving_borrower(job, res, now)
                 && self.queues.fits_when_idle(queue, res, units);
             let bound = |h: &QuotaHold| borrows || h.binds_lenders;
             let exempt = |h: &QuotaHold| matches!((job_end, h.until), (Some(end), Some(until)) if end <= until);
@@ -933,21 +936,23 @@ impl Allocator {
                 // keeps what the pool has left, so a stream of smaller jobs
                 // cannot take the headroom as fast as it frees up.
                 let mut holding = false;
+                let may_hold = short.cohort_short && self.config.backfill.enabled;
+                // Whether the cohort's hold binds every member already.
                 let standing = cohort
                     .and_then(|c| ctx.quota_holds.get(&(c, res)))
                     .map(|h| h.binds_lenders);
-                // Draining the cohort for a job that could never fit (its
-                // quota when idle, checked above, or the nodes when empty)
-                // would idle it for good.
-                let drains = starving
-                    && short.cohort_short
+                // A starving borrower takes over a hold that binds borrowers
+                // only. Draining the cohort for a job that could never fit
+                // (its quota when idle, checked above, or the nodes when
+                // empty) would idle it for good.
+                let drains = may_hold
+                    && starving
                     && standing != Some(true)
                     && self.slots_when_empty(res, job.spec.gpus_per_worker, job.filter)
                         >= u64::from(job.spec.num_workers);
-                if short.cohort_short
-                    && self.config.backfill.enabled
+                if may_hold
                     && let Some(c) = cohort
-                    && standing.is_none_or(|binds_lenders| drains && !binds_lenders)
+                    && (standing.is_none() || drains)
                 {
                     let until = self.quota_release_time(
                         &mut ctx.cohort_releases,
