@@ -15,9 +15,7 @@ fn quota_caps_a_queue_at_nominal_and_explains_the_shortfall() {
     h.nodes([node("n1", 8), node("n2", 8)]);
     h.queue(queue("team-a", None, 8));
     for (i, t) in [(1, 10), (2, 11), (3, 12)] {
-        let mut j = job(&format!("j{i}"), "team-a", 1, 4);
-        j.submitted_at = Timestamp(t);
-        h.submit(j);
+        h.submit_at(job(&format!("j{i}"), "team-a", 1, 4), t);
     }
     let out = h.cycle(100);
     assert_eq!(
@@ -98,9 +96,7 @@ fn reclaim_preempts_only_the_borrower_and_admits_after_the_grace_period() {
     h.queue(queue("a", Some("c"), 8));
     h.queue(queue("b", Some("c"), 8));
     for i in 0..4 {
-        let mut j = job(&format!("b{i}"), "b", 1, 4);
-        j.submitted_at = Timestamp(i);
-        h.submit(j);
+        h.submit_at(job(&format!("b{i}"), "b", 1, 4), i);
     }
     assert_eq!(
         h.cycle(10).admissions.len(),
@@ -185,13 +181,9 @@ fn cohort_hold_scenario(backfill: bool) -> (Harness, Vec<String>) {
         h.submit(job(&format!("a-run-{i}"), "a", 1, 1));
     }
     assert_eq!(h.cycle(0).admissions.len(), 16);
-    let mut big = job("a-big", "a", 1, 8);
-    big.submitted_at = Timestamp(10);
-    h.submit(big);
+    h.submit_at(job("a-big", "a", 1, 8), 10);
     for i in 0..20 {
-        let mut j = job(&format!("b-wait-{i:02}"), "b", 1, 1);
-        j.submitted_at = Timestamp(20 + i);
-        h.submit(j);
+        h.submit_at(job(&format!("b-wait-{i:02}"), "b", 1, 1), 20 + i);
     }
     let mut admitted = Vec::new();
     for i in 0..8 {
@@ -232,15 +224,11 @@ fn a_short_job_passes_a_cohort_hold_however_many_alike_jobs_wait_before_it() {
         h.submit(job(&format!("a-run-{i}"), "a", 1, 1));
     }
     assert_eq!(h.cycle(0).admissions.len(), 16);
-    let mut big = job("a-big", "a", 1, 8);
-    big.submitted_at = Timestamp(10);
-    h.submit(big);
+    h.submit_at(job("a-big", "a", 1, 8), 10);
     // Many jobs of one shape without an estimate: the first one's quota
     // failure answers for the others...
     for i in 0..20 {
-        let mut j = job(&format!("b-wait-{i:02}"), "b", 1, 1);
-        j.submitted_at = Timestamp(20 + i);
-        h.submit(j);
+        h.submit_at(job(&format!("b-wait-{i:02}"), "b", 1, 1), 20 + i);
     }
     // ...but not for this one, of the same shape, which ends long before
     // the held headroom can add up to a-big's 8 GPUs.
@@ -278,13 +266,9 @@ fn a_queue_holds_for_its_blocked_gang_once_it_has_waited() {
         h.submit(job(&format!("run-{i}"), "a", 1, 1));
     }
     assert_eq!(h.cycle(0).admissions.len(), 4);
-    let mut gang = job("gang", "a", 4, 1);
-    gang.submitted_at = Timestamp(10);
-    h.submit(gang);
+    h.submit_at(job("gang", "a", 4, 1), 10);
     for i in 0..3 {
-        let mut j = job(&format!("wait-{i}"), "a", 1, 1);
-        j.submitted_at = Timestamp(20 + i);
-        h.submit(j);
+        h.submit_at(job(&format!("wait-{i}"), "a", 1, 1), 20 + i);
     }
     h.finish("run-0");
     assert_eq!(
@@ -324,13 +308,9 @@ fn a_big_gang_is_not_starved_by_small_jobs_of_its_own_queue() {
         h.submit(job(&format!("b-run-{i}"), "b", 1, 1));
     }
     assert_eq!(h.cycle(0).admissions.len(), 24);
-    let mut big = job("a-big", "a", 8, 1);
-    big.submitted_at = Timestamp(10);
-    h.submit(big);
+    h.submit_at(job("a-big", "a", 8, 1), 10);
     for i in 0..20 {
-        let mut j = job(&format!("a-wait-{i:02}"), "a", 1, 1);
-        j.submitted_at = Timestamp(20 + i);
-        h.submit(j);
+        h.submit_at(job(&format!("a-wait-{i:02}"), "a", 1, 1), 20 + i);
     }
     // Ends long before a's running jobs (no estimate: 4 h assumed) make
     // room for a-big, so it may use a's quota meanwhile.
@@ -382,13 +362,9 @@ fn every_queue_keeps_its_freed_quota_for_its_blocked_gang() {
     }
     assert_eq!(h.cycle(0).admissions.len(), 12);
     for q in queues {
-        let mut gang = job(&format!("{q}-gang"), q, 4, 1);
-        gang.submitted_at = Timestamp(10);
-        h.submit(gang);
+        h.submit_at(job(&format!("{q}-gang"), q, 4, 1), 10);
         for i in 0..5 {
-            let mut j = job(&format!("{q}-wait-{i}"), q, 1, 1);
-            j.submitted_at = Timestamp(20 + i);
-            h.submit(j);
+            h.submit_at(job(&format!("{q}-wait-{i}"), q, 1, 1), 20 + i);
         }
     }
     let mut admitted = Vec::new();
@@ -427,13 +403,9 @@ fn quota_a_queue_keeps_for_its_gang_is_not_lent_to_other_queues() {
         }
     }
     assert_eq!(h.cycle(0).admissions.len(), 8);
-    let mut gang = job("a-gang", "a", 4, 1);
-    gang.submitted_at = Timestamp(10);
-    h.submit(gang);
+    h.submit_at(job("a-gang", "a", 4, 1), 10);
     for i in 0..5 {
-        let mut j = job(&format!("d-wait-{i}"), "d", 1, 1);
-        j.submitted_at = Timestamp(20 + i);
-        h.submit(j);
+        h.submit_at(job(&format!("d-wait-{i}"), "d", 1, 1), 20 + i);
     }
     let mut admitted = Vec::new();
     for i in 0..4u64 {
@@ -465,14 +437,10 @@ fn a_gang_larger_than_its_queues_quota_starts_once_it_has_waited() {
         }
     }
     assert_eq!(h.cycle(0).admissions.len(), 4);
-    let mut gang = job("a-gang", "a", 3, 4);
-    gang.submitted_at = Timestamp(10);
-    h.submit(gang);
+    h.submit_at(job("a-gang", "a", 3, 4), 10);
     for q in ["a", "b"] {
         for i in 0..4 {
-            let mut j = job(&format!("{q}-wait-{i}"), q, 1, 4);
-            j.submitted_at = Timestamp(20 + i);
-            h.submit(j);
+            h.submit_at(job(&format!("{q}-wait-{i}"), q, 1, 4), 20 + i);
         }
     }
     let hold_from = BackfillPolicy::default().borrower_hold_after_secs;
@@ -523,13 +491,9 @@ fn nobody_reclaims_in_a_cohort_that_keeps_quota_for_a_starving_gang() {
         }
     }
     assert_eq!(h.cycle(0).admissions.len(), 6);
-    let mut gang = job("a-gang", "a", 3, 4);
-    gang.submitted_at = Timestamp(10);
-    h.submit(gang);
+    h.submit_at(job("a-gang", "a", 3, 4), 10);
     let hold_from = BackfillPolicy::default().borrower_hold_after_secs;
-    let mut b_job = job("b-wait", "b", 1, 4);
-    b_job.submitted_at = Timestamp(hold_from);
-    h.submit(b_job);
+    h.submit_at(job("b-wait", "b", 1, 4), hold_from);
     let out = h.cycle(hold_from + 10);
     assert!(out.preemptions.is_empty(), "b reclaims nothing from d");
     assert_held_for(&out, "b-wait", "a-gang");
@@ -559,12 +523,8 @@ fn a_gang_that_can_never_fit_does_not_drain_its_cohort() {
         h.queue(queue("b", Some("c"), 8));
         h.submit(job("b-run", "b", 1, 4));
         assert_eq!(h.cycle(0).admissions.len(), 1);
-        let mut gang = job("a-gang", "a", workers, gpus);
-        gang.submitted_at = Timestamp(10);
-        h.submit(gang);
-        let mut wait = job("b-wait", "b", 1, 4);
-        wait.submitted_at = Timestamp(20);
-        h.submit(wait);
+        h.submit_at(job("a-gang", "a", workers, gpus), 10);
+        h.submit_at(job("b-wait", "b", 1, 4), 20);
         let hold_from = BackfillPolicy::default().borrower_hold_after_secs;
         assert_eq!(
             admitted_uids(&h.cycle(hold_from + 10)),
@@ -802,9 +762,7 @@ fn topology_prefers_one_rack_then_one_zone() {
         node_in("z2-r3-c", 8, "z2", "r3"),
     ]);
     h.queue(queue("q", None, 64));
-    let mut pair = job("pair", "q", 2, 8);
-    pair.submitted_at = Timestamp(0);
-    h.submit(pair);
+    h.submit_at(job("pair", "q", 2, 8), 0);
     h.cycle(1);
     let pair = h.admitted("pair").expect("admitted");
     assert_eq!(
@@ -997,12 +955,8 @@ fn time_sliced_gpus_are_used_only_by_jobs_that_opt_in() {
         }],
         ..QueueSpec::default()
     });
-    let mut fill = job("fill", "q", 1, 8);
-    fill.submitted_at = Timestamp(0);
-    h.submit(fill);
-    let mut plain = job("plain", "q", 1, 1);
-    plain.submitted_at = Timestamp(1);
-    h.submit(plain);
+    h.submit_at(job("fill", "q", 1, 8), 0);
+    h.submit_at(job("plain", "q", 1, 1), 1);
     let mut sharer = job("sharer", "q", 2, 1);
     sharer.allow_gpu_sharing = true;
     sharer.submitted_at = Timestamp(2);
@@ -1193,15 +1147,11 @@ fn fair_share_preemption_reaches_quiescence_without_loops() {
     h.queue(queue("b", Some("c"), 0));
     h.queue(queue("lender", Some("c"), 16));
     for i in 0..4 {
-        let mut j = job(&format!("b{i}"), "b", 1, 4);
-        j.submitted_at = Timestamp(i);
-        h.submit(j);
+        h.submit_at(job(&format!("b{i}"), "b", 1, 4), i);
     }
     assert_eq!(h.cycle(10).admissions.len(), 4, "b borrows everything");
     for i in 0..4 {
-        let mut j = job(&format!("a{i}"), "a", 1, 4);
-        j.submitted_at = Timestamp(20 + i);
-        h.submit(j);
+        h.submit_at(job(&format!("a{i}"), "a", 1, 4), 20 + i);
     }
     let (preemptions, _) = run_to_quiescence(&mut h, 30);
     assert!(!preemptions.is_empty(), "a must win back a fair share");
@@ -1227,15 +1177,11 @@ fn reclaim_reaches_quiescence_without_loops() {
     h.queue(queue("a", Some("c"), 8));
     h.queue(queue("b", Some("c"), 8));
     for i in 0..4 {
-        let mut j = job(&format!("b{i}"), "b", 1, 4);
-        j.submitted_at = Timestamp(i);
-        h.submit(j);
+        h.submit_at(job(&format!("b{i}"), "b", 1, 4), i);
     }
     h.cycle(10);
     for i in 0..4 {
-        let mut j = job(&format!("a{i}"), "a", 1, 4);
-        j.submitted_at = Timestamp(20 + i);
-        h.submit(j);
+        h.submit_at(job(&format!("a{i}"), "a", 1, 4), 20 + i);
     }
     let (preemptions, _) = run_to_quiescence(&mut h, 30);
     assert_no_strike_back(&preemptions);
@@ -1598,9 +1544,7 @@ fn every_pending_job_has_a_reason_with_its_position() {
     h.nodes([node("n1", 8)]);
     h.queue(queue("q", None, 8));
     for i in 0..5 {
-        let mut j = job(&format!("j{i}"), "q", 1, 4);
-        j.submitted_at = Timestamp(i);
-        h.submit(j);
+        h.submit_at(job(&format!("j{i}"), "q", 1, 4), i);
     }
     let out = h.cycle(10);
     assert_eq!(out.admissions.len(), 2);

@@ -116,6 +116,12 @@ impl Harness {
         self.apply(Event::JobSubmitted(j));
     }
 
+    /// Submits `j` as submitted at `at` (its place in line).
+    pub fn submit_at(&mut self, mut j: JobSpec, at: u64) {
+        j.submitted_at = Timestamp(at);
+        self.submit(j);
+    }
+
     pub fn finish(&mut self, u: &str) {
         self.apply(Event::JobFinished { uid: uid(u) });
     }
