@@ -15,6 +15,10 @@ use trainyard_simulator::store::{PatchKind, Propagation, Store, Subresource};
 
 const NS: &str = "ml";
 
+/// One 8-GPU node; workers start at once and take 10 s an epoch.
+const ONE_NODE_TEN_SECOND_EPOCHS: &str =
+    "nodes: [{name: n, gpus: 8}]\nworkers: {secondsPerEpoch: 10, startDelaySeconds: 0}";
+
 fn cluster(yaml: &str) -> (Arc<Store>, Cluster) {
     let store = Arc::new(Store::default());
     let config = ClusterConfig::parse(yaml).expect("valid config");
@@ -330,9 +334,7 @@ fn spot_reclaims_fire_fail_pods_as_disruptions_and_nodes_come_back() {
 
 #[test]
 fn stop_and_checkpoint_commands_reach_the_workers() {
-    let (store, mut cluster) = cluster(
-        "nodes: [{name: n, gpus: 8}]\nworkers: {secondsPerEpoch: 10, startDelaySeconds: 0}",
-    );
+    let (store, mut cluster) = cluster(ONE_NODE_TEN_SECOND_EPOCHS);
     job(&store, "c", 1, 1, false, json!({}));
     cluster.step_at(0.0);
     cluster.step_at(1.0);
@@ -362,9 +364,7 @@ fn stop_and_checkpoint_commands_reach_the_workers() {
 
 #[test]
 fn a_recreated_job_runs_only_its_own_pods_not_those_orphaned_by_its_namesake() {
-    let (store, mut cluster) = cluster(
-        "nodes: [{name: n, gpus: 8}]\nworkers: {secondsPerEpoch: 10, startDelaySeconds: 0}",
-    );
+    let (store, mut cluster) = cluster(ONE_NODE_TEN_SECOND_EPOCHS);
     job(&store, "r", 2, 1, false, json!({}));
     cluster.step_at(0.0);
     cluster.step_at(1.0);
@@ -419,9 +419,7 @@ fn the_virtual_clock_scales_simulated_time() {
 
 #[test]
 fn pods_other_clients_delete_or_send_back_to_pending_are_seen_at_the_next_step() {
-    let (store, mut cluster) = cluster(
-        "nodes: [{name: n, gpus: 8}]\nworkers: {secondsPerEpoch: 10, startDelaySeconds: 0}",
-    );
+    let (store, mut cluster) = cluster(ONE_NODE_TEN_SECOND_EPOCHS);
     job(&store, "done", 1, 1, false, json!({}));
     job(&store, "too-big", 1, 16, false, json!({}));
     // Resumed from epoch 1 of 4: three epochs of 10 s, then one more step to end.
@@ -472,9 +470,7 @@ fn pods_other_clients_delete_or_send_back_to_pending_are_seen_at_the_next_step()
 
 #[test]
 fn a_cluster_that_falls_behind_the_stores_changes_relists() {
-    let (store, mut cluster) = cluster(
-        "nodes: [{name: n, gpus: 8}]\nworkers: {secondsPerEpoch: 10, startDelaySeconds: 0}",
-    );
+    let (store, mut cluster) = cluster(ONE_NODE_TEN_SECOND_EPOCHS);
     job(&store, "orphaned", 1, 1, false, json!({}));
     job(&store, "too-big", 1, 16, false, json!({}));
     cluster.step_at(0.0);
