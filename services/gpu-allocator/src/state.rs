@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use gpu_allocator_core::{
     Admission, Allocator, AllocatorSnapshot, AllocatorStats, Applied, CycleStats, Event,
-    EvictionReason, FlavorSpec, JobSpec, JobUid, Preemption, Timestamp,
+    EvictionReason, FlavorSpec, JobSpec, JobUid, PendingExplanation, Preemption, Timestamp,
 };
 use serde::{Deserialize, Serialize};
 use trainyard_api::{TrainingJobState, TrainingQueue};
@@ -601,6 +601,12 @@ impl AllocatorState {
     /// Runs one admission cycle and queues its decisions in the outbox.
     pub fn cycle(&mut self, now: Timestamp) -> CycleReport {
         let outcome = self.alloc.cycle(now);
+        // Resolved before the evictions below end attempts in the core.
+        let explanations: Vec<PendingExplanation> = outcome
+            .pending
+            .iter()
+            .filter_map(|p| self.alloc.explain(p))
+            .collect();
         let mut report = CycleReport {
             admissions: outcome.admissions.len(),
             pending: outcome.pending.len(),
@@ -656,7 +662,7 @@ impl AllocatorState {
             }
         }
         let mut still_pending = BTreeSet::new();
-        for explanation in &outcome.pending {
+        for explanation in &explanations {
             *report
                 .queue_depth
                 .entry(explanation.queue.to_string())

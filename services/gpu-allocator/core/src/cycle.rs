@@ -22,7 +22,7 @@ use crate::decision::{
     TopologyAssignment, WorkerPlacement,
 };
 use crate::event::JobSpec;
-use crate::explain::{PendingExplanation, PendingReason};
+use crate::explain::{Pending, PendingReason};
 use crate::inventory::{Inventory, JobIdx, NodeIdx, ResIdx};
 use crate::placement::{self, Candidate};
 use crate::queues::QueueIdx;
@@ -113,8 +113,6 @@ pub(crate) struct CycleCtx {
     /// Failures that may try preemption (blocked by quota or capacity), in
     /// line order: (slot in the pending explanations, job).
     may_preempt: Vec<(usize, JobIdx)>,
-    /// The queue of each pending explanation, for its queue length.
-    pending_queues: Vec<QueueIdx>,
     stats: CycleStats,
     /// Bumped by every admission and every new quota or queue hold: what a quota
     /// check saw is valid while the epoch stays.
@@ -142,7 +140,7 @@ pub(crate) struct LaneJob {
     priority: i32,
     rank: u32,
     idx: JobIdx,
-    uid: JobUid,
+    seq: u64,
     /// `Some((shares GPUs, units, estimated end))` for a job that may take
     /// the quota shortcut: pending without a nomination, whole or shared GPUs.
     shape: Option<(bool, u64, Option<u64>)>,
@@ -168,13 +166,11 @@ pub(crate) struct CycleScratch {
     slot_of: Vec<Option<usize>>,
     /// The queue listing each pending job, by job index.
     queue_of: Vec<Option<QueueIdx>>,
-    pending_queues: Vec<QueueIdx>,
 }
 
 /// A queue's ordered pending jobs during a cycle.
 pub(crate) struct Lane {
     queue: QueueIdx,
-    name: Arc<str>,
     /// In rank order; the pass takes them from the front.
     jobs: std::vec::IntoIter<LaneJob>,
 }
@@ -311,10 +307,7 @@ impl Allocator {
         out.evictions.append(&mut self.undelivered_evictions);
         self.process_evictions(now, &mut out);
 
-        let mut ctx = CycleCtx {
-            pending_queues: std::mem::take(&mut self.scratch.pending_queues),
-            ..CycleCtx::default()
-        };
+        let mut ctx = CycleCtx::default();
         self.hold_for_waiting_preemptors(now, &mut ctx);
         self.admit_ready_preemptors(now, &mut ctx, &mut out);
         self.evaluate_reserved_first(now, &mut ctx, &mut out);
@@ -324,7 +317,6 @@ impl Allocator {
         if self.config.preemption.enabled {
             self.preemption_pass(now, &mut ctx, &mut out);
         }
-        self.scratch.pending_queues = std::mem::take(&mut ctx.pending_queues);
         out.stats = ctx.stats;
         out.stats.admitted = u32::try_from(out.admissions.len()).unwrap_or(u32::MAX);
         out
@@ -502,7 +494,6 @@ impl Allocator {
             mut sorted,
             mut slot_of,
             mut queue_of,
-            pending_queues,
         } = std::mem::take(&mut self.scratch);
         staged.clear();
         keys.clear();
@@ -554,7 +545,7 @@ impl Allocator {
                     priority,
                     rank: 0,
                     idx,
-                    uid: job.spec.uid.clone(),
+                    seq: job.seq,
                     shape,
                 },
             )));
@@ -572,7 +563,7 @@ impl Allocator {
         sorted.sort();
         // Lane of each queue, by queue index (lanes in order of first job).
         let mut lane_of: Vec<Option<usize>> = vec![None; self.queues.queues.len()];
-        let mut lanes: Vec<(QueueIdx, Arc<str>, Vec<LaneJob>)> = Vec::new();
+        let mut lanes: Vec<(QueueIdx, Vec<LaneJob>)> = Vec::new();
         last_order.clear();
         for (rank, &(.., slot)) in sorted.iter().enumerate() {
             let Some((queue, mut job)) = staged.get_mut(slot).and_then(Option::take) else {
@@ -586,11 +577,7 @@ impl Allocator {
                 continue;
             };
             let lane = *lane_slot.get_or_insert_with(|| {
-                lanes.push((
-                    queue,
-                    Arc::clone(&q.name),
-                    Vec::with_capacity(q.pending.len()),
-                ));
+                lanes.push((queue, Vec::with_capacity(q.pending.len())));
                 lanes.len() - 1
             });
             if let Some((.., jobs)) = lanes.get_mut(lane) {
@@ -605,13 +592,11 @@ impl Allocator {
             sorted,
             slot_of,
             queue_of,
-            pending_queues,
         };
         lanes
             .into_iter()
-            .map(|(queue, name, jobs)| Lane {
+            .map(|(queue, jobs)| Lane {
                 queue,
-                name,
                 jobs: jobs.into_iter(),
             })
             .collect()
@@ -698,8 +683,6 @@ impl Allocator {
         let mut waiting: Vec<u32> = vec![0; self.queues.queues.len()];
         let in_line: usize = lanes.iter().map(|l| l.jobs.len()).sum();
         out.pending.reserve(in_line);
-        ctx.pending_queues.clear();
-        ctx.pending_queues.reserve(in_line);
         let mut options = Vec::new();
         let mut current = heap.pop();
         while let Some(key) = current.take() {
@@ -712,7 +695,7 @@ impl Allocator {
             let Some(LaneJob {
                 priority,
                 idx,
-                uid,
+                seq,
                 shape,
                 ..
             }) = lane.jobs.next()
@@ -740,10 +723,10 @@ impl Allocator {
                         if can_preempt {
                             ctx.may_preempt.push((out.pending.len(), idx));
                         }
-                        ctx.pending_queues.push(lane_queue);
-                        out.pending.push(PendingExplanation {
-                            uid,
-                            queue: Arc::clone(&lane.name),
+                        out.pending.push(Pending {
+                            job: idx,
+                            seq,
+                            queue: lane_queue,
                             position: *waiting,
                             // Known once every job was seen.
                             queue_length: 0,
@@ -764,8 +747,8 @@ impl Allocator {
                 None => heap.pop(),
             };
         }
-        for (pending, queue) in out.pending.iter_mut().zip(&ctx.pending_queues) {
-            pending.queue_length = waiting.get(*queue as usize).copied().unwrap_or(0);
+        for pending in &mut out.pending {
+            pending.queue_length = waiting.get(pending.queue as usize).copied().unwrap_or(0);
         }
     }
 

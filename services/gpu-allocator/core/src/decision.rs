@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::explain::PendingExplanation;
+use crate::explain::Pending;
 use crate::types::{CapacityType, JobUid, Timestamp, Toleration};
 
 /// A job admitted with a concrete placement for every worker.
@@ -190,9 +190,9 @@ pub struct CycleStats {
     pub preemption_attempts: u32,
 }
 
-/// Everything one cycle decided.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// Everything one cycle decided. Not a wire format: its pending entries
+/// name slots of the allocator that produced it.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct CycleOutcome {
     /// Cycle time.
     pub now: Timestamp,
@@ -202,8 +202,9 @@ pub struct CycleOutcome {
     pub preemptions: Vec<Preemption>,
     /// Jobs to stop now.
     pub evictions: Vec<Eviction>,
-    /// Why every still-pending job waits.
-    pub pending: Vec<PendingExplanation>,
+    /// Why every still-pending job waits ([`crate::Allocator::explain`]
+    /// gives each one's uid, queue name and sentence).
+    pub pending: Vec<Pending>,
     /// Counters.
     pub stats: CycleStats,
 }

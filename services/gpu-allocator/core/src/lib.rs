@@ -54,7 +54,7 @@ pub use event::{
     Applied, Event, FlavorQuota, JobSpec, MAX_UNITS_PER_WORKER, MAX_WORKERS, NodeInfo,
     QueuePreemption, QueueSpec, ResourceQuota,
 };
-pub use explain::{PendingExplanation, PendingReason};
+pub use explain::{Pending, PendingExplanation, PendingReason};
 pub use inventory::MAX_NODE_UNITS;
 pub use snapshot::{AllocatorSnapshot, JobSnapshot, SNAPSHOT_FORMAT_VERSION};
 pub use types::{

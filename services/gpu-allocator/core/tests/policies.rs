@@ -23,7 +23,7 @@ fn quota_caps_a_queue_at_nominal_and_explains_the_shortfall() {
         vec!["j1", "j2"],
         "8 nominal GPUs = two 4-GPU jobs"
     );
-    let why = reason_of(&out, "j3");
+    let why = h.reason_of(&out, "j3");
     assert_eq!(
         *why.reason,
         PendingReason::QuotaExceeded {
@@ -56,13 +56,13 @@ fn jobs_in_a_missing_queue_or_without_matching_quota_say_so() {
     h.submit(mig);
     let out = h.cycle(10);
     assert_eq!(
-        *reason_of(&out, "lost").reason,
+        *h.reason_of(&out, "lost").reason,
         PendingReason::QueueNotFound {
             queue: "nope".into()
         }
     );
     assert!(matches!(
-        *reason_of(&out, "mig").reason,
+        *h.reason_of(&out, "mig").reason,
         PendingReason::NoMatchingFlavor { .. }
     ));
 }
@@ -84,7 +84,7 @@ fn borrowing_uses_idle_cohort_quota_within_the_borrowing_limit() {
     assert_eq!(out.admissions.len(), 3, "8 nominal + 4 borrowed");
     assert_eq!(out.admissions.iter().filter(|a| a.borrowing).count(), 1);
     assert!(matches!(
-        *reason_of(&out, "b3").reason,
+        *h.reason_of(&out, "b3").reason,
         PendingReason::QuotaExceeded { available: 0, .. }
     ));
 }
@@ -114,7 +114,7 @@ fn reclaim_preempts_only_the_borrower_and_admits_after_the_grace_period() {
     assert_eq!(p.victims[0].queue, "b");
     assert_eq!(p.evict_at, Timestamp(20 + 120));
     assert!(matches!(
-        *reason_of(&out, "a0").reason,
+        *h.reason_of(&out, "a0").reason,
         PendingReason::AwaitingPreemption { victims: 1, .. }
     ));
 
@@ -239,13 +239,13 @@ fn a_short_job_passes_a_cohort_hold_however_many_alike_jobs_wait_before_it() {
     h.finish("b-run-00");
     let out = h.cycle(100);
     assert_eq!(admitted_uids(&out), vec!["b-short"]);
-    let first = &reason_of(&out, "b-wait-00").reason;
+    let first = &h.reason_of(&out, "b-wait-00").reason;
     assert!(
         matches!(&**first, PendingReason::QuotaExceeded { held_for: Some(holder), .. } if holder.as_str() == "a-big"),
         "{first:?}"
     );
     for i in 1..20 {
-        assert_eq!(&reason_of(&out, &format!("b-wait-{i:02}")).reason, first);
+        assert_eq!(&h.reason_of(&out, &format!("b-wait-{i:02}")).reason, first);
     }
 }
 
@@ -282,7 +282,7 @@ fn a_queue_holds_for_its_blocked_gang_once_it_has_waited() {
         admitted_uids(&out).is_empty(),
         "held for the gang after 600 s"
     );
-    assert_held_for(&out, "wait-1", "gang");
+    h.assert_held_for(&out, "wait-1", "gang");
     for (i, done) in ["run-2", "run-3", "wait-0"].into_iter().enumerate() {
         h.finish(done);
         let admitted = admitted_uids(&h.cycle(800 + 100 * i as u64));
@@ -323,7 +323,7 @@ fn a_big_gang_is_not_starved_by_small_jobs_of_its_own_queue() {
         h.finish(&format!("a-run-{i:02}"));
         let out = h.cycle(HELD_FROM + 100 * i);
         if i == 0 {
-            assert_held_for(&out, "a-wait-00", "a-big");
+            h.assert_held_for(&out, "a-wait-00", "a-big");
         }
         admitted.extend(admitted_uids(&out));
         if i == 0 {
@@ -375,7 +375,7 @@ fn every_queue_keeps_its_freed_quota_for_its_blocked_gang() {
         let out = h.cycle(HELD_FROM + 100 * i);
         if i == 0 {
             for q in queues {
-                assert_held_for(&out, &format!("{q}-wait-0"), &format!("{q}-gang"));
+                h.assert_held_for(&out, &format!("{q}-wait-0"), &format!("{q}-gang"));
             }
         }
         admitted.extend(admitted_uids(&out));
@@ -412,7 +412,7 @@ fn quota_a_queue_keeps_for_its_gang_is_not_lent_to_other_queues() {
         h.finish(&format!("a-run-{i}"));
         let out = h.cycle(HELD_FROM + 100 * i);
         if i == 0 {
-            assert_held_for(&out, "d-wait-0", "a-gang");
+            h.assert_held_for(&out, "d-wait-0", "a-gang");
         }
         admitted.extend(admitted_uids(&out));
     }
@@ -453,8 +453,8 @@ fn a_gang_larger_than_its_queues_quota_starts_once_it_has_waited() {
     h.finish("b-wait-0");
     let out = h.cycle(hold_from + 10);
     assert!(admitted_uids(&out).is_empty(), "kept for the gang");
-    assert_held_for(&out, "b-wait-1", "a-gang");
-    assert_held_for(&out, "a-wait-0", "a-gang");
+    h.assert_held_for(&out, "b-wait-1", "a-gang");
+    h.assert_held_for(&out, "a-wait-0", "a-gang");
     h.finish("a-run-0");
     assert!(admitted_uids(&h.cycle(hold_from + 100)).is_empty());
     h.finish("b-run-1");
@@ -496,7 +496,7 @@ fn nobody_reclaims_in_a_cohort_that_keeps_quota_for_a_starving_gang() {
     h.submit_at(job("b-wait", "b", 1, 4), hold_from);
     let out = h.cycle(hold_from + 10);
     assert!(out.preemptions.is_empty(), "b reclaims nothing from d");
-    assert_held_for(&out, "b-wait", "a-gang");
+    h.assert_held_for(&out, "b-wait", "a-gang");
     let mut admitted = Vec::new();
     for (i, done) in ["d-run-0", "d-run-1", "a-run-0"].into_iter().enumerate() {
         h.finish(done);
@@ -551,7 +551,7 @@ fn priority_orders_jobs_within_a_queue() {
     h.submit(late_high);
     let out = h.cycle(100);
     assert_eq!(admitted_uids(&out), vec!["late-high"]);
-    let why = reason_of(&out, "early-low");
+    let why = h.reason_of(&out, "early-low");
     assert_eq!(
         (why.position, why.queue_length),
         (1, 1),
@@ -618,7 +618,7 @@ fn a_queue_ages_by_its_own_policy_over_the_configured_one() {
     });
     assert_eq!(aging_race(&mut own, q.clone()), vec!["old-low"]);
     let out = own.cycle(1_000);
-    assert_eq!(reason_of(&out, "new-high").effective_priority, 5);
+    assert_eq!(own.reason_of(&out, "new-high").effective_priority, 5);
     // A policy that cannot age is rejected naming the field.
     q.aging = Some(AgingPolicy {
         interval_secs: 60,
@@ -697,7 +697,7 @@ fn gang_is_all_or_nothing() {
     h.submit(half);
     let out = h.cycle(2);
     assert_eq!(admitted_uids(&out), vec!["half"]);
-    let why = reason_of(&out, "gang");
+    let why = h.reason_of(&out, "gang");
     match &*why.reason {
         PendingReason::InsufficientCapacity {
             placeable_workers,
@@ -799,7 +799,7 @@ fn topology_prefers_one_rack_then_one_zone() {
         "z1 has 3 nodes but in two racks"
     );
     assert!(matches!(
-        *reason_of(&out, "zone-only").reason,
+        *h.reason_of(&out, "zone-only").reason,
         PendingReason::InsufficientCapacity { .. }
     ));
     h.finish("zone-only");
@@ -868,7 +868,7 @@ fn mig_requests_get_the_smallest_profile_with_enough_memory() {
     let exact = h.admitted("wants-7g").expect("admitted");
     assert_eq!(exact.workers[0].request_resource, "nvidia.com/mig-7g.40gb");
     assert!(matches!(
-        *reason_of(&out, "whole-gpu").reason,
+        *h.reason_of(&out, "whole-gpu").reason,
         PendingReason::NoMatchingFlavor { .. }
     ));
 }
@@ -909,7 +909,7 @@ fn mig_quota_is_counted_per_profile_in_slices() {
     let out = h.cycle(10);
     // The node has 14 + 4 slices; the quota allows 5 + 1.
     assert_eq!(admitted_uids(&out), vec!["small-a", "small-c", "big-a"]);
-    match &*reason_of(&out, "small-b").reason {
+    match &*h.reason_of(&out, "small-b").reason {
         PendingReason::QuotaExceeded {
             resource,
             requested,
@@ -924,7 +924,7 @@ fn mig_quota_is_counted_per_profile_in_slices() {
         other => panic!("expected QuotaExceeded, got {other:?}"),
     }
     assert!(matches!(
-        &*reason_of(&out, "big-b").reason,
+        &*h.reason_of(&out, "big-b").reason,
         PendingReason::QuotaExceeded { resource, .. } if resource == "nvidia.com/mig-3g.40gb"
     ));
     // Slices freed by a finished job are quota again.
@@ -968,7 +968,7 @@ fn time_sliced_gpus_are_used_only_by_jobs_that_opt_in() {
         "never silently placed on a shared GPU"
     );
     assert!(matches!(
-        *reason_of(&out, "plain").reason,
+        *h.reason_of(&out, "plain").reason,
         PendingReason::InsufficientCapacity { .. }
     ));
     let sharer = h.admitted("sharer").expect("admitted");
@@ -1249,14 +1249,14 @@ fn backfill_never_delays_the_reserved_head_job() {
             .and_then(|a| a.backfilled_ahead_of.clone()),
         Some(uid("head-8"))
     );
-    match &*reason_of(&out, "head-8").reason {
+    match &*h.reason_of(&out, "head-8").reason {
         PendingReason::InsufficientCapacity { reserved_start, .. } => {
             assert_eq!(*reserved_start, Some(Timestamp(1_000)))
         }
         other => panic!("unexpected {other:?}"),
     }
     assert!(matches!(
-        *reason_of(&out, "long-4").reason,
+        *h.reason_of(&out, "long-4").reason,
         PendingReason::HeldForReservation { ref reserved_for, until: Timestamp(1_000), .. } if *reserved_for == uid("head-8")
     ));
     h.finish("short-4");
@@ -1356,7 +1356,11 @@ fn decision_carries_flavor_labels_tolerations_and_capacity_type() {
         h.admitted("untolerated").is_none(),
         "team=research taint is not tolerated"
     );
-    assert!(reason_of(&out, "untolerated").message().contains("flavor"));
+    assert!(
+        h.reason_of(&out, "untolerated")
+            .message()
+            .contains("flavor")
+    );
 
     let mut tolerant = job("tolerant", "q", 1, 8);
     tolerant.tolerations = vec![Toleration::equal(
@@ -1554,6 +1558,27 @@ fn every_pending_job_has_a_reason_with_its_position() {
     assert_eq!(positions, vec![1, 2, 3]);
     for p in &out.pending {
         assert_eq!(p.queue_length, 3);
-        assert!(!p.message().is_empty());
+        let explained = h.alloc.explain(p).expect("a pending job explains itself");
+        assert!(
+            explained
+                .message()
+                .starts_with(&format!("position {} of 3 in queue q", p.position))
+        );
     }
+}
+
+#[test]
+fn a_pending_entry_of_a_removed_job_never_explains_the_job_in_its_slot() {
+    let mut h = Harness::default_config();
+    h.queue(queue("q", None, 8));
+    h.submit(job("gone", "q", 1, 4));
+    let out = h.cycle(10);
+    let entry = out.pending.first().expect("no node: the job waits").clone();
+    assert_eq!(h.alloc.explain(&entry).map(|e| e.uid), Some(uid("gone")));
+    h.apply(Event::JobRemoved { uid: uid("gone") });
+    // The newcomer takes the freed slot; the old entry must not name it.
+    h.submit(job("newcomer", "q", 1, 4));
+    assert_eq!(h.alloc.explain(&entry), None);
+    let out = h.cycle(20);
+    assert_eq!(h.reason_of(&out, "newcomer").position, 1);
 }

@@ -141,6 +141,31 @@ impl Harness {
         out
     }
 
+    /// The explanation of `u`'s wait in `out`.
+    pub fn reason_of(&self, out: &CycleOutcome, u: &str) -> PendingExplanation {
+        let explained: Vec<PendingExplanation> = out
+            .pending
+            .iter()
+            .filter_map(|p| self.alloc.explain(p))
+            .collect();
+        explained
+            .iter()
+            .find(|p| p.uid.as_str() == u)
+            .cloned()
+            .unwrap_or_else(|| {
+                panic!("{u} should be pending with a reason; pending: {explained:?}")
+            })
+    }
+
+    /// Asserts that `u` waits because quota is kept for `holder`, ahead in line.
+    pub fn assert_held_for(&self, out: &CycleOutcome, u: &str, holder: &str) {
+        let why = self.reason_of(out, u).reason;
+        assert!(
+            matches!(&*why, PendingReason::QuotaExceeded { held_for: Some(h), .. } if h.as_str() == holder),
+            "{u} should wait for {holder}: {why:?}"
+        );
+    }
+
     pub fn admitted(&self, u: &str) -> Option<&Admission> {
         self.alloc.admission(&uid(u))
     }
@@ -154,25 +179,4 @@ impl Harness {
 
 pub fn admitted_uids(out: &CycleOutcome) -> Vec<String> {
     out.admissions.iter().map(|a| a.uid.to_string()).collect()
-}
-
-pub fn reason_of<'a>(out: &'a CycleOutcome, u: &str) -> &'a PendingExplanation {
-    out.pending
-        .iter()
-        .find(|p| p.uid.as_str() == u)
-        .unwrap_or_else(|| {
-            panic!(
-                "{u} should be pending with a reason; pending: {:?}",
-                out.pending
-            )
-        })
-}
-
-/// Asserts that `u` waits because quota is kept for `holder`, ahead in line.
-pub fn assert_held_for(out: &CycleOutcome, u: &str, holder: &str) {
-    let why = &reason_of(out, u).reason;
-    assert!(
-        matches!(&**why, PendingReason::QuotaExceeded { held_for: Some(h), .. } if h.as_str() == holder),
-        "{u} should wait for {holder}: {why:?}"
-    );
 }
