@@ -119,6 +119,25 @@ struct Search<'a> {
 /// small jobs would.
 type Cost = (u64, usize, i32);
 
+/// What the rules say of a victim set.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rules {
+    Hold,
+    Broken,
+    /// Broken for every superset too: a victim queue would be taken down to
+    /// its nominal quota, and more victims only take more. The searches
+    /// grow one set, so they stop here (most failing searches end this
+    /// way, after up to hundreds of rule checks).
+    BrokenForGood,
+}
+
+/// What a victim set gives the preemptor.
+enum Verdict {
+    Fits(Vec<(NodeIdx, u32)>),
+    NoFit,
+    NoFitForGood,
+}
+
 impl Search<'_> {
     fn cost(&self, set: &[usize]) -> Cost {
         let prio = set
@@ -177,14 +196,14 @@ impl Search<'_> {
     }
 
     /// Quota and rule validity of a victim set.
-    fn rules_hold(&self, set: &[usize]) -> bool {
+    fn rules(&self, set: &[usize]) -> Rules {
         let mut deltas = self.deltas(set);
         let queues = &self.alloc.queues;
         if queues
             .check(self.queue, self.res, self.units, &deltas)
             .is_err()
         {
-            return false;
+            return Rules::Broken;
         }
         // Victim queues are few: a vector beats a map (every queue is checked,
         // so the order does not matter).
@@ -206,7 +225,7 @@ impl Search<'_> {
             e.2 |= c.rule == PreemptionRule::FairShare;
         }
         if per_queue.is_empty() {
-            return true;
+            return Rules::Hold;
         }
         // With the preemptor admitted: the same deltas plus one, so extend
         // them in place and look at the prefix for the state without it.
@@ -218,22 +237,27 @@ impl Search<'_> {
         });
         let my_share_after = queues.share(self.queue, &deltas);
         let deltas = deltas.get(..without_me).unwrap_or_default();
-        for (queue, (removed, smallest, fair_share)) in per_queue {
-            let Some(q) = queues.get(queue) else {
-                return false;
+        // Every queue's nominal check before any fair share: only the first
+        // breaks every superset, and finding it ends the search early.
+        for (queue, (removed, smallest, _)) in &per_queue {
+            let Some(q) = queues.get(*queue) else {
+                return Rules::BrokenForGood;
             };
             let nominal = q.quota(self.res).map_or(0, |s| s.nominal);
             // The queue was still borrowing when its last victim was taken:
             // we only take back borrowed capacity, never nominal quota.
-            let projected = queues.usage_with(queue, self.res, self.inflight);
-            if projected.saturating_sub(removed).saturating_add(smallest) <= nominal {
-                return false;
-            }
-            if fair_share && my_share_after > queues.share(queue, deltas) {
-                return false;
+            // (Another victim of the queue lowers this sum, whatever its size.)
+            let projected = queues.usage_with(*queue, self.res, self.inflight);
+            if projected.saturating_sub(*removed).saturating_add(*smallest) <= nominal {
+                return Rules::BrokenForGood;
             }
         }
-        true
+        for (queue, (.., fair_share)) in per_queue {
+            if fair_share && my_share_after > queues.share(queue, deltas) {
+                return Rules::Broken;
+            }
+        }
+        Rules::Hold
     }
 
     /// Full check: quota, rules and a concrete placement.
@@ -245,21 +269,25 @@ impl Search<'_> {
         if self.slots_with(&freed) < u64::from(self.workers) {
             return None;
         }
-        self.fits_with(set, &freed)
+        match self.fits_with(set, &freed) {
+            Verdict::Fits(placement) => Some(placement),
+            Verdict::NoFit | Verdict::NoFitForGood => None,
+        }
     }
 
     /// `fits` for callers that already track the freed units and know the
     /// slot count suffices: rules first (no per-node work), then placement.
-    fn fits_with(
-        &self,
-        set: &[usize],
-        freed: &FastMap<NodeIdx, u32>,
-    ) -> Option<Vec<(NodeIdx, u32)>> {
-        if set.is_empty() || set.len() > self.max_victims {
-            return None;
+    fn fits_with(&self, set: &[usize], freed: &FastMap<NodeIdx, u32>) -> Verdict {
+        if set.is_empty() {
+            return Verdict::NoFit;
         }
-        if !self.rules_hold(set) {
-            return None;
+        if set.len() > self.max_victims {
+            return Verdict::NoFitForGood;
+        }
+        match self.rules(set) {
+            Rules::Hold => {}
+            Rules::Broken => return Verdict::NoFit,
+            Rules::BrokenForGood => return Verdict::NoFitForGood,
         }
         // Freed nodes with their new usable units; every other node as is.
         let changed: Vec<Candidate> = freed
@@ -286,10 +314,11 @@ impl Search<'_> {
                 .iter()
                 .chain(best_untouched)
                 .min_by_key(|c| (c.usable, c.node))
-                .map(|c| vec![(c.node, 1)]);
+                .map_or(Verdict::NoFit, |c| Verdict::Fits(vec![(c.node, 1)]));
         }
         let cands: Vec<Candidate> = untouched.copied().chain(changed).collect();
         placement::place_gang(self.per_worker, self.workers, self.topology, &cands)
+            .map_or(Verdict::NoFit, Verdict::Fits)
     }
 
     /// Drops victims that are not needed, last added first.
@@ -450,8 +479,12 @@ impl Search<'_> {
                 return None;
             }
             // The full check only once the freed slots could host the gang.
-            if slots >= u64::from(self.workers) && self.fits_with(&chosen, &freed).is_some() {
-                return Some(self.minimize(chosen));
+            if slots >= u64::from(self.workers) {
+                match self.fits_with(&chosen, &freed) {
+                    Verdict::Fits(_) => return Some(self.minimize(chosen)),
+                    Verdict::NoFitForGood => return None,
+                    Verdict::NoFit => {}
+                }
             }
         }
         None
@@ -479,8 +512,12 @@ impl Search<'_> {
                 *entry += units;
                 slots += u64::from((free + before + units) / g) - u64::from((free + before) / g);
             }
-            if slots >= u64::from(self.workers) && self.fits_with(&set, &freed).is_some() {
-                return Some(self.minimize(set));
+            if slots >= u64::from(self.workers) {
+                match self.fits_with(&set, &freed) {
+                    Verdict::Fits(_) => return Some(self.minimize(set)),
+                    Verdict::NoFitForGood => return None,
+                    Verdict::NoFit => {}
+                }
             }
         }
         None
