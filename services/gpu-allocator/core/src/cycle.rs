@@ -502,6 +502,11 @@ impl Allocator {
         slot_of.resize(self.jobs.len(), None);
         queue_of.clear();
         queue_of.resize(self.jobs.len(), None);
+        // Per queue once, not per job.
+        let aging: Vec<AgingPolicy> = (0..)
+            .zip(&self.queues.queues)
+            .map(|(queue, _)| self.aging_of(queue))
+            .collect();
         for (queue, q) in (0..).zip(&self.queues.queues) {
             for idx in &q.pending {
                 if let Some(listed) = queue_of.get_mut(*idx as usize) {
@@ -525,10 +530,12 @@ impl Allocator {
                     job_end_key(&job.spec, now).1.map(|t| t.0),
                 )
             });
-            let priority = job.spec.priority.saturating_add(
-                self.aging_of(queue)
-                    .boost(now.secs_since(job.spec.submitted_at)),
-            );
+            let boost = aging
+                .get(queue as usize)
+                .copied()
+                .unwrap_or(self.config.aging)
+                .boost(now.secs_since(job.spec.submitted_at));
+            let priority = job.spec.priority.saturating_add(boost);
             *slot = Some(keys.len());
             // Keys apart from the lane jobs: moving small keys is far
             // cheaper than moving whole lane jobs around. The arrival

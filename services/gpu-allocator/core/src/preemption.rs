@@ -87,11 +87,21 @@ pub(crate) struct Inflight {
 
 /// Eligible nodes of one resource for one node filter, net of claims.
 struct BaseView {
-    /// Free units, zone, rack.
-    nodes: FastMap<NodeIdx, (u32, u32, u32)>,
+    nodes: NodeTable,
     /// Nodes that already host a worker, best fit first.
     fitting: Vec<Candidate>,
     slots: u64,
+}
+
+/// Free units, zone and rack of each eligible node, by node index: the
+/// searches look nodes up in their innermost loops, where a dense table
+/// beats hashing (and building it is one pass without inserts).
+struct NodeTable(Vec<Option<(u32, u32, u32)>>);
+
+impl NodeTable {
+    fn get(&self, node: &NodeIdx) -> Option<&(u32, u32, u32)> {
+        self.0.get(*node as usize).and_then(Option::as_ref)
+    }
 }
 
 /// Everything fixed while searching victims for one preemptor in one resource.
@@ -105,7 +115,7 @@ struct Search<'a> {
     workers: u32,
     topology: crate::types::TopologyRequirement,
     /// Eligible nodes: free units, zone, rack.
-    base: &'a FastMap<NodeIdx, (u32, u32, u32)>,
+    base: &'a NodeTable,
     /// Eligible nodes that already host a worker, best fit first.
     base_fitting: &'a [Candidate],
     base_slots: u64,
@@ -350,10 +360,20 @@ impl Search<'_> {
                 .then(cb.admitted_at.cmp(&ca.admitted_at))
                 .then(ca.seq.cmp(&cb.seq))
         });
+        // A node gains at most ceil(units freed / units per worker) worker
+        // slots: a victim that cannot add enough even so needs no full check.
+        let g = self.per_worker.max(1);
+        let may_fit = |c: &Cand<'_>| {
+            let most: u64 = c
+                .nodes()
+                .map(|(_, units)| u64::from(units.div_ceil(g)))
+                .sum();
+            self.base_slots + most >= u64::from(self.workers)
+        };
         order
             .into_iter()
             .take(MAX_SINGLE_TRIES)
-            .find(|i| self.fits(&[*i]).is_some())
+            .find(|i| self.cands.get(*i).is_some_and(may_fit) && self.fits(&[*i]).is_some())
             .map(|i| vec![i])
     }
 
@@ -374,7 +394,10 @@ impl Search<'_> {
         on_node.sort_unstable();
         let mut jobs: Vec<usize> = Vec::new();
         let mut stats: Vec<(u32, i32, u64)> = Vec::new();
-        let mut dp: Vec<Option<(Cost, Vec<usize>)>> = Vec::new();
+        let mut dp: Vec<Option<Cost>> = Vec::new();
+        // For job j and freed units f: the units freed before j when j's
+        // eviction improved f (the walk back reads the subset from it).
+        let mut from: Vec<Option<usize>> = Vec::new();
         let mut node_costs: Vec<(Cost, NodeIdx, Vec<usize>)> = Vec::new();
         for run in on_node.chunk_by(|a, b| a.0 == b.0) {
             let Some((node, _)) = run.first() else {
@@ -405,14 +428,17 @@ impl Search<'_> {
                     c.map_or(0, |c| c.units),
                 )
             }));
+            let width = need + 1;
             dp.clear();
-            dp.resize(need + 1, None);
+            dp.resize(width, None);
             if let Some(slot) = dp.first_mut() {
-                *slot = Some(((0, 0, i32::MIN), Vec::new()));
+                *slot = Some((0, 0, i32::MIN));
             }
+            from.clear();
+            from.resize(stats.len() * width, None);
             for (j, (on_node, prio, units)) in stats.iter().enumerate() {
                 for f in (0..=need).rev() {
-                    let Some(Some((cost, _))) = dp.get(f) else {
+                    let Some(Some(cost)) = dp.get(f).copied() else {
                         continue;
                     };
                     let nf = (f + *on_node as usize).min(need);
@@ -420,34 +446,31 @@ impl Search<'_> {
                         continue;
                     }
                     let next = (cost.0 + units, cost.1 + 1, cost.2.max(*prio));
-                    if dp
-                        .get(nf)
-                        .is_some_and(|d| d.as_ref().is_none_or(|(c, _)| next < *c))
+                    if let Some(slot) = dp.get_mut(nf)
+                        && slot.is_none_or(|c| next < c)
                     {
-                        // Members are copied only for an improvement, not
-                        // for every reachable state.
-                        let Some(Some((_, members))) = dp.get(f) else {
-                            continue;
-                        };
-                        let mut members = members.clone();
-                        members.push(j);
-                        if let Some(slot) = dp.get_mut(nf) {
-                            *slot = Some((next, members));
+                        *slot = Some(next);
+                        if let Some(link) = from.get_mut(j * width + nf) {
+                            *link = Some(f);
                         }
                     }
                 }
             }
-            let best = dp
-                .pop()
-                .flatten()
-                .filter(|_| need > 0)
-                .map(|(cost, members)| {
-                    let subset: Vec<usize> = members
-                        .iter()
-                        .filter_map(|j| jobs.get(*j).copied())
-                        .collect();
-                    (cost, subset)
-                });
+            let best = dp.pop().flatten().filter(|_| need > 0).map(|cost| {
+                // Walk back from the last job: a link means the job's
+                // eviction made the state, so it is in, and the walk goes on
+                // from the units freed before it.
+                let mut subset = Vec::new();
+                let mut f = need;
+                for j in (0..stats.len()).rev() {
+                    if let Some(Some(before)) = from.get(j * width + f) {
+                        subset.extend(jobs.get(j).copied());
+                        f = *before;
+                    }
+                }
+                subset.reverse();
+                (cost, subset)
+            });
             if let Some((cost, subset)) = best {
                 node_costs.push((cost, *node, subset));
             }
@@ -651,7 +674,7 @@ impl Allocator {
         let r = self.inv.res(res)?;
         let filter = self.filters.get(filter_id as usize)?;
         let mut view = BaseView {
-            nodes: FastMap::default(),
+            nodes: NodeTable(vec![None; self.inv.nodes.len()]),
             fitting: Vec::new(),
             slots: 0,
         };
@@ -665,7 +688,9 @@ impl Allocator {
             let promised = inflight.claims.get(&(node_idx, res)).copied().unwrap_or(0);
             let free = free.saturating_sub(promised);
             view.slots += u64::from(free / per_worker.max(1));
-            view.nodes.insert(node_idx, (free, node.zone, node.rack));
+            if let Some(slot) = view.nodes.0.get_mut(node_idx as usize) {
+                *slot = Some((free, node.zone, node.rack));
+            }
             if free >= per_worker {
                 view.fitting.push(Candidate {
                     node: node_idx,
