@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use futures::stream::FuturesOrdered;
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use prometheus::{IntCounterVec, Opts, Registry};
@@ -22,7 +21,7 @@ use trainyard_runtime::{
 };
 
 use crate::error::WatcherError;
-use crate::mapping::{ChangeEvent, ChangePayload, JOB_LABEL, Watched};
+use crate::mapping::{ChangeEvent, ChangePayload, JOB_LABEL, Watched, WatchedJob, WatchedPod};
 use crate::relist::Relist;
 
 /// The `watcher` config section.
@@ -112,8 +111,13 @@ pub fn spawn_watches(
         watcher::Config::default(),
         &metrics,
     );
-    spawn_watch(runtime, scoped::<Job>(&client, ns), owned.clone(), &metrics);
-    spawn_watch(runtime, scoped::<Pod>(&client, ns), owned, &metrics);
+    spawn_watch(
+        runtime,
+        scoped::<WatchedJob>(&client, ns),
+        owned.clone(),
+        &metrics,
+    );
+    spawn_watch(runtime, scoped::<WatchedPod>(&client, ns), owned, &metrics);
     spawn_watch(runtime, Api::<Node>::all(client), nodes, &metrics);
 }
 

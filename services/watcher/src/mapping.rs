@@ -1,13 +1,15 @@
 //! Kubernetes objects → typed change events. Pure: no I/O.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::batch::v1::{Job, JobStatus};
+use k8s_openapi::api::core::v1::{Node, Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::ResourceExt;
+use serde::Deserialize;
 use trainyard_api::{Sweep, TrainingJob, TrainingQueue};
 use trainyard_contracts::EntityRef;
 use trainyard_contracts::events::{
@@ -25,6 +27,78 @@ pub const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// Prefix of MIG slice resources (`nvidia.com/mig-1g.10gb`).
 pub const MIG_PREFIX: &str = "nvidia.com/mig-";
+
+/// A batch/v1 Job as the watcher reads it: metadata, `spec.suspend` and the
+/// status. The pod template, most of a Job's bytes, is skipped while parsing
+/// rather than built and dropped on every change.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct WatchedJob {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: Option<WatchedJobSpec>,
+    #[serde(default)]
+    pub status: Option<JobStatus>,
+}
+
+/// The part of a Job's spec the watcher reads.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct WatchedJobSpec {
+    #[serde(default)]
+    pub suspend: Option<bool>,
+}
+
+/// A Pod as the watcher reads it: metadata, `spec.nodeName` and the status.
+/// The containers, volumes and the rest of the spec are skipped while parsing.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct WatchedPod {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: Option<WatchedPodSpec>,
+    #[serde(default)]
+    pub status: Option<PodStatus>,
+}
+
+/// The part of a Pod's spec the watcher reads.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchedPodSpec {
+    #[serde(default)]
+    pub node_name: Option<String>,
+}
+
+/// Makes a partial type the same API resource as the full Kubernetes type.
+macro_rules! resource_as {
+    ($partial:ty, $full:ty) => {
+        impl kube::Resource for $partial {
+            type DynamicType = ();
+            type Scope = <$full as k8s_openapi::Resource>::Scope;
+
+            fn kind(_: &()) -> Cow<'_, str> {
+                <$full as k8s_openapi::Resource>::KIND.into()
+            }
+            fn group(_: &()) -> Cow<'_, str> {
+                <$full as k8s_openapi::Resource>::GROUP.into()
+            }
+            fn version(_: &()) -> Cow<'_, str> {
+                <$full as k8s_openapi::Resource>::VERSION.into()
+            }
+            fn plural(_: &()) -> Cow<'_, str> {
+                <$full as k8s_openapi::Resource>::URL_PATH_SEGMENT.into()
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
+resource_as!(WatchedJob, Job);
+resource_as!(WatchedPod, Pod);
 
 /// One change event ready to publish.
 #[derive(Debug, Clone)]
@@ -200,7 +274,7 @@ fn count(value: Option<i32>) -> u32 {
     value.and_then(|v| u32::try_from(v).ok()).unwrap_or(0)
 }
 
-impl Watched for Job {
+impl Watched for WatchedJob {
     fn to_event(&self, change: Change) -> Option<ChangeEvent> {
         let entity = owning_training_job(self)?;
         let status = self.status.clone().unwrap_or_default();
@@ -233,7 +307,7 @@ impl Watched for Job {
     }
 }
 
-impl Watched for Pod {
+impl Watched for WatchedPod {
     fn to_event(&self, change: Change) -> Option<ChangeEvent> {
         let entity = owning_training_job(self)?;
         let status = self.status.clone().unwrap_or_default();

@@ -19,7 +19,7 @@ use trainyard_contracts::{
 };
 use trainyard_runtime::{Runtime, Settings};
 use trainyard_testkit::NatsServer;
-use trainyard_watcher::mapping::Watched;
+use trainyard_watcher::mapping::{Watched, WatchedJob, WatchedPod};
 use trainyard_watcher::relist::Relist;
 
 pub const NS: &str = "ml";
@@ -149,9 +149,18 @@ impl Cluster {
         let (tjs, jobs, pods) = &mut *relists;
         let listed = self.training_jobs().list(&all).await.expect("list").items;
         self.publish_relist(tjs, listed).await;
-        let listed = self.jobs().list(&all).await.expect("list").items;
+        // Read as the watcher reads them.
+        let listed = Api::<WatchedJob>::namespaced(self.client.clone(), NS)
+            .list(&all)
+            .await
+            .expect("list")
+            .items;
         self.publish_relist(jobs, listed).await;
-        let listed = self.pods().list(&all).await.expect("list").items;
+        let listed = Api::<WatchedPod>::namespaced(self.client.clone(), NS)
+            .list(&all)
+            .await
+            .expect("list")
+            .items;
         self.publish_relist(pods, listed).await;
     }
 
