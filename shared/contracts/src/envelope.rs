@@ -147,10 +147,24 @@ pub struct Header {
     pub trace_context: TraceContext,
 }
 
+/// An envelope with its payload undecoded. The header's fields are spelled out
+/// rather than a flattened [`Header`]: serde buffers a flattened struct field by
+/// field before decoding it, and every service decodes every message it reads.
 #[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct RawEnvelope<'a> {
-    #[serde(flatten)]
-    header: Header,
+    id: Uuid,
+    #[serde(rename = "type")]
+    message_type: String,
+    schema_version: u32,
+    source: String,
+    time: DateTime<Utc>,
+    entity: EntityRef,
+    correlation_id: Uuid,
+    #[serde(default)]
+    causation_id: Option<Uuid>,
+    #[serde(default)]
+    trace_context: TraceContext,
     #[serde(borrow)]
     payload: &'a RawValue,
 }
@@ -169,7 +183,17 @@ impl Incoming {
         let raw: RawEnvelope<'_> =
             serde_json::from_slice(bytes).map_err(ContractError::Malformed)?;
         Ok(Self {
-            header: raw.header,
+            header: Header {
+                id: raw.id,
+                message_type: raw.message_type,
+                schema_version: raw.schema_version,
+                source: raw.source,
+                time: raw.time,
+                entity: raw.entity,
+                correlation_id: raw.correlation_id,
+                causation_id: raw.causation_id,
+                trace_context: raw.trace_context,
+            },
             payload: raw.payload.to_owned(),
         })
     }
