@@ -34,6 +34,16 @@ fn gone(result: Result<(), kube::Error>, action: String) -> Result<(), PlannerEr
     }
 }
 
+/// A status apply body, encoded straight from the typed status (a `json!`
+/// value would copy the whole status into a tree first).
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusApply<'a, S> {
+    api_version: &'a str,
+    kind: &'a str,
+    status: &'a S,
+}
+
 /// The planner's Kubernetes port.
 #[derive(Clone)]
 pub struct KubeWriter {
@@ -148,11 +158,11 @@ impl KubeWriter {
     ) -> Result<TrainingJob, PlannerError> {
         let namespace = job.namespace().unwrap_or_default();
         let name = job.name_any();
-        let patch = json!({
-            "apiVersion": trainyard_api::API_GROUP_VERSION,
-            "kind": "TrainingJob",
-            "status": status,
-        });
+        let patch = StatusApply {
+            api_version: trainyard_api::API_GROUP_VERSION,
+            kind: "TrainingJob",
+            status,
+        };
         self.jobs(&namespace)
             .patch_status(&name, &self.apply_params(), &Patch::Apply(&patch))
             .await
@@ -289,11 +299,11 @@ impl KubeWriter {
     ) -> Result<(), PlannerError> {
         let namespace = sweep.namespace().unwrap_or_default();
         let name = sweep.name_any();
-        let patch = json!({
-            "apiVersion": trainyard_api::API_GROUP_VERSION,
-            "kind": "Sweep",
-            "status": status,
-        });
+        let patch = StatusApply {
+            api_version: trainyard_api::API_GROUP_VERSION,
+            kind: "Sweep",
+            status,
+        };
         Api::<Sweep>::namespaced(self.client.clone(), &namespace)
             .patch_status(&name, &self.apply_params(), &Patch::Apply(&patch))
             .await

@@ -133,16 +133,39 @@ fn fingerprint(parts: &[&[u8]]) -> u64 {
     hasher.finish()
 }
 
+/// Feeds encoded bytes straight into a hasher.
+struct HashWriter<'a>(&'a mut std::hash::DefaultHasher);
+
+impl std::io::Write for HashWriter<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.write(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Adds one value's JSON to `hasher`, encoded into it rather than into a buffer.
+fn hash_json(
+    hasher: &mut std::hash::DefaultHasher,
+    value: &impl serde::Serialize,
+) -> Result<(), PlannerError> {
+    // 0xff never occurs in JSON: it ends one value's bytes.
+    hasher.write_u8(0xff);
+    serde_json::to_writer(HashWriter(hasher), value)
+        .map_err(|e| PlannerError::Encode(format!("desired objects: {e}")))
+}
+
+/// A hash of the desired objects; the core asks for the same objects on most events.
 fn objects_fingerprint(objects: &planner_core::DesiredObjects) -> Result<u64, PlannerError> {
-    let encode = |value: Result<Vec<u8>, serde_json::Error>| {
-        value.map_err(|e| PlannerError::Encode(format!("desired objects: {e}")))
-    };
-    Ok(fingerprint(&[
-        objects.field_manager.as_bytes(),
-        &encode(serde_json::to_vec(&objects.config_map))?,
-        &encode(serde_json::to_vec(&objects.service))?,
-        &encode(serde_json::to_vec(&objects.job))?,
-    ]))
+    let mut hasher = std::hash::DefaultHasher::new();
+    hasher.write(objects.field_manager.as_bytes());
+    hash_json(&mut hasher, &objects.config_map)?;
+    hash_json(&mut hasher, &objects.service)?;
+    hash_json(&mut hasher, &objects.job)?;
+    Ok(hasher.finish())
 }
 
 fn resource_version(job: &TrainingJob) -> Option<u64> {
@@ -330,18 +353,35 @@ impl Planner {
             }
             Input::Reconcile => entry.status_deferred = false,
         }
-        let Some(job) = entry.object.clone() else {
+        // Taken out (not copied) while the core decides from it and its
+        // decisions are carried out; put back unless a status write stored a newer one.
+        let Some(job) = entry.object.take() else {
             // Reports about a TrainingJob that no longer exists (or not yet): nothing to do.
             return Ok(());
         };
         if job.metadata.deletion_timestamp.is_some() {
-            self.writer.finalize(&job).await?;
+            let finalize = self.writer.finalize(&job).await;
             let last_state = job.status.as_ref().and_then(|s| s.state);
+            entry.object = Some(job);
+            finalize?;
             return self.finalized(key, entity, entry, last_state).await;
         }
-        self.writer.ensure_finalizer(&job).await?;
-        let actions = planner_core::decide(&job, &entry.state, Utc::now(), &self.config);
-        self.carry_out(entity, entry, &job, actions).await?;
+        let reconciled = self.reconcile(key, entity, entry, &job).await;
+        entry.object.get_or_insert(job);
+        reconciled
+    }
+
+    /// Decides from `job` and the state, carries the decisions out and saves the state.
+    async fn reconcile(
+        self: &Arc<Self>,
+        key: &str,
+        entity: &EntityRef,
+        entry: &mut Entry,
+        job: &TrainingJob,
+    ) -> Result<(), PlannerError> {
+        self.writer.ensure_finalizer(job).await?;
+        let actions = planner_core::decide(job, &entry.state, Utc::now(), &self.config);
+        self.carry_out(entity, entry, job, actions).await?;
         if entry.observed_unsaved {
             let bytes = StateStore::encode(key, &entry.state)?;
             let print = fingerprint(&[&bytes]);
