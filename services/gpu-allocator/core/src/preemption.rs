@@ -382,14 +382,15 @@ impl Search<'_> {
     /// gang fits.
     fn node_targeted(&self) -> Option<Vec<usize>> {
         let g = self.per_worker.max(1);
-        // (node, candidate) pairs sorted, so each node's candidates form one
-        // run in index order: no vector per node, and the per-node buffers
-        // below are reused (this runs over hundreds of nodes per search).
-        let mut on_node: Vec<(NodeIdx, usize)> = self
+        // (node, candidate, units it holds there) sorted, so each node's
+        // candidates form one run in index order: no vector per node, and
+        // the per-node buffers below are reused (this runs over hundreds of
+        // nodes per search). A placement names each node once.
+        let mut on_node: Vec<(NodeIdx, usize, u32)> = self
             .cands
             .iter()
             .enumerate()
-            .flat_map(|(i, c)| c.placement.iter().map(move |(node, _)| (*node, i)))
+            .flat_map(|(i, c)| c.nodes().map(move |(node, units)| (node, i, units)))
             .collect();
         on_node.sort_unstable();
         let mut jobs: Vec<usize> = Vec::new();
@@ -400,30 +401,24 @@ impl Search<'_> {
         let mut from: Vec<Option<usize>> = Vec::new();
         let mut node_costs: Vec<(Cost, NodeIdx, Vec<usize>)> = Vec::new();
         for run in on_node.chunk_by(|a, b| a.0 == b.0) {
-            let Some((node, _)) = run.first() else {
+            let Some((node, ..)) = run.first() else {
                 continue;
             };
             let Some((free, _, _)) = self.base.get(node) else {
                 continue;
             };
             jobs.clear();
-            jobs.extend(run.iter().map(|(_, i)| *i));
+            jobs.extend(run.iter().map(|(_, i, _)| *i));
             let target = (free / g + 1) * g;
-            let units_on = |i: &usize| -> u32 {
-                self.cands
-                    .get(*i)
-                    .and_then(|c| c.nodes().find(|(n, _)| n == node))
-                    .map_or(0, |(_, u)| u)
-            };
             // 0/1 knapsack over the node's jobs: the cheapest subset (GPUs
             // evicted, then gangs, then priority) that frees `need` units
             // here. Exact, and linear in jobs x units per node.
             let need = target.saturating_sub(*free) as usize;
             stats.clear();
-            stats.extend(jobs.iter().map(|i| {
+            stats.extend(run.iter().map(|(_, i, on_node)| {
                 let c = self.cands.get(*i);
                 (
-                    units_on(i),
+                    *on_node,
                     c.map_or(i32::MIN, |c| c.priority),
                     c.map_or(0, |c| c.units),
                 )
