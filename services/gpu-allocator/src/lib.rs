@@ -20,7 +20,7 @@ pub use config::{AllocatorServiceConfig, FlavorConfig};
 pub use error::ServiceError;
 pub use metrics::AllocatorMetrics;
 pub use service::{Allocation, AllocatorHandler, CycleLoop, replay};
-pub use snapshot::{SNAPSHOT_KEY, SnapshotStore};
+pub use snapshot::{CHUNK_BYTES, SNAPSHOT_KEY, SnapshotStore};
 pub use state::{AllocatorState, Outgoing, PersistedState};
 
 /// Configuration section of this service.

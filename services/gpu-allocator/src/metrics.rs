@@ -109,7 +109,7 @@ impl AllocatorMetrics {
             .map_err(metric_error)?,
             snapshot_bytes: IntGauge::new(
                 "trainyard_allocator_snapshot_bytes",
-                "Size of the last state snapshot",
+                "Bytes stored by the last state snapshot (compressed)",
             )
             .map_err(metric_error)?,
             outbox: IntGauge::new(

@@ -324,7 +324,7 @@ impl CycleLoop {
         if let Some(bytes) = bytes {
             let size = bytes.len();
             match self.snapshots.save(&bytes).await {
-                Ok(_) => {
+                Ok(stored) => {
                     persisted.generation = persisted.generation.max(generation);
                     persisted.at = Some(Instant::now());
                     allocation
@@ -335,7 +335,7 @@ impl CycleLoop {
                     allocation
                         .metrics
                         .snapshot_bytes
-                        .set(i64::try_from(size).unwrap_or(i64::MAX));
+                        .set(i64::try_from(stored).unwrap_or(i64::MAX));
                 }
                 Err(err) => {
                     allocation

@@ -5,6 +5,11 @@
 //! chunks under `snapshot.<save>.<part>`, then a small manifest under `snapshot`
 //! names the save: a crash between the two leaves the previous manifest and its
 //! chunks intact. The previous save's chunks are purged after the manifest moves.
+//!
+//! The chunks hold the JSON compressed with LZ4 (block format, size first):
+//! the state repeats its field names and labels, so a save is about a tenth
+//! of its JSON, and nats-server stores and the allocator sends that much less
+//! on every save (saves come with every cycle that decides something).
 
 use async_nats::jetstream::kv;
 use futures::StreamExt;
@@ -25,7 +30,20 @@ struct Manifest {
     /// Counter of saves; names the chunk keys.
     chunked_save: u64,
     parts: u32,
+    /// Bytes stored in the chunks.
     size: usize,
+    /// How the chunks encode the JSON (saves from before compression have
+    /// no such field).
+    #[serde(default)]
+    encoding: Encoding,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+enum Encoding {
+    #[default]
+    Json,
+    Lz4Json,
 }
 
 fn chunk_key(save: u64, part: u32) -> String {
@@ -67,9 +85,13 @@ impl SnapshotStore {
         };
         let bytes = match serde_json::from_slice::<Manifest>(&head) {
             Ok(manifest) => {
-                let bytes = store.read_chunks(manifest).await?;
+                let stored = store.read_chunks(manifest).await?;
                 store.current = Some(manifest);
-                bytes
+                match manifest.encoding {
+                    Encoding::Json => stored,
+                    Encoding::Lz4Json => lz4_flex::decompress_size_prepended(&stored)
+                        .map_err(|e| unreadable(format!("LZ4: {e}")))?,
+                }
             }
             // A snapshot saved whole, before chunking.
             Err(_) => head.to_vec(),
@@ -101,9 +123,10 @@ impl SnapshotStore {
         Ok(bytes)
     }
 
-    /// Saves `bytes` as the new snapshot: chunks, then the manifest, then the old
-    /// chunks go.
-    pub async fn save(&mut self, bytes: &[u8]) -> Result<(), ServiceError> {
+    /// Saves `json` as the new snapshot: chunks, then the manifest, then the
+    /// old chunks go. Returns the bytes stored.
+    pub async fn save(&mut self, json: &[u8]) -> Result<usize, ServiceError> {
+        let bytes = lz4_flex::compress_prepend_size(json);
         let save = self.current.map_or(1, |m| m.chunked_save + 1);
         let mut parts = 0u32;
         for chunk in bytes.chunks(CHUNK_BYTES) {
@@ -118,6 +141,7 @@ impl SnapshotStore {
             chunked_save: save,
             parts,
             size: bytes.len(),
+            encoding: Encoding::Lz4Json,
         };
         let head = serde_json::to_vec(&manifest).map_err(|e| ServiceError::Store(e.to_string()))?;
         self.bucket
@@ -127,7 +151,7 @@ impl SnapshotStore {
         if let Some(previous) = self.current.replace(manifest) {
             self.purge(previous).await;
         }
-        Ok(())
+        Ok(bytes.len())
     }
 
     /// Removes a superseded save's chunks; a failure only leaves garbage behind,

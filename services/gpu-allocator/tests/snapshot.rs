@@ -1,7 +1,7 @@
 //! The snapshot in chunks, against a real nats-server with its default 1 MiB
 //! message limit: a state far bigger than one message saves and loads whole, a
-//! crash between chunks and manifest keeps the previous save, and a snapshot from
-//! before chunking still loads.
+//! crash between chunks and manifest keeps the previous save, saves are
+//! compressed, and snapshots from before chunking or compression still load.
 
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -24,15 +24,20 @@ async fn bucket(nats: &NatsServer) -> (Runtime, async_nats::jetstream::kv::Store
     (runtime, bucket)
 }
 
-/// A state with `nodes` labelled nodes: about 1 KiB of snapshot each.
+/// A state with `nodes` labelled nodes: about 1 KiB of snapshot each, with
+/// label values that do not compress (a hash of node and label), so that
+/// even compressed it spans chunks.
 fn big_state(nodes: usize) -> AllocatorState {
     let mut state = AllocatorState::new(AllocatorServiceConfig::default()).expect("state");
     for i in 0..nodes {
         let labels: serde_json::Map<String, serde_json::Value> = (0..12)
             .map(|l| {
+                let mut hasher = std::hash::DefaultHasher::new();
+                std::hash::Hash::hash(&(i, l), &mut hasher);
+                let noise = std::hash::Hasher::finish(&hasher);
                 (
                     format!("example.com/label-{l}"),
-                    json!(format!("value-{i}-{l}-padding")),
+                    json!(format!("{noise:016x}{:016x}", noise.rotate_left(17))),
                 )
             })
             .chain([("nvidia.com/gpu.product".to_owned(), json!("A100-SXM4-80GB"))])
@@ -63,7 +68,19 @@ async fn a_snapshot_bigger_than_a_nats_message_saves_and_loads_whole() {
 
     let (mut store, nothing) = SnapshotStore::open(bucket.clone()).await.expect("opens");
     assert!(nothing.is_none());
-    store.save(&bytes).await.expect("saves in chunks");
+    let stored = store.save(&bytes).await.expect("saves in chunks");
+    assert!(
+        stored > 2 * trainyard_gpu_allocator::CHUNK_BYTES,
+        "{stored} bytes stored: the test must span chunks"
+    );
+    assert!(
+        bucket
+            .get(format!("{SNAPSHOT_KEY}.1.2"))
+            .await
+            .expect("get")
+            .is_some(),
+        "a third chunk"
+    );
     let smaller = encoded(&big_state(10));
     store.save(&smaller).await.expect("saves again");
 
@@ -138,5 +155,60 @@ async fn a_missing_chunk_is_refused_with_what_to_do() {
     assert!(
         err.contains("snapshot.1.0 is missing") && err.contains("refusing to start"),
         "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_save_stores_compressed_json() {
+    let nats = NatsServer::start();
+    let (_runtime, bucket) = bucket(&nats).await;
+    // Nodes as a cluster has them: the same labels on many nodes.
+    let mut state = AllocatorState::new(AllocatorServiceConfig::default()).expect("state");
+    for i in 0..500 {
+        let node: NodeObserved = serde_json::from_value(json!({
+            "change": "Applied", "allocatableGpus": 8, "unschedulable": false, "ready": true,
+            "labels": {"nvidia.com/gpu.product": "H100-SXM5-80GB", "topology.kubernetes.io/zone": "zone-a"}
+        }))
+        .expect("node");
+        state
+            .on_node(&EntityRef::new("", format!("node-{i}"), ""), &node)
+            .expect("node applies");
+    }
+    let json = encoded(&state);
+    let (mut store, _) = SnapshotStore::open(bucket.clone()).await.expect("opens");
+    let stored = store.save(&json).await.expect("saves");
+    assert!(
+        stored * 4 < json.len(),
+        "{stored} bytes stored for {} of JSON",
+        json.len()
+    );
+    let (_, loaded) = SnapshotStore::open(bucket).await.expect("reopens");
+    assert_eq!(
+        serde_json::to_vec(&loaded.expect("a snapshot")).expect("encodes"),
+        json
+    );
+}
+
+#[tokio::test]
+async fn a_chunked_snapshot_from_before_compression_still_loads() {
+    let nats = NatsServer::start();
+    let (_runtime, bucket) = bucket(&nats).await;
+    let json = encoded(&big_state(3));
+    bucket
+        .put(format!("{SNAPSHOT_KEY}.1.0"), json.clone().into())
+        .await
+        .expect("put chunk");
+    let manifest = json!({"chunkedSave": 1, "parts": 1, "size": json.len()});
+    bucket
+        .put(
+            SNAPSHOT_KEY,
+            serde_json::to_vec(&manifest).expect("encodes").into(),
+        )
+        .await
+        .expect("put manifest");
+    let (_, loaded) = SnapshotStore::open(bucket).await.expect("opens");
+    assert_eq!(
+        serde_json::to_vec(&loaded.expect("a snapshot")).expect("encodes"),
+        json
     );
 }
