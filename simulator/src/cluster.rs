@@ -149,10 +149,6 @@ pub struct Cluster {
     live_pods: BTreeMap<(String, String), Arc<Value>>,
     /// Jobs not yet Complete or Failed, by namespace and name (the store's order).
     live_jobs: BTreeMap<(String, String), Arc<Value>>,
-    /// Uids of the Jobs the Job controller must look at again: the Job, one of
-    /// its pods or its run changed since it last did. What it reads of the
-    /// others is as it left it, so looking again would change nothing.
-    unsettled_jobs: HashSet<String>,
     bound_at: HashMap<String, f64>,
     history: BTreeMap<String, JobHistory>,
     usage: Vec<UsageSample>,
@@ -454,7 +450,6 @@ impl Cluster {
             changes,
             live_pods: BTreeMap::new(),
             live_jobs: BTreeMap::new(),
-            unsettled_jobs: HashSet::new(),
             bound_at: HashMap::new(),
             history: BTreeMap::new(),
             usage: Vec::new(),
@@ -635,19 +630,6 @@ impl Cluster {
         } else {
             return;
         };
-        let job_uid = if change.resource == resources::pods().name {
-            object["metadata"]["ownerReferences"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|owner| owner["kind"] == "Job")
-                .and_then(|owner| owner["uid"].as_str())
-        } else {
-            object["metadata"]["uid"].as_str()
-        };
-        if let Some(uid) = job_uid {
-            self.unsettled_jobs.insert(uid.to_owned());
-        }
         let Some(key) = store_key(object) else {
             return;
         };
@@ -684,7 +666,6 @@ impl Cluster {
         };
         self.live_pods = live(&pods, terminal);
         self.live_jobs = live(&jobs, job_finished);
-        self.unsettled_jobs = uids.iter().map(|uid| (*uid).to_owned()).collect();
     }
 
     /// The pods not yet Succeeded or Failed, in the store's order.
@@ -817,17 +798,7 @@ impl Cluster {
     /// Job status from its pods.
     fn run_job_controller(&mut self) {
         self.catch_up();
-        let unsettled = std::mem::take(&mut self.unsettled_jobs);
-        let jobs: Vec<Arc<Value>> = self
-            .live_jobs
-            .values()
-            .filter(|job| {
-                job["metadata"]["uid"]
-                    .as_str()
-                    .is_some_and(|uid| unsettled.contains(uid))
-            })
-            .cloned()
-            .collect();
+        let jobs: Vec<Arc<Value>> = self.live_jobs.values().cloned().collect();
         for job in &jobs {
             let metadata = &job["metadata"];
             let uid = metadata["uid"].as_str().unwrap_or_default();
@@ -867,11 +838,7 @@ impl Cluster {
                     Some(run) => {
                         self.runs.insert(uid.to_owned(), run);
                     }
-                    None => {
-                        // Tried again on the next step.
-                        self.unsettled_jobs.insert(uid.to_owned());
-                        continue;
-                    }
+                    None => continue,
                 }
             }
             let running = pods.iter().filter(|p| phase(p) == "Running").count();
@@ -1236,7 +1203,7 @@ impl Cluster {
             let pods = self.pods_of(&run.namespace, &uid);
             let pods = pods.as_slice();
             if pods.iter().any(|p| phase(p) == "Failed") {
-                self.end_run(&uid, &run, now, pods, false);
+                self.end_run(&run, now, pods, false);
                 continue;
             }
             let all_running =
@@ -1260,7 +1227,7 @@ impl Cluster {
             // A run ends one step after its last report, as a worker exits after
             // reporting: the reports are published before the Job's end is visible.
             if run.reported_epoch >= run.total_epochs || run.stop_requested {
-                self.end_run(&uid, &run, now, pods, true);
+                self.end_run(&run, now, pods, true);
                 continue;
             }
             let epoch = Self::epoch_at(&run, started, now);
@@ -1281,24 +1248,15 @@ impl Cluster {
                 if let Some(pod) = pods.first() {
                     self.fail_pod(pod, Some(code), None);
                 }
-                self.end_run(&uid, &run, now, pods, false);
+                self.end_run(&run, now, pods, false);
                 continue;
             }
             self.runs.insert(uid, run);
         }
     }
 
-    /// Ends a run already taken out of `runs` (of the Job with uid `job_uid`).
-    fn end_run(
-        &mut self,
-        job_uid: &str,
-        run: &Run,
-        now: f64,
-        pods: &[Arc<Value>],
-        succeeded: bool,
-    ) {
-        // Without its run the Job is the controller's again.
-        self.unsettled_jobs.insert(job_uid.to_owned());
+    /// Ends a run already taken out of `runs`.
+    fn end_run(&mut self, run: &Run, now: f64, pods: &[Arc<Value>], succeeded: bool) {
         let disrupted = pods.iter().any(|p| {
             p["status"]["conditions"]
                 .as_array()
