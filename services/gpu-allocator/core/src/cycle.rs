@@ -609,11 +609,12 @@ impl Allocator {
             .collect()
     }
 
-    pub(crate) fn lane_key(&self, lanes: &[Lane], lane: usize) -> Option<LaneKey> {
+    /// `shares`: each queue's weighted share, by queue index.
+    pub(crate) fn lane_key(lanes: &[Lane], shares: &[f64], lane: usize) -> Option<LaneKey> {
         let l = lanes.get(lane)?;
         let rank = l.jobs.as_slice().first()?.rank;
         Some(LaneKey {
-            share: self.queues.share(l.queue, &[]),
+            share: shares.get(l.queue as usize).copied().unwrap_or(0.0),
             rank,
             lane,
         })
@@ -679,9 +680,15 @@ impl Allocator {
         ctx: &mut CycleCtx,
         out: &mut CycleOutcome,
     ) {
+        // A queue's share changes only when one of its jobs is admitted:
+        // computed once here and after each admission, not once per job.
+        let mut shares: Vec<f64> = (0..)
+            .zip(&self.queues.queues)
+            .map(|(queue, _)| self.queues.share(queue, &[]))
+            .collect();
         let mut heap = BinaryHeap::new();
         for i in 0..lanes.len() {
-            if let Some(key) = self.lane_key(&lanes, i) {
+            if let Some(key) = Self::lane_key(&lanes, &shares, i) {
                 heap.push(key);
             }
         }
@@ -723,7 +730,12 @@ impl Allocator {
                 },
             };
             match outcome {
-                Ok(plan) => self.admit_in_cycle(idx, plan, now, ctx, out),
+                Ok(plan) => {
+                    self.admit_in_cycle(idx, plan, now, ctx, out);
+                    if let Some(share) = shares.get_mut(lane_queue as usize) {
+                        *share = self.queues.share(lane_queue, &[]);
+                    }
+                }
                 Err((reason, can_preempt)) => {
                     if let Some(waiting) = waiting.get_mut(lane_queue as usize) {
                         *waiting += 1;
@@ -746,7 +758,7 @@ impl Allocator {
             // What pushing the lane's next key and popping would return
             // (keys are unique), for at most one sift: the lane goes on when
             // it is still first, else it swaps places with the heap's top.
-            current = match self.lane_key(&lanes, lane_idx) {
+            current = match Self::lane_key(&lanes, &shares, lane_idx) {
                 Some(next) => match heap.peek_mut() {
                     Some(mut top) if *top > next => Some(std::mem::replace(&mut *top, next)),
                     _ => Some(next),
