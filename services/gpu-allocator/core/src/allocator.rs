@@ -62,7 +62,9 @@ pub(crate) struct Running {
 
 #[derive(Debug)]
 pub(crate) enum JobState {
-    Pending(Option<Nomination>),
+    // The nomination boxed too: a pending job is read by every cycle, a
+    // nomination by few.
+    Pending(Option<Box<Nomination>>),
     // Boxed: pending jobs (the many) stay small and cache-friendly.
     Running(Box<Running>),
 }
@@ -642,13 +644,13 @@ impl Allocator {
             && let JobState::Pending(nomination) = &mut job.state
             && nomination.is_none()
         {
-            *nomination = Some(Nomination {
+            *nomination = Some(Box::new(Nomination {
                 victims: p.victims.iter().map(|v| v.uid.clone()).collect(),
                 evict_at: p.evict_at,
                 flavor: p.flavor.clone(),
                 resource: p.resource.clone(),
                 nodes: p.planned_nodes.clone(),
-            });
+            }));
             self.nominated.insert(idx);
             changed = true;
         }

@@ -1721,13 +1721,13 @@ impl Allocator {
             })
             .collect();
         if let Some(job) = self.job_mut(idx) {
-            job.state = JobState::Pending(Some(Nomination {
+            job.state = JobState::Pending(Some(Box::new(Nomination {
                 victims: victims.iter().map(|v| v.uid.clone()).collect(),
                 evict_at,
                 flavor: flavor.clone(),
                 resource: resource.clone(),
                 nodes: nodes.clone(),
-            }));
+            })));
         }
         self.nominated.insert(idx);
         Some(Preemption {

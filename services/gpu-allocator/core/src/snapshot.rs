@@ -88,7 +88,7 @@ impl Allocator {
             .map(|j| {
                 let (admission, preempting, nomination) = match &j.state {
                     JobState::Running(r) => (Some(r.admission.clone()), r.preempting.clone(), None),
-                    JobState::Pending(n) => (None, None, n.clone()),
+                    JobState::Pending(n) => (None, None, n.as_deref().cloned()),
                 };
                 JobSnapshot {
                     seq: j.seq,
@@ -176,7 +176,7 @@ impl Allocator {
                 j.preempted_by = job.preempted_by;
                 match &mut j.state {
                     JobState::Running(run) => run.preempting = job.preempting,
-                    JobState::Pending(n) => *n = job.nomination,
+                    JobState::Pending(n) => *n = job.nomination.map(Box::new),
                 }
             }
             if nominated {
