@@ -58,6 +58,16 @@ fn encoded(state: &AllocatorState) -> Vec<u8> {
     serde_json::to_vec(&state.persisted()).expect("encodes")
 }
 
+/// Opens the store and checks that it loads exactly `json`.
+async fn assert_loads(bucket: &async_nats::jetstream::kv::Store, json: &[u8]) -> SnapshotStore {
+    let (store, loaded) = SnapshotStore::open(bucket.clone()).await.expect("opens");
+    assert_eq!(
+        serde_json::to_vec(&loaded.expect("a snapshot")).expect("encodes"),
+        json
+    );
+    store
+}
+
 #[tokio::test]
 async fn a_snapshot_bigger_than_a_nats_message_saves_and_loads_whole() {
     let nats = NatsServer::start();
@@ -84,9 +94,7 @@ async fn a_snapshot_bigger_than_a_nats_message_saves_and_loads_whole() {
     let smaller = encoded(&big_state(10));
     store.save(&smaller).await.expect("saves again");
 
-    let (reopened, loaded) = SnapshotStore::open(bucket.clone()).await.expect("reopens");
-    let loaded = loaded.expect("a snapshot");
-    assert_eq!(serde_json::to_vec(&loaded).expect("encodes"), smaller);
+    let reopened = assert_loads(&bucket, &smaller).await;
     assert_eq!(
         reopened.purge_orphans().await.expect("purges"),
         0,
@@ -107,11 +115,7 @@ async fn chunks_without_a_manifest_leave_the_previous_save_in_force() {
         .await
         .expect("put");
 
-    let (reopened, loaded) = SnapshotStore::open(bucket.clone()).await.expect("reopens");
-    assert_eq!(
-        serde_json::to_vec(&loaded.expect("a snapshot")).expect("encodes"),
-        first
-    );
+    let reopened = assert_loads(&bucket, &first).await;
     assert_eq!(reopened.purge_orphans().await.expect("purges"), 1);
     assert!(
         bucket
@@ -131,11 +135,7 @@ async fn a_whole_snapshot_from_before_chunking_still_loads() {
         .put(SNAPSHOT_KEY, whole.clone().into())
         .await
         .expect("put");
-    let (_, loaded) = SnapshotStore::open(bucket).await.expect("opens");
-    assert_eq!(
-        serde_json::to_vec(&loaded.expect("a snapshot")).expect("encodes"),
-        whole
-    );
+    assert_loads(&bucket, &whole).await;
 }
 
 #[tokio::test]
@@ -182,11 +182,7 @@ async fn a_save_stores_compressed_json() {
         "{stored} bytes stored for {} of JSON",
         json.len()
     );
-    let (_, loaded) = SnapshotStore::open(bucket).await.expect("reopens");
-    assert_eq!(
-        serde_json::to_vec(&loaded.expect("a snapshot")).expect("encodes"),
-        json
-    );
+    assert_loads(&bucket, &json).await;
 }
 
 #[tokio::test]
@@ -206,9 +202,5 @@ async fn a_chunked_snapshot_from_before_compression_still_loads() {
         )
         .await
         .expect("put manifest");
-    let (_, loaded) = SnapshotStore::open(bucket).await.expect("opens");
-    assert_eq!(
-        serde_json::to_vec(&loaded.expect("a snapshot")).expect("encodes"),
-        json
-    );
+    assert_loads(&bucket, &json).await;
 }
