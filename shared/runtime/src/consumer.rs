@@ -84,6 +84,14 @@ fn lane(subject: &str, lanes: usize) -> usize {
     (hasher.finish() % lanes.max(1) as u64) as usize
 }
 
+/// How long one pull request of the stream stays open on the server.
+const PULL_EXPIRES: Duration = Duration::from_secs(30);
+/// The server's idle heartbeat on an open pull: a missing one means the
+/// connection or consumer is gone, and the stream pulls anew.
+const PULL_HEARTBEAT: Duration = Duration::from_secs(5);
+/// On shutdown, messages already pulled are NAKed for this long.
+const SHUTDOWN_DRAIN: Duration = Duration::from_millis(50);
+
 /// Everything a consumer loop needs besides its handler.
 #[derive(Clone)]
 pub struct ConsumerContext {
@@ -95,11 +103,11 @@ pub struct ConsumerContext {
 
 /// Creates (or updates) the durable consumer and handles messages until `shutdown`.
 /// On shutdown it stops pulling, finishes the messages already started and returns;
-/// fetched messages not yet started are NAKed so another replica takes them at once.
+/// pulled messages not yet started are NAKed so another replica takes them at once.
 ///
 /// With lanes, each lane chains its messages (one entity's messages stay in
 /// order) and pulling goes on while lanes are busy, up to `batch_size` messages
-/// in flight: a slow message holds back its own lane, not the next fetch.
+/// in flight: a slow message holds back its own lane, not the next pull.
 pub async fn run<H: Handler>(
     context: ConsumerContext,
     spec: ConsumerSpec,
@@ -113,39 +121,56 @@ pub async fn run<H: Handler>(
     let in_flight = Arc::new(tokio::sync::Semaphore::new(
         context.settings.batch_size.max(1),
     ));
-    while !shutdown.is_cancelled() {
-        let batch = tokio::select! {
+    'pulling: while !shutdown.is_cancelled() {
+        // One long-lived pull stream, not a fetch per batch: a fetch
+        // subscribes to a fresh inbox, requests and unsubscribes each time,
+        // and at a steady trickle most fetches return one or two messages.
+        let stream = tokio::select! {
             _ = shutdown.cancelled() => break,
-            batch = consumer
-                .fetch()
-                .max_messages(context.settings.batch_size)
-                .expires(Duration::from_millis(500))
-                .messages() => batch,
+            stream = consumer
+                .stream()
+                .max_messages_per_batch(context.settings.batch_size.max(1))
+                .expires(PULL_EXPIRES)
+                .heartbeat(PULL_HEARTBEAT)
+                .messages() => stream,
         };
-        let mut messages = match batch {
+        let mut messages = match stream {
             Ok(messages) => messages,
             Err(err) => {
                 failures += 1;
-                tracing::warn!(consumer = %spec.durable, error = %err, "fetch failed; retrying");
+                tracing::warn!(consumer = %spec.durable, error = %err, "pull failed; retrying");
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
                     _ = tokio::time::sleep(crate::nats::reconnect_delay(failures)) => continue,
                 }
             }
         };
-        failures = 0;
-        while let Some(message) = messages.next().await {
-            let message = match message {
-                Ok(message) => message,
-                Err(err) => {
-                    tracing::warn!(consumer = %spec.durable, error = %err, "pull error");
-                    break;
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => {
+                    // Pulled but not started: back to the stream at once.
+                    while let Ok(Some(Ok(message))) =
+                        tokio::time::timeout(SHUTDOWN_DRAIN, messages.next()).await
+                    {
+                        nak(&message, None).await;
+                    }
+                    break 'pulling;
                 }
+                next = messages.next() => next,
             };
-            if shutdown.is_cancelled() {
-                nak(&message, None).await;
-                continue;
-            }
+            let message = match next {
+                Some(Ok(message)) => message,
+                Some(Err(err)) => {
+                    failures += 1;
+                    tracing::warn!(consumer = %spec.durable, error = %err, "pull error; pulling anew");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break 'pulling,
+                        _ = tokio::time::sleep(crate::nats::reconnect_delay(failures)) => continue 'pulling,
+                    }
+                }
+                None => continue 'pulling,
+            };
+            failures = 0;
             if lanes == 1 {
                 process(&context, &spec, handler.as_ref(), message).await;
                 continue;

@@ -51,7 +51,7 @@ pub struct NatsSettings {
     pub max_deliver: i64,
     /// Seconds a consumer has to ack before redelivery.
     pub ack_wait_seconds: u64,
-    /// Messages fetched per pull.
+    /// Messages a pull requests at a time (and at most in flight with lanes).
     pub batch_size: usize,
 }
 
