@@ -393,7 +393,6 @@ impl Search<'_> {
             .flat_map(|(i, c)| c.nodes().map(move |(node, units)| (node, i, units)))
             .collect();
         on_node.sort_unstable();
-        let mut jobs: Vec<usize> = Vec::new();
         let mut stats: Vec<(u32, i32, u64)> = Vec::new();
         let mut dp: Vec<Option<Cost>> = Vec::new();
         // For job j and freed units f: the units freed before j when j's
@@ -407,8 +406,6 @@ impl Search<'_> {
             let Some((free, _, _)) = self.base.get(node) else {
                 continue;
             };
-            jobs.clear();
-            jobs.extend(run.iter().map(|(_, i, _)| *i));
             let target = (free / g + 1) * g;
             // 0/1 knapsack over the node's jobs: the cheapest subset (GPUs
             // evicted, then gangs, then priority) that frees `need` units
@@ -459,7 +456,7 @@ impl Search<'_> {
                 let mut f = need;
                 for j in (0..stats.len()).rev() {
                     if let Some(Some(before)) = from.get(j * width + f) {
-                        subset.extend(jobs.get(j).copied());
+                        subset.extend(run.get(j).map(|(_, i, _)| *i));
                         f = *before;
                     }
                 }
@@ -753,10 +750,7 @@ impl Allocator {
             })
             .collect();
         // By index: comparing uids with every running job was 2 % of a cycle.
-        let last_preemptor = job
-            .preempted_by
-            .as_ref()
-            .and_then(|uid| self.job_by_uid.get(uid).copied());
+        let last_preemptor = job.preempted_by.as_ref().and_then(|uid| self.job_idx(uid));
         for (vidx, vjob, run) in self.running_jobs_in(res) {
             // Checks on the job come first: `run` lives behind one more
             // pointer, and most running jobs are ruled out without it.

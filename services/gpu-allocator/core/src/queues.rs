@@ -49,6 +49,17 @@ impl QuotaSlot {
     pub(crate) fn guaranteed(&self) -> u64 {
         self.nominal - self.lendable()
     }
+
+    /// The most the queue may use: nominal plus its borrowing limit in a
+    /// cohort, nominal alone outside one.
+    pub(crate) fn own_limit(&self, in_cohort: bool) -> u64 {
+        if in_cohort {
+            self.nominal
+                .saturating_add(self.borrowing_limit.unwrap_or(UNLIMITED))
+        } else {
+            self.nominal
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -382,16 +393,12 @@ impl Queues {
         let Some(slot) = q.quota(res) else {
             return false;
         };
-        match q.cohort.and_then(|c| self.cohorts.get(c as usize)) {
-            Some(cohort) => {
-                let own_limit = slot
-                    .nominal
-                    .saturating_add(slot.borrowing_limit.unwrap_or(UNLIMITED));
-                requested <= own_limit
-                    && requested <= slot.guaranteed().saturating_add(cohort.pool(res).lendable)
-            }
-            None => requested <= slot.nominal,
-        }
+        requested <= slot.own_limit(q.cohort.is_some())
+            && q.cohort
+                .and_then(|c| self.cohorts.get(c as usize))
+                .is_none_or(|cohort| {
+                    requested <= slot.guaranteed().saturating_add(cohort.pool(res).lendable)
+                })
     }
 
     /// `check`, with `held` units of the cohort pool set aside for a blocked
@@ -425,12 +432,7 @@ impl Queues {
             });
         };
         let used = self.usage_with(queue, res, deltas);
-        let own_limit = match q.cohort {
-            Some(_) => slot
-                .nominal
-                .saturating_add(slot.borrowing_limit.unwrap_or(UNLIMITED)),
-            None => slot.nominal,
-        };
+        let own_limit = slot.own_limit(q.cohort.is_some());
         let mut available = own_limit.saturating_sub(used);
         let mut pool_headroom = 0;
         if let Some(cohort_id) = q.cohort
