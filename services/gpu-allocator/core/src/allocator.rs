@@ -6,6 +6,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
+use crate::backfill::{Booking, ReleaseBook};
 use crate::config::AllocatorConfig;
 use crate::decision::{
     Admission, Eviction, EvictionReason, PlannedNode, Preemption, PreemptionRule,
@@ -135,6 +136,8 @@ pub struct Allocator {
     pub(crate) reserved_jobs: Vec<JobUid>,
     /// What the cycle keeps from one run to the next (see `CycleScratch`).
     pub(crate) scratch: crate::cycle::CycleScratch,
+    /// Expected releases of the running jobs, per resource.
+    pub(crate) releases: FastMap<ResIdx, ReleaseBook>,
 }
 
 pub(crate) fn units_i64(units: u64) -> i64 {
@@ -164,6 +167,7 @@ impl Allocator {
             next_seq: 0,
             reserved_jobs: Vec::new(),
             scratch: crate::cycle::CycleScratch::default(),
+            releases: FastMap::default(),
         };
         // Filter 0 is "no constraints", the common case checked fastest.
         alloc.intern_filter(NodeFilter::default());
@@ -427,13 +431,14 @@ impl Allocator {
             // GPUs any more, so they keep running.
             let victims: Vec<JobIdx> = self.preempting.iter().copied().collect();
             for v in victims {
-                if let Some(Job {
-                    state: JobState::Running(run),
-                    ..
-                }) = self.job_mut(v)
-                    && run.preempting.as_ref().is_some_and(|p| p.by == *uid)
-                {
-                    run.preempting = None;
+                let spared = self.update_preempting(v, |p| {
+                    let by_it = p.as_ref().is_some_and(|p| p.by == *uid);
+                    if by_it {
+                        *p = None;
+                    }
+                    by_it
+                });
+                if spared == Some(true) {
                     self.preempting.remove(&v);
                 }
             }
@@ -463,21 +468,23 @@ impl Allocator {
         let Some(idx) = self.job_by_uid.get(uid).copied() else {
             return Applied::Unchanged;
         };
-        if let Some(Job {
-            state: JobState::Running(run),
-            ..
-        }) = self.job_mut(idx)
-            && let Some(p) = &mut run.preempting
-            && !p.checkpointed
-        {
-            p.checkpointed = true;
-            return Applied::Changed;
+        let reported = self.update_preempting(idx, |p| match p {
+            Some(p) if !p.checkpointed => {
+                p.checkpointed = true;
+                true
+            }
+            _ => false,
+        });
+        if reported == Some(true) {
+            Applied::Changed
+        } else {
+            Applied::Unchanged
         }
-        Applied::Unchanged
     }
 
     /// Frees a running job's units (no-op for pending jobs).
     pub(crate) fn release(&mut self, idx: JobIdx) {
+        self.book_releases(idx, Booking::Remove);
         let Some(job) = self.job(idx) else { return };
         let Some(run) = job.running() else { return };
         let res = run.res;
@@ -553,6 +560,7 @@ impl Allocator {
                 preempting: None,
             }));
         }
+        self.book_releases(idx, Booking::Add);
     }
 
     pub(crate) fn replay_admission(&mut self, adm: &Admission) -> Result<Applied, AllocatorError> {
@@ -611,18 +619,19 @@ impl Allocator {
             let Some(idx) = self.job_by_uid.get(&v.uid).copied() else {
                 continue; // already finished: nothing to evict
             };
-            if let Some(Job {
-                state: JobState::Running(run),
-                ..
-            }) = self.job_mut(idx)
-                && run.preempting.is_none()
-            {
-                run.preempting = Some(PreemptingState {
-                    by: p.preemptor.clone(),
-                    rule: v.rule,
-                    evict_at: p.evict_at,
-                    checkpointed: false,
-                });
+            let started = self.update_preempting(idx, |preempting| {
+                let free = preempting.is_none();
+                if free {
+                    *preempting = Some(PreemptingState {
+                        by: p.preemptor.clone(),
+                        rule: v.rule,
+                        evict_at: p.evict_at,
+                        checkpointed: false,
+                    });
+                }
+                free
+            });
+            if started == Some(true) {
                 self.preempting.insert(idx);
                 changed = true;
             }

@@ -14,9 +14,11 @@ use std::collections::HashSet;
 
 use crate::allocator::FastMap;
 
-use crate::allocator::{Allocator, JobState};
+use crate::allocator::{Allocator, Job, JobState, PreemptingState, Running};
+use crate::config::AllocatorConfig;
 use crate::inventory::{Inventory, JobIdx, NodeIdx, ResIdx};
 use crate::placement::{self, Candidate};
+use crate::queues::QueueIdx;
 use crate::types::{JobUid, Timestamp, TopologyRequirement};
 
 /// Units a reservation needs on one node at its start time.
@@ -98,6 +100,55 @@ pub(crate) struct Reservation {
     pub(crate) placement: Vec<(NodeIdx, u32)>,
 }
 
+/// The expected releases of the jobs running in one resource, kept sorted
+/// from one cycle to the next as jobs start, stop and change their expected
+/// end: a cycle copies them rather than visiting every running job and
+/// sorting. Ends are kept as planned, before a cycle raises the past ones
+/// to its `now`; the copy stays in time order, and every reader takes the
+/// events of one time as a group, so their order within it does not matter.
+#[derive(Debug, Default)]
+pub(crate) struct ReleaseBook {
+    /// `(end, node, units)` per node of each running job.
+    by_node: Vec<(Timestamp, NodeIdx, u32)>,
+    /// `(end, units, queue)` per running job.
+    by_job: Vec<(Timestamp, u64, QueueIdx)>,
+}
+
+/// Whether a job's releases join or leave its resource's book.
+#[derive(Clone, Copy)]
+pub(crate) enum Booking {
+    Add,
+    Remove,
+}
+
+fn book<T: Ord>(events: &mut Vec<T>, event: T, booking: Booking) {
+    match booking {
+        Booking::Add => {
+            let at = events.partition_point(|e| *e < event);
+            events.insert(at, event);
+        }
+        Booking::Remove => {
+            if let Ok(at) = events.binary_search(&event) {
+                events.remove(at);
+            }
+        }
+    }
+}
+
+/// When a running job is expected to release its units, before the cycle's
+/// `now` raises an end already past.
+fn planned_end(config: &AllocatorConfig, job: &Job, run: &Running) -> Timestamp {
+    match &run.preempting {
+        Some(p) if p.checkpointed => Timestamp(0),
+        Some(p) => p.evict_at,
+        None => run.admitted_at.plus_secs(
+            job.spec
+                .runtime_estimate_secs
+                .unwrap_or(config.backfill.assumed_runtime_secs),
+        ),
+    }
+}
+
 impl Allocator {
     /// When a running job is expected to release its units.
     pub(crate) fn expected_end(&self, job: JobIdx, now: Timestamp) -> Timestamp {
@@ -105,29 +156,69 @@ impl Allocator {
         let JobState::Running(run) = &j.state else {
             return now;
         };
-        let end = match &run.preempting {
-            Some(p) if p.checkpointed => now,
-            Some(p) => p.evict_at,
-            None => run.admitted_at.plus_secs(
-                j.spec
-                    .runtime_estimate_secs
-                    .unwrap_or(self.config.backfill.assumed_runtime_secs),
-            ),
-        };
-        end.max(now)
+        planned_end(&self.config, j, run).max(now)
     }
 
-    /// Release events `(end, node, units)` of jobs running in `res`.
-    pub(crate) fn release_timeline(&self, res: ResIdx, now: Timestamp) -> Timeline {
-        let Some(r) = self.inv.res(res) else {
-            return Vec::new();
+    /// Adds or removes the releases of job `idx` in its resource's book (a
+    /// no-op unless it runs). Called on every start and stop, and around
+    /// every change of its expected end.
+    pub(crate) fn book_releases(&mut self, idx: JobIdx, booking: Booking) {
+        let Some(job) = self.jobs.get(idx as usize).and_then(Option::as_ref) else {
+            return;
         };
-        let mut events = Vec::new();
-        for job in &r.running {
-            self.job_releases(*job, res, now, |event| events.push(event));
+        let Some(run) = job.running() else { return };
+        let end = planned_end(&self.config, job, run);
+        let releases = self.releases.entry(run.res).or_default();
+        for (node, workers) in &run.placement {
+            let units = workers.saturating_mul(run.per_worker);
+            book(&mut releases.by_node, (end, *node, units), booking);
         }
-        events.sort_unstable();
-        events
+        let units = run.admission.total_units();
+        book(&mut releases.by_job, (end, units, job.queue), booking);
+    }
+
+    /// Changes the preemption state of running job `idx`, keeping its
+    /// releases booked at its new expected end. `None` if it does not run.
+    pub(crate) fn update_preempting<R>(
+        &mut self,
+        idx: JobIdx,
+        change: impl FnOnce(&mut Option<PreemptingState>) -> R,
+    ) -> Option<R> {
+        self.book_releases(idx, Booking::Remove);
+        let changed = match self.job_mut(idx) {
+            Some(Job {
+                state: JobState::Running(run),
+                ..
+            }) => Some(change(&mut run.preempting)),
+            _ => None,
+        };
+        self.book_releases(idx, Booking::Add);
+        changed
+    }
+
+    /// Release events `(end, node, units)` of jobs running in `res`, in
+    /// time order.
+    pub(crate) fn release_timeline(&self, res: ResIdx, now: Timestamp) -> Timeline {
+        self.releases.get(&res).map_or_else(Vec::new, |r| {
+            r.by_node
+                .iter()
+                .map(|&(end, node, units)| (end.max(now), node, units))
+                .collect()
+        })
+    }
+
+    /// `(end, units, queue)` of each job running in `res`, in time order,
+    /// ends raised to `now`.
+    pub(crate) fn job_releases_in(
+        &self,
+        res: ResIdx,
+        now: Timestamp,
+    ) -> impl Iterator<Item = (Timestamp, u64, QueueIdx)> + '_ {
+        self.releases
+            .get(&res)
+            .into_iter()
+            .flat_map(move |r| r.by_job.iter())
+            .map(move |&(end, units, queue)| (end.max(now), units, queue))
     }
 
     /// Calls `each` with the release events `(end, node, units)` of one job,
@@ -245,6 +336,131 @@ impl Allocator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::AllocatorConfig;
+    use crate::event::{Event, FlavorQuota, JobSpec, NodeInfo, QueueSpec, ResourceQuota};
+    use crate::types::names;
+
+    fn node(name: &str) -> Event {
+        let mut info = NodeInfo {
+            name: name.into(),
+            ready: true,
+            ..NodeInfo::default()
+        };
+        info.allocatable
+            .insert(names::GPU_RESOURCE.into(), "8".into());
+        info.labels
+            .insert(names::GPU_PRODUCT_LABEL.into(), "A100".into());
+        Event::NodeUpserted(info)
+    }
+
+    fn queue(name: &str) -> Event {
+        Event::QueueUpserted(QueueSpec {
+            name: name.into(),
+            cohort: Some("c".into()),
+            quotas: vec![FlavorQuota {
+                flavor: "A100.on-demand".into(),
+                resources: vec![ResourceQuota {
+                    resource: names::GPU_RESOURCE.into(),
+                    nominal: 8,
+                    ..ResourceQuota::default()
+                }],
+            }],
+            ..QueueSpec::default()
+        })
+    }
+
+    fn job(uid: &str, queue: &str, workers: u32, estimate: Option<u64>) -> Event {
+        Event::JobSubmitted(JobSpec {
+            uid: JobUid::new(uid),
+            queue: Some(queue.into()),
+            num_workers: workers,
+            gpus_per_worker: 2,
+            runtime_estimate_secs: estimate,
+            ..JobSpec::default()
+        })
+    }
+
+    /// The book, rebuilt from scratch out of the running jobs.
+    fn rebuilt(alloc: &Allocator) -> FastMap<ResIdx, ReleaseBook> {
+        let mut books: FastMap<ResIdx, ReleaseBook> = FastMap::default();
+        for job in alloc.jobs.iter().flatten() {
+            let Some(run) = job.running() else { continue };
+            let end = planned_end(&alloc.config, job, run);
+            let releases = books.entry(run.res).or_default();
+            for (node, workers) in &run.placement {
+                let units = workers * run.per_worker;
+                releases.by_node.push((end, *node, units));
+            }
+            let units = run.admission.total_units();
+            releases.by_job.push((end, units, job.queue));
+        }
+        for releases in books.values_mut() {
+            releases.by_node.sort_unstable();
+            releases.by_job.sort_unstable();
+        }
+        books
+    }
+
+    fn assert_booked(alloc: &Allocator) {
+        let expected = rebuilt(alloc);
+        for (res, releases) in &alloc.releases {
+            let want = expected.get(res);
+            assert_eq!(
+                releases.by_node,
+                want.map(|w| w.by_node.clone()).unwrap_or_default()
+            );
+            assert_eq!(
+                releases.by_job,
+                want.map(|w| w.by_job.clone()).unwrap_or_default()
+            );
+        }
+        assert!(expected.keys().all(|res| alloc.releases.contains_key(res)));
+    }
+
+    #[test]
+    fn the_release_book_follows_starts_preemptions_checkpoints_and_ends() {
+        let mut alloc = Allocator::new(AllocatorConfig::default()).expect("valid config");
+        for event in [node("n1"), node("n2"), queue("a"), queue("b")] {
+            alloc.apply(event).expect("accepted");
+        }
+        for (i, estimate) in [Some(600), None, Some(60), Some(3600)]
+            .into_iter()
+            .enumerate()
+        {
+            let workers = if i == 0 { 3 } else { 1 };
+            alloc
+                .apply(job(&format!("b{i}"), "b", workers, estimate))
+                .expect("accepted");
+        }
+        let out = alloc.cycle(Timestamp(10));
+        assert_eq!(out.admissions.len(), 4);
+        assert_booked(&alloc);
+        alloc.apply(job("a0", "a", 4, None)).expect("accepted");
+        let out = alloc.cycle(Timestamp(20));
+        assert_eq!(out.preemptions.len(), 1, "a reclaims its quota");
+        assert_booked(&alloc);
+        let victim = out.preemptions[0].victims[0].uid.clone();
+        alloc
+            .apply(Event::JobCheckpointed { uid: victim })
+            .expect("accepted");
+        assert_booked(&alloc);
+        alloc.cycle(Timestamp(30));
+        assert_booked(&alloc);
+        for uid in ["b2", "a0"] {
+            alloc
+                .apply(Event::JobFinished {
+                    uid: JobUid::new(uid),
+                })
+                .expect("accepted");
+            assert_booked(&alloc);
+        }
+        alloc.cycle(Timestamp(40));
+        assert_booked(&alloc);
+        assert!(
+            alloc.releases.values().any(|r| !r.by_job.is_empty()),
+            "jobs still run"
+        );
+    }
 
     fn claim(start: u64, need: u32, released: u32) -> Claim {
         Claim {

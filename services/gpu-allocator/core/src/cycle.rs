@@ -1248,14 +1248,14 @@ impl Allocator {
         (kept, first)
     }
 
-    /// Expected releases of the jobs running in `res`, sorted.
+    /// Expected releases of the jobs running in `res`, in time order.
     fn cohort_releases(&self, res: ResIdx, now: Timestamp) -> Vec<CohortRelease> {
-        let mut releases: Vec<CohortRelease> = self
-            .running_jobs_in(res)
-            .filter_map(|(idx, job, run)| self.cohort_release(idx, job, run, res, now))
-            .collect();
-        releases.sort_unstable();
-        releases
+        self.job_releases_in(res, now)
+            .map(|(end, units, queue)| {
+                let cohort = self.queues.get(queue).and_then(|q| q.cohort);
+                (end, units, cohort, queue)
+            })
+            .collect()
     }
 
     fn cohort_release(
@@ -1694,18 +1694,14 @@ impl Allocator {
             });
         }
         for (victim, rule) in &plan.victims {
-            if let Some(Job {
-                state: JobState::Running(run),
-                ..
-            }) = self.job_mut(*victim)
-            {
-                run.preempting = Some(PreemptingState {
+            self.update_preempting(*victim, |p| {
+                *p = Some(PreemptingState {
                     by: preemptor.clone(),
                     rule: *rule,
                     evict_at,
                     checkpointed: false,
                 });
-            }
+            });
             self.preempting.insert(*victim);
         }
         let flavor = self.inv.res_flavor_name(plan.res).to_string();

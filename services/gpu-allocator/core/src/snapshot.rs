@@ -174,11 +174,11 @@ impl Allocator {
             if let Some(j) = alloc.job_mut(idx) {
                 j.requeues = job.requeues;
                 j.preempted_by = job.preempted_by;
-                match &mut j.state {
-                    JobState::Running(run) => run.preempting = job.preempting,
-                    JobState::Pending(n) => *n = job.nomination.map(Box::new),
+                if let JobState::Pending(n) = &mut j.state {
+                    *n = job.nomination.map(Box::new);
                 }
             }
+            alloc.update_preempting(idx, |p| *p = job.preempting);
             if nominated {
                 alloc.nominated.insert(idx);
             }
