@@ -138,6 +138,9 @@ pub struct Allocator {
     pub(crate) scratch: crate::cycle::CycleScratch,
     /// Expected releases of the running jobs, per resource.
     pub(crate) releases: FastMap<ResIdx, ReleaseBook>,
+    /// Running jobs per (queue, resource), in no particular order: a victim
+    /// search lists only the queues it may take from.
+    pub(crate) running_by_queue: FastMap<(QueueIdx, ResIdx), Vec<JobIdx>>,
 }
 
 pub(crate) fn units_i64(units: u64) -> i64 {
@@ -168,6 +171,7 @@ impl Allocator {
             reserved_jobs: Vec::new(),
             scratch: crate::cycle::CycleScratch::default(),
             releases: FastMap::default(),
+            running_by_queue: FastMap::default(),
         };
         // Filter 0 is "no constraints", the common case checked fastest.
         alloc.intern_filter(NodeFilter::default());
@@ -503,6 +507,11 @@ impl Allocator {
         if let Some(r) = self.inv.res_mut(res) {
             r.running.remove(&idx);
         }
+        if let Some(running) = self.running_by_queue.get_mut(&(queue, res))
+            && let Some(at) = running.iter().position(|j| *j == idx)
+        {
+            running.swap_remove(at);
+        }
         self.queues.add_usage(queue, res, -units_i64(total));
         self.preempting.remove(&idx);
     }
@@ -545,6 +554,10 @@ impl Allocator {
         if let Some(r) = self.inv.res_mut(res) {
             r.running.insert(idx);
         }
+        self.running_by_queue
+            .entry((queue, res))
+            .or_default()
+            .push(idx);
         self.queues.add_usage(queue, res, units_i64(total));
         if let Some(q) = self.queues.get_mut(queue) {
             q.pending.remove(&idx);

@@ -415,6 +415,21 @@ mod tests {
             );
         }
         assert!(expected.keys().all(|res| alloc.releases.contains_key(res)));
+        let mut by_queue: Vec<(QueueIdx, ResIdx, JobIdx)> = alloc
+            .running_by_queue
+            .iter()
+            .flat_map(|(&(queue, res), jobs)| jobs.iter().map(move |&j| (queue, res, j)))
+            .collect();
+        by_queue.sort_unstable();
+        let mut running: Vec<(QueueIdx, ResIdx, JobIdx)> = (0..)
+            .zip(&alloc.jobs)
+            .filter_map(|(idx, job)| {
+                let job = job.as_ref()?;
+                Some((job.queue, job.running()?.res, idx))
+            })
+            .collect();
+        running.sort_unstable();
+        assert_eq!(by_queue, running);
     }
 
     #[test]

@@ -1737,19 +1737,6 @@ impl Allocator {
         })
     }
 
-    pub(crate) fn running_jobs_in(
-        &self,
-        res: ResIdx,
-    ) -> impl Iterator<Item = (JobIdx, &Job, &Running)> + '_ {
-        self.inv.res(res).into_iter().flat_map(move |r| {
-            r.running.iter().filter_map(move |idx| {
-                let job = self.job(*idx)?;
-                let run = job.running()?;
-                Some((*idx, job, run))
-            })
-        })
-    }
-
     pub(crate) fn options_of(&self, idx: JobIdx) -> Vec<ResIdx> {
         let mut out = Vec::new();
         if let Some(job) = self.job(idx) {

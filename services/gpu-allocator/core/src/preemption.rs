@@ -751,7 +751,20 @@ impl Allocator {
             .collect();
         // By index: comparing uids with every running job was 2 % of a cycle.
         let last_preemptor = job.preempted_by.as_ref().and_then(|uid| self.job_idx(uid));
-        for (vidx, vjob, run) in self.running_jobs_in(res) {
+        // Only the queues a victim may come from: its own, and the borrowing
+        // peers. The sort below is a total order, so the listing order does
+        // not matter.
+        let victim_queues = (0..).zip(&borrowing_peer).filter_map(|(q, peer)| {
+            (*peer || (q == job.queue && queue.preemption.within_queue)).then_some(q)
+        });
+        let running = victim_queues
+            .filter_map(|q| self.running_by_queue.get(&(q, res)))
+            .flatten()
+            .filter_map(|vidx| {
+                let vjob = self.job(*vidx)?;
+                Some((*vidx, vjob, vjob.running()?))
+            });
+        for (vidx, vjob, run) in running {
             // Checks on the job come first: `run` lives behind one more
             // pointer, and most running jobs are ruled out without it.
             if !vjob.spec.preemptible {
