@@ -46,7 +46,7 @@ impl WatcherMetrics {
         let events = IntCounterVec::new(
             Opts::new(
                 "trainyard_watcher_events_total",
-                "Change events published, by kind and outcome (stored or duplicate)",
+                "Changes, by kind and outcome (stored; duplicate: JetStream had it; unchanged: nothing consumers act on changed, not published)",
             ),
             &["kind", "outcome"],
         )
@@ -168,8 +168,13 @@ pub async fn pump<K, S>(
     shutdown: CancellationToken,
 ) where
     K: Watched,
+    K::DynamicType: Default,
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
 {
+    let kind = K::kind(&Default::default()).to_lowercase();
+    let unchanged = metrics
+        .events
+        .with_label_values(&[kind.as_str(), "unchanged"]);
     let mut relist = Relist::default();
     let mut events = std::pin::pin!(events);
     let mut in_flight = InFlight::default();
@@ -194,6 +199,7 @@ pub async fn pump<K, S>(
                 for change in relist.on_event(event) {
                     send(&publisher, &metrics, &mut in_flight, change, &shutdown).await;
                 }
+                unchanged.inc_by(relist.take_unchanged());
             }
             Step::Stored((change, stored)) => {
                 settle(

@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::batch::v1::{Job, JobStatus};
@@ -157,6 +158,12 @@ pub trait Watched: kube::Resource + Clone {
     /// The event for this object, or None when Trainyard does not care about it
     /// (a Job or Pod it does not own).
     fn to_event(&self, change: Change) -> Option<ChangeEvent>;
+
+    /// A hash of what this kind's consumers act on: a change that leaves it as
+    /// last published is not published. None: every change is published.
+    fn published_fingerprint(&self) -> Option<u64> {
+        None
+    }
 }
 
 fn message_id<K: kube::Resource>(object: &K, change: Change) -> Option<String> {
@@ -218,6 +225,37 @@ impl Watched for TrainingJob {
                 object: without_managed_fields(self),
             })),
         })
+    }
+
+    /// The spec (by `metadata.generation`), the metadata people and
+    /// controllers set, the attempt (`status.restartCount`) and whether the job
+    /// has finished. The planner's other status writes (progress, conditions,
+    /// states short of the end) come back from the API server as changes too,
+    /// about half of a job's: the planner holds what it wrote, and
+    /// `trainingjob.transitioned` carries the state changes. Without a
+    /// generation (an API server that sets none) every change is published.
+    fn published_fingerprint(&self) -> Option<u64> {
+        let metadata = &self.metadata;
+        let mut hasher = DefaultHasher::new();
+        metadata.generation?.hash(&mut hasher);
+        metadata.labels.hash(&mut hasher);
+        metadata.annotations.hash(&mut hasher);
+        metadata.finalizers.hash(&mut hasher);
+        for owner in metadata.owner_references.iter().flatten() {
+            owner.uid.hash(&mut hasher);
+        }
+        metadata
+            .deletion_timestamp
+            .as_ref()
+            .map(|at| at.0.as_nanosecond())
+            .hash(&mut hasher);
+        let status = self.status.as_ref();
+        status.and_then(|s| s.restart_count).hash(&mut hasher);
+        status
+            .and_then(|s| s.state)
+            .is_some_and(|state| state.is_terminal())
+            .hash(&mut hasher);
+        Some(hasher.finish())
     }
 }
 

@@ -12,8 +12,16 @@ use crate::mapping::{ChangeEvent, Watched};
 /// Last known event per object uid, across relists.
 #[derive(Debug, Default)]
 pub struct Relist {
-    known: HashMap<String, ChangeEvent>,
+    known: HashMap<String, Known>,
     listing: Option<HashSet<String>>,
+    unchanged: u64,
+}
+
+/// The last event published for an object, and its published fingerprint.
+#[derive(Debug)]
+struct Known {
+    event: ChangeEvent,
+    fingerprint: Option<u64>,
 }
 
 impl Relist {
@@ -53,18 +61,40 @@ impl Relist {
                     .collect();
                 gone.into_iter()
                     .filter_map(|uid| self.known.remove(&uid))
-                    .map(ChangeEvent::into_deleted)
+                    .map(|known| known.event.into_deleted())
                     .collect()
             }
         }
     }
 
+    /// The event for a created or updated object; None when Trainyard does
+    /// not care about it, or its published fingerprint is as last published.
     fn applied<K: Watched>(&mut self, object: &K) -> Option<ChangeEvent> {
+        let fingerprint = object.published_fingerprint();
+        let uid = object.meta().uid.as_ref();
+        if fingerprint.is_some()
+            && uid
+                .and_then(|uid| self.known.get(uid))
+                .is_some_and(|known| known.fingerprint == fingerprint)
+        {
+            self.unchanged += 1;
+            return None;
+        }
         let event = object.to_event(Change::Applied)?;
-        if let Some(uid) = object.meta().uid.clone() {
-            self.known.insert(uid, event.clone());
+        if let Some(uid) = uid {
+            let known = Known {
+                event: event.clone(),
+                fingerprint,
+            };
+            self.known.insert(uid.clone(), known);
         }
         Some(event)
+    }
+
+    /// Changes not published since the last call because nothing their
+    /// consumers act on changed.
+    pub fn take_unchanged(&mut self) -> u64 {
+        std::mem::take(&mut self.unchanged)
     }
 
     /// Objects currently known.

@@ -109,3 +109,113 @@ fn plain_deletes_and_updates_map_one_to_one() {
     assert_eq!(ids(&deleted), ["ua:deleted"]);
     assert!(relist.is_empty());
 }
+
+/// A TrainingJob at `generation` with the given status, as the API server stores it.
+fn job_with_status(rv: &str, generation: i64, status: serde_json::Value) -> TrainingJob {
+    let mut job = fixtures::training_job("a", "ua", rv);
+    job.metadata.generation = Some(generation);
+    job.status = serde_json::from_value(status).expect("valid status");
+    job
+}
+
+fn applied(relist: &mut Relist, job: TrainingJob) -> Vec<String> {
+    ids(&relist.on_event(Event::Apply(job)))
+}
+
+#[test]
+fn status_writes_consumers_do_not_act_on_are_not_published() {
+    let mut relist = Relist::default();
+    let queued = serde_json::json!({"state": "Queued"});
+    assert_eq!(
+        applied(&mut relist, job_with_status("1", 1, queued)),
+        ["ua:1"]
+    );
+    // The planner's own writes: a state short of the end, progress.
+    let running = serde_json::json!({"state": "Running", "currentEpoch": 2});
+    assert!(applied(&mut relist, job_with_status("2", 1, running.clone())).is_empty());
+    assert!(
+        applied(
+            &mut relist,
+            job_with_status(
+                "3",
+                1,
+                serde_json::json!({"state": "Running", "currentEpoch": 3})
+            )
+        )
+        .is_empty()
+    );
+    assert_eq!(relist.take_unchanged(), 2);
+    assert_eq!(relist.take_unchanged(), 0, "taken once");
+
+    // What consumers act on: a new attempt, the spec, metadata, the end.
+    let restarted = serde_json::json!({"state": "Queued", "restartCount": 1});
+    assert_eq!(
+        applied(&mut relist, job_with_status("4", 1, restarted.clone())),
+        ["ua:4"]
+    );
+    assert_eq!(
+        applied(&mut relist, job_with_status("5", 2, restarted.clone())),
+        ["ua:5"],
+        "spec changed"
+    );
+    let mut labelled = job_with_status("6", 2, restarted.clone());
+    labelled
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert("team".into(), "nlp".into());
+    assert_eq!(applied(&mut relist, labelled.clone()), ["ua:6"]);
+    let mut deleting = labelled.clone();
+    deleting.metadata.resource_version = Some("7".into());
+    deleting.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            "2026-11-26T08:00:00Z".parse().expect("time"),
+        ));
+    assert_eq!(applied(&mut relist, deleting), ["ua:7"]);
+    let mut finished = labelled;
+    finished.metadata.resource_version = Some("8".into());
+    finished.status =
+        serde_json::from_value(serde_json::json!({"state": "Completed", "restartCount": 1}))
+            .expect("valid status");
+    assert_eq!(applied(&mut relist, finished), ["ua:8"], "finished");
+    assert_eq!(relist.take_unchanged(), 0);
+}
+
+#[test]
+fn without_a_generation_every_change_is_published() {
+    let mut relist = Relist::default();
+    for rv in ["1", "2"] {
+        let mut job = fixtures::training_job("a", "ua", rv);
+        job.status =
+            serde_json::from_value(serde_json::json!({"state": "Running"})).expect("valid status");
+        assert_eq!(applied(&mut relist, job), [format!("ua:{rv}")]);
+    }
+}
+
+#[test]
+fn a_relist_skips_unchanged_jobs_and_still_reports_what_vanished() {
+    let mut relist = Relist::default();
+    let status = serde_json::json!({"state": "Running"});
+    assert_eq!(
+        applied(&mut relist, job_with_status("1", 1, status.clone())),
+        ["ua:1"]
+    );
+    let mut relisted = Vec::new();
+    for event in [
+        Event::Init,
+        Event::InitApply(job_with_status("2", 1, status)),
+        Event::InitDone,
+    ] {
+        relisted.extend(relist.on_event::<TrainingJob>(event));
+    }
+    assert!(
+        relisted.is_empty(),
+        "a progress write while the watch was down"
+    );
+    assert_eq!(relist.len(), 1, "still known: listed again");
+    let gone: Vec<_> = [Event::Init, Event::InitDone]
+        .into_iter()
+        .flat_map(|event| relist.on_event::<TrainingJob>(event))
+        .collect();
+    assert_eq!(ids(&gone), ["ua:deleted"]);
+}

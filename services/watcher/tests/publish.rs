@@ -227,3 +227,26 @@ async fn a_server_crash_with_changes_in_flight_loses_none_and_keeps_each_objects
     assert_eq!(seen, (1..=200).collect(), "every change is stored");
     drop(nats);
 }
+
+#[tokio::test]
+async fn status_only_changes_are_counted_not_published() {
+    let (_nats, runtime, metrics) = started().await;
+    let at = |rv: &str, epoch: u32| {
+        let mut job = fixtures::training_job("a", "ua", rv);
+        job.metadata.generation = Some(1);
+        job.status =
+            serde_json::from_value(serde_json::json!({"state": "Running", "currentEpoch": epoch}))
+                .expect("valid status");
+        Ok(Event::Apply(job))
+    };
+    pump_all(&runtime, &metrics, vec![at("1", 1), at("2", 2), at("3", 3)]).await;
+
+    assert_eq!(stored(&runtime).await, 1);
+    assert_eq!(
+        metrics
+            .events
+            .with_label_values(&["trainingjob", "unchanged"])
+            .get(),
+        2
+    );
+}
