@@ -161,6 +161,10 @@ pub(crate) struct CycleScratch {
     /// Pending jobs with their queue, taken out in sorted order.
     staged: Vec<Option<(QueueIdx, LaneJob)>>,
     keys: Vec<LaneSortKey>,
+    /// Last cycle's order, kept where still in order.
+    in_order: Vec<LaneSortKey>,
+    /// Jobs out of last cycle's order, and jobs new to the line.
+    strays: Vec<LaneSortKey>,
     sorted: Vec<LaneSortKey>,
     /// Staged slot of each pending job, by job index.
     slot_of: Vec<Option<usize>>,
@@ -204,6 +208,24 @@ impl Ord for LaneKey {
             .then(other.rank.cmp(&self.rank))
             .then(other.lane.cmp(&self.lane))
     }
+}
+
+/// Merges two sorted slices into `out`.
+fn merge<T: Ord + Copy>(a: &[T], b: &[T], out: &mut Vec<T>) {
+    out.clear();
+    out.reserve(a.len() + b.len());
+    let (mut a, mut b) = (a.iter().peekable(), b.iter().peekable());
+    while let (Some(x), Some(y)) = (a.peek(), b.peek()) {
+        if x <= y {
+            out.push(**x);
+            a.next();
+        } else {
+            out.push(**y);
+            b.next();
+        }
+    }
+    out.extend(a);
+    out.extend(b);
 }
 
 pub(crate) fn job_end_key(spec: &JobSpec, now: Timestamp) -> (u64, Option<Timestamp>) {
@@ -491,13 +513,16 @@ impl Allocator {
             order: mut last_order,
             mut staged,
             mut keys,
+            mut in_order,
+            mut strays,
             mut sorted,
             mut slot_of,
             mut queue_of,
         } = std::mem::take(&mut self.scratch);
         staged.clear();
         keys.clear();
-        sorted.clear();
+        in_order.clear();
+        strays.clear();
         slot_of.clear();
         slot_of.resize(self.jobs.len(), None);
         queue_of.clear();
@@ -557,17 +582,29 @@ impl Allocator {
                 },
             )));
         }
-        // Last cycle's order first, then jobs new to the line: the stable
-        // sort finds the long sorted runs and merges in the few changes.
+        // The order changes little from one cycle to the next: last cycle's
+        // order, where still in order, merged with the few jobs that moved or
+        // are new, sorted apart. Keys are unique, so this is the one sorted
+        // order, found without sorting (or allocating for) every job.
         for idx in &last_order {
-            if let Some(k) = slot_of.get_mut(*idx as usize).and_then(Option::take) {
-                sorted.extend(keys.get(k).copied());
+            let Some(key) = slot_of
+                .get_mut(*idx as usize)
+                .and_then(Option::take)
+                .and_then(|k| keys.get(k))
+            else {
+                continue;
+            };
+            if in_order.last().is_none_or(|last| last < key) {
+                in_order.push(*key);
+            } else {
+                strays.push(*key);
             }
         }
         for k in slot_of.iter().flatten() {
-            sorted.extend(keys.get(*k).copied());
+            strays.extend(keys.get(*k).copied());
         }
-        sorted.sort();
+        strays.sort_unstable();
+        merge(&in_order, &strays, &mut sorted);
         // Lane of each queue, by queue index (lanes in order of first job).
         let mut lane_of: Vec<Option<usize>> = vec![None; self.queues.queues.len()];
         let mut lanes: Vec<(QueueIdx, Vec<LaneJob>)> = Vec::new();
@@ -596,6 +633,8 @@ impl Allocator {
             order: last_order,
             staged,
             keys,
+            in_order,
+            strays,
             sorted,
             slot_of,
             queue_of,
@@ -1743,5 +1782,21 @@ impl Allocator {
             self.options_for(job, &mut out);
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge;
+
+    #[test]
+    fn merge_keeps_every_element_in_order() {
+        let mut out = vec![99];
+        merge(&[1, 4, 5, 9], &[0, 2, 3, 10, 11], &mut out);
+        assert_eq!(out, vec![0, 1, 2, 3, 4, 5, 9, 10, 11]);
+        merge(&[], &[2, 3], &mut out);
+        assert_eq!(out, vec![2, 3]);
+        merge(&[1], &[], &mut out);
+        assert_eq!(out, vec![1]);
     }
 }
