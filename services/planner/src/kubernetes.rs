@@ -185,10 +185,14 @@ impl KubeWriter {
             .await
     }
 
-    /// Adds the cleanup finalizer if missing.
-    pub async fn ensure_finalizer(&self, job: &TrainingJob) -> Result<(), PlannerError> {
+    /// Adds the cleanup finalizer if missing; returns the TrainingJob as stored
+    /// then (the watcher does not republish a change of finalizers alone).
+    pub async fn ensure_finalizer(
+        &self,
+        job: &TrainingJob,
+    ) -> Result<Option<TrainingJob>, PlannerError> {
         if job.finalizers().iter().any(|f| f == FINALIZER) {
-            return Ok(());
+            return Ok(None);
         }
         let mut finalizers = job.finalizers().to_vec();
         finalizers.push(FINALIZER.to_string());
@@ -200,7 +204,7 @@ impl KubeWriter {
                 &Patch::Merge(&patch),
             )
             .await
-            .map(|_| ())
+            .map(Some)
             .map_err(PlannerError::kube(format!(
                 "add finalizer to {}",
                 job.name_any()

@@ -379,7 +379,9 @@ impl Planner {
         entry: &mut Entry,
         job: &TrainingJob,
     ) -> Result<(), PlannerError> {
-        self.writer.ensure_finalizer(job).await?;
+        if let Some(stored) = self.writer.ensure_finalizer(job).await? {
+            entry.object = Some(stored);
+        }
         let actions = planner_core::decide(job, &entry.state, Utc::now(), &self.config);
         self.carry_out(entity, entry, job, actions).await?;
         if entry.observed_unsaved {

@@ -227,11 +227,11 @@ impl Watched for TrainingJob {
         })
     }
 
-    /// The spec (by `metadata.generation`), the metadata people and
-    /// controllers set, the attempt (`status.restartCount`) and whether the job
-    /// has finished. The planner's other status writes (progress, conditions,
-    /// states short of the end) come back from the API server as changes too,
-    /// about half of a job's: the planner holds what it wrote, and
+    /// The spec (by `metadata.generation`), labels, annotations, owners,
+    /// deletion, the attempt (`status.restartCount`) and whether the job has
+    /// finished. The planner's own writes (its finalizer, progress,
+    /// conditions, states short of the end) come back from the API server as
+    /// changes too, about half of a job's: the planner holds what it wrote, and
     /// `trainingjob.transitioned` carries the state changes. Without a
     /// generation (an API server that sets none) every change is published.
     fn published_fingerprint(&self) -> Option<u64> {
@@ -240,7 +240,6 @@ impl Watched for TrainingJob {
         metadata.generation?.hash(&mut hasher);
         metadata.labels.hash(&mut hasher);
         metadata.annotations.hash(&mut hasher);
-        metadata.finalizers.hash(&mut hasher);
         for owner in metadata.owner_references.iter().flatten() {
             owner.uid.hash(&mut hasher);
         }

@@ -144,40 +144,46 @@ fn status_writes_consumers_do_not_act_on_are_not_published() {
         )
         .is_empty()
     );
-    assert_eq!(relist.take_unchanged(), 2);
+    let mut finalized = job_with_status("4", 1, running.clone());
+    finalized.metadata.finalizers = Some(vec!["trainyard.dev/cleanup".into()]);
+    assert!(
+        applied(&mut relist, finalized).is_empty(),
+        "the planner's finalizer"
+    );
+    assert_eq!(relist.take_unchanged(), 3);
     assert_eq!(relist.take_unchanged(), 0, "taken once");
 
     // What consumers act on: a new attempt, the spec, metadata, the end.
     let restarted = serde_json::json!({"state": "Queued", "restartCount": 1});
     assert_eq!(
-        applied(&mut relist, job_with_status("4", 1, restarted.clone())),
-        ["ua:4"]
+        applied(&mut relist, job_with_status("5", 1, restarted.clone())),
+        ["ua:5"]
     );
     assert_eq!(
-        applied(&mut relist, job_with_status("5", 2, restarted.clone())),
-        ["ua:5"],
+        applied(&mut relist, job_with_status("6", 2, restarted.clone())),
+        ["ua:6"],
         "spec changed"
     );
-    let mut labelled = job_with_status("6", 2, restarted.clone());
+    let mut labelled = job_with_status("7", 2, restarted.clone());
     labelled
         .metadata
         .labels
         .get_or_insert_default()
         .insert("team".into(), "nlp".into());
-    assert_eq!(applied(&mut relist, labelled.clone()), ["ua:6"]);
+    assert_eq!(applied(&mut relist, labelled.clone()), ["ua:7"]);
     let mut deleting = labelled.clone();
-    deleting.metadata.resource_version = Some("7".into());
+    deleting.metadata.resource_version = Some("8".into());
     deleting.metadata.deletion_timestamp =
         Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             "2026-11-26T08:00:00Z".parse().expect("time"),
         ));
-    assert_eq!(applied(&mut relist, deleting), ["ua:7"]);
+    assert_eq!(applied(&mut relist, deleting), ["ua:8"]);
     let mut finished = labelled;
-    finished.metadata.resource_version = Some("8".into());
+    finished.metadata.resource_version = Some("9".into());
     finished.status =
         serde_json::from_value(serde_json::json!({"state": "Completed", "restartCount": 1}))
             .expect("valid status");
-    assert_eq!(applied(&mut relist, finished), ["ua:8"], "finished");
+    assert_eq!(applied(&mut relist, finished), ["ua:9"], "finished");
     assert_eq!(relist.take_unchanged(), 0);
 }
 

@@ -97,7 +97,7 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
         entry::<events::TrainingJobChanged>(
             "watcher",
             "planner, gpu-allocator, cost-optimizer",
-            "A TrainingJob was created or deleted, or changed in what its consumers act on: the spec (`metadata.generation`), labels, annotations, finalizers, owners, deletion, `status.restartCount`, or it finished. The planner's other status writes (progress, conditions, states short of the end) are not published: `trainingjob.transitioned` carries the state changes. The object is sent without `metadata.managedFields`.",
+            "A TrainingJob was created or deleted, or changed in what its consumers act on: the spec (`metadata.generation`), labels, annotations, owners, deletion, `status.restartCount`, or it finished. The planner's own writes (its finalizer, progress, conditions, states short of the end) are not published: `trainingjob.transitioned` carries the state changes. The object is sent without `metadata.managedFields`.",
             job(),
             json!({"change": "Applied", "object": training_job_object()}),
         )?,
