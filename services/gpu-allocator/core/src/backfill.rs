@@ -430,6 +430,22 @@ mod tests {
             .collect();
         running.sort_unstable();
         assert_eq!(by_queue, running);
+        // The line is read off the job table: a job is listed by its own
+        // queue exactly while it is pending.
+        let mut listed: Vec<(QueueIdx, JobIdx)> = (0..)
+            .zip(&alloc.queues.queues)
+            .flat_map(|(queue, q)| q.pending.iter().map(move |&j| (queue, j)))
+            .collect();
+        listed.sort_unstable();
+        let mut pending: Vec<(QueueIdx, JobIdx)> = (0..)
+            .zip(&alloc.jobs)
+            .filter_map(|(idx, job)| {
+                let job = job.as_ref()?;
+                matches!(job.state, JobState::Pending(_)).then_some((job.queue, idx))
+            })
+            .collect();
+        pending.sort_unstable();
+        assert_eq!(listed, pending);
     }
 
     #[test]
