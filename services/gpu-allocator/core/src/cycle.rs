@@ -10,7 +10,7 @@
 //!    now; blocked jobs at the front get backfill reservations;
 //! 5. a bounded number of still-blocked jobs look for preemption victims.
 
-use std::cmp::{Ordering, Reverse};
+use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -179,32 +179,30 @@ pub(crate) struct Lane {
 
 /// Heap key: lowest weighted share first, then the head job's global rank
 /// (effective priority, submission time, uid), precomputed once per cycle so
-/// that comparing keys never touches strings.
-pub(crate) struct LaneKey {
-    share: f64,
-    rank: u32,
-    lane: usize,
-}
+/// that comparing keys never touches strings. Packed into one integer, in
+/// that order of significance, so that a comparison is one instruction: the
+/// heap compares keys for nearly every job of the pass.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct LaneKey(Reverse<u128>);
 
-impl PartialEq for LaneKey {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
+impl LaneKey {
+    fn new(share: f64, rank: u32, lane: usize) -> Self {
+        // The bits of an f64 turned into an unsigned key in `total_cmp`'s
+        // order: negatives flipped whole, the sign bit set on the rest.
+        let bits = share.to_bits();
+        let share = if bits >> 63 == 1 {
+            !bits
+        } else {
+            bits | 1 << 63
+        };
+        let lane = u32::try_from(lane).unwrap_or(u32::MAX);
+        LaneKey(Reverse(
+            u128::from(share) << 64 | u128::from(rank) << 32 | u128::from(lane),
+        ))
     }
-}
-impl Eq for LaneKey {}
-impl PartialOrd for LaneKey {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for LaneKey {
-    // BinaryHeap is a max-heap: "greater" means "goes first".
-    fn cmp(&self, other: &Self) -> Ordering {
-        other
-            .share
-            .total_cmp(&self.share)
-            .then(other.rank.cmp(&self.rank))
-            .then(other.lane.cmp(&self.lane))
+
+    fn lane(&self) -> usize {
+        usize::try_from(self.0.0 & u128::from(u32::MAX)).unwrap_or(usize::MAX)
     }
 }
 
@@ -645,11 +643,11 @@ impl Allocator {
     pub(crate) fn lane_key(lanes: &[Lane], shares: &[f64], lane: usize) -> Option<LaneKey> {
         let l = lanes.get(lane)?;
         let rank = l.jobs.as_slice().first()?.rank;
-        Some(LaneKey {
-            share: shares.get(l.queue as usize).copied().unwrap_or(0.0),
+        Some(LaneKey::new(
+            shares.get(l.queue as usize).copied().unwrap_or(0.0),
             rank,
             lane,
-        })
+        ))
     }
 
     /// Takes a job's GPUs for this cycle: every quota check seen so far is
@@ -732,7 +730,7 @@ impl Allocator {
         let mut options = Vec::new();
         let mut current = heap.pop();
         while let Some(key) = current.take() {
-            let lane_idx = key.lane;
+            let lane_idx = key.lane();
             let Some(lane) = lanes.get_mut(lane_idx) else {
                 continue;
             };
@@ -1780,7 +1778,23 @@ impl Allocator {
 
 #[cfg(test)]
 mod tests {
-    use super::merge;
+    use super::{LaneKey, merge};
+
+    #[test]
+    fn lane_keys_go_by_share_then_rank_then_lane() {
+        let shares = [-1.5, -0.0, 0.0, 1e-300, 0.25, 0.5, 3.0, f64::INFINITY];
+        for a in shares {
+            for b in shares {
+                // Greater goes first: the lower share.
+                let by_share = LaneKey::new(a, 1, 1).cmp(&LaneKey::new(b, 1, 1));
+                assert_eq!(by_share, b.total_cmp(&a), "{a} vs {b}");
+            }
+        }
+        assert!(LaneKey::new(0.25, 9, 9) > LaneKey::new(0.5, 0, 0));
+        assert!(LaneKey::new(0.5, 1, 7) > LaneKey::new(0.5, 2, 0));
+        assert!(LaneKey::new(0.5, 1, 3) > LaneKey::new(0.5, 1, 4));
+        assert_eq!(LaneKey::new(0.5, 1, 3).lane(), 3);
+    }
 
     #[test]
     fn merge_keeps_every_element_in_order() {
