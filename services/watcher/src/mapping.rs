@@ -231,7 +231,7 @@ impl Watched for TrainingJob {
     /// deletion, the attempt (`status.restartCount`) and whether the job has
     /// finished. The planner's own writes (its finalizer, progress,
     /// conditions, states short of the end) come back from the API server as
-    /// changes too, about half of a job's: the planner holds what it wrote, and
+    /// changes too, about two thirds of a job's: the planner holds what it wrote, and
     /// `trainingjob.transitioned` carries the state changes. Without a
     /// generation (an API server that sets none) every change is published.
     fn published_fingerprint(&self) -> Option<u64> {

@@ -504,9 +504,6 @@ impl Allocator {
                 n.running.remove(&idx);
             }
         }
-        if let Some(r) = self.inv.res_mut(res) {
-            r.running.remove(&idx);
-        }
         if let Some(running) = self.running_by_queue.get_mut(&(queue, res))
             && let Some(at) = running.iter().position(|j| *j == idx)
         {
@@ -550,9 +547,6 @@ impl Allocator {
             if let Some(n) = self.inv.node_mut(*node) {
                 n.running.insert(idx);
             }
-        }
-        if let Some(r) = self.inv.res_mut(res) {
-            r.running.insert(idx);
         }
         self.running_by_queue
             .entry((queue, res))

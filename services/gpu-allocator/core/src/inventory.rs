@@ -107,8 +107,6 @@ pub(crate) struct ResourceIndex {
     /// `buckets[f]` holds the schedulable nodes with exactly `f` free units,
     /// ordered by node index for deterministic tie-breaking.
     pub(crate) buckets: Vec<BTreeSet<NodeIdx>>,
-    /// Admitted jobs holding units of this resource.
-    pub(crate) running: BTreeSet<JobIdx>,
 }
 
 impl ResourceIndex {
@@ -313,7 +311,6 @@ impl Inventory {
             flavor,
             kind,
             buckets: Vec::new(),
-            running: BTreeSet::new(),
         });
         self.res_by_pair.insert((flavor, kind), idx);
         idx
@@ -345,10 +342,6 @@ impl Inventory {
 
     pub(crate) fn res(&self, res: ResIdx) -> Option<&ResourceIndex> {
         self.resources.get(res as usize)
-    }
-
-    pub(crate) fn res_mut(&mut self, res: ResIdx) -> Option<&mut ResourceIndex> {
-        self.resources.get_mut(res as usize)
     }
 
     pub(crate) fn kind_of_res(&self, res: ResIdx) -> Option<&ResourceKind> {
