@@ -44,6 +44,14 @@ struct StatusApply<'a, S> {
     status: &'a S,
 }
 
+/// Which of a job's desired objects differ from what was last applied.
+#[derive(Debug, Clone, Copy)]
+pub struct ObjectChanges {
+    pub config_map: bool,
+    pub service: bool,
+    pub job: bool,
+}
+
 /// The planner's Kubernetes port.
 #[derive(Clone)]
 pub struct KubeWriter {
@@ -94,19 +102,34 @@ impl KubeWriter {
             .map_err(PlannerError::kube("list trainingjobs"))
     }
 
-    /// Applies the ConfigMap and the Service together, then the Job (it mounts the
-    /// ConfigMap and names the Service as its subdomain).
+    /// Applies the changed ones of the ConfigMap and the Service together, then
+    /// the Job if it changed (it mounts the ConfigMap and names the Service as
+    /// its subdomain).
     pub async fn apply(
         &self,
         namespace: &str,
         objects: &DesiredObjects,
+        changes: ObjectChanges,
     ) -> Result<(), PlannerError> {
         let params = PatchParams::apply(&objects.field_manager).force();
-        futures::try_join!(
-            self.apply_one(namespace, &params, &objects.config_map),
-            self.apply_one(namespace, &params, &objects.service),
-        )?;
-        self.apply_one(namespace, &params, &objects.job).await
+        let config_map = async {
+            if changes.config_map {
+                self.apply_one(namespace, &params, &objects.config_map)
+                    .await?;
+            }
+            Ok::<_, PlannerError>(())
+        };
+        let service = async {
+            if changes.service {
+                self.apply_one(namespace, &params, &objects.service).await?;
+            }
+            Ok::<_, PlannerError>(())
+        };
+        futures::try_join!(config_map, service)?;
+        if changes.job {
+            self.apply_one(namespace, &params, &objects.job).await?;
+        }
+        Ok(())
     }
 
     /// Server-side applies one namespaced object.

@@ -26,7 +26,7 @@ use trainyard_contracts::{EntityRef, Incoming, Payload};
 use trainyard_runtime::{Delivery, HandleError, Handler, Publisher};
 
 use crate::error::PlannerError;
-use crate::kubernetes::KubeWriter;
+use crate::kubernetes::{KubeWriter, ObjectChanges};
 use crate::store::{StateStore, key};
 
 /// The planner's metrics.
@@ -85,10 +85,11 @@ struct Entry {
     loaded: bool,
     object: Option<TrainingJob>,
     state: PlannerJobState,
-    /// Fingerprint of the objects this process last applied: the core asks for
-    /// the same objects on every event while a job waits, and re-applying them
-    /// unchanged is three API writes for nothing.
-    applied: Option<u64>,
+    /// Fingerprints of the objects this process last applied: the core asks for
+    /// the same objects on every event while a job waits, and re-applying one
+    /// unchanged is an API write for nothing (admitting a job changes its Job,
+    /// not its ConfigMap or Service).
+    applied: AppliedObjects,
     /// Fingerprint of the state as last saved to (or loaded from) the KV bucket.
     saved: Option<u64>,
     /// An observation changed the state since it was last saved: only
@@ -102,6 +103,15 @@ struct Entry {
     /// A status change waits for `min_status_interval_ms`, and a reconcile
     /// that writes it is scheduled.
     status_deferred: bool,
+}
+
+/// Fingerprints of one job's objects as last applied; None: not applied by
+/// this process, or to be applied again.
+#[derive(Default, Clone, Copy, PartialEq, Eq)]
+struct AppliedObjects {
+    config_map: Option<u64>,
+    service: Option<u64>,
+    job: Option<u64>,
 }
 
 /// Every job's entry, by `<namespace>/<name>`.
@@ -158,14 +168,27 @@ fn hash_json(
         .map_err(|e| PlannerError::Encode(format!("desired objects: {e}")))
 }
 
-/// A hash of the desired objects; the core asks for the same objects on most events.
-fn objects_fingerprint(objects: &planner_core::DesiredObjects) -> Result<u64, PlannerError> {
+/// A hash of one desired object as applied by `field_manager`.
+fn object_fingerprint(
+    field_manager: &str,
+    object: &impl serde::Serialize,
+) -> Result<u64, PlannerError> {
     let mut hasher = std::hash::DefaultHasher::new();
-    hasher.write(objects.field_manager.as_bytes());
-    hash_json(&mut hasher, &objects.config_map)?;
-    hash_json(&mut hasher, &objects.service)?;
-    hash_json(&mut hasher, &objects.job)?;
+    hasher.write(field_manager.as_bytes());
+    hash_json(&mut hasher, object)?;
     Ok(hasher.finish())
+}
+
+/// Hashes of the desired objects; the core asks for the same objects on most events.
+fn objects_fingerprints(
+    objects: &planner_core::DesiredObjects,
+) -> Result<AppliedObjects, PlannerError> {
+    let manager = objects.field_manager.as_str();
+    Ok(AppliedObjects {
+        config_map: Some(object_fingerprint(manager, &objects.config_map)?),
+        service: Some(object_fingerprint(manager, &objects.service)?),
+        job: Some(object_fingerprint(manager, &objects.job)?),
+    })
 }
 
 fn resource_version(job: &TrainingJob) -> Option<u64> {
@@ -346,7 +369,7 @@ impl Planner {
                     && job.change == Change::Deleted
                 {
                     // Whoever deleted it, a Job asked for again must be created again.
-                    entry.applied = None;
+                    entry.applied = AppliedObjects::default();
                 }
                 planner_core::observe(&mut entry.state, at, *observation);
                 entry.observed_unsaved = true;
@@ -437,16 +460,22 @@ impl Planner {
             };
             match action {
                 PlannerAction::ApplyObjects(objects) => {
-                    let print = objects_fingerprint(&objects)?;
-                    if entry.applied == Some(print) {
+                    let prints = objects_fingerprints(&objects)?;
+                    let applied = entry.applied;
+                    if applied == prints {
                         label = "apply_unchanged";
                     } else {
-                        self.writer.apply(&namespace, &objects).await?;
-                        entry.applied = Some(print);
+                        let changes = ObjectChanges {
+                            config_map: applied.config_map != prints.config_map,
+                            service: applied.service != prints.service,
+                            job: applied.job != prints.job,
+                        };
+                        self.writer.apply(&namespace, &objects, changes).await?;
+                        entry.applied = prints;
                     }
                 }
                 PlannerAction::DeleteJob { name } => {
-                    entry.applied = None;
+                    entry.applied = AppliedObjects::default();
                     self.writer.delete_job(&namespace, &name).await?
                 }
                 PlannerAction::RecreateAfter { delay, .. }

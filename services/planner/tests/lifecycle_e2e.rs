@@ -124,12 +124,26 @@ async fn distributed_job_runs_to_completion_and_a_replay_changes_nothing() {
     );
 
     // Admission: selector and tolerations injected, Job unsuspended.
+    let versions = || async {
+        let config_map = cluster.config_maps().get("bert-distributed-config").await;
+        let service = cluster.services().get("bert-distributed-workers").await;
+        (
+            config_map.expect("config map").resource_version(),
+            service.expect("service").resource_version(),
+        )
+    };
+    let before_admission = versions().await;
     cluster.publish(&name, admission(2)).await;
     let job = eventually("the admitted Job", || async {
         let job = cluster.jobs().get("bert-distributed-a0").await.ok()?;
         (job.spec.as_ref()?.suspend == Some(false)).then_some(job)
     })
     .await;
+    assert_eq!(
+        versions().await,
+        before_admission,
+        "admitting changes the Job only: the ConfigMap and Service are not written again"
+    );
     let pod = job.spec.expect("spec").template.spec.expect("pod spec");
     assert_eq!(
         pod.node_selector
