@@ -103,8 +103,9 @@ impl KubeWriter {
     }
 
     /// Applies the changed ones of the ConfigMap and the Service together, then
-    /// the Job if it changed (it mounts the ConfigMap and names the Service as
-    /// its subdomain).
+    /// the Job if it changed: its workers mount the ConfigMap and use the
+    /// Service as their subdomain. A suspended Job has no workers yet, so it
+    /// goes together with them.
     pub async fn apply(
         &self,
         namespace: &str,
@@ -125,9 +126,17 @@ impl KubeWriter {
             }
             Ok::<_, PlannerError>(())
         };
-        futures::try_join!(config_map, service)?;
-        if changes.job {
-            self.apply_one(namespace, &params, &objects.job).await?;
+        let job = async {
+            if changes.job {
+                self.apply_one(namespace, &params, &objects.job).await?;
+            }
+            Ok::<_, PlannerError>(())
+        };
+        if objects.job_suspended() {
+            futures::try_join!(config_map, service, job)?;
+        } else {
+            futures::try_join!(config_map, service)?;
+            job.await?;
         }
         Ok(())
     }

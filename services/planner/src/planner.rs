@@ -26,7 +26,7 @@ use trainyard_contracts::{EntityRef, Incoming, Payload};
 use trainyard_runtime::{Delivery, HandleError, Handler, Publisher};
 
 use crate::error::PlannerError;
-use crate::kubernetes::{KubeWriter, ObjectChanges};
+use crate::kubernetes::{FINALIZER, KubeWriter, ObjectChanges};
 use crate::store::{StateStore, key};
 
 /// The planner's metrics.
@@ -191,6 +191,12 @@ fn objects_fingerprints(
     })
 }
 
+/// A TrainingJob no planner has reconciled yet: without the planner's
+/// finalizer and without a status.
+fn untouched(job: &TrainingJob) -> bool {
+    job.status.is_none() && !job.finalizers().iter().any(|f| f == FINALIZER)
+}
+
 fn resource_version(job: &TrainingJob) -> Option<u64> {
     job.resource_version().and_then(|rv| rv.parse().ok())
 }
@@ -305,7 +311,12 @@ impl Planner {
         let entry = self.entry(&key);
         let mut entry = entry.lock().await;
         if !entry.loaded {
-            let stored = self.store.load(&key).await?;
+            let stored = match &input {
+                // No planner has reconciled it (that adds the finalizer and
+                // writes a status before any state is saved): nothing stored.
+                Input::Object(change) if untouched(&change.object) => None,
+                _ => self.store.load(&key).await?,
+            };
             // A job seen before (released when it finished, or before a restart)
             // is read from the API: a message may carry an older copy of it.
             let seen_before = stored.is_some();
@@ -731,5 +742,36 @@ impl Handler for PlannerHandler {
             .handle_input(&entity, message.header.time, input)
             .await
             .map_err(|err| HandleError::Retry(err.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn training_job(status: bool, finalizer: bool) -> TrainingJob {
+        let mut job: TrainingJob = serde_json::from_value(serde_json::json!({
+            "apiVersion": "trainyard.dev/v1",
+            "kind": "TrainingJob",
+            "metadata": {"name": "mnist", "namespace": "ml", "uid": "u1"},
+            "spec": {"model": "cnn", "dataset": "mnist", "numWorkers": 1},
+        }))
+        .expect("a TrainingJob");
+        if status {
+            job.status = Some(Default::default());
+        }
+        if finalizer {
+            job.metadata.finalizers = Some(vec![FINALIZER.to_string()]);
+        }
+        job
+    }
+
+    /// Only a job no planner has reconciled skips reading the stored state.
+    #[test]
+    fn a_job_with_a_status_or_the_finalizer_has_been_reconciled() {
+        assert!(untouched(&training_job(false, false)));
+        assert!(!untouched(&training_job(true, false)));
+        assert!(!untouched(&training_job(false, true)));
+        assert!(!untouched(&training_job(true, true)));
     }
 }
