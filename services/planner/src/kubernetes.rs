@@ -203,18 +203,20 @@ impl KubeWriter {
             )))
     }
 
-    /// Records a Kubernetes Event on the TrainingJob (`kubectl describe` shows them).
-    pub async fn record_event(
-        &self,
-        job: &TrainingJob,
-        warning: bool,
-        reason: &str,
-        message: &str,
-    ) -> Result<(), PlannerError> {
+    /// Records a Kubernetes Event on the TrainingJob (`kubectl describe` shows
+    /// them) in the background, as client-go's recorder does: an Event is for
+    /// people, and the job's next message need not wait for it, nor fail
+    /// with it.
+    pub fn record_event(&self, job: &TrainingJob, warning: bool, reason: String, message: &str) {
         let note: String = message.chars().take(1024).collect();
-        self.recorder
-            .publish(&job.object_ref(&()), warning, reason, &note)
-            .await
+        let regarding = job.object_ref(&());
+        let recorder = Arc::clone(&self.recorder);
+        tokio::spawn(async move {
+            if let Err(err) = recorder.publish(&regarding, warning, &reason, &note).await {
+                let job = regarding.name.unwrap_or_default();
+                tracing::warn!(%job, error = %err, "event not recorded");
+            }
+        });
     }
 
     /// Adds the cleanup finalizer if missing; returns the TrainingJob as stored

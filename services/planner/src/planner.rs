@@ -500,14 +500,7 @@ impl Planner {
                     message,
                 } => {
                     let warning = matches!(event_type, EventType::Warning);
-                    // An Event is for people; failing to record one must not stall the job.
-                    if let Err(err) = self
-                        .writer
-                        .record_event(job, warning, &reason, &message)
-                        .await
-                    {
-                        tracing::warn!(job = %entity.key(), error = %err, "event not recorded");
-                    }
+                    self.writer.record_event(job, warning, reason, &message);
                 }
                 PlannerAction::PublishTransition {
                     transition,
