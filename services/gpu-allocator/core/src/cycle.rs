@@ -103,6 +103,9 @@ pub(crate) struct CycleCtx {
     /// Jobs given a reservation this cycle, in order.
     reserved_order: Vec<JobUid>,
     quota_memo: FastMap<QuotaMemoKey, Arc<PendingReason>>,
+    /// Reasons of jobs blocked by their queue's hold, by (queue, resource,
+    /// units, queue usage).
+    queue_hold_reasons: FastMap<(QueueIdx, ResIdx, u64, u64), Arc<PendingReason>>,
     /// Cohort pool headroom held for the first job that only the pool
     /// blocks, per (cohort, resource).
     quota_holds: FastMap<(crate::queues::CohortIdx, ResIdx), QuotaHold>,
@@ -748,7 +751,11 @@ impl Allocator {
             };
             let lane_queue = lane.queue;
             ctx.stats.considered += 1;
-            let outcome = match ctx.early.remove(&idx) {
+            // Most cycles have no early failures: skip the lookup then.
+            let early = (!ctx.early.is_empty())
+                .then(|| ctx.early.remove(&idx))
+                .flatten();
+            let outcome = match early {
                 // Evaluated before the pass (it held a reservation).
                 Some(failure) => Err(failure),
                 None => match shape.and_then(|s| Self::quota_blocked_like(ctx, lane_queue, s)) {
@@ -1061,19 +1068,24 @@ impl Allocator {
                     exempt_until = Some(exempt_until.map_or(until.0, |u| u.max(until.0)));
                 }
                 let used = q.usage(res);
-                consider(
-                    Arc::new(PendingReason::QuotaExceeded {
-                        flavor: self.inv.res_flavor_name(res).to_string(),
-                        resource: self.inv.res_quota_name(res),
-                        requested: units,
-                        available: nominal.saturating_sub(used.saturating_add(h.units)),
-                        nominal,
-                        used,
-                        held_for: Some(h.holder.clone()),
-                        holding_cohort_quota: false,
-                    }),
-                    &mut best,
-                );
+                // A queue's hold stands all cycle, so jobs of its queue alike
+                // in size and usage get one shared reason.
+                let reason = ctx
+                    .queue_hold_reasons
+                    .entry((queue, res, units, used))
+                    .or_insert_with(|| {
+                        Arc::new(PendingReason::QuotaExceeded {
+                            flavor: self.inv.res_flavor_name(res).to_string(),
+                            resource: self.inv.res_quota_name(res),
+                            requested: units,
+                            available: nominal.saturating_sub(used.saturating_add(h.units)),
+                            nominal,
+                            used,
+                            held_for: Some(h.holder.clone()),
+                            holding_cohort_quota: false,
+                        })
+                    });
+                consider(Arc::clone(reason), &mut best);
                 continue;
             }
             blocked_by_hold_only = false;

@@ -24,7 +24,8 @@
 //! On top of that, a job never picks the job that last preempted it.
 
 use std::cell::RefCell;
-use std::collections::HashSet;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::rc::Rc;
 
 use crate::allocator::{Allocator, FastMap, JobState};
@@ -128,6 +129,14 @@ struct Search<'a> {
 /// 64-worker gang to start an 8-GPU job loses far more work than two
 /// small jobs would.
 type Cost = (u64, usize, i32);
+
+/// Order of the candidates: lowest priority, then the biggest, the latest
+/// admitted, the first arrived; last the candidate's index.
+type CandKey = (i32, Reverse<u64>, Reverse<Timestamp>, u64, usize);
+
+/// Order of single victims: least work thrown away, then lowest priority,
+/// the latest admitted, the first arrived; last the candidate's index.
+type SingleKey = (u64, i32, Reverse<Timestamp>, u64, usize);
 
 /// What the rules say of a victim set.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -299,6 +308,12 @@ impl Search<'_> {
             Rules::Broken => return Verdict::NoFit,
             Rules::BrokenForGood => return Verdict::NoFitForGood,
         }
+        self.place_with(freed)
+    }
+
+    /// The preemptor's placement once `freed` units are back, for a victim
+    /// set whose rules hold.
+    fn place_with(&self, freed: &FastMap<NodeIdx, u32>) -> Verdict {
         // Freed nodes with their new usable units; every other node as is.
         let changed: Vec<Candidate> = freed
             .iter()
@@ -350,16 +365,21 @@ impl Search<'_> {
 
     /// The cheapest single victim, if one suffices.
     fn single(&self) -> Option<Vec<usize>> {
-        let mut order: Vec<usize> = (0..self.cands.len()).collect();
-        // Least work thrown away, then lowest priority.
-        order.sort_by(|a, b| {
-            let (ca, cb) = (&self.cands[*a], &self.cands[*b]);
-            ca.units
-                .cmp(&cb.units)
-                .then(ca.priority.cmp(&cb.priority))
-                .then(cb.admitted_at.cmp(&ca.admitted_at))
-                .then(ca.seq.cmp(&cb.seq))
-        });
+        // Least work thrown away, then lowest priority. Sorted as plain keys
+        // (the candidate's index last, as a stable sort would tie them):
+        // comparing through the candidates cost more than the rest of this.
+        let mut keyed: Vec<SingleKey> = self
+            .cands
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.units, c.priority, Reverse(c.admitted_at), c.seq, i))
+            .collect();
+        // At most `MAX_SINGLE_TRIES` are tried: pick those, sort only them.
+        if keyed.len() > MAX_SINGLE_TRIES {
+            keyed.select_nth_unstable(MAX_SINGLE_TRIES);
+            keyed.truncate(MAX_SINGLE_TRIES);
+        }
+        keyed.sort_unstable();
         // A node gains at most ceil(units freed / units per worker) worker
         // slots: a victim that cannot add enough even so needs no full check.
         let g = self.per_worker.max(1);
@@ -370,10 +390,37 @@ impl Search<'_> {
                 .sum();
             self.base_slots + most >= u64::from(self.workers)
         };
-        order
+        // What the rules say of one victim depends only on its queue, units
+        // and rule, so victims alike in those share one check: most victims
+        // tried here fail the rules, each check a handful of allocations.
+        let mut verdicts: Vec<((QueueIdx, u64, bool), bool)> = Vec::new();
+        let mut rules_hold = |i: usize, c: &Cand<'_>| {
+            let key = (c.queue, c.units, c.rule == PreemptionRule::FairShare);
+            match verdicts.iter().find(|(k, _)| *k == key) {
+                Some(&(_, hold)) => hold,
+                None => {
+                    let hold = self.rules(&[i]) == Rules::Hold;
+                    verdicts.push((key, hold));
+                    hold
+                }
+            }
+        };
+        // The checks of `fits`, cheapest first (their order does not change
+        // the answer).
+        keyed
             .into_iter()
-            .take(MAX_SINGLE_TRIES)
-            .find(|i| self.cands.get(*i).is_some_and(may_fit) && self.fits(&[*i]).is_some())
+            .map(|(.., i)| i)
+            .find(|&i| {
+                let Some(c) = self.cands.get(i) else {
+                    return false;
+                };
+                if self.max_victims == 0 || !may_fit(c) || !rules_hold(i, c) {
+                    return false;
+                }
+                let freed = self.freed(&[i]);
+                self.slots_with(&freed) >= u64::from(self.workers)
+                    && matches!(self.place_with(&freed), Verdict::Fits(_))
+            })
             .map(|i| vec![i])
     }
 
@@ -386,19 +433,36 @@ impl Search<'_> {
         // candidates form one run in index order: no vector per node, and
         // the per-node buffers below are reused (this runs over hundreds of
         // nodes per search). A placement names each node once.
-        let mut on_node: Vec<(NodeIdx, usize, u32)> = self
+        // Sorted packed into one integer each, in the tuple's order: the
+        // sort compares single integers.
+        let mut packed: Vec<u128> = self
             .cands
             .iter()
             .enumerate()
-            .flat_map(|(i, c)| c.nodes().map(move |(node, units)| (node, i, units)))
+            .flat_map(|(i, c)| {
+                c.nodes().map(move |(node, units)| {
+                    u128::from(node) << 96 | (i as u128) << 32 | u128::from(units)
+                })
+            })
             .collect();
-        on_node.sort_unstable();
+        packed.sort_unstable();
+        let on_node: Vec<(NodeIdx, usize, u32)> = packed
+            .into_iter()
+            .map(|k| {
+                let node = (k >> 96) as NodeIdx;
+                let i = (k >> 32) as u64 as usize;
+                (node, i, k as u32)
+            })
+            .collect();
         let mut stats: Vec<(u32, i32, u64)> = Vec::new();
         let mut dp: Vec<Option<Cost>> = Vec::new();
         // For job j and freed units f: the units freed before j when j's
         // eviction improved f (the walk back reads the subset from it).
         let mut from: Vec<Option<usize>> = Vec::new();
-        let mut node_costs: Vec<(Cost, NodeIdx, Vec<usize>)> = Vec::new();
+        // Per node its cost and its subset, as a range of `subsets`: one
+        // buffer for every node's subset rather than a vector each.
+        let mut node_costs: Vec<(Cost, NodeIdx, (usize, usize))> = Vec::new();
+        let mut subsets: Vec<usize> = Vec::new();
         for run in on_node.chunk_by(|a, b| a.0 == b.0) {
             let Some((node, ..)) = run.first() else {
                 continue;
@@ -448,34 +512,38 @@ impl Search<'_> {
                     }
                 }
             }
-            let best = dp.pop().flatten().filter(|_| need > 0).map(|cost| {
+            if let Some(cost) = dp.pop().flatten().filter(|_| need > 0) {
                 // Walk back from the last job: a link means the job's
                 // eviction made the state, so it is in, and the walk goes on
                 // from the units freed before it.
-                let mut subset = Vec::new();
+                let start = subsets.len();
                 let mut f = need;
                 for j in (0..stats.len()).rev() {
                     if let Some(Some(before)) = from.get(j * width + f) {
-                        subset.extend(run.get(j).map(|(_, i, _)| *i));
+                        subsets.extend(run.get(j).map(|(_, i, _)| *i));
                         f = *before;
                     }
                 }
-                subset.reverse();
-                (cost, subset)
-            });
-            if let Some((cost, subset)) = best {
-                node_costs.push((cost, *node, subset));
+                if let Some(subset) = subsets.get_mut(start..) {
+                    subset.reverse();
+                }
+                node_costs.push((cost, *node, (start, subsets.len())));
             }
         }
-        node_costs.sort();
+        // Cheapest node first. A search takes few of the hundreds of nodes
+        // before it fits or gives up (at `max_victims`), so a heap hands them
+        // out in order without sorting them all (nodes are unique: the
+        // order is the sorted one).
+        let mut cheapest: BinaryHeap<Reverse<_>> = node_costs.into_iter().map(Reverse).collect();
         let mut chosen: Vec<usize> = Vec::new();
-        let mut seen = HashSet::new();
+        let mut seen = vec![false; self.cands.len()];
         let mut freed: FastMap<NodeIdx, u32> = FastMap::default();
         let mut slots = self.base_slots;
-        for (_, _, subset) in node_costs {
-            for i in subset {
-                if !seen.insert(i) {
-                    continue;
+        while let Some(Reverse((_, _, (start, end)))) = cheapest.pop() {
+            for &i in subsets.get(start..end).unwrap_or_default() {
+                match seen.get_mut(i) {
+                    Some(seen) if !*seen => *seen = true,
+                    _ => continue,
                 }
                 chosen.push(i);
                 let Some(c) = self.cands.get(i) else { continue };
@@ -823,14 +891,34 @@ impl Allocator {
         if cands.is_empty() {
             return None;
         }
-        cands.sort_unstable_by(|a, b| {
-            a.priority
-                .cmp(&b.priority)
-                .then(b.units.cmp(&a.units))
-                .then(b.admitted_at.cmp(&a.admitted_at))
-                .then(a.seq.cmp(&b.seq))
-        });
-        cands.truncate(MAX_CANDIDATES);
+        // Lowest priority first, then the biggest, the latest admitted, the
+        // first arrived (a total order: arrival numbers are unique). Sorted
+        // as plain keys, and only the first `MAX_CANDIDATES` of them, which
+        // are all a search looks at: moving and comparing whole candidates
+        // was a tenth of a search.
+        let mut keyed: Vec<CandKey> = cands
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                (
+                    c.priority,
+                    Reverse(c.units),
+                    Reverse(c.admitted_at),
+                    c.seq,
+                    i,
+                )
+            })
+            .collect();
+        if keyed.len() > MAX_CANDIDATES {
+            keyed.select_nth_unstable(MAX_CANDIDATES);
+            keyed.truncate(MAX_CANDIDATES);
+        }
+        keyed.sort_unstable();
+        let mut unsorted: Vec<Option<Cand<'_>>> = cands.into_iter().map(Some).collect();
+        let cands: Vec<Cand<'_>> = keyed
+            .iter()
+            .filter_map(|&(.., i)| unsorted.get_mut(i).and_then(Option::take))
+            .collect();
 
         let per_worker = spec.gpus_per_worker;
         let view = self.base_view(res, job.filter, per_worker, inflight)?;
