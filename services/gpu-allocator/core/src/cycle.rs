@@ -54,6 +54,7 @@ pub(crate) type QuotaMemoKey = (QueueIdx, ResIdx, u64, u64, u64, bool);
 
 /// Quota kept for a blocked job: cohort headroom for the first job that only
 /// the pool blocks, or a queue's nominal quota for one of its own jobs.
+#[derive(Clone)]
 pub(crate) struct QuotaHold {
     units: u64,
     holder: JobUid,
@@ -112,6 +113,10 @@ pub(crate) struct CycleCtx {
     /// A queue's nominal quota kept for one of its blocked jobs, per (queue,
     /// resource): the units that job needs (see `hold_queue_quota`).
     queue_holds: FastMap<(QueueIdx, ResIdx), QuotaHold>,
+    /// `queue_holds` by (the holding queue's cohort, resource), each group
+    /// in the map's own order: what `kept_by_queue_holds` needs of the map,
+    /// for each borrower checked, without walking all of it.
+    queue_holds_by_cohort: FastMap<(crate::queues::CohortIdx, ResIdx), Vec<(QueueIdx, QuotaHold)>>,
     reservations: Reservations,
     /// Failures that may try preemption (blocked by quota or capacity), in
     /// line order: (slot in the pending explanations, job).
@@ -1068,24 +1073,31 @@ impl Allocator {
                     exempt_until = Some(exempt_until.map_or(until.0, |u| u.max(until.0)));
                 }
                 let used = q.usage(res);
-                // A queue's hold stands all cycle, so jobs of its queue alike
-                // in size and usage get one shared reason.
-                let reason = ctx
-                    .queue_hold_reasons
-                    .entry((queue, res, units, used))
-                    .or_insert_with(|| {
-                        Arc::new(PendingReason::QuotaExceeded {
-                            flavor: self.inv.res_flavor_name(res).to_string(),
-                            resource: self.inv.res_quota_name(res),
-                            requested: units,
-                            available: nominal.saturating_sub(used.saturating_add(h.units)),
-                            nominal,
-                            used,
-                            held_for: Some(h.holder.clone()),
-                            holding_cohort_quota: false,
-                        })
-                    });
-                consider(Arc::clone(reason), &mut best);
+                let available = nominal.saturating_sub(used.saturating_add(h.units));
+                // Built only when it would be kept (the smallest shortfall
+                // wins); a queue's hold stands all cycle, so jobs of its
+                // queue alike in size and usage share one reason.
+                if best
+                    .as_ref()
+                    .is_none_or(|b| units.saturating_sub(available) < b.shortfall())
+                {
+                    let reason = ctx
+                        .queue_hold_reasons
+                        .entry((queue, res, units, used))
+                        .or_insert_with(|| {
+                            Arc::new(PendingReason::QuotaExceeded {
+                                flavor: self.inv.res_flavor_name(res).to_string(),
+                                resource: self.inv.res_quota_name(res),
+                                requested: units,
+                                available,
+                                nominal,
+                                used,
+                                held_for: Some(h.holder.clone()),
+                                holding_cohort_quota: false,
+                            })
+                        });
+                    best = Some(Arc::clone(reason));
+                }
                 continue;
             }
             blocked_by_hold_only = false;
@@ -1235,6 +1247,16 @@ impl Allocator {
                 binds_lenders: false,
             },
         );
+        // Regrouped whole: an insert may reorder the map.
+        ctx.queue_holds_by_cohort.clear();
+        for (&(holding, res), h) in &ctx.queue_holds {
+            if let Some(cohort) = self.queues.get(holding).and_then(|q| q.cohort) {
+                ctx.queue_holds_by_cohort
+                    .entry((cohort, res))
+                    .or_default()
+                    .push((holding, h.clone()));
+            }
+        }
         if !ctx.reserved_order.contains(&job.spec.uid) {
             ctx.reserved_order.push(job.spec.uid.clone());
         }
@@ -1270,11 +1292,15 @@ impl Allocator {
     ) -> (u64, Option<JobUid>) {
         let mut kept = 0u64;
         let mut first: Option<JobUid> = None;
-        for (&(queue, hold_res), h) in &ctx.queue_holds {
-            if hold_res != res || queue == borrower || exempt(h) {
+        // The holds of the cohort's queues, in the order of a walk over
+        // all holds (the first holder found is named).
+        let holding = ctx.queue_holds_by_cohort.get(&(cohort, res));
+        for (queue, h) in holding.into_iter().flatten() {
+            let queue = *queue;
+            if queue == borrower || exempt(h) {
                 continue;
             }
-            let Some(q) = self.queues.get(queue).filter(|q| q.cohort == Some(cohort)) else {
+            let Some(q) = self.queues.get(queue) else {
                 continue;
             };
             let unused = q
