@@ -174,6 +174,23 @@ fn merge(target: &mut Value, patch: &Value, null_removes: bool) {
     }
 }
 
+/// Whether [`merge`] of `patch` into `target` would leave it as it is. Checked
+/// before a patch copies the object: most applies repeat what is stored, and the
+/// copy was most of their cost.
+fn merge_changes_nothing(target: &Value, patch: &Value, null_removes: bool) -> bool {
+    match patch {
+        Value::Object(fields) => target.as_object().is_some_and(|map| {
+            fields.iter().all(|(name, value)| match map.get(name) {
+                _ if value.is_null() && !null_removes => true,
+                None => value.is_null(),
+                Some(_) if value.is_null() => false,
+                Some(field) => merge_changes_nothing(field, value, null_removes),
+            })
+        }),
+        other => target == other,
+    }
+}
+
 /// Removes from `live` the fields `before` had and `after` lacks (map keys only;
 /// lists and scalars are owned whole), except those one of `others` (what the
 /// other managers last applied) still has: a field with several owners stays. A
@@ -523,6 +540,21 @@ impl Store {
                 }
                 Err(err) => return Err(err),
             };
+            let before = inner
+                .applied
+                .get(&applied_key)
+                .and_then(|managers| managers.get(manager));
+            // Nothing to drop and nothing to merge: the object stays as it is.
+            if before.is_none_or(|before| *before == body)
+                && merge_changes_nothing(&current, &body, false)
+            {
+                inner
+                    .applied
+                    .entry(applied_key)
+                    .or_default()
+                    .insert(manager.to_owned(), body);
+                return Ok(current);
+            }
             let mut next = Self::patch_base(&current, subresource);
             if let Some(managers) = inner.applied.get(&applied_key)
                 && let Some(before) = managers.get(manager)
@@ -546,6 +578,9 @@ impl Store {
         }
         let current = Self::current(&inner, rt, namespace, name)?;
         Self::check_revision(rt, name, &current, &body)?;
+        if merge_changes_nothing(&current, &body, true) {
+            return Ok(current);
+        }
         let mut next = Self::patch_base(&current, subresource);
         merge_patch(&mut next, &body);
         let next = Self::combine(rt, &current, next, subresource);
@@ -937,6 +972,40 @@ mod tests {
             let mut merged = target.clone();
             merge_patch(&mut merged, &patch);
             assert_eq!(merged, expected, "{target} + {patch}");
+        }
+    }
+
+    #[test]
+    fn a_patch_is_seen_to_change_nothing_exactly_when_merging_it_changes_nothing() {
+        let target = json!({"a": "b", "n": null, "o": {"x": 1, "e": {}}, "l": [1, 2]});
+        let patches = [
+            json!({}),
+            json!({"a": "b"}),
+            json!({"a": "c"}),
+            json!({"a": null}),
+            json!({"z": null}),
+            json!({"n": null}),
+            json!({"o": {"x": 1}}),
+            json!({"o": {"x": 2}}),
+            json!({"o": {"e": {}}}),
+            json!({"o": {"f": {}}}),
+            json!({"o": {"x": null}}),
+            json!({"o": "text"}),
+            json!({"a": {"deep": 1}}),
+            json!({"l": [1, 2]}),
+            json!({"l": [2, 1]}),
+            json!({"a": "b", "o": {"x": 1, "e": {"k": null}}}),
+        ];
+        for patch in patches {
+            for null_removes in [true, false] {
+                let mut merged = target.clone();
+                merge(&mut merged, &patch, null_removes);
+                assert_eq!(
+                    merge_changes_nothing(&target, &patch, null_removes),
+                    merged == target,
+                    "{patch} (null removes: {null_removes})"
+                );
+            }
         }
     }
 
