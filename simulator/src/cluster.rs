@@ -145,10 +145,15 @@ pub struct Cluster {
     /// reads them: finished pods and Jobs pile up over a run, and listing the
     /// store would read every one of them on every step.
     changes: broadcast::Receiver<Change>,
+    /// Every pod, by namespace and name: what [`Cluster::pods_of`] reads without
+    /// taking the store's lock and allocating a key for each pod of each Job.
+    pods: HashMap<String, HashMap<String, Arc<Value>>>,
     /// Pods not yet Succeeded or Failed, by namespace and name (the store's order).
-    live_pods: BTreeMap<(String, String), Arc<Value>>,
+    live_pods: BTreeMap<(String, String), Arc<LivePod>>,
     /// Jobs not yet Complete or Failed, by namespace and name (the store's order).
     live_jobs: BTreeMap<(String, String), Arc<Value>>,
+    /// The nodes as the scheduler last read them, in the store's order.
+    node_facts: Vec<NodeFacts>,
     bound_at: HashMap<String, f64>,
     history: BTreeMap<String, JobHistory>,
     usage: Vec<UsageSample>,
@@ -271,47 +276,139 @@ fn label_selector_matches(selector: &Value, labels: &Value) -> bool {
     match_labels && expressions
 }
 
-/// What the scheduler reads of a node, looked up once per step rather than
-/// once per pending pod, and what is left of its resources.
-struct NodeView<'a> {
-    name: &'a str,
-    labels: &'a Value,
-    schedulable: bool,
-    taints: &'a [Value],
-    /// Allocatable less what the pods bound to it ask for.
-    free: BTreeMap<&'a str, i64>,
+/// A pod not yet Succeeded or Failed, with what the steps read of it: read once
+/// per change rather than on every step.
+struct LivePod {
+    object: Arc<Value>,
+    namespace: String,
+    name: String,
+    /// Whether `spec.nodeName` is set at all.
+    bound: bool,
+    /// `spec.nodeName`, when it is a string.
+    node: Option<String>,
+    phase: String,
+    /// The GPUs and MIG slices it asks for (see [`pod_requests`]).
+    requests: BTreeMap<String, u32>,
+    resource_version: Option<u64>,
 }
 
-impl<'a> NodeView<'a> {
-    fn of(node: &'a Value) -> Self {
+impl LivePod {
+    fn of(object: Arc<Value>) -> Self {
+        let metadata = &object["metadata"];
+        Self {
+            namespace: metadata["namespace"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            name: metadata["name"].as_str().unwrap_or_default().to_owned(),
+            bound: !object["spec"]["nodeName"].is_null(),
+            node: str_of(&object, &["spec", "nodeName"]).map(str::to_owned),
+            phase: phase(&object).to_owned(),
+            requests: pod_requests(&object)
+                .into_iter()
+                .map(|(resource, count)| (resource.to_owned(), count))
+                .collect(),
+            resource_version: metadata["resourceVersion"]
+                .as_str()
+                .and_then(|rv| rv.parse().ok()),
+            object,
+        }
+    }
+}
+
+/// What the scheduler reads of a node object, kept while the object is unchanged:
+/// nodes rarely change, and reading all of them on every binding step was a
+/// large part of the step.
+struct NodeFacts {
+    object: Arc<Value>,
+    name: String,
+    labels: Value,
+    schedulable: bool,
+    taints: Vec<Value>,
+    /// Allocatable GPUs, MIG slices and pod slots, the resources the scheduler
+    /// accounts.
+    allocatable: Vec<(String, i64)>,
+}
+
+impl NodeFacts {
+    fn of(node: &Arc<Value>) -> Self {
         let ready = node["status"]["conditions"]
             .as_array()
             .into_iter()
             .flatten()
             .any(|c| c["type"] == "Ready" && c["status"] == "True");
         Self {
-            name: str_of(node, &["metadata", "name"]).unwrap_or_default(),
-            labels: &node["metadata"]["labels"],
+            object: node.clone(),
+            name: str_of(node, &["metadata", "name"])
+                .unwrap_or_default()
+                .to_owned(),
+            labels: node["metadata"]["labels"].clone(),
             schedulable: ready && node["spec"]["unschedulable"] != true,
             taints: node["spec"]["taints"]
                 .as_array()
-                .map(Vec::as_slice)
+                .cloned()
                 .unwrap_or_default(),
-            free: node["status"]["allocatable"]
+            allocatable: node["status"]["allocatable"]
                 .as_object()
                 .into_iter()
                 .flatten()
-                .map(|(k, v)| (k.as_str(), i64::from(quantity(v))))
+                .filter(|(k, _)| *k == GPU || k.starts_with(MIG_PREFIX) || *k == "pods")
+                .map(|(k, v)| (k.clone(), i64::from(quantity(v))))
+                .collect(),
+        }
+    }
+}
+
+/// What the scheduler reads of a node in a step, and what is left of its resources.
+struct NodeView<'a> {
+    name: &'a str,
+    labels: &'a Value,
+    schedulable: bool,
+    taints: &'a [Value],
+    /// Allocatable less what the pods bound to it ask for; a resource it does not
+    /// list has none.
+    free: Vec<(&'a str, i64)>,
+}
+
+impl<'a> NodeView<'a> {
+    fn of(node: &'a NodeFacts) -> Self {
+        Self {
+            name: &node.name,
+            labels: &node.labels,
+            schedulable: node.schedulable,
+            taints: &node.taints,
+            free: node
+                .allocatable
+                .iter()
+                .map(|(resource, count)| (resource.as_str(), *count))
                 .collect(),
         }
     }
 
+    fn free(&self, resource: &str) -> i64 {
+        self.free
+            .iter()
+            .find(|(name, _)| *name == resource)
+            .map_or(0, |(_, count)| *count)
+    }
+
+    fn free_mut(&mut self, resource: &'a str) -> &mut i64 {
+        let at = match self.free.iter().position(|(name, _)| *name == resource) {
+            Some(at) => at,
+            None => {
+                self.free.push((resource, 0));
+                self.free.len() - 1
+            }
+        };
+        &mut self.free[at].1
+    }
+
     /// Takes what a pod asks for, and a pod slot.
-    fn take(&mut self, requests: &BTreeMap<&'a str, u32>) {
+    fn take(&mut self, requests: &'a BTreeMap<String, u32>) {
         for (resource, count) in requests {
-            *self.free.entry(resource).or_insert(0) -= i64::from(*count);
+            *self.free_mut(resource) -= i64::from(*count);
         }
-        *self.free.entry("pods").or_insert(0) -= 1;
+        *self.free_mut("pods") -= 1;
     }
 }
 
@@ -326,7 +423,7 @@ struct Spread<'a> {
 /// What the scheduler reads of a pending pod, looked up once rather than once
 /// per node.
 struct PodNeeds<'a> {
-    requests: BTreeMap<&'a str, u32>,
+    requests: &'a BTreeMap<String, u32>,
     tolerations: &'a [Value],
     node_selector: Option<&'a Map<String, Value>>,
     /// Required node affinity: any one term must match.
@@ -336,8 +433,8 @@ struct PodNeeds<'a> {
 
 impl<'a> PodNeeds<'a> {
     /// `placed` holds the labels of each bound pod and of its node.
-    fn of(pod: &'a Value, placed: &[(&'a Value, &'a Value)]) -> Self {
-        let spec = &pod["spec"];
+    fn of(pod: &'a LivePod, placed: &[(&'a Value, &'a Value)]) -> Self {
+        let spec = &pod.object["spec"];
         let affinity = &spec["affinity"];
         let spread = |term: &'a Value| {
             let topology = term["topologyKey"]
@@ -353,7 +450,7 @@ impl<'a> PodNeeds<'a> {
             Spread { topology, taken }
         };
         Self {
-            requests: pod_requests(pod),
+            requests: &pod.requests,
             tolerations: spec["tolerations"]
                 .as_array()
                 .map(Vec::as_slice)
@@ -412,12 +509,11 @@ fn unfit(needs: &PodNeeds, node: &NodeView) -> Option<&'static str> {
     if conflict {
         return Some("pod anti-affinity");
     }
-    let free = |resource: &str| node.free.get(resource).copied().unwrap_or(0);
     let short = needs
         .requests
         .iter()
-        .any(|(resource, want)| free(resource) < i64::from(*want));
-    if short || free("pods") < 1 {
+        .any(|(resource, want)| node.free(resource) < i64::from(*want));
+    if short || node.free("pods") < 1 {
         return Some("insufficient GPUs");
     }
     None
@@ -448,8 +544,10 @@ impl Cluster {
             runs: HashMap::new(),
             job_pods: HashMap::new(),
             changes,
+            pods: HashMap::new(),
             live_pods: BTreeMap::new(),
             live_jobs: BTreeMap::new(),
+            node_facts: Vec::new(),
             bound_at: HashMap::new(),
             history: BTreeMap::new(),
             usage: Vec::new(),
@@ -601,7 +699,7 @@ impl Cluster {
         reports
     }
 
-    /// Brings `live_pods` and `live_jobs` up to the store's present.
+    /// Brings `pods`, `live_pods` and `live_jobs` up to the store's present.
     fn catch_up(&mut self) {
         loop {
             match self.changes.try_recv() {
@@ -618,29 +716,44 @@ impl Cluster {
     fn apply(&mut self, change: &Change) {
         let object = &change.object;
         let deleted = change.kind == ChangeKind::Deleted;
-        let (live, done): (_, fn(&Value) -> bool) = if change.resource == resources::pods().name {
-            (&mut self.live_pods, terminal)
-        } else if change.resource == resources::jobs().name {
-            if deleted {
-                let uid = object["metadata"]["uid"].as_str().unwrap_or_default();
-                self.runs.remove(uid);
-                self.job_pods.remove(uid);
-            }
-            (&mut self.live_jobs, job_finished)
-        } else {
+        let pod = change.resource == resources::pods().name;
+        if !pod && change.resource != resources::jobs().name {
             return;
-        };
+        }
+        if !pod && deleted {
+            let uid = object["metadata"]["uid"].as_str().unwrap_or_default();
+            self.runs.remove(uid);
+            self.job_pods.remove(uid);
+        }
         let Some(key) = store_key(object) else {
             return;
         };
-        if deleted || done(object) {
-            live.remove(&key);
+        if pod {
+            let (namespace, name) = &key;
+            if deleted {
+                if let Some(pods) = self.pods.get_mut(namespace) {
+                    pods.remove(name);
+                }
+            } else {
+                self.pods
+                    .entry(namespace.clone())
+                    .or_default()
+                    .insert(name.clone(), object.clone());
+            }
+            if deleted || terminal(object) {
+                self.live_pods.remove(&key);
+            } else {
+                self.live_pods
+                    .insert(key, Arc::new(LivePod::of(object.clone())));
+            }
+        } else if deleted || job_finished(object) {
+            self.live_jobs.remove(&key);
         } else {
-            live.insert(key, object.clone());
+            self.live_jobs.insert(key, object.clone());
         }
     }
 
-    /// Rebuilds `live_pods` and `live_jobs` from a listing, and forgets the runs
+    /// Rebuilds `pods`, `live_pods` and `live_jobs` from a listing, and forgets the runs
     /// of Jobs that are gone. The new subscription may repeat changes the listing
     /// already holds: applied again in order, they end in the same state.
     fn relist(&mut self) {
@@ -657,34 +770,46 @@ impl Cluster {
             .collect();
         self.runs.retain(|uid, _| uids.contains(uid.as_str()));
         self.job_pods.retain(|uid, _| uids.contains(uid.as_str()));
+        self.pods.clear();
+        for pod in &pods {
+            if let Some((namespace, name)) = store_key(pod) {
+                self.pods
+                    .entry(namespace)
+                    .or_default()
+                    .insert(name, pod.clone());
+            }
+        }
         let live = |objects: &[Arc<Value>], done: fn(&Value) -> bool| {
             objects
                 .iter()
                 .filter(|object| !done(object))
                 .filter_map(|object| Some((store_key(object)?, object.clone())))
-                .collect()
+                .collect::<BTreeMap<_, _>>()
         };
-        self.live_pods = live(&pods, terminal);
+        self.live_pods = live(&pods, terminal)
+            .into_iter()
+            .map(|(key, pod)| (key, Arc::new(LivePod::of(pod))))
+            .collect();
         self.live_jobs = live(&jobs, job_finished);
     }
 
     /// The pods not yet Succeeded or Failed, in the store's order.
-    fn live_pods(&mut self) -> Vec<Arc<Value>> {
+    fn live_pods(&mut self) -> Vec<Arc<LivePod>> {
         self.catch_up();
         self.live_pods.values().cloned().collect()
     }
 
-    /// The pods of the Job with this uid that still exist.
+    /// The pods of the Job with this uid that still exist, as of the last
+    /// [`Cluster::catch_up`].
     fn pods_of(&self, namespace: &str, job_uid: &str) -> Vec<Arc<Value>> {
+        let Some(pods) = self.pods.get(namespace) else {
+            return Vec::new();
+        };
         self.job_pods
             .get(job_uid)
             .into_iter()
             .flatten()
-            .filter_map(|name| {
-                self.store
-                    .get(resources::pods(), Some(namespace), name)
-                    .ok()
-            })
+            .filter_map(|name| pods.get(name).cloned())
             .collect()
     }
 
@@ -732,14 +857,14 @@ impl Cluster {
             for pod in self
                 .live_pods()
                 .into_iter()
-                .filter(|p| str_of(p, &["spec", "nodeName"]) == Some(slot.name.as_str()))
+                .filter(|p| p.node.as_deref() == Some(slot.name.as_str()))
             {
                 let (reason, exit_code) = if reclaim {
                     ("TerminationByKubelet", Some(143))
                 } else {
                     ("DeletionByPodGC", None)
                 };
-                self.fail_pod(&pod, exit_code, Some(reason));
+                self.fail_pod(&pod.object, exit_code, Some(reason));
             }
             if reclaim {
                 let _ = self.store.delete(
@@ -1017,9 +1142,10 @@ impl Cluster {
     /// tolerations and affinities and have the GPUs free, packing GPUs tightly.
     fn schedule(&mut self, now: f64) {
         let pods = self.live_pods();
-        let mut pending: Vec<&Arc<Value>> = pods
+        let mut pending: Vec<&LivePod> = pods
             .iter()
-            .filter(|p| p["spec"]["nodeName"].is_null())
+            .filter(|p| !p.bound)
+            .map(AsRef::as_ref)
             .collect();
         // Most steps have nothing to bind: skip the per-node accounting then.
         if pending.is_empty() {
@@ -1031,24 +1157,30 @@ impl Cluster {
             &Selector::default(),
             &Selector::default(),
         );
-        let mut views: Vec<NodeView> = nodes.iter().map(|n| NodeView::of(n)).collect();
+        self.node_facts.truncate(nodes.len());
+        for (i, node) in nodes.iter().enumerate() {
+            match self.node_facts.get_mut(i) {
+                Some(facts) if Arc::ptr_eq(&facts.object, node) => {}
+                Some(facts) => *facts = NodeFacts::of(node),
+                None => self.node_facts.push(NodeFacts::of(node)),
+            }
+        }
+        let mut views: Vec<NodeView> = self.node_facts.iter().map(NodeView::of).collect();
         let by_name: HashMap<&str, usize> =
             views.iter().enumerate().map(|(i, v)| (v.name, i)).collect();
         let mut placed: Vec<(&Value, &Value)> = Vec::new();
         for pod in &pods {
-            if let Some(node) = str_of(pod, &["spec", "nodeName"])
+            if let Some(node) = pod
+                .node
+                .as_deref()
                 .and_then(|name| by_name.get(name))
                 .and_then(|i| views.get_mut(*i))
             {
-                node.take(&pod_requests(pod));
-                placed.push((node.labels, &pod["metadata"]["labels"]));
+                node.take(&pod.requests);
+                placed.push((node.labels, &pod.object["metadata"]["labels"]));
             }
         }
-        pending.sort_by_key(|p| {
-            p["metadata"]["resourceVersion"]
-                .as_str()
-                .and_then(|rv| rv.parse::<u64>().ok())
-        });
+        pending.sort_by_key(|p| p.resource_version);
         for pod in pending {
             let needs = PodNeeds::of(pod, &placed);
             let mut best: Option<(usize, i64)> = None;
@@ -1057,19 +1189,19 @@ impl Cluster {
                 match unfit(&needs, node) {
                     Some(reason) => *reasons.entry(reason).or_insert(0) += 1,
                     None => {
-                        let left = node.free.get(GPU).copied().unwrap_or(0);
+                        let left = node.free(GPU);
                         if best.is_none_or(|(_, best_left)| left < best_left) {
                             best = Some((i, left));
                         }
                     }
                 }
             }
-            let ns = str_of(pod, &["metadata", "namespace"]).unwrap_or_default();
-            let pod_name = str_of(pod, &["metadata", "name"]).unwrap_or_default();
+            let ns = pod.namespace.as_str();
+            let pod_name = pod.name.as_str();
             match best.and_then(|(i, _)| views.get_mut(i)) {
                 Some(node) => {
-                    node.take(&needs.requests);
-                    placed.push((node.labels, &pod["metadata"]["labels"]));
+                    node.take(needs.requests);
+                    placed.push((node.labels, &pod.object["metadata"]["labels"]));
                     let node = node.name.to_owned();
                     let _ = self
                         .store
@@ -1099,16 +1231,16 @@ impl Cluster {
     fn start_pods(&mut self, now: f64) {
         let delay = self.config.workers.start_delay_seconds;
         for pod in self.live_pods() {
-            if phase(&pod) != "Pending" || pod["spec"]["nodeName"].is_null() {
+            if pod.phase != "Pending" || !pod.bound {
                 continue;
             }
-            let ns = str_of(&pod, &["metadata", "namespace"]).unwrap_or_default();
-            let name = str_of(&pod, &["metadata", "name"]).unwrap_or_default();
+            let ns = pod.namespace.as_str();
+            let name = pod.name.as_str();
             let bound = *self.bound_at.entry(key(ns, name)).or_insert(now);
             if now < bound + delay {
                 continue;
             }
-            let container = pod["spec"]["containers"][0]["name"]
+            let container = pod.object["spec"]["containers"][0]["name"]
                 .as_str()
                 .unwrap_or("worker")
                 .to_owned();
@@ -1193,6 +1325,8 @@ impl Cluster {
     /// Training: gangs whose pods all run advance epochs, report, checkpoint, and
     /// end by succeeding, failing or being stopped.
     fn train(&mut self, now: f64, reports: &mut Vec<Report>) {
+        // The pods as this step's binding and starting left them.
+        self.catch_up();
         let uids: Vec<String> = self.runs.keys().cloned().collect();
         for uid in uids {
             // Taken out while it advances (put back unless it ends): a copy of
@@ -1331,8 +1465,8 @@ impl Cluster {
     fn sample(&mut self, now: f64) {
         let (mut busy, mut pending) = (0, 0);
         for pod in self.live_pods() {
-            match phase(&pod) {
-                "Running" => busy += pod_requests(&pod).get(GPU).copied().unwrap_or(0),
+            match pod.phase.as_str() {
+                "Running" => busy += pod.requests.get(GPU).copied().unwrap_or(0),
                 "Pending" => pending += 1,
                 _ => {}
             }
