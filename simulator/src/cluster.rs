@@ -147,11 +147,11 @@ pub struct Cluster {
     changes: broadcast::Receiver<Change>,
     /// Every pod, by namespace and name: what [`Cluster::pods_of`] reads without
     /// taking the store's lock and allocating a key for each pod of each Job.
-    pods: HashMap<String, HashMap<String, Arc<Value>>>,
+    pods: HashMap<String, HashMap<String, Arc<PodFacts>>>,
     /// Pods not yet Succeeded or Failed, by namespace and name (the store's order).
-    live_pods: BTreeMap<(String, String), Arc<LivePod>>,
+    live_pods: BTreeMap<(String, String), Arc<PodFacts>>,
     /// Jobs not yet Complete or Failed, by namespace and name (the store's order).
-    live_jobs: BTreeMap<(String, String), Arc<Value>>,
+    live_jobs: BTreeMap<(String, String), Arc<LiveJob>>,
     /// The nodes as the scheduler last read them, in the store's order.
     node_facts: Vec<NodeFacts>,
     bound_at: HashMap<String, f64>,
@@ -276,9 +276,9 @@ fn label_selector_matches(selector: &Value, labels: &Value) -> bool {
     match_labels && expressions
 }
 
-/// A pod not yet Succeeded or Failed, with what the steps read of it: read once
-/// per change rather than on every step.
-struct LivePod {
+/// A pod with what the steps read of it: read once per change rather than on
+/// every step.
+struct PodFacts {
     object: Arc<Value>,
     namespace: String,
     name: String,
@@ -292,7 +292,7 @@ struct LivePod {
     resource_version: Option<u64>,
 }
 
-impl LivePod {
+impl PodFacts {
     fn of(object: Arc<Value>) -> Self {
         let metadata = &object["metadata"];
         Self {
@@ -311,6 +311,49 @@ impl LivePod {
             resource_version: metadata["resourceVersion"]
                 .as_str()
                 .and_then(|rv| rv.parse().ok()),
+            object,
+        }
+    }
+
+    fn terminal(&self) -> bool {
+        matches!(self.phase.as_str(), "Succeeded" | "Failed")
+    }
+}
+
+/// A Job not yet Complete or Failed, with what the Job controller reads of it on
+/// every step: read once per change.
+struct LiveJob {
+    object: Arc<Value>,
+    uid: String,
+    namespace: String,
+    name: String,
+    suspended: bool,
+    /// `status.active` and `status.ready`, when whole non-negative numbers.
+    active: Option<u64>,
+    ready: Option<u64>,
+    started: bool,
+    /// Whether any condition is `Suspended`, and whether that is the only one.
+    suspended_condition: bool,
+    only_suspended_condition: bool,
+}
+
+impl LiveJob {
+    fn of(object: Arc<Value>) -> Self {
+        let metadata = &object["metadata"];
+        let text = |field: &str| metadata[field].as_str().unwrap_or_default().to_owned();
+        let status = &object["status"];
+        let conditions = status["conditions"].as_array();
+        let suspended = |c: &Value| c["type"] == "Suspended";
+        Self {
+            uid: text("uid"),
+            namespace: text("namespace"),
+            name: text("name"),
+            suspended: object["spec"]["suspend"] == true,
+            active: status["active"].as_u64(),
+            ready: status["ready"].as_u64(),
+            started: !status["startTime"].is_null(),
+            suspended_condition: conditions.is_some_and(|c| c.iter().any(suspended)),
+            only_suspended_condition: conditions.is_some_and(|c| c.len() == 1 && suspended(&c[0])),
             object,
         }
     }
@@ -433,7 +476,7 @@ struct PodNeeds<'a> {
 
 impl<'a> PodNeeds<'a> {
     /// `placed` holds the labels of each bound pod and of its node.
-    fn of(pod: &'a LivePod, placed: &[(&'a Value, &'a Value)]) -> Self {
+    fn of(pod: &'a PodFacts, placed: &[(&'a Value, &'a Value)]) -> Self {
         let spec = &pod.object["spec"];
         let affinity = &spec["affinity"];
         let spread = |term: &'a Value| {
@@ -734,22 +777,24 @@ impl Cluster {
                 if let Some(pods) = self.pods.get_mut(namespace) {
                     pods.remove(name);
                 }
-            } else {
-                self.pods
-                    .entry(namespace.clone())
-                    .or_default()
-                    .insert(name.clone(), object.clone());
+                self.live_pods.remove(&key);
+                return;
             }
-            if deleted || terminal(object) {
+            let facts = Arc::new(PodFacts::of(object.clone()));
+            self.pods
+                .entry(namespace.clone())
+                .or_default()
+                .insert(name.clone(), facts.clone());
+            if facts.terminal() {
                 self.live_pods.remove(&key);
             } else {
-                self.live_pods
-                    .insert(key, Arc::new(LivePod::of(object.clone())));
+                self.live_pods.insert(key, facts);
             }
         } else if deleted || job_finished(object) {
             self.live_jobs.remove(&key);
         } else {
-            self.live_jobs.insert(key, object.clone());
+            self.live_jobs
+                .insert(key, Arc::new(LiveJob::of(object.clone())));
         }
     }
 
@@ -771,37 +816,36 @@ impl Cluster {
         self.runs.retain(|uid, _| uids.contains(uid.as_str()));
         self.job_pods.retain(|uid, _| uids.contains(uid.as_str()));
         self.pods.clear();
-        for pod in &pods {
-            if let Some((namespace, name)) = store_key(pod) {
-                self.pods
-                    .entry(namespace)
-                    .or_default()
-                    .insert(name, pod.clone());
+        self.live_pods.clear();
+        for pod in pods {
+            let Some(key) = store_key(&pod) else {
+                continue;
+            };
+            let facts = Arc::new(PodFacts::of(pod));
+            self.pods
+                .entry(key.0.clone())
+                .or_default()
+                .insert(key.1.clone(), facts.clone());
+            if !facts.terminal() {
+                self.live_pods.insert(key, facts);
             }
         }
-        let live = |objects: &[Arc<Value>], done: fn(&Value) -> bool| {
-            objects
-                .iter()
-                .filter(|object| !done(object))
-                .filter_map(|object| Some((store_key(object)?, object.clone())))
-                .collect::<BTreeMap<_, _>>()
-        };
-        self.live_pods = live(&pods, terminal)
-            .into_iter()
-            .map(|(key, pod)| (key, Arc::new(LivePod::of(pod))))
+        self.live_jobs = jobs
+            .iter()
+            .filter(|job| !job_finished(job))
+            .filter_map(|job| Some((store_key(job)?, Arc::new(LiveJob::of(job.clone())))))
             .collect();
-        self.live_jobs = live(&jobs, job_finished);
     }
 
     /// The pods not yet Succeeded or Failed, in the store's order.
-    fn live_pods(&mut self) -> Vec<Arc<LivePod>> {
+    fn live_pods(&mut self) -> Vec<Arc<PodFacts>> {
         self.catch_up();
         self.live_pods.values().cloned().collect()
     }
 
     /// The pods of the Job with this uid that still exist, as of the last
     /// [`Cluster::catch_up`].
-    fn pods_of(&self, namespace: &str, job_uid: &str) -> Vec<Arc<Value>> {
+    fn pods_of(&self, namespace: &str, job_uid: &str) -> Vec<Arc<PodFacts>> {
         let Some(pods) = self.pods.get(namespace) else {
             return Vec::new();
         };
@@ -923,31 +967,25 @@ impl Cluster {
     /// Job status from its pods.
     fn run_job_controller(&mut self) {
         self.catch_up();
-        let jobs: Vec<Arc<Value>> = self.live_jobs.values().cloned().collect();
+        let jobs: Vec<Arc<LiveJob>> = self.live_jobs.values().cloned().collect();
         for job in &jobs {
-            let metadata = &job["metadata"];
-            let uid = metadata["uid"].as_str().unwrap_or_default();
-            let ns = metadata["namespace"].as_str().unwrap_or_default();
-            let name = metadata["name"].as_str().unwrap_or_default();
+            let uid = job.uid.as_str();
+            let ns = job.namespace.as_str();
+            let name = job.name.as_str();
             // Read before a run starts: the pods it creates count from the next step.
             let pods = self.pods_of(ns, uid);
-            if job["spec"]["suspend"] == true {
-                for pod in pods.iter().filter(|p| !terminal(p)) {
-                    let pod_name = str_of(pod, &["metadata", "name"]).unwrap_or_default();
+            if job.suspended {
+                for pod in pods.iter().filter(|p| !p.terminal()) {
                     let _ = self.store.delete(
                         resources::pods(),
                         Some(ns),
-                        pod_name,
+                        &pod.name,
                         Propagation::Background,
                     );
                 }
                 self.runs.remove(uid);
-                let status = &job["status"];
-                let marked = status["active"] == json!(0)
-                    && status["ready"] == json!(0)
-                    && status["conditions"]
-                        .as_array()
-                        .is_some_and(|c| c.len() == 1 && c[0]["type"] == "Suspended");
+                let marked =
+                    job.active == Some(0) && job.ready == Some(0) && job.only_suspended_condition;
                 if marked {
                     continue;
                 }
@@ -959,24 +997,21 @@ impl Cluster {
                 continue;
             }
             if !self.runs.contains_key(uid) {
-                match self.start_run(job) {
+                match self.start_run(&job.object) {
                     Some(run) => {
                         self.runs.insert(uid.to_owned(), run);
                     }
                     None => continue,
                 }
             }
-            let running = pods.iter().filter(|p| phase(p) == "Running").count();
-            let active = pods.iter().filter(|p| !terminal(p)).count();
+            let running = pods.iter().filter(|p| p.phase == "Running").count();
+            let active = pods.iter().filter(|p| !p.terminal()).count();
             // Most Jobs are unchanged on most steps: a copy-and-compare of each
             // would be most of the step's time.
-            let status = &job["status"];
-            let current = status["active"] == json!(active)
-                && status["ready"] == json!(running)
-                && !status["startTime"].is_null()
-                && !status["conditions"]
-                    .as_array()
-                    .is_some_and(|c| c.iter().any(|c| c["type"] == "Suspended"));
+            let current = job.active == Some(active as u64)
+                && job.ready == Some(running as u64)
+                && job.started
+                && !job.suspended_condition;
             if current {
                 continue;
             }
@@ -1142,7 +1177,7 @@ impl Cluster {
     /// tolerations and affinities and have the GPUs free, packing GPUs tightly.
     fn schedule(&mut self, now: f64) {
         let pods = self.live_pods();
-        let mut pending: Vec<&LivePod> = pods
+        let mut pending: Vec<&PodFacts> = pods
             .iter()
             .filter(|p| !p.bound)
             .map(AsRef::as_ref)
@@ -1336,12 +1371,12 @@ impl Cluster {
             };
             let pods = self.pods_of(&run.namespace, &uid);
             let pods = pods.as_slice();
-            if pods.iter().any(|p| phase(p) == "Failed") {
+            if pods.iter().any(|p| p.phase == "Failed") {
                 self.end_run(&run, now, pods, false);
                 continue;
             }
             let all_running =
-                pods.len() as u32 == run.workers && pods.iter().all(|p| phase(p) == "Running");
+                pods.len() as u32 == run.workers && pods.iter().all(|p| p.phase == "Running");
             let Some(started) = run.started else {
                 if all_running {
                     run.started = Some(now);
@@ -1380,7 +1415,7 @@ impl Cluster {
                 && epoch < run.total_epochs
             {
                 if let Some(pod) = pods.first() {
-                    self.fail_pod(pod, Some(code), None);
+                    self.fail_pod(&pod.object, Some(code), None);
                 }
                 self.end_run(&run, now, pods, false);
                 continue;
@@ -1390,9 +1425,9 @@ impl Cluster {
     }
 
     /// Ends a run already taken out of `runs`.
-    fn end_run(&mut self, run: &Run, now: f64, pods: &[Arc<Value>], succeeded: bool) {
+    fn end_run(&mut self, run: &Run, now: f64, pods: &[Arc<PodFacts>], succeeded: bool) {
         let disrupted = pods.iter().any(|p| {
-            p["status"]["conditions"]
+            p.object["status"]["conditions"]
                 .as_array()
                 .into_iter()
                 .flatten()
@@ -1412,7 +1447,7 @@ impl Cluster {
         }
         let ns = run.namespace.as_str();
         for pod in pods {
-            let name = str_of(pod, &["metadata", "name"]).unwrap_or_default();
+            let name = pod.name.as_str();
             // The snapshot may predate this step's own failure of a worker.
             let Ok(pod) = self.store.get(resources::pods(), Some(ns), name) else {
                 continue;
