@@ -87,14 +87,17 @@ pub enum Propagation {
     Orphan,
 }
 
-type ObjectKey = (String, String);
+/// Objects of one type by namespace (empty if cluster-scoped) and name, in the
+/// order lists return them: looked up by borrowed names, without building a key
+/// for each lookup.
+type Objects = BTreeMap<String, BTreeMap<String, Arc<Value>>>;
 /// An object's main resource or status, as field managers apply to them.
 type AppliedKey = (&'static str, String, String, Subresource);
 
 #[derive(Default)]
 struct Inner {
     revision: u64,
-    objects: HashMap<&'static str, BTreeMap<ObjectKey, Arc<Value>>>,
+    objects: HashMap<&'static str, Objects>,
     history: VecDeque<Change>,
     /// What each field manager last applied, per object and subresource: fields it
     /// applied before and leaves out now are removed, as server-side apply does,
@@ -127,8 +130,48 @@ fn now() -> String {
     Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
-fn key(namespace: Option<&str>, name: &str) -> ObjectKey {
-    (namespace.unwrap_or_default().to_owned(), name.to_owned())
+impl Inner {
+    fn object(
+        &self,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Option<&Arc<Value>> {
+        self.objects
+            .get(rt.name)?
+            .get(namespace.unwrap_or_default())?
+            .get(name)
+    }
+
+    /// Stores `object` under its namespace and name, replacing what was there.
+    fn put(&mut self, rt: &ResourceType, namespace: Option<&str>, name: &str, object: Arc<Value>) {
+        let namespace = namespace.unwrap_or_default();
+        let namespaces = self.objects.entry(rt.name).or_default();
+        if !namespaces.contains_key(namespace) {
+            namespaces.insert(namespace.to_owned(), BTreeMap::new());
+        }
+        let Some(names) = namespaces.get_mut(namespace) else {
+            return;
+        };
+        match names.get_mut(name) {
+            Some(stored) => *stored = object,
+            None => {
+                names.insert(name.to_owned(), object);
+            }
+        }
+    }
+
+    fn take(
+        &mut self,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Option<Arc<Value>> {
+        self.objects
+            .get_mut(rt.name)?
+            .get_mut(namespace.unwrap_or_default())?
+            .remove(name)
+    }
 }
 
 fn meta(object: &Value) -> &Value {
@@ -231,22 +274,28 @@ fn equal_except(a: &Value, b: &Value, skip: &[&str]) -> bool {
             .all(|(k, v)| b.get(k) == Some(v))
 }
 
-/// Whether two objects differ at most in `resourceVersion` and `managedFields`:
-/// such a write changes nothing. Compared in place: copying both objects to
-/// strip those fields was most of a write's cost.
-fn same_but_revision(a: &Value, b: &Value) -> bool {
-    equal_except(a, b, &["metadata"])
-        && equal_except(
-            &a["metadata"],
-            &b["metadata"],
-            &["resourceVersion", "managedFields"],
-        )
+/// What a write changes of an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Changed {
+    /// Anything but `resourceVersion` and `managedFields`; if not, the write
+    /// changes nothing.
+    anything: bool,
+    /// The spec part (everything but metadata and status): bumps `generation`.
+    spec: bool,
 }
 
-/// Whether the spec part (everything but metadata and status) differs: such a
-/// change bumps `generation`.
-fn spec_changed(a: &Value, b: &Value) -> bool {
-    !equal_except(a, b, &["metadata", "status"])
+/// Compared in place (copying both objects to strip those fields was most of a
+/// write's cost), and the spec part, often the largest, only once.
+fn changed(next: &Value, current: &Value) -> Changed {
+    let spec = !equal_except(next, current, &["metadata", "status"]);
+    let anything = spec
+        || next.get("status") != current.get("status")
+        || !equal_except(
+            &next["metadata"],
+            &current["metadata"],
+            &["resourceVersion", "managedFields"],
+        );
+    Changed { anything, spec }
 }
 
 impl Store {
@@ -284,9 +333,7 @@ impl Store {
         name: &str,
     ) -> Result<Arc<Value>, ApiError> {
         self.lock()
-            .objects
-            .get(rt.name)
-            .and_then(|objects| objects.get(&key(namespace, name)))
+            .object(rt, namespace, name)
             .cloned()
             .ok_or_else(|| ApiError::not_found(rt, name))
     }
@@ -307,11 +354,10 @@ impl Store {
             .map(|objects| {
                 objects
                     .iter()
-                    .filter(|((ns, _), _)| namespace.is_none_or(|want| want == ns))
-                    .filter(|(_, object)| {
-                        labels.matches_labels(object) && fields.matches_fields(object)
-                    })
-                    .map(|(_, object)| object.clone())
+                    .filter(|(ns, _)| namespace.is_none_or(|want| want == *ns))
+                    .flat_map(|(_, names)| names.values())
+                    .filter(|object| labels.matches_labels(object) && fields.matches_fields(object))
+                    .cloned()
                     .collect()
             })
             .unwrap_or_default();
@@ -433,12 +479,7 @@ impl Store {
         } else {
             None
         };
-        let object_key = key(namespace.as_deref(), &name);
-        if inner
-            .objects
-            .get(rt.name)
-            .is_some_and(|objects| objects.contains_key(&object_key))
-        {
+        if inner.object(rt, namespace.as_deref(), &name).is_some() {
             return Err(ApiError::already_exists(rt, &name));
         }
         object["apiVersion"] = json!(rt.api_version());
@@ -459,11 +500,7 @@ impl Store {
         metadata.insert("generation".into(), json!(1));
         metadata.remove("deletionTimestamp");
         let stored = Arc::new(object);
-        inner
-            .objects
-            .entry(rt.name)
-            .or_default()
-            .insert(object_key, stored.clone());
+        inner.put(rt, namespace.as_deref(), &name, stored.clone());
         self.record(inner, rt, ChangeKind::Added, stored.clone(), None);
         Ok(stored)
     }
@@ -620,11 +657,7 @@ impl Store {
         name: &str,
         propagation: Propagation,
     ) -> Arc<Value> {
-        let Some(removed) = inner
-            .objects
-            .get_mut(rt.name)
-            .and_then(|objects| objects.remove(&key(namespace, name)))
-        else {
+        let Some(removed) = inner.take(rt, namespace, name) else {
             return Arc::new(Value::Null);
         };
         for subresource in [Subresource::Main, Subresource::Status] {
@@ -653,15 +686,17 @@ impl Store {
     fn collect_dependents(&self, inner: &mut Inner, owner_uid: &str, namespace: Option<&str>) {
         let mut dependents = Vec::new();
         for (plural, objects) in &inner.objects {
-            for ((ns, name), object) in objects {
+            for (ns, names) in objects {
                 if namespace.is_some_and(|owner_ns| owner_ns != ns) {
                     continue;
                 }
-                let owned = meta(object)["ownerReferences"]
-                    .as_array()
-                    .is_some_and(|owners| owners.iter().any(|o| o["uid"] == owner_uid));
-                if owned {
-                    dependents.push((*plural, ns.clone(), name.clone()));
+                for (name, object) in names {
+                    let owned = meta(object)["ownerReferences"]
+                        .as_array()
+                        .is_some_and(|owners| owners.iter().any(|o| o["uid"] == owner_uid));
+                    if owned {
+                        dependents.push((*plural, ns.clone(), name.clone()));
+                    }
                 }
             }
         }
@@ -714,9 +749,7 @@ impl Store {
         name: &str,
     ) -> Result<Arc<Value>, ApiError> {
         inner
-            .objects
-            .get(rt.name)
-            .and_then(|objects| objects.get(&key(namespace, name)))
+            .object(rt, namespace, name)
             .cloned()
             .ok_or_else(|| ApiError::not_found(rt, name))
     }
@@ -827,10 +860,11 @@ impl Store {
         current: &Arc<Value>,
         mut next: Value,
     ) -> Result<Arc<Value>, ApiError> {
-        if same_but_revision(&next, current) {
+        let changed = changed(&next, current);
+        if !changed.anything {
             return Ok(current.clone());
         }
-        if spec_changed(&next, current) {
+        if changed.spec {
             let generation = meta(current)["generation"].as_i64().unwrap_or(1) + 1;
             meta_mut(&mut next).insert("generation".into(), json!(generation));
         }
@@ -844,11 +878,7 @@ impl Store {
         let revision = Self::next_revision(inner);
         meta_mut(&mut next).insert("resourceVersion".into(), json!(revision.to_string()));
         let stored = Arc::new(next);
-        inner
-            .objects
-            .entry(rt.name)
-            .or_default()
-            .insert(key(namespace, name), stored.clone());
+        inner.put(rt, namespace, name, stored.clone());
         self.record(
             inner,
             rt,
@@ -885,37 +915,42 @@ mod tests {
         let mut next = stored.clone();
         next["metadata"]["resourceVersion"] = json!("9");
         next["metadata"]["managedFields"] = json!([]);
-        assert!(same_but_revision(&next, &stored));
-        assert!(!spec_changed(&next, &stored));
+        assert_eq!(
+            changed(&next, &stored),
+            Changed {
+                anything: false,
+                spec: false
+            }
+        );
 
         let mut relabelled = stored.clone();
         relabelled["metadata"]["labels"]["l"] = json!("2");
-        assert!(!same_but_revision(&relabelled, &stored));
-        assert!(!spec_changed(&relabelled, &stored), "metadata is not spec");
+        assert!(changed(&relabelled, &stored).anything);
+        assert!(!changed(&relabelled, &stored).spec, "metadata is not spec");
 
         let mut status = stored.clone();
         status["status"]["ready"] = json!(1);
-        assert!(!same_but_revision(&status, &stored));
-        assert!(!spec_changed(&status, &stored), "status is not spec");
+        assert!(changed(&status, &stored).anything);
+        assert!(!changed(&status, &stored).spec, "status is not spec");
 
         let mut scaled = stored.clone();
         scaled["spec"]["replicas"] = json!(2);
-        assert!(spec_changed(&scaled, &stored));
+        assert!(changed(&scaled, &stored).spec);
 
         let mut extra = stored.clone();
         extra["data"] = json!({"k": "v"});
         assert!(
-            !same_but_revision(&extra, &stored),
+            changed(&extra, &stored).anything,
             "a new top-level field is a change"
         );
-        assert!(spec_changed(&extra, &stored));
+        assert!(changed(&extra, &stored).spec);
 
         let mut unnamed = stored.clone();
         unnamed["metadata"]
             .as_object_mut()
             .map(|m| m.remove("name"));
         assert!(
-            !same_but_revision(&unnamed, &stored),
+            changed(&unnamed, &stored).anything,
             "a removed field is a change"
         );
     }
