@@ -322,15 +322,21 @@ enum Phase {
     Done,
 }
 
-/// One line of a watch stream. Serialised from borrowed parts: building it with
-/// `json!` would deep-copy the object first. `type` comes first, as the API
+/// One line of a watch stream, `{"type":...,"object":...}` around the object as
+/// the store serialised it for every watch. `type` comes first, as the API
 /// server sends it: a client's adjacently tagged `WatchEvent` that meets the
 /// object before its type buffers the whole object and parses it twice.
-#[derive(Serialize)]
-struct WatchEvent<'a> {
-    #[serde(rename = "type")]
-    kind: &'a str,
-    object: &'a Value,
+fn event_line(kind: ChangeKind, object: &[u8]) -> Bytes {
+    const TYPE: &[u8] = b"{\"type\":\"";
+    const OBJECT: &[u8] = b"\",\"object\":";
+    let kind = kind.as_str().as_bytes();
+    let mut line = Vec::with_capacity(TYPE.len() + kind.len() + OBJECT.len() + object.len() + 2);
+    line.extend_from_slice(TYPE);
+    line.extend_from_slice(kind);
+    line.extend_from_slice(OBJECT);
+    line.extend_from_slice(object);
+    line.extend_from_slice(b"}\n");
+    Bytes::from(line)
 }
 
 struct Watch {
@@ -371,10 +377,7 @@ impl Watch {
             (false, Some(true)) => ChangeKind::Deleted,
             (false, _) => return None,
         };
-        Some(Self::line(&WatchEvent {
-            kind: kind.as_str(),
-            object: &change.object,
-        }))
+        Some(event_line(kind, &change.json))
     }
 
     fn line(value: &impl Serialize) -> Bytes {
@@ -498,6 +501,19 @@ fn watch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_watch_event_names_its_type_before_the_object() {
+        let object = json!({"kind": "Pod", "metadata": {"name": "a\"b", "labels": {"x": "ü"}}});
+        let json = serde_json::to_vec(&object).expect("serialises");
+        let line = event_line(ChangeKind::Modified, &json);
+        assert_eq!(
+            std::str::from_utf8(&line).expect("UTF-8"),
+            format!("{{\"type\":\"MODIFIED\",\"object\":{object}}}\n")
+        );
+        let parsed: Value = serde_json::from_slice(&line).expect("one JSON line");
+        assert_eq!(parsed, json!({"type": "MODIFIED", "object": object}));
+    }
 
     #[test]
     fn paths_name_type_scope_and_subresource() {

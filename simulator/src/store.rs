@@ -52,6 +52,48 @@ pub struct Change {
     /// The object before a `Modified` change: a filtered watch reports an object
     /// that starts or stops matching its selectors as added or deleted.
     pub previous: Option<Arc<Value>>,
+    /// `object` serialised, as watch events carry it: once for every watch.
+    pub json: Arc<[u8]>,
+}
+
+/// A change as the history keeps it: serialised, which takes a fraction of the
+/// memory of the object's JSON tree (the history held one for every version of
+/// every object, and growing the heap for them was a tenth of the simulator's
+/// time). Read back only for a watch that resumes.
+#[derive(Debug)]
+struct Recorded {
+    resource_version: u64,
+    resource: &'static str,
+    kind: ChangeKind,
+    json: Arc<[u8]>,
+    previous: Option<Arc<[u8]>>,
+}
+
+impl Recorded {
+    /// The change again; `None` if it does not parse, which cannot happen to what
+    /// was serialised from a JSON value.
+    fn change(&self) -> Option<Change> {
+        let parse = |json: &[u8]| serde_json::from_slice(json).ok().map(Arc::new);
+        let previous = match &self.previous {
+            Some(json) => Some(parse(json)?),
+            None => None,
+        };
+        Some(Change {
+            resource_version: self.resource_version,
+            resource: self.resource,
+            kind: self.kind,
+            object: parse(&self.json)?,
+            previous,
+            json: self.json.clone(),
+        })
+    }
+}
+
+/// A stored object and its serialised form, which the history keeps as the
+/// previous version when the object changes.
+struct Stored {
+    object: Arc<Value>,
+    json: Arc<[u8]>,
 }
 
 impl Change {
@@ -90,7 +132,7 @@ pub enum Propagation {
 /// Objects of one type by namespace (empty if cluster-scoped) and name, in the
 /// order lists return them: looked up by borrowed names, without building a key
 /// for each lookup.
-type Objects = BTreeMap<String, BTreeMap<String, Arc<Value>>>;
+type Objects = BTreeMap<String, BTreeMap<String, Stored>>;
 /// An object's main resource or status, as field managers apply to them.
 type AppliedKey = (&'static str, String, String, Subresource);
 
@@ -98,7 +140,7 @@ type AppliedKey = (&'static str, String, String, Subresource);
 struct Inner {
     revision: u64,
     objects: HashMap<&'static str, Objects>,
-    history: VecDeque<Change>,
+    history: VecDeque<Recorded>,
     /// What each field manager last applied, per object and subresource: fields it
     /// applied before and leaves out now are removed, as server-side apply does,
     /// unless another manager still applies them.
@@ -131,12 +173,7 @@ fn now() -> String {
 }
 
 impl Inner {
-    fn object(
-        &self,
-        rt: &ResourceType,
-        namespace: Option<&str>,
-        name: &str,
-    ) -> Option<&Arc<Value>> {
+    fn object(&self, rt: &ResourceType, namespace: Option<&str>, name: &str) -> Option<&Stored> {
         self.objects
             .get(rt.name)?
             .get(namespace.unwrap_or_default())?
@@ -144,7 +181,7 @@ impl Inner {
     }
 
     /// Stores `object` under its namespace and name, replacing what was there.
-    fn put(&mut self, rt: &ResourceType, namespace: Option<&str>, name: &str, object: Arc<Value>) {
+    fn put(&mut self, rt: &ResourceType, namespace: Option<&str>, name: &str, object: Stored) {
         let namespace = namespace.unwrap_or_default();
         let namespaces = self.objects.entry(rt.name).or_default();
         if !namespaces.contains_key(namespace) {
@@ -161,12 +198,7 @@ impl Inner {
         }
     }
 
-    fn take(
-        &mut self,
-        rt: &ResourceType,
-        namespace: Option<&str>,
-        name: &str,
-    ) -> Option<Arc<Value>> {
+    fn take(&mut self, rt: &ResourceType, namespace: Option<&str>, name: &str) -> Option<Stored> {
         self.objects
             .get_mut(rt.name)?
             .get_mut(namespace.unwrap_or_default())?
@@ -334,7 +366,7 @@ impl Store {
     ) -> Result<Arc<Value>, ApiError> {
         self.lock()
             .object(rt, namespace, name)
-            .cloned()
+            .map(|stored| stored.object.clone())
             .ok_or_else(|| ApiError::not_found(rt, name))
     }
 
@@ -355,7 +387,7 @@ impl Store {
                 objects
                     .iter()
                     .filter(|(ns, _)| namespace.is_none_or(|want| want == *ns))
-                    .flat_map(|(_, names)| names.values())
+                    .flat_map(|(_, names)| names.values().map(|stored| &stored.object))
                     .filter(|object| labels.matches_labels(object) && fields.matches_fields(object))
                     .cloned()
                     .collect()
@@ -380,7 +412,7 @@ impl Store {
             .history
             .iter()
             .filter(|c| c.resource_version > from && c.resource == rt.name)
-            .cloned()
+            .filter_map(Recorded::change)
             .collect();
         Some(WatchStart { backlog, live })
     }
@@ -390,27 +422,40 @@ impl Store {
         self.changes.subscribe()
     }
 
+    /// Records a change in the history and sends it to the watches; `previous` is
+    /// the object before it, and its serialised form. Returns `object` serialised.
     fn record(
         &self,
         inner: &mut Inner,
         rt: &ResourceType,
         kind: ChangeKind,
         object: Arc<Value>,
-        previous: Option<Arc<Value>>,
-    ) {
-        let change = Change {
+        previous: Option<(Arc<Value>, Arc<[u8]>)>,
+    ) -> Arc<[u8]> {
+        let json: Arc<[u8]> = serde_json::to_vec(object.as_ref())
+            .unwrap_or_default()
+            .into();
+        let (previous, previous_json) = previous.unzip();
+        while inner.history.len() >= self.history {
+            inner.history.pop_front();
+        }
+        inner.history.push_back(Recorded {
+            resource_version: inner.revision,
+            resource: rt.name,
+            kind,
+            json: json.clone(),
+            previous: previous_json,
+        });
+        // No receiver is fine: nobody is watching.
+        let _ = self.changes.send(Change {
             resource_version: inner.revision,
             resource: rt.name,
             kind,
             object,
             previous,
-        };
-        while inner.history.len() >= self.history {
-            inner.history.pop_front();
-        }
-        inner.history.push_back(change.clone());
-        // No receiver is fine: nobody is watching.
-        let _ = self.changes.send(change);
+            json: json.clone(),
+        });
+        json
     }
 
     fn next_revision(inner: &mut Inner) -> u64 {
@@ -500,8 +545,12 @@ impl Store {
         metadata.insert("generation".into(), json!(1));
         metadata.remove("deletionTimestamp");
         let stored = Arc::new(object);
-        inner.put(rt, namespace.as_deref(), &name, stored.clone());
-        self.record(inner, rt, ChangeKind::Added, stored.clone(), None);
+        let json = self.record(inner, rt, ChangeKind::Added, stored.clone(), None);
+        let object = Stored {
+            object: stored.clone(),
+            json,
+        };
+        inner.put(rt, namespace.as_deref(), &name, object);
         Ok(stored)
     }
 
@@ -670,12 +719,12 @@ impl Store {
             inner.applied.remove(&applied_key);
         }
         let revision = Self::next_revision(inner);
-        let mut gone = (*removed).clone();
+        let mut gone = (*removed.object).clone();
         meta_mut(&mut gone).insert("resourceVersion".into(), json!(revision.to_string()));
         let gone = Arc::new(gone);
         self.record(inner, rt, ChangeKind::Deleted, gone.clone(), None);
         if propagation != Propagation::Orphan
-            && let Some(uid) = meta(&removed)["uid"].as_str()
+            && let Some(uid) = meta(&removed.object)["uid"].as_str()
         {
             self.collect_dependents(inner, uid, namespace);
         }
@@ -690,8 +739,8 @@ impl Store {
                 if namespace.is_some_and(|owner_ns| owner_ns != ns) {
                     continue;
                 }
-                for (name, object) in names {
-                    let owned = meta(object)["ownerReferences"]
+                for (name, stored) in names {
+                    let owned = meta(&stored.object)["ownerReferences"]
                         .as_array()
                         .is_some_and(|owners| owners.iter().any(|o| o["uid"] == owner_uid));
                     if owned {
@@ -750,7 +799,7 @@ impl Store {
     ) -> Result<Arc<Value>, ApiError> {
         inner
             .object(rt, namespace, name)
-            .cloned()
+            .map(|stored| stored.object.clone())
             .ok_or_else(|| ApiError::not_found(rt, name))
     }
 
@@ -878,14 +927,15 @@ impl Store {
         let revision = Self::next_revision(inner);
         meta_mut(&mut next).insert("resourceVersion".into(), json!(revision.to_string()));
         let stored = Arc::new(next);
-        inner.put(rt, namespace, name, stored.clone());
-        self.record(
-            inner,
-            rt,
-            ChangeKind::Modified,
-            stored.clone(),
-            Some(current.clone()),
-        );
+        let previous = inner
+            .object(rt, namespace, name)
+            .map(|stored| (current.clone(), stored.json.clone()));
+        let json = self.record(inner, rt, ChangeKind::Modified, stored.clone(), previous);
+        let object = Stored {
+            object: stored.clone(),
+            json,
+        };
+        inner.put(rt, namespace, name, object);
         Ok(stored)
     }
 }
@@ -1142,6 +1192,47 @@ mod tests {
             store.get(rt, Some("ns"), "c").expect("still there")["kind"],
             "ConfigMap"
         );
+    }
+
+    #[test]
+    fn a_resumed_watch_gets_each_change_as_it_was_made() {
+        let store = Store::default();
+        let rt = resources::config_maps();
+        let start = store.revision();
+        let created = store
+            .create(rt, Some("ns"), config_map("c", json!({"k": "1"})))
+            .expect("created");
+        let patched = store
+            .patch(
+                rt,
+                Some("ns"),
+                "c",
+                PatchKind::Merge,
+                json!({"data": {"k": "2"}}),
+                None,
+                Subresource::Main,
+            )
+            .expect("patched");
+        let gone = store
+            .delete(rt, Some("ns"), "c", Propagation::Background)
+            .expect("deleted");
+        let backlog = store.watch(rt, start).expect("in the history").backlog;
+        let seen: Vec<_> = backlog
+            .iter()
+            .map(|c| (c.kind, c.object.clone(), c.previous.clone()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (ChangeKind::Added, created.clone(), None),
+                (ChangeKind::Modified, patched, Some(created)),
+                (ChangeKind::Deleted, gone, None),
+            ]
+        );
+        for change in &backlog {
+            let json = serde_json::to_vec(change.object.as_ref()).expect("serialises");
+            assert_eq!(*change.json, *json);
+        }
     }
 
     #[test]
