@@ -144,9 +144,24 @@ fn error_reply(err: &ApiError) -> Response {
     reply(status, &err.status())
 }
 
-fn object_reply(result: Result<Arc<Value>, ApiError>, success: StatusCode) -> Response {
+/// The object a request read or wrote, in the bytes the store serialised it to
+/// when it has them (the same bytes [`reply`] would make).
+fn object_reply(
+    store: &Store,
+    rt: &ResourceType,
+    result: Result<Arc<Value>, ApiError>,
+    success: StatusCode,
+) -> Response {
     match result {
-        Ok(object) => reply(success, object.as_ref()),
+        Ok(object) => match store.serialised(rt, &object) {
+            Some(json) => (
+                success,
+                [(header::CONTENT_TYPE, "application/json")],
+                Bytes::from_owner(json),
+            )
+                .into_response(),
+            None => reply(success, object.as_ref()),
+        },
         Err(err) => error_reply(&err),
     }
 }
@@ -233,7 +248,12 @@ fn serve(
         ));
     }
     match (method, name) {
-        (&Method::GET, Some(name)) => Ok(object_reply(store.get(rt, ns, &name), StatusCode::OK)),
+        (&Method::GET, Some(name)) => Ok(object_reply(
+            store,
+            rt,
+            store.get(rt, ns, &name),
+            StatusCode::OK,
+        )),
         (&Method::GET, None) => {
             let labels = Selector::parse(query.get("labelSelector").map_or("", String::as_str))?;
             let fields = Selector::parse(query.get("fieldSelector").map_or("", String::as_str))?;
@@ -254,10 +274,14 @@ fn serve(
             ))
         }
         (&Method::POST, None) => Ok(object_reply(
+            store,
+            rt,
             store.create(rt, ns, parse_body(body, headers)?),
             StatusCode::CREATED,
         )),
         (&Method::PUT, Some(name)) => Ok(object_reply(
+            store,
+            rt,
             store.replace(rt, ns, &name, parse_body(body, headers)?, subresource),
             StatusCode::OK,
         )),
@@ -275,6 +299,8 @@ fn serve(
                 }
             };
             Ok(object_reply(
+                store,
+                rt,
                 store.patch(
                     rt,
                     ns,
@@ -304,6 +330,8 @@ fn serve(
                 }
             };
             Ok(object_reply(
+                store,
+                rt,
                 store.delete(rt, ns, &name, propagation),
                 StatusCode::OK,
             ))

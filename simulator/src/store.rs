@@ -145,6 +145,10 @@ struct Inner {
     /// applied before and leaves out now are removed, as server-side apply does,
     /// unless another manager still applies them.
     applied: HashMap<AppliedKey, BTreeMap<String, Value>>,
+    /// Where changes are serialised before being copied out at their size: a
+    /// growing buffer per change made several large allocations, each of which
+    /// makes the allocator consolidate the small blocks freed since.
+    scratch: Vec<u8>,
 }
 
 /// The object store behind the simulated API server (and the simulated controllers).
@@ -353,6 +357,17 @@ impl Store {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// `object` serialised as it was when stored, if it is what the store holds
+    /// under its namespace and name: a reply sends those bytes instead of
+    /// serialising the object again.
+    pub fn serialised(&self, rt: &ResourceType, object: &Arc<Value>) -> Option<Arc<[u8]>> {
+        let metadata = meta(object);
+        let name = metadata["name"].as_str()?;
+        let inner = self.lock();
+        let stored = inner.object(rt, metadata["namespace"].as_str(), name)?;
+        Arc::ptr_eq(&stored.object, object).then(|| stored.json.clone())
+    }
+
     /// The current resourceVersion.
     pub fn revision(&self) -> u64 {
         self.lock().revision
@@ -432,9 +447,11 @@ impl Store {
         object: Arc<Value>,
         previous: Option<(Arc<Value>, Arc<[u8]>)>,
     ) -> Arc<[u8]> {
-        let json: Arc<[u8]> = serde_json::to_vec(object.as_ref())
-            .unwrap_or_default()
-            .into();
+        inner.scratch.clear();
+        let json: Arc<[u8]> = match serde_json::to_writer(&mut inner.scratch, object.as_ref()) {
+            Ok(()) => Arc::from(inner.scratch.as_slice()),
+            Err(_) => Arc::from(&[][..]),
+        };
         let (previous, previous_json) = previous.unzip();
         while inner.history.len() >= self.history {
             inner.history.pop_front();
@@ -1233,6 +1250,37 @@ mod tests {
             let json = serde_json::to_vec(change.object.as_ref()).expect("serialises");
             assert_eq!(*change.json, *json);
         }
+    }
+
+    #[test]
+    fn only_the_stored_version_comes_serialised() {
+        let store = Store::default();
+        let rt = resources::config_maps();
+        let created = store
+            .create(rt, Some("ns"), config_map("c", json!({"k": "1"})))
+            .expect("created");
+        let json = store.serialised(rt, &created).expect("stored");
+        assert_eq!(
+            *json,
+            *serde_json::to_vec(created.as_ref()).expect("serialises")
+        );
+        store
+            .patch(
+                rt,
+                Some("ns"),
+                "c",
+                PatchKind::Merge,
+                json!({"data": {"k": "2"}}),
+                None,
+                Subresource::Main,
+            )
+            .expect("patched");
+        assert!(store.serialised(rt, &created).is_none(), "no longer stored");
+        assert!(
+            store
+                .serialised(rt, &Arc::new((*created).clone()))
+                .is_none()
+        );
     }
 
     #[test]
