@@ -1153,6 +1153,21 @@ mod tests {
         json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data})
     }
 
+    /// Merge-patches `data.k` of the ConfigMap `ns/c`.
+    fn patch_data(store: &Store, value: &str) -> Arc<Value> {
+        store
+            .patch(
+                resources::config_maps(),
+                Some("ns"),
+                "c",
+                PatchKind::Merge,
+                json!({"data": {"k": value}}),
+                None,
+                Subresource::Main,
+            )
+            .expect("patched")
+    }
+
     #[test]
     fn writes_that_change_nothing_keep_the_resource_version() {
         let store = Store::default();
@@ -1161,17 +1176,7 @@ mod tests {
             .create(rt, Some("ns"), config_map("c", json!({"k": "v"})))
             .expect("created");
         let revision = store.revision();
-        let same = store
-            .patch(
-                rt,
-                Some("ns"),
-                "c",
-                PatchKind::Merge,
-                json!({"data": {"k": "v"}}),
-                None,
-                Subresource::Main,
-            )
-            .expect("patched");
+        let same = patch_data(&store, "v");
         assert_eq!(same, created);
         assert_eq!(store.revision(), revision);
     }
@@ -1219,17 +1224,7 @@ mod tests {
         let created = store
             .create(rt, Some("ns"), config_map("c", json!({"k": "1"})))
             .expect("created");
-        let patched = store
-            .patch(
-                rt,
-                Some("ns"),
-                "c",
-                PatchKind::Merge,
-                json!({"data": {"k": "2"}}),
-                None,
-                Subresource::Main,
-            )
-            .expect("patched");
+        let patched = patch_data(&store, "2");
         let gone = store
             .delete(rt, Some("ns"), "c", Propagation::Background)
             .expect("deleted");
@@ -1264,17 +1259,7 @@ mod tests {
             *json,
             *serde_json::to_vec(created.as_ref()).expect("serialises")
         );
-        store
-            .patch(
-                rt,
-                Some("ns"),
-                "c",
-                PatchKind::Merge,
-                json!({"data": {"k": "2"}}),
-                None,
-                Subresource::Main,
-            )
-            .expect("patched");
+        patch_data(&store, "2");
         assert!(store.serialised(rt, &created).is_none(), "no longer stored");
         assert!(
             store
