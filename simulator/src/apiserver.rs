@@ -114,12 +114,15 @@ fn not_served(path: &str) -> ApiError {
 }
 
 fn reply(status: StatusCode, body: &impl Serialize) -> Response {
-    (
+    json_reply(
         status,
-        [(header::CONTENT_TYPE, "application/json")],
-        serde_json::to_vec(body).unwrap_or_default(),
+        Bytes::from(serde_json::to_vec(body).unwrap_or_default()),
     )
-        .into_response()
+}
+
+/// A reply of JSON already serialised.
+fn json_reply(status: StatusCode, json: Bytes) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], json).into_response()
 }
 
 /// A list response, serialised from the stored objects without copying them.
@@ -154,12 +157,7 @@ fn object_reply(
 ) -> Response {
     match result {
         Ok(object) => match store.serialised(rt, &object) {
-            Some(json) => (
-                success,
-                [(header::CONTENT_TYPE, "application/json")],
-                Bytes::from_owner(json),
-            )
-                .into_response(),
+            Some(json) => json_reply(success, Bytes::from_owner(json)),
             None => reply(success, object.as_ref()),
         },
         Err(err) => error_reply(&err),

@@ -780,21 +780,27 @@ impl Cluster {
                 self.live_pods.remove(&key);
                 return;
             }
-            let facts = Arc::new(PodFacts::of(object.clone()));
-            self.pods
-                .entry(namespace.clone())
-                .or_default()
-                .insert(name.clone(), facts.clone());
-            if facts.terminal() {
-                self.live_pods.remove(&key);
-            } else {
-                self.live_pods.insert(key, facts);
-            }
+            self.track_pod(key, object.clone());
         } else if deleted || job_finished(object) {
             self.live_jobs.remove(&key);
         } else {
             self.live_jobs
                 .insert(key, Arc::new(LiveJob::of(object.clone())));
+        }
+    }
+
+    /// Keeps a pod's facts under its namespace and name, and among the live
+    /// pods while it is unfinished.
+    fn track_pod(&mut self, key: (String, String), object: Arc<Value>) {
+        let facts = Arc::new(PodFacts::of(object));
+        self.pods
+            .entry(key.0.clone())
+            .or_default()
+            .insert(key.1.clone(), facts.clone());
+        if facts.terminal() {
+            self.live_pods.remove(&key);
+        } else {
+            self.live_pods.insert(key, facts);
         }
     }
 
@@ -818,16 +824,8 @@ impl Cluster {
         self.pods.clear();
         self.live_pods.clear();
         for pod in pods {
-            let Some(key) = store_key(&pod) else {
-                continue;
-            };
-            let facts = Arc::new(PodFacts::of(pod));
-            self.pods
-                .entry(key.0.clone())
-                .or_default()
-                .insert(key.1.clone(), facts.clone());
-            if !facts.terminal() {
-                self.live_pods.insert(key, facts);
+            if let Some(key) = store_key(&pod) {
+                self.track_pod(key, pod);
             }
         }
         self.live_jobs = jobs

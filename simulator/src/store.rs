@@ -188,10 +188,9 @@ impl Inner {
     fn put(&mut self, rt: &ResourceType, namespace: Option<&str>, name: &str, object: Stored) {
         let namespace = namespace.unwrap_or_default();
         let namespaces = self.objects.entry(rt.name).or_default();
-        if !namespaces.contains_key(namespace) {
-            namespaces.insert(namespace.to_owned(), BTreeMap::new());
-        }
         let Some(names) = namespaces.get_mut(namespace) else {
+            let names = BTreeMap::from([(name.to_owned(), object)]);
+            namespaces.insert(namespace.to_owned(), names);
             return;
         };
         match names.get_mut(name) {

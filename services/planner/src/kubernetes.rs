@@ -113,30 +113,36 @@ impl KubeWriter {
         changes: ObjectChanges,
     ) -> Result<(), PlannerError> {
         let params = PatchParams::apply(&objects.field_manager).force();
-        let config_map = async {
-            if changes.config_map {
-                self.apply_one(namespace, &params, &objects.config_map)
-                    .await?;
-            }
-            Ok::<_, PlannerError>(())
-        };
-        let service = async {
-            if changes.service {
-                self.apply_one(namespace, &params, &objects.service).await?;
-            }
-            Ok::<_, PlannerError>(())
-        };
-        let job = async {
-            if changes.job {
-                self.apply_one(namespace, &params, &objects.job).await?;
-            }
-            Ok::<_, PlannerError>(())
-        };
+        let config_map = self.apply_if(changes.config_map, namespace, &params, &objects.config_map);
+        let service = self.apply_if(changes.service, namespace, &params, &objects.service);
+        let job = self.apply_if(changes.job, namespace, &params, &objects.job);
         if objects.job_suspended() {
             futures::try_join!(config_map, service, job)?;
         } else {
             futures::try_join!(config_map, service)?;
             job.await?;
+        }
+        Ok(())
+    }
+
+    /// Server-side applies `object` if it `changed`.
+    async fn apply_if<K>(
+        &self,
+        changed: bool,
+        namespace: &str,
+        params: &PatchParams,
+        object: &K,
+    ) -> Result<(), PlannerError>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + Clone
+            + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        if changed {
+            self.apply_one(namespace, params, object).await?;
         }
         Ok(())
     }
