@@ -125,7 +125,7 @@ impl KubeWriter {
         Ok(())
     }
 
-    /// Server-side applies `object` if it `changed`.
+    /// Server-side applies one namespaced object if it `changed`.
     async fn apply_if<K>(
         &self,
         changed: bool,
@@ -141,27 +141,9 @@ impl KubeWriter {
             + std::fmt::Debug,
         K::DynamicType: Default,
     {
-        if changed {
-            self.apply_one(namespace, params, object).await?;
+        if !changed {
+            return Ok(());
         }
-        Ok(())
-    }
-
-    /// Server-side applies one namespaced object.
-    async fn apply_one<K>(
-        &self,
-        namespace: &str,
-        params: &PatchParams,
-        object: &K,
-    ) -> Result<(), PlannerError>
-    where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-            + serde::Serialize
-            + serde::de::DeserializeOwned
-            + Clone
-            + std::fmt::Debug,
-        K::DynamicType: Default,
-    {
         let name = object.name_any();
         Api::<K>::namespaced(self.client.clone(), namespace)
             .patch(&name, params, &Patch::Apply(object))
