@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use planner_core::{
     EventType, Observation, PlannerAction, PlannerCommand, PlannerConfig, PlannerJobState,
 };
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
 use tokio_util::sync::CancellationToken;
 use trainyard_api::TrainingJob;
 use trainyard_contracts::decisions::{
@@ -35,6 +35,7 @@ pub struct PlannerMetrics {
     pub reconciles: IntCounterVec,
     pub reconcile_seconds: HistogramVec,
     pub actions: IntCounterVec,
+    pub jobs_in_memory: IntGauge,
 }
 
 impl PlannerMetrics {
@@ -70,11 +71,20 @@ impl PlannerMetrics {
         registry
             .register(Box::new(reconcile_seconds.clone()))
             .map_err(err)?;
+        let jobs_in_memory = IntGauge::new(
+            "trainyard_planner_jobs_in_memory",
+            "TrainingJobs this process holds in memory (finished and deleted ones are released after finished_entry_ttl_seconds)",
+        )
+        .map_err(err)?;
         registry.register(Box::new(actions.clone())).map_err(err)?;
+        registry
+            .register(Box::new(jobs_in_memory.clone()))
+            .map_err(err)?;
         Ok(Self {
             reconciles,
             reconcile_seconds,
             actions,
+            jobs_in_memory,
         })
     }
 }
@@ -96,7 +106,9 @@ struct Entry {
     /// observations change it (the core decides from it, never into it), so
     /// the many other inputs skip encoding it.
     observed_unsaved: bool,
-    /// When a message last left the job finished (Completed or Failed).
+    /// When a message last left the job finished (Completed or Failed) or
+    /// gone from the API (a deleted job's last Pod and Job changes arrive
+    /// after it is forgotten).
     finished_at: Option<Instant>,
     /// When this process last wrote the job's status.
     status_written_at: Option<Instant>,
@@ -229,7 +241,9 @@ impl Planner {
 
     fn entry(&self, key: &str) -> Arc<tokio::sync::Mutex<Entry>> {
         let mut entries = self.entries();
-        entries.entry(key.to_string()).or_default().clone()
+        let entry = entries.entry(key.to_string()).or_default().clone();
+        self.metrics.jobs_in_memory.set(entries.len() as i64);
+        entry
     }
 
     /// Drops the entries of jobs finished for at least `ttl` (their state is
@@ -247,6 +261,7 @@ impl Planner {
                 entry.finished_at.is_none_or(|at| at.elapsed() < ttl)
             })
         });
+        self.metrics.jobs_in_memory.set(entries.len() as i64);
     }
 
     /// Releases finished jobs' entries (`finished_entry_ttl_seconds` after their
@@ -273,6 +288,7 @@ impl Planner {
     fn forget(&self, key: &str) {
         let mut entries = self.entries();
         entries.remove(key);
+        self.metrics.jobs_in_memory.set(entries.len() as i64);
     }
 
     /// Reconciles every TrainingJob in the cluster: after a restart this re-arms
@@ -328,13 +344,13 @@ impl Planner {
             entry.loaded = true;
         }
         let result = self.apply(&key, entity, &mut entry, at, input).await;
-        let finished = entry
-            .object
-            .as_ref()
-            .and_then(|job| job.status.as_ref())
-            .and_then(|status| status.state)
-            .is_some_and(|state| state.is_terminal());
-        entry.finished_at = finished.then(Instant::now);
+        let finished_or_gone = entry.object.as_ref().is_none_or(|job| {
+            job.status
+                .as_ref()
+                .and_then(|status| status.state)
+                .is_some_and(|state| state.is_terminal())
+        });
+        entry.finished_at = finished_or_gone.then(Instant::now);
         let outcome = if result.is_ok() { "ok" } else { "error" };
         self.metrics.reconciles.with_label_values(&[outcome]).inc();
         self.metrics

@@ -12,6 +12,7 @@ use serde_json::json;
 use trainyard_api::TrainingJobState;
 use trainyard_contracts::commands::CheckpointRequested;
 use trainyard_contracts::decisions::AdmissionDecided;
+use trainyard_contracts::events::{Change, JobObserved};
 use trainyard_contracts::lifecycle::TrainingJobFinalized;
 use trainyard_contracts::{Bucket, streams};
 use trainyard_planner::KubeWriter;
@@ -232,6 +233,50 @@ async fn deletion_publishes_a_final_event_and_forgets_the_job() {
         .get(format!("ml/{name}"))
         .await;
     assert!(matches!(state, Ok(None)), "the job's planner state is gone");
+
+    // The garbage collector deletes the Job after the TrainingJob is gone, so
+    // the Job's last change comes after the job is forgotten; it must not keep
+    // the job in the planner's memory.
+    let observations_handled = || {
+        trainyard_testkit::metric(
+            &cluster.runtime.registry,
+            "trainyard_messages_handled_total",
+            &[("consumer", "planner-events"), ("outcome", "ack")],
+        )
+    };
+    let handled_before = observations_handled();
+    cluster
+        .publish(
+            &name,
+            JobObserved {
+                change: Change::Deleted,
+                job_name: "mnist-training-a0".into(),
+                job_uid: "job-uid".into(),
+                attempt: 0,
+                suspended: false,
+                active: 0,
+                ready: 0,
+                succeeded: 0,
+                failed: 0,
+                conditions: Vec::new(),
+                start_time: None,
+                completion_time: None,
+            },
+        )
+        .await;
+    eventually("the Job's deletion handled", || async {
+        (observations_handled() > handled_before).then_some(())
+    })
+    .await;
+    eventually("no job left in the planner's memory", || async {
+        let held = trainyard_testkit::metric(
+            &cluster.runtime.registry,
+            "trainyard_planner_jobs_in_memory",
+            &[],
+        );
+        (held == 0.0).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
