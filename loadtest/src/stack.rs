@@ -481,18 +481,29 @@ pub struct ConsumerProgress {
     pub backlog: u64,
 }
 
-/// The progress of `service`'s (first) consumer on `stream`.
+/// The progress of `service`'s consumers on `stream`, summed: a service may
+/// keep several there (the planner reads TrainingJob changes apart from Job
+/// and Pod observations).
 pub async fn consumer_progress(
     js: &jetstream::Context,
     service: Service,
     stream: streams::StreamSpec,
 ) -> Result<ConsumerProgress, StackError> {
-    let spec = service
+    let mut total: Option<ConsumerProgress> = None;
+    for spec in service
         .consumers()
         .into_iter()
-        .find(|c| c.stream.name == stream.name)
-        .ok_or_else(|| StackError::Nats(format!("{} reads no {}", service.name(), stream.name)))?;
-    durable_progress(js, stream.name, &spec.durable).await
+        .filter(|c| c.stream.name == stream.name)
+    {
+        let progress = durable_progress(js, stream.name, &spec.durable).await?;
+        let sum = total.get_or_insert(ConsumerProgress {
+            acked: 0,
+            backlog: 0,
+        });
+        sum.acked += progress.acked;
+        sum.backlog += progress.backlog;
+    }
+    total.ok_or_else(|| StackError::Nats(format!("{} reads no {}", service.name(), stream.name)))
 }
 
 async fn durable_progress(

@@ -102,7 +102,7 @@ struct StreamRate {
 struct EventsRates {
     /// Messages the watcher published to the EVENTS stream per second of the run.
     published_per_second: f64,
-    /// Deliveries the planner acknowledged on its EVENTS consumer per second of the run.
+    /// Deliveries the planner acknowledged on its EVENTS consumers per second of the run.
     planner_per_second: f64,
     /// The same, counting only the intervals in which the planner had a backlog.
     planner_busy_per_second: Option<f64>,
@@ -544,7 +544,7 @@ struct CounterSnapshot {
     planner: stack::ConsumerProgress,
 }
 
-/// Every stream's last sequence and the planner's EVENTS consumer, every
+/// Every stream's last sequence and the planner's EVENTS consumers, every
 /// [`SAMPLE_EVERY`] until `stop` (one last sample after it).
 async fn sample_counters(
     js: jetstream::Context,

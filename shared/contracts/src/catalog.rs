@@ -103,7 +103,7 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
         )?,
         entry::<events::SweepChanged>(
             "watcher",
-            "planner, hpo-tuner",
+            "hpo-tuner",
             "A Sweep was created, changed or deleted (the object without `metadata.managedFields`).",
             sweep(),
             json!({"change": "Applied", "object": {

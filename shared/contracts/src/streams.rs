@@ -141,11 +141,11 @@ impl Service {
         match self {
             Service::Watcher => vec![],
             Service::Planner => vec![
-                // The whole family, though node and queue events are acknowledged
-                // unread: with several filters over per-job subjects, NATS searches
-                // its subject index for each next message, and in a burst that
-                // cost nats-server more CPU than all of the planner's deliveries.
-                ConsumerSpec::new(self, EVENTS, vec![family_filter(Family::Events)]),
+                // TrainingJob changes (what users ask for) have their own consumer,
+                // so a new job is not queued behind its running neighbours' Job
+                // and Pod observations.
+                ConsumerSpec::part(self, EVENTS, "trainingjob", events(&["trainingjob"])),
+                ConsumerSpec::new(self, EVENTS, events(&["job", "pod"])),
                 ConsumerSpec::new(self, DECISIONS, vec![family_filter(Family::Decisions)]),
                 ConsumerSpec::new(self, WORKER, vec![family_filter(Family::Worker)]),
                 ConsumerSpec::new(self, SUBMIT, vec![family_filter(Family::Submit)]),
@@ -207,6 +207,21 @@ impl ConsumerSpec {
     fn new(service: Service, stream: StreamSpec, filter_subjects: Vec<String>) -> Self {
         Self {
             durable: format!("{}-{}", service.name(), stream.family.as_str()),
+            stream,
+            filter_subjects,
+        }
+    }
+
+    /// `<service>-<stream family>-<part>`: one of several consumers a service
+    /// keeps on one stream.
+    fn part(
+        service: Service,
+        stream: StreamSpec,
+        part: &str,
+        filter_subjects: Vec<String>,
+    ) -> Self {
+        Self {
+            durable: format!("{}-{}-{part}", service.name(), stream.family.as_str()),
             stream,
             filter_subjects,
         }
