@@ -12,11 +12,12 @@ use serde_json::json;
 use trainyard_api::TrainingJobState;
 use trainyard_contracts::commands::CheckpointRequested;
 use trainyard_contracts::decisions::AdmissionDecided;
-use trainyard_contracts::events::{Change, JobObserved};
+use trainyard_contracts::events::Change;
 use trainyard_contracts::lifecycle::TrainingJobFinalized;
 use trainyard_contracts::{Bucket, streams};
 use trainyard_planner::KubeWriter;
 use trainyard_planner::kubernetes::FINALIZER;
+use trainyard_watcher::mapping::{Watched, WatchedJob};
 
 fn admitted(attempt: u32) -> AdmissionDecided {
     AdmissionDecided {
@@ -210,6 +211,11 @@ async fn deletion_publishes_a_final_event_and_forgets_the_job() {
         cluster.jobs().get_opt("mnist-training-a0").await.ok()?
     })
     .await;
+    // Read as the watcher reads it, to report its deletion later.
+    let attempt: WatchedJob = kube::Api::namespaced(cluster.client.clone(), cluster::NS)
+        .get("mnist-training-a0")
+        .await
+        .expect("get the Job");
 
     cluster
         .training_jobs()
@@ -246,22 +252,10 @@ async fn deletion_publishes_a_final_event_and_forgets_the_job() {
     };
     let handled_before = observations_handled();
     cluster
-        .publish(
-            &name,
-            JobObserved {
-                change: Change::Deleted,
-                job_name: "mnist-training-a0".into(),
-                job_uid: "job-uid".into(),
-                attempt: 0,
-                suspended: false,
-                active: 0,
-                ready: 0,
-                succeeded: 0,
-                failed: 0,
-                conditions: Vec::new(),
-                start_time: None,
-                completion_time: None,
-            },
+        .publish_change(
+            attempt
+                .to_event(Change::Deleted)
+                .expect("the Job belongs to the TrainingJob"),
         )
         .await;
     eventually("the Job's deletion handled", || async {

@@ -19,7 +19,7 @@ use trainyard_contracts::{
 };
 use trainyard_runtime::{Runtime, Settings};
 use trainyard_testkit::NatsServer;
-use trainyard_watcher::mapping::{Watched, WatchedJob, WatchedPod};
+use trainyard_watcher::mapping::{ChangeEvent, Watched, WatchedJob, WatchedPod};
 use trainyard_watcher::relist::Relist;
 
 pub const NS: &str = "ml";
@@ -171,13 +171,18 @@ impl Cluster {
         }
         changes.extend(relist.on_event::<K>(Event::InitDone));
         for change in changes {
-            trainyard_watcher::adapter::publish(&self.runtime.publisher, change)
-                .await
-                .expect("send change")
-                .stored()
-                .await
-                .expect("store change");
+            self.publish_change(change).await;
         }
+    }
+
+    /// Publishes one change event as the watcher does.
+    pub async fn publish_change(&self, change: ChangeEvent) {
+        trainyard_watcher::adapter::publish(&self.runtime.publisher, change)
+            .await
+            .expect("send change")
+            .stored()
+            .await
+            .expect("store change");
     }
 
     /// Publishes a message as another service (or a worker) would.
