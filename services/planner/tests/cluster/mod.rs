@@ -175,6 +175,28 @@ impl Cluster {
         }
     }
 
+    /// Whether the planner has handled every change event published so far.
+    pub async fn events_handled(&self) -> bool {
+        let Ok(stream) = self
+            .runtime
+            .jetstream
+            .get_stream(streams::EVENTS.name)
+            .await
+        else {
+            return false;
+        };
+        for consumer in TrainyardService::Planner.consumers() {
+            if consumer.stream.name != streams::EVENTS.name {
+                continue;
+            }
+            match stream.consumer_info(&consumer.durable).await {
+                Ok(info) if info.num_pending == 0 && info.num_ack_pending == 0 => {}
+                _ => return false,
+            }
+        }
+        true
+    }
+
     /// Publishes one change event as the watcher does.
     pub async fn publish_change(&self, change: ChangeEvent) {
         trainyard_watcher::adapter::publish(&self.runtime.publisher, change)
