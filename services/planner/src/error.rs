@@ -10,6 +10,10 @@ pub enum PlannerError {
         #[source]
         source: Box<kube::Error>,
     },
+    /// The TrainingJob was deleted while a message about it was handled
+    /// (its deletion event finalizes it); nothing to retry.
+    #[error("trainingjob {namespace}/{name} is gone")]
+    TrainingJobGone { namespace: String, name: String },
     /// No Kubernetes configuration (in-cluster or kubeconfig) could be loaded.
     #[error("kubernetes client: {0}; run in a cluster or set KUBECONFIG")]
     Client(#[source] kube::Error),
@@ -40,6 +44,7 @@ impl PlannerError {
     pub fn category(&self) -> &'static str {
         match self {
             PlannerError::Kube { .. } => "kubernetes",
+            PlannerError::TrainingJobGone { .. } => "gone",
             PlannerError::Client(_) => "client",
             PlannerError::Runtime(_) => "runtime",
             PlannerError::Store(_) => "store",

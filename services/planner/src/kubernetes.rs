@@ -34,6 +34,24 @@ fn gone(result: Result<(), kube::Error>, action: String) -> Result<(), PlannerEr
     }
 }
 
+/// A write to the TrainingJob itself: NotFound means it was deleted meanwhile.
+fn training_job_write(
+    namespace: String,
+    name: String,
+    action: &'static str,
+) -> impl FnOnce(kube::Error) -> PlannerError {
+    move |source| {
+        if is_not_found(&source) {
+            PlannerError::TrainingJobGone { namespace, name }
+        } else {
+            PlannerError::Kube {
+                action: format!("{action} {namespace}/{name}"),
+                source: Box::new(source),
+            }
+        }
+    }
+}
+
 /// A status apply body, encoded straight from the typed status (a `json!`
 /// value would copy the whole status into a tree first).
 #[derive(Debug, serde::Serialize)]
@@ -186,9 +204,7 @@ impl KubeWriter {
         self.jobs(&namespace)
             .patch_status(&name, &self.apply_params(), &Patch::Apply(&patch))
             .await
-            .map_err(PlannerError::kube(format!(
-                "write status {namespace}/{name}"
-            )))
+            .map_err(training_job_write(namespace, name, "write status"))
     }
 
     /// Records a Kubernetes Event on the TrainingJob (`kubectl describe` shows
@@ -219,18 +235,12 @@ impl KubeWriter {
         let mut finalizers = job.finalizers().to_vec();
         finalizers.push(FINALIZER.to_string());
         let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": job.resource_version()}});
-        self.jobs(&job.namespace().unwrap_or_default())
-            .patch(
-                &job.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
+        let (namespace, name) = (job.namespace().unwrap_or_default(), job.name_any());
+        self.jobs(&namespace)
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map(Some)
-            .map_err(PlannerError::kube(format!(
-                "add finalizer to {}",
-                job.name_any()
-            )))
+            .map_err(training_job_write(namespace, name, "add finalizer to"))
     }
 
     /// Deletes everything the TrainingJob owns, then releases it.

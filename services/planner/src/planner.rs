@@ -416,9 +416,19 @@ impl Planner {
             finalize?;
             return self.finalized(key, entity, entry, last_state).await;
         }
-        let reconciled = self.reconcile(key, entity, entry, &job).await;
-        entry.object.get_or_insert(job);
-        reconciled
+        match self.reconcile(key, entity, entry, &job).await {
+            // Deleted meanwhile (a stale copy, or a retry that outlived the
+            // object): its deletion event finalizes it, and the entry is
+            // released like a finished job's.
+            Err(PlannerError::TrainingJobGone { .. }) => {
+                entry.object = None;
+                Ok(())
+            }
+            reconciled => {
+                entry.object.get_or_insert(job);
+                reconciled
+            }
+        }
     }
 
     /// Decides from `job` and the state, carries the decisions out and saves the state.

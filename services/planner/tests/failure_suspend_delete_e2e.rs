@@ -256,6 +256,13 @@ async fn deletion_publishes_a_final_event_and_forgets_the_job() {
                 .expect("the Job belongs to the TrainingJob"),
         )
         .await;
+    // A stale copy of the TrainingJob itself (a redelivery that outlived it):
+    // writing to it finds it gone, which is not an error to retry.
+    let mut stale = tj;
+    stale.metadata.resource_version = Some("999998".into());
+    cluster
+        .publish_change(stale.to_event(Change::Applied).expect("a TrainingJob"))
+        .await;
     eventually("the planner has handled every change", || async {
         cluster.events_handled().await.then_some(())
     })
@@ -269,6 +276,13 @@ async fn deletion_publishes_a_final_event_and_forgets_the_job() {
         (held == 0.0).then_some(())
     })
     .await;
+    let dead = trainyard_testkit::stream_messages(
+        &cluster.runtime.jetstream,
+        streams::DEAD_LETTER.name,
+        None,
+    )
+    .await;
+    assert!(dead.is_empty(), "nothing dead-lettered: {dead:?}");
 }
 
 #[tokio::test]
