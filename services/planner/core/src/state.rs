@@ -22,7 +22,7 @@ use trainyard_contracts::decisions::{
 use trainyard_contracts::events::{Change, JobObserved, PodObserved};
 use trainyard_contracts::worker::{CheckpointReported, ProgressReported};
 
-use crate::failure::WorkerFailure;
+use crate::failure::{FailureCause, WorkerFailure};
 
 /// Job condition types that mean the Job finished successfully.
 const JOB_SUCCESS_CONDITIONS: [&str; 2] = ["Complete", "SuccessCriteriaMet"];
@@ -178,7 +178,9 @@ pub struct PlannerJobState {
     pub early_admissions: BTreeMap<u32, AdmissionDecided>,
     /// Attempts that ended in a failure and were followed by another attempt:
     /// the restarts spent against `failurePolicy.backoffLimit`. Preemptions, user
-    /// suspends and deleted Jobs do not count.
+    /// suspends, deleted Jobs and disruptions Kubernetes reports (spot reclaims,
+    /// evictions, node loss: a Job's podFailurePolicy `Ignore` on
+    /// `DisruptionTarget`) do not count.
     pub failed_attempts: u32,
     /// When the workers first started, over all attempts.
     pub first_started_at: Option<DateTime<Utc>>,
@@ -214,8 +216,13 @@ impl PlannerJobState {
     /// Moves on to a newer attempt: the current one is over.
     fn advance_to(&mut self, attempt: u32) {
         let finished = std::mem::replace(&mut self.current, AttemptRecord::new(attempt));
-        // A failure during a preemption window is the eviction, not the program.
-        if finished.failure.is_some() && finished.preemption.is_none() {
+        // A failure during a preemption window is the eviction, not the program;
+        // a disruption is the infrastructure's, not the program's.
+        let program_failed = finished
+            .failure
+            .as_ref()
+            .is_some_and(|failure| !matches!(failure.cause, FailureCause::Disrupted { .. }));
+        if program_failed && finished.preemption.is_none() {
             self.failed_attempts = self.failed_attempts.saturating_add(1);
         }
         self.current.admission = self.early_admissions.remove(&attempt);

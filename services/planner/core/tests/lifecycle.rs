@@ -336,6 +336,44 @@ fn backoff_limit_exhausted_fails_with_exit_code_and_worker() {
 }
 
 #[test]
+fn spot_reclaims_restart_without_spending_the_backoff_budget() {
+    let mut h = Harness::new(training_job(
+        "gpt",
+        with_failure_policy(RestartPolicy::OnFailure, Some(1)),
+    ));
+    // Three reclaims in a row, more than backoffLimit allows failures.
+    for attempt in 0..3 {
+        h.run_attempt_until_running(attempt);
+        let mut reclaimed = pod_failed("gpt", attempt, 1, 143);
+        reclaimed.conditions = vec![condition("DisruptionTarget", "TerminationByKubelet")];
+        h.observe(Observation::Pod(reclaimed));
+        let mut failed_job = job_event("gpt", attempt, false, 0);
+        failed_job.failed = 1;
+        failed_job.conditions = vec![condition("Failed", "BackoffLimitExceeded")];
+        h.observe(Observation::Job(failed_job));
+        let actions = h.decide();
+        assert_eq!(
+            h.state_now(),
+            Some(TrainingJobState::Pending),
+            "reclaim {attempt}"
+        );
+        let (next, delay) = recreate_delay(&actions).unwrap();
+        assert_eq!(next, attempt + 1);
+        h.advance(i64::try_from(delay).unwrap());
+    }
+    h.run_attempt_until_running(3);
+    assert_eq!(h.state.failed_attempts, 0, "a reclaim is not a failure");
+    // Program failures still count: one restart, then the job fails.
+    let actions = fail_worker_one(&mut h, 3, 137);
+    assert_eq!(h.state_now(), Some(TrainingJobState::Pending));
+    let (next, delay) = recreate_delay(&actions).unwrap();
+    h.advance(i64::try_from(delay).unwrap());
+    h.run_attempt_until_running(next);
+    fail_worker_one(&mut h, next, 137);
+    assert_eq!(h.state_now(), Some(TrainingJobState::Failed));
+}
+
+#[test]
 fn suspend_stops_the_workers_after_a_checkpoint_request_and_resume_starts_a_new_attempt() {
     let mut h = Harness::new(training_job("bert", spec(2)));
     h.run_attempt_until_running(0);
