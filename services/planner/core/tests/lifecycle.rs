@@ -19,6 +19,7 @@ use trainyard_api::{
     CheckpointSpec, FailurePolicy, RestartPolicy, SuccessPolicy, TrainingJobSpec, TrainingJobState,
 };
 use trainyard_contracts::decisions::{ResumePointChosen, TrialStopped};
+use trainyard_contracts::events::PodObserved;
 
 fn states(harness: &Harness) -> Vec<TrainingJobState> {
     harness.transitions.iter().map(|t| t.to).collect()
@@ -48,12 +49,30 @@ fn with_failure_policy(
 /// Fails attempt `attempt` with `exit_code` on worker 1 and decides.
 fn fail_worker_one(harness: &mut Harness, attempt: u32, exit_code: i32) -> Vec<PlannerAction> {
     let name = harness.name();
-    harness.observe(Observation::Pod(pod_failed(&name, attempt, 1, exit_code)));
+    fail_with(harness, attempt, pod_failed(&name, attempt, 1, exit_code))
+}
+
+/// `pod` ends the attempt, and the Job controller fails the Job.
+fn fail_with(harness: &mut Harness, attempt: u32, pod: PodObserved) -> Vec<PlannerAction> {
+    let name = harness.name();
+    harness.observe(Observation::Pod(pod));
     let mut failed_job = job_event(&name, attempt, false, 0);
     failed_job.failed = 1;
     failed_job.conditions = vec![condition("Failed", "BackoffLimitExceeded")];
     harness.observe(Observation::Job(failed_job));
     harness.decide()
+}
+
+/// The job waits to restart as `attempt` + 1; the clock moves past the backoff.
+fn expect_restart(harness: &mut Harness, actions: &[PlannerAction], attempt: u32) {
+    assert_eq!(
+        harness.state_now(),
+        Some(TrainingJobState::Pending),
+        "after attempt {attempt}"
+    );
+    let (next, delay) = recreate_delay(actions).unwrap();
+    assert_eq!(next, attempt + 1);
+    harness.advance(i64::try_from(delay).unwrap());
 }
 
 #[test]
@@ -307,14 +326,7 @@ fn backoff_limit_exhausted_fails_with_exit_code_and_worker() {
         h.run_attempt_until_running(attempt);
         let actions = fail_worker_one(&mut h, attempt, 137);
         if attempt < 2 {
-            assert_eq!(
-                h.state_now(),
-                Some(TrainingJobState::Pending),
-                "attempt {attempt}"
-            );
-            let (next, delay) = recreate_delay(&actions).unwrap();
-            assert_eq!(next, attempt + 1);
-            h.advance(i64::try_from(delay).unwrap());
+            expect_restart(&mut h, &actions, attempt);
         }
     }
     let status = h.status();
@@ -346,30 +358,16 @@ fn spot_reclaims_restart_without_spending_the_backoff_budget() {
         h.run_attempt_until_running(attempt);
         let mut reclaimed = pod_failed("gpt", attempt, 1, 143);
         reclaimed.conditions = vec![condition("DisruptionTarget", "TerminationByKubelet")];
-        h.observe(Observation::Pod(reclaimed));
-        let mut failed_job = job_event("gpt", attempt, false, 0);
-        failed_job.failed = 1;
-        failed_job.conditions = vec![condition("Failed", "BackoffLimitExceeded")];
-        h.observe(Observation::Job(failed_job));
-        let actions = h.decide();
-        assert_eq!(
-            h.state_now(),
-            Some(TrainingJobState::Pending),
-            "reclaim {attempt}"
-        );
-        let (next, delay) = recreate_delay(&actions).unwrap();
-        assert_eq!(next, attempt + 1);
-        h.advance(i64::try_from(delay).unwrap());
+        let actions = fail_with(&mut h, attempt, reclaimed);
+        expect_restart(&mut h, &actions, attempt);
     }
     h.run_attempt_until_running(3);
     assert_eq!(h.state.failed_attempts, 0, "a reclaim is not a failure");
     // Program failures still count: one restart, then the job fails.
     let actions = fail_worker_one(&mut h, 3, 137);
-    assert_eq!(h.state_now(), Some(TrainingJobState::Pending));
-    let (next, delay) = recreate_delay(&actions).unwrap();
-    h.advance(i64::try_from(delay).unwrap());
-    h.run_attempt_until_running(next);
-    fail_worker_one(&mut h, next, 137);
+    expect_restart(&mut h, &actions, 3);
+    h.run_attempt_until_running(4);
+    fail_worker_one(&mut h, 4, 137);
     assert_eq!(h.state_now(), Some(TrainingJobState::Failed));
 }
 
