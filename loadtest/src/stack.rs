@@ -489,21 +489,29 @@ pub async fn consumer_progress(
     service: Service,
     stream: streams::StreamSpec,
 ) -> Result<ConsumerProgress, StackError> {
-    let mut total: Option<ConsumerProgress> = None;
-    for spec in service
+    let durables: Vec<String> = service
         .consumers()
         .into_iter()
         .filter(|c| c.stream.name == stream.name)
-    {
-        let progress = durable_progress(js, stream.name, &spec.durable).await?;
-        let sum = total.get_or_insert(ConsumerProgress {
-            acked: 0,
-            backlog: 0,
-        });
-        sum.acked += progress.acked;
-        sum.backlog += progress.backlog;
+        .map(|c| c.durable)
+        .collect();
+    if durables.is_empty() {
+        return Err(StackError::Nats(format!(
+            "{} reads no {}",
+            service.name(),
+            stream.name
+        )));
     }
-    total.ok_or_else(|| StackError::Nats(format!("{} reads no {}", service.name(), stream.name)))
+    let mut total = ConsumerProgress {
+        acked: 0,
+        backlog: 0,
+    };
+    for durable in durables {
+        let progress = durable_progress(js, stream.name, &durable).await?;
+        total.acked += progress.acked;
+        total.backlog += progress.backlog;
+    }
+    Ok(total)
 }
 
 async fn durable_progress(

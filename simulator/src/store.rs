@@ -621,56 +621,48 @@ impl Store {
                 name.to_owned(),
                 subresource,
             );
-            let current = match Self::current(&inner, rt, namespace, name) {
-                Ok(current) => current,
-                Err(_) if subresource == Subresource::Main => {
-                    let mut object = body.clone();
-                    meta_mut(&mut object).insert("name".into(), json!(name));
-                    let created = self.create_locked(
-                        &mut inner,
-                        rt,
-                        namespace,
-                        object,
-                        rt.status_subresource,
-                    )?;
-                    inner
-                        .applied
-                        .entry(applied_key)
-                        .or_default()
-                        .insert(manager.to_owned(), body);
-                    return Ok(created);
-                }
-                Err(err) => return Err(err),
-            };
-            let before = inner
-                .applied
-                .get(&applied_key)
-                .and_then(|managers| managers.get(manager));
-            // Nothing to drop and nothing to merge: the object stays as it is.
-            if before.is_none_or(|before| *before == body)
-                && merge_changes_nothing(&current, &body, false)
-            {
-                inner
+            // Every successful apply records what this manager applied.
+            let stored = 'apply: {
+                let current = match Self::current(&inner, rt, namespace, name) {
+                    Ok(current) => current,
+                    Err(_) if subresource == Subresource::Main => {
+                        let mut object = body.clone();
+                        meta_mut(&mut object).insert("name".into(), json!(name));
+                        break 'apply self.create_locked(
+                            &mut inner,
+                            rt,
+                            namespace,
+                            object,
+                            rt.status_subresource,
+                        )?;
+                    }
+                    Err(err) => return Err(err),
+                };
+                let before = inner
                     .applied
-                    .entry(applied_key)
-                    .or_default()
-                    .insert(manager.to_owned(), body);
-                return Ok(current);
-            }
-            let mut next = Self::patch_base(&current, subresource);
-            if let Some(managers) = inner.applied.get(&applied_key)
-                && let Some(before) = managers.get(manager)
-            {
-                let others: Vec<&Value> = managers
-                    .iter()
-                    .filter(|(other, _)| *other != manager)
-                    .map(|(_, applied)| applied)
-                    .collect();
-                remove_dropped_fields(&mut next, before, &body, &others);
-            }
-            merge(&mut next, &body, false);
-            let next = Self::combine(rt, &current, next, subresource);
-            let stored = self.commit(&mut inner, rt, namespace, name, &current, next)?;
+                    .get(&applied_key)
+                    .and_then(|managers| managers.get(manager));
+                // Nothing to drop and nothing to merge: the object stays as it is.
+                if before.is_none_or(|before| *before == body)
+                    && merge_changes_nothing(&current, &body, false)
+                {
+                    break 'apply current;
+                }
+                let mut next = Self::patch_base(&current, subresource);
+                if let Some(managers) = inner.applied.get(&applied_key)
+                    && let Some(before) = managers.get(manager)
+                {
+                    let others: Vec<&Value> = managers
+                        .iter()
+                        .filter(|(other, _)| *other != manager)
+                        .map(|(_, applied)| applied)
+                        .collect();
+                    remove_dropped_fields(&mut next, before, &body, &others);
+                }
+                merge(&mut next, &body, false);
+                let next = Self::combine(rt, &current, next, subresource);
+                self.commit(&mut inner, rt, namespace, name, &current, next)?
+            };
             inner
                 .applied
                 .entry(applied_key)
@@ -1153,6 +1145,13 @@ mod tests {
     }
 
     /// Merge-patches `data.k` of the ConfigMap `ns/c`.
+    /// Creates the test ConfigMap `ns/c` with `data`.
+    fn create_config_map(store: &Store, data: Value) -> Arc<Value> {
+        store
+            .create(resources::config_maps(), Some("ns"), config_map("c", data))
+            .expect("created")
+    }
+
     fn patch_data(store: &Store, value: &str) -> Arc<Value> {
         store
             .patch(
@@ -1170,10 +1169,7 @@ mod tests {
     #[test]
     fn writes_that_change_nothing_keep_the_resource_version() {
         let store = Store::default();
-        let rt = resources::config_maps();
-        let created = store
-            .create(rt, Some("ns"), config_map("c", json!({"k": "v"})))
-            .expect("created");
+        let created = create_config_map(&store, json!({"k": "v"}));
         let revision = store.revision();
         let same = patch_data(&store, "v");
         assert_eq!(same, created);
@@ -1184,9 +1180,7 @@ mod tests {
     fn non_object_bodies_are_rejected_not_applied() {
         let store = Store::default();
         let rt = resources::config_maps();
-        store
-            .create(rt, Some("ns"), config_map("c", json!({})))
-            .expect("created");
+        create_config_map(&store, json!({}));
         for body in [
             json!(null),
             json!("text"),
@@ -1220,9 +1214,7 @@ mod tests {
         let store = Store::default();
         let rt = resources::config_maps();
         let start = store.revision();
-        let created = store
-            .create(rt, Some("ns"), config_map("c", json!({"k": "1"})))
-            .expect("created");
+        let created = create_config_map(&store, json!({"k": "1"}));
         let patched = patch_data(&store, "2");
         let gone = store
             .delete(rt, Some("ns"), "c", Propagation::Background)
@@ -1250,9 +1242,7 @@ mod tests {
     fn only_the_stored_version_comes_serialised() {
         let store = Store::default();
         let rt = resources::config_maps();
-        let created = store
-            .create(rt, Some("ns"), config_map("c", json!({"k": "1"})))
-            .expect("created");
+        let created = create_config_map(&store, json!({"k": "1"}));
         let json = store.serialised(rt, &created).expect("stored");
         assert_eq!(
             *json,

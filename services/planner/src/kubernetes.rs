@@ -44,10 +44,7 @@ fn training_job_write(
         if is_not_found(&source) {
             PlannerError::TrainingJobGone { namespace, name }
         } else {
-            PlannerError::Kube {
-                action: format!("{action} {namespace}/{name}"),
-                source: Box::new(source),
-            }
+            PlannerError::kube(format!("{action} {namespace}/{name}"))(source)
         }
     }
 }

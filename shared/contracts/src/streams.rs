@@ -220,11 +220,9 @@ impl ConsumerSpec {
         part: &str,
         filter_subjects: Vec<String>,
     ) -> Self {
-        Self {
-            durable: format!("{}-{}-{part}", service.name(), stream.family.as_str()),
-            stream,
-            filter_subjects,
-        }
+        let mut spec = Self::new(service, stream, filter_subjects);
+        spec.durable = format!("{}-{part}", spec.durable);
+        spec
     }
 }
 
