@@ -121,6 +121,23 @@ pub enum ChangePayload {
     Node(NodeObserved),
 }
 
+impl ChangePayload {
+    /// Whether `self` reports what `other` did: equal Job, Pod or Node
+    /// observations. A Job or Pod changes several times per step of its life
+    /// (finalizers, conditions' times, status fields no consumer reads), and a
+    /// kubelet rewrites its Node's status every few minutes. The custom
+    /// resources' events carry whole objects, with their resourceVersion, and
+    /// never report the same.
+    pub fn reports_same(&self, other: &ChangePayload) -> bool {
+        match (self, other) {
+            (ChangePayload::Job(a), ChangePayload::Job(b)) => a == b,
+            (ChangePayload::Pod(a), ChangePayload::Pod(b)) => a == b,
+            (ChangePayload::Node(a), ChangePayload::Node(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
 impl ChangeEvent {
     /// The same event, as a deletion.
     pub fn into_deleted(mut self) -> Self {
@@ -160,7 +177,9 @@ pub trait Watched: kube::Resource + Clone {
     fn to_event(&self, change: Change) -> Option<ChangeEvent>;
 
     /// A hash of what this kind's consumers act on: a change that leaves it as
-    /// last published is not published. None: every change is published.
+    /// last published is not published. None: a change is published unless
+    /// its event reports the same as the last one published
+    /// ([`ChangePayload::reports_same`]).
     fn published_fingerprint(&self) -> Option<u64> {
         None
     }

@@ -68,19 +68,21 @@ impl Relist {
     }
 
     /// The event for a created or updated object; None when Trainyard does
-    /// not care about it, or its published fingerprint is as last published.
+    /// not care about it, or it reports nothing new: its published
+    /// fingerprint, or else its event, is as last published.
     fn applied<K: Watched>(&mut self, object: &K) -> Option<ChangeEvent> {
         let fingerprint = object.published_fingerprint();
         let uid = object.meta().uid.as_ref();
-        if fingerprint.is_some()
-            && uid
-                .and_then(|uid| self.known.get(uid))
-                .is_some_and(|known| known.fingerprint == fingerprint)
-        {
+        let known = uid.and_then(|uid| self.known.get(uid));
+        if fingerprint.is_some() && known.is_some_and(|known| known.fingerprint == fingerprint) {
             self.unchanged += 1;
             return None;
         }
         let event = object.to_event(Change::Applied)?;
+        if known.is_some_and(|known| known.event.payload.reports_same(&event.payload)) {
+            self.unchanged += 1;
+            return None;
+        }
         if let Some(uid) = uid {
             let known = Known {
                 event: event.clone(),

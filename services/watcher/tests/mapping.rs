@@ -225,3 +225,47 @@ fn a_relist_skips_unchanged_jobs_and_still_reports_what_vanished() {
         .collect();
     assert_eq!(ids(&gone), ["ua:deleted"]);
 }
+
+#[test]
+fn pod_and_node_changes_that_report_nothing_new_are_not_published() {
+    let mut relist = Relist::default();
+    let running = fixtures::worker_pod("bert", 0, None);
+    assert_eq!(
+        ids(&relist.on_event(Event::Apply(running.clone()))),
+        ["pod-0:7"]
+    );
+    // The kubelet rewrites a condition's times; the API server bumps the version.
+    let mut rewritten = running.clone();
+    rewritten.metadata.resource_version = Some("8".into());
+    rewritten.metadata.finalizers = Some(vec!["batch.kubernetes.io/job-tracking".into()]);
+    assert!(relist.on_event(Event::Apply(rewritten)).is_empty());
+    let mut failed = fixtures::worker_pod("bert", 0, Some(137));
+    failed.metadata.resource_version = Some("9".into());
+    assert_eq!(ids(&relist.on_event(Event::Apply(failed))), ["pod-0:9"]);
+
+    let node = fixtures::gpu_node("gpu-1", "n1", "5");
+    assert_eq!(ids(&relist.on_event(Event::Apply(node.clone()))), ["n1:5"]);
+    let mut heartbeat = node.clone();
+    heartbeat.metadata.resource_version = Some("6".into());
+    heartbeat
+        .status
+        .get_or_insert_default()
+        .conditions
+        .get_or_insert_default()[0]
+        .last_heartbeat_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        "2026-11-26T08:00:00Z".parse().expect("time"),
+    ));
+    assert!(relist.on_event(Event::Apply(heartbeat)).is_empty());
+    let mut uncordoned = node;
+    uncordoned.metadata.resource_version = Some("7".into());
+    uncordoned.spec.get_or_insert_default().unschedulable = Some(false);
+    assert_eq!(ids(&relist.on_event(Event::Apply(uncordoned))), ["n1:7"]);
+    assert_eq!(relist.take_unchanged(), 2);
+
+    let deleted = relist.on_event(Event::Delete(fixtures::gpu_node("gpu-1", "n1", "8")));
+    assert_eq!(
+        ids(&deleted),
+        ["n1:deleted"],
+        "deletions are always published"
+    );
+}
