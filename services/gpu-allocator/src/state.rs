@@ -605,7 +605,7 @@ impl AllocatorState {
         let explanations: Vec<PendingExplanation> = outcome
             .pending
             .iter()
-            .filter_map(|p| self.alloc.explain(p))
+            .filter_map(|p| self.alloc.explain(&outcome, p))
             .collect();
         let mut report = CycleReport {
             admissions: outcome.admissions.len(),

@@ -22,7 +22,7 @@ use crate::decision::{
     TopologyAssignment, WorkerPlacement,
 };
 use crate::event::JobSpec;
-use crate::explain::{Pending, PendingReason};
+use crate::explain::{Pending, PendingReason, ReasonIdx};
 use crate::inventory::{Inventory, JobIdx, NodeIdx, ResIdx};
 use crate::placement::{self, Candidate};
 use crate::queues::QueueIdx;
@@ -84,7 +84,7 @@ pub(crate) struct MemoEntry {
     /// Smallest job end (u64::MAX = no estimate) known to fail; jobs ending
     /// later see at least as much reservation protection, so fail too.
     min_failing_end: u64,
-    reason: Arc<PendingReason>,
+    reason: ReasonIdx,
 }
 
 /// (expected end, units, cohort of the job's queue, the queue) of a running job.
@@ -100,13 +100,13 @@ pub(crate) struct CycleCtx {
     /// `quota_release_time`).
     cohort_releases: FastMap<ResIdx, Vec<CohortRelease>>,
     /// Failures of jobs evaluated before the main pass.
-    early: FastMap<JobIdx, (Arc<PendingReason>, bool)>,
+    early: FastMap<JobIdx, (ReasonIdx, bool)>,
     /// Jobs given a reservation this cycle, in order.
     reserved_order: Vec<JobUid>,
-    quota_memo: FastMap<QuotaMemoKey, Arc<PendingReason>>,
+    quota_memo: FastMap<QuotaMemoKey, ReasonIdx>,
     /// Reasons of jobs blocked by their queue's hold, by (queue, resource,
     /// units, queue usage).
-    queue_hold_reasons: FastMap<(QueueIdx, ResIdx, u64, u64), Arc<PendingReason>>,
+    queue_hold_reasons: FastMap<(QueueIdx, ResIdx, u64, u64), ReasonIdx>,
     /// Cohort pool headroom held for the first job that only the pool
     /// blocks, per (cohort, resource).
     quota_holds: FastMap<(crate::queues::CohortIdx, ResIdx), QuotaHold>,
@@ -128,12 +128,33 @@ pub(crate) struct CycleCtx {
     /// Jobs blocked by quota on every option, by (queue, shares GPUs,
     /// units): another job of that shape fails alike within the epoch.
     quota_blocked: FastMap<(QueueIdx, bool, u64), QuotaBlocked>,
+    /// Every reason made this cycle, each once: failures name them by index
+    /// (see `Pending::reason`). Handed to the outcome.
+    reasons: Vec<Arc<PendingReason>>,
+}
+
+impl CycleCtx {
+    /// Adds a reason to the cycle's table.
+    fn add_reason(&mut self, reason: PendingReason) -> ReasonIdx {
+        let idx = ReasonIdx::try_from(self.reasons.len()).unwrap_or(ReasonIdx::MAX);
+        self.reasons.push(Arc::new(reason));
+        idx
+    }
+
+    fn reason(&self, idx: ReasonIdx) -> Option<&PendingReason> {
+        self.reasons.get(idx as usize).map(|r| &**r)
+    }
+
+    /// Units missing by reason `idx` (see `PendingReason::shortfall`).
+    fn shortfall(&self, idx: ReasonIdx) -> u64 {
+        self.reason(idx).map_or(u64::MAX, PendingReason::shortfall)
+    }
 }
 
 /// A quota failure on every option, reusable by jobs of the same shape.
 pub(crate) struct QuotaBlocked {
     epoch: u64,
-    reason: Arc<PendingReason>,
+    reason: ReasonIdx,
     can_preempt: bool,
     /// The latest time a quota hold lets jobs ending by then through; a job
     /// with an earlier estimated end may be let through, so it is evaluated
@@ -343,6 +364,7 @@ impl Allocator {
         if self.config.preemption.enabled {
             self.preemption_pass(now, &mut ctx, &mut out);
         }
+        out.reasons = std::mem::take(&mut ctx.reasons);
         out.stats = ctx.stats;
         out.stats.admitted = u32::try_from(out.admissions.len()).unwrap_or(u32::MAX);
         out
@@ -704,11 +726,10 @@ impl Allocator {
         ctx: &CycleCtx,
         queue: QueueIdx,
         (sharing, units, end): (bool, u64, Option<u64>),
-    ) -> Option<(Arc<PendingReason>, bool)> {
+    ) -> Option<(ReasonIdx, bool)> {
         let known = ctx.quota_blocked.get(&(queue, sharing, units))?;
         let exempt = matches!((end, known.exempt_until), (Some(end), Some(until)) if end <= until);
-        (known.epoch == ctx.quota_epoch && !exempt)
-            .then(|| (Arc::clone(&known.reason), known.can_preempt))
+        (known.epoch == ctx.quota_epoch && !exempt).then_some((known.reason, known.can_preempt))
     }
 
     pub(crate) fn main_pass(
@@ -852,10 +873,10 @@ impl Allocator {
         now: Timestamp,
         ctx: &mut CycleCtx,
         options: &mut Vec<ResIdx>,
-    ) -> Result<Plan, (Arc<PendingReason>, bool)> {
+    ) -> Result<Plan, (ReasonIdx, bool)> {
         let Some(job) = self.job(idx) else {
             return Err((
-                Arc::new(PendingReason::QueueNotFound {
+                ctx.add_reason(PendingReason::QueueNotFound {
                     queue: String::new(),
                 }),
                 false,
@@ -865,7 +886,7 @@ impl Allocator {
             // Admitted earlier in this cycle (a preemptor whose victims left):
             // never evaluate a job twice.
             return Err((
-                Arc::new(PendingReason::NoMatchingFlavor {
+                ctx.add_reason(PendingReason::NoMatchingFlavor {
                     wants: String::new(),
                 }),
                 false,
@@ -873,7 +894,7 @@ impl Allocator {
         }
         if let JobState::Pending(Some(nomination)) = &job.state {
             return Err((
-                Arc::new(PendingReason::AwaitingPreemption {
+                ctx.add_reason(PendingReason::AwaitingPreemption {
                     victims: self.victims_left(nomination),
                     evict_at: nomination.evict_at,
                 }),
@@ -888,14 +909,14 @@ impl Allocator {
                 .map(|q| q.name.to_string())
                 .unwrap_or_default();
             return Err((
-                Arc::new(PendingReason::QueueNotFound { queue: name }),
+                ctx.add_reason(PendingReason::QueueNotFound { queue: name }),
                 false,
             ));
         }
         self.options_for(job, options);
         if options.is_empty() {
             return Err((
-                Arc::new(PendingReason::NoMatchingFlavor {
+                ctx.add_reason(PendingReason::NoMatchingFlavor {
                     wants: Self::wants_description(&job.spec),
                 }),
                 false,
@@ -903,14 +924,12 @@ impl Allocator {
         }
         let units = job.spec.total_units();
         let sharing = job.spec.allow_gpu_sharing;
-        let mut best: Option<Arc<PendingReason>> = None;
-        let mut first_capacity_failure: Option<(ResIdx, Arc<PendingReason>)> = None;
-        let consider = |reason: Arc<PendingReason>, best: &mut Option<Arc<PendingReason>>| {
-            if best
-                .as_ref()
-                .is_none_or(|b| reason.shortfall() < b.shortfall())
-            {
-                *best = Some(reason);
+        // The reason with the smallest shortfall so far, and that shortfall.
+        let mut best: Option<(ReasonIdx, u64)> = None;
+        let mut first_capacity_failure: Option<(ResIdx, ReasonIdx)> = None;
+        let consider = |reason: ReasonIdx, shortfall: u64, best: &mut Option<(ReasonIdx, u64)>| {
+            if best.is_none_or(|(_, b)| shortfall < b) {
+                *best = Some((reason, shortfall));
             }
         };
         let cohort = self.queues.get(queue).and_then(|q| q.cohort);
@@ -1038,9 +1057,9 @@ impl Allocator {
                     held_for.is_some() || holding,
                 );
                 let reason = match ctx.quota_memo.get(&key) {
-                    Some(r) if !holding => Arc::clone(r),
+                    Some(r) if !holding => *r,
                     _ => {
-                        let r = Arc::new(PendingReason::QuotaExceeded {
+                        let r = ctx.add_reason(PendingReason::QuotaExceeded {
                             flavor: self.inv.res_flavor_name(res).to_string(),
                             resource: self.inv.res_quota_name(res),
                             requested: units,
@@ -1051,12 +1070,12 @@ impl Allocator {
                             holding_cohort_quota: holding,
                         });
                         if !holding {
-                            ctx.quota_memo.insert(key, Arc::clone(&r));
+                            ctx.quota_memo.insert(key, r);
                         }
                         r
                     }
                 };
-                consider(reason, &mut best);
+                consider(reason, units.saturating_sub(short.available), &mut best);
                 continue;
             }
             // The queue's nominal quota kept for a job ahead in its line: a
@@ -1077,15 +1096,13 @@ impl Allocator {
                 // Built only when it would be kept (the smallest shortfall
                 // wins); a queue's hold stands all cycle, so jobs of its
                 // queue alike in size and usage share one reason.
-                if best
-                    .as_ref()
-                    .is_none_or(|b| units.saturating_sub(available) < b.shortfall())
-                {
-                    let reason = ctx
-                        .queue_hold_reasons
-                        .entry((queue, res, units, used))
-                        .or_insert_with(|| {
-                            Arc::new(PendingReason::QuotaExceeded {
+                let shortfall = units.saturating_sub(available);
+                if best.is_none_or(|(_, b)| shortfall < b) {
+                    let key = (queue, res, units, used);
+                    let reason = match ctx.queue_hold_reasons.get(&key) {
+                        Some(r) => *r,
+                        None => {
+                            let r = ctx.add_reason(PendingReason::QuotaExceeded {
                                 flavor: self.inv.res_flavor_name(res).to_string(),
                                 resource: self.inv.res_quota_name(res),
                                 requested: units,
@@ -1094,9 +1111,12 @@ impl Allocator {
                                 used,
                                 held_for: Some(h.holder.clone()),
                                 holding_cohort_quota: false,
-                            })
-                        });
-                    best = Some(Arc::clone(reason));
+                            });
+                            ctx.queue_hold_reasons.insert(key, r);
+                            r
+                        }
+                    };
+                    best = Some((reason, shortfall));
                 }
                 continue;
             }
@@ -1105,20 +1125,23 @@ impl Allocator {
             match self.try_place(idx, res, now, ctx) {
                 Ok(plan) => return Ok(plan),
                 Err(reason) => {
-                    if matches!(*reason, PendingReason::InsufficientCapacity { .. })
-                        && first_capacity_failure.is_none()
+                    if matches!(
+                        ctx.reason(reason),
+                        Some(PendingReason::InsufficientCapacity { .. })
+                    ) && first_capacity_failure.is_none()
                     {
-                        first_capacity_failure = Some((res, Arc::clone(&reason)));
+                        first_capacity_failure = Some((res, reason));
                     }
-                    consider(reason, &mut best);
+                    consider(reason, ctx.shortfall(reason), &mut best);
                 }
             }
         }
-        let mut reason = best.unwrap_or_else(|| {
-            Arc::new(PendingReason::NoMatchingFlavor {
+        let mut reason = match best {
+            Some((reason, _)) => reason,
+            None => ctx.add_reason(PendingReason::NoMatchingFlavor {
                 wants: String::new(),
-            })
-        });
+            }),
+        };
         let mut reserved: Option<(ResIdx, Timestamp)> = None;
         if let Some((res, capacity_reason)) = first_capacity_failure
             && self.config.backfill.enabled
@@ -1128,11 +1151,12 @@ impl Allocator {
             reserved = Some((res, start));
             expected_start = Some(expected_start.map_or(start, |e| e.max(start)));
             // The reserved flavor is the one the job will start in: explain that one.
-            let mut annotated = (*capacity_reason).clone();
-            if let PendingReason::InsufficientCapacity { reserved_start, .. } = &mut annotated {
-                *reserved_start = Some(start);
+            if let Some(mut annotated) = ctx.reason(capacity_reason).cloned() {
+                if let PendingReason::InsufficientCapacity { reserved_start, .. } = &mut annotated {
+                    *reserved_start = Some(start);
+                }
+                reason = ctx.add_reason(annotated);
             }
-            reason = Arc::new(annotated);
         }
         self.hold_queue_quota(idx, reserved, quota_short, now, ctx);
         // Waiting only because headroom is kept for a job ahead in line is
@@ -1146,7 +1170,7 @@ impl Allocator {
                 (queue, sharing, units),
                 QuotaBlocked {
                     epoch: ctx.quota_epoch,
-                    reason: Arc::clone(&reason),
+                    reason,
                     can_preempt,
                     exempt_until,
                 },
@@ -1406,9 +1430,9 @@ impl Allocator {
         res: ResIdx,
         now: Timestamp,
         ctx: &mut CycleCtx,
-    ) -> Result<Plan, Arc<PendingReason>> {
+    ) -> Result<Plan, ReasonIdx> {
         let Some(job) = self.job(idx) else {
-            return Err(Arc::new(PendingReason::QueueNotFound {
+            return Err(ctx.add_reason(PendingReason::QueueNotFound {
                 queue: String::new(),
             }));
         };
@@ -1427,12 +1451,12 @@ impl Allocator {
             && entry.min_failing_end <= end_key
         {
             ctx.stats.memo_hits += 1;
-            return Err(Arc::clone(&entry.reason));
+            return Err(entry.reason);
         }
         let Some(r) = self.inv.res(res) else {
-            return Err(Arc::new(
-                self.capacity_reason(res, per_worker, workers, 0, job.filter),
-            ));
+            return Err(
+                ctx.add_reason(self.capacity_reason(res, per_worker, workers, 0, job.filter))
+            );
         };
         let protected = ctx.reservations.has_any(res);
         let filter = self.filters.get(job.filter as usize);
@@ -1509,14 +1533,14 @@ impl Allocator {
             }
             _ => self.capacity_reason(res, per_worker, workers, placeable, job.filter),
         };
-        let reason = Arc::new(reason);
+        let reason = ctx.add_reason(reason);
         let entry = ctx.memo.entry(key).or_insert(MemoEntry {
             min_failing_end: end_key,
-            reason: Arc::clone(&reason),
+            reason,
         });
         if end_key < entry.min_failing_end {
             entry.min_failing_end = end_key;
-            entry.reason = Arc::clone(&reason);
+            entry.reason = reason;
         }
         Err(reason)
     }
@@ -1726,7 +1750,7 @@ impl Allocator {
             // The decision changes usage projections and claims.
             inflight = self.inflight();
             if let Some(f) = out.pending.get_mut(slot) {
-                f.reason = Arc::new(PendingReason::AwaitingPreemption {
+                f.reason = ctx.add_reason(PendingReason::AwaitingPreemption {
                     victims: u32::try_from(preemption.victims.len()).unwrap_or(u32::MAX),
                     evict_at: preemption.evict_at,
                 });

@@ -4,10 +4,11 @@
 //! no-op.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::explain::Pending;
+use crate::explain::{Pending, PendingReason};
 use crate::types::{CapacityType, JobUid, Timestamp, Toleration};
 
 /// A job admitted with a concrete placement for every worker.
@@ -205,6 +206,9 @@ pub struct CycleOutcome {
     /// Why every still-pending job waits ([`crate::Allocator::explain`]
     /// gives each one's uid, queue name and sentence).
     pub pending: Vec<Pending>,
+    /// Each distinct reason of this cycle once; pending entries name theirs
+    /// by index.
+    pub(crate) reasons: Vec<Arc<PendingReason>>,
     /// Counters.
     pub stats: CycleStats,
 }

@@ -8,9 +8,13 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::allocator::Allocator;
+use crate::decision::CycleOutcome;
 use crate::inventory::JobIdx;
 use crate::queues::QueueIdx;
 use crate::types::{JobUid, Timestamp};
+
+/// A reason's place in its cycle's table of reasons (`CycleOutcome::reasons`).
+pub(crate) type ReasonIdx = u32;
 
 /// Why one pending job waits, as a cycle decided it. The job and its queue
 /// are slots in the allocator: a cycle over 10,000 pending jobs then touches
@@ -29,23 +33,27 @@ pub struct Pending {
     pub queue_length: u32,
     /// Base priority plus aging boost.
     pub effective_priority: i32,
-    /// Why it waits (shared by jobs that fail for the same reason).
-    pub reason: Arc<PendingReason>,
+    /// Why it waits: an index into the cycle's table of reasons, shared by
+    /// jobs that fail for the same reason. An index rather than a shared
+    /// reference: cloning one per pending job was an atomic increment on a
+    /// few hot counters, 10,000 times a cycle.
+    pub(crate) reason: ReasonIdx,
 }
 
 impl Allocator {
-    /// The explanation of a pending entry of the last cycle, with the job's
-    /// uid and queue name; `None` once the job is gone.
-    pub fn explain(&self, pending: &Pending) -> Option<PendingExplanation> {
+    /// The explanation of a pending entry of the last cycle, `outcome`,
+    /// with the job's uid and queue name; `None` once the job is gone.
+    pub fn explain(&self, outcome: &CycleOutcome, pending: &Pending) -> Option<PendingExplanation> {
         let job = self.job(pending.job).filter(|j| j.seq == pending.seq)?;
         let queue = self.queues.get(pending.queue)?;
+        let reason = outcome.reasons.get(pending.reason as usize)?;
         Some(PendingExplanation {
             uid: job.spec.uid.clone(),
             queue: Arc::clone(&queue.name),
             position: pending.position,
             queue_length: pending.queue_length,
             effective_priority: pending.effective_priority,
-            reason: Arc::clone(&pending.reason),
+            reason: Arc::clone(reason),
         })
     }
 }

@@ -1558,7 +1558,10 @@ fn every_pending_job_has_a_reason_with_its_position() {
     assert_eq!(positions, vec![1, 2, 3]);
     for p in &out.pending {
         assert_eq!(p.queue_length, 3);
-        let explained = h.alloc.explain(p).expect("a pending job explains itself");
+        let explained = h
+            .alloc
+            .explain(&out, p)
+            .expect("a pending job explains itself");
         assert!(
             explained
                 .message()
@@ -1574,11 +1577,14 @@ fn a_pending_entry_of_a_removed_job_never_explains_the_job_in_its_slot() {
     h.submit(job("gone", "q", 1, 4));
     let out = h.cycle(10);
     let entry = out.pending.first().expect("no node: the job waits").clone();
-    assert_eq!(h.alloc.explain(&entry).map(|e| e.uid), Some(uid("gone")));
+    assert_eq!(
+        h.alloc.explain(&out, &entry).map(|e| e.uid),
+        Some(uid("gone"))
+    );
     h.apply(Event::JobRemoved { uid: uid("gone") });
     // The newcomer takes the freed slot; the old entry must not name it.
     h.submit(job("newcomer", "q", 1, 4));
-    assert_eq!(h.alloc.explain(&entry), None);
+    assert_eq!(h.alloc.explain(&out, &entry), None);
     let out = h.cycle(20);
     assert_eq!(h.reason_of(&out, "newcomer").position, 1);
 }

@@ -146,7 +146,7 @@ impl Harness {
         let explained: Vec<PendingExplanation> = out
             .pending
             .iter()
-            .filter_map(|p| self.alloc.explain(p))
+            .filter_map(|p| self.alloc.explain(out, p))
             .collect();
         explained
             .iter()
