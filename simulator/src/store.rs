@@ -638,10 +638,8 @@ impl Store {
                     }
                     Err(err) => return Err(err),
                 };
-                let before = inner
-                    .applied
-                    .get(&applied_key)
-                    .and_then(|managers| managers.get(manager));
+                let managers = inner.applied.get(&applied_key);
+                let before = managers.and_then(|managers| managers.get(manager));
                 // Nothing to drop and nothing to merge: the object stays as it is.
                 if before.is_none_or(|before| *before == body)
                     && merge_changes_nothing(&current, &body, false)
@@ -649,9 +647,7 @@ impl Store {
                     break 'apply current;
                 }
                 let mut next = Self::patch_base(&current, subresource);
-                if let Some(managers) = inner.applied.get(&applied_key)
-                    && let Some(before) = managers.get(manager)
-                {
+                if let (Some(managers), Some(before)) = (managers, before) {
                     let others: Vec<&Value> = managers
                         .iter()
                         .filter(|(other, _)| *other != manager)
@@ -1144,7 +1140,6 @@ mod tests {
         json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data})
     }
 
-    /// Merge-patches `data.k` of the ConfigMap `ns/c`.
     /// Creates the test ConfigMap `ns/c` with `data`.
     fn create_config_map(store: &Store, data: Value) -> Arc<Value> {
         store
@@ -1152,6 +1147,7 @@ mod tests {
             .expect("created")
     }
 
+    /// Merge-patches `data.k` of the ConfigMap `ns/c`.
     fn patch_data(store: &Store, value: &str) -> Arc<Value> {
         store
             .patch(

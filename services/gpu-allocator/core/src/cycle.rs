@@ -1075,7 +1075,7 @@ impl Allocator {
                         r
                     }
                 };
-                consider(reason, units.saturating_sub(short.available), &mut best);
+                consider(reason, ctx.shortfall(reason), &mut best);
                 continue;
             }
             // The queue's nominal quota kept for a job ahead in its line: a
