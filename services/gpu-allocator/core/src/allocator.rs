@@ -14,6 +14,7 @@ use crate::decision::{
 use crate::error::AllocatorError;
 use crate::event::{Applied, Event, JobSpec, NodeInfo, QueueSpec};
 use crate::inventory::{Inventory, JobIdx, NodeFilter, NodeIdx, ResIdx};
+use crate::line::LineEntry;
 use crate::queues::{QueueIdx, Queues, QuotaSlot, SlotClass};
 use crate::types::{JobUid, ResourceKind, Timestamp};
 
@@ -134,8 +135,6 @@ pub struct Allocator {
     pub(crate) next_seq: u64,
     /// Jobs that held a reservation at the end of the last cycle.
     pub(crate) reserved_jobs: Vec<JobUid>,
-    /// What the cycle keeps from one run to the next (see `CycleScratch`).
-    pub(crate) scratch: crate::cycle::CycleScratch,
     /// Expected releases of the running jobs, per resource.
     pub(crate) releases: FastMap<ResIdx, ReleaseBook>,
     /// Running jobs per (queue, resource), in no particular order: a victim
@@ -169,7 +168,6 @@ impl Allocator {
             clock: Timestamp(0),
             next_seq: 0,
             reserved_jobs: Vec::new(),
-            scratch: crate::cycle::CycleScratch::default(),
             releases: FastMap::default(),
             running_by_queue: FastMap::default(),
         };
@@ -189,6 +187,27 @@ impl Allocator {
 
     pub(crate) fn job_mut(&mut self, idx: JobIdx) -> Option<&mut Job> {
         self.jobs.get_mut(idx as usize).and_then(Option::as_mut)
+    }
+
+    /// Puts job `idx` in its queue's line, as its spec and arrival say now.
+    pub(crate) fn list(&mut self, idx: JobIdx) {
+        let Some(job) = self.job(idx) else { return };
+        let entry = LineEntry::of(idx, job);
+        let (queue, priority) = (job.queue, job.spec.priority);
+        if let Some(q) = self.queues.get_mut(queue) {
+            q.line.insert(priority, entry);
+        }
+    }
+
+    /// Takes job `idx` out of its queue's line, if it is listed: call it
+    /// before anything the entry copies changes.
+    pub(crate) fn unlist(&mut self, idx: JobIdx) {
+        let Some(job) = self.job(idx) else { return };
+        let (queue, priority, submitted_at, seq) =
+            (job.queue, job.spec.priority, job.spec.submitted_at, job.seq);
+        if let Some(q) = self.queues.get_mut(queue) {
+            q.line.remove(priority, submitted_at, seq, idx);
+        }
     }
 
     pub(crate) fn intern_filter(&mut self, filter: NodeFilter) -> u32 {
@@ -357,20 +376,15 @@ impl Allocator {
             if job.spec == spec || !matches!(job.state, JobState::Pending(None)) {
                 return Ok(Applied::Unchanged);
             }
-            let old_queue = job.queue;
             let queue = self.queues.intern(&queue_name);
             let filter = self.filter_for(&spec);
-            if let Some(q) = self.queues.get_mut(old_queue) {
-                q.pending.remove(&idx);
-            }
-            if let Some(q) = self.queues.get_mut(queue) {
-                q.pending.insert(idx);
-            }
+            self.unlist(idx);
             if let Some(job) = self.job_mut(idx) {
                 job.spec = spec;
                 job.queue = queue;
                 job.filter = filter;
             }
+            self.list(idx);
             return Ok(Applied::Changed);
         }
         let queue = self.queues.intern(&queue_name);
@@ -402,9 +416,7 @@ impl Allocator {
             }
         };
         self.job_by_uid.insert(uid, idx);
-        if let Some(q) = self.queues.get_mut(queue) {
-            q.pending.insert(idx);
-        }
+        self.list(idx);
         Ok(Applied::Changed)
     }
 
@@ -425,10 +437,9 @@ impl Allocator {
             return Applied::Changed;
         };
         self.release(idx);
-        if let Some(job) = self.jobs.get_mut(idx as usize).and_then(Option::take)
-            && let Some(q) = self.queues.get_mut(job.queue)
-        {
-            q.pending.remove(&idx);
+        self.unlist(idx);
+        if let Some(slot) = self.jobs.get_mut(idx as usize) {
+            *slot = None;
         }
         if self.nominated.remove(&idx) {
             // Its victims were only asked to checkpoint; nobody needs their
@@ -522,10 +533,7 @@ impl Allocator {
         if preempted_by.is_some() {
             job.preempted_by = preempted_by;
         }
-        let queue = job.queue;
-        if let Some(q) = self.queues.get_mut(queue) {
-            q.pending.insert(idx);
-        }
+        self.list(idx);
     }
 
     /// Takes units on nodes and marks the job running.
@@ -553,9 +561,7 @@ impl Allocator {
             .or_default()
             .push(idx);
         self.queues.add_usage(queue, res, units_i64(total));
-        if let Some(q) = self.queues.get_mut(queue) {
-            q.pending.remove(&idx);
-        }
+        self.unlist(idx);
         self.nominated.remove(&idx);
         if let Some(job) = self.job_mut(idx) {
             job.state = JobState::Running(Box::new(Running {

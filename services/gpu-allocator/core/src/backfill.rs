@@ -338,7 +338,9 @@ mod tests {
     use super::*;
     use crate::config::AllocatorConfig;
     use crate::event::{Event, FlavorQuota, JobSpec, NodeInfo, QueueSpec, ResourceQuota};
+    use crate::line::LineEntry;
     use crate::types::names;
+    use std::collections::BTreeSet;
 
     fn node(name: &str) -> Event {
         let mut info = NodeInfo {
@@ -430,22 +432,31 @@ mod tests {
             .collect();
         running.sort_unstable();
         assert_eq!(by_queue, running);
-        // The line is read off the job table: a job is listed by its own
-        // queue exactly while it is pending.
-        let mut listed: Vec<(QueueIdx, JobIdx)> = (0..)
+        // A job is listed by its own queue exactly while it is pending, with
+        // what its spec and arrival say now.
+        let mut listed: Vec<(QueueIdx, i32, LineEntry)> = (0..)
             .zip(&alloc.queues.queues)
-            .flat_map(|(queue, q)| q.pending.iter().map(move |&j| (queue, j)))
+            .flat_map(|(queue, q)| q.line.entries().map(move |(p, e)| (queue, p, *e)))
             .collect();
-        listed.sort_unstable();
-        let mut pending: Vec<(QueueIdx, JobIdx)> = (0..)
+        listed.sort_unstable_by_key(|(queue, _, e)| (*queue, e.idx));
+        let mut pending: Vec<(QueueIdx, i32, LineEntry)> = (0..)
             .zip(&alloc.jobs)
             .filter_map(|(idx, job)| {
                 let job = job.as_ref()?;
-                matches!(job.state, JobState::Pending(_)).then_some((job.queue, idx))
+                matches!(job.state, JobState::Pending(_))
+                    .then(|| (job.queue, job.spec.priority, LineEntry::of(idx, job)))
             })
             .collect();
-        pending.sort_unstable();
+        pending.sort_unstable_by_key(|(queue, _, e)| (*queue, e.idx));
         assert_eq!(listed, pending);
+        // A job is nominated exactly while it waits for its victims.
+        let waiting: BTreeSet<JobIdx> = (0..)
+            .zip(&alloc.jobs)
+            .filter_map(|(idx, job)| {
+                matches!(job.as_ref()?.state, JobState::Pending(Some(_))).then_some(idx)
+            })
+            .collect();
+        assert_eq!(alloc.nominated, waiting);
     }
 
     #[test]
@@ -490,6 +501,89 @@ mod tests {
         assert!(
             alloc.releases.values().any(|r| !r.by_job.is_empty()),
             "jobs still run"
+        );
+    }
+
+    #[test]
+    fn the_line_follows_edits_evictions_finishes_and_restores() {
+        let mut alloc = Allocator::new(AllocatorConfig::default()).expect("valid config");
+        for event in [node("n1"), node("n2"), queue("a"), queue("b")] {
+            alloc.apply(event).expect("accepted");
+        }
+        for (uid, workers) in [("b0", 4), ("b1", 4), ("b2", 1)] {
+            alloc.apply(job(uid, "b", workers, None)).expect("accepted");
+        }
+        assert_booked(&alloc);
+        // Edits while pending: priority, size, estimate and queue.
+        let mut edited = JobSpec {
+            uid: JobUid::new("b1"),
+            queue: Some("a".into()),
+            num_workers: 1,
+            gpus_per_worker: 2,
+            priority: 5,
+            runtime_estimate_secs: Some(60),
+            ..JobSpec::default()
+        };
+        alloc
+            .apply(Event::JobSubmitted(edited.clone()))
+            .expect("accepted");
+        assert_booked(&alloc);
+        edited.queue = Some("b".into());
+        edited.allow_gpu_sharing = true;
+        alloc.apply(Event::JobSubmitted(edited)).expect("accepted");
+        assert_booked(&alloc);
+        let out = alloc.cycle(Timestamp(10));
+        assert_eq!(out.admissions.len(), 3, "b borrows a's quota");
+        assert_booked(&alloc);
+        // Queue a reclaims its nominal quota: the victims go back in line.
+        alloc.apply(job("a0", "a", 4, None)).expect("accepted");
+        alloc.apply(job("a1", "a", 4, None)).expect("accepted");
+        let out = alloc.cycle(Timestamp(20));
+        assert_eq!(out.preemptions.len(), 1, "a reclaims its quota");
+        assert_booked(&alloc);
+        for victim in &out.preemptions[0].victims {
+            alloc
+                .apply(Event::JobCheckpointed {
+                    uid: victim.uid.clone(),
+                })
+                .expect("accepted");
+        }
+        let out = alloc.cycle(Timestamp(30));
+        assert!(!out.evictions.is_empty());
+        assert_booked(&alloc);
+        // An arrival gap (b2 ends) that a restore closes up.
+        alloc.apply(job("b3", "b", 1, None)).expect("accepted");
+        for uid in ["b2", "b3"] {
+            alloc
+                .apply(Event::JobFinished {
+                    uid: JobUid::new(uid),
+                })
+                .expect("accepted");
+            assert_booked(&alloc);
+        }
+        // A restore lists every pending job again, under its own arrival.
+        let restored = Allocator::restore(alloc.snapshot()).expect("restores");
+        assert_booked(&restored);
+        // Slots differ after a restore: jobs are named by uid.
+        let lines = |a: &Allocator| -> Vec<Vec<(i32, JobUid, LineEntry)>> {
+            a.queues
+                .queues
+                .iter()
+                .map(|q| {
+                    q.line
+                        .entries()
+                        .map(|(p, e)| {
+                            let uid = a.job(e.idx).map(|j| j.spec.uid.clone());
+                            (p, uid.unwrap_or_default(), LineEntry { idx: 0, ..*e })
+                        })
+                        .collect()
+                })
+                .collect()
+        };
+        assert_eq!(lines(&restored), lines(&alloc));
+        assert!(
+            lines(&alloc).iter().flatten().count() >= 2,
+            "jobs still wait"
         );
     }
 

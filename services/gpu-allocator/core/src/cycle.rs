@@ -162,60 +162,47 @@ pub(crate) struct QuotaBlocked {
     exempt_until: Option<u64>,
 }
 
-/// What the main pass needs of a job without touching it again, read in
-/// `build_lanes` (in job-table order, cheap on the cache) rather than in
-/// priority order (a cache miss per job at 10,000 pending jobs).
+/// What the main pass needs of a job without touching it again, copied
+/// from its queue's line (see `crate::line`). Kept small: the pass reads
+/// the lanes interleaved, one cache miss per job when they are large.
 pub(crate) struct LaneJob {
+    /// Effective priority at this cycle.
     priority: i32,
-    rank: u32,
     idx: JobIdx,
+    submitted_at: Timestamp,
     seq: u64,
-    /// `Some((shares GPUs, units, estimated end))` for a job that may take
-    /// the quota shortcut: pending without a nomination, whole or shared GPUs.
-    shape: Option<(bool, u64, Option<u64>)>,
+    /// For a job that may take the quota shortcut: pending without a
+    /// nomination, whole or shared GPUs.
+    shape: Option<QuotaShape>,
 }
 
-/// Sort key of a pending job: effective priority (highest first),
-/// submission time, arrival number, and its slot in the staged jobs.
-type LaneSortKey = (Reverse<i32>, Timestamp, u64, usize);
-
-/// What the cycle keeps between runs: last cycle's pending order, only a
-/// starting arrangement that makes the next sort nearly linear (the order
-/// changes little between cycles; it never decides the order itself), and
-/// buffers sized for every pending job, reused so that a cycle does not
-/// fault in fresh memory for them each time.
-#[derive(Default)]
-pub(crate) struct CycleScratch {
-    order: Vec<JobIdx>,
-    /// Pending jobs with their queue, taken out in sorted order.
-    staged: Vec<Option<(QueueIdx, LaneJob)>>,
-    keys: Vec<LaneSortKey>,
-    /// Last cycle's order, kept where still in order.
-    in_order: Vec<LaneSortKey>,
-    /// Jobs out of last cycle's order, and jobs new to the line.
-    strays: Vec<LaneSortKey>,
-    sorted: Vec<LaneSortKey>,
-    /// Staged slot of each pending job, by job index.
-    slot_of: Vec<Option<usize>>,
+/// What the quota shortcut (`quota_blocked_like`) compares of a job.
+#[derive(Clone, Copy)]
+pub(crate) struct QuotaShape {
+    /// Estimated end; `u64::MAX` without an estimate (as in `job_end_key`).
+    end: u64,
+    units: u32,
+    sharing: bool,
 }
 
 /// A queue's ordered pending jobs during a cycle.
 pub(crate) struct Lane {
     queue: QueueIdx,
-    /// In rank order; the pass takes them from the front.
+    /// In line order; the pass takes them from the front.
     jobs: std::vec::IntoIter<LaneJob>,
 }
 
-/// Heap key: lowest weighted share first, then the head job's global rank
-/// (effective priority, submission time, uid), precomputed once per cycle so
-/// that comparing keys never touches strings. Packed into one integer, in
-/// that order of significance, so that a comparison is one instruction: the
-/// heap compares keys for nearly every job of the pass.
+/// Heap key: lowest weighted share first, then the head job's place in
+/// line (effective priority, submission time, arrival), then the lane.
+/// Packed into two integers in that order of significance, so that a
+/// comparison is a few instructions: the heap compares keys for nearly
+/// every job of the pass, and queues of equal share (common: queues at
+/// their nominal quota) interleave job by job.
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct LaneKey(Reverse<u128>);
+pub(crate) struct LaneKey(Reverse<(u128, u128)>);
 
 impl LaneKey {
-    fn new(share: f64, rank: u32, lane: usize) -> Self {
+    fn new(share: f64, head: &LaneJob, lane: usize) -> Self {
         // The bits of an f64 turned into an unsigned key in `total_cmp`'s
         // order: negatives flipped whole, the sign bit set on the rest.
         let bits = share.to_bits();
@@ -224,33 +211,21 @@ impl LaneKey {
         } else {
             bits | 1 << 63
         };
+        // Highest priority first: the i32 order made unsigned, then flipped.
+        let priority = !(head.priority.cast_unsigned() ^ 1 << 31);
+        let submitted = head.submitted_at.0;
         let lane = u32::try_from(lane).unwrap_or(u32::MAX);
-        LaneKey(Reverse(
-            u128::from(share) << 64 | u128::from(rank) << 32 | u128::from(lane),
-        ))
+        LaneKey(Reverse((
+            u128::from(share) << 64 | u128::from(priority) << 32 | u128::from(submitted >> 32),
+            u128::from(submitted & u64::from(u32::MAX)) << 96
+                | u128::from(head.seq) << 32
+                | u128::from(lane),
+        )))
     }
 
     fn lane(&self) -> usize {
-        usize::try_from(self.0.0 & u128::from(u32::MAX)).unwrap_or(usize::MAX)
+        usize::try_from(self.0.0.1 & u128::from(u32::MAX)).unwrap_or(usize::MAX)
     }
-}
-
-/// Merges two sorted slices into `out`.
-fn merge<T: Ord + Copy>(a: &[T], b: &[T], out: &mut Vec<T>) {
-    out.clear();
-    out.reserve(a.len() + b.len());
-    let (mut a, mut b) = (a.iter().peekable(), b.iter().peekable());
-    while let (Some(x), Some(y)) = (a.peek(), b.peek()) {
-        if x <= y {
-            out.push(**x);
-            a.next();
-        } else {
-            out.push(**y);
-            b.next();
-        }
-    }
-    out.extend(a);
-    out.extend(b);
 }
 
 pub(crate) fn job_end_key(spec: &JobSpec, now: Timestamp) -> (u64, Option<Timestamp>) {
@@ -532,150 +507,56 @@ impl Allocator {
         }
     }
 
-    /// Orders every pending job once (effective priority, submission time,
-    /// arrival) and splits the order into per-queue lanes.
-    pub(crate) fn build_lanes(&mut self, now: Timestamp) -> Vec<Lane> {
-        let CycleScratch {
-            order: mut last_order,
-            mut staged,
-            mut keys,
-            mut in_order,
-            mut strays,
-            mut sorted,
-            mut slot_of,
-        } = std::mem::take(&mut self.scratch);
-        staged.clear();
-        keys.clear();
-        in_order.clear();
-        strays.clear();
-        slot_of.clear();
-        slot_of.resize(self.jobs.len(), None);
-        // Per queue once, not per job.
-        let aging: Vec<AgingPolicy> = (0..)
-            .zip(&self.queues.queues)
-            .map(|(queue, _)| self.aging_of(queue))
-            .collect();
-        // Jobs are read in table order, not queue by queue: memory order lets
-        // the prefetcher stream the job table, where queue order misses the
-        // cache on nearly every job. (The sort below fixes the order.) A job
-        // is in line exactly when it is pending: its queue lists it then,
-        // and only then (walking those lists cost a tenth of this function).
-        for ((idx, job), slot) in (0..).zip(&self.jobs).zip(&mut slot_of) {
-            let Some(job) = job
-                .as_ref()
-                .filter(|j| matches!(j.state, JobState::Pending(_)))
-            else {
+    /// Each queue's pending jobs in line order (effective priority,
+    /// submission time, arrival), read off the queues' lines.
+    pub(crate) fn build_lanes(&self, now: Timestamp) -> Vec<Lane> {
+        let mut lanes = Vec::new();
+        for (queue, q) in (0..).zip(&self.queues.queues) {
+            if q.line.len() == 0 {
                 continue;
-            };
-            let queue = job.queue;
-            let shape = (matches!(job.state, JobState::Pending(None))
-                && job.spec.gpu_slice.is_none())
-            .then(|| {
-                (
-                    job.spec.allow_gpu_sharing,
-                    job.spec.total_units(),
-                    job_end_key(&job.spec, now).1.map(|t| t.0),
-                )
-            });
-            let boost = aging
-                .get(queue as usize)
-                .copied()
-                .unwrap_or(self.config.aging)
-                .boost(now.secs_since(job.spec.submitted_at));
-            let priority = job.spec.priority.saturating_add(boost);
-            *slot = Some(keys.len());
-            // Keys apart from the lane jobs: moving small keys is far
-            // cheaper than moving whole lane jobs around. The arrival
-            // number is unique, so the order is total.
-            keys.push((
-                Reverse(priority),
-                job.spec.submitted_at,
-                job.seq,
-                staged.len(),
-            ));
-            staged.push(Some((
-                job.queue,
-                LaneJob {
-                    priority,
-                    rank: 0,
-                    idx,
-                    seq: job.seq,
-                    shape,
+            }
+            let aging = self.aging_of(queue);
+            let mut jobs = Vec::with_capacity(q.line.len());
+            q.line.in_order(
+                |submitted_at| aging.boost(now.secs_since(submitted_at)),
+                |priority, e| {
+                    // A nominated job waits for its victims: no shortcut.
+                    let nominated = !self.nominated.is_empty() && self.nominated.contains(&e.idx);
+                    // Units beyond u32 (never in practice) go the long way.
+                    let shape = u32::try_from(e.units)
+                        .ok()
+                        .filter(|_| !nominated && !e.sliced)
+                        .map(|units| QuotaShape {
+                            end: e
+                                .runtime_estimate_secs
+                                .map_or(u64::MAX, |est| now.plus_secs(est).0),
+                            units,
+                            sharing: e.allow_gpu_sharing,
+                        });
+                    jobs.push(LaneJob {
+                        priority,
+                        submitted_at: e.submitted_at,
+                        idx: e.idx,
+                        seq: e.seq,
+                        shape,
+                    });
                 },
-            )));
-        }
-        // The order changes little from one cycle to the next: last cycle's
-        // order, where still in order, merged with the few jobs that moved or
-        // are new, sorted apart. Keys are unique, so this is the one sorted
-        // order, found without sorting (or allocating for) every job.
-        for idx in &last_order {
-            let Some(key) = slot_of
-                .get_mut(*idx as usize)
-                .and_then(Option::take)
-                .and_then(|k| keys.get(k))
-            else {
-                continue;
-            };
-            if in_order.last().is_none_or(|last| last < key) {
-                in_order.push(*key);
-            } else {
-                strays.push(*key);
-            }
-        }
-        for k in slot_of.iter().flatten() {
-            strays.extend(keys.get(*k).copied());
-        }
-        strays.sort_unstable();
-        merge(&in_order, &strays, &mut sorted);
-        // Lane of each queue, by queue index (lanes in order of first job).
-        let mut lane_of: Vec<Option<usize>> = vec![None; self.queues.queues.len()];
-        let mut lanes: Vec<(QueueIdx, Vec<LaneJob>)> = Vec::new();
-        last_order.clear();
-        for (rank, &(.., slot)) in sorted.iter().enumerate() {
-            let Some((queue, mut job)) = staged.get_mut(slot).and_then(Option::take) else {
-                continue;
-            };
-            last_order.push(job.idx);
-            let Some(lane_slot) = lane_of.get_mut(queue as usize) else {
-                continue;
-            };
-            let Some(q) = self.queues.get(queue) else {
-                continue;
-            };
-            let lane = *lane_slot.get_or_insert_with(|| {
-                lanes.push((queue, Vec::with_capacity(q.pending.len())));
-                lanes.len() - 1
-            });
-            if let Some((.., jobs)) = lanes.get_mut(lane) {
-                job.rank = u32::try_from(rank).unwrap_or(u32::MAX);
-                jobs.push(job);
-            }
-        }
-        self.scratch = CycleScratch {
-            order: last_order,
-            staged,
-            keys,
-            in_order,
-            strays,
-            sorted,
-            slot_of,
-        };
-        lanes
-            .into_iter()
-            .map(|(queue, jobs)| Lane {
+            );
+            lanes.push(Lane {
                 queue,
                 jobs: jobs.into_iter(),
-            })
-            .collect()
+            });
+        }
+        lanes
     }
 
     /// `shares`: each queue's weighted share, by queue index.
     pub(crate) fn lane_key(lanes: &[Lane], shares: &[f64], lane: usize) -> Option<LaneKey> {
         let l = lanes.get(lane)?;
-        let rank = l.jobs.as_slice().first()?.rank;
+        let head = l.jobs.as_slice().first()?;
         Some(LaneKey::new(
             shares.get(l.queue as usize).copied().unwrap_or(0.0),
-            rank,
+            head,
             lane,
         ))
     }
@@ -725,10 +606,13 @@ impl Allocator {
     fn quota_blocked_like(
         ctx: &CycleCtx,
         queue: QueueIdx,
-        (sharing, units, end): (bool, u64, Option<u64>),
+        shape: QuotaShape,
     ) -> Option<(ReasonIdx, bool)> {
-        let known = ctx.quota_blocked.get(&(queue, sharing, units))?;
-        let exempt = matches!((end, known.exempt_until), (Some(end), Some(until)) if end <= until);
+        let known = ctx
+            .quota_blocked
+            .get(&(queue, shape.sharing, u64::from(shape.units)))?;
+        let exempt =
+            shape.end != u64::MAX && known.exempt_until.is_some_and(|until| shape.end <= until);
         (known.epoch == ctx.quota_epoch && !exempt).then_some((known.reason, known.can_preempt))
     }
 
@@ -1840,32 +1724,47 @@ impl Allocator {
 
 #[cfg(test)]
 mod tests {
-    use super::{LaneKey, merge};
+    use super::{LaneJob, LaneKey};
+    use crate::types::Timestamp;
 
-    #[test]
-    fn lane_keys_go_by_share_then_rank_then_lane() {
-        let shares = [-1.5, -0.0, 0.0, 1e-300, 0.25, 0.5, 3.0, f64::INFINITY];
-        for a in shares {
-            for b in shares {
-                // Greater goes first: the lower share.
-                let by_share = LaneKey::new(a, 1, 1).cmp(&LaneKey::new(b, 1, 1));
-                assert_eq!(by_share, b.total_cmp(&a), "{a} vs {b}");
-            }
+    fn head(priority: i32, submitted_at: u64, seq: u64) -> LaneJob {
+        LaneJob {
+            priority,
+            submitted_at: Timestamp(submitted_at),
+            idx: 0,
+            seq,
+            shape: None,
         }
-        assert!(LaneKey::new(0.25, 9, 9) > LaneKey::new(0.5, 0, 0));
-        assert!(LaneKey::new(0.5, 1, 7) > LaneKey::new(0.5, 2, 0));
-        assert!(LaneKey::new(0.5, 1, 3) > LaneKey::new(0.5, 1, 4));
-        assert_eq!(LaneKey::new(0.5, 1, 3).lane(), 3);
     }
 
     #[test]
-    fn merge_keeps_every_element_in_order() {
-        let mut out = vec![99];
-        merge(&[1, 4, 5, 9], &[0, 2, 3, 10, 11], &mut out);
-        assert_eq!(out, vec![0, 1, 2, 3, 4, 5, 9, 10, 11]);
-        merge(&[], &[2, 3], &mut out);
-        assert_eq!(out, vec![2, 3]);
-        merge(&[1], &[], &mut out);
-        assert_eq!(out, vec![1]);
+    fn lane_keys_go_by_share_then_the_heads_place_in_line_then_lane() {
+        let shares = [-1.5, -0.0, 0.0, 1e-300, 0.25, 0.5, 3.0, f64::INFINITY];
+        let any = head(0, 0, 0);
+        for a in shares {
+            for b in shares {
+                // Greater goes first: the lower share.
+                let by_share = LaneKey::new(a, &any, 1).cmp(&LaneKey::new(b, &any, 1));
+                assert_eq!(by_share, b.total_cmp(&a), "{a} vs {b}");
+            }
+        }
+        let key = |share, p, t, seq, lane| LaneKey::new(share, &head(p, t, seq), lane);
+        assert!(key(0.25, i32::MIN, 9, 9, 9) > key(0.5, i32::MAX, 0, 0, 0));
+        // Higher effective priority first, negative ones included.
+        for (hi, lo) in [(1, 0), (0, -1), (-1, -2), (i32::MAX, i32::MIN), (5, -5)] {
+            assert!(
+                key(0.5, hi, 9, 9, 9) > key(0.5, lo, 0, 0, 0),
+                "{hi} vs {lo}"
+            );
+        }
+        assert!(key(0.5, 3, 1, 9, 9) > key(0.5, 3, 2, 0, 0));
+        // Submission times differing in either half of their bits.
+        assert!(key(0.5, 3, 1 << 32, 9, 9) > key(0.5, 3, 2 << 32, 0, 0));
+        assert!(key(0.5, 3, 1 << 32 | 7, 9, 9) > key(0.5, 3, 1 << 32 | 8, 0, 0));
+        assert!(key(0.5, 3, u64::MAX - 1, 9, 9) > key(0.5, 3, u64::MAX, 0, 0));
+        assert!(key(0.5, 3, 1, u64::MAX - 1, 9) > key(0.5, 3, 1, u64::MAX, 0));
+        assert!(key(0.5, 3, 1, 1, 9) > key(0.5, 3, 1, 2, 0));
+        assert!(key(0.5, 3, 1, 1, 3) > key(0.5, 3, 1, 1, 4));
+        assert_eq!(key(0.5, 3, 1, 1, 3).lane(), 3);
     }
 }

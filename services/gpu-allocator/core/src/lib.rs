@@ -37,6 +37,7 @@ mod error;
 mod event;
 mod explain;
 mod inventory;
+mod line;
 mod placement;
 mod preemption;
 mod queues;

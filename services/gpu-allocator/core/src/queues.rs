@@ -9,11 +9,9 @@
 //!   (`lendingLimit`, or all of nominal);
 //! - a queue's share is `max over resources (usage above nominal / pool) / weight`.
 
-use std::collections::BTreeSet;
-
 use crate::config::AgingPolicy;
 use crate::event::{QueuePreemption, QueueSpec};
-use crate::inventory::{FlavorIdx, JobIdx, ResIdx};
+use crate::inventory::{FlavorIdx, ResIdx};
 
 pub(crate) type QueueIdx = u32;
 pub(crate) type CohortIdx = u32;
@@ -82,7 +80,8 @@ pub(crate) struct Queue {
     /// Units in use per resource (kept when the spec is removed, because the
     /// jobs still hold them).
     pub(crate) usage: Vec<(ResIdx, u64)>,
-    pub(crate) pending: BTreeSet<JobIdx>,
+    /// Its pending jobs, in line order.
+    pub(crate) line: crate::line::QueueLine,
     pub(crate) preemption: QueuePreemption,
     /// The queue's own aging; `None` = the configured one.
     pub(crate) aging: Option<AgingPolicy>,
@@ -100,7 +99,7 @@ impl Queue {
             plain_options: Vec::new(),
             sharing_options: Vec::new(),
             usage: Vec::new(),
-            pending: BTreeSet::new(),
+            line: crate::line::QueueLine::default(),
             preemption: QueuePreemption::default(),
             aging: None,
         }

@@ -153,12 +153,15 @@ impl Allocator {
         by_arrival.sort_by_key(|j| j.seq);
         for job in by_arrival {
             alloc.submit(job.spec.clone())?;
-            if let Some(idx) = alloc.job_by_uid.get(&job.spec.uid).copied()
-                && let Some(j) = alloc.job_mut(idx)
-            {
-                j.seq = job.seq;
-                j.preemption_retry_after = job.preemption_retry_after;
-                j.preemption_failures = job.preemption_failures;
+            if let Some(idx) = alloc.job_by_uid.get(&job.spec.uid).copied() {
+                // The line orders by arrival: relisted under the restored one.
+                alloc.unlist(idx);
+                if let Some(j) = alloc.job_mut(idx) {
+                    j.seq = job.seq;
+                    j.preemption_retry_after = job.preemption_retry_after;
+                    j.preemption_failures = job.preemption_failures;
+                }
+                alloc.list(idx);
             }
             alloc.next_seq = alloc.next_seq.max(job.seq.saturating_add(1));
         }

@@ -1,0 +1,230 @@
+//! A queue's pending jobs in line order, kept across cycles.
+//!
+//! The line orders pending jobs by effective priority (priority plus the
+//! queue's aging boost, highest first), then submission time, then arrival.
+//! Aging never reorders jobs of the same base priority: the older one has
+//! waited longer, so its boost is at least the younger one's. So a queue
+//! keeps one run per base priority, sorted by (submission time, arrival)
+//! once, on submission, and a cycle gets the line by merging the few runs
+//! at its own time, instead of sorting every pending job again.
+//!
+//! An entry copies what the cycle reads of its job, so that walking the line
+//! does not touch the job table; `Allocator::list` and `Allocator::unlist`
+//! are the only writers, called wherever a job becomes or stops being pending
+//! or its spec changes.
+
+use crate::allocator::Job;
+use crate::inventory::JobIdx;
+use crate::types::Timestamp;
+
+/// What the cycle reads of a pending job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LineEntry {
+    pub(crate) submitted_at: Timestamp,
+    pub(crate) seq: u64,
+    pub(crate) idx: JobIdx,
+    pub(crate) units: u64,
+    pub(crate) runtime_estimate_secs: Option<u64>,
+    pub(crate) allow_gpu_sharing: bool,
+    /// Asks for a GPU-memory slice (MIG) rather than whole or shared GPUs.
+    pub(crate) sliced: bool,
+}
+
+impl LineEntry {
+    pub(crate) fn of(idx: JobIdx, job: &Job) -> Self {
+        LineEntry {
+            submitted_at: job.spec.submitted_at,
+            seq: job.seq,
+            idx,
+            units: job.spec.total_units(),
+            runtime_estimate_secs: job.spec.runtime_estimate_secs,
+            allow_gpu_sharing: job.spec.allow_gpu_sharing,
+            sliced: job.spec.gpu_slice.is_some(),
+        }
+    }
+
+    fn arrival(&self) -> (Timestamp, u64) {
+        (self.submitted_at, self.seq)
+    }
+}
+
+/// The pending jobs of one base priority, by (submission time, arrival).
+#[derive(Debug)]
+struct PriorityRun {
+    priority: i32,
+    jobs: Vec<LineEntry>,
+}
+
+/// One queue's pending jobs: a run per base priority, highest first.
+#[derive(Debug, Default)]
+pub(crate) struct QueueLine {
+    runs: Vec<PriorityRun>,
+}
+
+impl QueueLine {
+    pub(crate) fn insert(&mut self, priority: i32, entry: LineEntry) {
+        let at = self.runs.partition_point(|r| r.priority > priority);
+        if self.runs.get(at).is_none_or(|r| r.priority != priority) {
+            self.runs.insert(
+                at,
+                PriorityRun {
+                    priority,
+                    jobs: Vec::new(),
+                },
+            );
+        }
+        if let Some(run) = self.runs.get_mut(at) {
+            let pos = run.jobs.partition_point(|e| e.arrival() < entry.arrival());
+            run.jobs.insert(pos, entry);
+        }
+    }
+
+    /// Removes the entry of job `idx`, listed with these fields; false when
+    /// it is not listed.
+    pub(crate) fn remove(
+        &mut self,
+        priority: i32,
+        submitted_at: Timestamp,
+        seq: u64,
+        idx: JobIdx,
+    ) -> bool {
+        let Some(at) = self.runs.iter().position(|r| r.priority == priority) else {
+            return false;
+        };
+        let Some(run) = self.runs.get_mut(at) else {
+            return false;
+        };
+        let pos = run
+            .jobs
+            .partition_point(|e| e.arrival() < (submitted_at, seq));
+        if run.jobs.get(pos).is_none_or(|e| e.idx != idx) {
+            return false;
+        }
+        run.jobs.remove(pos);
+        if run.jobs.is_empty() {
+            self.runs.remove(at);
+        }
+        true
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.runs.iter().map(|r| r.jobs.len()).sum()
+    }
+
+    /// Every entry with its base priority, run by run.
+    #[cfg(test)]
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (i32, &LineEntry)> {
+        self.runs
+            .iter()
+            .flat_map(|r| r.jobs.iter().map(move |e| (r.priority, e)))
+    }
+
+    /// Calls `f` with each entry and its effective priority (its base
+    /// priority plus `boost` of its submission time), in line order.
+    pub(crate) fn in_order(
+        &self,
+        boost: impl Fn(Timestamp) -> i32,
+        mut f: impl FnMut(i32, &LineEntry),
+    ) {
+        if let [run] = self.runs.as_slice() {
+            for e in &run.jobs {
+                f(run.priority.saturating_add(boost(e.submitted_at)), e);
+            }
+            return;
+        }
+        // Merge the runs: a few heads compared per job.
+        let mut next = vec![0usize; self.runs.len()];
+        loop {
+            let mut best: Option<(usize, i32, &LineEntry)> = None;
+            for (r, run) in self.runs.iter().enumerate() {
+                let Some(e) = next.get(r).and_then(|&i| run.jobs.get(i)) else {
+                    continue;
+                };
+                let effective = run.priority.saturating_add(boost(e.submitted_at));
+                let ahead = best.is_none_or(|(_, p, b)| {
+                    (std::cmp::Reverse(effective), e.arrival())
+                        < (std::cmp::Reverse(p), b.arrival())
+                });
+                if ahead {
+                    best = Some((r, effective, e));
+                }
+            }
+            let Some((r, effective, e)) = best else {
+                return;
+            };
+            f(effective, e);
+            if let Some(i) = next.get_mut(r) {
+                *i += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(idx: JobIdx, submitted_at: u64, seq: u64) -> LineEntry {
+        LineEntry {
+            submitted_at: Timestamp(submitted_at),
+            seq,
+            idx,
+            units: 1,
+            runtime_estimate_secs: None,
+            allow_gpu_sharing: false,
+            sliced: false,
+        }
+    }
+
+    fn order(line: &QueueLine, boost: impl Fn(Timestamp) -> i32) -> Vec<(JobIdx, i32)> {
+        let mut out = Vec::new();
+        line.in_order(boost, |p, e| out.push((e.idx, p)));
+        out
+    }
+
+    #[test]
+    fn runs_merge_by_effective_priority_then_submission_then_arrival() {
+        let mut line = QueueLine::default();
+        // Inserted out of order: the line sorts them.
+        line.insert(0, entry(1, 100, 5));
+        line.insert(0, entry(0, 0, 9));
+        line.insert(10, entry(2, 200, 2));
+        line.insert(0, entry(3, 100, 4));
+        line.insert(10, entry(4, 300, 1));
+        assert_eq!(line.len(), 5);
+        // No aging: priority first.
+        assert_eq!(
+            order(&line, |_| 0),
+            vec![(2, 10), (4, 10), (0, 0), (3, 0), (1, 0)]
+        );
+        // One point of boost per 100 s waited, at t = 1,000.
+        let boost = |t: Timestamp| i32::try_from((1_000 - t.0) / 100).unwrap_or(i32::MAX);
+        // Effective: job 0 10, job 3 9, job 1 9, job 2 18, job 4 17.
+        assert_eq!(
+            order(&line, boost),
+            vec![(2, 18), (4, 17), (0, 10), (3, 9), (1, 9)]
+        );
+        // Aging past a higher priority: 20 points per 100 s.
+        let steep = |t: Timestamp| i32::try_from((1_000 - t.0) / 100 * 20).unwrap_or(i32::MAX);
+        // Effective: job 0 200, 3 and 1 180, 2 170, 4 150.
+        assert_eq!(
+            order(&line, steep),
+            vec![(0, 200), (3, 180), (1, 180), (2, 170), (4, 150)]
+        );
+    }
+
+    #[test]
+    fn removal_needs_the_listed_fields_and_drops_empty_runs() {
+        let mut line = QueueLine::default();
+        line.insert(0, entry(1, 100, 1));
+        line.insert(5, entry(2, 100, 2));
+        assert!(!line.remove(0, Timestamp(100), 1, 7), "another job's slot");
+        assert!(!line.remove(5, Timestamp(100), 1, 1), "another priority");
+        assert!(line.remove(0, Timestamp(100), 1, 1));
+        assert!(!line.remove(0, Timestamp(100), 1, 1), "already gone");
+        assert_eq!(line.entries().count(), 1);
+        assert!(line.remove(5, Timestamp(100), 2, 2));
+        assert_eq!(line.len(), 0);
+        assert!(line.runs.is_empty());
+    }
+}
