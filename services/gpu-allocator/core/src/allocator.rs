@@ -189,12 +189,18 @@ impl Allocator {
         self.jobs.get_mut(idx as usize).and_then(Option::as_mut)
     }
 
-    /// Puts job `idx` in its queue's line, as its spec and arrival say now.
+    /// Job `idx`'s queue, base priority and line entry, as its spec and
+    /// arrival say now.
+    fn line_entry(&self, idx: JobIdx) -> Option<(QueueIdx, i32, LineEntry)> {
+        let job = self.job(idx)?;
+        Some((job.queue, job.spec.priority, LineEntry::of(idx, job)))
+    }
+
+    /// Puts job `idx` in its queue's line.
     pub(crate) fn list(&mut self, idx: JobIdx) {
-        let Some(job) = self.job(idx) else { return };
-        let entry = LineEntry::of(idx, job);
-        let (queue, priority) = (job.queue, job.spec.priority);
-        if let Some(q) = self.queues.get_mut(queue) {
+        if let Some((queue, priority, entry)) = self.line_entry(idx)
+            && let Some(q) = self.queues.get_mut(queue)
+        {
             q.line.insert(priority, entry);
         }
     }
@@ -202,11 +208,10 @@ impl Allocator {
     /// Takes job `idx` out of its queue's line, if it is listed: call it
     /// before anything the entry copies changes.
     pub(crate) fn unlist(&mut self, idx: JobIdx) {
-        let Some(job) = self.job(idx) else { return };
-        let (queue, priority, submitted_at, seq) =
-            (job.queue, job.spec.priority, job.spec.submitted_at, job.seq);
-        if let Some(q) = self.queues.get_mut(queue) {
-            q.line.remove(priority, submitted_at, seq, idx);
+        if let Some((queue, priority, entry)) = self.line_entry(idx)
+            && let Some(q) = self.queues.get_mut(queue)
+        {
+            q.line.remove(priority, &entry);
         }
     }
 

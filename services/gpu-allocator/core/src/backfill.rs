@@ -564,6 +564,15 @@ mod tests {
         // A restore lists every pending job again, under its own arrival.
         let restored = Allocator::restore(alloc.snapshot()).expect("restores");
         assert_booked(&restored);
+        for job in alloc.jobs.iter().flatten() {
+            let again = restored.job_by_uid.get(&job.spec.uid).copied();
+            assert_eq!(
+                again.and_then(|i| restored.job(i)).map(|j| j.seq),
+                Some(job.seq),
+                "{} keeps its arrival",
+                job.spec.uid
+            );
+        }
         // Slots differ after a restore: jobs are named by uid.
         let lines = |a: &Allocator| -> Vec<Vec<(i32, JobUid, LineEntry)>> {
             a.queues

@@ -179,7 +179,7 @@ pub(crate) struct LaneJob {
 /// What the quota shortcut (`quota_blocked_like`) compares of a job.
 #[derive(Clone, Copy)]
 pub(crate) struct QuotaShape {
-    /// Estimated end; `u64::MAX` without an estimate (as in `job_end_key`).
+    /// Estimated end, as `estimated_end` gives it.
     end: u64,
     units: u32,
     sharing: bool,
@@ -229,7 +229,16 @@ impl LaneKey {
 }
 
 pub(crate) fn job_end_key(spec: &JobSpec, now: Timestamp) -> (u64, Option<Timestamp>) {
-    match spec.runtime_estimate_secs {
+    estimated_end(spec.runtime_estimate_secs, now)
+}
+
+/// A job's expected end for a runtime estimate, as a sort key (`u64::MAX`
+/// without an estimate) and as a time.
+pub(crate) fn estimated_end(
+    estimate_secs: Option<u64>,
+    now: Timestamp,
+) -> (u64, Option<Timestamp>) {
+    match estimate_secs {
         Some(est) => {
             let end = now.plus_secs(est);
             (end.0, Some(end))
@@ -512,11 +521,12 @@ impl Allocator {
     pub(crate) fn build_lanes(&self, now: Timestamp) -> Vec<Lane> {
         let mut lanes = Vec::new();
         for (queue, q) in (0..).zip(&self.queues.queues) {
-            if q.line.len() == 0 {
+            let listed = q.line.len();
+            if listed == 0 {
                 continue;
             }
             let aging = self.aging_of(queue);
-            let mut jobs = Vec::with_capacity(q.line.len());
+            let mut jobs = Vec::with_capacity(listed);
             q.line.in_order(
                 |submitted_at| aging.boost(now.secs_since(submitted_at)),
                 |priority, e| {
@@ -527,9 +537,7 @@ impl Allocator {
                         .ok()
                         .filter(|_| !nominated && !e.sliced)
                         .map(|units| QuotaShape {
-                            end: e
-                                .runtime_estimate_secs
-                                .map_or(u64::MAX, |est| now.plus_secs(est).0),
+                            end: estimated_end(e.runtime_estimate_secs, now).0,
                             units,
                             sharing: e.allow_gpu_sharing,
                         });

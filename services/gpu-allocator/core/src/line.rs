@@ -62,49 +62,48 @@ pub(crate) struct QueueLine {
 }
 
 impl QueueLine {
+    /// The run of `priority`: `Ok` where it is, `Err` where it would go.
+    fn run_of(&self, priority: i32) -> Result<usize, usize> {
+        // Runs go highest priority first.
+        self.runs.binary_search_by(|r| priority.cmp(&r.priority))
+    }
+
     pub(crate) fn insert(&mut self, priority: i32, entry: LineEntry) {
-        let at = self.runs.partition_point(|r| r.priority > priority);
-        if self.runs.get(at).is_none_or(|r| r.priority != priority) {
-            self.runs.insert(
-                at,
-                PriorityRun {
-                    priority,
-                    jobs: Vec::new(),
-                },
-            );
-        }
+        let at = match self.run_of(priority) {
+            Ok(at) => at,
+            Err(at) => {
+                self.runs.insert(
+                    at,
+                    PriorityRun {
+                        priority,
+                        jobs: Vec::new(),
+                    },
+                );
+                at
+            }
+        };
         if let Some(run) = self.runs.get_mut(at) {
             let pos = run.jobs.partition_point(|e| e.arrival() < entry.arrival());
             run.jobs.insert(pos, entry);
         }
     }
 
-    /// Removes the entry of job `idx`, listed with these fields; false when
-    /// it is not listed.
-    pub(crate) fn remove(
-        &mut self,
-        priority: i32,
-        submitted_at: Timestamp,
-        seq: u64,
-        idx: JobIdx,
-    ) -> bool {
-        let Some(at) = self.runs.iter().position(|r| r.priority == priority) else {
-            return false;
+    /// Removes `entry`, listed under `priority`, if it is there.
+    pub(crate) fn remove(&mut self, priority: i32, entry: &LineEntry) {
+        let Ok(at) = self.run_of(priority) else {
+            return;
         };
         let Some(run) = self.runs.get_mut(at) else {
-            return false;
+            return;
         };
-        let pos = run
-            .jobs
-            .partition_point(|e| e.arrival() < (submitted_at, seq));
-        if run.jobs.get(pos).is_none_or(|e| e.idx != idx) {
-            return false;
+        let pos = run.jobs.partition_point(|e| e.arrival() < entry.arrival());
+        if run.jobs.get(pos).is_none_or(|e| e.idx != entry.idx) {
+            return;
         }
         run.jobs.remove(pos);
         if run.jobs.is_empty() {
             self.runs.remove(at);
         }
-        true
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -218,12 +217,15 @@ mod tests {
         let mut line = QueueLine::default();
         line.insert(0, entry(1, 100, 1));
         line.insert(5, entry(2, 100, 2));
-        assert!(!line.remove(0, Timestamp(100), 1, 7), "another job's slot");
-        assert!(!line.remove(5, Timestamp(100), 1, 1), "another priority");
-        assert!(line.remove(0, Timestamp(100), 1, 1));
-        assert!(!line.remove(0, Timestamp(100), 1, 1), "already gone");
+        line.remove(0, &entry(7, 100, 1));
+        assert_eq!(line.len(), 2, "another job's slot");
+        line.remove(5, &entry(1, 100, 1));
+        assert_eq!(line.len(), 2, "another priority");
+        line.remove(0, &entry(1, 100, 1));
+        line.remove(0, &entry(1, 100, 1));
+        assert_eq!(line.len(), 1, "removed once");
         assert_eq!(line.entries().count(), 1);
-        assert!(line.remove(5, Timestamp(100), 2, 2));
+        line.remove(5, &entry(2, 100, 2));
         assert_eq!(line.len(), 0);
         assert!(line.runs.is_empty());
     }

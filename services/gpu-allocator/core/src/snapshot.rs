@@ -152,16 +152,15 @@ impl Allocator {
         let mut by_arrival: Vec<&JobSnapshot> = snapshot.jobs.iter().collect();
         by_arrival.sort_by_key(|j| j.seq);
         for job in by_arrival {
+            // Submitted under its own arrival number (jobs go in arrival
+            // order), so its queue lists it where it was.
+            alloc.next_seq = job.seq;
             alloc.submit(job.spec.clone())?;
-            if let Some(idx) = alloc.job_by_uid.get(&job.spec.uid).copied() {
-                // The line orders by arrival: relisted under the restored one.
-                alloc.unlist(idx);
-                if let Some(j) = alloc.job_mut(idx) {
-                    j.seq = job.seq;
-                    j.preemption_retry_after = job.preemption_retry_after;
-                    j.preemption_failures = job.preemption_failures;
-                }
-                alloc.list(idx);
+            if let Some(idx) = alloc.job_by_uid.get(&job.spec.uid).copied()
+                && let Some(j) = alloc.job_mut(idx)
+            {
+                j.preemption_retry_after = job.preemption_retry_after;
+                j.preemption_failures = job.preemption_failures;
             }
             alloc.next_seq = alloc.next_seq.max(job.seq.saturating_add(1));
         }
