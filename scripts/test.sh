@@ -8,6 +8,11 @@ ensure_nats_server
 ensure_nats_py
 ensure_mlflow
 
+# Incremental artifacts are 40 % of a clean build's target directory (2.5 of
+# 6.1 GB) and a one-shot run never reuses them; a full disk once failed CI.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+echo "== disk: $(df -h --output=avail . | tail -1 | tr -d ' ') free"
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
