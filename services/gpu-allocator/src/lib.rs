@@ -7,6 +7,7 @@ pub mod config;
 pub mod error;
 pub mod mapping;
 pub mod metrics;
+pub mod pending_status;
 pub mod service;
 pub mod snapshot;
 pub mod state;

@@ -427,10 +427,18 @@ pub fn pending_id(uid: &JobUid, text: &str) -> String {
     format!("pending:{:016x}:{uid}", text_hash(text))
 }
 
-/// FNV-1a: stable across builds and platforms, unlike `DefaultHasher`.
+/// FNV-1a of a text: stable across builds and platforms, unlike `DefaultHasher`.
 pub fn text_hash(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    fnv1a(FNV_OFFSET, text.as_bytes())
+}
+
+/// Where an FNV-1a hash starts.
+pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// FNV-1a continued over `bytes` from `hash`.
+pub fn fnv1a(hash: u64, bytes: &[u8]) -> u64 {
+    bytes.iter().fold(hash, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)
     })
 }
 
@@ -503,7 +511,9 @@ pub fn pending_explained(
         flavor: reason_flavor(&explanation.reason),
         gpus_requested,
         gpus_short,
-        message: explanation.message(),
+        // The position and queue travel in their own fields (the planner's
+        // condition leads with them), so the message is why the job waits.
+        message: explanation.reason.to_string(),
     }
 }
 
@@ -858,11 +868,7 @@ mod tests {
         let pending = pending_explained(&explanation, 8);
         assert_eq!(pending.gpus_short, 8);
         assert_eq!(pending.position, 2);
-        assert!(
-            pending.message.contains("does not exist"),
-            "{}",
-            pending.message
-        );
+        assert_eq!(pending.message, "TrainingQueue team-a does not exist");
         let id = pending_id(&explanation.uid, &pending.message);
         assert_eq!(id, pending_id(&explanation.uid, &pending.message));
         assert_ne!(id, pending_id(&explanation.uid, "other text"));

@@ -15,6 +15,7 @@ pub struct AllocatorMetrics {
     pub cycle_seconds: Histogram,
     pub admissions: IntCounter,
     pub preemptions: IntCounter,
+    pub pending_explanations: IntCounter,
     pub evictions: IntCounterVec,
     pub pending_jobs: IntGauge,
     pub running_jobs: IntGauge,
@@ -55,6 +56,11 @@ impl AllocatorMetrics {
             preemptions: IntCounter::new(
                 "trainyard_allocator_preemptions_total",
                 "Running jobs told to make room (one per victim)",
+            )
+            .map_err(metric_error)?,
+            pending_explanations: IntCounter::new(
+                "trainyard_allocator_pending_explanations_total",
+                "admission.pending messages queued (each a status write on its TrainingJob)",
             )
             .map_err(metric_error)?,
             evictions: IntCounterVec::new(
@@ -128,6 +134,9 @@ impl AllocatorMetrics {
             .register(Box::new(metrics.preemptions.clone()))
             .map_err(metric_error)?;
         registry
+            .register(Box::new(metrics.pending_explanations.clone()))
+            .map_err(metric_error)?;
+        registry
             .register(Box::new(metrics.evictions.clone()))
             .map_err(metric_error)?;
         registry
@@ -162,6 +171,8 @@ impl AllocatorMetrics {
         self.cycle_seconds.observe(seconds);
         self.admissions.inc_by(report.admissions as u64);
         self.preemptions.inc_by(report.preempted_victims as u64);
+        self.pending_explanations
+            .inc_by(report.explanations_published as u64);
         self.evictions
             .with_label_values(&["preempted"])
             .inc_by(report.evictions_preempted as u64);

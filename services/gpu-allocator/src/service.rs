@@ -319,7 +319,11 @@ impl CycleLoop {
                 .metrics
                 .outbox
                 .set(i64::try_from(state.outbox().len()).unwrap_or(i64::MAX));
-            (bytes, generation, state.outbox().to_vec())
+            (
+                bytes,
+                generation,
+                state.outbox().iter().cloned().collect::<Vec<_>>(),
+            )
         };
         if let Some(bytes) = bytes {
             let size = bytes.len();

@@ -3,7 +3,7 @@
 //! defaults, flavors learned from queues, which explanations were published)
 //! and the outbox of decisions not yet published. Pure: no I/O, no clock.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 use gpu_allocator_core::{
     Admission, Allocator, AllocatorSnapshot, AllocatorStats, Applied, CycleStats, Event,
@@ -19,6 +19,7 @@ use trainyard_contracts::lifecycle::TrainingJobTransitioned;
 use crate::config::AllocatorServiceConfig;
 use crate::error::ServiceError;
 use crate::mapping::{self, QueueInfo};
+use crate::pending_status::PendingStatus;
 
 /// Version of [`PersistedState`].
 pub const STATE_FORMAT_VERSION: u32 = 1;
@@ -91,12 +92,16 @@ pub struct PersistedState {
     pub queues: BTreeMap<String, QueueInfo>,
     #[serde(default)]
     pub learned_flavors: BTreeMap<String, FlavorSpec>,
+    /// Per pending job (attempt uid), what its last published explanation
+    /// said. Snapshots of before 2026-11-26 kept a text hash under
+    /// `explained` instead; it is ignored, and their pending jobs are
+    /// explained once more.
     #[serde(default)]
-    pub explained: BTreeMap<String, u64>,
+    pub pending_status: BTreeMap<String, PendingStatus>,
     #[serde(default)]
     pub cpu_admitted: BTreeSet<String>,
     #[serde(default)]
-    pub outbox: Vec<Outgoing>,
+    pub outbox: VecDeque<Outgoing>,
     /// Per stream, the sequence of the last message applied: at start, the
     /// messages after it are replayed, since they may have been acked after
     /// this snapshot was saved.
@@ -127,9 +132,9 @@ pub struct AllocatorState {
     by_uid: HashMap<String, String>,
     queues: BTreeMap<String, QueueInfo>,
     learned_flavors: BTreeMap<String, FlavorSpec>,
-    explained: BTreeMap<String, u64>,
+    pending_status: BTreeMap<String, PendingStatus>,
     cpu_admitted: BTreeSet<String>,
-    outbox: Vec<Outgoing>,
+    outbox: VecDeque<Outgoing>,
     applied: BTreeMap<String, u64>,
     generation: u64,
 }
@@ -153,9 +158,9 @@ impl AllocatorState {
             by_uid: HashMap::new(),
             queues: BTreeMap::new(),
             learned_flavors: BTreeMap::new(),
-            explained: BTreeMap::new(),
+            pending_status: BTreeMap::new(),
             cpu_admitted: BTreeSet::new(),
-            outbox: Vec::new(),
+            outbox: VecDeque::new(),
             applied: BTreeMap::new(),
             generation: 0,
         })
@@ -197,7 +202,7 @@ impl AllocatorState {
             by_uid,
             queues: persisted.queues,
             learned_flavors: persisted.learned_flavors,
-            explained: persisted.explained,
+            pending_status: persisted.pending_status,
             cpu_admitted: persisted.cpu_admitted,
             outbox: persisted.outbox,
             applied: persisted.applied,
@@ -213,7 +218,7 @@ impl AllocatorState {
             jobs: self.jobs.clone(),
             queues: self.queues.clone(),
             learned_flavors: self.learned_flavors.clone(),
-            explained: self.explained.clone(),
+            pending_status: self.pending_status.clone(),
             cpu_admitted: self.cpu_admitted.clone(),
             outbox: self.outbox.clone(),
             applied: self.applied.clone(),
@@ -261,7 +266,7 @@ impl AllocatorState {
     }
 
     /// Decisions waiting to be published, oldest first.
-    pub fn outbox(&self) -> &[Outgoing] {
+    pub fn outbox(&self) -> &VecDeque<Outgoing> {
         &self.outbox
     }
 
@@ -476,7 +481,7 @@ impl AllocatorState {
             return Ok(());
         }
         let attempt = mapping::split_uid(&spec.uid).map_or(0, |(_, a)| a);
-        self.outbox.push(Outgoing::Admission {
+        self.outbox.push_back(Outgoing::Admission {
             id: mapping::admission_id(&spec.uid),
             entity: mapping::job_entity(&spec.namespace, &spec.name, &spec.uid),
             payload: AdmissionDecided {
@@ -500,7 +505,7 @@ impl AllocatorState {
 
     fn finish_attempt(&mut self, uid: &JobUid) -> Result<(), ServiceError> {
         self.cpu_admitted.remove(uid.as_str());
-        self.explained.remove(uid.as_str());
+        self.pending_status.remove(uid.as_str());
         self.apply(Event::JobFinished { uid: uid.clone() })?;
         Ok(())
     }
@@ -513,7 +518,7 @@ impl AllocatorState {
         if self.alloc.admission(uid).is_some() || self.cpu_admitted.contains(uid.as_str()) {
             return self.finish_attempt(uid);
         }
-        self.explained.remove(uid.as_str());
+        self.pending_status.remove(uid.as_str());
         if changed(self.alloc.withdraw(uid)) {
             self.touch();
         }
@@ -577,7 +582,7 @@ impl AllocatorState {
         }
         self.forget(&key);
         self.cpu_admitted.remove(rec.template.uid.as_str());
-        self.explained.remove(rec.template.uid.as_str());
+        self.pending_status.remove(rec.template.uid.as_str());
         self.apply(Event::JobRemoved {
             uid: rec.template.uid,
         })?;
@@ -621,7 +626,7 @@ impl AllocatorState {
             || !outcome.evictions.is_empty();
         for admission in outcome.admissions {
             let attempt = mapping::split_uid(&admission.uid).map_or(0, |(_, a)| a);
-            self.outbox.push(Outgoing::Admission {
+            self.outbox.push_back(Outgoing::Admission {
                 id: mapping::admission_id(&admission.uid),
                 entity: mapping::job_entity(&admission.namespace, &admission.name, &admission.uid),
                 payload: mapping::admission_decided(&admission, attempt),
@@ -632,7 +637,7 @@ impl AllocatorState {
             let preemptor = self.entity_of(&preemption.preemptor);
             for victim in &preemption.victims {
                 report.preempted_victims += 1;
-                self.outbox.push(Outgoing::Preemption {
+                self.outbox.push_back(Outgoing::Preemption {
                     id: mapping::preemption_id(&victim.uid, &preemption.preemptor),
                     entity: mapping::job_entity(&victim.namespace, &victim.name, &victim.uid),
                     payload: mapping::preemption_decided(
@@ -661,17 +666,25 @@ impl AllocatorState {
                 tracing::warn!(%uid, error = %err, "cannot finish evicted attempt");
             }
         }
-        let mut still_pending = BTreeSet::new();
+        let step = self.config.explain_step_percent;
+        let mut still_pending: HashSet<&str> = HashSet::with_capacity(explanations.len());
+        let mut replaced: HashSet<EntityRef> = HashSet::new();
+        let mut fresh = Vec::new();
         for explanation in &explanations {
-            *report
-                .queue_depth
-                .entry(explanation.queue.to_string())
-                .or_default() += 1;
-            let uid = explanation.uid.to_string();
-            still_pending.insert(uid.clone());
-            let text = explanation.message();
-            let hash = mapping::text_hash(&text);
-            if self.explained.get(&uid) == Some(&hash) {
+            match report.queue_depth.get_mut(&*explanation.queue) {
+                Some(depth) => *depth += 1,
+                None => {
+                    report.queue_depth.insert(explanation.queue.to_string(), 1);
+                }
+            }
+            let uid = explanation.uid.as_str();
+            still_pending.insert(uid);
+            let status = PendingStatus::of(explanation);
+            if self
+                .pending_status
+                .get(uid)
+                .is_some_and(|published| !status.supersedes(published, step))
+            {
                 continue;
             }
             let Some(rec) = self.record_of(&explanation.uid) else {
@@ -679,20 +692,28 @@ impl AllocatorState {
             };
             let gpus = u32::try_from(rec.template.total_units()).unwrap_or(u32::MAX);
             let entity = rec.entity.clone();
-            self.outbox
-                .retain(|o| !matches!(o, Outgoing::Pending { entity: e, .. } if *e == entity));
-            self.outbox.push(Outgoing::Pending {
+            let text = explanation.message();
+            replaced.insert(entity.clone());
+            fresh.push(Outgoing::Pending {
                 id: mapping::pending_id(&explanation.uid, &text),
                 entity,
                 payload: mapping::pending_explained(explanation, gpus),
             });
-            self.explained.insert(uid, hash);
-            report.explanations_published += 1;
+            self.pending_status.insert(uid.to_string(), status);
+        }
+        if !fresh.is_empty() {
+            // One pass: a job's unpublished older explanation is superseded.
+            self.outbox.retain(
+                |o| !matches!(o, Outgoing::Pending { entity, .. } if replaced.contains(entity)),
+            );
+            report.explanations_published = fresh.len();
+            self.outbox.extend(fresh);
             decided = true;
         }
-        let before = self.explained.len();
-        self.explained.retain(|uid, _| still_pending.contains(uid));
-        decided |= before != self.explained.len();
+        let before = self.pending_status.len();
+        self.pending_status
+            .retain(|uid, _| still_pending.contains(uid.as_str()));
+        decided |= before != self.pending_status.len();
         if decided {
             self.touch();
         }
@@ -703,10 +724,15 @@ impl AllocatorState {
     /// A decision was published: drop it from the outbox and feed it back
     /// into the core, as the core's README asks (a no-op when applied).
     pub fn published(&mut self, id: &str) {
-        let Some(pos) = self.outbox.iter().position(|o| o.id() == id) else {
+        // Decisions go out in outbox order, so the one published is the first.
+        let at = if self.outbox.front().is_some_and(|o| o.id() == id) {
+            Some(0)
+        } else {
+            self.outbox.iter().position(|o| o.id() == id)
+        };
+        let Some(outgoing) = at.and_then(|at| self.outbox.remove(at)) else {
             return;
         };
-        let outgoing = self.outbox.remove(pos);
         self.touch();
         let event = match outgoing {
             Outgoing::Admission {
@@ -740,7 +766,12 @@ mod tests {
     use super::*;
 
     fn state() -> AllocatorState {
-        let mut state = AllocatorState::new(AllocatorServiceConfig::default()).expect("state");
+        state_with(AllocatorServiceConfig::default())
+    }
+
+    /// One node of 8 A100 and a queue `default` with all 8 as nominal quota.
+    fn state_with(config: AllocatorServiceConfig) -> AllocatorState {
+        let mut state = AllocatorState::new(config).expect("state");
         let node: NodeObserved = serde_json::from_value(json!({
             "change": "Applied", "allocatableGpus": 8,
             "labels": {"nvidia.com/gpu.product": "A100"},
@@ -813,7 +844,7 @@ mod tests {
             .expect("job");
         state.cycle(Timestamp(10));
         let outbox = state.outbox();
-        let Some(Outgoing::Admission { payload, .. }) = outbox.first() else {
+        let Some(Outgoing::Admission { payload, .. }) = outbox.front() else {
             panic!("expected an admission, got {outbox:?}");
         };
         assert_eq!(payload.flavor, "a100");
@@ -873,7 +904,7 @@ mod tests {
     }
 
     #[test]
-    fn pending_explanations_are_queued_only_when_their_text_changes() {
+    fn a_pending_explanation_is_not_queued_again_while_nothing_changed() {
         let mut state = state();
         state
             .on_job_changed(&entity("big"), &job("big", 16, 0, false), Timestamp(10))
@@ -883,6 +914,74 @@ mod tests {
         assert_eq!(report.queue_depth["default"], 1);
         let report = state.cycle(Timestamp(11));
         assert_eq!(report.explanations_published, 0);
+    }
+
+    #[test]
+    fn a_snapshot_with_text_hashes_restores_and_explains_its_pending_jobs_once_more() {
+        let mut state = state();
+        state
+            .on_job_changed(&entity("big"), &job("big", 16, 0, false), Timestamp(10))
+            .expect("job");
+        assert_eq!(state.cycle(Timestamp(10)).explanations_published, 1);
+        let mut saved = serde_json::to_value(state.persisted()).expect("encode");
+        let fields = saved.as_object_mut().expect("an object");
+        fields.remove("pendingStatus");
+        fields.insert("explained".into(), json!({"uid-big/a0": 42}));
+        let persisted: PersistedState = serde_json::from_value(saved).expect("decode");
+        let mut restored =
+            AllocatorState::restore(AllocatorServiceConfig::default(), persisted).expect("restore");
+        assert_eq!(restored.cycle(Timestamp(11)).explanations_published, 1);
+        assert_eq!(restored.cycle(Timestamp(12)).explanations_published, 0);
+    }
+
+    /// Runs one 8-GPU job and queues 40 behind it, then completes the running
+    /// one: the head is admitted and the 39 others move up by one. Returns
+    /// the explanations published by the second cycle.
+    fn republished_after_the_head_moves_on(explain_step_percent: u32) -> Vec<u32> {
+        let mut state = state_with(AllocatorServiceConfig {
+            explain_step_percent,
+            ..AllocatorServiceConfig::default()
+        });
+        for index in 0..41 {
+            let name = format!("j{index:02}");
+            state
+                .on_job_changed(&entity(&name), &job(&name, 8, 0, false), Timestamp(10))
+                .expect("job");
+        }
+        let report = state.cycle(Timestamp(10));
+        assert_eq!((report.admissions, report.explanations_published), (1, 40));
+        let ids: Vec<String> = state.outbox().iter().map(|o| o.id().to_string()).collect();
+        for id in &ids {
+            state.published(id);
+        }
+        state
+            .on_transition(&entity("j00"), &transition(TrainingJobState::Completed, 0))
+            .expect("completion");
+        let report = state.cycle(Timestamp(20));
+        assert_eq!(report.admissions, 1);
+        let positions: Vec<u32> = state
+            .outbox()
+            .iter()
+            .filter_map(|o| match o {
+                Outgoing::Pending { payload, .. } => Some(payload.position),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(positions.len(), report.explanations_published);
+        positions
+    }
+
+    #[test]
+    fn a_moved_position_is_republished_near_the_head_and_every_tenth_deeper() {
+        // Positions 2..=11 became 1..=10: a move of one is a tenth of 10.
+        assert_eq!(
+            republished_after_the_head_moves_on(10),
+            (1..=10).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            republished_after_the_head_moves_on(0),
+            (1..=39).collect::<Vec<_>>()
+        );
     }
 
     #[test]

@@ -1,0 +1,211 @@
+//! Which pending explanations are worth publishing again. Each published
+//! `admission.pending` becomes a status write on its TrainingJob (the
+//! planner's condition), and with thousands of jobs waiting most of what
+//! changes from one cycle to the next is counts: one admission moves every
+//! job behind it up by one, and a queue's usage moves every one of its jobs'
+//! "GPUs short". Republishing on every change made about 9,000 messages a
+//! cycle with 10,000 jobs pending (`loadtest`, `allocator_service`). So a
+//! job's status is published again when why it waits changes (the kind of
+//! reason, the flavor, the resource), and
+//! when its position or its GPUs short moved by at least a step (a percent
+//! of the smaller of the old and new value): near the head of a queue every
+//! move shows, deep in it the position is refreshed every tenth or so.
+
+use gpu_allocator_core::{PendingExplanation, PendingReason};
+use serde::{Deserialize, Serialize};
+
+use crate::mapping::{FNV_OFFSET, fnv1a};
+
+/// What the last published explanation of a job said, as far as deciding to
+/// publish again goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingStatus {
+    /// Hash of why the job waits, without its counts ([`cause_hash`]).
+    pub cause: u64,
+    /// 1-based position in its queue.
+    pub position: u32,
+    /// Units short (`u64::MAX` when no flavor can take the job).
+    pub short: u64,
+}
+
+impl PendingStatus {
+    /// The status an explanation gives.
+    pub fn of(explanation: &PendingExplanation) -> Self {
+        PendingStatus {
+            cause: cause_hash(&explanation.reason),
+            position: explanation.position,
+            short: explanation.reason.shortfall(),
+        }
+    }
+
+    /// Whether this status (the current one) should be published over
+    /// `published`: another cause, or a position or shortfall moved by at
+    /// least `step_percent` percent of the smaller of the two values (0:
+    /// every move).
+    pub fn supersedes(&self, published: &PendingStatus, step_percent: u32) -> bool {
+        self.cause != published.cause
+            || moved(
+                u64::from(published.position),
+                u64::from(self.position),
+                step_percent,
+            )
+            || moved(published.short, self.short, step_percent)
+    }
+}
+
+fn moved(from: u64, to: u64, step_percent: u32) -> bool {
+    from != to
+        && from.abs_diff(to).saturating_mul(100)
+            >= u64::from(step_percent).saturating_mul(from.min(to))
+}
+
+/// Hash of why a job waits, leaving out every count (usage, shortfall,
+/// workers that fit, times) and whether a job ahead holds the quota (a
+/// cohort's hold passes from job to job and would touch every job of the
+/// cohort each time): two reasons hash alike when a user would read them as
+/// the same cause. A job holding quota itself is a cause of its own.
+pub fn cause_hash(reason: &PendingReason) -> u64 {
+    let parts: [&[u8]; 3] = match reason {
+        PendingReason::QueueNotFound { queue } => [b"queue-not-found", queue.as_bytes(), b""],
+        PendingReason::NoMatchingFlavor { wants } => [b"no-matching-flavor", wants.as_bytes(), b""],
+        PendingReason::QuotaExceeded {
+            flavor,
+            resource,
+            holding_cohort_quota,
+            ..
+        } => [
+            if *holding_cohort_quota {
+                b"quota-holding"
+            } else {
+                b"quota"
+            },
+            flavor.as_bytes(),
+            resource.as_bytes(),
+        ],
+        PendingReason::InsufficientCapacity {
+            flavor,
+            resource,
+            reserved_start,
+            fits_when_empty,
+            ..
+        } => [
+            match (reserved_start.is_some(), *fits_when_empty) {
+                (true, _) => b"capacity-reserved",
+                (false, true) => b"capacity",
+                (false, false) => b"capacity-never",
+            },
+            flavor.as_bytes(),
+            resource.as_bytes(),
+        ],
+        PendingReason::HeldForReservation {
+            flavor, resource, ..
+        } => [
+            b"held-for-reservation",
+            flavor.as_bytes(),
+            resource.as_bytes(),
+        ],
+        PendingReason::AwaitingPreemption { .. } => [b"awaiting-preemption", b"", b""],
+    };
+    // A separator no UTF-8 text contains keeps ("ab", "c") apart from ("a", "bc").
+    parts
+        .iter()
+        .fold(FNV_OFFSET, |hash, part| fnv1a(fnv1a(hash, part), &[0xff]))
+}
+
+#[cfg(test)]
+mod tests {
+    use gpu_allocator_core::{JobUid, Timestamp};
+
+    use super::*;
+
+    fn quota(used: u64, held_for: Option<&str>) -> PendingReason {
+        quota_holding(used, held_for, false)
+    }
+
+    fn quota_holding(used: u64, held_for: Option<&str>, holding: bool) -> PendingReason {
+        PendingReason::QuotaExceeded {
+            flavor: "h100".into(),
+            resource: "nvidia.com/gpu".into(),
+            requested: 16,
+            available: 100 - used.min(100),
+            nominal: 100,
+            used,
+            held_for: held_for.map(JobUid::new),
+            holding_cohort_quota: holding,
+        }
+    }
+
+    fn status(position: u32, short: u64) -> PendingStatus {
+        PendingStatus {
+            cause: cause_hash(&quota(0, None)),
+            position,
+            short,
+        }
+    }
+
+    #[test]
+    fn counts_and_holds_ahead_do_not_change_the_cause_but_holding_and_the_flavor_do() {
+        assert_eq!(cause_hash(&quota(10, None)), cause_hash(&quota(95, None)));
+        assert_eq!(
+            cause_hash(&quota(10, None)),
+            cause_hash(&quota(10, Some("a")))
+        );
+        assert_ne!(
+            cause_hash(&quota_holding(10, None, true)),
+            cause_hash(&quota(10, None))
+        );
+        let capacity = |flavor: &str, reserved: bool| PendingReason::InsufficientCapacity {
+            flavor: flavor.into(),
+            resource: "nvidia.com/gpu".into(),
+            workers: 4,
+            units_per_worker: 8,
+            placeable_workers: 1,
+            units_short: 24,
+            reserved_start: reserved.then_some(Timestamp(100)),
+            fits_when_empty: true,
+        };
+        assert_ne!(
+            cause_hash(&capacity("h100", false)),
+            cause_hash(&quota(0, None))
+        );
+        assert_ne!(
+            cause_hash(&capacity("h100", false)),
+            cause_hash(&capacity("a100", false))
+        );
+        assert_ne!(
+            cause_hash(&capacity("h100", false)),
+            cause_hash(&capacity("h100", true))
+        );
+    }
+
+    #[test]
+    fn near_the_head_every_move_shows_and_deep_in_line_a_tenth_does() {
+        let published = status(10, 8);
+        assert!(status(9, 8).supersedes(&published, 10));
+        assert!(status(10, 8).supersedes(&status(11, 8), 10));
+        assert!(!status(10, 8).supersedes(&published, 10));
+        let deep = status(500, 8);
+        assert!(!status(455, 8).supersedes(&deep, 10));
+        assert!(status(454, 8).supersedes(&deep, 10));
+        assert!(status(560, 8).supersedes(&deep, 10));
+        assert!(!status(540, 8).supersedes(&deep, 10));
+        assert!(status(499, 8).supersedes(&deep, 0), "step 0: every move");
+    }
+
+    #[test]
+    fn the_shortfall_counts_like_the_position_and_reaching_zero_always_shows() {
+        let published = status(3, 40);
+        assert!(!status(3, 37).supersedes(&published, 10));
+        assert!(status(3, 36).supersedes(&published, 10));
+        assert!(status(3, 0).supersedes(&status(3, 1), 10));
+        let other_cause = PendingStatus {
+            cause: cause_hash(&PendingReason::AwaitingPreemption {
+                victims: 1,
+                evict_at: Timestamp(100),
+            }),
+            ..published
+        };
+        assert!(other_cause.supersedes(&published, 10));
+    }
+}
