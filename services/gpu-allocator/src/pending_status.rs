@@ -5,11 +5,11 @@
 //! job behind it up by one, and a queue's usage moves every one of its jobs'
 //! "GPUs short". Republishing on every change made about 9,000 messages a
 //! cycle with 10,000 jobs pending (`loadtest`, `allocator_service`). So a
-//! job's status is published again when why it waits changes (the kind of
-//! reason, the flavor, the resource), and
-//! when its position or its GPUs short moved by at least a step (a percent
-//! of the smaller of the old and new value): near the head of a queue every
-//! move shows, deep in it the position is refreshed every tenth or so.
+//! job's status is published again when its queue or why it waits changes
+//! (the kind of reason, the flavor, the resource), and when its position or
+//! its GPUs short moved by at least a step (a percent of the smaller of the
+//! old and new value): near the head of a queue every move shows, deep in it
+//! the position is refreshed every tenth or so.
 
 use gpu_allocator_core::{PendingExplanation, PendingReason};
 use serde::{Deserialize, Serialize};
@@ -21,7 +21,7 @@ use crate::mapping::{FNV_OFFSET, fnv1a};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PendingStatus {
-    /// Hash of why the job waits, without its counts ([`cause_hash`]).
+    /// Hash of the job's queue and why it waits, without counts ([`cause_hash`]).
     pub cause: u64,
     /// 1-based position in its queue.
     pub position: u32,
@@ -33,7 +33,10 @@ impl PendingStatus {
     /// The status an explanation gives.
     pub fn of(explanation: &PendingExplanation) -> Self {
         PendingStatus {
-            cause: cause_hash(&explanation.reason),
+            cause: fnv1a(
+                cause_hash(&explanation.reason),
+                explanation.queue.as_bytes(),
+            ),
             position: explanation.position,
             short: explanation.reason.shortfall(),
         }
@@ -191,6 +194,21 @@ mod tests {
         assert!(status(560, 8).supersedes(&deep, 10));
         assert!(!status(540, 8).supersedes(&deep, 10));
         assert!(status(499, 8).supersedes(&deep, 0), "step 0: every move");
+    }
+
+    #[test]
+    fn a_job_moved_to_another_queue_is_published_again() {
+        let explanation = |queue: &str| PendingExplanation {
+            uid: JobUid::new("u/a0"),
+            queue: queue.into(),
+            position: 3,
+            queue_length: 9,
+            effective_priority: 0,
+            reason: std::sync::Arc::new(quota(10, None)),
+        };
+        let published = PendingStatus::of(&explanation("team-a"));
+        assert!(!PendingStatus::of(&explanation("team-a")).supersedes(&published, 10));
+        assert!(PendingStatus::of(&explanation("team-b")).supersedes(&published, 10));
     }
 
     #[test]

@@ -173,10 +173,10 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
         entry::<decisions::PendingExplained>(
             "gpu-allocator",
             "planner",
-            "Why the job is still waiting; the planner writes it into status and events.",
+            "Why the job is still waiting; the planner writes it into status and events as `position <position> in queue <queue>: <message>`. Published again when the cause changes or the position or shortfall moved by a step (gpu-allocator README).",
             job(),
             json!({"queue": "team-a", "position": 3, "flavor": "a100-spot", "gpusRequested": 4, "gpusShort": 2,
-                   "message": "queue team-a flavor a100-spot: 30 of 32 GPUs in use, needs 2 more; position 3"}),
+                   "message": "quota: flavor a100-spot nvidia.com/gpu: needs 4, queue can take 2 (nominal 32, in use 30); 2 short"}),
         )?,
         entry::<decisions::PreemptionDecided>(
             "gpu-allocator",

@@ -64,7 +64,8 @@ pub struct PendingExplained {
     pub flavor: Option<String>,
     pub gpus_requested: u32,
     pub gpus_short: u32,
-    /// Readable reason, e.g. "queue team-a quota a100-spot: 16 of 16 GPUs in use, needs 8 more".
+    /// Why the job waits, without its position, e.g. "quota: flavor a100-spot
+    /// nvidia.com/gpu: needs 8, queue can take 0 (nominal 16, in use 16); 8 short".
     pub message: String,
 }
 
