@@ -10,7 +10,12 @@
 //! - a decision is published only after a snapshot containing it (in the
 //!   outbox) is saved, and leaves the outbox only once JetStream stored it, so
 //!   a restarted allocator republishes (deduplicated by `Nats-Msg-Id`) rather
-//!   than decides again.
+//!   than decides again. Pending explanations are not decisions and go out
+//!   without waiting for a save: a lost one is explained again after a
+//!   restart, since the snapshot's record of what was published is as old as
+//!   the snapshot. With thousands of jobs pending a snapshot is megabytes, and
+//!   saving one for every cycle that explained a new job made snapshots the
+//!   service's main work.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -302,7 +307,7 @@ impl CycleLoop {
             // saved at once; message changes alone at most every interval.
             let due = force_save
                 || (generation > persisted.generation
-                    && (!state.outbox().is_empty()
+                    && (state.outbox().iter().any(Outgoing::is_decision)
                         || persisted.at.is_none_or(|at| at.elapsed() >= min_interval)));
             let bytes = if due {
                 match serde_json::to_vec(&state.persisted()) {
@@ -352,10 +357,11 @@ impl CycleLoop {
                 }
             }
         }
-        if persisted.generation < generation {
-            return;
-        }
+        let saved = persisted.generation >= generation;
         for outgoing in outbox {
+            if !saved && outgoing.is_decision() {
+                continue;
+            }
             match publish(&self.publisher, &outgoing).await {
                 Ok(()) => allocation.lock().published(outgoing.id()),
                 Err(err) => {

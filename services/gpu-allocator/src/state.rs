@@ -70,6 +70,12 @@ pub enum Outgoing {
 }
 
 impl Outgoing {
+    /// Admissions and preemptions are decisions: published only once a
+    /// snapshot holds them. Pending explanations are not.
+    pub fn is_decision(&self) -> bool {
+        !matches!(self, Outgoing::Pending { .. })
+    }
+
     /// The `Nats-Msg-Id`.
     pub fn id(&self) -> &str {
         match self {

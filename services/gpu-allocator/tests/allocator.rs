@@ -316,6 +316,67 @@ async fn a_gang_is_admitted_all_or_nothing_and_told_why_it_waits() {
     stop(runtime).await;
 }
 
+fn snapshots_saved(runtime: &Runtime) -> f64 {
+    trainyard_testkit::metric(
+        &runtime.registry,
+        "trainyard_allocator_snapshots_total",
+        &[("outcome", "ok")],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explanations_go_out_without_a_snapshot_and_decisions_wait_for_one() {
+    let nats = NatsServer::start();
+    let runtime = start(
+        &nats,
+        AllocatorServiceConfig {
+            // Only decisions (and shutdown) save a snapshot in this test.
+            snapshot_min_interval_ms: 3_600_000,
+            snapshot_every_cycles: 1_000_000,
+            ..config()
+        },
+    )
+    .await;
+    node(&runtime, "n1", 4).await;
+    node(&runtime, "n2", 4).await;
+    default_queue(&runtime, 32).await;
+    job(&runtime, "small", 1, 4, None).await;
+    eventually("the small job admitted", || async {
+        admissions(&runtime).await.into_iter().next()
+    })
+    .await;
+    let saved = snapshots_saved(&runtime);
+    assert!(saved >= 1.0, "the admission was saved before it went out");
+
+    job(&runtime, "gang", 2, 4, None).await;
+    eventually("the gang's pending explanation", || async {
+        decisions::<PendingExplained>(&runtime)
+            .await
+            .into_iter()
+            .find(|(e, _)| e.name == "gang")
+    })
+    .await;
+    assert_eq!(
+        snapshots_saved(&runtime),
+        saved,
+        "an explanation does not wait for a snapshot"
+    );
+
+    node(&runtime, "n3", 4).await;
+    eventually("the gang admitted", || async {
+        admissions(&runtime)
+            .await
+            .into_iter()
+            .find(|(name, _)| name == "gang")
+    })
+    .await;
+    assert!(
+        snapshots_saved(&runtime) > saved,
+        "the admission was saved before it went out"
+    );
+    stop(runtime).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_higher_priority_job_preempts_a_lower_priority_one() {
     let nats = NatsServer::start();
