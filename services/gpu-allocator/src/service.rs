@@ -304,7 +304,8 @@ impl CycleLoop {
             }
             let generation = state.generation();
             // Decisions wait for a save before they are published, so they are
-            // saved at once; message changes alone at most every interval.
+            // saved at once; message changes and explanations alone at most
+            // every interval.
             let due = force_save
                 || (generation > persisted.generation
                     && (state.outbox().iter().any(Outgoing::is_decision)
