@@ -35,6 +35,7 @@ use trainyard_contracts::events::{NodeObserved, TrainingJobChanged, TrainingQueu
 use trainyard_contracts::lifecycle::TrainingJobTransitioned;
 use trainyard_gpu_allocator::{AllocatorServiceConfig, AllocatorState, Outgoing};
 use trainyard_loadtest::percentile::SortedSamples;
+use trainyard_loadtest::procstats;
 
 const NODES: usize = 2_000;
 const GPUS_PER_NODE: u32 = 8;
@@ -93,6 +94,9 @@ struct Figures {
     snapshot_json_bytes: usize,
     snapshot_copy_ms_p50: f64,
     snapshot_encode_ms_p50: f64,
+    /// Of this process: the state, a snapshot's copy and encoding, and the
+    /// benchmark's own books (a few MB).
+    peak_rss_mib: f64,
 }
 
 struct Running {
@@ -194,6 +198,7 @@ fn main() -> anyhow::Result<()> {
     let cycles = SortedSamples::new(cycle_ms);
     let messages = SortedSamples::new(messages);
     let sampled = cycles.len().max(1) as f64;
+    let peak_rss = procstats::sample(std::process::id())?.peak_rss_bytes;
     let figures = Figures {
         pending: args.pending,
         explain_step_percent: step_percent,
@@ -210,6 +215,7 @@ fn main() -> anyhow::Result<()> {
         snapshot_encode_ms_p50: SortedSamples::new(encode_ms)
             .percentile(50.0)
             .unwrap_or(0.0),
+        peak_rss_mib: peak_rss as f64 / (1024.0 * 1024.0),
     };
     println!(
         "allocator service, {} pending jobs, explain step {} %, {} cycles after {WARMUP_STEPS} of warm-up:",
@@ -230,6 +236,7 @@ fn main() -> anyhow::Result<()> {
         "  snapshot: {} bytes of JSON; p50 {:.1} ms to copy (under the lock), {:.1} ms to encode",
         figures.snapshot_json_bytes, figures.snapshot_copy_ms_p50, figures.snapshot_encode_ms_p50
     );
+    println!("  peak RSS {:.1} MiB", figures.peak_rss_mib);
     println!("{}", serde_json::to_string(&figures)?);
     Ok(())
 }
