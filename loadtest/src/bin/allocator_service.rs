@@ -7,7 +7,7 @@
 //! messages to publish) and counts those messages: each one becomes a status
 //! write on a TrainingJob in the planner.
 //!
-//! Cluster: 2,000 nodes x 8 H100 (16,000 GPUs), 30 TrainingQueues in one
+//! Cluster: 2,000 nodes x 8 GPUs (16,000), 30 TrainingQueues in one
 //! cohort with equal nominal quotas. Jobs: 1, 2, 4, 8 GPUs (35, 20, 15, 10 %)
 //! and gangs of 8-GPU workers 2, 4, 8, 16 x 8 (9, 6, 3, 2 %), runtime
 //! log-uniform in 30 min-6 h, 70 % with an estimate, queues picked uniformly.
@@ -31,11 +31,12 @@ use serde::Serialize;
 use serde_json::json;
 use trainyard_api::TrainingJobState;
 use trainyard_contracts::EntityRef;
-use trainyard_contracts::events::{NodeObserved, TrainingJobChanged, TrainingQueueChanged};
+use trainyard_contracts::events::{Change, NodeObserved, TrainingJobChanged, TrainingQueueChanged};
 use trainyard_contracts::lifecycle::TrainingJobTransitioned;
 use trainyard_gpu_allocator::{AllocatorServiceConfig, AllocatorState, Outgoing};
 use trainyard_loadtest::percentile::SortedSamples;
 use trainyard_loadtest::procstats;
+use trainyard_loadtest::workload::{self, JobShape};
 
 const NODES: usize = 2_000;
 const GPUS_PER_NODE: u32 = 8;
@@ -244,7 +245,7 @@ fn main() -> anyhow::Result<()> {
 fn build_cluster(state: &mut AllocatorState) -> anyhow::Result<()> {
     let node: NodeObserved = serde_json::from_value(json!({
         "change": "Applied", "allocatableGpus": GPUS_PER_NODE,
-        "labels": {"nvidia.com/gpu.product": "H100"},
+        "labels": {"nvidia.com/gpu.product": workload::GPU_PRODUCT},
         "unschedulable": false, "ready": true
     }))?;
     for index in 0..NODES {
@@ -255,14 +256,12 @@ fn build_cluster(state: &mut AllocatorState) -> anyhow::Result<()> {
     for index in 0..QUEUES {
         let name = format!("team-{index:02}");
         let share = total / QUEUES as u32 + u32::from(index < (total as usize % QUEUES));
-        let queue: TrainingQueueChanged = serde_json::from_value(json!({
-            "change": "Applied",
-            "object": {"apiVersion": "trainyard.dev/v1", "kind": "TrainingQueue",
-                       "metadata": {"name": name},
-                       "spec": {"cohort": "all",
-                                "flavors": [{"name": "h100", "nominalQuota": share,
-                                             "nodeLabels": {"nvidia.com/gpu.product": "H100"}}]}}
-        }))?;
+        let mut object = workload::training_queue(&name, share)?;
+        object.spec.cohort = Some("all".into());
+        let queue = TrainingQueueChanged {
+            change: Change::Applied,
+            object,
+        };
         state
             .on_queue(&EntityRef::new("", &name, ""), &queue)
             .context("queue")?;
@@ -283,18 +282,28 @@ fn new_job(rng: &mut StdRng, index: usize) -> anyhow::Result<(EntityRef, Trainin
     let queue = format!("team-{:02}", rng.random_range(0..QUEUES));
     let name = format!("job-{index:06}");
     let uid = format!("uid-{index:06}");
-    let mut scheduling = json!({"queue": queue});
+    let shape = JobShape {
+        model: "m".into(),
+        workers,
+        gpus_per_worker: gpus,
+        epochs: 1,
+        seconds_per_epoch: None,
+        queue: Some(queue),
+    };
+    let mut object = workload::training_job(NAMESPACE, &name, &shape)?;
+    object.metadata.uid = Some(uid.clone());
     if rng.random_bool(0.7) {
         let estimate = log_uniform(rng, RUNTIME_SECS) as u64;
-        scheduling["estimatedRuntimeSeconds"] = json!(estimate);
+        object
+            .spec
+            .scheduling
+            .get_or_insert_with(Default::default)
+            .estimated_runtime_seconds = Some(estimate);
     }
-    let change = serde_json::from_value(json!({
-        "change": "Applied",
-        "object": {"apiVersion": "trainyard.dev/v1", "kind": "TrainingJob",
-                   "metadata": {"name": name, "namespace": NAMESPACE, "uid": uid},
-                   "spec": {"model": "m", "dataset": "d", "numWorkers": workers,
-                            "gpusPerWorker": gpus, "scheduling": scheduling}}
-    }))?;
+    let change = TrainingJobChanged {
+        change: Change::Applied,
+        object,
+    };
     Ok((EntityRef::new(NAMESPACE, name, uid), change))
 }
 

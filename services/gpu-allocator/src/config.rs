@@ -93,8 +93,8 @@ pub struct AllocatorServiceConfig {
     pub max_preemptions_per_cycle: u32,
     /// How long finished attempts are remembered (replays are ignored meanwhile).
     pub tombstone_retention_seconds: u64,
-    /// A pending job's explanation is published again when why it waits
-    /// changes, or when its queue position or GPUs short moved by at least
+    /// A pending job's explanation is published again when its queue or why
+    /// it waits changes, or when its position or GPUs short moved by at least
     /// this percent of the smaller of the old and new value (0: every move).
     pub explain_step_percent: u32,
 }
