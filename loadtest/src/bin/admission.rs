@@ -46,10 +46,16 @@
 //! partly bound after `waitForPodsReady` evicted and requeued).
 //!
 //! Usage: `admission [--mix trace,fragmenting,gang-heavy] [--seed N] [--cycles N]
-//! [--step-secs N] [--max-wall-secs N] [--warmup-secs N] [--preemption 0|1]`
+//! [--step-secs N] [--max-wall-secs N] [--warmup-secs N] [--preemption 0|1] [--digest]`
+//!
+//! `--digest` adds `decisions_digest` to trainyard's JSON: a hash of every
+//! cycle's admissions, preemptions, evictions and pending explanations
+//! (position, queue length, effective priority, reason). A change meant to
+//! make the cycle faster, not different, shows it by an equal digest.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
+use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
 use gpu_allocator_core::{
@@ -267,6 +273,9 @@ struct Args {
     /// Job mixes to run, each against every policy.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [MixName::Trace, MixName::Fragmenting, MixName::GangHeavy])]
     mix: Vec<MixName>,
+    /// Hash every decision of trainyard's run (slower; outside the timed cycle).
+    #[arg(long)]
+    digest: bool,
 }
 
 /// One job of the stream; `duration` is the truth the allocator never sees.
@@ -485,6 +494,9 @@ struct Report {
     beyond_nominal_started: u64,
     simulated_hours: f64,
     wall_secs: f64,
+    /// With `--digest`: every decision of the run, hashed (trainyard only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decisions_digest: Option<String>,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -673,6 +685,7 @@ impl Sim {
             beyond_nominal_started: self.beyond_nominal_started,
             simulated_hours: (self.cycle_ms.len() as u64 * args.step_secs) as f64 / 3600.0,
             wall_secs: wall.as_secs_f64(),
+            decisions_digest: None,
         }
     }
 }
@@ -698,6 +711,7 @@ fn run_allocator(stream: &[SimJob], args: &Args) -> Result<Report, String> {
     let total_gpus = total_gpus() as f64;
     let mut sim = Sim::new(stream.len());
     let mut pending: usize = 0;
+    let mut digest = args.digest.then(Digest::default);
     for step in 0..args.cycles {
         if started_wall.elapsed() > Duration::from_secs(args.max_wall_secs) {
             break;
@@ -725,6 +739,9 @@ fn run_allocator(stream: &[SimJob], args: &Args) -> Result<Report, String> {
         sim.cycle_ms.push(ms);
         if step == 0 {
             sim.first_cycle = (ms, outcome.admissions.len() as u64);
+        }
+        if let Some(digest) = digest.as_mut() {
+            digest.add(&alloc, &outcome);
         }
         for e in &outcome.evictions {
             if let Some(idx) = index_of(&e.uid) {
@@ -760,12 +777,49 @@ fn run_allocator(stream: &[SimJob], args: &Args) -> Result<Report, String> {
             sim.alloc_samples.push(sim.allocated / total_gpus);
         }
     }
-    Ok(sim.report(
+    let mut report = sim.report(
         "trainyard (best-fit+DRF+backfill)",
         args,
         started_wall.elapsed(),
         stream,
-    ))
+    );
+    report.decisions_digest = digest.map(|d| format!("{:016x}", d.hasher.finish()));
+    Ok(report)
+}
+
+/// Hash of every decision of a run (see `--digest`). The pending reasons are
+/// hashed as text: a cycle's reason table and its indices may differ between
+/// two builds that decide alike.
+#[derive(Default)]
+struct Digest {
+    hasher: std::hash::DefaultHasher,
+    text: String,
+}
+
+impl Digest {
+    fn add(&mut self, alloc: &Allocator, outcome: &gpu_allocator_core::CycleOutcome) {
+        use std::fmt::Write;
+        self.text.clear();
+        let _ = write!(
+            self.text,
+            "{:?}{:?}{:?}",
+            outcome.admissions, outcome.preemptions, outcome.evictions
+        );
+        for pending in &outcome.pending {
+            if let Some(e) = alloc.explain(outcome, pending) {
+                let _ = write!(
+                    self.text,
+                    "{}/{}/{}/{}/{:?};",
+                    e.uid.as_str(),
+                    e.position,
+                    e.queue_length,
+                    e.effective_priority,
+                    e.reason
+                );
+            }
+        }
+        self.text.hash(&mut self.hasher);
+    }
 }
 
 /// FIFO baselines: jobs in submission order, all-or-nothing per gang.
