@@ -17,7 +17,7 @@ use crate::allocator::FastMap;
 use crate::allocator::{Allocator, Job, JobState, PreemptingState, Running};
 use crate::config::AllocatorConfig;
 use crate::inventory::{Inventory, JobIdx, NodeIdx, ResIdx};
-use crate::placement::{self, Candidate};
+use crate::placement::{self, Candidate, NodeTable};
 use crate::queues::QueueIdx;
 use crate::types::{JobUid, Timestamp, TopologyRequirement};
 
@@ -121,18 +121,54 @@ pub(crate) enum Booking {
     Remove,
 }
 
-fn book<T: Ord>(events: &mut Vec<T>, event: T, booking: Booking) {
+fn book<T: Ord + Copy>(events: &mut Vec<T>, batch: &mut [T], booking: Booking) {
     match booking {
-        Booking::Add => {
-            let at = events.partition_point(|e| *e < event);
-            events.insert(at, event);
-        }
-        Booking::Remove => {
-            if let Ok(at) = events.binary_search(&event) {
-                events.remove(at);
-            }
-        }
+        Booking::Add => insert_sorted(events, batch),
+        Booking::Remove => remove_sorted(events, batch),
     }
+}
+
+/// Inserts `batch` into sorted `events`, keeping them sorted. A gang's
+/// events go in with every element of `events` moved at most once: one
+/// insert per event moved the tail (tens of thousands of events) once per
+/// node of the gang.
+pub(crate) fn insert_sorted<T: Ord + Copy>(events: &mut Vec<T>, batch: &mut [T]) {
+    let Some(&first) = batch.first() else { return };
+    batch.sort_unstable();
+    let old = events.len();
+    events.resize(old + batch.len(), first);
+    // From the largest: each event's place among the old events not yet
+    // moved, the block after it moved up past the events still to insert.
+    let mut end = old;
+    for (before, &event) in batch.iter().enumerate().rev() {
+        let at = events
+            .get(..end)
+            .map_or(0, |old| old.partition_point(|e| *e < event));
+        events.copy_within(at..end, at + before + 1);
+        if let Some(slot) = events.get_mut(at + before) {
+            *slot = event;
+        }
+        end = at;
+    }
+}
+
+/// Removes one element equal to each of `batch` (distinct events, one per
+/// node) from sorted `events`, moving each remaining element at most once.
+fn remove_sorted<T: Ord + Copy>(events: &mut Vec<T>, batch: &[T]) {
+    let mut found: Vec<usize> = batch
+        .iter()
+        .filter_map(|e| events.binary_search(e).ok())
+        .collect();
+    found.sort_unstable();
+    found.dedup();
+    let Some(&first) = found.first() else { return };
+    let mut write = first;
+    for (n, &at) in found.iter().enumerate() {
+        let next = found.get(n + 1).copied().unwrap_or(events.len());
+        events.copy_within(at + 1..next, write);
+        write += next - at - 1;
+    }
+    events.truncate(write);
 }
 
 /// When a running job is expected to release its units, before the cycle's
@@ -168,13 +204,15 @@ impl Allocator {
         };
         let Some(run) = job.running() else { return };
         let end = planned_end(&self.config, job, run);
+        let mut by_node: Vec<(Timestamp, NodeIdx, u32)> = run
+            .placement
+            .iter()
+            .map(|(node, workers)| (end, *node, workers.saturating_mul(run.per_worker)))
+            .collect();
+        let by_job = (end, run.admission.total_units(), job.queue);
         let releases = self.releases.entry(run.res).or_default();
-        for (node, workers) in &run.placement {
-            let units = workers.saturating_mul(run.per_worker);
-            book(&mut releases.by_node, (end, *node, units), booking);
-        }
-        let units = run.admission.total_units();
-        book(&mut releases.by_job, (end, units, job.queue), booking);
+        book(&mut releases.by_node, &mut by_node, booking);
+        book(&mut releases.by_job, &mut [by_job], booking);
     }
 
     /// Changes the preemption state of running job `idx`, keeping its
@@ -260,7 +298,7 @@ impl Allocator {
         let r = self.inv.res(res)?;
         let filter = self.filters.get(filter as usize)?;
         // Eligible nodes and their units available at `now`.
-        let mut avail: FastMap<NodeIdx, (u32, u32, u32)> = FastMap::default();
+        let mut avail = NodeTable::new(self.inv.nodes.len());
         for (node_idx, free) in r.nodes_with_free(0) {
             let Some(node) = self.inv.node(node_idx) else {
                 continue;
@@ -269,13 +307,13 @@ impl Allocator {
                 continue;
             }
             let claimed = reservations.claimed_total(node_idx, res);
-            avail.insert(
+            avail.set(
                 node_idx,
                 (free.saturating_sub(claimed), node.zone, node.rack),
             );
         }
         let slots_of = |units: u32| u64::from(units / per_worker.max(1));
-        let mut slots: u64 = avail.values().map(|(u, _, _)| slots_of(*u)).sum();
+        let mut slots: u64 = avail.iter().map(|(_, (u, _, _))| slots_of(*u)).sum();
         let mut tries = 0u32;
         let mut i = 0usize;
         let mut t = now;
@@ -285,11 +323,11 @@ impl Allocator {
                 let cands: Vec<Candidate> = avail
                     .iter()
                     .filter(|(_, (u, _, _))| *u >= per_worker)
-                    .map(|(n, (u, z, r))| Candidate {
-                        node: *n,
-                        usable: *u,
-                        zone: *z,
-                        rack: *r,
+                    .map(|(node, &(usable, zone, rack))| Candidate {
+                        node,
+                        usable,
+                        zone,
+                        rack,
                     })
                     .collect();
                 if let Some(placement) =
@@ -593,6 +631,51 @@ mod tests {
         assert!(
             lines(&alloc).iter().flatten().count() >= 2,
             "jobs still wait"
+        );
+    }
+
+    #[test]
+    fn batched_booking_matches_one_event_at_a_time() {
+        // A small LCG: many batches, events with repeats among the booked ones.
+        let mut state = 7u64;
+        let mut next = |bound: u64| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (state >> 33) % bound
+        };
+        let mut batched: Vec<(u64, u32)> = Vec::new();
+        let mut single: Vec<(u64, u32)> = Vec::new();
+        let mut booked: Vec<Vec<(u64, u32)>> = Vec::new();
+        for round in 0..400 {
+            if round % 3 == 2 && !booked.is_empty() {
+                let mut gone = booked.swap_remove(next(booked.len() as u64) as usize);
+                for e in &gone {
+                    if let Ok(at) = single.binary_search(e) {
+                        single.remove(at);
+                    }
+                }
+                book(&mut batched, &mut gone, Booking::Remove);
+            } else {
+                // One event per node: distinct within the batch.
+                let end = next(20);
+                let mut nodes: Vec<u32> = (0..1 + next(12)).map(|_| next(40) as u32).collect();
+                nodes.sort_unstable();
+                nodes.dedup();
+                let mut batch: Vec<(u64, u32)> =
+                    nodes.into_iter().rev().map(|n| (end, n)).collect();
+                for e in &batch {
+                    let at = single.partition_point(|x| x < e);
+                    single.insert(at, *e);
+                }
+                booked.push(batch.clone());
+                book(&mut batched, &mut batch, Booking::Add);
+            }
+            assert_eq!(batched, single, "round {round}");
+        }
+        assert!(
+            batched.windows(2).any(|w| w[0] == w[1]),
+            "repeats were booked"
         );
     }
 

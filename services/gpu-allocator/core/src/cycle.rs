@@ -520,18 +520,25 @@ impl Allocator {
     /// submission time, arrival), read off the queues' lines.
     pub(crate) fn build_lanes(&self, now: Timestamp) -> Vec<Lane> {
         let mut lanes = Vec::new();
+        // The few queues with a nominated job: only their jobs are looked up.
+        let nominating: Vec<QueueIdx> = self
+            .nominated
+            .iter()
+            .filter_map(|idx| self.job(*idx).map(|j| j.queue))
+            .collect();
         for (queue, q) in (0..).zip(&self.queues.queues) {
             let listed = q.line.len();
             if listed == 0 {
                 continue;
             }
             let aging = self.aging_of(queue);
+            let check_nominated = nominating.contains(&queue);
             let mut jobs = Vec::with_capacity(listed);
             q.line.in_order(
                 |submitted_at| aging.boost(now.secs_since(submitted_at)),
                 |priority, e| {
                     // A nominated job waits for its victims: no shortcut.
-                    let nominated = !self.nominated.is_empty() && self.nominated.contains(&e.idx);
+                    let nominated = check_nominated && self.nominated.contains(&e.idx);
                     // Units beyond u32 (never in practice) go the long way.
                     let shape = u32::try_from(e.units)
                         .ok()
@@ -603,10 +610,9 @@ impl Allocator {
     /// Inserts the release events of running job `idx` into `timeline` (see
     /// `release_timeline`), keeping it sorted.
     fn add_releases(&self, timeline: &mut Timeline, idx: JobIdx, res: ResIdx, now: Timestamp) {
-        self.job_releases(idx, res, now, |event| {
-            let at = timeline.partition_point(|e| *e < event);
-            timeline.insert(at, event);
-        });
+        let mut events = Vec::new();
+        self.job_releases(idx, res, now, |event| events.push(event));
+        crate::backfill::insert_sorted(timeline, &mut events);
     }
 
     /// The failure of an earlier job of the same shape blocked by quota on

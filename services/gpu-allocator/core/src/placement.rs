@@ -26,6 +26,39 @@ pub(crate) struct Candidate {
     pub(crate) rack: u32,
 }
 
+/// Free units, zone and rack of each eligible node, by node index: searches
+/// look nodes up in their innermost loops, where a dense table beats
+/// hashing (and building it is one pass without inserts).
+pub(crate) struct NodeTable(Vec<Option<(u32, u32, u32)>>);
+
+impl NodeTable {
+    /// A table for `nodes` nodes, none eligible yet.
+    pub(crate) fn new(nodes: usize) -> Self {
+        NodeTable(vec![None; nodes])
+    }
+
+    pub(crate) fn set(&mut self, node: NodeIdx, entry: (u32, u32, u32)) {
+        if let Some(slot) = self.0.get_mut(node as usize) {
+            *slot = Some(entry);
+        }
+    }
+
+    pub(crate) fn get(&self, node: &NodeIdx) -> Option<&(u32, u32, u32)> {
+        self.0.get(*node as usize).and_then(Option::as_ref)
+    }
+
+    pub(crate) fn get_mut(&mut self, node: &NodeIdx) -> Option<&mut (u32, u32, u32)> {
+        self.0.get_mut(*node as usize).and_then(Option::as_mut)
+    }
+
+    /// Eligible nodes by index, with their entries.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (NodeIdx, &(u32, u32, u32))> {
+        (0..)
+            .zip(&self.0)
+            .filter_map(|(node, entry)| Some((node, entry.as_ref()?)))
+    }
+}
+
 /// Workers per node in a placement.
 pub(crate) type Assignment = Vec<(NodeIdx, u32)>;
 

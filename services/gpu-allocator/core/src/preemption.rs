@@ -31,7 +31,7 @@ use std::rc::Rc;
 use crate::allocator::{Allocator, FastMap, JobState};
 use crate::decision::PreemptionRule;
 use crate::inventory::{Inventory, JobIdx, NodeIdx, ResIdx};
-use crate::placement::{self, Candidate};
+use crate::placement::{self, Candidate, NodeTable};
 use crate::queues::{CohortIdx, QueueIdx, UsageDelta};
 use crate::types::Timestamp;
 
@@ -92,17 +92,6 @@ struct BaseView {
     /// Nodes that already host a worker, best fit first.
     fitting: Vec<Candidate>,
     slots: u64,
-}
-
-/// Free units, zone and rack of each eligible node, by node index: the
-/// searches look nodes up in their innermost loops, where a dense table
-/// beats hashing (and building it is one pass without inserts).
-struct NodeTable(Vec<Option<(u32, u32, u32)>>);
-
-impl NodeTable {
-    fn get(&self, node: &NodeIdx) -> Option<&(u32, u32, u32)> {
-        self.0.get(*node as usize).and_then(Option::as_ref)
-    }
 }
 
 /// Everything fixed while searching victims for one preemptor in one resource.
@@ -475,6 +464,17 @@ impl Search<'_> {
             // evicted, then gangs, then priority) that frees `need` units
             // here. Exact, and linear in jobs x units per node.
             let need = target.saturating_sub(*free) as usize;
+            // Most nodes host one candidate: it alone frees enough or not.
+            if let [(_, i, on_node)] = run {
+                if *on_node as usize >= need
+                    && let Some(c) = self.cands.get(*i)
+                {
+                    let start = subsets.len();
+                    subsets.push(*i);
+                    node_costs.push(((c.units, 1, c.priority), *node, (start, subsets.len())));
+                }
+                continue;
+            }
             stats.clear();
             stats.extend(run.iter().map(|(_, i, on_node)| {
                 let c = self.cands.get(*i);
@@ -734,7 +734,7 @@ impl Allocator {
         let r = self.inv.res(res)?;
         let filter = self.filters.get(filter_id as usize)?;
         let mut view = BaseView {
-            nodes: NodeTable(vec![None; self.inv.nodes.len()]),
+            nodes: NodeTable::new(self.inv.nodes.len()),
             fitting: Vec::new(),
             slots: 0,
         };
@@ -748,9 +748,7 @@ impl Allocator {
             let promised = inflight.claims.get(&(node_idx, res)).copied().unwrap_or(0);
             let free = free.saturating_sub(promised);
             view.slots += u64::from(free / per_worker.max(1));
-            if let Some(slot) = view.nodes.0.get_mut(node_idx as usize) {
-                *slot = Some((free, node.zone, node.rack));
-            }
+            view.nodes.set(node_idx, (free, node.zone, node.rack));
             if free >= per_worker {
                 view.fitting.push(Candidate {
                     node: node_idx,
