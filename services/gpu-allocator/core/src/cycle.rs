@@ -228,16 +228,9 @@ impl LaneKey {
     }
 }
 
-pub(crate) fn job_end_key(spec: &JobSpec, now: Timestamp) -> (u64, Option<Timestamp>) {
-    estimated_end(spec.runtime_estimate_secs, now)
-}
-
 /// A job's expected end for a runtime estimate, as a sort key (`u64::MAX`
 /// without an estimate) and as a time.
-pub(crate) fn estimated_end(
-    estimate_secs: Option<u64>,
-    now: Timestamp,
-) -> (u64, Option<Timestamp>) {
+fn estimated_end(estimate_secs: Option<u64>, now: Timestamp) -> (u64, Option<Timestamp>) {
     match estimate_secs {
         Some(est) => {
             let end = now.plus_secs(est);
@@ -831,7 +824,7 @@ impl Allocator {
             }
         };
         let cohort = self.queues.get(queue).and_then(|q| q.cohort);
-        let (_, job_end) = job_end_key(&job.spec, now);
+        let (_, job_end) = estimated_end(job.spec.runtime_estimate_secs, now);
         let mut blocked_by_hold_only = true;
         // When the job can expect to start without preempting anyone.
         let mut expected_start: Option<Timestamp> = None;
@@ -1337,7 +1330,7 @@ impl Allocator {
         let spec = &job.spec;
         let per_worker = spec.gpus_per_worker;
         let workers = spec.num_workers;
-        let (end_key, end) = job_end_key(spec, now);
+        let (end_key, end) = estimated_end(spec.runtime_estimate_secs, now);
         let key = MemoKey {
             res,
             per_worker,
