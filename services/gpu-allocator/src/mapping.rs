@@ -422,14 +422,30 @@ pub fn preemption_id(victim: &JobUid, preemptor: &JobUid) -> String {
     format!("preemption:{victim}:{preemptor}")
 }
 
-/// Deduplication id of a pending explanation: its text and the job.
-pub fn pending_id(uid: &JobUid, text: &str) -> String {
-    format!("pending:{:016x}:{uid}", text_hash(text))
+/// Deduplication id of a pending explanation: the job, what the message
+/// says and the cycle that made it. A redelivery is dropped; the job's next
+/// explanation goes through even when it says again what one before the
+/// last said (A, B, then A within the duplicate window).
+pub fn pending_id(uid: &JobUid, payload: &PendingExplained, at: Timestamp) -> String {
+    let hash = fnv1a_parts(&[
+        payload.queue.as_bytes(),
+        &payload.position.to_le_bytes(),
+        payload.flavor.as_deref().unwrap_or_default().as_bytes(),
+        &payload.gpus_requested.to_le_bytes(),
+        &payload.gpus_short.to_le_bytes(),
+        payload.message.as_bytes(),
+        &at.0.to_le_bytes(),
+    ]);
+    format!("pending:{hash:016x}:{uid}")
 }
 
-/// FNV-1a of a text: stable across builds and platforms, unlike `DefaultHasher`.
-pub fn text_hash(text: &str) -> u64 {
-    fnv1a(FNV_OFFSET, text.as_bytes())
+/// FNV-1a (stable across builds and platforms, unlike `DefaultHasher`) of
+/// `parts`, each followed by a byte no UTF-8 text contains, which keeps
+/// ("ab", "c") apart from ("a", "bc").
+pub fn fnv1a_parts(parts: &[&[u8]]) -> u64 {
+    parts
+        .iter()
+        .fold(FNV_OFFSET, |hash, part| fnv1a(fnv1a(hash, part), &[0xff]))
 }
 
 /// Where an FNV-1a hash starts.
@@ -869,9 +885,19 @@ mod tests {
         assert_eq!(pending.gpus_short, 8);
         assert_eq!(pending.position, 2);
         assert_eq!(pending.message, "TrainingQueue team-a does not exist");
-        let id = pending_id(&explanation.uid, &pending.message);
-        assert_eq!(id, pending_id(&explanation.uid, &pending.message));
-        assert_ne!(id, pending_id(&explanation.uid, "other text"));
-        assert_eq!(text_hash(""), 0xcbf2_9ce4_8422_2325);
+        let id = pending_id(&explanation.uid, &pending, Timestamp(7));
+        assert_eq!(id, pending_id(&explanation.uid, &pending, Timestamp(7)));
+        let moved = PendingExplained {
+            position: 3,
+            ..pending.clone()
+        };
+        assert_ne!(id, pending_id(&explanation.uid, &moved, Timestamp(7)));
+        assert_ne!(id, pending_id(&explanation.uid, &pending, Timestamp(8)));
+        assert_ne!(
+            id,
+            pending_id(&JobUid::new("u-2/a0"), &pending, Timestamp(7))
+        );
+        assert_eq!(fnv1a(FNV_OFFSET, b""), 0xcbf2_9ce4_8422_2325);
+        assert_ne!(fnv1a_parts(&[b"ab", b"c"]), fnv1a_parts(&[b"a", b"bc"]));
     }
 }

@@ -11,10 +11,10 @@
 //! old and new value): near the head of a queue every move shows, deep in it
 //! the position is refreshed every tenth or so.
 
-use gpu_allocator_core::{PendingExplanation, PendingReason};
+use gpu_allocator_core::PendingReason;
 use serde::{Deserialize, Serialize};
 
-use crate::mapping::{FNV_OFFSET, fnv1a};
+use crate::mapping::{fnv1a, fnv1a_parts};
 
 /// What the last published explanation of a job said, as far as deciding to
 /// publish again goes.
@@ -30,15 +30,13 @@ pub struct PendingStatus {
 }
 
 impl PendingStatus {
-    /// The status an explanation gives.
-    pub fn of(explanation: &PendingExplanation) -> Self {
+    /// The status of a job at `position` in `queue`, waiting for `reason`,
+    /// whose [`cause_hash`] is `reason_cause`.
+    pub fn new(reason_cause: u64, queue: &str, position: u32, reason: &PendingReason) -> Self {
         PendingStatus {
-            cause: fnv1a(
-                cause_hash(&explanation.reason),
-                explanation.queue.as_bytes(),
-            ),
-            position: explanation.position,
-            short: explanation.reason.shortfall(),
+            cause: fnv1a(reason_cause, queue.as_bytes()),
+            position,
+            short: reason.shortfall(),
         }
     }
 
@@ -110,10 +108,7 @@ pub fn cause_hash(reason: &PendingReason) -> u64 {
         ],
         PendingReason::AwaitingPreemption { .. } => [b"awaiting-preemption", b"", b""],
     };
-    // A separator no UTF-8 text contains keeps ("ab", "c") apart from ("a", "bc").
-    parts
-        .iter()
-        .fold(FNV_OFFSET, |hash, part| fnv1a(fnv1a(hash, part), &[0xff]))
+    fnv1a_parts(&parts)
 }
 
 #[cfg(test)]
@@ -198,17 +193,11 @@ mod tests {
 
     #[test]
     fn a_job_moved_to_another_queue_is_published_again() {
-        let explanation = |queue: &str| PendingExplanation {
-            uid: JobUid::new("u/a0"),
-            queue: queue.into(),
-            position: 3,
-            queue_length: 9,
-            effective_priority: 0,
-            reason: std::sync::Arc::new(quota(10, None)),
-        };
-        let published = PendingStatus::of(&explanation("team-a"));
-        assert!(!PendingStatus::of(&explanation("team-a")).supersedes(&published, 10));
-        assert!(PendingStatus::of(&explanation("team-b")).supersedes(&published, 10));
+        let reason = quota(10, None);
+        let status = |queue: &str| PendingStatus::new(cause_hash(&reason), queue, 3, &reason);
+        let published = status("team-a");
+        assert!(!status("team-a").supersedes(&published, 10));
+        assert!(status("team-b").supersedes(&published, 10));
     }
 
     #[test]

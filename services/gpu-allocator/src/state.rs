@@ -5,9 +5,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
+use foldhash::fast::FixedState;
 use gpu_allocator_core::{
-    Admission, Allocator, AllocatorSnapshot, AllocatorStats, Applied, CycleStats, Event,
-    EvictionReason, FlavorSpec, JobSpec, JobUid, PendingExplanation, Preemption, Timestamp,
+    Admission, Allocator, AllocatorSnapshot, AllocatorStats, Applied, CycleOutcome, CycleStats,
+    Event, EvictionReason, FlavorSpec, JobSpec, JobUid, Preemption, Timestamp,
 };
 use serde::{Deserialize, Serialize};
 use trainyard_api::{TrainingJobState, TrainingQueue};
@@ -19,7 +20,7 @@ use trainyard_contracts::lifecycle::TrainingJobTransitioned;
 use crate::config::AllocatorServiceConfig;
 use crate::error::ServiceError;
 use crate::mapping::{self, QueueInfo};
-use crate::pending_status::PendingStatus;
+use crate::pending_status::{PendingStatus, cause_hash};
 
 /// Version of [`PersistedState`].
 pub const STATE_FORMAT_VERSION: u32 = 1;
@@ -74,6 +75,14 @@ impl Outgoing {
     /// snapshot holds them. Pending explanations are not.
     pub fn is_decision(&self) -> bool {
         !matches!(self, Outgoing::Pending { .. })
+    }
+
+    /// The job a pending explanation is about.
+    fn pending_entity(&self) -> Option<&EntityRef> {
+        match self {
+            Outgoing::Pending { entity, .. } => Some(entity),
+            Outgoing::Admission { .. } | Outgoing::Preemption { .. } => None,
+        }
     }
 
     /// The `Nats-Msg-Id`.
@@ -138,7 +147,8 @@ pub struct AllocatorState {
     by_uid: HashMap<String, String>,
     queues: BTreeMap<String, QueueInfo>,
     learned_flavors: BTreeMap<String, FlavorSpec>,
-    pending_status: BTreeMap<String, PendingStatus>,
+    /// Looked up for every pending job each cycle: hashed, not ordered.
+    pending_status: HashMap<String, PendingStatus, FixedState>,
     cpu_admitted: BTreeSet<String>,
     outbox: VecDeque<Outgoing>,
     applied: BTreeMap<String, u64>,
@@ -164,7 +174,7 @@ impl AllocatorState {
             by_uid: HashMap::new(),
             queues: BTreeMap::new(),
             learned_flavors: BTreeMap::new(),
-            pending_status: BTreeMap::new(),
+            pending_status: HashMap::default(),
             cpu_admitted: BTreeSet::new(),
             outbox: VecDeque::new(),
             applied: BTreeMap::new(),
@@ -208,7 +218,7 @@ impl AllocatorState {
             by_uid,
             queues: persisted.queues,
             learned_flavors: persisted.learned_flavors,
-            pending_status: persisted.pending_status,
+            pending_status: persisted.pending_status.into_iter().collect(),
             cpu_admitted: persisted.cpu_admitted,
             outbox: persisted.outbox,
             applied: persisted.applied,
@@ -224,7 +234,11 @@ impl AllocatorState {
             jobs: self.jobs.clone(),
             queues: self.queues.clone(),
             learned_flavors: self.learned_flavors.clone(),
-            pending_status: self.pending_status.clone(),
+            pending_status: self
+                .pending_status
+                .iter()
+                .map(|(uid, status)| (uid.clone(), *status))
+                .collect(),
             cpu_admitted: self.cpu_admitted.clone(),
             outbox: self.outbox.clone(),
             applied: self.applied.clone(),
@@ -612,12 +626,6 @@ impl AllocatorState {
     /// Runs one admission cycle and queues its decisions in the outbox.
     pub fn cycle(&mut self, now: Timestamp) -> CycleReport {
         let outcome = self.alloc.cycle(now);
-        // Resolved before the evictions below end attempts in the core.
-        let explanations: Vec<PendingExplanation> = outcome
-            .pending
-            .iter()
-            .filter_map(|p| self.alloc.explain(&outcome, p))
-            .collect();
         let mut report = CycleReport {
             admissions: outcome.admissions.len(),
             pending: outcome.pending.len(),
@@ -630,6 +638,12 @@ impl AllocatorState {
         let mut decided = !outcome.admissions.is_empty()
             || !outcome.preemptions.is_empty()
             || !outcome.evictions.is_empty();
+        for admission in &outcome.admissions {
+            self.pending_status.remove(admission.uid.as_str());
+        }
+        // Resolved before the evictions below end attempts in the core.
+        let (fresh, status_changed) = self.explain_pending(&outcome, now, &mut report);
+        decided |= status_changed;
         for admission in outcome.admissions {
             let attempt = mapping::split_uid(&admission.uid).map_or(0, |(_, a)| a);
             self.outbox.push_back(Outgoing::Admission {
@@ -672,59 +686,97 @@ impl AllocatorState {
                 tracing::warn!(%uid, error = %err, "cannot finish evicted attempt");
             }
         }
-        let step = self.config.explain_step_percent;
-        let mut still_pending: HashSet<&str> = HashSet::with_capacity(explanations.len());
-        let mut replaced: HashSet<EntityRef> = HashSet::new();
-        let mut fresh = Vec::new();
-        for explanation in &explanations {
-            match report.queue_depth.get_mut(&*explanation.queue) {
-                Some(depth) => *depth += 1,
-                None => {
-                    report.queue_depth.insert(explanation.queue.to_string(), 1);
-                }
-            }
-            let uid = explanation.uid.as_str();
-            still_pending.insert(uid);
-            let status = PendingStatus::of(explanation);
-            if self
-                .pending_status
-                .get(uid)
-                .is_some_and(|published| !status.supersedes(published, step))
-            {
-                continue;
-            }
-            let Some(rec) = self.record_of(&explanation.uid) else {
-                continue;
-            };
-            let gpus = u32::try_from(rec.template.total_units()).unwrap_or(u32::MAX);
-            let entity = rec.entity.clone();
-            let text = explanation.message();
-            replaced.insert(entity.clone());
-            fresh.push(Outgoing::Pending {
-                id: mapping::pending_id(&explanation.uid, &text),
-                entity,
-                payload: mapping::pending_explained(explanation, gpus),
-            });
-            self.pending_status.insert(uid.to_string(), status);
-        }
         if !fresh.is_empty() {
+            let replaced: HashSet<&EntityRef> =
+                fresh.iter().filter_map(Outgoing::pending_entity).collect();
             // One pass: a job's unpublished older explanation is superseded.
-            self.outbox.retain(
-                |o| !matches!(o, Outgoing::Pending { entity, .. } if replaced.contains(entity)),
-            );
+            self.outbox
+                .retain(|o| o.pending_entity().is_none_or(|e| !replaced.contains(e)));
             report.explanations_published = fresh.len();
             self.outbox.extend(fresh);
             decided = true;
         }
-        let before = self.pending_status.len();
-        self.pending_status
-            .retain(|uid, _| still_pending.contains(uid.as_str()));
-        decided |= before != self.pending_status.len();
         if decided {
             self.touch();
         }
         report.totals = self.alloc.stats();
         report
+    }
+
+    /// Counts each queue's pending jobs into `report` and returns the
+    /// explanations worth publishing again (see [`PendingStatus`]), and
+    /// whether any published status changed; forgets the published status
+    /// of jobs no longer pending. Every pending job is looked at each cycle,
+    /// so this touches only borrowed parts of most of them: an explanation
+    /// is built for those it returns.
+    fn explain_pending(
+        &mut self,
+        outcome: &CycleOutcome,
+        now: Timestamp,
+        report: &mut CycleReport,
+    ) -> (Vec<Outgoing>, bool) {
+        let step = self.config.explain_step_percent;
+        let mut fresh = Vec::new();
+        // Pending jobs that have a published status after this loop.
+        let mut with_status = 0usize;
+        let mut changed_status = false;
+        let mut causes: Vec<Option<u64>> = vec![None; outcome.reasons().len()];
+        for pending in &outcome.pending {
+            let Some((uid, queue, reason)) = self.alloc.pending_parts(outcome, pending) else {
+                continue;
+            };
+            // Every queue with jobs pending has one at position 1.
+            if pending.position == 1 {
+                report
+                    .queue_depth
+                    .insert(queue.to_string(), pending.queue_length);
+            }
+            // Jobs waiting for one reason share its cause hash.
+            let cause = match causes.get_mut(pending.reason_index()) {
+                Some(cached) => *cached.get_or_insert_with(|| cause_hash(reason)),
+                None => cause_hash(reason),
+            };
+            let status = PendingStatus::new(cause, queue, pending.position, reason);
+            if self
+                .pending_status
+                .get(uid.as_str())
+                .is_some_and(|published| !status.supersedes(published, step))
+            {
+                with_status += 1;
+                continue;
+            }
+            let Some(rec) = self.record_of(uid) else {
+                continue;
+            };
+            let gpus = u32::try_from(rec.template.total_units()).unwrap_or(u32::MAX);
+            let entity = rec.entity.clone();
+            let Some(explanation) = self.alloc.explain(outcome, pending) else {
+                continue;
+            };
+            let payload = mapping::pending_explained(&explanation, gpus);
+            fresh.push(Outgoing::Pending {
+                id: mapping::pending_id(uid, &payload, now),
+                entity,
+                payload,
+            });
+            self.pending_status.insert(uid.to_string(), status);
+            with_status += 1;
+            changed_status = true;
+        }
+        // The map holds a status for each of those `with_status` jobs: any
+        // more belong to jobs gone from the line (admitted this cycle, say).
+        if self.pending_status.len() != with_status {
+            let still_pending: HashSet<&str> = outcome
+                .pending
+                .iter()
+                .filter_map(|p| self.alloc.pending_parts(outcome, p))
+                .map(|(uid, _, _)| uid.as_str())
+                .collect();
+            self.pending_status
+                .retain(|uid, _| still_pending.contains(uid.as_str()));
+            changed_status = true;
+        }
+        (fresh, changed_status)
     }
 
     /// A decision was published: drop it from the outbox and feed it back
@@ -920,6 +972,29 @@ mod tests {
         assert_eq!(report.queue_depth["default"], 1);
         let report = state.cycle(Timestamp(11));
         assert_eq!(report.explanations_published, 0);
+    }
+
+    #[test]
+    fn published_statuses_are_kept_for_the_pending_jobs_only() {
+        let mut state = state();
+        for name in ["j0", "j1", "j2"] {
+            state
+                .on_job_changed(&entity(name), &job(name, 8, 0, false), Timestamp(10))
+                .expect("job");
+        }
+        let kept = |state: &AllocatorState| -> Vec<String> {
+            state.persisted().pending_status.into_keys().collect()
+        };
+        let report = state.cycle(Timestamp(10));
+        assert_eq!((report.admissions, report.explanations_published), (1, 2));
+        assert_eq!(kept(&state), ["uid-j1/a0", "uid-j2/a0"]);
+        state
+            .on_transition(&entity("j0"), &transition(TrainingJobState::Completed, 0))
+            .expect("completion");
+        let report = state.cycle(Timestamp(20));
+        assert_eq!(report.admissions, 1);
+        assert_eq!(kept(&state), ["uid-j2/a0"]);
+        assert_eq!(report.queue_depth["default"], 1);
     }
 
     #[test]

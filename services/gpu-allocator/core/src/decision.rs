@@ -212,3 +212,11 @@ pub struct CycleOutcome {
     /// Counters.
     pub stats: CycleStats,
 }
+
+impl CycleOutcome {
+    /// Each distinct reason of this cycle once, in the order of
+    /// [`Pending::reason_index`].
+    pub fn reasons(&self) -> &[Arc<PendingReason>] {
+        &self.reasons
+    }
+}

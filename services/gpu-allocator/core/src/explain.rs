@@ -40,21 +40,42 @@ pub struct Pending {
     pub(crate) reason: ReasonIdx,
 }
 
+impl Pending {
+    /// Its reason's slot in its cycle's [`CycleOutcome::reasons`]: jobs
+    /// that wait for the same reason share one.
+    pub fn reason_index(&self) -> usize {
+        self.reason as usize
+    }
+}
+
 impl Allocator {
     /// The explanation of a pending entry of the last cycle, `outcome`,
     /// with the job's uid and queue name; `None` once the job is gone.
     pub fn explain(&self, outcome: &CycleOutcome, pending: &Pending) -> Option<PendingExplanation> {
-        let job = self.job(pending.job).filter(|j| j.seq == pending.seq)?;
-        let queue = self.queues.get(pending.queue)?;
-        let reason = outcome.reasons.get(pending.reason as usize)?;
+        let (uid, queue, reason) = self.pending_parts(outcome, pending)?;
         Some(PendingExplanation {
-            uid: job.spec.uid.clone(),
-            queue: Arc::clone(&queue.name),
+            uid: uid.clone(),
+            queue: Arc::clone(queue),
             position: pending.position,
             queue_length: pending.queue_length,
             effective_priority: pending.effective_priority,
             reason: Arc::clone(reason),
         })
+    }
+
+    /// The job's uid, its queue's name and its reason, borrowed from the
+    /// allocator and `outcome`: enough to decide whether a pending entry is
+    /// worth publishing again, without building (and cloning a uid for) an
+    /// explanation of each of 10,000 jobs a cycle. `None` once the job is gone.
+    pub fn pending_parts<'a>(
+        &'a self,
+        outcome: &'a CycleOutcome,
+        pending: &Pending,
+    ) -> Option<(&'a JobUid, &'a Arc<str>, &'a Arc<PendingReason>)> {
+        let job = self.job(pending.job).filter(|j| j.seq == pending.seq)?;
+        let queue = self.queues.get(pending.queue)?;
+        let reason = outcome.reasons.get(pending.reason as usize)?;
+        Some((&job.spec.uid, &queue.name, reason))
     }
 }
 
