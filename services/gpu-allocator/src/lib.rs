@@ -8,6 +8,7 @@ pub mod error;
 pub mod mapping;
 pub mod metrics;
 pub mod pending_status;
+pub mod persisted;
 pub mod service;
 pub mod snapshot;
 pub mod state;
@@ -20,9 +21,10 @@ use trainyard_runtime::{ConfigSources, Runtime};
 pub use config::{AllocatorServiceConfig, FlavorConfig};
 pub use error::ServiceError;
 pub use metrics::AllocatorMetrics;
+pub use persisted::PersistedState;
 pub use service::{Allocation, AllocatorHandler, CycleLoop, replay};
 pub use snapshot::{CHUNK_BYTES, SNAPSHOT_KEY, SnapshotStore};
-pub use state::{AllocatorState, Outgoing, PersistedState};
+pub use state::{AllocatorState, Outgoing};
 
 /// Configuration section of this service.
 pub const CONFIG_SECTION: &str = "gpu_allocator";

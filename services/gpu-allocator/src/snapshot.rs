@@ -16,7 +16,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ServiceError;
-use crate::state::PersistedState;
+use crate::persisted::PersistedState;
 
 /// Key of the manifest (and, before chunking, of the whole snapshot).
 pub const SNAPSHOT_KEY: &str = "snapshot";

@@ -5,10 +5,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
-use foldhash::fast::FixedState;
 use gpu_allocator_core::{
-    Admission, Allocator, AllocatorSnapshot, AllocatorStats, Applied, CycleOutcome, CycleStats,
-    Event, EvictionReason, FlavorSpec, JobSpec, JobUid, Preemption, Timestamp,
+    Admission, Allocator, AllocatorStats, Applied, CycleOutcome, CycleStats, Event, EvictionReason,
+    FlavorSpec, JobSpec, JobUid, Preemption, Timestamp,
 };
 use serde::{Deserialize, Serialize};
 use trainyard_api::{TrainingJobState, TrainingQueue};
@@ -21,16 +20,13 @@ use crate::config::AllocatorServiceConfig;
 use crate::error::ServiceError;
 use crate::mapping::{self, QueueInfo};
 use crate::pending_status::{PendingStatus, cause_hash};
-
-/// Version of [`PersistedState`].
-pub const STATE_FORMAT_VERSION: u32 = 1;
+use crate::persisted::{PendingStatuses, PersistedState, STATE_FORMAT_VERSION};
 
 /// Flavor name of CPU-only admissions (gpusPerWorker 0): no GPU, no placement.
 pub const CPU_FLAVOR: &str = "cpu";
 
 /// What the adapter knows of one TrainingJob.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, PartialEq)]
 pub struct JobRecord {
     /// Namespace, name and Kubernetes uid.
     pub entity: EntityRef,
@@ -95,35 +91,6 @@ impl Outgoing {
     }
 }
 
-/// Everything saved under the `snapshot` key.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PersistedState {
-    pub format_version: u32,
-    pub allocator: AllocatorSnapshot,
-    #[serde(default)]
-    pub jobs: BTreeMap<String, JobRecord>,
-    #[serde(default)]
-    pub queues: BTreeMap<String, QueueInfo>,
-    #[serde(default)]
-    pub learned_flavors: BTreeMap<String, FlavorSpec>,
-    /// Per pending job (attempt uid), what its last published explanation
-    /// said. Snapshots of before 2026-11-26 kept a text hash under
-    /// `explained` instead; it is ignored, and their pending jobs are
-    /// explained once more.
-    #[serde(default)]
-    pub pending_status: BTreeMap<String, PendingStatus>,
-    #[serde(default)]
-    pub cpu_admitted: BTreeSet<String>,
-    #[serde(default)]
-    pub outbox: VecDeque<Outgoing>,
-    /// Per stream, the sequence of the last message applied: at start, the
-    /// messages after it are replayed, since they may have been acked after
-    /// this snapshot was saved.
-    #[serde(default)]
-    pub applied: BTreeMap<String, u64>,
-}
-
 /// Counters of one cycle, for metrics.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CycleReport {
@@ -148,7 +115,7 @@ pub struct AllocatorState {
     queues: BTreeMap<String, QueueInfo>,
     learned_flavors: BTreeMap<String, FlavorSpec>,
     /// Looked up for every pending job each cycle: hashed, not ordered.
-    pending_status: HashMap<String, PendingStatus, FixedState>,
+    pending_status: PendingStatuses,
     cpu_admitted: BTreeSet<String>,
     outbox: VecDeque<Outgoing>,
     applied: BTreeMap<String, u64>,
@@ -218,7 +185,7 @@ impl AllocatorState {
             by_uid,
             queues: persisted.queues,
             learned_flavors: persisted.learned_flavors,
-            pending_status: persisted.pending_status.into_iter().collect(),
+            pending_status: persisted.pending_status,
             cpu_admitted: persisted.cpu_admitted,
             outbox: persisted.outbox,
             applied: persisted.applied,
@@ -234,11 +201,7 @@ impl AllocatorState {
             jobs: self.jobs.clone(),
             queues: self.queues.clone(),
             learned_flavors: self.learned_flavors.clone(),
-            pending_status: self
-                .pending_status
-                .iter()
-                .map(|(uid, status)| (uid.clone(), *status))
-                .collect(),
+            pending_status: self.pending_status.clone(),
             cpu_admitted: self.cpu_admitted.clone(),
             outbox: self.outbox.clone(),
             applied: self.applied.clone(),
@@ -983,7 +946,9 @@ mod tests {
                 .expect("job");
         }
         let kept = |state: &AllocatorState| -> Vec<String> {
-            state.persisted().pending_status.into_keys().collect()
+            let mut uids: Vec<String> = state.persisted().pending_status.into_keys().collect();
+            uids.sort();
+            uids
         };
         let report = state.cycle(Timestamp(10));
         assert_eq!((report.admissions, report.explanations_published), (1, 2));
@@ -995,6 +960,39 @@ mod tests {
         assert_eq!(report.admissions, 1);
         assert_eq!(kept(&state), ["uid-j2/a0"]);
         assert_eq!(report.queue_depth["default"], 1);
+    }
+
+    #[test]
+    fn a_save_keeps_a_job_spec_once_and_restores_it_whole() {
+        let mut state = state();
+        for (name, suspend) in [("run", false), ("wait", false), ("held", true)] {
+            state
+                .on_job_changed(&entity(name), &job(name, 8, 0, suspend), Timestamp(10))
+                .expect("job");
+        }
+        state.cycle(Timestamp(10));
+        let persisted = state.persisted();
+        let saved = serde_json::to_value(&persisted).expect("encode");
+        // The allocator holds the running and the waiting job; the suspended
+        // one's spec lives only in its record.
+        assert_eq!(saved["jobs"]["ml/run"].get("template"), None);
+        assert_eq!(saved["jobs"]["ml/wait"].get("template"), None);
+        assert_eq!(saved["jobs"]["ml/held"]["template"]["name"], "held");
+        let decoded: PersistedState = serde_json::from_value(saved.clone()).expect("decode");
+        assert_eq!(decoded, persisted);
+
+        // A save from before always has every template.
+        let mut older = saved.clone();
+        older["jobs"]["ml/run"]["template"] =
+            serde_json::to_value(&persisted.jobs["ml/run"].template).expect("spec");
+        let decoded: PersistedState = serde_json::from_value(older).expect("decode older");
+        assert_eq!(decoded, persisted);
+
+        // A template neither saved nor in the allocator is a clear error.
+        let mut broken = saved;
+        broken["allocator"]["jobs"] = json!([]);
+        let err = serde_json::from_value::<PersistedState>(broken).expect_err("no template");
+        assert!(err.to_string().contains("jobs[ml/run]"), "{err}");
     }
 
     #[test]
