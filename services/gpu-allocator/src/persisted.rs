@@ -8,6 +8,7 @@
 //! the copy made under the lock stays a plain clone.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
 
 use foldhash::fast::FixedState;
 use gpu_allocator_core::{AllocatorSnapshot, FlavorSpec, JobSpec, JobUid};
@@ -114,7 +115,7 @@ impl Serialize for SavedJobs<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut map = serializer.serialize_map(Some(self.jobs.len()))?;
         for (key, rec) in self.jobs {
-            let template = &rec.template;
+            let template: &JobSpec = &rec.template;
             let saved = SavedJobRecordRef {
                 entity: &rec.entity,
                 attempt: rec.attempt,
@@ -183,7 +184,7 @@ impl TryFrom<SavedState> for PersistedState {
                 JobRecord {
                     entity: rec.entity,
                     attempt: rec.attempt,
-                    template,
+                    template: Arc::new(template),
                     suspended: rec.suspended,
                 },
             );

@@ -4,6 +4,7 @@
 //! and the outbox of decisions not yet published. Pure: no I/O, no clock.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 
 use gpu_allocator_core::{
     Admission, Allocator, AllocatorStats, Applied, CycleOutcome, CycleStats, Event, EvictionReason,
@@ -34,7 +35,9 @@ pub struct JobRecord {
     pub attempt: u32,
     /// The last spec seen, with the uid of `attempt`; a new attempt announced
     /// only by a lifecycle message is submitted from it.
-    pub template: JobSpec,
+    /// Shared, so the copy of the state made under the lock for every save
+    /// clones a pointer rather than each job's spec.
+    pub template: Arc<JobSpec>,
     /// `spec.suspend` of the last spec seen.
     pub suspended: bool,
 }
@@ -417,7 +420,7 @@ impl AllocatorState {
         let record = JobRecord {
             entity: EntityRef::new(&namespace, &name, &k8s_uid),
             attempt,
-            template: spec.clone(),
+            template: Arc::new(spec.clone()),
             suspended,
         };
         self.remember(key, record);
@@ -534,7 +537,7 @@ impl AllocatorState {
         if attempt > rec.attempt {
             self.finish_attempt(&rec.template.uid)?;
             rec.attempt = attempt;
-            rec.template.uid = mapping::attempt_uid(&rec.entity.uid, attempt);
+            Arc::make_mut(&mut rec.template).uid = mapping::attempt_uid(&rec.entity.uid, attempt);
             self.remember(key, rec.clone());
         }
         let uid = rec.template.uid.clone();
@@ -548,7 +551,7 @@ impl AllocatorState {
                 if rec.suspended {
                     Ok(())
                 } else {
-                    self.submit(rec.template)
+                    self.submit(Arc::unwrap_or_clone(rec.template))
                 }
             }
         }
@@ -567,7 +570,7 @@ impl AllocatorState {
         self.cpu_admitted.remove(rec.template.uid.as_str());
         self.pending_status.remove(rec.template.uid.as_str());
         self.apply(Event::JobRemoved {
-            uid: rec.template.uid,
+            uid: rec.template.uid.clone(),
         })?;
         Ok(())
     }
@@ -984,7 +987,7 @@ mod tests {
         // A save from before always has every template.
         let mut older = saved.clone();
         older["jobs"]["ml/run"]["template"] =
-            serde_json::to_value(&persisted.jobs["ml/run"].template).expect("spec");
+            serde_json::to_value(&*persisted.jobs["ml/run"].template).expect("spec");
         let decoded: PersistedState = serde_json::from_value(older).expect("decode older");
         assert_eq!(decoded, persisted);
 
