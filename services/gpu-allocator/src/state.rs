@@ -730,8 +730,9 @@ impl AllocatorState {
             changed_status = true;
         }
         // The map holds a status for each of those `with_status` jobs: any
-        // more belong to jobs gone from the line (admitted this cycle, say).
-        if self.pending_status.len() != with_status {
+        // more may belong to jobs gone from the line.
+        let before = self.pending_status.len();
+        if before != with_status {
             let still_pending: HashSet<&str> = outcome
                 .pending
                 .iter()
@@ -740,7 +741,7 @@ impl AllocatorState {
                 .collect();
             self.pending_status
                 .retain(|uid, _| still_pending.contains(uid.as_str()));
-            changed_status = true;
+            changed_status |= before != self.pending_status.len();
         }
         (fresh, changed_status)
     }
