@@ -156,7 +156,8 @@ pub(crate) fn place_gang(
     if let Some(zone) = best_zone {
         // Inside the zone, span as few racks as possible: roomiest racks first.
         let mut in_zone: Vec<&Candidate> = candidates.iter().filter(|c| c.zone == zone).collect();
-        in_zone.sort_by_key(|c| (rack_key(c), c.rack, c.usable, c.node));
+        // Cached: a rack's slots are a map lookup, once per node, not per comparison.
+        in_zone.sort_by_cached_key(|c| (rack_key(c), c.rack, c.usable, c.node));
         return fill(in_zone.into_iter(), per_worker, workers);
     }
     if topology == TopologyRequirement::SameZone {
@@ -165,7 +166,7 @@ pub(crate) fn place_gang(
 
     let zone_key = |c: &Candidate| std::cmp::Reverse(zone_slots.get(&c.zone).copied().unwrap_or(0));
     let mut all: Vec<&Candidate> = candidates.iter().collect();
-    all.sort_by_key(|c| (zone_key(c), c.zone, rack_key(c), c.rack, c.usable, c.node));
+    all.sort_by_cached_key(|c| (zone_key(c), c.zone, rack_key(c), c.rack, c.usable, c.node));
     fill(all.into_iter(), per_worker, workers)
 }
 
