@@ -32,7 +32,7 @@ pub type PendingStatuses = HashMap<String, PendingStatus, FixedState>;
 pub struct PersistedState {
     pub format_version: u32,
     pub allocator: AllocatorSnapshot,
-    pub jobs: BTreeMap<String, JobRecord>,
+    pub jobs: BTreeMap<String, Arc<JobRecord>>,
     pub queues: BTreeMap<String, QueueInfo>,
     pub learned_flavors: BTreeMap<String, FlavorSpec>,
     pub pending_status: PendingStatuses,
@@ -107,7 +107,7 @@ struct SavedStateRef<'a> {
 
 /// The job records, each template left out when `specs` has it.
 struct SavedJobs<'a> {
-    jobs: &'a BTreeMap<String, JobRecord>,
+    jobs: &'a BTreeMap<String, Arc<JobRecord>>,
     specs: HashMap<&'a JobUid, &'a JobSpec, FixedState>,
 }
 
@@ -181,12 +181,12 @@ impl TryFrom<SavedState> for PersistedState {
             };
             jobs.insert(
                 key,
-                JobRecord {
+                Arc::new(JobRecord {
                     entity: rec.entity,
                     attempt: rec.attempt,
-                    template: Arc::new(template),
+                    template,
                     suspended: rec.suspended,
-                },
+                }),
             );
         }
         Ok(PersistedState {

@@ -35,9 +35,7 @@ pub struct JobRecord {
     pub attempt: u32,
     /// The last spec seen, with the uid of `attempt`; a new attempt announced
     /// only by a lifecycle message is submitted from it.
-    /// Shared, so the copy of the state made under the lock for every save
-    /// clones a pointer rather than each job's spec.
-    pub template: Arc<JobSpec>,
+    pub template: JobSpec,
     /// `spec.suspend` of the last spec seen.
     pub suspended: bool,
 }
@@ -113,7 +111,9 @@ pub struct CycleReport {
 pub struct AllocatorState {
     config: AllocatorServiceConfig,
     alloc: Allocator,
-    jobs: BTreeMap<String, JobRecord>,
+    /// Shared, so the copy of the state made under the lock for every save
+    /// clones a pointer per job rather than its names and spec.
+    jobs: BTreeMap<String, Arc<JobRecord>>,
     by_uid: HashMap<String, String>,
     queues: BTreeMap<String, QueueInfo>,
     learned_flavors: BTreeMap<String, FlavorSpec>,
@@ -248,7 +248,9 @@ impl AllocatorState {
 
     /// The record of a TrainingJob.
     pub fn job(&self, namespace: &str, name: &str) -> Option<&JobRecord> {
-        self.jobs.get(&entity_key(namespace, name))
+        self.jobs
+            .get(&entity_key(namespace, name))
+            .map(|rec| &**rec)
     }
 
     /// Decisions waiting to be published, oldest first.
@@ -420,7 +422,7 @@ impl AllocatorState {
         let record = JobRecord {
             entity: EntityRef::new(&namespace, &name, &k8s_uid),
             attempt,
-            template: Arc::new(spec.clone()),
+            template: spec.clone(),
             suspended,
         };
         self.remember(key, record);
@@ -434,9 +436,9 @@ impl AllocatorState {
     }
 
     fn remember(&mut self, key: String, record: JobRecord) {
-        if self.jobs.get(&key) != Some(&record) {
+        if self.jobs.get(&key).map(|rec| &**rec) != Some(&record) {
             self.by_uid.insert(record.entity.uid.clone(), key.clone());
-            self.jobs.insert(key, record);
+            self.jobs.insert(key, Arc::new(record));
             self.touch();
         }
     }
@@ -518,7 +520,7 @@ impl AllocatorState {
         transition: &TrainingJobTransitioned,
     ) -> Result<(), ServiceError> {
         let key = entity_key(&entity.namespace, &entity.name);
-        let Some(mut rec) = self.jobs.get(&key).cloned() else {
+        let Some(mut rec) = self.jobs.get(&key).map(|rec| JobRecord::clone(rec)) else {
             // Never saw its spec: remember only that a finished attempt is done.
             if transition.to.is_terminal() && !entity.uid.is_empty() {
                 self.apply(Event::JobFinished {
@@ -537,7 +539,7 @@ impl AllocatorState {
         if attempt > rec.attempt {
             self.finish_attempt(&rec.template.uid)?;
             rec.attempt = attempt;
-            Arc::make_mut(&mut rec.template).uid = mapping::attempt_uid(&rec.entity.uid, attempt);
+            rec.template.uid = mapping::attempt_uid(&rec.entity.uid, attempt);
             self.remember(key, rec.clone());
         }
         let uid = rec.template.uid.clone();
@@ -551,7 +553,7 @@ impl AllocatorState {
                 if rec.suspended {
                     Ok(())
                 } else {
-                    self.submit(Arc::unwrap_or_clone(rec.template))
+                    self.submit(rec.template)
                 }
             }
         }
@@ -579,7 +581,7 @@ impl AllocatorState {
 
     fn record_of(&self, uid: &JobUid) -> Option<&JobRecord> {
         let (k8s_uid, _) = mapping::split_uid(uid)?;
-        self.jobs.get(self.by_uid.get(k8s_uid)?)
+        self.jobs.get(self.by_uid.get(k8s_uid)?).map(|rec| &**rec)
     }
 
     fn entity_of(&self, uid: &JobUid) -> EntityRef {
@@ -988,7 +990,7 @@ mod tests {
         // A save from before always has every template.
         let mut older = saved.clone();
         older["jobs"]["ml/run"]["template"] =
-            serde_json::to_value(&*persisted.jobs["ml/run"].template).expect("spec");
+            serde_json::to_value(&persisted.jobs["ml/run"].template).expect("spec");
         let decoded: PersistedState = serde_json::from_value(older).expect("decode older");
         assert_eq!(decoded, persisted);
 
