@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use gpu_allocator_core::{
     Admission, AgingPolicy, Event, FlavorQuota, FlavorSpec, GpuSliceRequest, JobSpec, JobUid,
-    NodeInfo, PendingExplanation, PendingReason, Preemption, PreemptionRule, QueuePreemption,
-    QueueSpec, ResourceQuota, Taint, TaintEffect, Timestamp, Toleration, TolerationOperator,
-    TopologyRequirement, Victim, names,
+    NodeInfo, PendingReason, Preemption, PreemptionRule, QueuePreemption, QueueSpec, ResourceQuota,
+    Taint, TaintEffect, Timestamp, Toleration, TolerationOperator, TopologyRequirement, Victim,
+    names,
 };
 use trainyard_api::{
     DEFAULT_AGING_STEP, ReclaimWithinCohort, TrainingJob, TrainingQueue, WithinQueuePreemption,
@@ -512,31 +512,31 @@ fn reason_flavor(reason: &PendingReason) -> Option<String> {
 
 /// Why a job waits, as the planner writes it into the job's status.
 pub fn pending_explained(
-    explanation: &PendingExplanation,
+    queue: &str,
+    position: u32,
+    reason: &PendingReason,
     gpus_requested: u32,
 ) -> PendingExplained {
-    let short = explanation.reason.shortfall();
+    let short = reason.shortfall();
     let gpus_short = if short == u64::MAX {
         gpus_requested
     } else {
         u32::try_from(short).unwrap_or(u32::MAX)
     };
     PendingExplained {
-        queue: explanation.queue.to_string(),
-        position: explanation.position,
-        flavor: reason_flavor(&explanation.reason),
+        queue: queue.to_string(),
+        position,
+        flavor: reason_flavor(reason),
         gpus_requested,
         gpus_short,
         // The position and queue travel in their own fields (the planner's
         // condition leads with them), so the message is why the job waits.
-        message: explanation.reason.to_string(),
+        message: reason.to_string(),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use gpu_allocator_core::{TopologyAssignment, WorkerPlacement as CorePlacement};
     use serde_json::json;
     use trainyard_contracts::events::Taint as NodeTaint;
@@ -871,28 +871,22 @@ mod tests {
 
     #[test]
     fn pending_explanation_carries_shortfall_and_stable_id() {
-        let explanation = PendingExplanation {
-            uid: JobUid::new("u-1/a0"),
-            queue: Arc::from("team-a"),
-            position: 2,
-            queue_length: 3,
-            effective_priority: 0,
-            reason: Arc::new(PendingReason::QueueNotFound {
-                queue: "team-a".into(),
-            }),
+        let uid = JobUid::new("u-1/a0");
+        let reason = PendingReason::QueueNotFound {
+            queue: "team-a".into(),
         };
-        let pending = pending_explained(&explanation, 8);
+        let pending = pending_explained("team-a", 2, &reason, 8);
         assert_eq!(pending.gpus_short, 8);
         assert_eq!(pending.position, 2);
         assert_eq!(pending.message, "TrainingQueue team-a does not exist");
-        let id = pending_id(&explanation.uid, &pending, Timestamp(7));
-        assert_eq!(id, pending_id(&explanation.uid, &pending, Timestamp(7)));
+        let id = pending_id(&uid, &pending, Timestamp(7));
+        assert_eq!(id, pending_id(&uid, &pending, Timestamp(7)));
         let moved = PendingExplained {
             position: 3,
             ..pending.clone()
         };
-        assert_ne!(id, pending_id(&explanation.uid, &moved, Timestamp(7)));
-        assert_ne!(id, pending_id(&explanation.uid, &pending, Timestamp(8)));
+        assert_ne!(id, pending_id(&uid, &moved, Timestamp(7)));
+        assert_ne!(id, pending_id(&uid, &pending, Timestamp(8)));
         assert_ne!(
             id,
             pending_id(&JobUid::new("u-2/a0"), &pending, Timestamp(7))

@@ -105,6 +105,15 @@ struct SavedStateRef<'a> {
     applied: &'a BTreeMap<String, u64>,
 }
 
+/// The core's job specs by uid: where a record's left-out template is.
+fn specs_by_uid(allocator: &AllocatorSnapshot) -> HashMap<&JobUid, &JobSpec, FixedState> {
+    allocator
+        .jobs
+        .iter()
+        .map(|job| (&job.spec.uid, &job.spec))
+        .collect()
+}
+
 /// The job records, each template left out when `specs` has it.
 struct SavedJobs<'a> {
     jobs: &'a BTreeMap<String, Arc<JobRecord>>,
@@ -130,12 +139,7 @@ impl Serialize for SavedJobs<'_> {
 
 impl Serialize for PersistedState {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let specs = self
-            .allocator
-            .jobs
-            .iter()
-            .map(|job| (&job.spec.uid, &job.spec))
-            .collect();
+        let specs = specs_by_uid(&self.allocator);
         SavedStateRef {
             format_version: self.format_version,
             allocator: &self.allocator,
@@ -158,12 +162,7 @@ impl TryFrom<SavedState> for PersistedState {
     type Error = String;
 
     fn try_from(saved: SavedState) -> Result<Self, String> {
-        let specs: HashMap<&JobUid, &JobSpec, FixedState> = saved
-            .allocator
-            .jobs
-            .iter()
-            .map(|job| (&job.spec.uid, &job.spec))
-            .collect();
+        let specs = specs_by_uid(&saved.allocator);
         let mut jobs = BTreeMap::new();
         for (key, rec) in saved.jobs {
             let template = match rec.template {

@@ -718,10 +718,7 @@ impl AllocatorState {
             };
             let gpus = u32::try_from(rec.template.total_units()).unwrap_or(u32::MAX);
             let entity = rec.entity.clone();
-            let Some(explanation) = self.alloc.explain(outcome, pending) else {
-                continue;
-            };
-            let payload = mapping::pending_explained(&explanation, gpus);
+            let payload = mapping::pending_explained(queue, pending.position, reason, gpus);
             fresh.push(Outgoing::Pending {
                 id: mapping::pending_id(uid, &payload, now),
                 entity,

@@ -439,14 +439,14 @@ impl Queues {
         {
             let mut pool = cohort.pool(res);
             // Re-derive the pool use of every member the what-if touches,
-            // once per member (the per-member term is not linear). Most
-            // checks have no what-if: they skip this.
-            let mut touched: Vec<QueueIdx> = Vec::new();
-            if !deltas.is_empty() {
-                touched.extend(deltas.iter().filter(|d| d.res == res).map(|d| d.queue));
-                touched.sort_unstable();
-                touched.dedup();
-            }
+            // once per member (the per-member term is not linear).
+            let mut touched: Vec<QueueIdx> = deltas
+                .iter()
+                .filter(|d| d.res == res)
+                .map(|d| d.queue)
+                .collect();
+            touched.sort_unstable();
+            touched.dedup();
             for member_idx in touched {
                 let Some(member) = self.get(member_idx) else {
                     continue;
