@@ -122,18 +122,38 @@ pub(crate) struct CycleCtx {
     /// line order: (slot in the pending explanations, job).
     may_preempt: Vec<(usize, JobIdx)>,
     stats: CycleStats,
-    /// Bumped by every admission and every new quota or queue hold: what a quota
-    /// check saw is valid while the epoch stays.
-    quota_epoch: u64,
+    /// By queue: bumped by every admission and every new quota or queue
+    /// hold in the queue's cohort (see `quota_changed`): what a quota check
+    /// of the queue saw is valid while its epoch stays.
+    quota_epochs: Vec<u64>,
     /// Jobs blocked by quota on every option, by (queue, shares GPUs,
-    /// units): another job of that shape fails alike within the epoch.
-    quota_blocked: FastMap<(QueueIdx, bool, u64), QuotaBlocked>,
+    /// units, hold ages): another job of that shape and those ages fails
+    /// alike within the queue's epoch.
+    /// Keyed by `HoldAges::shape_key`.
+    quota_blocked: FastMap<u128, QuotaBlocked>,
     /// Every reason made this cycle, each once: failures name them by index
     /// (see `Pending::reason`). Handed to the outcome.
     reasons: Vec<Arc<PendingReason>>,
+    /// Every job evaluated in full: what the quota shortcut is checked against.
+    #[cfg(test)]
+    no_quota_shortcut: bool,
 }
 
 impl CycleCtx {
+    #[cfg(not(test))]
+    fn quota_shortcut(&self) -> bool {
+        true
+    }
+
+    #[cfg(test)]
+    fn quota_shortcut(&self) -> bool {
+        !self.no_quota_shortcut
+    }
+
+    fn quota_epoch(&self, queue: QueueIdx) -> u64 {
+        self.quota_epochs.get(queue as usize).copied().unwrap_or(0)
+    }
+
     /// Adds a reason to the cycle's table.
     fn add_reason(&mut self, reason: PendingReason) -> ReasonIdx {
         let idx = ReasonIdx::try_from(self.reasons.len()).unwrap_or(ReasonIdx::MAX);
@@ -151,6 +171,19 @@ impl CycleCtx {
     }
 }
 
+/// What other queues' holds keep from a borrower (see `kept_by_queue_holds`).
+#[derive(Default)]
+pub(crate) struct KeptQuota {
+    units: u64,
+    /// The first holder found.
+    first_holder: Option<JobUid>,
+    /// The latest time a hold that counted lets jobs ending by then through.
+    latest_until: Option<u64>,
+    /// The earliest time a hold that would have counted but lets this job
+    /// through lets jobs ending by then through.
+    passed_until: Option<u64>,
+}
+
 /// A quota failure on every option, reusable by jobs of the same shape.
 pub(crate) struct QuotaBlocked {
     epoch: u64,
@@ -160,6 +193,16 @@ pub(crate) struct QuotaBlocked {
     /// with an earlier estimated end may be let through, so it is evaluated
     /// in full. `None`: no hold exempts anyone.
     exempt_until: Option<u64>,
+    /// The earliest time a hold that let the failed job through lets jobs
+    /// ending by then through: a job ending later is held back more, so it
+    /// is evaluated in full. `None`: no hold let it through.
+    passes_until: Option<u64>,
+}
+
+impl QuotaBlocked {
+    /// Set in the key of a failure some holds let through (`passes_until`),
+    /// beside the shape (`HoldAges::shape_key`).
+    const PASSED_HOLDS: u128 = 1 << 99;
 }
 
 /// What the main pass needs of a job without touching it again, copied
@@ -183,6 +226,30 @@ pub(crate) struct QuotaShape {
     end: u64,
     units: u32,
     sharing: bool,
+    ages: HoldAges,
+}
+
+/// The waits a job has passed that change how a quota failure is handled:
+/// `backfill.queueHoldAfterSecs` (it may keep its queue's quota) and
+/// `backfill.borrowerHoldAfterSecs` (a borrower starts starving). Jobs of one
+/// shape fail alike only if these agree too.
+#[derive(Clone, Copy)]
+pub(crate) struct HoldAges {
+    queue_hold: bool,
+    starving: bool,
+}
+
+impl HoldAges {
+    /// The quota shortcut's key for a job of these ages: (queue, shares
+    /// GPUs, units, ages) packed into one integer, as each pending job's
+    /// lookup hashes it.
+    fn shape_key(self, queue: QueueIdx, sharing: bool, units: u64) -> u128 {
+        u128::from(units)
+            | u128::from(queue) << 64
+            | u128::from(sharing) << 96
+            | u128::from(self.queue_hold) << 97
+            | u128::from(self.starving) << 98
+    }
 }
 
 /// A queue's ordered pending jobs during a cycle.
@@ -322,6 +389,10 @@ impl Allocator {
 
     /// Runs one admission cycle at `now`.
     pub fn cycle(&mut self, now: Timestamp) -> CycleOutcome {
+        self.cycle_with(now, CycleCtx::default())
+    }
+
+    fn cycle_with(&mut self, now: Timestamp, mut ctx: CycleCtx) -> CycleOutcome {
         self.clock = self.clock.max(now);
         self.prune_tombstones(now);
         let mut out = CycleOutcome {
@@ -331,7 +402,6 @@ impl Allocator {
         out.evictions.append(&mut self.undelivered_evictions);
         self.process_evictions(now, &mut out);
 
-        let mut ctx = CycleCtx::default();
         self.hold_for_waiting_preemptors(now, &mut ctx);
         self.admit_ready_preemptors(now, &mut ctx, &mut out);
         self.evaluate_reserved_first(now, &mut ctx, &mut out);
@@ -540,6 +610,7 @@ impl Allocator {
                             end: estimated_end(e.runtime_estimate_secs, now).0,
                             units,
                             sharing: e.allow_gpu_sharing,
+                            ages: self.hold_ages(e.submitted_at, now),
                         });
                     jobs.push(LaneJob {
                         priority,
@@ -581,7 +652,9 @@ impl Allocator {
     ) {
         let res = plan.res;
         let cached = ctx.timelines.remove(&res);
-        ctx.quota_epoch += 1;
+        if let Some(job) = self.job(idx) {
+            self.quota_changed(job.queue, ctx);
+        }
         self.admit(idx, plan, now, out);
         // Updating a cached timeline in place gives the same sorted events
         // as rebuilding it from every running job, for a fraction of the cost.
@@ -615,12 +688,22 @@ impl Allocator {
         queue: QueueIdx,
         shape: QuotaShape,
     ) -> Option<(ReasonIdx, bool)> {
-        let known = ctx
-            .quota_blocked
-            .get(&(queue, shape.sharing, u64::from(shape.units)))?;
-        let exempt =
-            shape.end != u64::MAX && known.exempt_until.is_some_and(|until| shape.end <= until);
-        (known.epoch == ctx.quota_epoch && !exempt).then_some((known.reason, known.can_preempt))
+        let key = shape
+            .ages
+            .shape_key(queue, shape.sharing, u64::from(shape.units));
+        let epoch = ctx.quota_epoch(queue);
+        // The failure of a job no hold let through, else that of one some
+        // holds let through: each one stands for the jobs let through alike.
+        [key, key | QuotaBlocked::PASSED_HOLDS]
+            .iter()
+            .find_map(|key| {
+                let known = ctx.quota_blocked.get(key)?;
+                let exempt = shape.end != u64::MAX
+                    && known.exempt_until.is_some_and(|until| shape.end <= until);
+                let passes_alike = known.passes_until.is_none_or(|until| shape.end <= until);
+                (known.epoch == epoch && !exempt && passes_alike)
+                    .then_some((known.reason, known.can_preempt))
+            })
     }
 
     pub(crate) fn main_pass(
@@ -675,7 +758,10 @@ impl Allocator {
             let outcome = match early {
                 // Evaluated before the pass (it held a reservation).
                 Some(failure) => Err(failure),
-                None => match shape.and_then(|s| Self::quota_blocked_like(ctx, lane_queue, s)) {
+                None => match shape
+                    .filter(|_| ctx.quota_shortcut())
+                    .and_then(|s| Self::quota_blocked_like(ctx, lane_queue, s))
+                {
                     Some(failure) => {
                         ctx.stats.memo_hits += 1;
                         Err(failure)
@@ -815,6 +901,7 @@ impl Allocator {
         }
         let units = job.spec.total_units();
         let sharing = job.spec.allow_gpu_sharing;
+        let ages = self.hold_ages(job.spec.submitted_at, now);
         // The reason with the smallest shortfall so far, and that shortfall.
         let mut best: Option<(ReasonIdx, u64)> = None;
         let mut first_capacity_failure: Option<(ResIdx, ReasonIdx)> = None;
@@ -833,6 +920,7 @@ impl Allocator {
         // holds nothing and no hold let it through.
         let mut alike = job.spec.gpu_slice.is_none();
         let mut exempt_until: Option<u64> = None;
+        let mut passes_until: Option<u64> = None;
         // The first option quota blocks: (resource, units the queue must free
         // to fit the job within nominal, when the cohort headroom this job
         // holds is expected).
@@ -876,10 +964,16 @@ impl Allocator {
                 && !starving
                 && let Some(c) = cohort
             {
-                let (kept, holder) = self.kept_by_queue_holds(ctx, c, queue, res, &exempt);
-                held = held.saturating_add(kept);
+                let kept = self.kept_by_queue_holds(ctx, c, queue, res, &exempt);
+                held = held.saturating_add(kept.units);
                 if held_for.is_none() {
-                    held_for = holder;
+                    held_for = kept.first_holder;
+                }
+                if let Some(until) = kept.passed_until {
+                    passes_until = Some(passes_until.map_or(until, |u| u.min(until)));
+                }
+                if let Some(until) = kept.latest_until {
+                    exempt_until = Some(exempt_until.map_or(until, |u| u.max(until)));
                 }
             }
             if let Err(short) = self.queues.check_with_hold(queue, res, units, &[], held) {
@@ -899,11 +993,15 @@ impl Allocator {
                 // only. Draining the cohort for a job that could never fit
                 // (its quota when idle, checked above, or the nodes when
                 // empty) would idle it for good.
-                let drains = may_hold
-                    && starving
-                    && standing != Some(true)
+                let may_drain = may_hold && starving && standing != Some(true);
+                let drains = may_drain
                     && self.slots_when_empty(res, job.spec.gpus_per_worker, job.filter)
                         >= u64::from(job.spec.num_workers);
+                // Whether the nodes could ever take it depends on the job's
+                // own workers and filters, not only its shape.
+                if may_drain {
+                    alike = false;
+                }
                 if may_hold
                     && let Some(c) = cohort
                     && (standing.is_none() || drains)
@@ -927,7 +1025,7 @@ impl Allocator {
                         },
                     );
                     ctx.reserved_order.push(job.spec.uid.clone());
-                    ctx.quota_epoch += 1;
+                    self.quota_changed(queue, ctx);
                     alike = false;
                     holding = true;
                 }
@@ -1058,12 +1156,18 @@ impl Allocator {
         let can_preempt = !blocked_by_hold_only && !starts_soon;
         if alike {
             ctx.quota_blocked.insert(
-                (queue, sharing, units),
+                ages.shape_key(queue, sharing, units)
+                    | if passes_until.is_some() {
+                        QuotaBlocked::PASSED_HOLDS
+                    } else {
+                        0
+                    },
                 QuotaBlocked {
-                    epoch: ctx.quota_epoch,
+                    epoch: ctx.quota_epoch(queue),
                     reason,
                     can_preempt,
                     exempt_until,
+                    passes_until,
                 },
             );
         }
@@ -1117,9 +1221,7 @@ impl Allocator {
     ) {
         let Some(job) = self.job(idx) else { return };
         let queue = job.queue;
-        if !self.config.backfill.enabled
-            || now.secs_since(job.spec.submitted_at) < self.config.backfill.queue_hold_after_secs
-        {
+        if !self.config.backfill.enabled || !self.hold_ages(job.spec.submitted_at, now).queue_hold {
             return;
         }
         let units = job.spec.total_units();
@@ -1175,7 +1277,34 @@ impl Allocator {
         if !ctx.reserved_order.contains(&job.spec.uid) {
             ctx.reserved_order.push(job.spec.uid.clone());
         }
-        ctx.quota_epoch += 1;
+        self.quota_changed(queue, ctx);
+    }
+
+    /// Which of the hold waits (see `HoldAges`) a job submitted at
+    /// `submitted_at` has passed by `at`.
+    fn hold_ages(&self, submitted_at: Timestamp, at: Timestamp) -> HoldAges {
+        let waited = at.secs_since(submitted_at);
+        HoldAges {
+            queue_hold: waited >= self.config.backfill.queue_hold_after_secs,
+            starving: waited >= self.config.backfill.borrower_hold_after_secs,
+        }
+    }
+
+    /// Bumps the quota epoch of `queue` and of every queue in its cohort:
+    /// what a quota check reads (queue and cohort pool usage, cohort and
+    /// queue holds) never crosses a cohort, so a change in one cohort leaves
+    /// the other cohorts' quota failures valid.
+    fn quota_changed(&self, queue: QueueIdx, ctx: &mut CycleCtx) {
+        let cohort = self.queues.get(queue).and_then(|q| q.cohort);
+        let queues = &self.queues.queues;
+        if ctx.quota_epochs.len() < queues.len() {
+            ctx.quota_epochs.resize(queues.len(), 0);
+        }
+        for ((other, q), epoch) in (0..).zip(queues).zip(&mut ctx.quota_epochs) {
+            if other == queue || (cohort.is_some() && q.cohort == cohort) {
+                *epoch += 1;
+            }
+        }
     }
 
     /// A job larger than its queue's nominal quota of `res`, so it can only
@@ -1186,7 +1315,7 @@ impl Allocator {
     /// start. A queue without nominal quota only borrows what the others
     /// leave idle, by its definition: its jobs never starve others.
     pub(crate) fn starving_borrower(&self, job: &Job, res: ResIdx, at: Timestamp) -> bool {
-        at.secs_since(job.spec.submitted_at) >= self.config.backfill.borrower_hold_after_secs
+        self.hold_ages(job.spec.submitted_at, at).starving
             && self
                 .queues
                 .get(job.queue)
@@ -1195,8 +1324,8 @@ impl Allocator {
     }
 
     /// Unused nominal quota of `res` that the other queues of `cohort` keep
-    /// for their blocked jobs (see `hold_queue_quota`) from a borrower that
-    /// `exempt` does not let through, and the first holder.
+    /// for their blocked jobs (see `hold_queue_quota`) from `borrower`,
+    /// apart from holds `exempt` lets it through.
     fn kept_by_queue_holds(
         &self,
         ctx: &CycleCtx,
@@ -1204,15 +1333,14 @@ impl Allocator {
         borrower: QueueIdx,
         res: ResIdx,
         exempt: &impl Fn(&QuotaHold) -> bool,
-    ) -> (u64, Option<JobUid>) {
-        let mut kept = 0u64;
-        let mut first: Option<JobUid> = None;
+    ) -> KeptQuota {
+        let mut kept = KeptQuota::default();
         // The holds of the cohort's queues, in the order of a walk over
         // all holds (the first holder found is named).
         let holding = ctx.queue_holds_by_cohort.get(&(cohort, res));
         for (queue, h) in holding.into_iter().flatten() {
             let queue = *queue;
-            if queue == borrower || exempt(h) {
+            if queue == borrower {
                 continue;
             }
             let Some(q) = self.queues.get(queue) else {
@@ -1223,12 +1351,22 @@ impl Allocator {
                 .map_or(0, |s| s.nominal)
                 .saturating_sub(q.usage(res));
             let units = h.units.min(unused);
-            if units > 0 {
-                kept = kept.saturating_add(units);
-                first.get_or_insert_with(|| h.holder.clone());
+            if units == 0 {
+                continue;
+            }
+            if exempt(h) {
+                if let Some(until) = h.until {
+                    kept.passed_until = Some(kept.passed_until.map_or(until.0, |u| u.min(until.0)));
+                }
+                continue;
+            }
+            kept.units = kept.units.saturating_add(units);
+            kept.first_holder.get_or_insert_with(|| h.holder.clone());
+            if let Some(until) = h.until {
+                kept.latest_until = Some(kept.latest_until.map_or(until.0, |u| u.max(until.0)));
             }
         }
-        (kept, first)
+        kept
     }
 
     /// Expected releases of the jobs running in `res`, in time order.
@@ -1731,8 +1869,176 @@ impl Allocator {
 
 #[cfg(test)]
 mod tests {
-    use super::{LaneJob, LaneKey};
+    use super::{CycleCtx, LaneJob, LaneKey};
     use crate::types::Timestamp;
+    use crate::{
+        Allocator, AllocatorConfig, BackfillPolicy, CycleOutcome, Event, FlavorQuota, JobSpec,
+        JobUid, NodeInfo, PendingExplanation, QueueSpec, ResourceQuota, names,
+    };
+
+    /// A small deterministic generator (xorshift), so that each seed is one
+    /// reproducible scenario.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+
+        fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+            from[self.below(from.len() as u64) as usize]
+        }
+    }
+
+    /// Two cohorts of three queues and a queue of its own, on 16 nodes of
+    /// 8 GPUs (half of them labelled `pool: a`); quota holds start early so
+    /// that jobs cross both hold ages during the run.
+    fn contested_cluster() -> Allocator {
+        let mut alloc = Allocator::new(AllocatorConfig {
+            backfill: BackfillPolicy {
+                queue_hold_after_secs: 300,
+                borrower_hold_after_secs: 600,
+                ..BackfillPolicy::default()
+            },
+            ..AllocatorConfig::default()
+        })
+        .expect("valid config");
+        for n in 0..16 {
+            let mut node = NodeInfo {
+                name: format!("node-{n}"),
+                ready: true,
+                ..NodeInfo::default()
+            };
+            node.allocatable
+                .insert(names::GPU_RESOURCE.into(), "8".into());
+            node.labels
+                .insert(names::GPU_PRODUCT_LABEL.into(), "A100".into());
+            if n % 2 == 0 {
+                node.labels.insert("pool".into(), "a".into());
+            }
+            alloc.apply(Event::NodeUpserted(node)).expect("node");
+        }
+        let cohorts = [
+            Some("c0"),
+            Some("c0"),
+            Some("c0"),
+            Some("c1"),
+            Some("c1"),
+            Some("c1"),
+            None,
+        ];
+        let nominal = [16, 8, 24, 8, 16, 32, 16];
+        for (q, (cohort, nominal)) in cohorts.iter().zip(nominal).enumerate() {
+            let queue = QueueSpec {
+                name: format!("q{q}"),
+                cohort: cohort.map(str::to_string),
+                quotas: vec![FlavorQuota {
+                    flavor: "A100.on-demand".into(),
+                    resources: vec![ResourceQuota {
+                        resource: names::GPU_RESOURCE.into(),
+                        nominal,
+                        ..ResourceQuota::default()
+                    }],
+                }],
+                ..QueueSpec::default()
+            };
+            alloc.apply(Event::QueueUpserted(queue)).expect("queue");
+        }
+        alloc
+    }
+
+    /// Everything a cycle decided, pending explanations resolved.
+    fn decided(
+        alloc: &Allocator,
+        out: &CycleOutcome,
+    ) -> (String, String, String, Vec<PendingExplanation>) {
+        (
+            format!("{:?}", out.admissions),
+            format!("{:?}", out.preemptions),
+            format!("{:?}", out.evictions),
+            out.pending
+                .iter()
+                .filter_map(|p| alloc.explain(out, p))
+                .collect(),
+        )
+    }
+
+    /// The quota shortcut answers a job from an earlier failure of its
+    /// shape: it must decide what evaluating the job in full decides.
+    /// Seeded runs of a contested cluster (cohorts borrowing, quota and
+    /// queue holds, starving borrowers, runtime estimates, node filters,
+    /// preemption) go cycle by cycle with and without it.
+    #[test]
+    fn the_quota_shortcut_decides_as_a_full_evaluation() {
+        let mut shortcut_answers = 0;
+        for seed in 1..=12u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mut fast = contested_cluster();
+            let mut full = contested_cluster();
+            let mut running: Vec<JobUid> = Vec::new();
+            let mut next = 0;
+            for step in 1..=60u64 {
+                let now = step * 60;
+                let mut events = Vec::new();
+                for _ in 0..rng.below(9) {
+                    next += 1;
+                    let mut job = JobSpec {
+                        uid: JobUid::new(format!("j{next}")),
+                        namespace: "ml".into(),
+                        name: format!("j{next}"),
+                        queue: Some(format!("q{}", rng.below(7))),
+                        priority: rng.pick(&[0, 5, 10]),
+                        submitted_at: Timestamp(now.saturating_sub(rng.below(1_200))),
+                        num_workers: rng.pick(&[1, 1, 2, 4]),
+                        gpus_per_worker: rng.pick(&[1, 2, 4, 8, 8]),
+                        runtime_estimate_secs: rng.pick(&[None, Some(300), Some(900), Some(3_600)]),
+                        ..JobSpec::default()
+                    };
+                    // Some jobs want half the nodes; a few want none there are.
+                    match rng.below(8) {
+                        0 | 1 => job.node_selector.insert("pool".into(), "a".into()),
+                        2 => job.node_selector.insert("pool".into(), "b".into()),
+                        _ => None,
+                    };
+                    events.push(Event::JobSubmitted(job));
+                }
+                for _ in 0..rng.below(3) {
+                    if !running.is_empty() {
+                        let done = running.swap_remove(rng.below(running.len() as u64) as usize);
+                        events.push(Event::JobFinished { uid: done });
+                    }
+                }
+                for event in events {
+                    fast.apply(event.clone()).expect("event");
+                    full.apply(event).expect("event");
+                }
+                let with_shortcut = fast.cycle(Timestamp(now));
+                let without = full.cycle_with(
+                    Timestamp(now),
+                    CycleCtx {
+                        no_quota_shortcut: true,
+                        ..CycleCtx::default()
+                    },
+                );
+                assert_eq!(
+                    decided(&fast, &with_shortcut),
+                    decided(&full, &without),
+                    "seed {seed}, cycle at {now} s"
+                );
+                shortcut_answers += with_shortcut.stats.memo_hits;
+                running.extend(with_shortcut.admissions.iter().map(|a| a.uid.clone()));
+                let gone: Vec<&JobUid> = with_shortcut.evictions.iter().map(|e| &e.uid).collect();
+                running.retain(|uid| !gone.contains(&uid));
+            }
+        }
+        assert!(
+            shortcut_answers > 1_000,
+            "shortcut used {shortcut_answers} times"
+        );
+    }
 
     fn head(priority: i32, submitted_at: u64, seq: u64) -> LaneJob {
         LaneJob {

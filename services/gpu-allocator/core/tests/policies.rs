@@ -291,6 +291,30 @@ fn a_queue_holds_for_its_blocked_gang_once_it_has_waited() {
     }
 }
 
+/// The queue hold goes to the first blocked job that has waited, even when
+/// a younger job of the same size is ahead of it in line (by priority): a
+/// quota failure is only reused for jobs that have passed the same waits.
+/// Queue a (nominal 16) runs 8 GPUs; "young" (priority 10) and "old" both
+/// need 16 more, "small" needs 8, which fits a's nominal quota.
+#[test]
+fn the_queue_hold_goes_to_the_first_job_that_waited_not_the_first_in_line() {
+    let mut h = Harness::without_preemption();
+    h.nodes([node("n1", 8), node("n2", 8), node("n3", 8), node("n4", 8)]);
+    h.queue(queue("a", None, 16));
+    let mut running = job("run", "a", 1, 8);
+    running.runtime_estimate_secs = Some(3_600);
+    h.submit(running);
+    assert_eq!(admitted_uids(&h.cycle(0)), vec!["run"]);
+    let mut young = job("young", "a", 2, 8);
+    young.priority = 10;
+    h.submit_at(young, 990);
+    h.submit_at(job("old", "a", 2, 8), 100);
+    h.submit_at(job("small", "a", 1, 8), 995);
+    let out = h.cycle(1_000);
+    assert!(admitted_uids(&out).is_empty(), "a keeps its 8 GPUs for old");
+    h.assert_held_for(&out, "small", "old");
+}
+
 /// a (nominal 16) and b (nominal 8) fill their nominal quota and the 24
 /// GPUs. a's 8 x 1-GPU gang is within a's nominal but would borrow while a's
 /// 1-GPU jobs hold it; a keeps a stream of 1-GPU jobs without an estimate
