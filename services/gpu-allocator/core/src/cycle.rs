@@ -240,6 +240,16 @@ pub(crate) struct HoldAges {
 }
 
 impl HoldAges {
+    /// The ages a quota failure of `units` depends on: only a job larger
+    /// than one of its queue's nominal quotas (`smallest_nominal` the
+    /// smallest) can be a starving borrower.
+    fn for_units(self, units: u64, smallest_nominal: u64) -> Self {
+        HoldAges {
+            starving: self.starving && units > smallest_nominal,
+            ..self
+        }
+    }
+
     /// The quota shortcut's key for a job of these ages: (queue, shares
     /// GPUs, units, ages) packed into one integer, as each pending job's
     /// lookup hashes it.
@@ -595,6 +605,7 @@ impl Allocator {
                 continue;
             }
             let aging = self.aging_of(queue);
+            let smallest_nominal = self.smallest_nominal(queue);
             let check_nominated = nominating.contains(&queue);
             let mut jobs = Vec::with_capacity(listed);
             q.line.in_order(
@@ -610,7 +621,9 @@ impl Allocator {
                             end: estimated_end(e.runtime_estimate_secs, now).0,
                             units,
                             sharing: e.allow_gpu_sharing,
-                            ages: self.hold_ages(e.submitted_at, now),
+                            ages: self
+                                .hold_ages(e.submitted_at, now)
+                                .for_units(e.units, smallest_nominal),
                         });
                     jobs.push(LaneJob {
                         priority,
@@ -901,7 +914,9 @@ impl Allocator {
         }
         let units = job.spec.total_units();
         let sharing = job.spec.allow_gpu_sharing;
-        let ages = self.hold_ages(job.spec.submitted_at, now);
+        let ages = self
+            .hold_ages(job.spec.submitted_at, now)
+            .for_units(units, self.smallest_nominal(queue));
         // The reason with the smallest shortfall so far, and that shortfall.
         let mut best: Option<(ReasonIdx, u64)> = None;
         let mut first_capacity_failure: Option<(ResIdx, ReasonIdx)> = None;
@@ -1288,6 +1303,14 @@ impl Allocator {
             queue_hold: waited >= self.config.backfill.queue_hold_after_secs,
             starving: waited >= self.config.backfill.borrower_hold_after_secs,
         }
+    }
+
+    /// The smallest nominal quota among `queue`'s resources.
+    fn smallest_nominal(&self, queue: QueueIdx) -> u64 {
+        self.queues
+            .get(queue)
+            .and_then(|q| q.quotas.iter().map(|s| s.nominal).min())
+            .unwrap_or(0)
     }
 
     /// Bumps the quota epoch of `queue` and of every queue in its cohort:
