@@ -372,7 +372,7 @@ impl Allocator {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config::AllocatorConfig;
     use crate::event::{Event, FlavorQuota, JobSpec, NodeInfo, QueueSpec, ResourceQuota};
@@ -380,7 +380,8 @@ mod tests {
     use crate::types::names;
     use std::collections::BTreeSet;
 
-    fn node(name: &str) -> Event {
+    /// An 8-GPU A100 node, as the cycle's tests use too.
+    pub(crate) fn node(name: &str) -> Event {
         let mut info = NodeInfo {
             name: name.into(),
             ready: true,

@@ -1896,7 +1896,7 @@ mod tests {
     use crate::types::Timestamp;
     use crate::{
         Allocator, AllocatorConfig, BackfillPolicy, CycleOutcome, Event, FlavorQuota, JobSpec,
-        JobUid, NodeInfo, PendingExplanation, QueueSpec, ResourceQuota, names,
+        JobUid, PendingExplanation, QueueSpec, ResourceQuota, names,
     };
 
     /// A small deterministic generator (xorshift), so that each seed is one
@@ -1930,19 +1930,13 @@ mod tests {
         })
         .expect("valid config");
         for n in 0..16 {
-            let mut node = NodeInfo {
-                name: format!("node-{n}"),
-                ready: true,
-                ..NodeInfo::default()
-            };
-            node.allocatable
-                .insert(names::GPU_RESOURCE.into(), "8".into());
-            node.labels
-                .insert(names::GPU_PRODUCT_LABEL.into(), "A100".into());
-            if n % 2 == 0 {
-                node.labels.insert("pool".into(), "a".into());
+            let mut node = crate::backfill::tests::node(&format!("node-{n}"));
+            if n % 2 == 0
+                && let Event::NodeUpserted(info) = &mut node
+            {
+                info.labels.insert("pool".into(), "a".into());
             }
-            alloc.apply(Event::NodeUpserted(node)).expect("node");
+            alloc.apply(node).expect("node");
         }
         let cohorts = [
             Some("c0"),
