@@ -241,8 +241,8 @@ pub(crate) struct HoldAges {
 
 impl HoldAges {
     /// The ages a quota failure of `units` depends on: only a job larger
-    /// than one of its queue's nominal quotas (`smallest_nominal` the
-    /// smallest) can be a starving borrower.
+    /// than one of its queue's nominal quotas above zero (`smallest_nominal`
+    /// the smallest) can be a starving borrower.
     fn for_units(self, units: u64, smallest_nominal: u64) -> Self {
         HoldAges {
             starving: self.starving && units > smallest_nominal,
@@ -303,6 +303,16 @@ impl LaneKey {
     fn lane(&self) -> usize {
         usize::try_from(self.0.0.1 & u128::from(u32::MAX)).unwrap_or(usize::MAX)
     }
+}
+
+/// Keeps the later of `at` and the time `latest` holds.
+fn keep_latest(latest: &mut Option<u64>, at: u64) {
+    *latest = Some(latest.map_or(at, |t| t.max(at)));
+}
+
+/// Keeps the earlier of `at` and the time `earliest` holds.
+fn keep_earliest(earliest: &mut Option<u64>, at: u64) {
+    *earliest = Some(earliest.map_or(at, |t| t.min(at)));
 }
 
 /// A job's expected end for a runtime estimate, as a sort key (`u64::MAX`
@@ -931,8 +941,11 @@ impl Allocator {
         // When the job can expect to start without preempting anyone.
         let mut expected_start: Option<Timestamp> = None;
         // Whether jobs of the same shape fail exactly alike (see
-        // `quota_blocked`): only if every option failed on quota, this job
-        // holds nothing and no hold let it through.
+        // `quota_blocked`): only if every option failed on quota and this job
+        // holds nothing; jobs that holds let through differently are told
+        // apart by their estimated end, against the latest time a hold
+        // that held this job lets jobs through (`exempt_until`) and the
+        // earliest time one that let it through does (`passes_until`).
         let mut alike = job.spec.gpu_slice.is_none();
         let mut exempt_until: Option<u64> = None;
         let mut passes_until: Option<u64> = None;
@@ -960,10 +973,11 @@ impl Allocator {
             if let Some(h) = hold
                 && bound(h)
             {
-                if h.holder_idx == idx || exempt(h) {
-                    alike = false;
-                } else if let Some(until) = h.until {
-                    exempt_until = Some(exempt_until.map_or(until.0, |u| u.max(until.0)));
+                match h.until {
+                    _ if h.holder_idx == idx => alike = false,
+                    Some(until) if exempt(h) => keep_earliest(&mut passes_until, until.0),
+                    Some(until) => keep_latest(&mut exempt_until, until.0),
+                    None => {}
                 }
             }
             let (mut held, mut held_for) = match hold {
@@ -985,10 +999,10 @@ impl Allocator {
                     held_for = kept.first_holder;
                 }
                 if let Some(until) = kept.passed_until {
-                    passes_until = Some(passes_until.map_or(until, |u| u.min(until)));
+                    keep_earliest(&mut passes_until, until);
                 }
                 if let Some(until) = kept.latest_until {
-                    exempt_until = Some(exempt_until.map_or(until, |u| u.max(until)));
+                    keep_latest(&mut exempt_until, until);
                 }
             }
             if let Err(short) = self.queues.check_with_hold(queue, res, units, &[], held) {
@@ -1093,7 +1107,7 @@ impl Allocator {
                 && q.usage(res).saturating_add(units).saturating_add(h.units) > nominal
             {
                 if let Some(until) = h.until {
-                    exempt_until = Some(exempt_until.map_or(until.0, |u| u.max(until.0)));
+                    keep_latest(&mut exempt_until, until.0);
                 }
                 let used = q.usage(res);
                 let available = nominal.saturating_sub(used.saturating_add(h.units));
@@ -1305,12 +1319,14 @@ impl Allocator {
         }
     }
 
-    /// The smallest nominal quota among `queue`'s resources.
+    /// The smallest nominal quota above zero among `queue`'s resources
+    /// (`u64::MAX` without one): no job of at most that many units can be a
+    /// starving borrower (see `starving_borrower`).
     fn smallest_nominal(&self, queue: QueueIdx) -> u64 {
         self.queues
             .get(queue)
-            .and_then(|q| q.quotas.iter().map(|s| s.nominal).min())
-            .unwrap_or(0)
+            .and_then(|q| q.quotas.iter().map(|s| s.nominal).filter(|&n| n > 0).min())
+            .unwrap_or(u64::MAX)
     }
 
     /// Bumps the quota epoch of `queue` and of every queue in its cohort:
@@ -1379,14 +1395,14 @@ impl Allocator {
             }
             if exempt(h) {
                 if let Some(until) = h.until {
-                    kept.passed_until = Some(kept.passed_until.map_or(until.0, |u| u.min(until.0)));
+                    keep_earliest(&mut kept.passed_until, until.0);
                 }
                 continue;
             }
             kept.units = kept.units.saturating_add(units);
             kept.first_holder.get_or_insert_with(|| h.holder.clone());
             if let Some(until) = h.until {
-                kept.latest_until = Some(kept.latest_until.map_or(until.0, |u| u.max(until.0)));
+                keep_latest(&mut kept.latest_until, until.0);
             }
         }
         kept
