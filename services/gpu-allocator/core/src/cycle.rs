@@ -127,9 +127,9 @@ pub(crate) struct CycleCtx {
     /// of the queue saw is valid while its epoch stays.
     quota_epochs: Vec<u64>,
     /// Jobs blocked by quota on every option, by (queue, shares GPUs,
-    /// units, hold ages): another job of that shape and those ages fails
-    /// alike within the queue's epoch.
-    /// Keyed by `HoldAges::shape_key`.
+    /// units, hold ages) packed (`HoldAges::shape_key`), apart for jobs some
+    /// hold let through (`QuotaBlocked::PASSED_HOLDS`): another job of that
+    /// shape and those ages fails alike within the queue's epoch.
     quota_blocked: FastMap<u128, QuotaBlocked>,
     /// Every reason made this cycle, each once: failures name them by index
     /// (see `Pending::reason`). Handed to the outcome.
