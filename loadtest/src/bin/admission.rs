@@ -1145,6 +1145,10 @@ fn run_quota_fifo(stream: &[SimJob], args: &Args, spread: bool) -> Report {
     report
 }
 
+/// The gpu-allocator service's allocator (see its `main`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let args = <Args as clap::Parser>::parse();
     for &mix in &args.mix {

@@ -105,6 +105,10 @@ struct Running {
     ends_at: u64,
 }
 
+/// The gpu-allocator service's allocator (see its `main`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let mut config = AllocatorServiceConfig::default();
