@@ -185,6 +185,11 @@ impl Allocator {
         self.jobs.get(idx as usize).and_then(Option::as_ref)
     }
 
+    /// Job `idx`'s uid, for a reason that names it.
+    pub(crate) fn job_uid(&self, idx: JobIdx) -> Option<JobUid> {
+        self.job(idx).map(|j| j.spec.uid.clone())
+    }
+
     pub(crate) fn job_mut(&mut self, idx: JobIdx) -> Option<&mut Job> {
         self.jobs.get_mut(idx as usize).and_then(Option::as_mut)
     }

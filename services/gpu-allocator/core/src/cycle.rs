@@ -54,10 +54,10 @@ pub(crate) type QuotaMemoKey = (QueueIdx, ResIdx, u64, u64, u64, bool);
 
 /// Quota kept for a blocked job: cohort headroom for the first job that only
 /// the pool blocks, or a queue's nominal quota for one of its own jobs.
-#[derive(Clone)]
+#[derive(Clone, Copy)]
 pub(crate) struct QuotaHold {
     units: u64,
-    holder: JobUid,
+    /// The job held for: its uid is read only when a reason names it.
     holder_idx: JobIdx,
     /// When the holder can expect enough headroom; jobs ending by then may
     /// still use the held units.
@@ -87,6 +87,42 @@ pub(crate) struct MemoEntry {
     reason: ReasonIdx,
 }
 
+/// Failures of jobs evaluated before the main pass (they held a
+/// reservation), each taken back at its job's place in line. A bit per job
+/// says whether to look: the pass asks for nearly every pending job, and the
+/// map holds a handful.
+#[derive(Default)]
+pub(crate) struct EarlyFailures {
+    by_job: FastMap<JobIdx, (ReasonIdx, bool)>,
+    /// Bit `idx % 64` of word `idx / 64` is set for each job in `by_job`.
+    marked: Vec<u64>,
+}
+
+impl EarlyFailures {
+    fn insert(&mut self, idx: JobIdx, failure: (ReasonIdx, bool)) {
+        let word = idx as usize / 64;
+        if self.marked.len() <= word {
+            self.marked.resize(word + 1, 0);
+        }
+        if let Some(bits) = self.marked.get_mut(word) {
+            *bits |= 1 << (idx % 64);
+        }
+        self.by_job.insert(idx, failure);
+    }
+
+    fn take(&mut self, idx: JobIdx) -> Option<(ReasonIdx, bool)> {
+        let marked = self
+            .marked
+            .get(idx as usize / 64)
+            .is_some_and(|bits| bits >> (idx % 64) & 1 == 1);
+        if marked {
+            self.by_job.remove(&idx)
+        } else {
+            None
+        }
+    }
+}
+
 /// (expected end, units, cohort of the job's queue, the queue) of a running job.
 type CohortRelease = (Timestamp, u64, Option<crate::queues::CohortIdx>, QueueIdx);
 
@@ -100,7 +136,7 @@ pub(crate) struct CycleCtx {
     /// `quota_release_time`).
     cohort_releases: FastMap<ResIdx, Vec<CohortRelease>>,
     /// Failures of jobs evaluated before the main pass.
-    early: FastMap<JobIdx, (ReasonIdx, bool)>,
+    early: EarlyFailures,
     /// Jobs given a reservation this cycle, in order.
     reserved_order: Vec<JobUid>,
     quota_memo: FastMap<QuotaMemoKey, ReasonIdx>,
@@ -176,7 +212,7 @@ impl CycleCtx {
 pub(crate) struct KeptQuota {
     units: u64,
     /// The first holder found.
-    first_holder: Option<JobUid>,
+    first_holder: Option<JobIdx>,
     /// The latest time a hold that counted lets jobs ending by then through.
     latest_until: Option<u64>,
     /// The earliest time a hold that would have counted but lets this job
@@ -774,10 +810,7 @@ impl Allocator {
             };
             let lane_queue = lane.queue;
             ctx.stats.considered += 1;
-            // Most cycles have no early failures: skip the lookup then.
-            let early = (!ctx.early.is_empty())
-                .then(|| ctx.early.remove(&idx))
-                .flatten();
+            let early = ctx.early.take(idx);
             let outcome = match early {
                 // Evaluated before the pass (it held a reservation).
                 Some(failure) => Err(failure),
@@ -982,7 +1015,7 @@ impl Allocator {
             }
             let (mut held, mut held_for) = match hold {
                 Some(h) if bound(h) && h.holder_idx != idx && !exempt(h) => {
-                    (h.units, Some(h.holder.clone()))
+                    (h.units, Some(h.holder_idx))
                 }
                 _ => (0, None),
             };
@@ -1047,7 +1080,6 @@ impl Allocator {
                         (c, res),
                         QuotaHold {
                             units: short.pool_headroom,
-                            holder: job.spec.uid.clone(),
                             holder_idx: idx,
                             until,
                             binds_lenders: drains,
@@ -1084,7 +1116,7 @@ impl Allocator {
                             available: short.available,
                             nominal: short.nominal,
                             used: short.used,
-                            held_for: held_for.clone(),
+                            held_for: held_for.and_then(|h| self.job_uid(h)),
                             holding_cohort_quota: holding,
                         });
                         if !holding {
@@ -1127,7 +1159,7 @@ impl Allocator {
                                 available,
                                 nominal,
                                 used,
-                                held_for: Some(h.holder.clone()),
+                                held_for: self.job_uid(h.holder_idx),
                                 holding_cohort_quota: false,
                             });
                             ctx.queue_hold_reasons.insert(key, r);
@@ -1287,20 +1319,22 @@ impl Allocator {
             (queue, res),
             QuotaHold {
                 units,
-                holder: job.spec.uid.clone(),
                 holder_idx: idx,
                 until: Some(until),
                 binds_lenders: false,
             },
         );
-        // Regrouped whole: an insert may reorder the map.
-        ctx.queue_holds_by_cohort.clear();
+        // Regrouped whole: an insert may reorder the map. Holds are only
+        // added within a cycle, so every group stays and keeps its buffer.
+        for group in ctx.queue_holds_by_cohort.values_mut() {
+            group.clear();
+        }
         for (&(holding, res), h) in &ctx.queue_holds {
             if let Some(cohort) = self.queues.get(holding).and_then(|q| q.cohort) {
                 ctx.queue_holds_by_cohort
                     .entry((cohort, res))
                     .or_default()
-                    .push((holding, h.clone()));
+                    .push((holding, *h));
             }
         }
         if !ctx.reserved_order.contains(&job.spec.uid) {
@@ -1400,7 +1434,7 @@ impl Allocator {
                 continue;
             }
             kept.units = kept.units.saturating_add(units);
-            kept.first_holder.get_or_insert_with(|| h.holder.clone());
+            kept.first_holder.get_or_insert(h.holder_idx);
             if let Some(until) = h.until {
                 keep_latest(&mut kept.latest_until, until.0);
             }
@@ -1907,8 +1941,8 @@ impl Allocator {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::{CycleCtx, LaneJob, LaneKey};
+pub(crate) mod tests {
+    use super::{CycleCtx, EarlyFailures, LaneJob, LaneKey};
     use crate::types::Timestamp;
     use crate::{
         Allocator, AllocatorConfig, BackfillPolicy, CycleOutcome, Event, FlavorQuota, JobSpec,
@@ -1917,10 +1951,10 @@ mod tests {
 
     /// A small deterministic generator (xorshift), so that each seed is one
     /// reproducible scenario.
-    struct Rng(u64);
+    pub(crate) struct Rng(pub(crate) u64);
 
     impl Rng {
-        fn below(&mut self, n: u64) -> u64 {
+        pub(crate) fn below(&mut self, n: u64) -> u64 {
             self.0 ^= self.0 << 13;
             self.0 ^= self.0 >> 7;
             self.0 ^= self.0 << 17;
@@ -1930,6 +1964,20 @@ mod tests {
         fn pick<T: Copy>(&mut self, from: &[T]) -> T {
             from[self.below(from.len() as u64) as usize]
         }
+    }
+
+    #[test]
+    fn an_early_failure_is_taken_once_and_only_by_its_job() {
+        let mut early = EarlyFailures::default();
+        early.insert(3, (7, true));
+        early.insert(200, (8, false));
+        // 131 and 8 share a word or a bit with job 3 or 200 without being them.
+        assert_eq!(early.take(131), None);
+        assert_eq!(early.take(8), None);
+        assert_eq!(early.take(10_000), None, "beyond every marked word");
+        assert_eq!(early.take(3), Some((7, true)));
+        assert_eq!(early.take(3), None, "taken once");
+        assert_eq!(early.take(200), Some((8, false)));
     }
 
     /// Two cohorts of three queues and a queue of its own, on 16 nodes of

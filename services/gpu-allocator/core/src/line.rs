@@ -131,29 +131,48 @@ impl QueueLine {
             }
             return;
         }
-        // Merge the runs: a few heads compared per job.
+        // Merge the runs. The run whose head is first goes on for as long as
+        // its jobs stay ahead of the runner-up's head, which does not move
+        // meanwhile: one comparison per job, and the heads are compared
+        // again only when the line switches runs.
+        let key = |run: &PriorityRun, e: &LineEntry| {
+            let effective = run.priority.saturating_add(boost(e.submitted_at));
+            ((std::cmp::Reverse(effective), e.arrival()), effective)
+        };
         let mut next = vec![0usize; self.runs.len()];
         loop {
-            let mut best: Option<(usize, i32, &LineEntry)> = None;
+            let mut first: Option<(usize, _)> = None;
+            let mut runner_up = None;
             for (r, run) in self.runs.iter().enumerate() {
                 let Some(e) = next.get(r).and_then(|&i| run.jobs.get(i)) else {
                     continue;
                 };
-                let effective = run.priority.saturating_add(boost(e.submitted_at));
-                let ahead = best.is_none_or(|(_, p, b)| {
-                    (std::cmp::Reverse(effective), e.arrival())
-                        < (std::cmp::Reverse(p), b.arrival())
-                });
-                if ahead {
-                    best = Some((r, effective, e));
+                let (k, _) = key(run, e);
+                match first {
+                    Some((_, best)) if best < k => {
+                        if runner_up.is_none_or(|second| k < second) {
+                            runner_up = Some(k);
+                        }
+                    }
+                    _ => {
+                        runner_up = first.map(|(_, best)| best);
+                        first = Some((r, k));
+                    }
                 }
             }
-            let Some((r, effective, e)) = best else {
+            let Some((r, _)) = first else {
                 return;
             };
-            f(effective, e);
-            if let Some(i) = next.get_mut(r) {
-                *i += 1;
+            let (Some(run), Some(from)) = (self.runs.get(r), next.get_mut(r)) else {
+                return;
+            };
+            for e in run.jobs.get(*from..).unwrap_or_default() {
+                let (k, effective) = key(run, e);
+                if runner_up.is_some_and(|second| second < k) {
+                    break;
+                }
+                f(effective, e);
+                *from += 1;
             }
         }
     }
@@ -210,6 +229,40 @@ mod tests {
             order(&line, steep),
             vec![(0, 200), (3, 180), (1, 180), (2, 170), (4, 150)]
         );
+    }
+
+    #[test]
+    fn the_merge_gives_the_order_of_a_full_sort() {
+        for seed in 1..=200u64 {
+            let mut rng = crate::cycle::tests::Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mut line = QueueLine::default();
+            let mut all = Vec::new();
+            let priorities = [0, 1, 5, 100, -3];
+            let runs = 1 + rng.below(priorities.len() as u64) as usize;
+            for seq in 0..rng.below(60) {
+                let priority = priorities[rng.below(runs as u64) as usize];
+                let e = entry(seq as JobIdx, rng.below(5_000), seq);
+                line.insert(priority, e);
+                all.push((priority, e));
+            }
+            // Aging as configured: a step per interval, capped.
+            let (interval, step, cap) = (1 + rng.below(900), 1 + rng.below(20), rng.below(300));
+            let boost = |t: Timestamp| {
+                i32::try_from(((5_000 - t.0) / interval * step).min(cap)).unwrap_or(i32::MAX)
+            };
+            let mut expected: Vec<(JobIdx, i32)> = all
+                .iter()
+                .map(|(p, e)| (e.idx, p + boost(e.submitted_at)))
+                .collect();
+            expected.sort_by_key(|&(idx, effective)| {
+                let e = all
+                    .iter()
+                    .find(|(_, e)| e.idx == idx)
+                    .map(|(_, e)| e.arrival());
+                (std::cmp::Reverse(effective), e)
+            });
+            assert_eq!(order(&line, boost), expected, "seed {seed}");
+        }
     }
 
     #[test]
