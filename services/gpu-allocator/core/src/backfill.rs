@@ -128,6 +128,19 @@ fn book<T: Ord + Copy>(events: &mut Vec<T>, batch: &mut [T], booking: Booking) {
     }
 }
 
+/// Events a cycle's copy of a resource's releases has room for beyond the
+/// running jobs' (see `with_room`).
+const CYCLE_ROOM: usize = 1024;
+
+/// A cycle's copy of `len` release events, with room for those its
+/// admissions add: growing a copy of every running job's events at the
+/// cycle's first admission cost as much again as making it.
+pub(crate) fn with_room<T>(len: usize, events: impl Iterator<Item = T>) -> Vec<T> {
+    let mut copy = Vec::with_capacity(len + CYCLE_ROOM);
+    copy.extend(events);
+    copy
+}
+
 /// Inserts `batch` into sorted `events`, keeping them sorted. A gang's
 /// events go in with every element of `events` moved at most once: one
 /// insert per event moved the tail (tens of thousands of events) once per
@@ -238,11 +251,18 @@ impl Allocator {
     /// time order.
     pub(crate) fn release_timeline(&self, res: ResIdx, now: Timestamp) -> Timeline {
         self.releases.get(&res).map_or_else(Vec::new, |r| {
-            r.by_node
-                .iter()
-                .map(|&(end, node, units)| (end.max(now), node, units))
-                .collect()
+            with_room(
+                r.by_node.len(),
+                r.by_node
+                    .iter()
+                    .map(|&(end, node, units)| (end.max(now), node, units)),
+            )
         })
+    }
+
+    /// How many jobs run in `res`.
+    pub(crate) fn running_in(&self, res: ResIdx) -> usize {
+        self.releases.get(&res).map_or(0, |r| r.by_job.len())
     }
 
     /// `(end, units, queue)` of each job running in `res`, in time order,

@@ -163,10 +163,12 @@ pub(crate) struct CycleCtx {
     /// of the queue saw is valid while its epoch stays.
     quota_epochs: Vec<u64>,
     /// Jobs blocked by quota on every option, by (queue, shares GPUs,
-    /// units, hold ages) packed (`HoldAges::shape_key`), apart for jobs some
-    /// hold let through (`QuotaBlocked::PASSED_HOLDS`): another job of that
-    /// shape and those ages fails alike within the queue's epoch.
-    quota_blocked: FastMap<u128, QuotaBlocked>,
+    /// units, hold ages) packed (`HoldAges::shape_key`): the failure of a
+    /// job no hold let through, then that of one some holds let through
+    /// (`QuotaBlocked::passes_until`), each kept apart so that neither
+    /// overwrites the other. Another job of that shape and those ages fails
+    /// alike within the queue's epoch.
+    quota_blocked: FastMap<u128, [Option<QuotaBlocked>; 2]>,
     /// Every reason made this cycle, each once: failures name them by index
     /// (see `Pending::reason`). Handed to the outcome.
     reasons: Vec<Arc<PendingReason>>,
@@ -233,12 +235,6 @@ pub(crate) struct QuotaBlocked {
     /// ending by then through: a job ending later is held back more, so it
     /// is evaluated in full. `None`: no hold let it through.
     passes_until: Option<u64>,
-}
-
-impl QuotaBlocked {
-    /// Set in the key of a failure some holds let through (`passes_until`),
-    /// beside the shape (`HoldAges::shape_key`).
-    const PASSED_HOLDS: u128 = 1 << 99;
 }
 
 /// What the main pass needs of a job without touching it again, copied
@@ -753,10 +749,11 @@ impl Allocator {
         let epoch = ctx.quota_epoch(queue);
         // The failure of a job no hold let through, else that of one some
         // holds let through: each one stands for the jobs let through alike.
-        [key, key | QuotaBlocked::PASSED_HOLDS]
+        ctx.quota_blocked
+            .get(&key)?
             .iter()
-            .find_map(|key| {
-                let known = ctx.quota_blocked.get(key)?;
+            .flatten()
+            .find_map(|known| {
                 let exempt = shape.end != u64::MAX
                     && known.exempt_until.is_some_and(|until| shape.end <= until);
                 let passes_alike = known.passes_until.is_none_or(|until| shape.end <= until);
@@ -1216,21 +1213,20 @@ impl Allocator {
             .is_some_and(|t| t <= now.plus_secs(self.config.preemption.grace_period_secs));
         let can_preempt = !blocked_by_hold_only && !starts_soon;
         if alike {
-            ctx.quota_blocked.insert(
-                ages.shape_key(queue, sharing, units)
-                    | if passes_until.is_some() {
-                        QuotaBlocked::PASSED_HOLDS
-                    } else {
-                        0
-                    },
-                QuotaBlocked {
-                    epoch: ctx.quota_epoch(queue),
+            let epoch = ctx.quota_epoch(queue);
+            let known = ctx
+                .quota_blocked
+                .entry(ages.shape_key(queue, sharing, units))
+                .or_default();
+            if let Some(slot) = known.get_mut(usize::from(passes_until.is_some())) {
+                *slot = Some(QuotaBlocked {
+                    epoch,
                     reason,
                     can_preempt,
                     exempt_until,
                     passes_until,
-                },
-            );
+                });
+            }
         }
         Err((reason, can_preempt))
     }
@@ -1444,12 +1440,13 @@ impl Allocator {
 
     /// Expected releases of the jobs running in `res`, in time order.
     fn cohort_releases(&self, res: ResIdx, now: Timestamp) -> Vec<CohortRelease> {
-        self.job_releases_in(res, now)
-            .map(|(end, units, queue)| {
+        crate::backfill::with_room(
+            self.running_in(res),
+            self.job_releases_in(res, now).map(|(end, units, queue)| {
                 let cohort = self.queues.get(queue).and_then(|q| q.cohort);
                 (end, units, cohort, queue)
-            })
-            .collect()
+            }),
+        )
     }
 
     fn cohort_release(
