@@ -132,11 +132,11 @@ fn book<T: Ord + Copy>(events: &mut Vec<T>, batch: &mut [T], booking: Booking) {
 /// running jobs' (see `with_room`).
 const CYCLE_ROOM: usize = 1024;
 
-/// A cycle's copy of `len` release events, with room for those its
-/// admissions add: growing a copy of every running job's events at the
-/// cycle's first admission cost as much again as making it.
-pub(crate) fn with_room<T>(len: usize, events: impl Iterator<Item = T>) -> Vec<T> {
-    let mut copy = Vec::with_capacity(len + CYCLE_ROOM);
+/// A cycle's copy of release events, with room for those its admissions
+/// add: growing a copy of every running job's events at the cycle's first
+/// admission cost as much again as making it.
+pub(crate) fn with_room<T>(events: impl ExactSizeIterator<Item = T>) -> Vec<T> {
+    let mut copy = Vec::with_capacity(events.len() + CYCLE_ROOM);
     copy.extend(events);
     copy
 }
@@ -252,17 +252,11 @@ impl Allocator {
     pub(crate) fn release_timeline(&self, res: ResIdx, now: Timestamp) -> Timeline {
         self.releases.get(&res).map_or_else(Vec::new, |r| {
             with_room(
-                r.by_node.len(),
                 r.by_node
                     .iter()
                     .map(|&(end, node, units)| (end.max(now), node, units)),
             )
         })
-    }
-
-    /// How many jobs run in `res`.
-    pub(crate) fn running_in(&self, res: ResIdx) -> usize {
-        self.releases.get(&res).map_or(0, |r| r.by_job.len())
     }
 
     /// `(end, units, queue)` of each job running in `res`, in time order,
@@ -271,11 +265,11 @@ impl Allocator {
         &self,
         res: ResIdx,
         now: Timestamp,
-    ) -> impl Iterator<Item = (Timestamp, u64, QueueIdx)> + '_ {
+    ) -> impl ExactSizeIterator<Item = (Timestamp, u64, QueueIdx)> + '_ {
         self.releases
             .get(&res)
-            .into_iter()
-            .flat_map(move |r| r.by_job.iter())
+            .map_or(&[][..], |r| &r.by_job)
+            .iter()
             .map(move |&(end, units, queue)| (end.max(now), units, queue))
     }
 

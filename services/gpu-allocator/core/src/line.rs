@@ -125,12 +125,6 @@ impl QueueLine {
         boost: impl Fn(Timestamp) -> i32,
         mut f: impl FnMut(i32, &LineEntry),
     ) {
-        if let [run] = self.runs.as_slice() {
-            for e in &run.jobs {
-                f(run.priority.saturating_add(boost(e.submitted_at)), e);
-            }
-            return;
-        }
         // Merge the runs. The run whose head is first goes on for as long as
         // its jobs stay ahead of the runner-up's head, which does not move
         // meanwhile: one comparison per job, and the heads are compared
@@ -250,17 +244,21 @@ mod tests {
             let boost = |t: Timestamp| {
                 i32::try_from(((5_000 - t.0) / interval * step).min(cap)).unwrap_or(i32::MAX)
             };
-            let mut expected: Vec<(JobIdx, i32)> = all
+            let mut sorted: Vec<_> = all
                 .iter()
-                .map(|(p, e)| (e.idx, p + boost(e.submitted_at)))
+                .map(|(p, e)| {
+                    (
+                        std::cmp::Reverse(p + boost(e.submitted_at)),
+                        e.arrival(),
+                        e.idx,
+                    )
+                })
                 .collect();
-            expected.sort_by_key(|&(idx, effective)| {
-                let e = all
-                    .iter()
-                    .find(|(_, e)| e.idx == idx)
-                    .map(|(_, e)| e.arrival());
-                (std::cmp::Reverse(effective), e)
-            });
+            sorted.sort_unstable();
+            let expected: Vec<(JobIdx, i32)> = sorted
+                .into_iter()
+                .map(|(std::cmp::Reverse(effective), _, idx)| (idx, effective))
+                .collect();
             assert_eq!(order(&line, boost), expected, "seed {seed}");
         }
     }
