@@ -163,12 +163,13 @@ pub(crate) struct CycleCtx {
     /// of the queue saw is valid while its epoch stays.
     quota_epochs: Vec<u64>,
     /// Jobs blocked by quota on every option, by (queue, shares GPUs,
-    /// units, hold ages) packed (`HoldAges::shape_key`): the failure of a
-    /// job no hold let through, then that of one some holds let through
-    /// (`QuotaBlocked::passes_until`), each kept apart so that neither
-    /// overwrites the other. Another job of that shape and those ages fails
-    /// alike within the queue's epoch.
-    quota_blocked: FastMap<u128, [Option<QuotaBlocked>; 2]>,
+    /// units, hold ages) packed (`HoldAges::shape_key`): up to
+    /// `SHAPE_SLOTS` failures, each standing for the jobs whose estimated
+    /// end falls in its own span between the holds' times
+    /// (`QuotaBlocked::exempt_until` and `passes_until`). Another job of
+    /// that shape, those ages and an end in one of the spans fails alike
+    /// within the queue's epoch.
+    quota_blocked: FastMap<u128, [Option<QuotaBlocked>; SHAPE_SLOTS]>,
     /// Every reason made this cycle, each once: failures name them by index
     /// (see `Pending::reason`). Handed to the outcome.
     reasons: Vec<Arc<PendingReason>>,
@@ -221,6 +222,12 @@ pub(crate) struct KeptQuota {
     /// through lets jobs ending by then through.
     passed_until: Option<u64>,
 }
+
+/// Failures kept per shape (see `CycleCtx::quota_blocked`): two spans,
+/// jobs no hold lets through and jobs all of them do, are common; with
+/// four, jobs between holds' times find theirs too (a tenth fewer full
+/// evaluations on the gang-heavy benchmark; eight find barely more).
+pub(crate) const SHAPE_SLOTS: usize = 4;
 
 /// A quota failure on every option, reusable by jobs of the same shape.
 pub(crate) struct QuotaBlocked {
@@ -747,8 +754,7 @@ impl Allocator {
             .ages
             .shape_key(queue, shape.sharing, u64::from(shape.units));
         let epoch = ctx.quota_epoch(queue);
-        // The failure of a job no hold let through, else that of one some
-        // holds let through: each one stands for the jobs let through alike.
+        // Each failure stands for the jobs whose end falls in its span.
         ctx.quota_blocked
             .get(&key)?
             .iter()
@@ -1218,7 +1224,18 @@ impl Allocator {
                 .quota_blocked
                 .entry(ages.shape_key(queue, sharing, units))
                 .or_default();
-            if let Some(slot) = known.get_mut(usize::from(passes_until.is_some())) {
+            // The slot of a failure of the same span or a stale one, else
+            // the last.
+            let at = known
+                .iter()
+                .position(|k| {
+                    k.as_ref().is_none_or(|k| {
+                        k.epoch != epoch
+                            || (k.exempt_until, k.passes_until) == (exempt_until, passes_until)
+                    })
+                })
+                .unwrap_or(SHAPE_SLOTS - 1);
+            if let Some(slot) = known.get_mut(at) {
                 *slot = Some(QuotaBlocked {
                     epoch,
                     reason,
