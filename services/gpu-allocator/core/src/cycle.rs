@@ -152,7 +152,7 @@ pub(crate) struct CycleCtx {
     /// `queue_holds` by (the holding queue's cohort, resource), each group
     /// in the map's own order: what `kept_by_queue_holds` needs of the map,
     /// for each borrower checked, without walking all of it.
-    queue_holds_by_cohort: FastMap<(crate::queues::CohortIdx, ResIdx), Vec<(QueueIdx, QuotaHold)>>,
+    queue_holds_by_cohort: FastMap<(crate::queues::CohortIdx, ResIdx), Vec<CohortQueueHold>>,
     reservations: Reservations,
     /// Failures that may try preemption (blocked by quota or capacity), in
     /// line order: (slot in the pending explanations, job).
@@ -208,6 +208,18 @@ impl CycleCtx {
     fn shortfall(&self, idx: ReasonIdx) -> u64 {
         self.reason(idx).map_or(u64::MAX, PendingReason::shortfall)
     }
+}
+
+/// A queue hold as the other queues of its cohort see it (see
+/// `CycleCtx::queue_holds_by_cohort`).
+pub(crate) struct CohortQueueHold {
+    queue: QueueIdx,
+    hold: QuotaHold,
+    /// What it keeps from borrowers: the held units, up to what the queue
+    /// leaves unused of its nominal quota. Kept up to date as the queue
+    /// admits jobs (see `admit_in_cycle`), so that the borrowers checked
+    /// in between do not look the queue up each.
+    keeps: u64,
 }
 
 /// What other queues' holds keep from a borrower (see `kept_by_queue_holds`).
@@ -714,10 +726,14 @@ impl Allocator {
     ) {
         let res = plan.res;
         let cached = ctx.timelines.remove(&res);
-        if let Some(job) = self.job(idx) {
-            self.quota_changed(job.queue, ctx);
+        let queue = self.job(idx).map(|job| job.queue);
+        if let Some(queue) = queue {
+            self.quota_changed(queue, ctx);
         }
         self.admit(idx, plan, now, out);
+        if let Some(queue) = queue {
+            self.refresh_queue_hold(queue, res, ctx);
+        }
         // Updating a cached timeline in place gives the same sorted events
         // as rebuilding it from every running job, for a fraction of the cost.
         if let Some(mut timeline) = cached {
@@ -1347,7 +1363,11 @@ impl Allocator {
                 ctx.queue_holds_by_cohort
                     .entry((cohort, res))
                     .or_default()
-                    .push((holding, *h));
+                    .push(CohortQueueHold {
+                        queue: holding,
+                        hold: *h,
+                        keeps: h.units.min(self.unused_nominal(holding, res)),
+                    });
             }
         }
         if !ctx.reserved_order.contains(&job.spec.uid) {
@@ -1424,20 +1444,9 @@ impl Allocator {
         // The holds of the cohort's queues, in the order of a walk over
         // all holds (the first holder found is named).
         let holding = ctx.queue_holds_by_cohort.get(&(cohort, res));
-        for (queue, h) in holding.into_iter().flatten() {
-            let queue = *queue;
-            if queue == borrower {
-                continue;
-            }
-            let Some(q) = self.queues.get(queue) else {
-                continue;
-            };
-            let unused = q
-                .quota(res)
-                .map_or(0, |s| s.nominal)
-                .saturating_sub(q.usage(res));
-            let units = h.units.min(unused);
-            if units == 0 {
+        for held in holding.into_iter().flatten() {
+            let (h, units) = (&held.hold, held.keeps);
+            if held.queue == borrower || units == 0 {
                 continue;
             }
             if exempt(h) {
@@ -1453,6 +1462,33 @@ impl Allocator {
             }
         }
         kept
+    }
+
+    /// What `queue` leaves unused of its nominal quota of `res`.
+    fn unused_nominal(&self, queue: QueueIdx, res: ResIdx) -> u64 {
+        self.queues.get(queue).map_or(0, |q| {
+            q.quota(res)
+                .map_or(0, |s| s.nominal)
+                .saturating_sub(q.usage(res))
+        })
+    }
+
+    /// What the queue hold of `queue` in `res`, if any, keeps from the
+    /// other queues of its cohort, after its usage changed.
+    fn refresh_queue_hold(&self, queue: QueueIdx, res: ResIdx, ctx: &mut CycleCtx) {
+        if !ctx.queue_holds.contains_key(&(queue, res)) {
+            return;
+        }
+        let Some(cohort) = self.queues.get(queue).and_then(|q| q.cohort) else {
+            return;
+        };
+        let unused = self.unused_nominal(queue, res);
+        let group = ctx.queue_holds_by_cohort.get_mut(&(cohort, res));
+        for held in group.into_iter().flatten() {
+            if held.queue == queue {
+                held.keeps = held.hold.units.min(unused);
+            }
+        }
     }
 
     /// Expected releases of the jobs running in `res`, in time order.
@@ -2040,6 +2076,55 @@ pub(crate) mod tests {
             alloc.apply(Event::QueueUpserted(queue)).expect("queue");
         }
         alloc
+    }
+
+    /// What a queue hold keeps from its cohort's borrowers follows its
+    /// queue's admissions within the cycle: a job the holder lets through
+    /// uses some of the held nominal quota.
+    #[test]
+    fn a_queue_hold_keeps_only_what_its_queue_leaves_unused() {
+        let mut alloc = contested_cluster();
+        for (uid, queue, workers) in [
+            ("holder", "q0", 2),
+            ("small", "q0", 1),
+            ("borrower", "q1", 1),
+        ] {
+            let job = JobSpec {
+                uid: JobUid::new(uid),
+                namespace: "ml".into(),
+                name: uid.into(),
+                queue: Some(queue.into()),
+                submitted_at: Timestamp(0),
+                num_workers: workers,
+                gpus_per_worker: 8,
+                ..JobSpec::default()
+            };
+            alloc.apply(Event::JobSubmitted(job)).expect("job");
+        }
+        let idx = |alloc: &Allocator, uid: &str| alloc.job_idx(&JobUid::new(uid)).expect("job");
+        let (holder, small) = (idx(&alloc, "holder"), idx(&alloc, "small"));
+        let queue_of =
+            |alloc: &Allocator, uid: &str| alloc.job(idx(alloc, uid)).expect("job").queue;
+        let borrower = queue_of(&alloc, "borrower");
+        let cohort = alloc
+            .queues
+            .get(queue_of(&alloc, "holder"))
+            .and_then(|q| q.cohort)
+            .expect("cohort");
+        let res = *alloc.options_of(holder).first().expect("an option");
+        let now = Timestamp(3_600);
+        let mut ctx = CycleCtx::default();
+        // q0's nominal quota (16) kept whole for the holder.
+        alloc.hold_queue_quota(holder, Some((res, now.plus_secs(600))), None, now, &mut ctx);
+        let kept = |alloc: &Allocator, ctx: &CycleCtx| {
+            alloc
+                .kept_by_queue_holds(ctx, cohort, borrower, res, &|_| false)
+                .units
+        };
+        assert_eq!(kept(&alloc, &ctx), 16);
+        let plan = alloc.try_place(small, res, now, &mut ctx).expect("room");
+        alloc.admit_in_cycle(small, plan, now, &mut ctx, &mut CycleOutcome::default());
+        assert_eq!(kept(&alloc, &ctx), 8);
     }
 
     /// Everything a cycle decided, pending explanations resolved.
