@@ -235,9 +235,9 @@ pub(crate) struct KeptQuota {
     passed_until: Option<u64>,
 }
 
-/// Failures kept per shape (see `CycleCtx::quota_blocked`): two spans,
-/// jobs no hold lets through and jobs all of them do, are common; with
-/// four, jobs between holds' times find theirs too (a tenth fewer full
+/// Failures kept per shape (see `CycleCtx::quota_blocked`). Two spans are
+/// common, jobs that no hold lets through and jobs that some do; with four,
+/// jobs between two holds' times find theirs too (a tenth fewer full
 /// evaluations on the gang-heavy benchmark; eight find barely more).
 pub(crate) const SHAPE_SLOTS: usize = 4;
 
@@ -1473,8 +1473,8 @@ impl Allocator {
         })
     }
 
-    /// What the queue hold of `queue` in `res`, if any, keeps from the
-    /// other queues of its cohort, after its usage changed.
+    /// Brings up to date what the queue hold of `queue` in `res`, if any,
+    /// keeps from the other queues of its cohort, after its usage changed.
     fn refresh_queue_hold(&self, queue: QueueIdx, res: ResIdx, ctx: &mut CycleCtx) {
         if !ctx.queue_holds.contains_key(&(queue, res)) {
             return;
