@@ -470,6 +470,11 @@ struct Report {
     first_cycle_admissions_per_sec: f64,
     admissions: u64,
     admissions_per_sec: f64,
+    /// The cycles' CPU time, percentiles and admissions per CPU-second:
+    /// what the cycle costs whatever else the machine runs.
+    cycle_cpu_p50_ms: f64,
+    cycle_cpu_p99_ms: f64,
+    admissions_per_cpu_sec: f64,
     steady_allocation_ratio: f64,
     /// GPUs bound to pods of gangs that cannot run yet (Kueue-like only).
     bound_idle_ratio: f64,
@@ -499,6 +504,41 @@ struct Report {
     decisions_digest: Option<String>,
 }
 
+/// Times one cycle on the wall clock and on the thread's CPU clock. On a
+/// shared machine the wall clock also counts the time other processes had
+/// the core; the CPU clock counts only the cycle's own.
+struct CycleTimer {
+    wall: Instant,
+    cpu: Duration,
+}
+
+impl CycleTimer {
+    fn start() -> Self {
+        CycleTimer {
+            wall: Instant::now(),
+            cpu: thread_cpu(),
+        }
+    }
+
+    /// Milliseconds since `start`: (wall clock, CPU time).
+    fn stop(self) -> (f64, f64) {
+        let cpu = thread_cpu().saturating_sub(self.cpu);
+        (
+            self.wall.elapsed().as_secs_f64() * 1000.0,
+            cpu.as_secs_f64() * 1000.0,
+        )
+    }
+}
+
+/// CPU time this thread has run.
+fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(
+        u64::try_from(t.tv_sec).unwrap_or(0),
+        u32::try_from(t.tv_nsec).unwrap_or(0),
+    )
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -522,6 +562,8 @@ struct Sim {
     finishes: BinaryHeap<Reverse<(u64, usize, u32)>>,
     next_job: usize,
     cycle_ms: Vec<f64>,
+    /// Each cycle's CPU time (see `CycleTimer`).
+    cycle_cpu_ms: Vec<f64>,
     admissions: u64,
     alloc_samples: Vec<f64>,
     big_waits_min: Vec<f64>,
@@ -548,6 +590,7 @@ impl Sim {
             finishes: BinaryHeap::new(),
             next_job: 0,
             cycle_ms: Vec::new(),
+            cycle_cpu_ms: Vec::new(),
             admissions: 0,
             alloc_samples: Vec::new(),
             big_waits_min: Vec::new(),
@@ -558,6 +601,16 @@ impl Sim {
             preemption_attempts: 0,
             reservations: 0,
             first_cycle: (0.0, 0),
+        }
+    }
+
+    /// Records cycle `step`, timed by `timer`, which admitted `admitted` jobs.
+    fn cycle_timed(&mut self, step: usize, timer: CycleTimer, admitted: u64) {
+        let (wall_ms, cpu_ms) = timer.stop();
+        self.cycle_ms.push(wall_ms);
+        self.cycle_cpu_ms.push(cpu_ms);
+        if step == 0 {
+            self.first_cycle = (wall_ms, admitted);
         }
     }
 
@@ -639,6 +692,16 @@ impl Sim {
         let mut sorted = self.cycle_ms.clone();
         sorted.sort_by(f64::total_cmp);
         let total_ms: f64 = self.cycle_ms.iter().sum();
+        let mut cpu_sorted = self.cycle_cpu_ms.clone();
+        cpu_sorted.sort_by(f64::total_cmp);
+        let total_cpu_ms: f64 = self.cycle_cpu_ms.iter().sum();
+        let per_sec = |ms: f64| {
+            if ms > 0.0 {
+                self.admissions as f64 / (ms / 1000.0)
+            } else {
+                0.0
+            }
+        };
         let mut waits = self.big_waits_min.clone();
         waits.sort_by(f64::total_cmp);
         let steady: Vec<f64> = self.alloc_samples.clone();
@@ -656,11 +719,10 @@ impl Sim {
                 0.0
             },
             admissions: self.admissions,
-            admissions_per_sec: if total_ms > 0.0 {
-                self.admissions as f64 / (total_ms / 1000.0)
-            } else {
-                0.0
-            },
+            admissions_per_sec: per_sec(total_ms),
+            cycle_cpu_p50_ms: percentile(&cpu_sorted, 0.50),
+            cycle_cpu_p99_ms: percentile(&cpu_sorted, 0.99),
+            admissions_per_cpu_sec: per_sec(total_cpu_ms),
             bound_idle_ratio: 0.0,
             steady_allocation_ratio: if steady.is_empty() {
                 0.0
@@ -733,13 +795,9 @@ fn run_allocator(stream: &[SimJob], args: &Args) -> Result<Report, String> {
             sim.next_job += 1;
             pending += 1;
         }
-        let t0 = Instant::now();
+        let timer = CycleTimer::start();
         let outcome = alloc.cycle(Timestamp(now));
-        let ms = t0.elapsed().as_secs_f64() * 1000.0;
-        sim.cycle_ms.push(ms);
-        if step == 0 {
-            sim.first_cycle = (ms, outcome.admissions.len() as u64);
-        }
+        sim.cycle_timed(step, timer, outcome.admissions.len() as u64);
         if let Some(digest) = digest.as_mut() {
             digest.add(&alloc, &outcome);
         }
@@ -974,7 +1032,7 @@ fn run_fifo(stream: &[SimJob], args: &Args, baseline: Baseline) -> Report {
             queue.push_back(sim.next_job);
             sim.next_job += 1;
         }
-        let t0 = Instant::now();
+        let timer = CycleTimer::start();
         let mut admitted = 0u64;
         let mut kept: VecDeque<usize> = VecDeque::with_capacity(queue.len());
         while let Some(idx) = queue.pop_front() {
@@ -995,11 +1053,7 @@ fn run_fifo(stream: &[SimJob], args: &Args, baseline: Baseline) -> Report {
         }
         kept.extend(queue.drain(..));
         queue = kept;
-        let ms = t0.elapsed().as_secs_f64() * 1000.0;
-        sim.cycle_ms.push(ms);
-        if step == 0 {
-            sim.first_cycle = (ms, admitted);
-        }
+        sim.cycle_timed(step, timer, admitted);
         if now >= args.warmup_secs {
             sim.alloc_samples.push(sim.allocated / total_gpus);
         }
@@ -1063,7 +1117,7 @@ fn run_quota_fifo(stream: &[SimJob], args: &Args, spread: bool) -> Report {
             queue.push_back(sim.next_job);
             sim.next_job += 1;
         }
-        let t0 = Instant::now();
+        let timer = CycleTimer::start();
         let mut admitted = 0u64;
         queue.retain(|&idx| {
             let job = &stream[idx];
@@ -1106,11 +1160,7 @@ fn run_quota_fifo(stream: &[SimJob], args: &Args, spread: bool) -> Report {
             sim.started(idx, job, now);
             false
         });
-        let ms = t0.elapsed().as_secs_f64() * 1000.0;
-        sim.cycle_ms.push(ms);
-        if step == 0 {
-            sim.first_cycle = (ms, admitted);
-        }
+        sim.cycle_timed(step, timer, admitted);
         if now >= args.warmup_secs {
             sim.alloc_samples.push(sim.allocated / total_gpus);
             let idle: f64 = binding
@@ -1174,7 +1224,7 @@ fn run_mix(args: &Args, mix: MixName) -> Result<(), String> {
     let kueue_spread = run_quota_fifo(&stream, args, true);
 
     println!(
-        "steady state: admits/s = admissions / total cycle time; alloc % = allocated GPU-equivalents / {} GPUs \
+        "steady state: admits/s = admissions / total cycle time (wall clock); per CPU-s = admissions / the cycles' CPU time (thread clock, without other processes' time on the core); alloc % = allocated GPU-equivalents / {} GPUs \
          averaged over cycles after warm-up; lost GPU-h = work of evicted jobs, which start over; \
          big gangs = jobs of >= 64 GPUs; > nominal = jobs with more GPUs than their queue's nominal quota",
         total_gpus()
@@ -1200,13 +1250,14 @@ fn run_mix(args: &Args, mix: MixName) -> Result<(), String> {
         args.warmup_secs
     );
     println!(
-        "{:<36} {:>6} {:>8} {:>8} {:>8} {:>10} {:>8} {:>8} {:>10} {:>17} {:>14} {:>17}",
+        "{:<36} {:>6} {:>8} {:>8} {:>8} {:>10} {:>10} {:>8} {:>8} {:>10} {:>17} {:>14} {:>17}",
         "policy",
         "cycles",
         "p50 ms",
         "p99 ms",
         "max ms",
         "admits/s",
+        "per CPU-s",
         "alloc %",
         "preempt",
         "lost GPU-h",
@@ -1216,13 +1267,14 @@ fn run_mix(args: &Args, mix: MixName) -> Result<(), String> {
     );
     for r in [&ours, &strict, &greedy, &spread, &kueue, &kueue_spread] {
         println!(
-            "{:<36} {:>6} {:>8.3} {:>8.3} {:>8.3} {:>10.0} {:>8.1} {:>8} {:>10.0} {:>8}/{:<8} {:>9.0} min {:>8}/{:<8}",
+            "{:<36} {:>6} {:>8.3} {:>8.3} {:>8.3} {:>10.0} {:>10.0} {:>8.1} {:>8} {:>10.0} {:>8}/{:<8} {:>9.0} min {:>8}/{:<8}",
             r.policy,
             r.cycles,
             r.cycle_p50_ms,
             r.cycle_p99_ms,
             r.cycle_max_ms,
             r.admissions_per_sec,
+            r.admissions_per_cpu_sec,
             r.steady_allocation_ratio * 100.0,
             r.preemptions,
             r.evicted_gpu_hours,
