@@ -808,6 +808,7 @@ impl Allocator {
         let mut waiting: Vec<u32> = vec![0; self.queues.queues.len()];
         let in_line: usize = lanes.iter().map(|l| l.jobs.len()).sum();
         out.pending.reserve(in_line);
+        ctx.may_preempt.reserve(in_line);
         let mut options = Vec::new();
         let mut current = heap.pop();
         while let Some(key) = current.take() {

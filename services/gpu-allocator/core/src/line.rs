@@ -12,6 +12,11 @@
 //! does not touch the job table; `Allocator::list` and `Allocator::unlist`
 //! are the only writers, called wherever a job becomes or stops being pending
 //! or its spec changes.
+//!
+//! Admitted jobs leave a run near its front, so taking each one out at once
+//! moved the rest of the run (thousands of entries) every time. A removed
+//! entry is only marked, and the run drops its marked entries in one pass
+//! once they are an eighth of it.
 
 use crate::allocator::Job;
 use crate::inventory::JobIdx;
@@ -28,6 +33,8 @@ pub(crate) struct LineEntry {
     pub(crate) allow_gpu_sharing: bool,
     /// Asks for a GPU-memory slice (MIG) rather than whole or shared GPUs.
     pub(crate) sliced: bool,
+    /// False once removed from its line, until the run drops it.
+    pub(crate) listed: bool,
 }
 
 impl LineEntry {
@@ -40,6 +47,7 @@ impl LineEntry {
             runtime_estimate_secs: job.spec.runtime_estimate_secs,
             allow_gpu_sharing: job.spec.allow_gpu_sharing,
             sliced: job.spec.gpu_slice.is_some(),
+            listed: true,
         }
     }
 
@@ -48,11 +56,19 @@ impl LineEntry {
     }
 }
 
-/// The pending jobs of one base priority, by (submission time, arrival).
+/// The pending jobs of one base priority, by (submission time, arrival),
+/// among `removed` entries no longer listed.
 #[derive(Debug)]
 struct PriorityRun {
     priority: i32,
     jobs: Vec<LineEntry>,
+    removed: usize,
+}
+
+impl PriorityRun {
+    fn listed(&self) -> usize {
+        self.jobs.len() - self.removed
+    }
 }
 
 /// One queue's pending jobs: a run per base priority, highest first.
@@ -77,6 +93,7 @@ impl QueueLine {
                     PriorityRun {
                         priority,
                         jobs: Vec::new(),
+                        removed: 0,
                     },
                 );
                 at
@@ -84,7 +101,19 @@ impl QueueLine {
         };
         if let Some(run) = self.runs.get_mut(at) {
             let pos = run.jobs.partition_point(|e| e.arrival() < entry.arrival());
-            run.jobs.insert(pos, entry);
+            let entry = LineEntry {
+                listed: true,
+                ..entry
+            };
+            // A job listed again (requeued) takes back its removed entry:
+            // arrivals are unique, so no other job has that place.
+            match run.jobs.get_mut(pos) {
+                Some(slot) if !slot.listed && slot.arrival() == entry.arrival() => {
+                    *slot = entry;
+                    run.removed -= 1;
+                }
+                _ => run.jobs.insert(pos, entry),
+            }
         }
     }
 
@@ -97,25 +126,32 @@ impl QueueLine {
             return;
         };
         let pos = run.jobs.partition_point(|e| e.arrival() < entry.arrival());
-        if run.jobs.get(pos).is_none_or(|e| e.idx != entry.idx) {
-            return;
+        match run.jobs.get_mut(pos) {
+            Some(slot) if slot.listed && slot.idx == entry.idx => slot.listed = false,
+            _ => return,
         }
-        run.jobs.remove(pos);
-        if run.jobs.is_empty() {
+        run.removed += 1;
+        if run.listed() == 0 {
             self.runs.remove(at);
+        } else if run.removed * 8 >= run.jobs.len() {
+            run.jobs.retain(|e| e.listed);
+            run.removed = 0;
         }
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.runs.iter().map(|r| r.jobs.len()).sum()
+        self.runs.iter().map(PriorityRun::listed).sum()
     }
 
     /// Every entry with its base priority, run by run.
     #[cfg(test)]
     pub(crate) fn entries(&self) -> impl Iterator<Item = (i32, &LineEntry)> {
-        self.runs
-            .iter()
-            .flat_map(|r| r.jobs.iter().map(move |e| (r.priority, e)))
+        self.runs.iter().flat_map(|r| {
+            r.jobs
+                .iter()
+                .filter(|e| e.listed)
+                .map(move |e| (r.priority, e))
+        })
     }
 
     /// Calls `f` with each entry and its effective priority (its base
@@ -137,8 +173,10 @@ impl QueueLine {
         loop {
             let mut first: Option<(usize, _)> = None;
             let mut runner_up = None;
-            for (r, run) in self.runs.iter().enumerate() {
-                let Some(e) = next.get(r).and_then(|&i| run.jobs.get(i)) else {
+            for (r, (run, from)) in self.runs.iter().zip(&mut next).enumerate() {
+                let unlisted = run.jobs.get(*from..).unwrap_or_default();
+                *from += unlisted.iter().take_while(|e| !e.listed).count();
+                let Some(e) = run.jobs.get(*from) else {
                     continue;
                 };
                 let (k, _) = key(run, e);
@@ -161,6 +199,10 @@ impl QueueLine {
                 return;
             };
             for e in run.jobs.get(*from..).unwrap_or_default() {
+                if !e.listed {
+                    *from += 1;
+                    continue;
+                }
                 let (k, effective) = key(run, e);
                 if runner_up.is_some_and(|second| second < k) {
                     break;
@@ -185,6 +227,7 @@ mod tests {
             runtime_estimate_secs: None,
             allow_gpu_sharing: false,
             sliced: false,
+            listed: true,
         }
     }
 
@@ -261,6 +304,34 @@ mod tests {
                 .collect();
             assert_eq!(order(&line, boost), expected, "seed {seed}");
         }
+    }
+
+    #[test]
+    fn removed_entries_leave_the_order_and_a_relisted_job_gets_its_place_back() {
+        let mut line = QueueLine::default();
+        for seq in 0..20u64 {
+            line.insert(0, entry(seq as JobIdx, 100 + seq, seq));
+        }
+        // Fewer than an eighth: marked, not yet dropped.
+        line.remove(0, &entry(0, 100, 0));
+        line.remove(0, &entry(5, 105, 5));
+        assert_eq!(line.len(), 18);
+        assert_eq!(line.runs.first().map(|r| r.jobs.len()), Some(20));
+        let ids = |line: &QueueLine| -> Vec<JobIdx> {
+            order(line, |_| 0).into_iter().map(|(i, _)| i).collect()
+        };
+        assert!(!ids(&line).contains(&0) && !ids(&line).contains(&5));
+        // Requeued: back in its place, in the entry it left.
+        line.insert(0, entry(5, 105, 5));
+        assert_eq!(line.len(), 19);
+        assert_eq!(line.runs.first().map(|r| r.jobs.len()), Some(20));
+        assert_eq!(ids(&line).get(4), Some(&5));
+        // An eighth removed (3 of 20): the run drops them.
+        line.remove(0, &entry(1, 101, 1));
+        line.remove(0, &entry(2, 102, 2));
+        assert_eq!(line.runs.first().map(|r| r.jobs.len()), Some(17));
+        assert_eq!(line.len(), 17);
+        assert_eq!(ids(&line), (3..20).collect::<Vec<_>>());
     }
 
     #[test]
