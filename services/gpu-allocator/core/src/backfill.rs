@@ -109,9 +109,118 @@ pub(crate) struct Reservation {
 #[derive(Debug, Default)]
 pub(crate) struct ReleaseBook {
     /// `(end, node, units)` per node of each running job.
-    by_node: Vec<(Timestamp, NodeIdx, u32)>,
+    by_node: EventBag<(Timestamp, NodeIdx, u32)>,
     /// `(end, units, queue)` per running job.
-    by_job: Vec<(Timestamp, u64, QueueIdx)>,
+    by_job: EventBag<(Timestamp, u64, QueueIdx)>,
+}
+
+/// Events in order, repeats kept. A start or stop goes into a small sorted
+/// buffer of events added or removed, merged into the rest when read (every
+/// read copies anyway) and into the rest itself once the buffers reach a
+/// sixteenth of it. In one sorted vector each start or stop moved every
+/// later event (tens of thousands), dozens of times a cycle.
+#[derive(Debug)]
+struct EventBag<T> {
+    settled: Vec<T>,
+    added: Vec<T>,
+    /// Events of `settled` taken out.
+    removed: Vec<T>,
+}
+
+impl<T> Default for EventBag<T> {
+    fn default() -> Self {
+        EventBag {
+            settled: Vec::new(),
+            added: Vec::new(),
+            removed: Vec::new(),
+        }
+    }
+}
+
+/// Buffered changes that always wait for a read, however small the bag.
+const BAG_BUFFER_MIN: usize = 64;
+
+impl<T: Ord + Copy> EventBag<T> {
+    fn book(&mut self, event: T, booking: Booking) {
+        // A buffered change of the other kind is undone first: adding back
+        // an event removed since the last settling, or removing one added
+        // since. An event that is not there is not removed.
+        match booking {
+            Booking::Add => match self.removed.binary_search(&event) {
+                Ok(at) => {
+                    self.removed.remove(at);
+                }
+                Err(_) => insert_one(&mut self.added, event),
+            },
+            Booking::Remove => match self.added.binary_search(&event) {
+                Ok(at) => {
+                    self.added.remove(at);
+                }
+                Err(_) if count(&self.settled, &event) > count(&self.removed, &event) => {
+                    insert_one(&mut self.removed, event);
+                }
+                Err(_) => {}
+            },
+        }
+        if self.added.len() + self.removed.len() > BAG_BUFFER_MIN.max(self.settled.len() / 16) {
+            let mut settled = Vec::with_capacity(self.len());
+            self.merged(|e| settled.push(e));
+            self.settled = settled;
+            self.added.clear();
+            self.removed.clear();
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.settled.len() + self.added.len() - self.removed.len()
+    }
+
+    /// Calls `each` with the events in order: the settled ones a stretch
+    /// at a time, between the places of the buffered changes.
+    fn merged(&self, mut each: impl FnMut(T)) {
+        let (mut rest, mut added, mut removed) =
+            (&self.settled[..], &self.added[..], &self.removed[..]);
+        loop {
+            let added_first = match (added.first(), removed.first()) {
+                (Some(a), Some(r)) => a <= r,
+                (a, _) => a.is_some(),
+            };
+            if let (true, Some((&a, more))) = (added_first, added.split_first()) {
+                let (before, after) = rest.split_at(rest.partition_point(|e| *e <= a));
+                before.iter().copied().for_each(&mut each);
+                each(a);
+                (rest, added) = (after, more);
+            } else if let Some((&r, more)) = removed.split_first() {
+                let (before, after) = rest.split_at(rest.partition_point(|e| *e < r));
+                before.iter().copied().for_each(&mut each);
+                rest = after.strip_prefix(&[r]).unwrap_or(after);
+                removed = more;
+            } else {
+                rest.iter().copied().for_each(each);
+                return;
+            }
+        }
+    }
+
+    /// The events in order, mapped by `f`: a cycle's copy, with room for
+    /// the events its admissions add (growing a copy of every running job's
+    /// events at the cycle's first admission cost as much again as making
+    /// it).
+    fn copy_with_room<U>(&self, f: impl Fn(T) -> U) -> Vec<U> {
+        let mut copy = Vec::with_capacity(self.len() + CYCLE_ROOM);
+        self.merged(|e| copy.push(f(e)));
+        copy
+    }
+}
+
+fn insert_one<T: Ord>(sorted: &mut Vec<T>, event: T) {
+    let at = sorted.partition_point(|e| *e < event);
+    sorted.insert(at, event);
+}
+
+/// How many times `event` is in `sorted`.
+fn count<T: Ord>(sorted: &[T], event: &T) -> usize {
+    sorted.partition_point(|e| e <= event) - sorted.partition_point(|e| e < event)
 }
 
 /// Whether a job's releases join or leave its resource's book.
@@ -121,25 +230,9 @@ pub(crate) enum Booking {
     Remove,
 }
 
-fn book<T: Ord + Copy>(events: &mut Vec<T>, batch: &mut [T], booking: Booking) {
-    match booking {
-        Booking::Add => insert_sorted(events, batch),
-        Booking::Remove => remove_sorted(events, batch),
-    }
-}
-
 /// Events a cycle's copy of a resource's releases has room for beyond the
-/// running jobs' (see `with_room`).
+/// running jobs' (see `EventBag::copy_with_room`).
 const CYCLE_ROOM: usize = 1024;
-
-/// A cycle's copy of release events, with room for those its admissions
-/// add: growing a copy of every running job's events at the cycle's first
-/// admission cost as much again as making it.
-pub(crate) fn with_room<T>(events: impl ExactSizeIterator<Item = T>) -> Vec<T> {
-    let mut copy = Vec::with_capacity(events.len() + CYCLE_ROOM);
-    copy.extend(events);
-    copy
-}
 
 /// Inserts `batch` into sorted `events`, keeping them sorted. A gang's
 /// events go in with every element of `events` moved at most once: one
@@ -163,25 +256,6 @@ pub(crate) fn insert_sorted<T: Ord + Copy>(events: &mut Vec<T>, batch: &mut [T])
         }
         end = at;
     }
-}
-
-/// Removes one element equal to each of `batch` (distinct events, one per
-/// node) from sorted `events`, moving each remaining element at most once.
-fn remove_sorted<T: Ord + Copy>(events: &mut Vec<T>, batch: &[T]) {
-    let mut found: Vec<usize> = batch
-        .iter()
-        .filter_map(|e| events.binary_search(e).ok())
-        .collect();
-    found.sort_unstable();
-    found.dedup();
-    let Some(&first) = found.first() else { return };
-    let mut write = first;
-    for (n, &at) in found.iter().enumerate() {
-        let next = found.get(n + 1).copied().unwrap_or(events.len());
-        events.copy_within(at + 1..next, write);
-        write += next - at - 1;
-    }
-    events.truncate(write);
 }
 
 /// When a running job is expected to release its units, before the cycle's
@@ -217,15 +291,14 @@ impl Allocator {
         };
         let Some(run) = job.running() else { return };
         let end = planned_end(&self.config, job, run);
-        let mut by_node: Vec<(Timestamp, NodeIdx, u32)> = run
-            .placement
-            .iter()
-            .map(|(node, workers)| (end, *node, workers.saturating_mul(run.per_worker)))
-            .collect();
-        let by_job = (end, run.admission.total_units(), job.queue);
         let releases = self.releases.entry(run.res).or_default();
-        book(&mut releases.by_node, &mut by_node, booking);
-        book(&mut releases.by_job, &mut [by_job], booking);
+        for (node, workers) in &run.placement {
+            let units = workers.saturating_mul(run.per_worker);
+            releases.by_node.book((end, *node, units), booking);
+        }
+        releases
+            .by_job
+            .book((end, run.admission.total_units(), job.queue), booking);
     }
 
     /// Changes the preemption state of running job `idx`, keeping its
@@ -251,26 +324,23 @@ impl Allocator {
     /// time order.
     pub(crate) fn release_timeline(&self, res: ResIdx, now: Timestamp) -> Timeline {
         self.releases.get(&res).map_or_else(Vec::new, |r| {
-            with_room(
-                r.by_node
-                    .iter()
-                    .map(|&(end, node, units)| (end.max(now), node, units)),
-            )
+            r.by_node
+                .copy_with_room(|(end, node, units)| (end.max(now), node, units))
         })
     }
 
     /// `(end, units, queue)` of each job running in `res`, in time order,
     /// ends raised to `now`.
-    pub(crate) fn job_releases_in(
+    pub(crate) fn job_releases_in<U>(
         &self,
         res: ResIdx,
         now: Timestamp,
-    ) -> impl ExactSizeIterator<Item = (Timestamp, u64, QueueIdx)> + '_ {
-        self.releases
-            .get(&res)
-            .map_or(&[][..], |r| &r.by_job)
-            .iter()
-            .map(move |&(end, units, queue)| (end.max(now), units, queue))
+        f: impl Fn((Timestamp, u64, QueueIdx)) -> U,
+    ) -> Vec<U> {
+        self.releases.get(&res).map_or_else(Vec::new, |r| {
+            r.by_job
+                .copy_with_room(|(end, units, queue)| f((end.max(now), units, queue)))
+        })
     }
 
     /// Calls `each` with the release events `(end, node, units)` of one job,
@@ -444,16 +514,19 @@ pub(crate) mod tests {
             let releases = books.entry(run.res).or_default();
             for (node, workers) in &run.placement {
                 let units = workers * run.per_worker;
-                releases.by_node.push((end, *node, units));
+                releases.by_node.book((end, *node, units), Booking::Add);
             }
             let units = run.admission.total_units();
-            releases.by_job.push((end, units, job.queue));
-        }
-        for releases in books.values_mut() {
-            releases.by_node.sort_unstable();
-            releases.by_job.sort_unstable();
+            releases.by_job.book((end, units, job.queue), Booking::Add);
         }
         books
+    }
+
+    /// A bag's events in order, checked against its count.
+    fn listed<T: Ord + Copy>(bag: &EventBag<T>) -> Vec<T> {
+        let events = bag.copy_with_room(|e| e);
+        assert_eq!(events.len(), bag.len());
+        events
     }
 
     fn assert_booked(alloc: &Allocator) {
@@ -461,12 +534,12 @@ pub(crate) mod tests {
         for (res, releases) in &alloc.releases {
             let want = expected.get(res);
             assert_eq!(
-                releases.by_node,
-                want.map(|w| w.by_node.clone()).unwrap_or_default()
+                listed(&releases.by_node),
+                want.map(|w| listed(&w.by_node)).unwrap_or_default()
             );
             assert_eq!(
-                releases.by_job,
-                want.map(|w| w.by_job.clone()).unwrap_or_default()
+                listed(&releases.by_job),
+                want.map(|w| listed(&w.by_job)).unwrap_or_default()
             );
         }
         assert!(expected.keys().all(|res| alloc.releases.contains_key(res)));
@@ -552,7 +625,7 @@ pub(crate) mod tests {
         alloc.cycle(Timestamp(40));
         assert_booked(&alloc);
         assert!(
-            alloc.releases.values().any(|r| !r.by_job.is_empty()),
+            alloc.releases.values().any(|r| r.by_job.len() > 0),
             "jobs still run"
         );
     }
@@ -650,7 +723,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn batched_booking_matches_one_event_at_a_time() {
+    fn an_event_bag_holds_what_one_sorted_vector_would() {
         // A small LCG: many batches, events with repeats among the booked ones.
         let mut state = 7u64;
         let mut next = |bound: u64| {
@@ -659,39 +732,63 @@ pub(crate) mod tests {
                 .wrapping_add(1_442_695_040_888_963_407);
             (state >> 33) % bound
         };
-        let mut batched: Vec<(u64, u32)> = Vec::new();
+        let mut bag: EventBag<(u64, u32)> = EventBag::default();
         let mut single: Vec<(u64, u32)> = Vec::new();
         let mut booked: Vec<Vec<(u64, u32)>> = Vec::new();
-        for round in 0..400 {
+        let mut settlings = 0;
+        for round in 0..600 {
             if round % 3 == 2 && !booked.is_empty() {
-                let mut gone = booked.swap_remove(next(booked.len() as u64) as usize);
+                let gone = booked.swap_remove(next(booked.len() as u64) as usize);
                 for e in &gone {
                     if let Ok(at) = single.binary_search(e) {
                         single.remove(at);
                     }
+                    bag.book(*e, Booking::Remove);
                 }
-                book(&mut batched, &mut gone, Booking::Remove);
+            } else if round % 5 == 4 && !booked.is_empty() {
+                // A new expected end: out and back in, as `update_preempting`.
+                let again = booked.get(next(booked.len() as u64) as usize).cloned();
+                for e in again.unwrap_or_default() {
+                    bag.book(e, Booking::Remove);
+                    bag.book(e, Booking::Add);
+                }
             } else {
                 // One event per node: distinct within the batch.
                 let end = next(20);
                 let mut nodes: Vec<u32> = (0..1 + next(12)).map(|_| next(40) as u32).collect();
                 nodes.sort_unstable();
                 nodes.dedup();
-                let mut batch: Vec<(u64, u32)> =
-                    nodes.into_iter().rev().map(|n| (end, n)).collect();
-                for e in &batch {
-                    let at = single.partition_point(|x| x < e);
-                    single.insert(at, *e);
+                for n in nodes {
+                    let at = single.partition_point(|x| *x < (end, n));
+                    single.insert(at, (end, n));
+                    bag.book((end, n), Booking::Add);
+                    booked.push(vec![(end, n)]);
                 }
-                booked.push(batch.clone());
-                book(&mut batched, &mut batch, Booking::Add);
             }
-            assert_eq!(batched, single, "round {round}");
+            if bag.added.is_empty() && bag.removed.is_empty() {
+                settlings += 1;
+            }
+            assert_eq!(listed(&bag), single, "round {round}");
         }
+        // Removing an event that is not there changes nothing.
+        let before = listed(&bag);
+        bag.book((99, 99), Booking::Remove);
+        if let Some(&first) = before.first() {
+            for _ in 0..=count(&before, &first) {
+                bag.book(first, Booking::Remove);
+            }
+        }
+        let first_gone: Vec<_> = before
+            .iter()
+            .filter(|e| Some(*e) != before.first())
+            .copied()
+            .collect();
+        assert_eq!(listed(&bag), first_gone);
         assert!(
-            batched.windows(2).any(|w| w[0] == w[1]),
+            single.windows(2).any(|w| w[0] == w[1]),
             "repeats were booked"
         );
+        assert!(settlings > 3, "the buffers were settled ({settlings})");
     }
 
     fn claim(start: u64, need: u32, released: u32) -> Claim {

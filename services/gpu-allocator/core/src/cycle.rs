@@ -1494,10 +1494,10 @@ impl Allocator {
 
     /// Expected releases of the jobs running in `res`, in time order.
     fn cohort_releases(&self, res: ResIdx, now: Timestamp) -> Vec<CohortRelease> {
-        crate::backfill::with_room(self.job_releases_in(res, now).map(|(end, units, queue)| {
+        self.job_releases_in(res, now, |(end, units, queue)| {
             let cohort = self.queues.get(queue).and_then(|q| q.cohort);
             (end, units, cohort, queue)
-        }))
+        })
     }
 
     fn cohort_release(
