@@ -13,7 +13,7 @@ use crate::decision::{
 };
 use crate::error::AllocatorError;
 use crate::event::{Applied, Event, JobSpec, NodeInfo, QueueSpec};
-use crate::inventory::{Inventory, JobIdx, NodeFilter, NodeIdx, ResIdx};
+use crate::inventory::{Inventory, JobIdx, Node, NodeFilter, NodeIdx, ResIdx};
 use crate::line::LineEntry;
 use crate::queues::{QueueIdx, Queues, QuotaSlot, SlotClass};
 use crate::types::{JobUid, ResourceKind, Timestamp};
@@ -218,6 +218,19 @@ impl Allocator {
         {
             q.line.remove(priority, &entry);
         }
+    }
+
+    /// Whether `node` admits jobs of interned node filter `filter`. The
+    /// empty filter (interned first, the one most jobs have) admits the
+    /// nodes without extra taints: no lookup, and this runs for every node
+    /// a placement, reservation or victim search looks at.
+    pub(crate) fn admits(&self, node: &Node, filter: u32) -> bool {
+        if filter == 0 {
+            return node.extra_taints.is_empty();
+        }
+        self.filters
+            .get(filter as usize)
+            .is_some_and(|f| Inventory::node_admits(node, f))
     }
 
     pub(crate) fn intern_filter(&mut self, filter: NodeFilter) -> u32 {
@@ -706,5 +719,63 @@ impl Allocator {
         };
         self.requeue(idx, by);
         Applied::Changed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::NodeInfo;
+    use crate::types::{Taint, TaintEffect, Toleration};
+
+    #[test]
+    fn the_empty_filter_admits_exactly_the_nodes_without_extra_taints() {
+        let mut alloc = Allocator::new(AllocatorConfig::default()).expect("default config");
+        let mut plain = NodeInfo {
+            name: "plain".into(),
+            ready: true,
+            ..NodeInfo::default()
+        };
+        plain
+            .allocatable
+            .insert("nvidia.com/gpu".into(), "8".into());
+        let mut tainted = plain.clone();
+        tainted.name = "tainted".into();
+        tainted.taints.push(Taint {
+            key: "dedicated".into(),
+            value: "research".into(),
+            effect: TaintEffect::NoSchedule,
+        });
+        for info in [plain, tainted] {
+            alloc
+                .apply(Event::NodeUpserted(info))
+                .expect("node accepted");
+        }
+        let tolerating = alloc.intern_filter(NodeFilter {
+            tolerations: vec![Toleration::equal(
+                "dedicated",
+                "research",
+                TaintEffect::NoSchedule,
+            )],
+            ..NodeFilter::default()
+        });
+        let node = |name: &str| {
+            alloc
+                .inv
+                .node_by_name(name)
+                .and_then(|idx| alloc.inv.node(idx))
+                .expect("node listed")
+        };
+        for name in ["plain", "tainted"] {
+            let n = node(name);
+            assert_eq!(
+                alloc.admits(n, 0),
+                Inventory::node_admits(n, &NodeFilter::default()),
+                "{name}"
+            );
+            assert!(alloc.admits(n, tolerating), "{name}");
+        }
+        assert!(alloc.admits(node("plain"), 0));
+        assert!(!alloc.admits(node("tainted"), 0));
     }
 }

@@ -16,7 +16,7 @@ use crate::allocator::FastMap;
 
 use crate::allocator::{Allocator, Job, JobState, PreemptingState, Running};
 use crate::config::AllocatorConfig;
-use crate::inventory::{Inventory, JobIdx, NodeIdx, ResIdx};
+use crate::inventory::{JobIdx, NodeIdx, ResIdx};
 use crate::placement::{self, Candidate, NodeTable};
 use crate::queues::QueueIdx;
 use crate::types::{JobUid, Timestamp, TopologyRequirement};
@@ -380,14 +380,13 @@ impl Allocator {
         timeline: &[(Timestamp, NodeIdx, u32)],
     ) -> Option<Reservation> {
         let r = self.inv.res(res)?;
-        let filter = self.filters.get(filter as usize)?;
         // Eligible nodes and their units available at `now`.
         let mut avail = NodeTable::new(self.inv.nodes.len());
         for (node_idx, free) in r.nodes_with_free(0) {
             let Some(node) = self.inv.node(node_idx) else {
                 continue;
             };
-            if !Inventory::node_admits(node, filter) {
+            if !self.admits(node, filter) {
                 continue;
             }
             let claimed = reservations.claimed_total(node_idx, res);

@@ -23,7 +23,7 @@ use crate::decision::{
 };
 use crate::event::JobSpec;
 use crate::explain::{Pending, PendingReason, ReasonIdx};
-use crate::inventory::{Inventory, JobIdx, NodeIdx, ResIdx};
+use crate::inventory::{JobIdx, NodeIdx, ResIdx};
 use crate::placement::{self, Candidate};
 use crate::queues::QueueIdx;
 use crate::types::{GpuSliceRequest, JobUid, ResourceKind, Timestamp, names};
@@ -1609,8 +1609,6 @@ impl Allocator {
             );
         };
         let protected = ctx.reservations.has_any(res);
-        let filter = self.filters.get(job.filter as usize);
-        let unfiltered = job.filter == 0;
         let mut placement = None;
         let mut placeable: u64 = 0;
         let mut placeable_unprotected: u64 = 0;
@@ -1620,12 +1618,7 @@ impl Allocator {
                 let Some(node) = self.inv.node(node_idx) else {
                     continue;
                 };
-                let admits = if unfiltered {
-                    node.extra_taints.is_empty()
-                } else {
-                    filter.is_some_and(|f| Inventory::node_admits(node, f))
-                };
-                if !admits {
+                if !self.admits(node, job.filter) {
                     continue;
                 }
                 placeable_unprotected += u64::from(free / per_worker);
@@ -1699,13 +1692,12 @@ impl Allocator {
     /// could host if every running job ended. (Not a promise: nodes come
     /// and go; it tells "wait" apart from "never, as is".)
     pub(crate) fn slots_when_empty(&self, res: ResIdx, per_worker: u32, filter: u32) -> u64 {
-        let filter = self.filters.get(filter as usize);
         self.inv
             .res(res)
             .map(|r| {
                 r.nodes_with_free(0)
                     .filter_map(|(n, _)| self.inv.node(n))
-                    .filter(|node| filter.is_some_and(|f| Inventory::node_admits(node, f)))
+                    .filter(|node| self.admits(node, filter))
                     .map(|node| {
                         u64::from(node.pool(res).map_or(0, |p| p.capacity) / per_worker.max(1))
                     })

@@ -30,7 +30,7 @@ use std::rc::Rc;
 
 use crate::allocator::{Allocator, FastMap, JobState};
 use crate::decision::PreemptionRule;
-use crate::inventory::{Inventory, JobIdx, NodeIdx, ResIdx};
+use crate::inventory::{JobIdx, NodeIdx, ResIdx};
 use crate::placement::{self, Candidate, NodeTable};
 use crate::queues::{CohortIdx, QueueIdx, UsageDelta};
 use crate::types::Timestamp;
@@ -739,7 +739,6 @@ impl Allocator {
             return Some(Rc::clone(view));
         }
         let r = self.inv.res(res)?;
-        let filter = self.filters.get(filter_id as usize)?;
         let mut view = BaseView {
             nodes: NodeTable::new(self.inv.nodes.len()),
             fitting: Vec::new(),
@@ -749,7 +748,7 @@ impl Allocator {
             let Some(node) = self.inv.node(node_idx) else {
                 continue;
             };
-            if !Inventory::node_admits(node, filter) {
+            if !self.admits(node, filter_id) {
                 continue;
             }
             let promised = inflight.claims.get(&(node_idx, res)).copied().unwrap_or(0);
