@@ -213,7 +213,8 @@ impl<T: Ord + Copy> EventBag<T> {
     }
 }
 
-fn insert_one<T: Ord>(sorted: &mut Vec<T>, event: T) {
+/// Inserts `event` into `sorted`, keeping it sorted.
+pub(crate) fn insert_one<T: Ord>(sorted: &mut Vec<T>, event: T) {
     let at = sorted.partition_point(|e| *e < event);
     sorted.insert(at, event);
 }

@@ -746,8 +746,7 @@ impl Allocator {
             && let Some(run) = job.running()
             && let Some(release) = self.cohort_release(idx, job, run, res, now)
         {
-            let at = releases.partition_point(|r| *r < release);
-            releases.insert(at, release);
+            crate::backfill::insert_one(releases, release);
         }
     }
 

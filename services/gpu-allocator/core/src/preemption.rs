@@ -424,6 +424,7 @@ impl Search<'_> {
         // hundreds of nodes per search). A placement names each node once.
         // Grouped by counting: nodes are dense indices, and sorting the
         // triples cost a third of this search.
+        //
         // Per node, its count of triples, then where its run starts.
         let mut starts = vec![0usize; self.alloc.inv.nodes.len()];
         for c in &self.cands {
