@@ -169,7 +169,7 @@ pub(crate) struct CycleCtx {
     /// (`QuotaBlocked::exempt_until` and `passes_until`). Another job of
     /// that shape, those ages and an end in one of the spans fails alike
     /// within the queue's epoch.
-    quota_blocked: FastMap<u128, [Option<QuotaBlocked>; SHAPE_SLOTS]>,
+    quota_blocked: QuotaBlockedShapes,
     /// Every reason made this cycle, each once: failures name them by index
     /// (see `Pending::reason`). Handed to the outcome.
     reasons: Vec<Arc<PendingReason>>,
@@ -303,13 +303,48 @@ impl HoldAges {
 
     /// The quota shortcut's key for a job of these ages: (queue, shares
     /// GPUs, units, ages) packed into one integer, as each pending job's
-    /// lookup hashes it.
-    fn shape_key(self, queue: QueueIdx, sharing: bool, units: u64) -> u128 {
-        u128::from(units)
-            | u128::from(queue) << 64
-            | u128::from(sharing) << 96
-            | u128::from(self.queue_hold) << 97
-            | u128::from(self.starving) << 98
+    /// lookup hashes it. `None` (no shortcut: the job is evaluated in full)
+    /// for units beyond u32 or a queue index beyond 29 bits, which do not
+    /// fit.
+    fn shape_key(self, queue: QueueIdx, sharing: bool, units: u64) -> Option<u64> {
+        let units = u32::try_from(units).ok()?;
+        (queue < 1 << 29).then(|| {
+            u64::from(units)
+                | u64::from(queue) << 32
+                | u64::from(sharing) << 61
+                | u64::from(self.queue_hold) << 62
+                | u64::from(self.starving) << 63
+        })
+    }
+}
+
+/// The failures of `CycleCtx::quota_blocked`, by shape key. The keys sit
+/// apart from the failures: the pass looks a key up for nearly every
+/// pending job, and a few hundred keys stay in cache where the failures
+/// beside them (four slots each) did not.
+#[derive(Default)]
+pub(crate) struct QuotaBlockedShapes {
+    at: FastMap<u64, u32>,
+    failures: Vec<[Option<QuotaBlocked>; SHAPE_SLOTS]>,
+}
+
+impl QuotaBlockedShapes {
+    fn get(&self, key: u64) -> Option<&[Option<QuotaBlocked>; SHAPE_SLOTS]> {
+        let at = *self.at.get(&key)?;
+        self.failures.get(at as usize)
+    }
+
+    fn slots_mut(&mut self, key: u64) -> Option<&mut [Option<QuotaBlocked>; SHAPE_SLOTS]> {
+        let at = match self.at.get(&key) {
+            Some(&at) => at,
+            None => {
+                let at = u32::try_from(self.failures.len()).ok()?;
+                self.at.insert(key, at);
+                self.failures.push(Default::default());
+                at
+            }
+        };
+        self.failures.get_mut(at as usize)
     }
 }
 
@@ -767,11 +802,11 @@ impl Allocator {
     ) -> Option<(ReasonIdx, bool)> {
         let key = shape
             .ages
-            .shape_key(queue, shape.sharing, u64::from(shape.units));
+            .shape_key(queue, shape.sharing, u64::from(shape.units))?;
         let epoch = ctx.quota_epoch(queue);
         // Each failure stands for the jobs whose end falls in its span.
         ctx.quota_blocked
-            .get(&key)?
+            .get(key)?
             .iter()
             .flatten()
             .find_map(|known| {
@@ -1234,12 +1269,11 @@ impl Allocator {
         let starts_soon = expected_start
             .is_some_and(|t| t <= now.plus_secs(self.config.preemption.grace_period_secs));
         let can_preempt = !blocked_by_hold_only && !starts_soon;
-        if alike {
-            let epoch = ctx.quota_epoch(queue);
-            let known = ctx
-                .quota_blocked
-                .entry(ages.shape_key(queue, sharing, units))
-                .or_default();
+        let epoch = ctx.quota_epoch(queue);
+        if alike
+            && let Some(key) = ages.shape_key(queue, sharing, units)
+            && let Some(known) = ctx.quota_blocked.slots_mut(key)
+        {
             // The slot of a failure of the same span or a stale one, else
             // the last.
             let at = known
@@ -1981,7 +2015,7 @@ impl Allocator {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use super::{CycleCtx, EarlyFailures, LaneJob, LaneKey};
+    use super::{CycleCtx, EarlyFailures, HoldAges, LaneJob, LaneKey};
     use crate::types::Timestamp;
     use crate::{
         Allocator, AllocatorConfig, BackfillPolicy, CycleOutcome, Event, FlavorQuota, JobSpec,
@@ -2248,5 +2282,34 @@ pub(crate) mod tests {
         assert!(key(0.5, 3, 1, 1, 9) > key(0.5, 3, 1, 2, 0));
         assert!(key(0.5, 3, 1, 1, 3) > key(0.5, 3, 1, 1, 4));
         assert_eq!(key(0.5, 3, 1, 1, 3).lane(), 3);
+    }
+
+    #[test]
+    fn shape_keys_tell_every_field_apart_and_refuse_what_does_not_fit() {
+        let ages = |queue_hold, starving| HoldAges {
+            queue_hold,
+            starving,
+        };
+        let mut keys = Vec::new();
+        for queue in [0, 1, 7, (1 << 29) - 1] {
+            for sharing in [false, true] {
+                for units in [0, 1, 8, u64::from(u32::MAX)] {
+                    for (hold, starving) in
+                        [(false, false), (true, false), (false, true), (true, true)]
+                    {
+                        keys.push(ages(hold, starving).shape_key(queue, sharing, units));
+                    }
+                }
+            }
+        }
+        let distinct: std::collections::HashSet<_> = keys.iter().collect();
+        assert_eq!(distinct.len(), keys.len());
+        assert!(keys.iter().all(Option::is_some));
+        // Beyond the key's room: no key, so the job is evaluated in full.
+        assert_eq!(ages(true, true).shape_key(1 << 29, false, 8), None);
+        assert_eq!(
+            ages(false, false).shape_key(0, false, u64::from(u32::MAX) + 1),
+            None
+        );
     }
 }
