@@ -189,9 +189,34 @@ impl Default for QueuePreemption {
 }
 
 /// A TrainingJob as far as admission is concerned.
+///
+/// In this order (`repr(C)`): the fields an admission cycle reads for every
+/// job it evaluates first, the names and node constraints after (see the
+/// allocator's `Job`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
+#[repr(C)]
 pub struct JobSpec {
+    /// `metadata.creationTimestamp`.
+    pub submitted_at: Timestamp,
+    /// Expected runtime; lets the job backfill ahead of reserved jobs.
+    pub runtime_estimate_secs: Option<u64>,
+    /// Resolved priority (from the PriorityClass); higher runs first.
+    pub priority: i32,
+    /// Workers in the gang (1-100).
+    pub num_workers: u32,
+    /// GPUs (or MIG slices, or shared replicas) per worker, all on one node.
+    pub gpus_per_worker: u32,
+    /// Opt in to time-sliced (shared) GPUs.
+    pub allow_gpu_sharing: bool,
+    /// Whether other jobs may preempt this one.
+    pub preemptible: bool,
+    /// Topology requirement for multi-worker jobs.
+    pub topology: TopologyRequirement,
+    /// Ask for MIG slices instead of whole GPUs.
+    pub gpu_slice: Option<GpuSliceRequest>,
+    /// Minimum per-GPU memory (MiB), matched against `nvidia.com/gpu.memory`.
+    pub min_gpu_memory_mib: Option<u64>,
     /// Kubernetes uid; the idempotency key.
     pub uid: JobUid,
     /// Namespace.
@@ -200,30 +225,10 @@ pub struct JobSpec {
     pub name: String,
     /// TrainingQueue; the configured default when absent.
     pub queue: Option<String>,
-    /// Resolved priority (from the PriorityClass); higher runs first.
-    pub priority: i32,
-    /// `metadata.creationTimestamp`.
-    pub submitted_at: Timestamp,
-    /// Workers in the gang (1-100).
-    pub num_workers: u32,
-    /// GPUs (or MIG slices, or shared replicas) per worker, all on one node.
-    pub gpus_per_worker: u32,
-    /// Ask for MIG slices instead of whole GPUs.
-    pub gpu_slice: Option<GpuSliceRequest>,
-    /// Opt in to time-sliced (shared) GPUs.
-    pub allow_gpu_sharing: bool,
-    /// Expected runtime; lets the job backfill ahead of reserved jobs.
-    pub runtime_estimate_secs: Option<u64>,
-    /// Minimum per-GPU memory (MiB), matched against `nvidia.com/gpu.memory`.
-    pub min_gpu_memory_mib: Option<u64>,
     /// The job's own `scheduling.nodeSelector`.
     pub node_selector: BTreeMap<String, String>,
     /// The job's own `scheduling.tolerations`.
     pub tolerations: Vec<Toleration>,
-    /// Topology requirement for multi-worker jobs.
-    pub topology: TopologyRequirement,
-    /// Whether other jobs may preempt this one.
-    pub preemptible: bool,
 }
 
 impl Default for JobSpec {
