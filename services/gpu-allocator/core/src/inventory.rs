@@ -77,20 +77,27 @@ impl Pool {
     }
 }
 
+/// In this order (`repr(C)`): what placement and the victim searches'
+/// node views read of each of the hundreds of nodes they walk (zone, rack,
+/// whether any taint needs tolerating) in the first cache line; the
+/// compiler's order spread it over three.
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct Node {
-    pub(crate) info: NodeInfo,
-    pub(crate) flavor: Option<FlavorIdx>,
     pub(crate) zone: u32,
     pub(crate) rack: u32,
+    pub(crate) flavor: Option<FlavorIdx>,
     pub(crate) schedulable: bool,
+    /// In the first line too: rustc keeps `Option<Node>`'s `None` in this
+    /// field's tag (read off the machine code), so every lookup reads it.
     pub(crate) gpu_memory_mib: Option<u64>,
-    pub(crate) pools: Vec<Pool>,
     /// Repelling taints the flavor's tolerations do not cover; a job must
     /// tolerate these itself to land here.
     pub(crate) extra_taints: Vec<Taint>,
+    pub(crate) pools: Vec<Pool>,
     /// Jobs with workers on this node.
     pub(crate) running: BTreeSet<JobIdx>,
+    pub(crate) info: NodeInfo,
 }
 
 impl Node {
@@ -727,6 +734,20 @@ mod tests {
         info.labels
             .insert(names::GPU_PRODUCT_LABEL.into(), "A100".into());
         info
+    }
+
+    #[test]
+    fn what_placement_reads_of_a_node_is_in_its_first_64_bytes() {
+        use std::mem::{offset_of, size_of};
+        let ends = [
+            offset_of!(Node, zone) + size_of::<u32>(),
+            offset_of!(Node, rack) + size_of::<u32>(),
+            offset_of!(Node, schedulable) + size_of::<bool>(),
+            offset_of!(Node, gpu_memory_mib) + size_of::<Option<u64>>(),
+            offset_of!(Node, extra_taints) + size_of::<Vec<Taint>>(),
+        ];
+        assert!(ends.iter().all(|end| *end <= 64), "{ends:?}");
+        assert!(offset_of!(Node, info) >= 64);
     }
 
     #[test]
