@@ -75,7 +75,7 @@ pub(crate) enum JobState {
 /// evaluates comes first, then the spec, whose own order does the same
 /// (see `JobSpec`). A full evaluation starts with a job nothing has touched
 /// for a cycle, so each cache line it needs is a miss; the compiler's order
-/// spread those fields over four or five lines of the 280 bytes.
+/// spread those fields over four or five of its cache lines.
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct Job {

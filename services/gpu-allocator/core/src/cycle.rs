@@ -335,11 +335,10 @@ impl QuotaBlockedShapes {
     }
 
     fn slots_mut(&mut self, key: u64) -> Option<&mut [Option<QuotaBlocked>; SHAPE_SLOTS]> {
-        let at = match self.at.get(&key) {
-            Some(&at) => at,
-            None => {
-                let at = u32::try_from(self.failures.len()).ok()?;
-                self.at.insert(key, at);
+        let at = match self.at.entry(key) {
+            std::collections::hash_map::Entry::Occupied(known) => *known.get(),
+            std::collections::hash_map::Entry::Vacant(new) => {
+                let at = *new.insert(u32::try_from(self.failures.len()).ok()?);
                 self.failures.push(Default::default());
                 at
             }
