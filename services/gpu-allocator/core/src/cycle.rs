@@ -1898,7 +1898,7 @@ impl Allocator {
             }
             attempts += 1;
             ctx.stats.preemption_attempts += 1;
-            let Some(plan) = self.find_victims(idx, &inflight, &draining) else {
+            let Some(plan) = self.find_victims(idx, now, &inflight, &draining) else {
                 if let Some(key) = key {
                     failed_searches.insert(key);
                 }

@@ -1087,6 +1087,42 @@ fn preemption_throws_away_the_least_work() {
     );
 }
 
+/// A job evicted without a resumable checkpoint starts over: an 8-GPU job
+/// admitted a minute ago loses less than a 4-GPU job that ran for hours.
+#[test]
+fn preemption_spares_long_running_work_over_fewer_gpus() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 4), node("n2", 8)]);
+    h.queue(queue("q", None, 12));
+    let mut old = job("old-4", "q", 1, 4);
+    old.node_selector
+        .insert(names::HOSTNAME_LABEL.into(), "n1".into());
+    h.submit(old);
+    assert_eq!(h.cycle(1).admissions.len(), 1);
+    let mut fresh = job("fresh-8", "q", 1, 8);
+    fresh
+        .node_selector
+        .insert(names::HOSTNAME_LABEL.into(), "n2".into());
+    h.submit(fresh);
+    assert_eq!(h.cycle(36_000).admissions.len(), 1);
+    let mut urgent = job("urgent", "q", 1, 4);
+    urgent.priority = 10;
+    h.submit(urgent);
+    let out = h.cycle(36_060);
+    assert_eq!(out.preemptions.len(), 1);
+    let victims: Vec<&str> = out.preemptions[0]
+        .victims
+        .iter()
+        .map(|v| v.uid.as_str())
+        .collect();
+    assert_eq!(
+        victims,
+        vec!["fresh-8"],
+        "8 GPUs x 1 min of work lost, not 4 GPUs x 10 h"
+    );
+    assert_eq!(out.preemptions[0].planned_nodes[0].node, "n2");
+}
+
 #[test]
 fn preemption_evicts_whole_multi_node_gangs_and_never_higher_priority() {
     let mut h = Harness::default_config();
