@@ -486,6 +486,11 @@ struct Report {
     victim_gpus: u64,
     /// GPU-hours evicted jobs had run before their eviction.
     evicted_gpu_hours: f64,
+    /// Distinct jobs evicted, those evicted more than once, and the most
+    /// evictions of one job: whether preemption keeps hitting the same jobs.
+    jobs_evicted: u64,
+    jobs_evicted_again: u64,
+    most_evictions_of_one_job: u32,
     preemption_attempts: u64,
     reservations_made: u64,
     big_gangs_submitted: u64,
@@ -558,6 +563,8 @@ struct Sim {
     running_since: Vec<u64>,
     /// GPU-hours evicted jobs had run, lost as they start over.
     evicted_gpu_hours: f64,
+    /// Evictions per job.
+    evictions: Vec<u32>,
     allocated: f64,
     finishes: BinaryHeap<Reverse<(u64, usize, u32)>>,
     next_job: usize,
@@ -586,6 +593,7 @@ impl Sim {
             held: vec![0.0; stream_len],
             running_since: vec![0; stream_len],
             evicted_gpu_hours: 0.0,
+            evictions: vec![0; stream_len],
             allocated: 0.0,
             finishes: BinaryHeap::new(),
             next_job: 0,
@@ -641,6 +649,9 @@ impl Sim {
     fn evicted(&mut self, idx: usize, now: u64) {
         if let (Some(h), Some(since)) = (self.held.get(idx), self.running_since.get(idx)) {
             self.evicted_gpu_hours += h * now.saturating_sub(*since) as f64 / 3600.0;
+        }
+        if let Some(n) = self.evictions.get_mut(idx) {
+            *n += 1;
         }
         self.stopped(idx);
     }
@@ -735,6 +746,9 @@ impl Sim {
             victims_fair_share: self.victims_by_rule[2],
             victim_gpus: self.victim_gpus,
             evicted_gpu_hours: self.evicted_gpu_hours,
+            jobs_evicted: self.evictions.iter().filter(|n| **n > 0).count() as u64,
+            jobs_evicted_again: self.evictions.iter().filter(|n| **n > 1).count() as u64,
+            most_evictions_of_one_job: self.evictions.iter().copied().max().unwrap_or(0),
             preemption_attempts: self.preemption_attempts,
             reservations_made: self.reservations,
             big_gangs_submitted: big_submitted,
@@ -1305,6 +1319,13 @@ fn run_mix(args: &Args, mix: MixName) -> Result<(), String> {
             (ours.steady_allocation_ratio - base.steady_allocation_ratio) * 100.0
         );
     }
+    println!(
+        "trainyard: {} victims were {} jobs, {} of them evicted more than once, one job at most {} times",
+        ours.victims_lower_priority + ours.victims_reclaim + ours.victims_fair_share,
+        ours.jobs_evicted,
+        ours.jobs_evicted_again,
+        ours.most_evictions_of_one_job
+    );
     for r in [&kueue, &kueue_spread] {
         println!(
             "{}: {:.1} % of the GPUs bound to pods of gangs still waiting for the rest of their workers; {} gangs evicted by waitForPodsReady",
