@@ -329,6 +329,11 @@ pub(crate) struct QuotaBlockedShapes {
 }
 
 impl QuotaBlockedShapes {
+    fn clear(&mut self) {
+        self.at.clear();
+        self.failures.clear();
+    }
+
     fn get(&self, key: u64) -> Option<&[Option<QuotaBlocked>; SHAPE_SLOTS]> {
         let at = *self.at.get(&key)?;
         self.failures.get(at as usize)
@@ -494,7 +499,11 @@ impl Allocator {
 
     /// Runs one admission cycle at `now`.
     pub fn cycle(&mut self, now: Timestamp) -> CycleOutcome {
-        self.cycle_with(now, CycleCtx::default())
+        let ctx = CycleCtx {
+            quota_blocked: std::mem::take(&mut self.spare_quota_blocked),
+            ..CycleCtx::default()
+        };
+        self.cycle_with(now, ctx)
     }
 
     fn cycle_with(&mut self, now: Timestamp, mut ctx: CycleCtx) -> CycleOutcome {
@@ -519,6 +528,8 @@ impl Allocator {
         out.reasons = std::mem::take(&mut ctx.reasons);
         out.stats = ctx.stats;
         out.stats.admitted = u32::try_from(out.admissions.len()).unwrap_or(u32::MAX);
+        ctx.quota_blocked.clear();
+        self.spare_quota_blocked = ctx.quota_blocked;
         out
     }
 
