@@ -1123,6 +1123,39 @@ fn preemption_spares_long_running_work_over_fewer_gpus() {
     assert_eq!(out.preemptions[0].planned_nodes[0].node, "n2");
 }
 
+/// Every victim also loses its grace period and a restart, per GPU: a
+/// 16-GPU gang a minute in costs 16 x 180 GPU-s, more than a 4-GPU job
+/// eight minutes in (4 x 600), though the gang has run less.
+#[test]
+fn preemption_counts_the_grace_period_as_each_victim_gpus_restart() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 4), node("n2", 8), node("n3", 8)]);
+    h.queue(queue("q", None, 20));
+    let mut small = job("small-4", "q", 1, 4);
+    small
+        .node_selector
+        .insert(names::HOSTNAME_LABEL.into(), "n1".into());
+    h.submit(small);
+    assert_eq!(h.cycle(1_000).admissions.len(), 1);
+    h.submit(job("gang-16", "q", 2, 8));
+    assert_eq!(h.cycle(1_420).admissions.len(), 1);
+    let mut urgent = job("urgent", "q", 1, 4);
+    urgent.priority = 10;
+    h.submit(urgent);
+    let out = h.cycle(1_480);
+    assert_eq!(out.preemptions.len(), 1);
+    let victims: Vec<&str> = out.preemptions[0]
+        .victims
+        .iter()
+        .map(|v| v.uid.as_str())
+        .collect();
+    assert_eq!(
+        victims,
+        vec!["small-4"],
+        "4 x (480 + 120) GPU-s lost, not 16 x (60 + 120)"
+    );
+}
+
 #[test]
 fn preemption_evicts_whole_multi_node_gangs_and_never_higher_priority() {
     let mut h = Harness::default_config();
