@@ -706,10 +706,7 @@ fn gang_is_all_or_nothing() {
     h.nodes([node("n1", 8), node("n2", 8)]);
     h.queue(queue("q", None, 64));
     for (filler, host) in [("filler-1", "n1"), ("filler-2", "n2")] {
-        let mut j = job(filler, "q", 1, 4);
-        j.node_selector
-            .insert(names::HOSTNAME_LABEL.into(), host.into());
-        h.submit(j);
+        h.submit(pinned(job(filler, "q", 1, 4), host));
     }
     assert_eq!(h.cycle(1).admissions.len(), 2);
     // 8 GPUs are free in total, 4 per node: the 2x8 gang must wait and is not
@@ -755,9 +752,7 @@ fn best_fit_fills_fragments_so_whole_nodes_stay_free() {
     let mut h = Harness::default_config();
     h.nodes([node("n1", 8), node("n2", 8)]);
     h.queue(queue("q", None, 64));
-    let mut pin = job("pinned-5", "q", 1, 5);
-    pin.node_selector
-        .insert(names::HOSTNAME_LABEL.into(), "n2".into());
+    let mut pin = pinned(job("pinned-5", "q", 1, 5), "n2");
     pin.submitted_at = Timestamp(0);
     let mut small = job("small-3", "q", 1, 3);
     small.submitted_at = Timestamp(1);
@@ -1010,22 +1005,12 @@ fn preemption_picks_the_smallest_set_of_whole_gangs() {
     h.queue(queue("q", None, 24));
     // n1: one 8-GPU job; n2: two 4-GPU jobs; n3: a 2x4 gang spread on n3 and n2? No:
     // keep n3 full with a high-priority job so only n1/n2 can be cleared.
-    let mut keep = job("keep", "q", 1, 8);
+    let mut keep = pinned(job("keep", "q", 1, 8), "n3");
     keep.priority = 100;
-    keep.node_selector
-        .insert(names::HOSTNAME_LABEL.into(), "n3".into());
-    let mut big = job("big-low", "q", 1, 8);
+    let mut big = pinned(job("big-low", "q", 1, 8), "n1");
     big.priority = 1;
-    big.node_selector
-        .insert(names::HOSTNAME_LABEL.into(), "n1".into());
-    let mut s1 = job("small-1", "q", 1, 4);
-    s1.priority = 0;
-    s1.node_selector
-        .insert(names::HOSTNAME_LABEL.into(), "n2".into());
-    let mut s2 = job("small-2", "q", 1, 4);
-    s2.priority = 0;
-    s2.node_selector
-        .insert(names::HOSTNAME_LABEL.into(), "n2".into());
+    let s1 = pinned(job("small-1", "q", 1, 4), "n2");
+    let s2 = pinned(job("small-2", "q", 1, 4), "n2");
     for j in [keep, big, s1, s2] {
         h.submit(j);
     }
@@ -1034,18 +1019,21 @@ fn preemption_picks_the_smallest_set_of_whole_gangs() {
     urgent.priority = 50;
     h.submit(urgent);
     let out = h.cycle(2);
-    assert_eq!(out.preemptions.len(), 1);
-    let victims: Vec<&str> = out.preemptions[0]
-        .victims
-        .iter()
-        .map(|v| v.uid.as_str())
-        .collect();
     assert_eq!(
-        victims,
+        only_victims(&out),
         vec!["big-low"],
         "one whole gang beats two smaller ones"
     );
     assert_eq!(out.preemptions[0].planned_nodes[0].node, "n1");
+}
+
+/// Submits "urgent", one worker of `gpus` GPUs at priority 10 in queue "q",
+/// and runs the cycle at `now`.
+fn urgent_job_preempts(h: &mut Harness, gpus: u32, now: u64) -> CycleOutcome {
+    let mut urgent = job("urgent", "q", 1, gpus);
+    urgent.priority = 10;
+    h.submit(urgent);
+    h.cycle(now)
 }
 
 #[test]
@@ -1064,24 +1052,12 @@ fn preemption_throws_away_the_least_work() {
         .find(|n| !gang_nodes.iter().any(|g| g == n))
         .expect("one node left");
     for small in ["small-a", "small-b"] {
-        let mut j = job(small, "q", 1, 4);
-        j.node_selector
-            .insert(names::HOSTNAME_LABEL.into(), free_node.into());
-        h.submit(j);
+        h.submit(pinned(job(small, "q", 1, 4), free_node));
     }
     assert_eq!(h.cycle(2).admissions.len(), 2);
-    let mut urgent = job("urgent", "q", 1, 8);
-    urgent.priority = 10;
-    h.submit(urgent);
-    let out = h.cycle(3);
-    let mut victims: Vec<&str> = out.preemptions[0]
-        .victims
-        .iter()
-        .map(|v| v.uid.as_str())
-        .collect();
-    victims.sort_unstable();
+    let out = urgent_job_preempts(&mut h, 8, 3);
     assert_eq!(
-        victims,
+        only_victims(&out),
         vec!["small-a", "small-b"],
         "8 GPUs of work lost, not 16"
     );
@@ -1094,29 +1070,13 @@ fn preemption_spares_long_running_work_over_fewer_gpus() {
     let mut h = Harness::default_config();
     h.nodes([node("n1", 4), node("n2", 8)]);
     h.queue(queue("q", None, 12));
-    let mut old = job("old-4", "q", 1, 4);
-    old.node_selector
-        .insert(names::HOSTNAME_LABEL.into(), "n1".into());
-    h.submit(old);
+    h.submit(pinned(job("old-4", "q", 1, 4), "n1"));
     assert_eq!(h.cycle(1).admissions.len(), 1);
-    let mut fresh = job("fresh-8", "q", 1, 8);
-    fresh
-        .node_selector
-        .insert(names::HOSTNAME_LABEL.into(), "n2".into());
-    h.submit(fresh);
+    h.submit(pinned(job("fresh-8", "q", 1, 8), "n2"));
     assert_eq!(h.cycle(36_000).admissions.len(), 1);
-    let mut urgent = job("urgent", "q", 1, 4);
-    urgent.priority = 10;
-    h.submit(urgent);
-    let out = h.cycle(36_060);
-    assert_eq!(out.preemptions.len(), 1);
-    let victims: Vec<&str> = out.preemptions[0]
-        .victims
-        .iter()
-        .map(|v| v.uid.as_str())
-        .collect();
+    let out = urgent_job_preempts(&mut h, 4, 36_060);
     assert_eq!(
-        victims,
+        only_victims(&out),
         vec!["fresh-8"],
         "8 GPUs x 1 min of work lost, not 4 GPUs x 10 h"
     );
@@ -1131,26 +1091,13 @@ fn preemption_counts_the_grace_period_as_each_victim_gpus_restart() {
     let mut h = Harness::default_config();
     h.nodes([node("n1", 4), node("n2", 8), node("n3", 8)]);
     h.queue(queue("q", None, 20));
-    let mut small = job("small-4", "q", 1, 4);
-    small
-        .node_selector
-        .insert(names::HOSTNAME_LABEL.into(), "n1".into());
-    h.submit(small);
+    h.submit(pinned(job("small-4", "q", 1, 4), "n1"));
     assert_eq!(h.cycle(1_000).admissions.len(), 1);
     h.submit(job("gang-16", "q", 2, 8));
     assert_eq!(h.cycle(1_420).admissions.len(), 1);
-    let mut urgent = job("urgent", "q", 1, 4);
-    urgent.priority = 10;
-    h.submit(urgent);
-    let out = h.cycle(1_480);
-    assert_eq!(out.preemptions.len(), 1);
-    let victims: Vec<&str> = out.preemptions[0]
-        .victims
-        .iter()
-        .map(|v| v.uid.as_str())
-        .collect();
+    let out = urgent_job_preempts(&mut h, 4, 1_480);
     assert_eq!(
-        victims,
+        only_victims(&out),
         vec!["small-4"],
         "4 x (480 + 120) GPU-s lost, not 16 x (60 + 120)"
     );
@@ -1304,13 +1251,9 @@ fn backfill_scenario(backfill: bool) -> Harness {
     });
     h.nodes([node("n1", 8), node("n2", 8)]);
     h.queue(queue("q", None, 64));
-    let mut r1 = job("running-4", "q", 1, 4);
+    let mut r1 = pinned(job("running-4", "q", 1, 4), "n1");
     r1.runtime_estimate_secs = Some(1_000);
-    r1.node_selector
-        .insert(names::HOSTNAME_LABEL.into(), "n1".into());
-    let mut r2 = job("running-8", "q", 1, 8);
-    r2.node_selector
-        .insert(names::HOSTNAME_LABEL.into(), "n2".into());
+    let r2 = pinned(job("running-8", "q", 1, 8), "n2");
     h.submit(r1);
     h.submit(r2);
     assert_eq!(h.cycle(0).admissions.len(), 2);

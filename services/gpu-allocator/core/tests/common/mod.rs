@@ -61,6 +61,25 @@ pub fn job(uid: &str, queue: &str, workers: u32, gpus: u32) -> JobSpec {
     }
 }
 
+/// `j` with its workers pinned to node `host`.
+pub fn pinned(mut j: JobSpec, host: &str) -> JobSpec {
+    j.node_selector
+        .insert(names::HOSTNAME_LABEL.into(), host.into());
+    j
+}
+
+/// The victims of the cycle's one preemption, by uid, sorted.
+pub fn only_victims(out: &CycleOutcome) -> Vec<String> {
+    assert_eq!(out.preemptions.len(), 1, "one preemption");
+    let mut victims: Vec<String> = out.preemptions[0]
+        .victims
+        .iter()
+        .map(|v| v.uid.as_str().to_string())
+        .collect();
+    victims.sort_unstable();
+    victims
+}
+
 pub fn uid(s: &str) -> JobUid {
     JobUid::new(s)
 }
