@@ -125,9 +125,12 @@ struct Search<'a> {
 /// 1.6-1.9 times as much work on the gang-heavy and fragmenting benchmarks.
 type Cost = (u64, u64, usize, i32);
 
-/// Order of the candidates: lowest priority, then the biggest, the latest
-/// admitted, the first arrived; last the candidate's index.
-type CandKey = (i32, Reverse<u64>, Reverse<Timestamp>, u64, usize);
+/// Order of the candidates: lowest priority, then the latest admitted (the
+/// least work run, as Kueue orders them), the biggest, the first arrived;
+/// last the candidate's index. It picks the candidates a search looks at
+/// and the greedy search's order: biggest before latest admitted threw away
+/// 12-27 % more work on the fragmenting mix (three seeds).
+type CandKey = (i32, Reverse<Timestamp>, Reverse<u64>, u64, usize);
 
 /// Order of single victims: least work thrown away, fewest GPUs, then
 /// lowest priority, the latest admitted, the first arrived; last the
@@ -612,7 +615,8 @@ impl Search<'_> {
         None
     }
 
-    /// Adds victims lowest priority / biggest first until the job fits.
+    /// Adds victims in candidate order (lowest priority, latest admitted
+    /// first) until the job fits.
     /// Worker slots are tracked incrementally so the full check only runs
     /// once the freed capacity could possibly host the gang.
     fn greedy(&self) -> Option<Vec<usize>> {
@@ -934,8 +938,7 @@ impl Allocator {
         if cands.is_empty() {
             return None;
         }
-        // Lowest priority first, then the biggest, the latest admitted, the
-        // first arrived (a total order: arrival numbers are unique). Sorted
+        // In `CandKey` order (a total order: arrival numbers are unique). Sorted
         // as plain keys, and only the first `MAX_CANDIDATES` of them, which
         // are all a search looks at: moving and comparing whole candidates
         // was a tenth of a search.
@@ -945,8 +948,8 @@ impl Allocator {
             .map(|(i, c)| {
                 (
                     c.priority,
-                    Reverse(c.units),
                     Reverse(c.admitted_at),
+                    Reverse(c.units),
                     c.seq,
                     i,
                 )

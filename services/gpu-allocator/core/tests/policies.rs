@@ -1103,6 +1103,30 @@ fn preemption_counts_the_grace_period_as_each_victim_gpus_restart() {
     );
 }
 
+/// A search looks at up to 512 candidates, latest admitted first: a job
+/// that has just started is among them, however many bigger jobs have run
+/// for an hour.
+#[test]
+fn preemption_looks_at_the_latest_admitted_candidates_first() {
+    let mut h = Harness::default_config();
+    let mut nodes: Vec<NodeInfo> = (0..520).map(|i| node(&format!("n{i}"), 2)).collect();
+    nodes.push(node("small", 1));
+    h.nodes(nodes);
+    h.queue(queue("q", None, 1_041));
+    for i in 0..520 {
+        h.submit(job(&format!("old-{i}"), "q", 1, 2));
+    }
+    assert_eq!(h.cycle(1).admissions.len(), 520);
+    h.submit(job("fresh-1", "q", 1, 1));
+    assert_eq!(h.cycle(3_600).admissions.len(), 1);
+    let out = urgent_job_preempts(&mut h, 1, 3_660);
+    assert_eq!(
+        only_victims(&out),
+        vec!["fresh-1"],
+        "1 GPU x 1 min of work lost, not 2 GPUs x 1 h"
+    );
+}
+
 #[test]
 fn preemption_evicts_whole_multi_node_gangs_and_never_higher_priority() {
     let mut h = Harness::default_config();
