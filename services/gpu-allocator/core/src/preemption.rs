@@ -68,6 +68,11 @@ struct Cand<'a> {
 }
 
 impl Cand<'_> {
+    /// The cost of evicting this job alone.
+    fn cost(&self) -> Cost {
+        (self.lost, self.units, 1, self.priority)
+    }
+
     /// Units freed per node.
     fn nodes(&self) -> impl Iterator<Item = (NodeIdx, u32)> + '_ {
         self.placement
@@ -125,6 +130,20 @@ struct Search<'a> {
 /// 1.6-1.9 times as much work on the gang-heavy and fragmenting benchmarks.
 type Cost = (u64, u64, usize, i32);
 
+/// The cost of evicting nobody.
+const NO_COST: Cost = (0, 0, 0, i32::MIN);
+
+/// The cost of evicting the victims of `a` and of `b`. Work saturates: it is
+/// GPUs x seconds, both from input.
+fn plus(a: Cost, b: Cost) -> Cost {
+    (
+        a.0.saturating_add(b.0),
+        a.1.saturating_add(b.1),
+        a.2 + b.2,
+        a.3.max(b.3),
+    )
+}
+
 /// Order of the candidates: lowest priority, then the latest admitted (the
 /// least work run, as Kueue orders them), the biggest, the first arrived;
 /// last the candidate's index. It picks the candidates a search looks at
@@ -158,23 +177,9 @@ enum Verdict {
 
 impl Search<'_> {
     fn cost(&self, set: &[usize]) -> Cost {
-        let prio = set
-            .iter()
+        set.iter()
             .filter_map(|i| self.cands.get(*i))
-            .map(|c| c.priority)
-            .max()
-            .unwrap_or(i32::MIN);
-        let units = set
-            .iter()
-            .filter_map(|i| self.cands.get(*i))
-            .map(|c| c.units)
-            .sum();
-        // Saturating: work is GPUs x seconds, and both come from input.
-        let lost = set
-            .iter()
-            .filter_map(|i| self.cands.get(*i))
-            .fold(0u64, |sum, c| sum.saturating_add(c.lost));
-        (lost, units, set.len(), prio)
+            .fold(NO_COST, |sum, c| plus(sum, c.cost()))
     }
 
     /// Units freed per node by evicting `set` (victims may be gangs spanning
@@ -475,7 +480,8 @@ impl Search<'_> {
                 }
             }
         }
-        let mut stats: Vec<(u32, i32, u64, u64)> = Vec::new();
+        // Per job on the node: units it holds there, what evicting it costs.
+        let mut stats: Vec<(u32, Cost)> = Vec::new();
         let mut dp: Vec<Option<Cost>> = Vec::new();
         // For job j and freed units f: the units freed before j when j's
         // eviction improved f (the walk back reads the subset from it).
@@ -503,33 +509,25 @@ impl Search<'_> {
                 {
                     let start = subsets.len();
                     subsets.push(*i);
-                    node_costs.push((
-                        (c.lost, c.units, 1, c.priority),
-                        *node,
-                        (start, subsets.len()),
-                    ));
+                    node_costs.push((c.cost(), *node, (start, subsets.len())));
                 }
                 continue;
             }
             stats.clear();
-            stats.extend(run.iter().map(|(_, i, on_node)| {
-                let c = self.cands.get(*i);
-                (
-                    *on_node,
-                    c.map_or(i32::MIN, |c| c.priority),
-                    c.map_or(0, |c| c.units),
-                    c.map_or(0, |c| c.lost),
-                )
-            }));
+            stats.extend(
+                run.iter().map(|(_, i, on_node)| {
+                    (*on_node, self.cands.get(*i).map_or(NO_COST, Cand::cost))
+                }),
+            );
             let width = need + 1;
             dp.clear();
             dp.resize(width, None);
             if let Some(slot) = dp.first_mut() {
-                *slot = Some((0, 0, 0, i32::MIN));
+                *slot = Some(NO_COST);
             }
             from.clear();
             from.resize(stats.len() * width, None);
-            for (j, (on_node, prio, units, lost)) in stats.iter().enumerate() {
+            for (j, (on_node, victim)) in stats.iter().enumerate() {
                 for f in (0..=need).rev() {
                     let Some(Some(cost)) = dp.get(f).copied() else {
                         continue;
@@ -538,12 +536,7 @@ impl Search<'_> {
                     if nf == f {
                         continue;
                     }
-                    let next = (
-                        cost.0.saturating_add(*lost),
-                        cost.1 + units,
-                        cost.2 + 1,
-                        cost.3.max(*prio),
-                    );
+                    let next = plus(cost, *victim);
                     if let Some(slot) = dp.get_mut(nf)
                         && slot.is_none_or(|c| next < c)
                     {
@@ -921,12 +914,13 @@ impl Allocator {
             if run.res != res || run.preempting.is_some() {
                 continue;
             }
-            let units = run.admission.total_units();
+            let victim_units = run.admission.total_units();
             cands.push(Cand {
                 idx: vidx,
                 queue: vjob.queue,
-                units,
-                lost: units.saturating_mul(now.secs_since(run.admitted_at).saturating_add(restart)),
+                units: victim_units,
+                lost: victim_units
+                    .saturating_mul(now.secs_since(run.admitted_at).saturating_add(restart)),
                 priority: vjob.spec.priority,
                 admitted_at: run.admitted_at,
                 seq: vjob.seq,
