@@ -331,6 +331,7 @@ pub fn job_spec(
         gpu_slice,
         runtime_estimate_secs: scheduling.estimated_runtime_seconds.filter(|s| *s > 0),
         min_gpu_memory_mib: None,
+        earlier_restarts: attempt,
         node_selector,
         tolerations,
         topology: TopologyRequirement::Preferred,
@@ -766,6 +767,7 @@ mod tests {
         let spec = job_spec(&config, &job, "u-1", 3, Some(7), Timestamp(99)).expect("maps");
         assert_eq!(spec.uid.as_str(), "u-1/a3");
         assert_eq!(split_uid(&spec.uid), Some(("u-1", 3)));
+        assert_eq!(spec.earlier_restarts, 3, "victim searches count them");
         assert_eq!(spec.priority, 1000);
         assert_eq!(spec.queue.as_deref(), Some("team-a"));
         assert_eq!(spec.submitted_at, Timestamp(1_704_067_200));
@@ -784,6 +786,7 @@ mod tests {
         let spec = job_spec(&config, &plain, "u-1", 0, Some(7), Timestamp(99)).expect("maps");
         assert_eq!(spec.priority, 7, "queue default without a PriorityClass");
         assert_eq!(spec.queue, None, "the configured default queue applies");
+        assert_eq!(spec.earlier_restarts, 0);
     }
 
     #[test]

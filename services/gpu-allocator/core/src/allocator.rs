@@ -105,6 +105,12 @@ impl Job {
             JobState::Pending(_) => None,
         }
     }
+
+    /// Restarts before its current run: those of earlier attempts and this
+    /// allocator's own requeues.
+    pub(crate) fn restarts(&self) -> u32 {
+        self.spec.earlier_restarts.saturating_add(self.requeues)
+    }
 }
 
 /// Cluster-level counters.

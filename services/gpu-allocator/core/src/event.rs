@@ -217,6 +217,11 @@ pub struct JobSpec {
     pub gpu_slice: Option<GpuSliceRequest>,
     /// Minimum per-GPU memory (MiB), matched against `nvidia.com/gpu.memory`.
     pub min_gpu_memory_mib: Option<u64>,
+    /// Restarts before this run (`status.restartCount`: the service submits
+    /// every attempt as a new job). Victim searches count one restart of
+    /// lost work for each, so that evictions do not strike one job again
+    /// and again.
+    pub earlier_restarts: u32,
     /// Kubernetes uid; the idempotency key.
     pub uid: JobUid,
     /// Namespace.
@@ -246,6 +251,7 @@ impl Default for JobSpec {
             allow_gpu_sharing: false,
             runtime_estimate_secs: None,
             min_gpu_memory_mib: None,
+            earlier_restarts: 0,
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),
             topology: TopologyRequirement::Preferred,

@@ -60,7 +60,8 @@ struct Cand<'a> {
     seq: u64,
     rule: PreemptionRule,
     /// GPU-seconds its eviction throws away: what it ran since admission
-    /// (a job may not resume from a checkpoint) plus a grace period.
+    /// (a job may not resume from a checkpoint) plus a grace period for
+    /// this restart and each earlier one.
     lost: u64,
     /// Workers per node.
     placement: &'a [(NodeIdx, u32)],
@@ -836,7 +837,9 @@ impl Allocator {
         let within_nominal = projected_own.saturating_add(units) <= slot.nominal;
         let mut cands = Vec::new();
         // Every victim also spends its grace period checkpointing, then
-        // starts again: each of its GPUs loses at least that much.
+        // starts again: each of its GPUs loses at least that much, and once
+        // more for every earlier restart. A restarted job starts afresh, so
+        // without that count it is the cheapest victim again and again.
         let restart = self.config.preemption.grace_period_secs;
         // Which queues are eligible victim queues (same cohort, still
         // borrowing in the projected state): once per queue, not per job.
@@ -915,12 +918,13 @@ impl Allocator {
                 continue;
             }
             let victim_units = run.admission.total_units();
+            let restarts = restart.saturating_mul(u64::from(vjob.restarts()).saturating_add(1));
             cands.push(Cand {
                 idx: vidx,
                 queue: vjob.queue,
                 units: victim_units,
                 lost: victim_units
-                    .saturating_mul(now.secs_since(run.admitted_at).saturating_add(restart)),
+                    .saturating_mul(now.secs_since(run.admitted_at).saturating_add(restarts)),
                 priority: vjob.spec.priority,
                 admitted_at: run.admitted_at,
                 seq: vjob.seq,

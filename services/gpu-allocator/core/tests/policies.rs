@@ -1103,6 +1103,49 @@ fn preemption_counts_the_grace_period_as_each_victim_gpus_restart() {
     );
 }
 
+/// A restarted job starts afresh, so by work alone it is the cheapest
+/// victim every time it runs again. Each earlier restart counts one more:
+/// a job back for 30 s after one restart costs 4 x (30 + 2 x 120) GPU-s,
+/// more than a job that has run 50 s and never restarted (4 x 170).
+/// Restarts are this allocator's own requeues (here after a lost node) and
+/// those of earlier attempts (`earlierRestarts`, from `status.restartCount`).
+#[test]
+fn preemption_counts_a_restart_for_each_earlier_one() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 4), node("n2", 4)]);
+    h.queue(queue("q", None, 8));
+    h.submit(pinned(job("requeued-4", "q", 1, 4), "n1"));
+    assert_eq!(h.cycle(1).admissions.len(), 1);
+    h.submit(pinned(job("fresh-4", "q", 1, 4), "n2"));
+    assert_eq!(h.cycle(10).admissions.len(), 1);
+    h.apply(Event::NodeRemoved { name: "n1".into() });
+    assert_eq!(h.cycle(20).evictions.len(), 1);
+    h.nodes([node("n1", 4)]);
+    assert_eq!(admitted_uids(&h.cycle(30)), vec!["requeued-4"]);
+    let out = urgent_job_preempts(&mut h, 4, 60);
+    assert_eq!(
+        only_victims(&out),
+        vec!["fresh-4"],
+        "4 x (50 + 120) GPU-s lost, not 4 x (30 + 2 x 120)"
+    );
+
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 4), node("n2", 4)]);
+    h.queue(queue("q", None, 8));
+    h.submit(pinned(job("fresh-4", "q", 1, 4), "n2"));
+    assert_eq!(h.cycle(10).admissions.len(), 1);
+    let mut second_attempt = pinned(job("second-attempt-4", "q", 1, 4), "n1");
+    second_attempt.earlier_restarts = 1;
+    h.submit(second_attempt);
+    assert_eq!(h.cycle(30).admissions.len(), 1);
+    let out = urgent_job_preempts(&mut h, 4, 60);
+    assert_eq!(
+        only_victims(&out),
+        vec!["fresh-4"],
+        "the attempt's earlier restart counts as a requeue does"
+    );
+}
+
 /// A search looks at up to 512 candidates, latest admitted first: a job
 /// that has just started is among them, however many bigger jobs have run
 /// for an hour.
