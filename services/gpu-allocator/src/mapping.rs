@@ -332,6 +332,8 @@ pub fn job_spec(
         runtime_estimate_secs: scheduling.estimated_runtime_seconds.filter(|s| *s > 0),
         min_gpu_memory_mib: None,
         earlier_restarts: attempt,
+        // Known from the attempt before, not from the object: the state sets it.
+        last_preemptor: None,
         node_selector,
         tolerations,
         topology: TopologyRequirement::Preferred,

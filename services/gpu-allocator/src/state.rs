@@ -402,15 +402,20 @@ impl AllocatorState {
             .and_then(|s| s.queue.as_deref())
             .unwrap_or(self.config.default_queue.as_str());
         let queue_default = self.queues.get(queue).map(|q| q.default_priority);
-        let spec = mapping::job_spec(&self.config, job, &k8s_uid, attempt, queue_default, now)?;
+        let mut spec = mapping::job_spec(&self.config, job, &k8s_uid, attempt, queue_default, now)?;
         if let Some(rec) = self.jobs.get(&key).cloned() {
             if rec.entity.uid != k8s_uid {
                 // Deleted and created again under the same name.
                 self.finish_attempt(&rec.template.uid)?;
             } else if attempt < rec.attempt {
                 return Ok(()); // an older copy of the object
-            } else if attempt > rec.attempt {
-                self.finish_attempt(&rec.template.uid)?;
+            } else {
+                // Noted when the attempt before was preempted (or carried
+                // into it): not in the object.
+                spec.last_preemptor = rec.template.last_preemptor.clone();
+                if attempt > rec.attempt {
+                    self.finish_attempt(&rec.template.uid)?;
+                }
             }
         }
         let suspended = job.spec.is_suspended();
@@ -540,6 +545,7 @@ impl AllocatorState {
             self.finish_attempt(&rec.template.uid)?;
             rec.attempt = attempt;
             rec.template.uid = mapping::attempt_uid(&rec.entity.uid, attempt);
+            rec.template.earlier_restarts = attempt;
             self.remember(key, rec.clone());
         }
         let uid = rec.template.uid.clone();
@@ -578,6 +584,28 @@ impl AllocatorState {
     }
 
     // ------------------------------------------------------------------ cycle
+
+    /// The next attempt of an evicted one never takes its preemptor as a
+    /// victim (the core's loop guard, kept across attempts): its template
+    /// carries it.
+    fn note_preemptor(&mut self, victim: &JobUid, by: &JobUid) {
+        let Some((k8s_uid, attempt)) = mapping::split_uid(victim) else {
+            return;
+        };
+        let Some(key) = self.by_uid.get(k8s_uid).cloned() else {
+            return;
+        };
+        let Some(mut rec) = self
+            .jobs
+            .get(&key)
+            .filter(|rec| rec.attempt == attempt)
+            .map(|rec| JobRecord::clone(rec))
+        else {
+            return;
+        };
+        rec.template.last_preemptor = Some(by.clone());
+        self.remember(key, rec);
+    }
 
     fn record_of(&self, uid: &JobUid) -> Option<&JobRecord> {
         let (k8s_uid, _) = mapping::split_uid(uid)?;
@@ -644,6 +672,9 @@ impl AllocatorState {
                 EvictionReason::NodeLost { .. } => report.evictions_node_lost += 1,
             }
             let uid = eviction.uid.clone();
+            if let EvictionReason::Preempted { by } = &eviction.reason {
+                self.note_preemptor(&uid, by);
+            }
             // Feed the decision back (a no-op: the cycle applied it), then end
             // the attempt: the planner replaces an evicted attempt with a new
             // one, which is submitted fresh when it is announced.
@@ -904,6 +935,78 @@ mod tests {
                 .allocator()
                 .contains_job(&mapping::attempt_uid("uid-a", 0))
         );
+    }
+
+    /// An evicted attempt is finished at once and its job comes back as a
+    /// new allocator job, so what the core knew of the old one travels in
+    /// the new attempt's spec: its restarts (victim searches count them) and
+    /// its preemptor (never its victim), by either message that announces it.
+    #[test]
+    fn a_new_attempt_after_a_preemption_carries_its_restarts_and_preemptor() {
+        for by_transition in [true, false] {
+            let mut state = state_with(AllocatorServiceConfig {
+                priority_classes: [("urgent".to_string(), 100)].into(),
+                ..AllocatorServiceConfig::default()
+            });
+            let queue: TrainingQueueChanged = serde_json::from_value(json!({
+                "change": "Applied",
+                "object": {"apiVersion": "trainyard.dev/v1", "kind": "TrainingQueue",
+                           "metadata": {"name": "default"},
+                           "spec": {"flavors": [{"name": "a100", "nominalQuota": 8,
+                                    "nodeLabels": {"nvidia.com/gpu.product": "A100"}}],
+                                    "preemption": {"withinQueue": "LowerPriority"}}}
+            }))
+            .expect("queue");
+            state
+                .on_queue(&EntityRef::new("", "default", ""), &queue)
+                .expect("queue applies");
+            state
+                .on_job_changed(&entity("low"), &job("low", 8, 0, false), Timestamp(10))
+                .expect("job");
+            state.cycle(Timestamp(10));
+            let mut urgent = job("urgent", 8, 0, false);
+            urgent.object.spec.scheduling =
+                Some(serde_json::from_value(json!({"priority": "urgent"})).expect("scheduling"));
+            state
+                .on_job_changed(&entity("urgent"), &urgent, Timestamp(20))
+                .expect("job");
+            let report = state.cycle(Timestamp(20));
+            assert_eq!(report.preempted_victims, 1, "urgent preempts low");
+            let grace = state.config.grace_seconds;
+            let report = state.cycle(Timestamp(20 + grace));
+            assert_eq!(report.evictions_preempted, 1);
+            if by_transition {
+                state
+                    .on_transition(&entity("low"), &transition(TrainingJobState::Pending, 1))
+                    .expect("transition");
+            } else {
+                state
+                    .on_job_changed(
+                        &entity("low"),
+                        &job("low", 8, 1, false),
+                        Timestamp(30 + grace),
+                    )
+                    .expect("job");
+            }
+            let template = &state.job("ml", "low").expect("record").template;
+            assert_eq!(template.uid, mapping::attempt_uid("uid-low", 1));
+            assert_eq!(
+                template.earlier_restarts, 1,
+                "by transition: {by_transition}"
+            );
+            assert_eq!(
+                template.last_preemptor,
+                Some(mapping::attempt_uid("uid-urgent", 0)),
+                "by transition: {by_transition}"
+            );
+            let snapshot = state.allocator().snapshot();
+            let submitted = snapshot
+                .jobs
+                .iter()
+                .find(|j| j.spec.uid == template.uid)
+                .expect("attempt 1 submitted");
+            assert_eq!(submitted.preempted_by, template.last_preemptor);
+        }
     }
 
     #[test]

@@ -88,8 +88,9 @@ pub(crate) struct Job {
     pub(crate) seq: u64,
     pub(crate) spec: JobSpec,
     pub(crate) requeues: u32,
-    /// Last job that preempted this one: never chosen as this job's victim
-    /// (the explicit half of the no-loop guarantee).
+    /// Last job that preempted this one, or an earlier attempt of it
+    /// (`JobSpec::last_preemptor`): never chosen as this job's victim (the
+    /// explicit half of the no-loop guarantee).
     pub(crate) preempted_by: Option<JobUid>,
     /// A victim search that found nothing is not repeated before this time
     /// (see the preemption pass): searches are the costliest part of a cycle.
@@ -433,6 +434,7 @@ impl Allocator {
         let queue = self.queues.intern(&queue_name);
         let filter = self.filter_for(&spec);
         let uid = spec.uid.clone();
+        let preempted_by = spec.last_preemptor.clone();
         let seq = self.next_seq;
         self.next_seq += 1;
         let job = Job {
@@ -444,7 +446,7 @@ impl Allocator {
             filter,
             state: JobState::Pending(None),
             requeues: 0,
-            preempted_by: None,
+            preempted_by,
         };
         let idx = match self.free_job_slots.pop() {
             Some(idx) => {

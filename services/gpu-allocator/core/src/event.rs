@@ -222,6 +222,10 @@ pub struct JobSpec {
     /// lost work for each, so that evictions do not strike one job again
     /// and again.
     pub earlier_restarts: u32,
+    /// The job that preempted an earlier attempt of this one (its last
+    /// eviction): never chosen as this job's victim, as for a job requeued
+    /// here.
+    pub last_preemptor: Option<JobUid>,
     /// Kubernetes uid; the idempotency key.
     pub uid: JobUid,
     /// Namespace.
@@ -252,6 +256,7 @@ impl Default for JobSpec {
             runtime_estimate_secs: None,
             min_gpu_memory_mib: None,
             earlier_restarts: 0,
+            last_preemptor: None,
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),
             topology: TopologyRequirement::Preferred,

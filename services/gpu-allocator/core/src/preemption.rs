@@ -22,7 +22,8 @@
 //! that the victim could reclaim from or fair-share against; and a fair-share
 //! preemption only moves capacity from a queue whose final share is not below
 //! the preemptor's, so the reverse move would need the opposite inequality.
-//! On top of that, a job never picks the job that last preempted it.
+//! On top of that, a job never picks the job that last preempted it (or its
+//! earlier attempt: `JobSpec::last_preemptor`).
 
 use std::cell::RefCell;
 use std::cmp::Reverse;

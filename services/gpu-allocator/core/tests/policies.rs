@@ -1200,6 +1200,29 @@ fn preemption_evicts_whole_multi_node_gangs_and_never_higher_priority() {
     assert!(admitted_uids(&out).contains(&"high".to_string()));
 }
 
+/// The service submits every attempt of a TrainingJob as a new job, so the
+/// loop guard travels in the spec: a job never preempts the preemptor of
+/// its earlier attempt, though the rules would let it.
+#[test]
+fn a_new_attempt_never_preempts_the_preemptor_of_the_one_before() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8)]);
+    h.queue(queue("q", None, 8));
+    h.submit(job("preemptor", "q", 1, 8));
+    assert_eq!(h.cycle(1).admissions.len(), 1);
+    let mut second_attempt = job("second-attempt", "q", 1, 8);
+    second_attempt.priority = 10;
+    second_attempt.last_preemptor = Some(uid("preemptor"));
+    h.submit(second_attempt);
+    assert!(h.cycle(2).preemptions.is_empty(), "never strikes back");
+    let out = urgent_job_preempts(&mut h, 8, 3);
+    assert_eq!(
+        only_victims(&out),
+        vec!["preemptor"],
+        "the rules allow it to any other job"
+    );
+}
+
 /// Runs cycles (evictions happen inside `cycle` once the grace period ends)
 /// until nothing changes for three cycles; returns every preemption seen.
 fn run_to_quiescence(h: &mut Harness, start: u64) -> (Vec<Preemption>, u64) {
