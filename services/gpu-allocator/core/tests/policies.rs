@@ -1103,6 +1103,14 @@ fn preemption_counts_the_grace_period_as_each_victim_gpus_restart() {
     );
 }
 
+/// Nodes `n1` and `n2` of 4 GPUs, queue `q` with all 8.
+fn two_nodes_of_4() -> Harness {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 4), node("n2", 4)]);
+    h.queue(queue("q", None, 8));
+    h
+}
+
 /// A restarted job starts afresh, so by work alone it is the cheapest
 /// victim every time it runs again. Each earlier restart counts one more:
 /// a job back for 30 s after one restart costs 4 x (30 + 2 x 120) GPU-s,
@@ -1111,9 +1119,7 @@ fn preemption_counts_the_grace_period_as_each_victim_gpus_restart() {
 /// those of earlier attempts (`earlierRestarts`, from `status.restartCount`).
 #[test]
 fn preemption_counts_a_restart_for_each_earlier_one() {
-    let mut h = Harness::default_config();
-    h.nodes([node("n1", 4), node("n2", 4)]);
-    h.queue(queue("q", None, 8));
+    let mut h = two_nodes_of_4();
     h.submit(pinned(job("requeued-4", "q", 1, 4), "n1"));
     assert_eq!(h.cycle(1).admissions.len(), 1);
     h.submit(pinned(job("fresh-4", "q", 1, 4), "n2"));
@@ -1129,9 +1135,7 @@ fn preemption_counts_a_restart_for_each_earlier_one() {
         "4 x (50 + 120) GPU-s lost, not 4 x (30 + 2 x 120)"
     );
 
-    let mut h = Harness::default_config();
-    h.nodes([node("n1", 4), node("n2", 4)]);
-    h.queue(queue("q", None, 8));
+    let mut h = two_nodes_of_4();
     h.submit(pinned(job("fresh-4", "q", 1, 4), "n2"));
     assert_eq!(h.cycle(10).admissions.len(), 1);
     let mut second_attempt = pinned(job("second-attempt-4", "q", 1, 4), "n1");
