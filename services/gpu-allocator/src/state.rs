@@ -1006,6 +1006,20 @@ mod tests {
                 .find(|j| j.spec.uid == template.uid)
                 .expect("attempt 1 submitted");
             assert_eq!(submitted.preempted_by, template.last_preemptor);
+            // Both survive a save (left out of the JSON only when unset).
+            let persisted = state.persisted();
+            let saved = serde_json::to_value(&persisted).expect("encode");
+            let decoded: PersistedState = serde_json::from_value(saved).expect("decode");
+            assert_eq!(decoded, persisted);
+            let spec = |jobs: &[gpu_allocator_core::JobSnapshot], uid: &str| {
+                serde_json::to_value(&jobs.iter().find(|j| j.spec.uid.as_str() == uid)?.spec).ok()
+            };
+            let urgent = spec(&persisted.allocator.jobs, "uid-urgent/a0").expect("urgent");
+            assert_eq!(urgent.get("earlierRestarts"), None);
+            assert_eq!(urgent.get("lastPreemptor"), None);
+            let low = spec(&persisted.allocator.jobs, "uid-low/a1").expect("low");
+            assert_eq!(low["earlierRestarts"], 1);
+            assert_eq!(low["lastPreemptor"], "uid-urgent/a0");
         }
     }
 

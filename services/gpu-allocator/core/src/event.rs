@@ -220,11 +220,14 @@ pub struct JobSpec {
     /// Restarts before this run (`status.restartCount`: the service submits
     /// every attempt as a new job). Victim searches count one restart of
     /// lost work for each, so that evictions do not strike one job again
-    /// and again.
+    /// and again. Left out of the JSON when 0, as `last_preemptor` when
+    /// unset: most jobs never restart, and the snapshot holds every spec.
+    #[serde(skip_serializing_if = "is_zero")]
     pub earlier_restarts: u32,
     /// The job that preempted an earlier attempt of this one (its last
     /// eviction): never chosen as this job's victim, as for a job requeued
     /// here.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub last_preemptor: Option<JobUid>,
     /// Kubernetes uid; the idempotency key.
     pub uid: JobUid,
@@ -238,6 +241,10 @@ pub struct JobSpec {
     pub node_selector: BTreeMap<String, String>,
     /// The job's own `scheduling.tolerations`.
     pub tolerations: Vec<Toleration>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Default for JobSpec {
