@@ -34,6 +34,14 @@ pub fn attempt_uid(k8s_uid: &str, attempt: u32) -> JobUid {
     JobUid::new(format!("{k8s_uid}{ATTEMPT_SEPARATOR}{attempt}"))
 }
 
+/// Makes `spec` the spec of attempt `attempt` of the TrainingJob `k8s_uid`:
+/// its allocator uid, and the restarts before it (victim searches count
+/// them). Every field that follows from the attempt is set here.
+pub fn set_attempt(spec: &mut JobSpec, k8s_uid: &str, attempt: u32) {
+    spec.uid = attempt_uid(k8s_uid, attempt);
+    spec.earlier_restarts = attempt;
+}
+
 /// Splits an allocator uid into the Kubernetes uid and the attempt.
 pub fn split_uid(uid: &JobUid) -> Option<(&str, u32)> {
     let (k8s_uid, attempt) = uid.as_str().rsplit_once(ATTEMPT_SEPARATOR)?;
@@ -317,8 +325,10 @@ pub fn job_spec(
         .as_ref()
         .and_then(|t| u64::try_from(t.0.as_second()).ok())
         .unwrap_or(now.0);
-    let core = JobSpec {
-        uid: attempt_uid(k8s_uid, attempt),
+    let mut core = JobSpec {
+        // Both follow from the attempt: `set_attempt` below.
+        uid: JobUid::default(),
+        earlier_restarts: 0,
         namespace,
         name,
         queue: scheduling.queue.clone(),
@@ -331,7 +341,6 @@ pub fn job_spec(
         gpu_slice,
         runtime_estimate_secs: scheduling.estimated_runtime_seconds.filter(|s| *s > 0),
         min_gpu_memory_mib: None,
-        earlier_restarts: attempt,
         // Known from the attempt before, not from the object: the state sets it.
         last_preemptor: None,
         node_selector,
@@ -339,6 +348,7 @@ pub fn job_spec(
         topology: TopologyRequirement::Preferred,
         preemptible: true,
     };
+    set_attempt(&mut core, k8s_uid, attempt);
     // CPU-only jobs (gpusPerWorker 0) are admitted by the adapter itself; the
     // core only validates GPU jobs.
     if core.gpus_per_worker > 0 {

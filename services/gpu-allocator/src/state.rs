@@ -544,8 +544,7 @@ impl AllocatorState {
         if attempt > rec.attempt {
             self.finish_attempt(&rec.template.uid)?;
             rec.attempt = attempt;
-            rec.template.uid = mapping::attempt_uid(&rec.entity.uid, attempt);
-            rec.template.earlier_restarts = attempt;
+            mapping::set_attempt(&mut rec.template, &rec.entity.uid, attempt);
             self.remember(key, rec.clone());
         }
         let uid = rec.template.uid.clone();
@@ -589,21 +588,16 @@ impl AllocatorState {
     /// victim (the core's loop guard, kept across attempts): its template
     /// carries it.
     fn note_preemptor(&mut self, victim: &JobUid, by: &JobUid) {
-        let Some((k8s_uid, attempt)) = mapping::split_uid(victim) else {
-            return;
-        };
-        let Some(key) = self.by_uid.get(k8s_uid).cloned() else {
-            return;
-        };
-        let Some(mut rec) = self
-            .jobs
-            .get(&key)
-            .filter(|rec| rec.attempt == attempt)
-            .map(|rec| JobRecord::clone(rec))
+        // Only while the record is at the victim's attempt.
+        let Some(rec) = self
+            .record_of(victim)
+            .filter(|rec| rec.template.uid == *victim)
         else {
             return;
         };
+        let mut rec = rec.clone();
         rec.template.last_preemptor = Some(by.clone());
+        let key = entity_key(&rec.entity.namespace, &rec.entity.name);
         self.remember(key, rec);
     }
 

@@ -919,13 +919,13 @@ impl Allocator {
                 continue;
             }
             let victim_units = run.admission.total_units();
-            let restarts = restart.saturating_mul(u64::from(vjob.restarts()).saturating_add(1));
+            let restart_secs = restart.saturating_mul(u64::from(vjob.restarts()).saturating_add(1));
             cands.push(Cand {
                 idx: vidx,
                 queue: vjob.queue,
                 units: victim_units,
                 lost: victim_units
-                    .saturating_mul(now.secs_since(run.admitted_at).saturating_add(restarts)),
+                    .saturating_mul(now.secs_since(run.admitted_at).saturating_add(restart_secs)),
                 priority: vjob.spec.priority,
                 admitted_at: run.admitted_at,
                 seq: vjob.seq,
