@@ -197,6 +197,7 @@ pub fn queue_event(
         preemption: QueuePreemption {
             within_queue: spec.within_queue_preemption() == WithinQueuePreemption::LowerPriority,
             reclaim_within_cohort: reclaim != ReclaimWithinCohort::Never,
+            reclaim_lower_priority_only: reclaim == ReclaimWithinCohort::LowerPriority,
             fair_share: reclaim == ReclaimWithinCohort::Any,
         },
         aging,
@@ -621,6 +622,43 @@ mod tests {
     }
 
     #[test]
+    fn reclaim_within_cohort_maps_to_the_core_rules() {
+        // (reclaim, only from lower priorities, fair share) per setting.
+        for (setting, expected) in [
+            (json!({}), (false, false, false)),
+            (
+                json!({"reclaimWithinCohort": "Never"}),
+                (false, false, false),
+            ),
+            (
+                json!({"reclaimWithinCohort": "LowerPriority"}),
+                (true, true, false),
+            ),
+            (json!({"reclaimWithinCohort": "Any"}), (true, false, true)),
+        ] {
+            let change = queue(json!({
+                "flavors": [{"name": "a100", "nominalQuota": 8}],
+                "preemption": setting.clone(),
+            }));
+            let (event, _) =
+                queue_event(&config(), &EntityRef::new("", "team-a", ""), &change).expect("maps");
+            let Event::QueueUpserted(spec) = event else {
+                panic!("expected QueueUpserted")
+            };
+            let p = spec.preemption;
+            assert_eq!(
+                (
+                    p.reclaim_within_cohort,
+                    p.reclaim_lower_priority_only,
+                    p.fair_share
+                ),
+                expected,
+                "{setting}"
+            );
+        }
+    }
+
+    #[test]
     fn queue_maps_quotas_cohort_weight_preemption_and_flavors() {
         let change = queue(json!({
             "cohort": "research",
@@ -646,6 +684,7 @@ mod tests {
         assert_eq!(spec.quotas[0].resources[0].lending_limit, Some(4));
         assert!(spec.preemption.within_queue && spec.preemption.reclaim_within_cohort);
         assert!(spec.preemption.fair_share);
+        assert!(!spec.preemption.reclaim_lower_priority_only);
         let info = info.expect("info");
         assert_eq!(info.default_priority, 5);
         assert_eq!(

@@ -174,6 +174,9 @@ pub struct QueuePreemption {
     pub within_queue: bool,
     /// Reclaim nominal quota that cohort members borrowed.
     pub reclaim_within_cohort: bool,
+    /// Reclaim only from jobs of lower priority than the preemptor (Kueue's
+    /// `reclaimWithinCohort: LowerPriority`), not from any borrower.
+    pub reclaim_lower_priority_only: bool,
     /// Preempt borrowers with a larger fair share when borrowing oneself.
     pub fair_share: bool,
 }
@@ -183,6 +186,7 @@ impl Default for QueuePreemption {
         QueuePreemption {
             within_queue: true,
             reclaim_within_cohort: true,
+            reclaim_lower_priority_only: false,
             fair_share: true,
         }
     }

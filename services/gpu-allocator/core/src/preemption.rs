@@ -5,7 +5,8 @@
 //! - `LowerPriority`: victims from the preemptor's own queue with strictly
 //!   lower *base* priority (aging never causes preemption);
 //! - `ReclaimQuota`: the preemptor stays within its queue's nominal quota, and
-//!   the victims' queues (same cohort) are borrowing that resource;
+//!   the victims' queues (same cohort) are borrowing that resource (victims
+//!   of strictly lower base priority only, if the queue says so);
 //! - `FairShare`: the preemptor's queue borrows; victims' queues borrow too and
 //!   keep a weighted share at least as large as the preemptor's queue after
 //!   the preemption.
@@ -904,7 +905,10 @@ impl Allocator {
                     continue;
                 }
                 if within_nominal {
-                    if !queue.preemption.reclaim_within_cohort {
+                    if !queue.preemption.reclaim_within_cohort
+                        || (queue.preemption.reclaim_lower_priority_only
+                            && vjob.spec.priority >= spec.priority)
+                    {
                         continue;
                     }
                     PreemptionRule::ReclaimQuota

@@ -136,6 +136,45 @@ fn reclaim_preempts_only_the_borrower_and_admits_after_the_grace_period() {
 }
 
 #[test]
+fn reclaim_from_lower_priorities_only_spares_borrowers_of_equal_priority() {
+    // b runs 16 GPUs on its nominal 8: two jobs of priority 5 (8 and 4
+    // GPUs) and one of priority 0 (4). a's job of priority 5 then wants
+    // `gpus` of a's quota back.
+    let scenario = |lower_priority_only: bool, gpus: u32| {
+        let mut h = Harness::default_config();
+        h.nodes([node("n1", 8), node("n2", 8)]);
+        let mut a = queue("a", Some("c"), 8);
+        a.preemption.reclaim_lower_priority_only = lower_priority_only;
+        h.queue(a);
+        h.queue(queue("b", Some("c"), 8));
+        for (i, (name, gpus, priority)) in [("b-big", 8, 5), ("b-high", 4, 5), ("b-low", 4, 0)]
+            .into_iter()
+            .enumerate()
+        {
+            let mut j = job(name, "b", 1, gpus);
+            j.priority = priority;
+            h.submit_at(j, i as u64);
+        }
+        assert_eq!(
+            h.cycle(10).admissions.len(),
+            3,
+            "b borrows all of a's quota"
+        );
+        let mut a0 = job("a0", "a", 1, gpus);
+        a0.priority = 5;
+        h.submit(a0);
+        h.cycle(20)
+    };
+    // Kueue's `Any`: the one gang that frees a whole node.
+    assert_eq!(only_victims(&scenario(false, 8)), ["b-big"]);
+    // `LowerPriority`: b-big and b-high (priority 5, as a0's) are spared,
+    // and b-low alone cannot free 8 GPUs on one node.
+    let out = scenario(true, 8);
+    assert!(out.preemptions.is_empty(), "{:?}", only_victims(&out));
+    assert_eq!(only_victims(&scenario(true, 4)), ["b-low"]);
+}
+
+#[test]
 fn a_checkpointed_victim_is_evicted_before_its_deadline() {
     let mut h = Harness::default_config();
     h.nodes([node("n1", 8)]);
