@@ -46,7 +46,9 @@
 //! partly bound after `waitForPodsReady` evicted and requeued).
 //!
 //! Usage: `admission [--mix trace,fragmenting,gang-heavy] [--seed N] [--cycles N]
-//! [--step-secs N] [--max-wall-secs N] [--warmup-secs N] [--preemption 0|1] [--digest]`
+//! [--step-secs N] [--max-wall-secs N] [--warmup-secs N] [--preemption 0|1]
+//! [--within-queue Never|LowerPriority] [--reclaim-within-cohort Never|LowerPriority|Any]
+//! [--borrower-hold-after SECONDS] [--digest]`
 //!
 //! `--digest` adds `decisions_digest` to trainyard's JSON: a hash of every
 //! cycle's admissions, preemptions, evictions and pending explanations
@@ -65,6 +67,8 @@ use gpu_allocator_core::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
+use trainyard_api::{ReclaimWithinCohort, WithinQueuePreemption};
+use trainyard_gpu_allocator::mapping;
 
 /// A node pool: `count` nodes of `gpus` GPUs, MIG-partitioned or whole.
 struct NodePool {
@@ -216,6 +220,23 @@ fn total_gpus() -> u64 {
         .sum()
 }
 
+/// Parses one of `values` by its name in YAML.
+fn wire_value<T>(values: &'static [T]) -> impl Fn(&str) -> Result<T, String> + Clone
+where
+    T: Copy + std::fmt::Display,
+{
+    move |name| {
+        values
+            .iter()
+            .copied()
+            .find(|v| v.to_string() == name)
+            .ok_or_else(|| {
+                let names: Vec<String> = values.iter().map(ToString::to_string).collect();
+                format!("expected one of {}", names.join(", "))
+            })
+    }
+}
+
 /// Which job stream to replay.
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum MixName {
@@ -267,6 +288,13 @@ struct Args {
     /// Allocator preemption on (1) or off (0).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
     preemption: u8,
+    /// Every queue's `preemption.withinQueue`, as in a TrainingQueue.
+    #[arg(long, default_value = "LowerPriority", value_parser = wire_value(WithinQueuePreemption::ALL))]
+    within_queue: WithinQueuePreemption,
+    /// Every queue's `preemption.reclaimWithinCohort`, as in a TrainingQueue
+    /// (`Any` also preempts for fair share).
+    #[arg(long, default_value = "Any", value_parser = wire_value(ReclaimWithinCohort::ALL))]
+    reclaim_within_cohort: ReclaimWithinCohort,
     /// The allocator's `backfill.borrowerHoldAfterSecs` (default: the allocator's).
     #[arg(long, value_name = "SECONDS")]
     borrower_hold_after: Option<u64>,
@@ -405,7 +433,9 @@ fn pool_units(mig: bool) -> u64 {
         .sum()
 }
 
-fn queues() -> Vec<QueueSpec> {
+/// The queues, each with the preemption rights the service gives a
+/// TrainingQueue with these settings.
+fn queues(within_queue: WithinQueuePreemption, reclaim: ReclaimWithinCohort) -> Vec<QueueSpec> {
     let gpus = pool_units(false);
     let slices = pool_units(true);
     (0..QUEUES)
@@ -431,6 +461,7 @@ fn queues() -> Vec<QueueSpec> {
                     }],
                 },
             ],
+            preemption: mapping::queue_preemption(within_queue, reclaim),
             ..QueueSpec::default()
         })
         .collect()
@@ -476,6 +507,9 @@ struct Report {
     cycle_cpu_p99_ms: f64,
     admissions_per_cpu_sec: f64,
     steady_allocation_ratio: f64,
+    /// Nominal quota held by borrowers while its queue waits, as a fraction
+    /// of the whole GPUs, averaged like the allocation (see `quota_owed`).
+    steady_quota_owed_ratio: f64,
     /// GPUs bound to pods of gangs that cannot run yet (Kueue-like only).
     bound_idle_ratio: f64,
     /// Preemptions; for the Kueue-like baseline, gangs evicted by waitForPodsReady.
@@ -544,6 +578,13 @@ fn thread_cpu() -> Duration {
     )
 }
 
+fn mean(samples: &[f64]) -> f64 {
+    if samples.is_empty() {
+        return 0.0;
+    }
+    samples.iter().sum::<f64>() / samples.len() as f64
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -566,6 +607,10 @@ struct Sim {
     /// Evictions per job.
     evictions: Vec<u32>,
     allocated: f64,
+    /// Each job's queue when it holds whole GPUs (not MIG slices).
+    gpu_queue: Vec<Option<usize>>,
+    /// Whole GPUs each queue's running jobs hold.
+    queue_gpus: Vec<f64>,
     finishes: BinaryHeap<Reverse<(u64, usize, u32)>>,
     next_job: usize,
     cycle_ms: Vec<f64>,
@@ -573,6 +618,8 @@ struct Sim {
     cycle_cpu_ms: Vec<f64>,
     admissions: u64,
     alloc_samples: Vec<f64>,
+    /// Per sample, the fraction of the whole GPUs that `quota_owed` gives.
+    owed_samples: Vec<f64>,
     big_waits_min: Vec<f64>,
     beyond_nominal_started: u64,
     preemptions: u64,
@@ -585,7 +632,8 @@ struct Sim {
 }
 
 impl Sim {
-    fn new(stream_len: usize) -> Self {
+    fn new(stream: &[SimJob]) -> Self {
+        let stream_len = stream.len();
         Sim {
             submitted_at: vec![0; stream_len],
             started: vec![false; stream_len],
@@ -595,12 +643,15 @@ impl Sim {
             evicted_gpu_hours: 0.0,
             evictions: vec![0; stream_len],
             allocated: 0.0,
+            gpu_queue: stream.iter().map(|j| (!j.mig).then_some(j.queue)).collect(),
+            queue_gpus: vec![0.0; QUEUES],
             finishes: BinaryHeap::new(),
             next_job: 0,
             cycle_ms: Vec::new(),
             cycle_cpu_ms: Vec::new(),
             admissions: 0,
             alloc_samples: Vec::new(),
+            owed_samples: Vec::new(),
             big_waits_min: Vec::new(),
             beyond_nominal_started: 0,
             preemptions: 0,
@@ -631,6 +682,11 @@ impl Sim {
         if let Some(h) = self.held.get_mut(idx) {
             *h = job.gpu_equivalents();
             self.allocated += *h;
+            if let Some(Some(q)) = self.gpu_queue.get(idx)
+                && let Some(held) = self.queue_gpus.get_mut(*q)
+            {
+                *held += *h;
+            }
         }
         if let Some(since) = self.running_since.get_mut(idx) {
             *since = now;
@@ -660,8 +716,43 @@ impl Sim {
     fn stopped(&mut self, idx: usize) {
         if let Some(h) = self.held.get_mut(idx) {
             self.allocated -= *h;
+            if let Some(Some(q)) = self.gpu_queue.get(idx)
+                && let Some(held) = self.queue_gpus.get_mut(*q)
+            {
+                *held -= *h;
+            }
             *h = 0.0;
         }
+    }
+
+    /// Whole GPUs of nominal quota that other queues of the owner's cohort
+    /// hold beyond their own nominal quota: what reclaiming would give back.
+    /// Every queue always has jobs waiting (the backlog picks queues
+    /// uniformly), so a queue below its nominal quota is owed the
+    /// difference, up to what its cohort borrows. The FIFO baselines have
+    /// no quotas; the same sum says how far their split is from the one the
+    /// quotas promise.
+    fn quota_owed(&self) -> f64 {
+        let gpus = pool_units(false);
+        (0..COHORTS)
+            .map(|cohort| {
+                let (mut borrowed, mut short) = (0.0, 0.0);
+                for q in (cohort..QUEUES).step_by(COHORTS) {
+                    let held = self.queue_gpus.get(q).copied().unwrap_or(0.0);
+                    let nominal = share(gpus, q) as f64;
+                    borrowed += (held - nominal).max(0.0);
+                    short += (nominal - held).max(0.0);
+                }
+                f64::min(borrowed, short)
+            })
+            .sum()
+    }
+
+    /// Records the steady-state samples of this step.
+    fn sample(&mut self, total_gpus: f64) {
+        self.alloc_samples.push(self.allocated / total_gpus);
+        self.owed_samples
+            .push(self.quota_owed() / pool_units(false) as f64);
     }
 
     /// Pops jobs finishing by `now` that are still the running instance.
@@ -715,7 +806,6 @@ impl Sim {
         };
         let mut waits = self.big_waits_min.clone();
         waits.sort_by(f64::total_cmp);
-        let steady: Vec<f64> = self.alloc_samples.clone();
         Report {
             policy: policy.into(),
             cycles: self.cycle_ms.len(),
@@ -735,11 +825,8 @@ impl Sim {
             cycle_cpu_p99_ms: percentile(&cpu_sorted, 0.99),
             admissions_per_cpu_sec: per_sec(total_cpu_ms),
             bound_idle_ratio: 0.0,
-            steady_allocation_ratio: if steady.is_empty() {
-                0.0
-            } else {
-                steady.iter().sum::<f64>() / steady.len() as f64
-            },
+            steady_allocation_ratio: mean(&self.alloc_samples),
+            steady_quota_owed_ratio: mean(&self.owed_samples),
             preemptions: self.preemptions,
             victims_lower_priority: self.victims_by_rule[0],
             victims_reclaim: self.victims_by_rule[1],
@@ -779,13 +866,13 @@ fn run_allocator(stream: &[SimJob], args: &Args) -> Result<Report, String> {
             .apply(Event::NodeUpserted(n))
             .map_err(|e| e.to_string())?;
     }
-    for q in queues() {
+    for q in queues(args.within_queue, args.reclaim_within_cohort) {
         alloc
             .apply(Event::QueueUpserted(q))
             .map_err(|e| e.to_string())?;
     }
     let total_gpus = total_gpus() as f64;
-    let mut sim = Sim::new(stream.len());
+    let mut sim = Sim::new(stream);
     let mut pending: usize = 0;
     let mut digest = args.digest.then(Digest::default);
     for step in 0..args.cycles {
@@ -846,7 +933,7 @@ fn run_allocator(stream: &[SimJob], args: &Args) -> Result<Report, String> {
             }
         }
         if now >= args.warmup_secs {
-            sim.alloc_samples.push(sim.allocated / total_gpus);
+            sim.sample(total_gpus);
         }
     }
     let mut report = sim.report(
@@ -1030,7 +1117,7 @@ fn run_fifo(stream: &[SimJob], args: &Args, baseline: Baseline) -> Report {
     let mut cluster = FifoCluster::new();
     let mut placed: Vec<Vec<(usize, u32)>> = vec![Vec::new(); stream.len()];
     let mut queue: VecDeque<usize> = VecDeque::new();
-    let mut sim = Sim::new(stream.len());
+    let mut sim = Sim::new(stream);
     for step in 0..args.cycles {
         if started_wall.elapsed() > Duration::from_secs(args.max_wall_secs) {
             break;
@@ -1069,7 +1156,7 @@ fn run_fifo(stream: &[SimJob], args: &Args, baseline: Baseline) -> Report {
         queue = kept;
         sim.cycle_timed(step, timer, admitted);
         if now >= args.warmup_secs {
-            sim.alloc_samples.push(sim.allocated / total_gpus);
+            sim.sample(total_gpus);
         }
     }
     sim.report(baseline.name(), args, started_wall.elapsed(), stream)
@@ -1101,7 +1188,7 @@ fn run_quota_fifo(stream: &[SimJob], args: &Args, spread: bool) -> Report {
     // Admitted gangs not yet wholly bound: (job, admitted at).
     let mut binding: Vec<(usize, u64)> = Vec::new();
     let mut queue: VecDeque<usize> = VecDeque::new();
-    let mut sim = Sim::new(stream.len());
+    let mut sim = Sim::new(stream);
     let mut idle_bound_samples: Vec<f64> = Vec::new();
     for step in 0..args.cycles {
         if started_wall.elapsed() > Duration::from_secs(args.max_wall_secs) {
@@ -1176,7 +1263,7 @@ fn run_quota_fifo(stream: &[SimJob], args: &Args, spread: bool) -> Report {
         });
         sim.cycle_timed(step, timer, admitted);
         if now >= args.warmup_secs {
-            sim.alloc_samples.push(sim.allocated / total_gpus);
+            sim.sample(total_gpus);
             let idle: f64 = binding
                 .iter()
                 .map(|&(idx, _)| {
@@ -1201,11 +1288,7 @@ fn run_quota_fifo(stream: &[SimJob], args: &Args, spread: bool) -> Report {
         started_wall.elapsed(),
         stream,
     );
-    report.bound_idle_ratio = if idle_bound_samples.is_empty() {
-        0.0
-    } else {
-        idle_bound_samples.iter().sum::<f64>() / idle_bound_samples.len() as f64
-    };
+    report.bound_idle_ratio = mean(&idle_bound_samples);
     report
 }
 
@@ -1239,13 +1322,13 @@ fn run_mix(args: &Args, mix: MixName) -> Result<(), String> {
 
     println!(
         "steady state: admits/s = admissions / total cycle time (wall clock); per CPU-s = admissions / the cycles' CPU time (thread clock, without other processes' time on the core); alloc % = allocated GPU-equivalents / {} GPUs \
-         averaged over cycles after warm-up; lost GPU-h = work of evicted jobs, which start over; \
+         averaged over cycles after warm-up; owed % = whole GPUs of a queue's nominal quota held by other queues of its cohort beyond their own while it waits (every queue always has jobs waiting), averaged likewise; lost GPU-h = work of evicted jobs, which start over; \
          big gangs = jobs of >= 64 GPUs; > nominal = jobs with more GPUs than their queue's nominal quota",
         total_gpus()
     );
     println!(
         "admission benchmark, {} mix: {} nodes ({}), {QUEUES} queues, backlog {BACKLOG}, \
-         step {} s, seed {}, steady state after {} s",
+         step {} s, seed {}, steady state after {} s, queues' withinQueue {} and reclaimWithinCohort {}",
         mix.label(),
         POOLS.iter().map(|p| p.count).sum::<usize>(),
         POOLS
@@ -1261,10 +1344,12 @@ fn run_mix(args: &Args, mix: MixName) -> Result<(), String> {
             .join(", "),
         args.step_secs,
         args.seed,
-        args.warmup_secs
+        args.warmup_secs,
+        args.within_queue,
+        args.reclaim_within_cohort
     );
     println!(
-        "{:<36} {:>6} {:>8} {:>8} {:>8} {:>10} {:>10} {:>8} {:>8} {:>10} {:>17} {:>14} {:>17}",
+        "{:<36} {:>6} {:>8} {:>8} {:>8} {:>10} {:>10} {:>8} {:>7} {:>8} {:>10} {:>17} {:>14} {:>17}",
         "policy",
         "cycles",
         "p50 ms",
@@ -1273,6 +1358,7 @@ fn run_mix(args: &Args, mix: MixName) -> Result<(), String> {
         "admits/s",
         "per CPU-s",
         "alloc %",
+        "owed %",
         "preempt",
         "lost GPU-h",
         ">=64-GPU started",
@@ -1281,7 +1367,7 @@ fn run_mix(args: &Args, mix: MixName) -> Result<(), String> {
     );
     for r in [&ours, &strict, &greedy, &spread, &kueue, &kueue_spread] {
         println!(
-            "{:<36} {:>6} {:>8.3} {:>8.3} {:>8.3} {:>10.0} {:>10.0} {:>8.1} {:>8} {:>10.0} {:>8}/{:<8} {:>9.0} min {:>8}/{:<8}",
+            "{:<36} {:>6} {:>8.3} {:>8.3} {:>8.3} {:>10.0} {:>10.0} {:>8.1} {:>7.1} {:>8} {:>10.0} {:>8}/{:<8} {:>9.0} min {:>8}/{:<8}",
             r.policy,
             r.cycles,
             r.cycle_p50_ms,
@@ -1290,6 +1376,7 @@ fn run_mix(args: &Args, mix: MixName) -> Result<(), String> {
             r.admissions_per_sec,
             r.admissions_per_cpu_sec,
             r.steady_allocation_ratio * 100.0,
+            r.steady_quota_owed_ratio * 100.0,
             r.preemptions,
             r.evicted_gpu_hours,
             r.big_gangs_started,
@@ -1344,6 +1431,8 @@ fn run_mix(args: &Args, mix: MixName) -> Result<(), String> {
         queues: usize,
         backlog: usize,
         step_secs: u64,
+        within_queue: WithinQueuePreemption,
+        reclaim_within_cohort: ReclaimWithinCohort,
         trainyard: &'a Report,
         fifo_strict: &'a Report,
         fifo_skip_blocked: &'a Report,
@@ -1361,6 +1450,8 @@ fn run_mix(args: &Args, mix: MixName) -> Result<(), String> {
         queues: QUEUES,
         backlog: BACKLOG,
         step_secs: args.step_secs,
+        within_queue: args.within_queue,
+        reclaim_within_cohort: args.reclaim_within_cohort,
         trainyard: &ours,
         fifo_strict: &strict,
         fifo_skip_blocked: &greedy,

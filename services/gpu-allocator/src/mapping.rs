@@ -42,6 +42,21 @@ pub fn set_attempt(spec: &mut JobSpec, k8s_uid: &str, attempt: u32) {
     spec.earlier_restarts = attempt;
 }
 
+/// The allocator's preemption rights for a TrainingQueue's `preemption`
+/// settings. `Any` also preempts for fair share: Kueue's fair sharing
+/// preempts among borrowers with any priority too.
+pub fn queue_preemption(
+    within_queue: WithinQueuePreemption,
+    reclaim: ReclaimWithinCohort,
+) -> QueuePreemption {
+    QueuePreemption {
+        within_queue: within_queue == WithinQueuePreemption::LowerPriority,
+        reclaim_within_cohort: reclaim != ReclaimWithinCohort::Never,
+        reclaim_lower_priority_only: reclaim == ReclaimWithinCohort::LowerPriority,
+        fair_share: reclaim == ReclaimWithinCohort::Any,
+    }
+}
+
 /// Splits an allocator uid into the Kubernetes uid and the attempt.
 pub fn split_uid(uid: &JobUid) -> Option<(&str, u32)> {
     let (k8s_uid, attempt) = uid.as_str().rsplit_once(ATTEMPT_SEPARATOR)?;
@@ -188,18 +203,12 @@ pub fn queue_event(
         })
     });
     let weight = spec.fair_share_weight();
-    let reclaim = spec.reclaim_within_cohort();
     let core = QueueSpec {
         name,
         cohort: spec.cohort.clone(),
         weight: if weight > 0.0 { weight } else { ZERO_WEIGHT },
         quotas,
-        preemption: QueuePreemption {
-            within_queue: spec.within_queue_preemption() == WithinQueuePreemption::LowerPriority,
-            reclaim_within_cohort: reclaim != ReclaimWithinCohort::Never,
-            reclaim_lower_priority_only: reclaim == ReclaimWithinCohort::LowerPriority,
-            fair_share: reclaim == ReclaimWithinCohort::Any,
-        },
+        preemption: queue_preemption(spec.within_queue_preemption(), spec.reclaim_within_cohort()),
         aging,
     };
     core.validate()?;
