@@ -50,7 +50,8 @@ wire_enum! {
 
 wire_enum! {
     /// Reclaiming lent GPUs from other queues of the cohort: Never, LowerPriority (only
-    /// from borrowing jobs of lower priority) or Any (from any borrowing job).
+    /// from borrowing jobs of lower priority) or Any (from any borrowing job; and while
+    /// the queue borrows itself, from queues whose weighted share stays above its own).
     pub enum ReclaimWithinCohort {
         Never => "Never",
         LowerPriority => "LowerPriority",
@@ -222,7 +223,10 @@ pub struct PreemptionPolicy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub within_queue: Option<WithinQueuePreemption>,
 
-    /// Never, LowerPriority or Any. Default Never.
+    /// Never, LowerPriority (reclaim lent GPUs only from borrowing jobs of lower
+    /// priority) or Any (from any borrowing job; and while this queue borrows itself,
+    /// preempt borrowers whose queues keep a larger weighted share: fair share).
+    /// Default Never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reclaim_within_cohort: Option<ReclaimWithinCohort>,
 }
