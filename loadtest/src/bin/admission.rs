@@ -1467,3 +1467,46 @@ fn run_mix(args: &Args, mix: MixName) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holding(queue: usize, gpus: u64, mig: bool) -> SimJob {
+        SimJob {
+            queue,
+            workers: 1,
+            units: u32::try_from(gpus).expect("fits"),
+            mig,
+            priority: 0,
+            duration: 3_600,
+            estimate: None,
+        }
+    }
+
+    #[test]
+    fn quota_owed_is_what_borrowers_hold_up_to_what_their_cohort_lacks() {
+        let nominal = |queue| share(pool_units(false), queue);
+        // Cohorts 0 and 1 at their nominal quotas, cohort 2 idle.
+        let mut stream: Vec<SimJob> = (0..QUEUES)
+            .filter(|q| q % COHORTS != 2)
+            .map(|q| holding(q, nominal(q), false))
+            .collect();
+        // Cohort 0 (queues 0, 3, ...): queue 0 borrows 106 GPUs, queue 3
+        // lacks 62; MIG slices do not count for queue 3.
+        stream[0].units += 106;
+        stream[2].units -= 62;
+        stream.push(holding(3, 7, true));
+        // Cohort 1: queue 1 borrows 50, nobody lacks any.
+        stream[1].units += 50;
+        let mut sim = Sim::new(&stream);
+        for (idx, job) in stream.iter().enumerate() {
+            sim.started(idx, job, 0);
+        }
+        assert_eq!(sim.quota_owed(), 62.0);
+        // Queue 3's job ends: it lacks its whole quota, but only the 106
+        // GPUs that queue 0 borrows are owed.
+        sim.stopped(2);
+        assert_eq!(sim.quota_owed(), 106.0);
+    }
+}
