@@ -59,6 +59,10 @@ pub(crate) struct Running {
     pub(crate) per_worker: u32,
     pub(crate) placement: Vec<(NodeIdx, u32)>,
     pub(crate) admitted_at: Timestamp,
+    /// The cycle that admitted it (`Allocator::cycles` then); a replayed
+    /// admission gets the last cycle's, so it is never taken for one of
+    /// the next cycle's.
+    pub(crate) cycle: u64,
     pub(crate) admission: Admission,
     pub(crate) preempting: Option<PreemptingState>,
 }
@@ -146,6 +150,8 @@ pub struct Allocator {
     pub(crate) tombstone_order: VecDeque<(Timestamp, JobUid)>,
     pub(crate) undelivered_evictions: Vec<Eviction>,
     pub(crate) clock: Timestamp,
+    /// Cycles run, this one included while it runs.
+    pub(crate) cycles: u64,
     pub(crate) next_seq: u64,
     /// Jobs that held a reservation at the end of the last cycle.
     pub(crate) reserved_jobs: Vec<JobUid>,
@@ -186,6 +192,7 @@ impl Allocator {
             tombstone_order: VecDeque::new(),
             undelivered_evictions: Vec::new(),
             clock: Timestamp(0),
+            cycles: 0,
             next_seq: 0,
             reserved_jobs: Vec::new(),
             releases: FastMap::default(),
@@ -350,7 +357,14 @@ impl Allocator {
         let Some(running) = self.inv.remove_node(name) else {
             return Applied::Unchanged;
         };
-        for job in running {
+        // In arrival order, not slot order: a restore renumbers the slots,
+        // and the restored allocator must decide exactly alike.
+        let mut running: Vec<(u64, JobIdx)> = running
+            .into_iter()
+            .filter_map(|idx| Some((self.job(idx)?.seq, idx)))
+            .collect();
+        running.sort_unstable();
+        for (_, job) in running {
             let uid = match self.job(job) {
                 Some(j) => j.spec.uid.clone(),
                 None => continue,
@@ -608,12 +622,14 @@ impl Allocator {
         self.queues.add_usage(queue, res, units_i64(total));
         self.unlist(idx);
         self.nominated.remove(&idx);
+        let cycle = self.cycles;
         if let Some(job) = self.job_mut(idx) {
             job.state = JobState::Running(Box::new(Running {
                 res,
                 per_worker,
                 placement,
                 admitted_at: admission.admitted_at,
+                cycle,
                 admission,
                 preempting: None,
             }));

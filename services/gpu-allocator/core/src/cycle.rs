@@ -508,6 +508,7 @@ impl Allocator {
 
     fn cycle_with(&mut self, now: Timestamp, mut ctx: CycleCtx) -> CycleOutcome {
         self.clock = self.clock.max(now);
+        self.cycles += 1;
         self.prune_tombstones(now);
         let mut out = CycleOutcome {
             now,
@@ -546,18 +547,19 @@ impl Allocator {
     }
 
     pub(crate) fn process_evictions(&mut self, now: Timestamp, out: &mut CycleOutcome) {
-        let due: Vec<JobIdx> = self
+        let mut due: Vec<(u64, JobIdx)> = self
             .preempting
             .iter()
-            .copied()
-            .filter(|idx| {
-                self.job(*idx)
-                    .and_then(Job::running)
-                    .and_then(|r| r.preempting.as_ref())
-                    .is_some_and(|p| p.checkpointed || p.evict_at <= now)
+            .filter_map(|idx| {
+                let job = self.job(*idx)?;
+                let p = job.running()?.preempting.as_ref()?;
+                (p.checkpointed || p.evict_at <= now).then_some((job.seq, *idx))
             })
             .collect();
-        for idx in due {
+        // In arrival order, not slot order: a restore renumbers the slots,
+        // and the restored allocator must decide exactly alike.
+        due.sort_unstable();
+        for (_, idx) in due {
             let Some(job) = self.job(idx) else { continue };
             let uid = job.spec.uid.clone();
             let by = job

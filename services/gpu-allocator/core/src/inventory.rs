@@ -22,23 +22,41 @@ pub(crate) type JobIdx = u32;
 /// treated as malformed input (no real node has thousands of GPUs).
 pub const MAX_NODE_UNITS: u32 = 4096;
 
-/// String interner for zones and racks; id 0 means "label absent".
+/// String interner for zones and racks; id 0 means "label absent". Values
+/// are interned within a scope: a rack label value names one rack only
+/// within its zone (clusters reuse `rack-1` in every zone), so racks are
+/// interned per zone id and zones in scope 0.
 #[derive(Debug, Default)]
 pub(crate) struct Interner {
-    ids: HashMap<String, u32>,
+    ids: HashMap<(u32, String), u32>,
     names: Vec<String>,
 }
 
 impl Interner {
-    pub(crate) fn intern(&mut self, value: Option<&str>) -> u32 {
+    pub(crate) fn intern(&mut self, scope: u32, value: Option<&str>) -> u32 {
         let Some(value) = value else { return 0 };
-        if let Some(id) = self.ids.get(value) {
+        let key = (scope, value.to_string());
+        if let Some(id) = self.ids.get(&key) {
             return *id;
         }
         self.names.push(value.to_string());
         let id = u32::try_from(self.names.len()).unwrap_or(u32::MAX);
-        self.ids.insert(value.to_string(), id);
+        self.ids.insert(key, id);
         id
+    }
+
+    /// Every interned value with its scope, in id order.
+    pub(crate) fn entries(&self) -> Vec<(u32, String)> {
+        let mut entries: Vec<(u32, String, u32)> = self
+            .ids
+            .iter()
+            .map(|((scope, value), id)| (*id, value.clone(), *scope))
+            .collect();
+        entries.sort_unstable();
+        entries
+            .into_iter()
+            .map(|(_, value, scope)| (scope, value))
+            .collect()
     }
 
     pub(crate) fn name(&self, id: u32) -> Option<&str> {
@@ -527,10 +545,10 @@ impl Inventory {
         };
         let zone = self
             .zones
-            .intern(info.labels.get(names::ZONE_LABEL).map(String::as_str));
+            .intern(0, info.labels.get(names::ZONE_LABEL).map(String::as_str));
         let rack = self
             .racks
-            .intern(info.labels.get(&self.rack_label).map(String::as_str));
+            .intern(zone, info.labels.get(&self.rack_label).map(String::as_str));
         let existing = self.node_by_name.get(&info.name).copied();
         let (old_pools, running) = match existing {
             Some(idx) => {

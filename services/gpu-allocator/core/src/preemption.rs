@@ -923,7 +923,10 @@ impl Allocator {
                     PreemptionRule::FairShare
                 }
             };
-            if run.res != res || run.preempting.is_some() {
+            // Admitted in this very cycle: telling it to stop before it
+            // starts undoes a decision the planner is already carrying out,
+            // and it was only admitted because this preemptor did not fit.
+            if run.res != res || run.preempting.is_some() || run.cycle == self.cycles {
                 continue;
             }
             let victim_units = run.admission.total_units();

@@ -41,6 +41,27 @@ pub struct AllocatorSnapshot {
     /// Jobs holding a backfill reservation, evaluated first next cycle.
     #[serde(default)]
     pub reserved_jobs: Vec<JobUid>,
+    /// Zone label values in the order first seen (with scope 0), then rack
+    /// label values with their zone's place in that order: placement breaks
+    /// ties between zones and racks by that order, so a restore keeps it.
+    #[serde(default, skip_serializing_if = "TopologyNames::is_empty")]
+    pub topology_names: TopologyNames,
+}
+
+/// Zone and rack label values in the order the allocator first saw them.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TopologyNames {
+    /// Zone values.
+    pub zones: Vec<String>,
+    /// Rack values, each with its zone's 1-based place in `zones` (0: none).
+    pub racks: Vec<(u32, String)>,
+}
+
+impl TopologyNames {
+    fn is_empty(&self) -> bool {
+        self.zones.is_empty() && self.racks.is_empty()
+    }
 }
 
 /// One job in a snapshot.
@@ -123,6 +144,16 @@ impl Allocator {
             tombstones,
             undelivered_evictions: self.undelivered_evictions.clone(),
             reserved_jobs: self.reserved_jobs.clone(),
+            topology_names: TopologyNames {
+                zones: self
+                    .inv
+                    .zones
+                    .entries()
+                    .into_iter()
+                    .map(|(_, z)| z)
+                    .collect(),
+                racks: self.inv.racks.entries(),
+            },
         }
     }
 
@@ -139,6 +170,12 @@ impl Allocator {
         }
         let mut alloc = Allocator::new(snapshot.config)?;
         alloc.clock = snapshot.clock;
+        for zone in &snapshot.topology_names.zones {
+            alloc.inv.zones.intern(0, Some(zone));
+        }
+        for (zone, rack) in &snapshot.topology_names.racks {
+            alloc.inv.racks.intern(*zone, Some(rack));
+        }
         for node in snapshot.nodes {
             match node {
                 Some(info) => {

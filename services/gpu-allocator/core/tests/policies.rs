@@ -870,6 +870,42 @@ fn topology_prefers_one_rack_then_one_zone() {
     assert_eq!(preferred.topology.rack, None);
 }
 
+#[test]
+fn a_rack_name_reused_in_another_zone_is_another_rack() {
+    // Clusters name racks per zone (`rack-1` in every zone): two nodes with
+    // the same rack label in two zones share no rack and no NVLink domain.
+    let mut h = Harness::default_config();
+    h.nodes([
+        node_in("a", 8, "z1", "rack-1"),
+        node_in("b", 8, "z2", "rack-1"),
+    ]);
+    h.queue(queue("q", None, 16));
+    let mut same_rack = job("same-rack", "q", 2, 8);
+    same_rack.topology = TopologyRequirement::SameRack;
+    h.submit(same_rack);
+    let mut same_zone = job("same-zone", "q", 2, 8);
+    same_zone.topology = TopologyRequirement::SameZone;
+    h.submit(same_zone);
+    let out = h.cycle(1);
+    assert!(
+        out.admissions.is_empty(),
+        "neither fits in one rack or zone: {:?}",
+        admitted_uids(&out)
+    );
+    let mut preferred = job("preferred", "q", 2, 8);
+    preferred.topology = TopologyRequirement::Preferred;
+    h.submit(preferred);
+    h.cycle(2);
+    let spread = h.admitted("preferred").expect("admitted across zones");
+    assert_eq!(
+        (
+            spread.topology.zone.as_deref(),
+            spread.topology.rack.as_deref()
+        ),
+        (None, None)
+    );
+}
+
 // ---------------------------------------------------------- MIG, time-slicing
 
 #[test]
