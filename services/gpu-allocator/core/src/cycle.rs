@@ -615,8 +615,16 @@ impl Allocator {
     /// Keeps the nodes a waiting preemptor planned on from being taken by
     /// jobs that would still run when its victims are evicted.
     pub(crate) fn hold_for_waiting_preemptors(&self, now: Timestamp, ctx: &mut CycleCtx) {
-        for idx in &self.nominated {
-            let Some(job) = self.job(*idx) else { continue };
+        // In arrival order, not slot order: the first holder is named in
+        // explanations, and a restore renumbers the slots.
+        let mut waiting: Vec<(u64, JobIdx)> = self
+            .nominated
+            .iter()
+            .filter_map(|idx| Some((self.job(*idx)?.seq, *idx)))
+            .collect();
+        waiting.sort_unstable();
+        for (_, idx) in waiting {
+            let Some(job) = self.job(idx) else { continue };
             let JobState::Pending(Some(nomination)) = &job.state else {
                 continue;
             };

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use crate::config::{AllocatorConfig, FlavorSpec};
 use crate::error::AllocatorError;
 use crate::event::NodeInfo;
+use crate::snapshot::InternOrder;
 use crate::types::{
     CapacityType, MigProfile, ResourceKind, Taint, Toleration, names, tolerated_by,
 };
@@ -339,6 +340,43 @@ impl Inventory {
         });
         self.res_by_pair.insert((flavor, kind), idx);
         idx
+    }
+
+    /// The order zones, racks, flavors, kinds and resources were first met.
+    pub(crate) fn intern_order(&self) -> InternOrder {
+        InternOrder {
+            zones: self.zones.entries().into_iter().map(|(_, z)| z).collect(),
+            racks: self.racks.entries(),
+            flavors: self.flavors.iter().map(|f| f.name.clone()).collect(),
+            kinds: self.kinds.clone(),
+            resources: self.resources.iter().map(|r| (r.flavor, r.kind)).collect(),
+        }
+    }
+
+    /// Meets everything in `order` again, in that order, before a restore
+    /// applies nodes and queues (restore only). Configured flavors come
+    /// first in both, so they keep their indices; an index out of range is
+    /// skipped, as a tampered snapshot must not panic.
+    pub(crate) fn restore_intern_order(&mut self, order: &InternOrder) {
+        for zone in &order.zones {
+            self.zones.intern(0, Some(zone));
+        }
+        for (zone, rack) in &order.racks {
+            self.racks.intern(*zone, Some(rack));
+        }
+        let flavors: Vec<FlavorIdx> = order
+            .flavors
+            .iter()
+            .map(|f| self.intern_flavor(f))
+            .collect();
+        let kinds: Vec<KindIdx> = order.kinds.iter().map(|k| self.intern_kind(k)).collect();
+        for (flavor, kind) in &order.resources {
+            if let (Some(flavor), Some(kind)) =
+                (flavors.get(*flavor as usize), kinds.get(*kind as usize))
+            {
+                self.intern_res(*flavor, *kind);
+            }
+        }
     }
 
     pub(crate) fn flavor_by_name(&self, name: &str) -> Option<FlavorIdx> {

@@ -57,7 +57,7 @@ pub use event::{
 };
 pub use explain::{Pending, PendingExplanation, PendingReason};
 pub use inventory::MAX_NODE_UNITS;
-pub use snapshot::{AllocatorSnapshot, JobSnapshot, SNAPSHOT_FORMAT_VERSION, TopologyNames};
+pub use snapshot::{AllocatorSnapshot, InternOrder, JobSnapshot, SNAPSHOT_FORMAT_VERSION};
 pub use types::{
     CapacityType, GpuSliceRequest, JobUid, MigProfile, ResourceKind, Taint, TaintEffect, Timestamp,
     Toleration, TolerationOperator, TopologyRequirement, names,

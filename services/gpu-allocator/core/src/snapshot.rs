@@ -7,7 +7,7 @@ use crate::config::AllocatorConfig;
 use crate::decision::{Admission, Eviction};
 use crate::error::AllocatorError;
 use crate::event::{JobSpec, NodeInfo, QueueSpec};
-use crate::types::{JobUid, Timestamp};
+use crate::types::{JobUid, ResourceKind, Timestamp};
 
 use crate::allocator::{Allocator, Job, JobState, Nomination, PreemptingState};
 
@@ -41,26 +41,34 @@ pub struct AllocatorSnapshot {
     /// Jobs holding a backfill reservation, evaluated first next cycle.
     #[serde(default)]
     pub reserved_jobs: Vec<JobUid>,
-    /// Zone label values in the order first seen (with scope 0), then rack
-    /// label values with their zone's place in that order: placement breaks
-    /// ties between zones and racks by that order, so a restore keeps it.
-    #[serde(default, skip_serializing_if = "TopologyNames::is_empty")]
-    pub topology_names: TopologyNames,
+    /// The order in which the allocator first met zones, racks, flavors
+    /// and resources: decisions break ties (and name the first of several
+    /// holders) by that order, so a restore keeps it.
+    #[serde(default, skip_serializing_if = "InternOrder::is_empty")]
+    pub intern_order: InternOrder,
 }
 
-/// Zone and rack label values in the order the allocator first saw them.
+/// Zone, rack, flavor and resource names in the order the allocator first
+/// met them (each one's index).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct TopologyNames {
-    /// Zone values.
+pub struct InternOrder {
+    /// Zone label values.
     pub zones: Vec<String>,
-    /// Rack values, each with its zone's 1-based place in `zones` (0: none).
+    /// Rack label values, each with its zone's 1-based place in `zones`
+    /// (0: no zone label).
     pub racks: Vec<(u32, String)>,
+    /// Flavor names.
+    pub flavors: Vec<String>,
+    /// Resource kinds.
+    pub kinds: Vec<ResourceKind>,
+    /// Resources: (place in `flavors`, place in `kinds`).
+    pub resources: Vec<(u32, u32)>,
 }
 
-impl TopologyNames {
+impl InternOrder {
     fn is_empty(&self) -> bool {
-        self.zones.is_empty() && self.racks.is_empty()
+        *self == InternOrder::default()
     }
 }
 
@@ -144,16 +152,7 @@ impl Allocator {
             tombstones,
             undelivered_evictions: self.undelivered_evictions.clone(),
             reserved_jobs: self.reserved_jobs.clone(),
-            topology_names: TopologyNames {
-                zones: self
-                    .inv
-                    .zones
-                    .entries()
-                    .into_iter()
-                    .map(|(_, z)| z)
-                    .collect(),
-                racks: self.inv.racks.entries(),
-            },
+            intern_order: self.inv.intern_order(),
         }
     }
 
@@ -170,12 +169,7 @@ impl Allocator {
         }
         let mut alloc = Allocator::new(snapshot.config)?;
         alloc.clock = snapshot.clock;
-        for zone in &snapshot.topology_names.zones {
-            alloc.inv.zones.intern(0, Some(zone));
-        }
-        for (zone, rack) in &snapshot.topology_names.racks {
-            alloc.inv.racks.intern(*zone, Some(rack));
-        }
+        alloc.inv.restore_intern_order(&snapshot.intern_order);
         for node in snapshot.nodes {
             match node {
                 Some(info) => {

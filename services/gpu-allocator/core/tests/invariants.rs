@@ -716,10 +716,7 @@ impl Run {
     }
 }
 
-/// What a cycle decided and how it explains every pending job. Without
-/// `backfilledAheadOf`: which of two reserved jobs a backfilled job is said
-/// to pass can differ after a restore (seed 11 with 300 steps), though the
-/// reservations and every decision agree.
+/// What a cycle decided and how it explains every pending job.
 fn decided(
     alloc: &Allocator,
     out: &CycleOutcome,
@@ -731,13 +728,7 @@ fn decided(
     CycleStats,
 ) {
     (
-        out.admissions
-            .iter()
-            .map(|a| Admission {
-                backfilled_ahead_of: None,
-                ..a.clone()
-            })
-            .collect(),
+        out.admissions.clone(),
         out.preemptions.clone(),
         out.evictions.clone(),
         out.pending
