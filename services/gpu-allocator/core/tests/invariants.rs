@@ -292,19 +292,13 @@ impl Run {
         for _ in 0..self.rng.below(3) {
             let running = self.running();
             if let Some(u) = self.rng.pick(&running).cloned() {
-                self.jobs.remove(&u);
-                self.victims.remove(&u);
-                self.apply(Event::JobFinished { uid: uid(&u) })
-                    .expect("finish accepted");
+                self.end_job(&u, Event::JobFinished { uid: uid(&u) });
             }
         }
         if self.rng.chance(5) {
             let all: Vec<String> = self.jobs.keys().cloned().collect();
             if let Some(u) = self.rng.pick(&all).cloned() {
-                self.jobs.remove(&u);
-                self.victims.remove(&u);
-                self.apply(Event::JobRemoved { uid: uid(&u) })
-                    .expect("removal accepted");
+                self.end_job(&u, Event::JobRemoved { uid: uid(&u) });
             }
         }
         if self.rng.chance(30) {
@@ -367,6 +361,14 @@ impl Run {
         self.check_quotas(&out);
         self.check_pending(&out);
         self.check_preemptions(&out, &before);
+    }
+
+    /// A job finished or was deleted: the test forgets it, the allocator
+    /// must take the event.
+    fn end_job(&mut self, u: &str, event: Event) {
+        self.jobs.remove(u);
+        self.victims.remove(u);
+        self.apply(event).expect("job end accepted");
     }
 
     fn change_a_node(&mut self) {
