@@ -1,5 +1,6 @@
 //! Randomized runs of the allocator against what must hold after every
-//! cycle, whatever the input: no node holds more GPUs than it has, no queue
+//! cycle, whatever the input: no node holds more GPUs, shared replicas or
+//! MIG slices than it has, no queue
 //! or cohort admits beyond its quota, every admission places every worker on
 //! a node that can take it, every pending job has one reason and one place
 //! in its queue's line, victims are only what the rules allow, and a
@@ -59,6 +60,15 @@ impl Rng {
 }
 
 const PRODUCTS: [&str; 2] = ["A100", "H100"];
+/// MIG profiles some A100 nodes are split into, with slices per node.
+const MIG: [(&str, u64); 2] = [("1g.10gb", 14), ("3g.40gb", 4)];
+/// Every quota resource a queue holds per flavor.
+const RESOURCES: [&str; 4] = [
+    names::GPU_RESOURCE,
+    names::SHARED_GPU_RESOURCE,
+    "nvidia.com/mig-1g.10gb",
+    "nvidia.com/mig-3g.40gb",
+];
 const QUEUES: [&str; 4] = ["qa", "qb", "qc", "solo"];
 
 fn flavor(product: &str) -> String {
@@ -72,10 +82,19 @@ struct ModelNode {
 }
 
 impl ModelNode {
-    fn gpus(&self) -> u64 {
+    /// Units of a quota resource the node has: whole GPUs unless time
+    /// sliced, replicas if it is, MIG slices per profile.
+    fn capacity(&self, resource: &str) -> u64 {
+        let sliced = self.info.labels.contains_key(names::GPU_REPLICAS_LABEL);
+        let advertised = match resource {
+            names::GPU_RESOURCE if sliced => return 0,
+            names::SHARED_GPU_RESOURCE if !sliced => return 0,
+            names::SHARED_GPU_RESOURCE => names::GPU_RESOURCE,
+            other => other,
+        };
         self.info
             .allocatable
-            .get(names::GPU_RESOURCE)
+            .get(advertised)
             .and_then(|g| g.parse().ok())
             .unwrap_or(0)
     }
@@ -102,6 +121,9 @@ struct Run {
     next_job: u64,
     /// Victims of preemptions not yet evicted.
     victims: BTreeSet<String>,
+    /// What the run decided, to show the checks were not vacuous:
+    /// admissions per resource, preemptions, evictions.
+    decided: BTreeMap<String, u64>,
 }
 
 impl Run {
@@ -116,6 +138,22 @@ impl Run {
             let mut info = node_in(&format!("n{i}"), gpus, &zone, &rack);
             info.labels
                 .insert(names::GPU_PRODUCT_LABEL.into(), product.into());
+            match rng.below(10) {
+                0 if product == "A100" => {
+                    info.allocatable.remove(names::GPU_RESOURCE);
+                    for (profile, slices) in MIG {
+                        info.allocatable
+                            .insert(format!("nvidia.com/mig-{profile}"), slices.to_string());
+                    }
+                }
+                1 => {
+                    info.labels
+                        .insert(names::GPU_REPLICAS_LABEL.into(), "4".into());
+                    info.allocatable
+                        .insert(names::GPU_RESOURCE.into(), (gpus * 4).to_string());
+                }
+                _ => {}
+            }
             nodes.push(ModelNode {
                 info,
                 present: true,
@@ -133,6 +171,7 @@ impl Run {
             jobs: BTreeMap::new(),
             next_job: 0,
             victims: BTreeSet::new(),
+            decided: BTreeMap::new(),
         };
         for i in 0..run.nodes.len() {
             let info = run.nodes.get(i).map(|n| n.info.clone());
@@ -157,15 +196,21 @@ impl Run {
         let quotas = PRODUCTS
             .iter()
             .map(|p| {
-                let nominal = self.rng.below(25);
+                let resources = RESOURCES
+                    .iter()
+                    .map(|resource| {
+                        let nominal = self.rng.below(25);
+                        ResourceQuota {
+                            resource: (*resource).into(),
+                            nominal,
+                            borrowing_limit: self.rng.chance(30).then(|| self.rng.below(17)),
+                            lending_limit: self.rng.chance(30).then(|| self.rng.below(nominal + 1)),
+                        }
+                    })
+                    .collect();
                 FlavorQuota {
                     flavor: flavor(p),
-                    resources: vec![ResourceQuota {
-                        resource: names::GPU_RESOURCE.into(),
-                        nominal,
-                        borrowing_limit: self.rng.chance(30).then(|| self.rng.below(17)),
-                        lending_limit: self.rng.chance(30).then(|| self.rng.below(nominal + 1)),
-                    }],
+                    resources,
                 }
             })
             .collect();
@@ -226,6 +271,19 @@ impl Run {
         j.priority = [0, 0, 10, 100][self.rng.below(4) as usize];
         j.runtime_estimate_secs = self.rng.chance(60).then(|| 60 + self.rng.below(3600));
         j.preemptible = !self.rng.chance(10);
+        match self.rng.below(10) {
+            0 => {
+                j.num_workers = 1 + self.rng.below(2) as u32;
+                j.gpus_per_worker = 1 + self.rng.below(3) as u32;
+                j.gpu_slice = Some(match self.rng.below(3) {
+                    0 => GpuSliceRequest::Profile("1g.10gb".into()),
+                    1 => GpuSliceRequest::Profile("3g.40gb".into()),
+                    _ => GpuSliceRequest::MemoryGb([10, 40][self.rng.below(2) as usize]),
+                });
+            }
+            1 | 2 => j.allow_gpu_sharing = true,
+            _ => {}
+        }
         if self.rng.chance(15) {
             let product = *self.rng.pick(&PRODUCTS).unwrap_or(&"A100");
             j.node_selector
@@ -357,6 +415,11 @@ impl Run {
             self.victims
                 .extend(p.victims.iter().map(|v| v.uid.as_str().to_string()));
         }
+        for a in &out.admissions {
+            *self.decided.entry(a.resource.clone()).or_default() += 1;
+        }
+        *self.decided.entry("preemptions".into()).or_default() += out.preemptions.len() as u64;
+        *self.decided.entry("evictions".into()).or_default() += out.evictions.len() as u64;
         self.check_nodes(&out);
         self.check_quotas(&out);
         self.check_pending(&out);
@@ -403,7 +466,7 @@ impl Run {
     /// No node holds more GPUs than it has; new workers go to nodes that
     /// take work, on nodes with the flavor's product; every worker is placed.
     fn check_nodes(&self, out: &CycleOutcome) {
-        let mut held: BTreeMap<String, u64> = BTreeMap::new();
+        let mut held: BTreeMap<(String, String), u64> = BTreeMap::new();
         for u in self.running() {
             let a = self.alloc.admission(&uid(&u)).expect("running");
             let spec = self.jobs.get(&u).expect("known job");
@@ -427,10 +490,12 @@ impl Run {
                     "{}: {u}'s worker is pinned to its node",
                     self.at()
                 );
-                *held.entry(w.node.clone()).or_default() += u64::from(a.units_per_worker);
+                *held
+                    .entry((w.node.clone(), a.resource.clone()))
+                    .or_default() += u64::from(a.units_per_worker);
             }
         }
-        for (name, units) in &held {
+        for ((name, resource), units) in &held {
             let n = self
                 .nodes
                 .iter()
@@ -438,10 +503,10 @@ impl Run {
                 .expect("a known node");
             assert!(n.present, "{}: {name} is gone but holds workers", self.at());
             assert!(
-                *units <= n.gpus(),
-                "{}: {name} holds {units} of {} GPUs",
+                *units <= n.capacity(resource),
+                "{}: {name} holds {units} of {} {resource}",
                 self.at(),
-                n.gpus()
+                n.capacity(resource)
             );
         }
         for a in &out.admissions {
@@ -510,18 +575,26 @@ impl Run {
     /// borrowing limit, and its cohort lends no more than its members'
     /// lendable quota.
     fn check_quotas(&self, out: &CycleOutcome) {
-        let mut usage: BTreeMap<(String, String), u64> = BTreeMap::new();
+        // Per (queue, flavor, resource).
+        let mut usage: BTreeMap<(String, String, String), u64> = BTreeMap::new();
         for u in self.running() {
             let a = self.alloc.admission(&uid(&u)).expect("running");
             *usage
-                .entry((a.queue.clone(), a.flavor.clone()))
+                .entry((a.queue.clone(), a.flavor.clone(), a.resource.clone()))
                 .or_default() += a.total_units();
         }
-        let limits = |queue: &str, flavor: &str| -> ResourceQuota {
+        let used_by = |queue: &str, a: &Admission| -> u64 {
+            usage
+                .get(&(queue.to_string(), a.flavor.clone(), a.resource.clone()))
+                .copied()
+                .unwrap_or(0)
+        };
+        let limits = |queue: &str, a: &Admission| -> ResourceQuota {
             self.queues
                 .get(queue)
-                .and_then(|q| q.quotas.iter().find(|f| f.flavor == flavor))
-                .and_then(|f| f.resources.first().cloned())
+                .and_then(|q| q.quotas.iter().find(|f| f.flavor == a.flavor))
+                .and_then(|f| f.resources.iter().find(|r| r.resource == a.resource))
+                .cloned()
                 .unwrap_or_default()
         };
         for a in &out.admissions {
@@ -529,26 +602,22 @@ impl Run {
                 .queues
                 .get(&a.queue)
                 .expect("admitted into a known queue");
-            let used = usage
-                .get(&(a.queue.clone(), a.flavor.clone()))
-                .copied()
-                .unwrap_or(0);
-            let own = limits(&a.queue, &a.flavor);
+            let used = used_by(&a.queue, a);
+            let own = limits(&a.queue, a);
+            let what = format!("{} {} {}", a.queue, a.flavor, a.resource);
             match &q.cohort {
                 None => assert!(
                     used <= own.nominal,
-                    "{}: {} uses {used} of nominal {}",
+                    "{}: {what} uses {used} of nominal {}",
                     self.at(),
-                    a.queue,
                     own.nominal
                 ),
                 Some(cohort) => {
                     if let Some(limit) = own.borrowing_limit {
                         assert!(
                             used <= own.nominal + limit,
-                            "{}: {} uses {used}, nominal {} + borrowing {limit}",
+                            "{}: {what} uses {used}, nominal {} + borrowing {limit}",
                             self.at(),
-                            a.queue,
                             own.nominal
                         );
                     }
@@ -559,21 +628,15 @@ impl Run {
                         if member.cohort.as_ref() != Some(cohort) {
                             continue;
                         }
-                        let l = limits(name, &a.flavor);
+                        let l = limits(name, a);
                         let lendable = l.lending_limit.map_or(l.nominal, |x| x.min(l.nominal));
-                        let kept = l.nominal - lendable;
-                        let used = usage
-                            .get(&(name.clone(), a.flavor.clone()))
-                            .copied()
-                            .unwrap_or(0);
-                        from_pool += used.saturating_sub(kept);
+                        from_pool += used_by(name, a).saturating_sub(l.nominal - lendable);
                         pool += lendable;
                     }
                     assert!(
                         from_pool <= pool,
-                        "{}: cohort {cohort} uses {from_pool} of a pool of {pool} in {}",
-                        self.at(),
-                        a.flavor
+                        "{}: cohort {cohort} uses {from_pool} of a pool of {pool} ({what})",
+                        self.at()
                     );
                 }
             }
@@ -757,21 +820,27 @@ fn grow_only(spec: &mut QueueSpec, old: &QueueSpec) {
 
 #[test]
 fn every_cycle_keeps_capacity_quota_lines_and_rules_whatever_the_input() {
-    let mut decided = (0, 0, 0);
+    let mut decided: BTreeMap<String, u64> = BTreeMap::new();
     for seed in 0..setting("INVARIANT_SEEDS", SEEDS) {
         let mut run = Run::new(seed);
         for _ in 0..setting("INVARIANT_STEPS", STEPS) {
             run.step();
         }
-        let stats = run.alloc.stats();
-        decided.0 += stats.running_jobs;
-        decided.1 += stats.pending_jobs;
-        decided.2 += run.next_job;
+        for (what, n) in run.decided {
+            *decided.entry(what).or_default() += n;
+        }
     }
-    // The runs must exercise admission at all, or every check above passes
-    // vacuously.
-    assert!(
-        decided.0 > 0 && decided.1 > 0,
-        "running and pending jobs: {decided:?}"
-    );
+    // Every kind of decision must have been checked, or the checks above
+    // could pass vacuously.
+    for what in RESOURCES
+        .iter()
+        .copied()
+        .chain(["preemptions", "evictions"])
+    {
+        assert!(
+            decided.get(what).copied().unwrap_or(0) > 0,
+            "no {what} decided: {decided:?}"
+        );
+    }
+    println!("decided over all runs: {decided:?}");
 }
