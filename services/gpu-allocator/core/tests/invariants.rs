@@ -159,12 +159,21 @@ impl Run {
                 present: true,
             });
         }
+        // Knobs that change which paths a cycle takes: holds after a short
+        // or long wait, backfill and preemption on or off, a short grace.
+        let mut config = AllocatorConfig::default();
+        config.backfill.enabled = !rng.chance(20);
+        config.backfill.queue_hold_after_secs = [0, 300, 3600][rng.below(3) as usize];
+        config.backfill.borrower_hold_after_secs = [0, 600, 7200][rng.below(3) as usize];
+        config.preemption.enabled = !rng.chance(20);
+        config.preemption.grace_period_secs = [30, 120][rng.below(2) as usize];
+        config.aging.interval_secs = [60, 600][rng.below(2) as usize];
         let mut run = Run {
             seed,
             rng,
             now: 0,
             step: 0,
-            alloc: Allocator::new(AllocatorConfig::default()).expect("default config"),
+            alloc: Allocator::new(config).expect("valid config"),
             shadow: None,
             nodes,
             queues: BTreeMap::new(),
