@@ -1,10 +1,11 @@
 //! Randomized runs of the allocator against what must hold after every
 //! cycle, whatever the input: no node holds more GPUs, shared replicas or
-//! MIG slices than it has, no queue
-//! or cohort admits beyond its quota, every admission places every worker on
-//! a node that can take it, every pending job has one reason and one place
-//! in its queue's line, victims are only what the rules allow, and a
-//! snapshot restored mid-run decides exactly as the allocator it came from.
+//! MIG slices than it has, no queue or cohort admits beyond its quota, every
+//! admission places every worker on a node that can take it, every pending
+//! job has one reason and one place in its queue's line, victims are only
+//! what the rules allow, a snapshot restored mid-run decides exactly as the
+//! allocator it came from, and the log of events and decisions replayed
+//! twice rebuilds the same state.
 //!
 //! The runs are seeded and bounded (seeds x steps), so a failure names its
 //! seed and step and is reproduced by running that seed alone.
@@ -124,6 +125,9 @@ struct Run {
     /// What the run decided, to show the checks were not vacuous:
     /// admissions per resource, preemptions, evictions.
     decided: BTreeMap<String, u64>,
+    /// Every event the allocator took and every decision it made, in order.
+    log: Vec<Event>,
+    config: AllocatorConfig,
 }
 
 impl Run {
@@ -173,7 +177,7 @@ impl Run {
             rng,
             now: 0,
             step: 0,
-            alloc: Allocator::new(config).expect("valid config"),
+            alloc: Allocator::new(config.clone()).expect("valid config"),
             shadow: None,
             nodes,
             queues: BTreeMap::new(),
@@ -181,6 +185,8 @@ impl Run {
             next_job: 0,
             victims: BTreeSet::new(),
             decided: BTreeMap::new(),
+            log: Vec::new(),
+            config: config.clone(),
         };
         for i in 0..run.nodes.len() {
             let info = run.nodes.get(i).map(|n| n.info.clone());
@@ -252,6 +258,9 @@ impl Run {
             self.queues.insert(q.name.clone(), q.clone());
         }
         let applied = self.alloc.apply(event.clone());
+        if applied.is_ok() {
+            self.log.push(event.clone());
+        }
         if let Some(shadow) = &mut self.shadow {
             assert_eq!(
                 shadow.apply(event),
@@ -417,6 +426,18 @@ impl Run {
                 self.at()
             );
         }
+        // The service records every decision as an event, as here: a
+        // restart may rebuild the state from them.
+        self.log
+            .extend(out.evictions.iter().cloned().map(Event::Evicted));
+        self.log
+            .extend(out.admissions.iter().cloned().map(Event::Admitted));
+        self.log.extend(
+            out.preemptions
+                .iter()
+                .cloned()
+                .map(Event::PreemptionStarted),
+        );
         for e in &out.evictions {
             self.victims.remove(e.uid.as_str());
         }
@@ -433,6 +454,53 @@ impl Run {
         self.check_quotas(&out);
         self.check_pending(&out);
         self.check_preemptions(&out, &before);
+    }
+
+    /// Rebuilding from the log, even applied twice over, gives the same
+    /// jobs, admissions and nodes: a restart never admits twice.
+    fn check_replay(&self) {
+        let mut rebuilt = Allocator::new(self.config.clone()).expect("valid config");
+        for _pass in 0..2 {
+            for event in &self.log {
+                rebuilt
+                    .apply(event.clone())
+                    .unwrap_or_else(|e| panic!("{}: replay refused {event:?}: {e}", self.at()));
+            }
+        }
+        let (original, replayed) = (self.alloc.snapshot(), rebuilt.snapshot());
+        let admissions = |s: &AllocatorSnapshot| -> Vec<(JobUid, Option<Admission>)> {
+            s.jobs
+                .iter()
+                .map(|j| (j.spec.uid.clone(), j.admission.clone()))
+                .collect()
+        };
+        assert_eq!(
+            admissions(&replayed),
+            admissions(&original),
+            "{}: replayed admissions",
+            self.at()
+        );
+        // By name: a second pass removes and adds nodes again, which may
+        // put them in other arena slots.
+        let nodes = |s: &AllocatorSnapshot| -> BTreeMap<String, NodeInfo> {
+            s.nodes
+                .iter()
+                .flatten()
+                .map(|n| (n.name.clone(), n.clone()))
+                .collect()
+        };
+        assert_eq!(
+            nodes(&replayed),
+            nodes(&original),
+            "{}: replayed nodes",
+            self.at()
+        );
+        assert_eq!(
+            rebuilt.stats(),
+            self.alloc.stats(),
+            "{}: replayed usage",
+            self.at()
+        );
     }
 
     /// A job finished or was deleted: the test forgets it, the allocator
@@ -835,6 +903,7 @@ fn every_cycle_keeps_capacity_quota_lines_and_rules_whatever_the_input() {
         for _ in 0..setting("INVARIANT_STEPS", STEPS) {
             run.step();
         }
+        run.check_replay();
         for (what, n) in run.decided {
             *decided.entry(what).or_default() += n;
         }
