@@ -681,6 +681,12 @@ impl Allocator {
             .collect();
         ready.sort();
         for (_, _, _, idx) in ready {
+            // The resource its victims freed first: elsewhere, the eviction
+            // was for nothing, and another flavor may be kept for others.
+            let planned = self.job(idx).and_then(|job| match &job.state {
+                JobState::Pending(Some(n)) => self.nomination_res(n),
+                _ => None,
+            });
             // Whatever happens now, the nomination is used up: if the plan no
             // longer fits (a node vanished) the job competes normally.
             if let Some(job) = self.job_mut(idx) {
@@ -690,6 +696,11 @@ impl Allocator {
             let mut options = Vec::new();
             if let Some(job) = self.job(idx) {
                 self.options_for(job, &mut options);
+            }
+            if let Some(at) = planned.and_then(|res| options.iter().position(|r| *r == res))
+                && let Some(first) = options.get_mut(..=at)
+            {
+                first.rotate_right(1);
             }
             for res in options {
                 let Some(job) = self.job(idx) else { break };
@@ -1518,6 +1529,48 @@ impl Allocator {
         kept
     }
 
+    /// Cohort headroom this cycle's holds keep from job `idx` in `res`, as
+    /// `evaluate` counts it: a cohort hold that binds the job (it would
+    /// borrow, or the hold binds lenders too) unless the job ends before the
+    /// holder can expect to start, and the nominal quota other queues keep
+    /// for their own blocked jobs. A victim search counts it too: without
+    /// it, evicting a small job let a bigger one in on headroom kept for a
+    /// job ahead in line.
+    pub(crate) fn held_from(
+        &self,
+        ctx: &CycleCtx,
+        idx: JobIdx,
+        res: ResIdx,
+        now: Timestamp,
+    ) -> u64 {
+        let Some(job) = self.job(idx) else { return 0 };
+        let queue = job.queue;
+        let Some(cohort) = self.queues.get(queue).and_then(|q| q.cohort) else {
+            return 0;
+        };
+        let units = job.spec.total_units();
+        let (_, job_end) = estimated_end(job.spec.runtime_estimate_secs, now);
+        let exempt =
+            |h: &QuotaHold| matches!((job_end, h.until), (Some(end), Some(until)) if end <= until);
+        let borrows = self.queues.get(queue).is_some_and(|q| {
+            q.usage(res).saturating_add(units) > q.quota(res).map_or(0, |s| s.nominal)
+        });
+        let mut held = match ctx.quota_holds.get(&(cohort, res)) {
+            Some(h) if (borrows || h.binds_lenders) && h.holder_idx != idx && !exempt(h) => h.units,
+            _ => 0,
+        };
+        let starving = borrows
+            && self.starving_borrower(job, res, now)
+            && self.queues.fits_when_idle(queue, res, units);
+        if borrows && !starving {
+            held = held.saturating_add(
+                self.kept_by_queue_holds(ctx, cohort, queue, res, &exempt)
+                    .units,
+            );
+        }
+        held
+    }
+
     /// What `queue` leaves unused of its nominal quota of `res`.
     fn unused_nominal(&self, queue: QueueIdx, res: ResIdx) -> u64 {
         self.queues.get(queue).map_or(0, |q| {
@@ -1919,7 +1972,7 @@ impl Allocator {
             }
             attempts += 1;
             ctx.stats.preemption_attempts += 1;
-            let Some(plan) = self.find_victims(idx, now, &inflight, &draining) else {
+            let Some(plan) = self.find_victims(idx, now, &inflight, &draining, ctx) else {
                 if let Some(key) = key {
                     failed_searches.insert(key);
                 }

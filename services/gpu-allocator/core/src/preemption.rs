@@ -33,6 +33,7 @@ use std::collections::BinaryHeap;
 use std::rc::Rc;
 
 use crate::allocator::{Allocator, FastMap, JobState};
+use crate::cycle::CycleCtx;
 use crate::decision::PreemptionRule;
 use crate::inventory::{JobIdx, NodeIdx, ResIdx};
 use crate::placement::{self, Candidate, NodeTable};
@@ -114,6 +115,9 @@ struct Search<'a> {
     res: ResIdx,
     queue: QueueIdx,
     units: u64,
+    /// Cohort headroom this cycle's holds keep from the preemptor
+    /// (`Allocator::held_from`): evicting others must not start it on that.
+    held: u64,
     per_worker: u32,
     workers: u32,
     topology: crate::types::TopologyRequirement,
@@ -232,7 +236,7 @@ impl Search<'_> {
         let mut deltas = self.deltas(set);
         let queues = &self.alloc.queues;
         if queues
-            .check(self.queue, self.res, self.units, &deltas)
+            .check_with_hold(self.queue, self.res, self.units, &deltas, self.held)
             .is_err()
         {
             return Rules::Broken;
@@ -672,7 +676,7 @@ impl Search<'_> {
         if self
             .alloc
             .queues
-            .check(self.queue, self.res, self.units, &deltas)
+            .check_with_hold(self.queue, self.res, self.units, &deltas, self.held)
             .is_err()
         {
             return false;
@@ -816,10 +820,11 @@ impl Allocator {
         now: Timestamp,
         inflight: &Inflight,
         draining: &[(CohortIdx, ResIdx, JobIdx)],
+        ctx: &CycleCtx,
     ) -> Option<VictimPlan> {
         self.options_of(idx)
             .into_iter()
-            .find_map(|res| self.find_victims_in(idx, res, now, inflight, draining))
+            .find_map(|res| self.find_victims_in(idx, res, now, inflight, draining, ctx))
     }
 
     fn find_victims_in(
@@ -829,6 +834,7 @@ impl Allocator {
         now: Timestamp,
         inflight: &Inflight,
         draining: &[(CohortIdx, ResIdx, JobIdx)],
+        ctx: &CycleCtx,
     ) -> Option<VictimPlan> {
         let job = self.job(idx)?;
         let spec = &job.spec;
@@ -985,6 +991,7 @@ impl Allocator {
             res,
             queue: job.queue,
             units,
+            held: self.held_from(ctx, idx, res, now),
             per_worker,
             workers: spec.num_workers,
             topology: spec.topology,

@@ -1283,6 +1283,71 @@ fn preemption_evicts_whole_multi_node_gangs_and_never_higher_priority() {
 /// loop guard travels in the spec: a job never preempts the preemptor of
 /// its earlier attempt, though the rules would let it.
 #[test]
+fn a_preemption_never_starts_a_job_on_headroom_kept_for_another() {
+    // Queue qa's gang waits for cohort headroom on A100, first in line, so
+    // the cohort keeps qa's unused 8 GPUs for it. Queue qb's urgent job
+    // would have to borrow 3 of those on A100 and finds H100 full. Evicting
+    // qb's 1-GPU job on A100 would let it in on the kept headroom; the
+    // preemption must take qb's H100 job instead.
+    let mut h = Harness::default_config();
+    let mut h100 = node("h1", 8);
+    h100.labels
+        .insert(names::GPU_PRODUCT_LABEL.into(), "H100".into());
+    h.nodes([node("a1", 8), node("a2", 8), h100]);
+    let two_flavors = |name: &str, a100: u64, h100: u64| QueueSpec {
+        name: name.into(),
+        cohort: Some("c".into()),
+        quotas: vec![
+            FlavorQuota {
+                flavor: A100.into(),
+                resources: vec![gpu_quota(a100)],
+            },
+            FlavorQuota {
+                flavor: "H100.on-demand".into(),
+                resources: vec![gpu_quota(h100)],
+            },
+        ],
+        ..QueueSpec::default()
+    };
+    h.queue(two_flavors("qa", 8, 0));
+    h.queue(two_flavors("qb", 8, 8));
+    h.submit_at(job("small", "qb", 1, 1), 0);
+    let mut urgent_fill = job("fill", "qb", 1, 7);
+    urgent_fill.priority = 10;
+    h.submit_at(urgent_fill, 1);
+    let mut on_h100 = job("on-h100", "qb", 1, 8);
+    on_h100
+        .node_selector
+        .insert(names::GPU_PRODUCT_LABEL.into(), "H100".into());
+    h.submit_at(on_h100, 2);
+    assert_eq!(
+        admitted_uids(&h.cycle(10)),
+        vec!["fill", "small", "on-h100"]
+    );
+    h.submit_at(job("gang", "qa", 2, 8), 20);
+    h.cycle(20);
+    let mut urgent = job("urgent", "qb", 1, 4);
+    urgent.priority = 10;
+    h.submit_at(urgent, 30);
+    let out = h.cycle(30);
+    assert_eq!(only_victims(&out), vec!["on-h100"], "not the A100 job");
+    h.cycle(200);
+    assert_eq!(
+        h.admitted("urgent").expect("admitted").flavor,
+        "H100.on-demand"
+    );
+    let out = h.cycle(400);
+    assert!(
+        matches!(
+            *h.reason_of(&out, "gang").reason,
+            PendingReason::QuotaExceeded { available: 8, .. }
+        ),
+        "qa's headroom is intact: {}",
+        h.reason_of(&out, "gang").message()
+    );
+}
+
+#[test]
 fn a_new_attempt_never_preempts_the_preemptor_of_the_one_before() {
     let mut h = Harness::default_config();
     h.nodes([node("n1", 8)]);
