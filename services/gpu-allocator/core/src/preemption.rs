@@ -17,7 +17,9 @@
 //! it. While a cohort keeps
 //! quota for such a job, the last two rules are off in that cohort for that
 //! resource: capacity they would free is what the cohort is waiting on.
-//! Nor is a job admitted in the same cycle a victim of any rule.
+//! Nor is a job admitted in the same cycle a victim of any rule. Under every
+//! rule the preemptor must fit its quota without the cohort headroom this
+//! cycle's holds keep from it (`Allocator::held_from`).
 //!
 //! Why this cannot loop: a lower-priority victim can never preempt back by
 //! priority; a reclaiming queue is within nominal, so it is never a borrower
