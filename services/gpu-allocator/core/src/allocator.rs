@@ -353,18 +353,22 @@ impl Allocator {
         Ok(Applied::Changed)
     }
 
+    /// `jobs` in arrival order, not slot order: a restore renumbers the
+    /// slots, and the restored allocator must decide exactly alike.
+    pub(crate) fn by_arrival(&self, jobs: impl IntoIterator<Item = JobIdx>) -> Vec<JobIdx> {
+        let mut keyed: Vec<(u64, JobIdx)> = jobs
+            .into_iter()
+            .filter_map(|idx| Some((self.job(idx)?.seq, idx)))
+            .collect();
+        keyed.sort_unstable();
+        keyed.into_iter().map(|(_, idx)| idx).collect()
+    }
+
     pub(crate) fn remove_node(&mut self, name: &str) -> Applied {
         let Some(running) = self.inv.remove_node(name) else {
             return Applied::Unchanged;
         };
-        // In arrival order, not slot order: a restore renumbers the slots,
-        // and the restored allocator must decide exactly alike.
-        let mut running: Vec<(u64, JobIdx)> = running
-            .into_iter()
-            .filter_map(|idx| Some((self.job(idx)?.seq, idx)))
-            .collect();
-        running.sort_unstable();
-        for (_, job) in running {
+        for job in self.by_arrival(running) {
             let uid = match self.job(job) {
                 Some(j) => j.spec.uid.clone(),
                 None => continue,

@@ -67,6 +67,30 @@ pub(crate) struct QuotaHold {
     binds_lenders: bool,
 }
 
+/// How this cycle's holds bear on one job in one resource.
+#[derive(Clone, Copy)]
+pub(crate) struct HoldTerms {
+    idx: JobIdx,
+    /// The job would borrow. Nominal quota is guaranteed: a hold only stops
+    /// jobs that would borrow, or every job if it binds lenders too.
+    borrows: bool,
+    /// A starving borrower: nominal quota other queues keep does not stop it.
+    starving: bool,
+    /// Estimated end: a job gone before the holder can expect its headroom
+    /// may use it (backfill, applied to quota).
+    end: Option<Timestamp>,
+}
+
+impl HoldTerms {
+    fn bound(&self, h: &QuotaHold) -> bool {
+        self.borrows || h.binds_lenders
+    }
+
+    fn exempt(&self, h: &QuotaHold) -> bool {
+        matches!((self.end, h.until), (Some(end), Some(until)) if end <= until)
+    }
+}
+
 /// What a victim search depends on, besides cluster state.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct PreemptionKey {
@@ -547,19 +571,13 @@ impl Allocator {
     }
 
     pub(crate) fn process_evictions(&mut self, now: Timestamp, out: &mut CycleOutcome) {
-        let mut due: Vec<(u64, JobIdx)> = self
-            .preempting
-            .iter()
-            .filter_map(|idx| {
-                let job = self.job(*idx)?;
-                let p = job.running()?.preempting.as_ref()?;
-                (p.checkpointed || p.evict_at <= now).then_some((job.seq, *idx))
-            })
-            .collect();
-        // In arrival order, not slot order: a restore renumbers the slots,
-        // and the restored allocator must decide exactly alike.
-        due.sort_unstable();
-        for (_, idx) in due {
+        let due = self.by_arrival(self.preempting.iter().copied().filter(|idx| {
+            self.job(*idx)
+                .and_then(Job::running)
+                .and_then(|r| r.preempting.as_ref())
+                .is_some_and(|p| p.checkpointed || p.evict_at <= now)
+        }));
+        for idx in due {
             let Some(job) = self.job(idx) else { continue };
             let uid = job.spec.uid.clone();
             let by = job
@@ -615,15 +633,8 @@ impl Allocator {
     /// Keeps the nodes a waiting preemptor planned on from being taken by
     /// jobs that would still run when its victims are evicted.
     pub(crate) fn hold_for_waiting_preemptors(&self, now: Timestamp, ctx: &mut CycleCtx) {
-        // In arrival order, not slot order: the first holder is named in
-        // explanations, and a restore renumbers the slots.
-        let mut waiting: Vec<(u64, JobIdx)> = self
-            .nominated
-            .iter()
-            .filter_map(|idx| Some((self.job(*idx)?.seq, *idx)))
-            .collect();
-        waiting.sort_unstable();
-        for (_, idx) in waiting {
+        // The first holder is named in explanations.
+        for idx in self.by_arrival(self.nominated.iter().copied()) {
             let Some(job) = self.job(idx) else { continue };
             let JobState::Pending(Some(nomination)) = &job.state else {
                 continue;
@@ -1072,50 +1083,20 @@ impl Allocator {
         // holds is expected).
         let mut quota_short: Option<(ResIdx, u64, Option<Timestamp>)> = None;
         for &res in options.iter() {
+            let terms = self.hold_terms(job, idx, res, job_end, now);
             let hold = cohort.and_then(|c| ctx.quota_holds.get(&(c, res)));
-            // A job that ends before the holder can expect its headroom may
-            // use it (backfill, applied to quota).
-            // Nominal quota is guaranteed: a hold only stops jobs that would
-            // borrow, and not those gone before the holder can start; a
-            // starving borrower's hold stops every job.
-            let borrows = self.queues.get(queue).is_some_and(|q| {
-                q.usage(res).saturating_add(units) > q.quota(res).map_or(0, |s| s.nominal)
-            });
-            // Only a borrower can be one (checked first: this runs for most
-            // jobs of every cycle).
-            let starving = borrows
-                && self.starving_borrower(job, res, now)
-                && self.queues.fits_when_idle(queue, res, units);
-            let bound = |h: &QuotaHold| borrows || h.binds_lenders;
-            let exempt = |h: &QuotaHold| matches!((job_end, h.until), (Some(end), Some(until)) if end <= until);
             if let Some(h) = hold
-                && bound(h)
+                && terms.bound(h)
             {
                 match h.until {
                     _ if h.holder_idx == idx => alike = false,
-                    Some(until) if exempt(h) => keep_earliest(&mut passes_until, until.0),
+                    Some(until) if terms.exempt(h) => keep_earliest(&mut passes_until, until.0),
                     Some(until) => keep_latest(&mut exempt_until, until.0),
                     None => {}
                 }
             }
-            let (mut held, mut held_for) = match hold {
-                Some(h) if bound(h) && h.holder_idx != idx && !exempt(h) => {
-                    (h.units, Some(h.holder_idx))
-                }
-                _ => (0, None),
-            };
-            // Nominal quota another queue keeps for its own blocked job is
-            // not lent to a borrower that would still hold it then; a
-            // starving borrower comes first.
-            if borrows
-                && !starving
-                && let Some(c) = cohort
-            {
-                let kept = self.kept_by_queue_holds(ctx, c, queue, res, &exempt);
-                held = held.saturating_add(kept.units);
-                if held_for.is_none() {
-                    held_for = kept.first_holder;
-                }
+            let (held, held_for, kept) = self.held(ctx, terms, queue, cohort, res, hold);
+            if let Some(kept) = kept {
                 if let Some(until) = kept.passed_until {
                     keep_earliest(&mut passes_until, until);
                 }
@@ -1140,7 +1121,7 @@ impl Allocator {
                 // only. Draining the cohort for a job that could never fit
                 // (its quota when idle, checked above, or the nodes when
                 // empty) would idle it for good.
-                let may_drain = may_hold && starving && standing != Some(true);
+                let may_drain = may_hold && terms.starving && standing != Some(true);
                 let drains = may_drain
                     && self.slots_when_empty(res, job.spec.gpus_per_worker, job.filter)
                         >= u64::from(job.spec.num_workers);
@@ -1218,7 +1199,7 @@ impl Allocator {
             // that job can expect to start (backfill, applied to the queue).
             if let Some(h) = ctx.queue_holds.get(&(queue, res))
                 && h.holder_idx != idx
-                && !exempt(h)
+                && !terms.exempt(h)
                 && let Some(q) = self.queues.get(queue)
                 && let Some(nominal) = q.quota(res).map(|s| s.nominal)
                 && q.usage(res).saturating_add(units).saturating_add(h.units) > nominal
@@ -1529,13 +1510,70 @@ impl Allocator {
         kept
     }
 
+    /// How this cycle's holds bear on `job` (slot `idx`) in `res`.
+    fn hold_terms(
+        &self,
+        job: &Job,
+        idx: JobIdx,
+        res: ResIdx,
+        end: Option<Timestamp>,
+        now: Timestamp,
+    ) -> HoldTerms {
+        let units = job.spec.total_units();
+        let borrows = self.queues.get(job.queue).is_some_and(|q| {
+            q.usage(res).saturating_add(units) > q.quota(res).map_or(0, |s| s.nominal)
+        });
+        HoldTerms {
+            idx,
+            borrows,
+            // Only a borrower can be one (checked first: this runs for most
+            // jobs of every cycle).
+            starving: borrows
+                && self.starving_borrower(job, res, now)
+                && self.queues.fits_when_idle(job.queue, res, units),
+            end,
+        }
+    }
+
+    /// Cohort headroom this cycle's holds keep from a job: what its cohort's
+    /// hold keeps, if it binds the job, and the nominal quota other queues
+    /// keep for their own blocked jobs, which is not lent to a borrower that
+    /// would still hold it then (a starving borrower comes first). With the
+    /// holder named first, and what the queue holds said, if asked. `hold`:
+    /// the cohort's hold in `res`, which the caller has looked up.
+    fn held(
+        &self,
+        ctx: &CycleCtx,
+        terms: HoldTerms,
+        queue: QueueIdx,
+        cohort: Option<crate::queues::CohortIdx>,
+        res: ResIdx,
+        hold: Option<&QuotaHold>,
+    ) -> (u64, Option<JobIdx>, Option<KeptQuota>) {
+        let Some(c) = cohort else {
+            return (0, None, None);
+        };
+        let (held, held_for) = match hold {
+            Some(h) if terms.bound(h) && h.holder_idx != terms.idx && !terms.exempt(h) => {
+                (h.units, Some(h.holder_idx))
+            }
+            _ => (0, None),
+        };
+        if !terms.borrows || terms.starving {
+            return (held, held_for, None);
+        }
+        let kept = self.kept_by_queue_holds(ctx, c, queue, res, &|h| terms.exempt(h));
+        (
+            held.saturating_add(kept.units),
+            held_for.or(kept.first_holder),
+            Some(kept),
+        )
+    }
+
     /// Cohort headroom this cycle's holds keep from job `idx` in `res`, as
-    /// `evaluate` counts it: a cohort hold that binds the job (it would
-    /// borrow, or the hold binds lenders too) unless the job ends before the
-    /// holder can expect to start, and the nominal quota other queues keep
-    /// for their own blocked jobs. A victim search counts it too: without
-    /// it, evicting a small job let a bigger one in on headroom kept for a
-    /// job ahead in line.
+    /// `evaluate` counts it. A victim search counts it too: without it,
+    /// evicting a small job let a bigger one in on headroom kept for a job
+    /// ahead in line.
     pub(crate) fn held_from(
         &self,
         ctx: &CycleCtx,
@@ -1544,31 +1582,11 @@ impl Allocator {
         now: Timestamp,
     ) -> u64 {
         let Some(job) = self.job(idx) else { return 0 };
-        let queue = job.queue;
-        let Some(cohort) = self.queues.get(queue).and_then(|q| q.cohort) else {
-            return 0;
-        };
-        let units = job.spec.total_units();
-        let (_, job_end) = estimated_end(job.spec.runtime_estimate_secs, now);
-        let exempt =
-            |h: &QuotaHold| matches!((job_end, h.until), (Some(end), Some(until)) if end <= until);
-        let borrows = self.queues.get(queue).is_some_and(|q| {
-            q.usage(res).saturating_add(units) > q.quota(res).map_or(0, |s| s.nominal)
-        });
-        let mut held = match ctx.quota_holds.get(&(cohort, res)) {
-            Some(h) if (borrows || h.binds_lenders) && h.holder_idx != idx && !exempt(h) => h.units,
-            _ => 0,
-        };
-        let starving = borrows
-            && self.starving_borrower(job, res, now)
-            && self.queues.fits_when_idle(queue, res, units);
-        if borrows && !starving {
-            held = held.saturating_add(
-                self.kept_by_queue_holds(ctx, cohort, queue, res, &exempt)
-                    .units,
-            );
-        }
-        held
+        let cohort = self.queues.get(job.queue).and_then(|q| q.cohort);
+        let (_, end) = estimated_end(job.spec.runtime_estimate_secs, now);
+        let terms = self.hold_terms(job, idx, res, end, now);
+        let hold = cohort.and_then(|c| ctx.quota_holds.get(&(c, res)));
+        self.held(ctx, terms, job.queue, cohort, res, hold).0
     }
 
     /// What `queue` leaves unused of its nominal quota of `res`.

@@ -30,7 +30,8 @@ pub const MAX_NODE_UNITS: u32 = 4096;
 #[derive(Debug, Default)]
 pub(crate) struct Interner {
     ids: HashMap<(u32, String), u32>,
-    names: Vec<String>,
+    /// (scope, value) by id - 1.
+    names: Vec<(u32, String)>,
 }
 
 impl Interner {
@@ -40,31 +41,24 @@ impl Interner {
         if let Some(id) = self.ids.get(&key) {
             return *id;
         }
-        self.names.push(value.to_string());
+        self.names.push(key.clone());
         let id = u32::try_from(self.names.len()).unwrap_or(u32::MAX);
         self.ids.insert(key, id);
         id
     }
 
     /// Every interned value with its scope, in id order.
-    pub(crate) fn entries(&self) -> Vec<(u32, String)> {
-        let mut entries: Vec<(u32, String, u32)> = self
-            .ids
-            .iter()
-            .map(|((scope, value), id)| (*id, value.clone(), *scope))
-            .collect();
-        entries.sort_unstable();
-        entries
-            .into_iter()
-            .map(|(_, value, scope)| (scope, value))
-            .collect()
+    pub(crate) fn entries(&self) -> &[(u32, String)] {
+        &self.names
     }
 
     pub(crate) fn name(&self, id: u32) -> Option<&str> {
         if id == 0 {
             return None;
         }
-        self.names.get(id as usize - 1).map(String::as_str)
+        self.names
+            .get(id as usize - 1)
+            .map(|(_, name)| name.as_str())
     }
 }
 
@@ -345,8 +339,13 @@ impl Inventory {
     /// The order zones, racks, flavors, kinds and resources were first met.
     pub(crate) fn intern_order(&self) -> InternOrder {
         InternOrder {
-            zones: self.zones.entries().into_iter().map(|(_, z)| z).collect(),
-            racks: self.racks.entries(),
+            zones: self
+                .zones
+                .entries()
+                .iter()
+                .map(|(_, z)| z.clone())
+                .collect(),
+            racks: self.racks.entries().to_vec(),
             flavors: self.flavors.iter().map(|f| f.name.clone()).collect(),
             kinds: self.kinds.clone(),
             resources: self.resources.iter().map(|r| (r.flavor, r.kind)).collect(),

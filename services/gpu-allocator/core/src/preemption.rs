@@ -933,8 +933,7 @@ impl Allocator {
                 }
             };
             // Admitted in this very cycle: telling it to stop before it
-            // starts undoes a decision the planner is already carrying out,
-            // and it was only admitted because this preemptor did not fit.
+            // starts undoes a decision the planner is already carrying out.
             if run.res != res || run.preempting.is_some() || run.cycle == self.cycles {
                 continue;
             }

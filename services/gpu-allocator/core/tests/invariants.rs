@@ -420,8 +420,8 @@ impl Run {
             // Pending entries name job slots, which a restore renumbers:
             // compared through their explanations.
             assert_eq!(
-                decided(shadow, &theirs),
-                decided(&self.alloc, &out),
+                decisions(shadow, &theirs),
+                decisions(&self.alloc, &out),
                 "{}: the restored allocator decides alike",
                 self.at()
             );
@@ -859,7 +859,7 @@ impl Run {
 }
 
 /// What a cycle decided and how it explains every pending job.
-fn decided(
+fn decisions(
     alloc: &Allocator,
     out: &CycleOutcome,
 ) -> (
