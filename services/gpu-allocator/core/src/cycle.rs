@@ -91,6 +91,32 @@ impl HoldTerms {
     }
 }
 
+/// What this cycle's holds keep from one job in one resource (see
+/// `Allocator::held_from`).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct HeldFrom {
+    /// Cohort headroom.
+    pub(crate) cohort: u64,
+    /// Units of its own queue's nominal quota kept for a job ahead of it in
+    /// line, and that nominal quota.
+    pub(crate) own_queue: Option<(u64, u64)>,
+}
+
+impl HeldFrom {
+    /// Whether the job's queue, using `used` of the resource, can take it
+    /// (`units`) without the units its own queue keeps.
+    pub(crate) fn own_queue_allows(&self, used: u64, units: u64) -> bool {
+        self.own_queue
+            .is_none_or(|(kept, nominal)| fits_beside(used, units, kept, nominal))
+    }
+}
+
+/// Whether `units` more fit a queue's `nominal` quota beside the `used`
+/// units and the `kept` ones its queue hold keeps.
+fn fits_beside(used: u64, units: u64, kept: u64, nominal: u64) -> bool {
+    used.saturating_add(units).saturating_add(kept) <= nominal
+}
+
 /// What a victim search depends on, besides cluster state.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct PreemptionKey {
@@ -1197,17 +1223,13 @@ impl Allocator {
             // The queue's nominal quota kept for a job ahead in its line: a
             // job may take it if both fit within nominal, or if it ends before
             // that job can expect to start (backfill, applied to the queue).
-            if let Some(h) = ctx.queue_holds.get(&(queue, res))
-                && h.holder_idx != idx
-                && !terms.exempt(h)
-                && let Some(q) = self.queues.get(queue)
-                && let Some(nominal) = q.quota(res).map(|s| s.nominal)
-                && q.usage(res).saturating_add(units).saturating_add(h.units) > nominal
+            if let Some((h, nominal)) = self.own_queue_hold(ctx, &terms, queue, res)
+                && let used = self.queues.get(queue).map_or(0, |q| q.usage(res))
+                && !fits_beside(used, units, h.units, nominal)
             {
                 if let Some(until) = h.until {
                     keep_latest(&mut exempt_until, until.0);
                 }
-                let used = q.usage(res);
                 let available = nominal.saturating_sub(used.saturating_add(h.units));
                 // Built only when it would be kept (the smallest shortfall
                 // wins); a queue's hold stands all cycle, so jobs of its
@@ -1570,23 +1592,62 @@ impl Allocator {
         )
     }
 
-    /// Cohort headroom this cycle's holds keep from job `idx` in `res`, as
-    /// `evaluate` counts it. A victim search counts it too: without it,
-    /// evicting a small job let a bigger one in on headroom kept for a job
-    /// ahead in line.
+    /// The hold `queue` keeps on its own nominal quota of `res` for another
+    /// of its jobs, unless it lets the job `terms` describe through, with
+    /// that nominal quota. The job may use only what the queue leaves unused
+    /// beyond the held units.
+    fn own_queue_hold<'c>(
+        &self,
+        ctx: &'c CycleCtx,
+        terms: &HoldTerms,
+        queue: QueueIdx,
+        res: ResIdx,
+    ) -> Option<(&'c QuotaHold, u64)> {
+        let h = ctx.queue_holds.get(&(queue, res))?;
+        if h.holder_idx == terms.idx || terms.exempt(h) {
+            return None;
+        }
+        let nominal = self.queues.get(queue)?.quota(res)?.nominal;
+        Some((h, nominal))
+    }
+
+    /// What this cycle's holds keep from job `idx` in `res`, as `evaluate`
+    /// counts it. A victim search counts it too: without it, evicting a
+    /// small job let a bigger one in on quota kept for a job ahead in line.
     pub(crate) fn held_from(
         &self,
         ctx: &CycleCtx,
         idx: JobIdx,
         res: ResIdx,
         now: Timestamp,
-    ) -> u64 {
-        let Some(job) = self.job(idx) else { return 0 };
+    ) -> HeldFrom {
+        let Some(job) = self.job(idx) else {
+            return HeldFrom::default();
+        };
         let cohort = self.queues.get(job.queue).and_then(|q| q.cohort);
         let (_, end) = estimated_end(job.spec.runtime_estimate_secs, now);
         let terms = self.hold_terms(job, idx, res, end, now);
         let hold = cohort.and_then(|c| ctx.quota_holds.get(&(c, res)));
-        self.held(ctx, terms, job.queue, cohort, res, hold).0
+        // A queue hold keeps quota from the jobs behind its holder; the main
+        // pass meets the jobs ahead before the hold is made.
+        let line_place = |j: &Job| {
+            (
+                Reverse(self.effective_priority(j, now)),
+                j.spec.submitted_at,
+                j.seq,
+            )
+        };
+        let own_queue = self
+            .own_queue_hold(ctx, &terms, job.queue, res)
+            .filter(|(h, _)| {
+                self.job(h.holder_idx)
+                    .is_some_and(|holder| line_place(holder) < line_place(job))
+            })
+            .map(|(h, nominal)| (h.units, nominal));
+        HeldFrom {
+            cohort: self.held(ctx, terms, job.queue, cohort, res, hold).0,
+            own_queue,
+        }
     }
 
     /// What `queue` leaves unused of its nominal quota of `res`.
@@ -1941,10 +2002,10 @@ impl Allocator {
         let policy = self.config.preemption;
         let mut attempts = 0u32;
         let mut decided = 0u32;
-        let mut failed_searches: std::collections::HashSet<
-            PreemptionKey,
-            foldhash::fast::FixedState,
-        > = std::collections::HashSet::default();
+        // Per failed key, the earliest estimated end (u64::MAX = none) of a
+        // job that failed: a job ending later is let through by no more
+        // holds (see `HoldTerms::exempt`), so fails too.
+        let mut failed_searches: FastMap<PreemptionKey, u64> = FastMap::default();
         let mut inflight = self.inflight();
         let draining: Vec<_> = ctx
             .quota_holds
@@ -1977,8 +2038,13 @@ impl Allocator {
                     slice: j.spec.gpu_slice.clone(),
                 })
             });
+            let end = self.job(idx).map_or(u64::MAX, |j| {
+                estimated_end(j.spec.runtime_estimate_secs, now).0
+            });
             if let Some(key) = &key
-                && failed_searches.contains(key)
+                && failed_searches
+                    .get(key)
+                    .is_some_and(|&failing_end| end >= failing_end)
             {
                 continue;
             }
@@ -1992,7 +2058,8 @@ impl Allocator {
             ctx.stats.preemption_attempts += 1;
             let Some(plan) = self.find_victims(idx, now, &inflight, &draining, ctx) else {
                 if let Some(key) = key {
-                    failed_searches.insert(key);
+                    let failing_end = failed_searches.entry(key).or_insert(end);
+                    *failing_end = (*failing_end).min(end);
                 }
                 // Back off linearly, one grace period per failure up to
                 // eight: the state that made the search fail rarely changes

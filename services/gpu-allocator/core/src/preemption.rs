@@ -18,8 +18,9 @@
 //! quota for such a job, the last two rules are off in that cohort for that
 //! resource: capacity they would free is what the cohort is waiting on.
 //! Nor is a job admitted in the same cycle a victim of any rule. Under every
-//! rule the preemptor must fit its quota without the cohort headroom this
-//! cycle's holds keep from it (`Allocator::held_from`).
+//! rule the preemptor must fit its quota without what this cycle's holds
+//! keep from it (`Allocator::held_from`): cohort headroom, and its own
+//! queue's nominal quota kept for a job ahead of it in line.
 //!
 //! Why this cannot loop: a lower-priority victim can never preempt back by
 //! priority; a reclaiming queue is within nominal, so it is never a borrower
@@ -35,7 +36,7 @@ use std::collections::BinaryHeap;
 use std::rc::Rc;
 
 use crate::allocator::{Allocator, FastMap, JobState};
-use crate::cycle::CycleCtx;
+use crate::cycle::{CycleCtx, HeldFrom};
 use crate::decision::PreemptionRule;
 use crate::inventory::{JobIdx, NodeIdx, ResIdx};
 use crate::placement::{self, Candidate, NodeTable};
@@ -117,9 +118,9 @@ struct Search<'a> {
     res: ResIdx,
     queue: QueueIdx,
     units: u64,
-    /// Cohort headroom this cycle's holds keep from the preemptor
+    /// What this cycle's holds keep from the preemptor
     /// (`Allocator::held_from`): evicting others must not start it on that.
-    held: u64,
+    held: HeldFrom,
     per_worker: u32,
     workers: u32,
     topology: crate::types::TopologyRequirement,
@@ -233,14 +234,23 @@ impl Search<'_> {
         deltas
     }
 
+    /// Whether the preemptor fits its quota with `deltas` applied, without
+    /// what this cycle's holds keep from it.
+    fn quota_fits(&self, deltas: &[UsageDelta]) -> bool {
+        let queues = &self.alloc.queues;
+        queues
+            .check_with_hold(self.queue, self.res, self.units, deltas, self.held.cohort)
+            .is_ok()
+            && self
+                .held
+                .own_queue_allows(queues.usage_with(self.queue, self.res, deltas), self.units)
+    }
+
     /// Quota and rule validity of a victim set.
     fn rules(&self, set: &[usize]) -> Rules {
         let mut deltas = self.deltas(set);
         let queues = &self.alloc.queues;
-        if queues
-            .check_with_hold(self.queue, self.res, self.units, &deltas, self.held)
-            .is_err()
-        {
+        if !self.quota_fits(&deltas) {
             return Rules::Broken;
         }
         // Victim queues are few: a vector beats a map (every queue is checked,
@@ -675,12 +685,7 @@ impl Search<'_> {
                 }),
             }
         }
-        if self
-            .alloc
-            .queues
-            .check_with_hold(self.queue, self.res, self.units, &deltas, self.held)
-            .is_err()
-        {
+        if !self.quota_fits(&deltas) {
             return false;
         }
         // Then worker slots, stopping as soon as there are enough.

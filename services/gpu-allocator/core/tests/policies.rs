@@ -1347,6 +1347,74 @@ fn a_preemption_never_starts_a_job_on_headroom_kept_for_another() {
     );
 }
 
+/// Queue a (nominal 8, no cohort) runs "r" (priority 5, 4 GPUs) and "v"
+/// (priority 0, 2 GPUs). "h" (priority 5, 8 GPUs) waits for a's nominal
+/// quota: it cannot preempt "r" (same priority), and evicting "v" alone
+/// would not make room. Once it has waited, a keeps its nominal quota for
+/// it. "p" (priority 3, 4 GPUs) is behind "h" in line: evicting "v" would
+/// start it on that kept quota, and "h" would then evict "p" once "r"
+/// ended. A job ahead of "h" in line ("u", priority 7) is not held back,
+/// nor is one that ends before "h" can expect the quota.
+#[test]
+fn a_preemption_never_takes_nominal_quota_kept_for_a_job_ahead_in_its_queue() {
+    let setup = || {
+        let mut h = Harness::default_config();
+        h.nodes([node("n1", 8), node("n2", 8)]);
+        h.queue(queue("a", None, 8));
+        let mut r = job("r", "a", 1, 4);
+        r.priority = 5;
+        h.submit_at(r, 0);
+        h.submit_at(job("v", "a", 1, 2), 0);
+        assert_eq!(admitted_uids(&h.cycle(0)), vec!["r", "v"]);
+        let mut holder = job("h", "a", 1, 8);
+        holder.priority = 5;
+        h.submit_at(holder, 10);
+        let out = h.cycle(10);
+        assert!(out.preemptions.is_empty(), "h cannot preempt");
+        h
+    };
+    let with_priority = |uid: &str, priority| {
+        let mut j = job(uid, "a", 1, 4);
+        j.priority = priority;
+        j
+    };
+
+    let mut h = setup();
+    h.submit_at(with_priority("p", 3), 650);
+    let out = h.cycle(700);
+    assert!(
+        out.preemptions.is_empty(),
+        "p behind h takes no kept quota: {:?}",
+        out.preemptions
+    );
+    h.finish("r");
+    // After h's back-off from its two failed searches (at 10 and 700).
+    let out = h.cycle(1_000);
+    assert_eq!(out.preemptions.len(), 1);
+    assert_eq!(out.preemptions[0].preemptor.as_str(), "h");
+    assert_eq!(only_victims(&out), vec!["v"], "not a job that just started");
+
+    let mut h = setup();
+    h.submit_at(with_priority("u", 7), 650);
+    let out = h.cycle(700);
+    assert_eq!(out.preemptions.len(), 1, "u is ahead of h");
+    assert_eq!(out.preemptions[0].preemptor.as_str(), "u");
+    assert_eq!(only_victims(&out), vec!["v"]);
+
+    // A job that ends before h can expect its quota (r has no estimate)
+    // may use it meanwhile, even right after a like job without an
+    // estimate failed its search in the same cycle.
+    let mut h = setup();
+    h.submit_at(with_priority("p", 3), 650);
+    let mut short = with_priority("short", 3);
+    short.runtime_estimate_secs = Some(600);
+    h.submit_at(short, 660);
+    let out = h.cycle(700);
+    assert_eq!(out.preemptions.len(), 1, "short ends first");
+    assert_eq!(out.preemptions[0].preemptor.as_str(), "short");
+    assert_eq!(only_victims(&out), vec!["v"]);
+}
+
 #[test]
 fn a_new_attempt_never_preempts_the_preemptor_of_the_one_before() {
     let mut h = Harness::default_config();
