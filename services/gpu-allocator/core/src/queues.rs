@@ -439,14 +439,19 @@ impl Queues {
         {
             let mut pool = cohort.pool(res);
             // Re-derive the pool use of every member the what-if touches,
-            // once per member (the per-member term is not linear).
-            let mut touched: Vec<QueueIdx> = deltas
-                .iter()
-                .filter(|d| d.res == res)
-                .map(|d| d.queue)
-                .collect();
-            touched.sort_unstable();
-            touched.dedup();
+            // once per member (the per-member term is not linear): at its
+            // first delta. What-ifs hold a few dozen deltas at most, and
+            // this runs for every victim set a search checks, so a scan
+            // beats collecting and sorting the members.
+            let touched = deltas.iter().enumerate().filter_map(|(i, d)| {
+                let first = d.res == res
+                    && !deltas
+                        .get(..i)
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|e| e.res == res && e.queue == d.queue);
+                first.then_some(d.queue)
+            });
             for member_idx in touched {
                 let Some(member) = self.get(member_idx) else {
                     continue;
