@@ -95,19 +95,34 @@ impl HoldTerms {
 /// `Allocator::held_from`).
 #[derive(Clone, Copy, Default)]
 pub(crate) struct HeldFrom {
-    /// Cohort headroom.
-    pub(crate) cohort: u64,
+    /// The job's queue's nominal quota of the resource.
+    nominal: u64,
+    /// Cohort headroom kept from it if it would borrow.
+    cohort_if_borrowing: u64,
+    /// Cohort headroom kept from it within its nominal quota (only a
+    /// starving borrower's hold keeps any: nominal quota is guaranteed).
+    cohort_within_nominal: u64,
     /// Units of its own queue's nominal quota kept for a job ahead of it in
-    /// line, and that nominal quota.
-    pub(crate) own_queue: Option<(u64, u64)>,
+    /// line.
+    own_queue: Option<u64>,
 }
 
 impl HeldFrom {
+    /// Cohort headroom kept from the job (`units`) when its queue uses
+    /// `used` of the resource.
+    pub(crate) fn cohort(&self, used: u64, units: u64) -> u64 {
+        if used.saturating_add(units) > self.nominal {
+            self.cohort_if_borrowing
+        } else {
+            self.cohort_within_nominal
+        }
+    }
+
     /// Whether the job's queue, using `used` of the resource, can take it
     /// (`units`) without the units its own queue keeps.
     pub(crate) fn own_queue_allows(&self, used: u64, units: u64) -> bool {
         self.own_queue
-            .is_none_or(|(kept, nominal)| fits_beside(used, units, kept, nominal))
+            .is_none_or(|kept| fits_beside(used, units, kept, self.nominal))
     }
 }
 
@@ -1541,10 +1556,24 @@ impl Allocator {
         end: Option<Timestamp>,
         now: Timestamp,
     ) -> HoldTerms {
-        let units = job.spec.total_units();
         let borrows = self.queues.get(job.queue).is_some_and(|q| {
-            q.usage(res).saturating_add(units) > q.quota(res).map_or(0, |s| s.nominal)
+            q.usage(res).saturating_add(job.spec.total_units())
+                > q.quota(res).map_or(0, |s| s.nominal)
         });
+        self.hold_terms_if(job, idx, res, end, now, borrows)
+    }
+
+    /// `hold_terms`, with whether the job would borrow given.
+    fn hold_terms_if(
+        &self,
+        job: &Job,
+        idx: JobIdx,
+        res: ResIdx,
+        end: Option<Timestamp>,
+        now: Timestamp,
+        borrows: bool,
+    ) -> HoldTerms {
+        let units = job.spec.total_units();
         HoldTerms {
             idx,
             borrows,
@@ -1626,8 +1655,14 @@ impl Allocator {
         };
         let cohort = self.queues.get(job.queue).and_then(|q| q.cohort);
         let (_, end) = estimated_end(job.spec.runtime_estimate_secs, now);
-        let terms = self.hold_terms(job, idx, res, end, now);
         let hold = cohort.and_then(|c| ctx.quota_holds.get(&(c, res)));
+        // Whether the job borrows depends on the victims its own queue
+        // loses: both cases, for the search to pick per victim set.
+        let held_if = |borrows| {
+            let terms = self.hold_terms_if(job, idx, res, end, now, borrows);
+            self.held(ctx, terms, job.queue, cohort, res, hold).0
+        };
+        let terms = self.hold_terms_if(job, idx, res, end, now, true);
         // A queue hold keeps quota from the jobs behind its holder; the main
         // pass meets the jobs ahead before the hold is made.
         let line_place = |j: &Job| {
@@ -1643,9 +1678,15 @@ impl Allocator {
                 self.job(h.holder_idx)
                     .is_some_and(|holder| line_place(holder) < line_place(job))
             })
-            .map(|(h, nominal)| (h.units, nominal));
+            .map(|(h, _)| h.units);
         HeldFrom {
-            cohort: self.held(ctx, terms, job.queue, cohort, res, hold).0,
+            nominal: self
+                .queues
+                .get(job.queue)
+                .and_then(|q| q.quota(res))
+                .map_or(0, |s| s.nominal),
+            cohort_if_borrowing: held_if(true),
+            cohort_within_nominal: held_if(false),
             own_queue,
         }
     }

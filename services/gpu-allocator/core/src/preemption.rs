@@ -238,12 +238,14 @@ impl Search<'_> {
     /// what this cycle's holds keep from it.
     fn quota_fits(&self, deltas: &[UsageDelta]) -> bool {
         let queues = &self.alloc.queues;
+        // Evicting its own queue's jobs may leave the preemptor within its
+        // nominal quota, where only a starving borrower's hold binds it.
+        let used = queues.usage_with(self.queue, self.res, deltas);
+        let held = self.held.cohort(used, self.units);
         queues
-            .check_with_hold(self.queue, self.res, self.units, deltas, self.held.cohort)
+            .check_with_hold(self.queue, self.res, self.units, deltas, held)
             .is_ok()
-            && self
-                .held
-                .own_queue_allows(queues.usage_with(self.queue, self.res, deltas), self.units)
+            && self.held.own_queue_allows(used, self.units)
     }
 
     /// Quota and rule validity of a victim set.

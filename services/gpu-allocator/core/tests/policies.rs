@@ -1415,6 +1415,48 @@ fn a_preemption_never_takes_nominal_quota_kept_for_a_job_ahead_in_its_queue() {
     assert_eq!(only_victims(&out), vec!["v"]);
 }
 
+/// Queues a and b (nominal 8 each, one cohort) on two 8-GPU nodes: a runs
+/// 6 GPUs, b 8. b's gang needs 4 more and would borrow; the cohort keeps its
+/// 2 GPUs of headroom for it, a's unused nominal quota. a's urgent 4-GPU job
+/// would borrow now, but evicting a's 2-GPU job leaves it within a's
+/// nominal quota, which is a's whatever the cohort keeps. So the victim is
+/// that job, which has run least, not a's older 4-GPU one (the search once
+/// judged the hold by a's usage before the eviction, as if the job still
+/// borrowed, and had to free the held 2 GPUs too).
+#[test]
+fn a_preemptor_back_within_its_nominal_quota_is_not_held_to_a_cohort_hold() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8), node("n2", 8)]);
+    h.queue(queue("a", Some("c"), 8));
+    h.queue(queue("b", Some("c"), 8));
+    h.submit_at(pinned(job("b-run", "b", 1, 8), "n2"), 0);
+    h.submit_at(pinned(job("a-old", "a", 1, 4), "n1"), 0);
+    assert_eq!(h.cycle(0).admissions.len(), 2);
+    h.submit_at(pinned(job("a-new", "a", 1, 2), "n1"), 50);
+    assert_eq!(admitted_uids(&h.cycle(60)), vec!["a-new"]);
+    h.submit_at(job("gang", "b", 2, 2), 100);
+    let out = h.cycle(100);
+    assert!(
+        matches!(
+            *h.reason_of(&out, "gang").reason,
+            PendingReason::QuotaExceeded {
+                holding_cohort_quota: true,
+                available: 2,
+                ..
+            }
+        ),
+        "the cohort keeps its 2 GPUs for b's gang: {}",
+        h.reason_of(&out, "gang").message()
+    );
+    let mut urgent = job("urgent", "a", 1, 4);
+    urgent.priority = 10;
+    h.submit_at(urgent, 110);
+    let out = h.cycle(110);
+    assert_eq!(out.preemptions.len(), 1);
+    assert_eq!(out.preemptions[0].preemptor.as_str(), "urgent");
+    assert_eq!(only_victims(&out), vec!["a-new"], "the least work lost");
+}
+
 #[test]
 fn a_new_attempt_never_preempts_the_preemptor_of_the_one_before() {
     let mut h = Harness::default_config();
