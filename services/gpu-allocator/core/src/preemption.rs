@@ -20,7 +20,9 @@
 //! Nor is a job admitted in the same cycle a victim of any rule. Under every
 //! rule the preemptor must fit its quota without what this cycle's holds
 //! keep from it (`Allocator::held_from`): cohort headroom, and its own
-//! queue's nominal quota kept for a job ahead of it in line.
+//! queue's nominal quota kept for a job ahead of it in line. Whether it
+//! borrows, and so which cohort holds bind it, is judged with the victims
+//! gone.
 //!
 //! Why this cannot loop: a lower-priority victim can never preempt back by
 //! priority; a reclaiming queue is within nominal, so it is never a borrower
