@@ -1124,7 +1124,7 @@ impl Allocator {
         // holds is expected).
         let mut quota_short: Option<(ResIdx, u64, Option<Timestamp>)> = None;
         for &res in options.iter() {
-            let terms = self.hold_terms(job, idx, res, job_end, now);
+            let terms = self.hold_terms(job, idx, res, job_end, now, self.would_borrow(job, res));
             let hold = cohort.and_then(|c| ctx.quota_holds.get(&(c, res)));
             if let Some(h) = hold
                 && terms.bound(h)
@@ -1547,24 +1547,17 @@ impl Allocator {
         kept
     }
 
-    /// How this cycle's holds bear on `job` (slot `idx`) in `res`.
-    fn hold_terms(
-        &self,
-        job: &Job,
-        idx: JobIdx,
-        res: ResIdx,
-        end: Option<Timestamp>,
-        now: Timestamp,
-    ) -> HoldTerms {
-        let borrows = self.queues.get(job.queue).is_some_and(|q| {
+    /// Whether `job` would borrow `res` if admitted now.
+    fn would_borrow(&self, job: &Job, res: ResIdx) -> bool {
+        self.queues.get(job.queue).is_some_and(|q| {
             q.usage(res).saturating_add(job.spec.total_units())
                 > q.quota(res).map_or(0, |s| s.nominal)
-        });
-        self.hold_terms_if(job, idx, res, end, now, borrows)
+        })
     }
 
-    /// `hold_terms`, with whether the job would borrow given.
-    fn hold_terms_if(
+    /// How this cycle's holds bear on `job` (slot `idx`) in `res`, if it
+    /// `borrows` or not.
+    fn hold_terms(
         &self,
         job: &Job,
         idx: JobIdx,
@@ -1659,10 +1652,10 @@ impl Allocator {
         // Whether the job borrows depends on the victims its own queue
         // loses: both cases, for the search to pick per victim set.
         let held_if = |borrows| {
-            let terms = self.hold_terms_if(job, idx, res, end, now, borrows);
+            let terms = self.hold_terms(job, idx, res, end, now, borrows);
             self.held(ctx, terms, job.queue, cohort, res, hold).0
         };
-        let terms = self.hold_terms_if(job, idx, res, end, now, true);
+        let terms = self.hold_terms(job, idx, res, end, now, true);
         // A queue hold keeps quota from the jobs behind its holder; the main
         // pass meets the jobs ahead before the hold is made.
         let line_place = |j: &Job| {
