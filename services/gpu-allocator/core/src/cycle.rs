@@ -501,6 +501,17 @@ impl Allocator {
             .saturating_add(self.aging_of(job.queue).boost(waited))
     }
 
+    /// Where `job` stands in its queue's line at `now` (smaller is ahead):
+    /// effective priority, then submission time, then arrival, as
+    /// `crate::line` orders pending jobs.
+    pub(crate) fn line_place(&self, job: &Job, now: Timestamp) -> (Reverse<i32>, Timestamp, u64) {
+        (
+            Reverse(self.effective_priority(job, now)),
+            job.spec.submitted_at,
+            job.seq,
+        )
+    }
+
     /// Resources a job may use, in the queue's flavor preference order.
     pub(crate) fn options_for(&self, job: &Job, out: &mut Vec<ResIdx>) {
         out.clear();
@@ -713,7 +724,8 @@ impl Allocator {
         ctx: &mut CycleCtx,
         out: &mut CycleOutcome,
     ) {
-        let mut ready: Vec<(i32, Timestamp, JobUid, JobIdx)> = self
+        // In line order.
+        let mut ready: Vec<(_, JobIdx)> = self
             .nominated
             .iter()
             .filter_map(|idx| {
@@ -721,18 +733,11 @@ impl Allocator {
                 let JobState::Pending(Some(n)) = &job.state else {
                     return None;
                 };
-                (self.victims_left(n) == 0).then(|| {
-                    (
-                        -self.effective_priority(job, now),
-                        job.spec.submitted_at,
-                        job.spec.uid.clone(),
-                        *idx,
-                    )
-                })
+                (self.victims_left(n) == 0).then(|| (self.line_place(job, now), *idx))
             })
             .collect();
-        ready.sort();
-        for (_, _, _, idx) in ready {
+        ready.sort_unstable();
+        for (_, idx) in ready {
             // The resource its victims freed first: elsewhere, the eviction
             // was for nothing, and another flavor may be kept for others.
             let planned = self.job(idx).and_then(|job| match &job.state {
@@ -1651,25 +1656,16 @@ impl Allocator {
         let hold = cohort.and_then(|c| ctx.quota_holds.get(&(c, res)));
         // Whether the job borrows depends on the victims its own queue
         // loses: both cases, for the search to pick per victim set.
-        let held_if = |borrows| {
-            let terms = self.hold_terms(job, idx, res, end, now, borrows);
-            self.held(ctx, terms, job.queue, cohort, res, hold).0
-        };
-        let terms = self.hold_terms(job, idx, res, end, now, true);
+        let borrowing = self.hold_terms(job, idx, res, end, now, true);
+        let within_nominal = self.hold_terms(job, idx, res, end, now, false);
+        let held = |terms| self.held(ctx, terms, job.queue, cohort, res, hold).0;
         // A queue hold keeps quota from the jobs behind its holder; the main
         // pass meets the jobs ahead before the hold is made.
-        let line_place = |j: &Job| {
-            (
-                Reverse(self.effective_priority(j, now)),
-                j.spec.submitted_at,
-                j.seq,
-            )
-        };
         let own_queue = self
-            .own_queue_hold(ctx, &terms, job.queue, res)
+            .own_queue_hold(ctx, &borrowing, job.queue, res)
             .filter(|(h, _)| {
                 self.job(h.holder_idx)
-                    .is_some_and(|holder| line_place(holder) < line_place(job))
+                    .is_some_and(|holder| self.line_place(holder, now) < self.line_place(job, now))
             })
             .map(|(h, _)| h.units);
         HeldFrom {
@@ -1678,8 +1674,8 @@ impl Allocator {
                 .get(job.queue)
                 .and_then(|q| q.quota(res))
                 .map_or(0, |s| s.nominal),
-            cohort_if_borrowing: held_if(true),
-            cohort_within_nominal: held_if(false),
+            cohort_if_borrowing: held(borrowing),
+            cohort_within_nominal: held(within_nominal),
             own_queue,
         }
     }
