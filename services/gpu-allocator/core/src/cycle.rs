@@ -215,8 +215,8 @@ pub(crate) struct CycleCtx {
     /// resource): the units that job needs (see `hold_queue_quota`).
     queue_holds: FastMap<(QueueIdx, ResIdx), QuotaHold>,
     /// `queue_holds` by (the holding queue's cohort, resource), each group
-    /// in the map's own order: what `kept_by_queue_holds` needs of the map,
-    /// for each borrower checked, without walking all of it.
+    /// in the order the holds were made: what `kept_by_queue_holds` needs
+    /// of the map, for each borrower checked, without walking all of it.
     queue_holds_by_cohort: FastMap<(crate::queues::CohortIdx, ResIdx), Vec<CohortQueueHold>>,
     reservations: Reservations,
     /// Failures that may try preemption (blocked by quota or capacity), in
@@ -1432,31 +1432,22 @@ impl Allocator {
             (None, _) => None,
         };
         let Some((res, until)) = hold else { return };
-        ctx.queue_holds.insert(
-            (queue, res),
-            QuotaHold {
-                units,
-                holder_idx: idx,
-                until: Some(until),
-                binds_lenders: false,
-            },
-        );
-        // Regrouped whole: an insert may reorder the map. Holds are only
-        // added within a cycle, so every group stays and keeps its buffer.
-        for group in ctx.queue_holds_by_cohort.values_mut() {
-            group.clear();
-        }
-        for (&(holding, res), h) in &ctx.queue_holds {
-            if let Some(cohort) = self.queues.get(holding).and_then(|q| q.cohort) {
-                ctx.queue_holds_by_cohort
-                    .entry((cohort, res))
-                    .or_default()
-                    .push(CohortQueueHold {
-                        queue: holding,
-                        hold: *h,
-                        keeps: h.units.min(self.unused_nominal(holding, res)),
-                    });
-            }
+        let hold = QuotaHold {
+            units,
+            holder_idx: idx,
+            until: Some(until),
+            binds_lenders: false,
+        };
+        ctx.queue_holds.insert((queue, res), hold);
+        if let Some(cohort) = self.queues.get(queue).and_then(|q| q.cohort) {
+            ctx.queue_holds_by_cohort
+                .entry((cohort, res))
+                .or_default()
+                .push(CohortQueueHold {
+                    queue,
+                    hold,
+                    keeps: units.min(self.unused_nominal(queue, res)),
+                });
         }
         if !ctx.reserved_order.contains(&job.spec.uid) {
             ctx.reserved_order.push(job.spec.uid.clone());
@@ -1529,8 +1520,9 @@ impl Allocator {
         exempt: &impl Fn(&QuotaHold) -> bool,
     ) -> KeptQuota {
         let mut kept = KeptQuota::default();
-        // The holds of the cohort's queues, in the order of a walk over
-        // all holds (the first holder found is named).
+        // The holds of the cohort's queues in the order they were made:
+        // the first holder found is named, and a restored allocator, whose
+        // queue slots may differ, names the same one.
         let holding = ctx.queue_holds_by_cohort.get(&(cohort, res));
         for held in holding.into_iter().flatten() {
             let (h, units) = (&held.hold, held.keeps);

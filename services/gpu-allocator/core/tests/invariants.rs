@@ -1,6 +1,8 @@
 //! Randomized runs of the allocator against what must hold after every
-//! cycle, whatever the input: no node holds more GPUs, shared replicas or
-//! MIG slices than it has, no queue or cohort admits beyond its quota, every
+//! cycle, whatever the input (nodes coming and going, quotas growing and
+//! shrinking, queues removed and added back): no node holds more GPUs,
+//! shared replicas or MIG slices than it has, no queue or cohort admits
+//! beyond its quota, every
 //! admission places every worker on a node that can take it, every pending
 //! job has one reason and one place in its queue's line, victims are only
 //! what the rules allow, a snapshot restored mid-run decides exactly as the
@@ -387,16 +389,33 @@ impl Run {
         if self.rng.chance(8) {
             self.change_a_node();
         }
-        if self.rng.chance(3) {
-            // Quotas only grow here: a shrunk quota leaves running jobs over
-            // it, which the quota checks below would have to tell apart.
+        if self.rng.chance(4) {
+            // Half the time any new quota: a shrunk one leaves running jobs
+            // over it, which must keep running while nothing more is
+            // admitted beyond it. A removed queue comes back this way.
             let name = *self.rng.pick(&QUEUES).unwrap_or(&"qa");
             let mut spec = self.random_queue(name);
-            if let Some(old) = self.queues.get(name) {
+            if let Some(old) = self.queues.get(name)
+                && self.rng.chance(50)
+            {
                 grow_only(&mut spec, old);
             }
             self.apply(Event::QueueUpserted(spec))
                 .expect("queue accepted");
+        }
+        if self.rng.chance(1) {
+            // Its pending jobs wait, explained, until it comes back; its
+            // running jobs keep their GPUs.
+            let name = *self.rng.pick(&QUEUES).unwrap_or(&"qa");
+            if self.queues.remove(name).is_some() {
+                let applied = self.apply(Event::QueueRemoved { name: name.into() });
+                assert_eq!(
+                    applied,
+                    Ok(Applied::Changed),
+                    "{}: removes {name}",
+                    self.at()
+                );
+            }
         }
         let restore_every = setting("INVARIANT_RESTORE_EVERY", RESTORE_EVERY);
         if restore_every > 0 && self.step.is_multiple_of(restore_every) {
@@ -451,7 +470,7 @@ impl Run {
         *self.decided.entry("preemptions".into()).or_default() += out.preemptions.len() as u64;
         *self.decided.entry("evictions".into()).or_default() += out.evictions.len() as u64;
         self.check_nodes(&out);
-        self.check_quotas(&out);
+        self.check_quotas(&out, &before);
         self.check_pending(&out);
         self.check_preemptions(&out, &before);
     }
@@ -650,22 +669,42 @@ impl Run {
 
     /// Where this cycle admitted, the queue is within nominal plus its
     /// borrowing limit, and its cohort lends no more than its members'
-    /// lendable quota.
-    fn check_quotas(&self, out: &CycleOutcome) {
-        // Per (queue, flavor, resource).
-        let mut usage: BTreeMap<(String, String, String), u64> = BTreeMap::new();
-        for u in self.running() {
-            let a = self.alloc.admission(&uid(&u)).expect("running");
-            *usage
-                .entry((a.queue.clone(), a.flavor.clone(), a.resource.clone()))
-                .or_default() += a.total_units();
-        }
-        let used_by = |queue: &str, a: &Admission| -> u64 {
+    /// lendable quota; where a quota change left the pool lending more than
+    /// that, the queues that admitted took nothing more from it.
+    fn check_quotas(&self, out: &CycleOutcome, before: &BTreeMap<String, Admission>) {
+        // Per (queue, flavor, resource): after the cycle, and as its
+        // admissions found it (evictions come first).
+        let usage_of = |admissions: Vec<&Admission>| {
+            let mut usage: BTreeMap<(String, String, String), u64> = BTreeMap::new();
+            for a in admissions {
+                *usage
+                    .entry((a.queue.clone(), a.flavor.clone(), a.resource.clone()))
+                    .or_default() += a.total_units();
+            }
             usage
-                .get(&(queue.to_string(), a.flavor.clone(), a.resource.clone()))
-                .copied()
-                .unwrap_or(0)
         };
+        let running = self.running();
+        let usage = usage_of(
+            running
+                .iter()
+                .filter_map(|u| self.alloc.admission(&uid(u)))
+                .collect(),
+        );
+        let evicted: BTreeSet<&str> = out.evictions.iter().map(|e| e.uid.as_str()).collect();
+        let found = usage_of(
+            before
+                .iter()
+                .filter(|(u, _)| !evicted.contains(u.as_str()))
+                .map(|(_, a)| a)
+                .collect(),
+        );
+        let used_in =
+            |usage: &BTreeMap<(String, String, String), u64>, queue: &str, a: &Admission| {
+                usage
+                    .get(&(queue.to_string(), a.flavor.clone(), a.resource.clone()))
+                    .copied()
+                    .unwrap_or(0)
+            };
         let limits = |queue: &str, a: &Admission| -> ResourceQuota {
             self.queues
                 .get(queue)
@@ -674,12 +713,20 @@ impl Run {
                 .cloned()
                 .unwrap_or_default()
         };
+        // Beyond what a member keeps for itself (its nominal less what it
+        // lends), its usage comes from the pool.
+        let drawn =
+            |usage: &BTreeMap<(String, String, String), u64>, queue: &str, a: &Admission| {
+                let l = limits(queue, a);
+                let lendable = l.lending_limit.map_or(l.nominal, |x| x.min(l.nominal));
+                used_in(usage, queue, a).saturating_sub(l.nominal - lendable)
+            };
         for a in &out.admissions {
             let q = self
                 .queues
                 .get(&a.queue)
                 .expect("admitted into a known queue");
-            let used = used_by(&a.queue, a);
+            let used = used_in(&usage, &a.queue, a);
             let own = limits(&a.queue, a);
             let what = format!("{} {} {}", a.queue, a.flavor, a.resource);
             match &q.cohort {
@@ -698,23 +745,31 @@ impl Run {
                             own.nominal
                         );
                     }
-                    // Beyond what each member keeps for itself (its nominal
-                    // less what it lends), usage comes from the pool.
-                    let (mut from_pool, mut pool) = (0, 0);
+                    let (mut from_pool, mut from_pool_found, mut pool) = (0, 0, 0);
                     for (name, member) in &self.queues {
                         if member.cohort.as_ref() != Some(cohort) {
                             continue;
                         }
                         let l = limits(name, a);
-                        let lendable = l.lending_limit.map_or(l.nominal, |x| x.min(l.nominal));
-                        from_pool += used_by(name, a).saturating_sub(l.nominal - lendable);
-                        pool += lendable;
+                        pool += l.lending_limit.map_or(l.nominal, |x| x.min(l.nominal));
+                        from_pool += drawn(&usage, name, a);
+                        from_pool_found += drawn(&found, name, a);
                     }
-                    assert!(
-                        from_pool <= pool,
-                        "{}: cohort {cohort} uses {from_pool} of a pool of {pool} ({what})",
-                        self.at()
-                    );
+                    if from_pool_found <= pool {
+                        assert!(
+                            from_pool <= pool,
+                            "{}: cohort {cohort} uses {from_pool} of a pool of {pool} ({what})",
+                            self.at()
+                        );
+                    } else {
+                        let (now, was) = (drawn(&usage, &a.queue, a), drawn(&found, &a.queue, a));
+                        assert!(
+                            now <= was,
+                            "{}: {what} draws {now} (was {was}) from cohort {cohort}'s pool \
+                             of {pool}, overdrawn to {from_pool_found} by a quota change",
+                            self.at()
+                        );
+                    }
                 }
             }
         }
