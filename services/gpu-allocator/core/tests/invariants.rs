@@ -1,6 +1,6 @@
 //! Randomized runs of the allocator against what must hold after every
-//! cycle, whatever the input (nodes coming and going, quotas growing and
-//! shrinking, queues removed and added back): no node holds more GPUs,
+//! cycle, whatever the input (nodes coming and going or losing GPUs,
+//! quotas growing and shrinking, queues removed and added back): no node holds more GPUs,
 //! shared replicas or MIG slices than it has, no queue or cohort admits
 //! beyond its quota, every
 //! admission places every worker on a node that can take it, every pending
@@ -469,8 +469,10 @@ impl Run {
         }
         *self.decided.entry("preemptions".into()).or_default() += out.preemptions.len() as u64;
         *self.decided.entry("evictions".into()).or_default() += out.evictions.len() as u64;
-        self.check_nodes(&out);
-        self.check_quotas(&out, &before);
+        let beyond_capacity = self.check_nodes(&out);
+        let overdrawn = self.check_quotas(&out, &before);
+        *self.decided.entry("beyond capacity".into()).or_default() += beyond_capacity;
+        *self.decided.entry("overdrawn".into()).or_default() += overdrawn;
         self.check_pending(&out);
         self.check_preemptions(&out, &before);
     }
@@ -532,7 +534,8 @@ impl Run {
 
     fn change_a_node(&mut self) {
         let i = self.rng.below(self.nodes.len() as u64) as usize;
-        let choice = self.rng.below(4);
+        let choice = self.rng.below(5);
+        let gpus = [6, 7, 8][self.rng.below(3) as usize];
         let Some(n) = self.nodes.get_mut(i) else {
             return;
         };
@@ -545,6 +548,19 @@ impl Run {
             }
             (true, 1) => {
                 n.info.ready = !n.info.ready;
+                Event::NodeUpserted(n.info.clone())
+            }
+            // A GPU fails or comes back: the node may now hold more than
+            // it has.
+            (true, 2) if n.info.allocatable.contains_key(names::GPU_RESOURCE) => {
+                let per_gpu = if n.info.labels.contains_key(names::GPU_REPLICAS_LABEL) {
+                    4
+                } else {
+                    1
+                };
+                n.info
+                    .allocatable
+                    .insert(names::GPU_RESOURCE.into(), (gpus * per_gpu).to_string());
                 Event::NodeUpserted(n.info.clone())
             }
             (true, _) => {
@@ -561,7 +577,8 @@ impl Run {
 
     /// No node holds more GPUs than it has; new workers go to nodes that
     /// take work, on nodes with the flavor's product; every worker is placed.
-    fn check_nodes(&self, out: &CycleOutcome) {
+    /// Returns how many (node, resource) hold more than the node has.
+    fn check_nodes(&self, out: &CycleOutcome) -> u64 {
         let mut held: BTreeMap<(String, String), u64> = BTreeMap::new();
         for u in self.running() {
             let a = self.alloc.admission(&uid(&u)).expect("running");
@@ -591,15 +608,29 @@ impl Run {
                     .or_default() += u64::from(a.units_per_worker);
             }
         }
+        // A node that lost GPUs may hold more than it has, but takes no
+        // new worker until it is back within them.
+        let placed_now: BTreeSet<(&str, &str)> = out
+            .admissions
+            .iter()
+            .flat_map(|a| {
+                a.workers
+                    .iter()
+                    .map(|w| (w.node.as_str(), a.resource.as_str()))
+            })
+            .collect();
+        let mut beyond = 0;
         for ((name, resource), units) in &held {
             let n = self
                 .nodes
                 .iter()
                 .find(|n| &n.info.name == name)
                 .expect("a known node");
+            beyond += u64::from(*units > n.capacity(resource));
             assert!(n.present, "{}: {name} is gone but holds workers", self.at());
             assert!(
-                *units <= n.capacity(resource),
+                *units <= n.capacity(resource)
+                    || !placed_now.contains(&(name.as_str(), resource.as_str())),
                 "{}: {name} holds {units} of {} {resource}",
                 self.at(),
                 n.capacity(resource)
@@ -665,13 +696,15 @@ impl Run {
                 );
             }
         }
+        beyond
     }
 
     /// Where this cycle admitted, the queue is within nominal plus its
     /// borrowing limit, and its cohort lends no more than its members'
     /// lendable quota; where a quota change left the pool lending more than
-    /// that, the queues that admitted took nothing more from it.
-    fn check_quotas(&self, out: &CycleOutcome, before: &BTreeMap<String, Admission>) {
+    /// that, the queues that admitted took nothing more from it. Returns
+    /// how many admissions were checked against such a pool.
+    fn check_quotas(&self, out: &CycleOutcome, before: &BTreeMap<String, Admission>) -> u64 {
         // Per (queue, flavor, resource): after the cycle, and as its
         // admissions found it (evictions come first).
         let usage_of = |admissions: Vec<&Admission>| {
@@ -721,6 +754,7 @@ impl Run {
                 let lendable = l.lending_limit.map_or(l.nominal, |x| x.min(l.nominal));
                 used_in(usage, queue, a).saturating_sub(l.nominal - lendable)
             };
+        let mut overdrawn = 0;
         for a in &out.admissions {
             let q = self
                 .queues
@@ -762,6 +796,7 @@ impl Run {
                             self.at()
                         );
                     } else {
+                        overdrawn += 1;
                         let (now, was) = (drawn(&usage, &a.queue, a), drawn(&found, &a.queue, a));
                         assert!(
                             now <= was,
@@ -773,6 +808,7 @@ impl Run {
                 }
             }
         }
+        overdrawn
     }
 
     /// Every pending job has one entry with a reason, and each queue's
@@ -964,11 +1000,12 @@ fn every_cycle_keeps_capacity_quota_lines_and_rules_whatever_the_input() {
         }
     }
     // Every kind of decision must have been checked, or the checks above
-    // could pass vacuously.
+    // could pass vacuously. ("overdrawn", admissions beside a pool a quota
+    // cut overdrew, is rare: a policy test covers it.)
     for what in RESOURCES
         .iter()
         .copied()
-        .chain(["preemptions", "evictions"])
+        .chain(["preemptions", "evictions", "beyond capacity"])
     {
         assert!(
             decided.get(what).copied().unwrap_or(0) > 0,

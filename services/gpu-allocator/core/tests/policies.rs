@@ -89,6 +89,47 @@ fn borrowing_uses_idle_cohort_quota_within_the_borrowing_limit() {
     ));
 }
 
+/// Queues a and b (nominal 8 each, one cohort); b runs 12 GPUs, 4 of them
+/// borrowed from a. a's quota is cut to 2: the pool now lends 10 and b
+/// alone draws 12 from it. b's jobs keep running (Kueue does not evict on a
+/// quota change either), but b starts nothing more until what it draws
+/// fits the pool again, and its job says why.
+#[test]
+fn a_quota_cut_below_what_borrowers_use_keeps_them_running_and_lends_no_more() {
+    let mut h = Harness::without_preemption();
+    h.nodes([node("n1", 8), node("n2", 8)]);
+    h.queue(queue("a", Some("c"), 8));
+    h.queue(queue("b", Some("c"), 8));
+    for (i, b) in ["b1", "b2", "b3"].into_iter().enumerate() {
+        h.submit_at(job(b, "b", 1, 4), i as u64);
+    }
+    assert_eq!(admitted_uids(&h.cycle(10)), vec!["b1", "b2", "b3"]);
+    h.queue(queue("a", Some("c"), 2));
+    h.submit_at(job("b4", "b", 1, 1), 20);
+    let out = h.cycle(30);
+    assert!(out.admissions.is_empty() && out.evictions.is_empty());
+    for b in ["b1", "b2", "b3"] {
+        assert!(h.admitted(b).is_some(), "{b} keeps running");
+    }
+    assert_eq!(
+        *h.reason_of(&out, "b4").reason,
+        PendingReason::QuotaExceeded {
+            flavor: A100.into(),
+            resource: "nvidia.com/gpu".into(),
+            requested: 1,
+            available: 0,
+            nominal: 8,
+            used: 12,
+            held_for: None,
+            // First in line for what the pool gets back.
+            holding_cohort_quota: true,
+        }
+    );
+    // b draws 8 of the pool's 10 once b1 ends: 2 to lend again.
+    h.finish("b1");
+    assert_eq!(admitted_uids(&h.cycle(40)), vec!["b4"]);
+}
+
 #[test]
 fn reclaim_preempts_only_the_borrower_and_admits_after_the_grace_period() {
     let mut h = Harness::default_config();
