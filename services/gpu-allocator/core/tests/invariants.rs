@@ -1,6 +1,7 @@
 //! Randomized runs of the allocator against what must hold after every
 //! cycle, whatever the input (nodes coming and going or losing GPUs,
-//! quotas growing and shrinking, queues removed and added back): no node holds more GPUs,
+//! quotas growing and shrinking, queues removed and added back, jobs
+//! delivered again or edited): no node holds more GPUs,
 //! shared replicas or MIG slices than it has, no queue or cohort admits
 //! beyond its quota, every
 //! admission places every worker on a node that can take it, every pending
@@ -124,6 +125,9 @@ struct Run {
     next_job: u64,
     /// Victims of preemptions not yet evicted.
     victims: BTreeSet<String>,
+    /// Preemptors not yet admitted (some may compete as any pending job
+    /// again: their victims are gone and their plan no longer fits).
+    preemptors: BTreeSet<String>,
     /// What the run decided, to show the checks were not vacuous:
     /// admissions per resource, preemptions, evictions.
     decided: BTreeMap<String, u64>,
@@ -186,6 +190,7 @@ impl Run {
             jobs: BTreeMap::new(),
             next_job: 0,
             victims: BTreeSet::new(),
+            preemptors: BTreeSet::new(),
             decided: BTreeMap::new(),
             log: Vec::new(),
             config: config.clone(),
@@ -351,6 +356,9 @@ impl Run {
                 self.at()
             );
         }
+        if self.rng.chance(6) {
+            self.edit_a_job();
+        }
         if self.rng.chance(5) {
             let bad = self.bad_job();
             let before = self.alloc.snapshot();
@@ -463,6 +471,10 @@ impl Run {
         for p in &out.preemptions {
             self.victims
                 .extend(p.victims.iter().map(|v| v.uid.as_str().to_string()));
+            self.preemptors.insert(p.preemptor.as_str().to_string());
+        }
+        for a in &out.admissions {
+            self.preemptors.remove(a.uid.as_str());
         }
         for a in &out.admissions {
             *self.decided.entry(a.resource.clone()).or_default() += 1;
@@ -524,11 +536,53 @@ impl Run {
         );
     }
 
+    /// A job's submission delivered again, as is or edited (priority,
+    /// queue, size, estimate): a pending job takes the edit; a running one,
+    /// or one waiting for its victims, keeps what it was admitted or
+    /// nominated with; a re-delivery changes nothing.
+    fn edit_a_job(&mut self) {
+        let all: Vec<String> = self.jobs.keys().cloned().collect();
+        let Some(u) = self.rng.pick(&all).cloned() else {
+            return;
+        };
+        let Some(old) = self.jobs.get(&u).cloned() else {
+            return;
+        };
+        let mut new = old.clone();
+        match self.rng.below(5) {
+            0 => {}
+            1 => new.priority = [0, 10, 100][self.rng.below(3) as usize],
+            2 => new.queue = self.rng.pick(&QUEUES).map(|q| (*q).to_string()),
+            3 => new.num_workers = 1 + self.rng.below(3) as u32,
+            _ => new.runtime_estimate_secs = self.rng.chance(50).then(|| 60 + self.rng.below(3600)),
+        }
+        let pending = self.alloc.is_pending(&uid(&u));
+        let applied = self.apply(Event::JobSubmitted(new.clone()));
+        match applied {
+            Ok(Applied::Changed) => {
+                assert!(
+                    pending && new != old,
+                    "{}: only a pending job changes",
+                    self.at()
+                );
+                self.jobs.insert(u, new);
+                *self.decided.entry("edits".into()).or_default() += 1;
+            }
+            Ok(Applied::Unchanged) => assert!(
+                new == old || !pending || self.preemptors.contains(&u),
+                "{}: an edit of pending {u} is taken",
+                self.at()
+            ),
+            Err(e) => panic!("{}: an edit of {u} refused: {e}", self.at()),
+        }
+    }
+
     /// A job finished or was deleted: the test forgets it, the allocator
     /// must take the event.
     fn end_job(&mut self, u: &str, event: Event) {
         self.jobs.remove(u);
         self.victims.remove(u);
+        self.preemptors.remove(u);
         self.apply(event).expect("job end accepted");
     }
 
@@ -1002,10 +1056,11 @@ fn every_cycle_keeps_capacity_quota_lines_and_rules_whatever_the_input() {
     // Every kind of decision must have been checked, or the checks above
     // could pass vacuously. ("overdrawn", admissions beside a pool a quota
     // cut overdrew, is rare: a policy test covers it.)
-    for what in RESOURCES
-        .iter()
-        .copied()
-        .chain(["preemptions", "evictions", "beyond capacity"])
+    for what in
+        RESOURCES
+            .iter()
+            .copied()
+            .chain(["preemptions", "evictions", "beyond capacity", "edits"])
     {
         assert!(
             decided.get(what).copied().unwrap_or(0) > 0,
