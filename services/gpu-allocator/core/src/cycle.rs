@@ -254,6 +254,17 @@ impl CycleCtx {
         !self.no_quota_shortcut
     }
 
+    /// Lists a job that holds a reservation or quota among those evaluated
+    /// first next cycle (see `evaluate_reserved_first`), once: a job that
+    /// holds both was evaluated twice, and a second evaluation could admit
+    /// it past the reservation the first had just made for it, which then
+    /// held other jobs back for a job already running.
+    fn evaluate_first_next_cycle(&mut self, uid: &JobUid) {
+        if !self.reserved_order.contains(uid) {
+            self.reserved_order.push(uid.clone());
+        }
+    }
+
     fn quota_epoch(&self, queue: QueueIdx) -> u64 {
         self.quota_epochs.get(queue as usize).copied().unwrap_or(0)
     }
@@ -1128,6 +1139,9 @@ impl Allocator {
         // to fit the job within nominal, when the cohort headroom this job
         // holds is expected).
         let mut quota_short: Option<(ResIdx, u64, Option<Timestamp>)> = None;
+        // Cohort holds this job makes, kept only if it fails on every
+        // option: one started on a later option needs no quota kept.
+        let mut holds = Vec::new();
         for &res in options.iter() {
             let terms = self.hold_terms(job, idx, res, job_end, now, self.would_borrow(job, res));
             let hold = cohort.and_then(|c| ctx.quota_holds.get(&(c, res)));
@@ -1188,7 +1202,7 @@ impl Allocator {
                         now,
                     );
                     expected_start = until;
-                    ctx.quota_holds.insert(
+                    holds.push((
                         (c, res),
                         QuotaHold {
                             units: short.pool_headroom,
@@ -1196,9 +1210,7 @@ impl Allocator {
                             until,
                             binds_lenders: drains,
                         },
-                    );
-                    ctx.reserved_order.push(job.spec.uid.clone());
-                    self.quota_changed(queue, ctx);
+                    ));
                     alike = false;
                     holding = true;
                 }
@@ -1293,6 +1305,11 @@ impl Allocator {
                     consider(reason, ctx.shortfall(reason), &mut best);
                 }
             }
+        }
+        if !holds.is_empty() {
+            ctx.quota_holds.extend(holds);
+            ctx.evaluate_first_next_cycle(&job.spec.uid);
+            self.quota_changed(queue, ctx);
         }
         let mut reason = match best {
             Some((reason, _)) => reason,
@@ -1449,9 +1466,7 @@ impl Allocator {
                     keeps: units.min(self.unused_nominal(queue, res)),
                 });
         }
-        if !ctx.reserved_order.contains(&job.spec.uid) {
-            ctx.reserved_order.push(job.spec.uid.clone());
-        }
+        ctx.evaluate_first_next_cycle(&job.spec.uid);
         self.quota_changed(queue, ctx);
     }
 
@@ -1775,7 +1790,8 @@ impl Allocator {
         }
         ctx.reservations.count += 1;
         ctx.stats.reservations += 1;
-        ctx.reserved_order.push(spec.uid.clone());
+        let uid = spec.uid.clone();
+        ctx.evaluate_first_next_cycle(&uid);
         Some(reservation.start)
     }
 

@@ -866,7 +866,10 @@ impl Run {
     }
 
     /// Every pending job has one entry with a reason, and each queue's
-    /// entries are its line: positions 1..=n, n the queue's length.
+    /// entries are its line: positions 1..=n, n the queue's length. A job
+    /// a reason says quota or nodes are kept for is another pending job.
+    /// (Once, it was a job the same cycle then started on another flavor,
+    /// or after a second look at it.)
     fn check_pending(&self, out: &CycleOutcome) {
         let mut seen: BTreeMap<String, (String, u32, u32)> = BTreeMap::new();
         for p in &out.pending {
@@ -880,6 +883,25 @@ impl Run {
                 self.at(),
                 e.uid
             );
+            let named = match &*e.reason {
+                PendingReason::QuotaExceeded {
+                    held_for: Some(holder),
+                    ..
+                } => Some(holder),
+                PendingReason::HeldForReservation { reserved_for, .. } => Some(reserved_for),
+                _ => None,
+            };
+            if let Some(holder) = named {
+                assert!(
+                    self.alloc.is_pending(holder) && *holder != e.uid,
+                    "{}: {} waits for {holder}, which is not another pending job ({:?}; \
+                     admitted now: {:?})",
+                    self.at(),
+                    e.uid,
+                    e.reason,
+                    out.admissions.iter().find(|a| &a.uid == holder)
+                );
+            }
             let before = seen.insert(
                 e.uid.as_str().to_string(),
                 (e.queue.to_string(), p.position, p.queue_length),
