@@ -162,6 +162,7 @@ mod tests {
             units_short: 24,
             reserved_start: reserved.then_some(Timestamp(100)),
             fits_when_empty: true,
+            required_topology: None,
         };
         assert_ne!(
             cause_hash(&capacity("h100", false)),

@@ -26,7 +26,7 @@ use crate::explain::{Pending, PendingReason, ReasonIdx};
 use crate::inventory::{JobIdx, NodeIdx, ResIdx};
 use crate::placement::{self, Candidate};
 use crate::queues::QueueIdx;
-use crate::types::{GpuSliceRequest, JobUid, ResourceKind, Timestamp, names};
+use crate::types::{GpuSliceRequest, JobUid, ResourceKind, Timestamp, TopologyRequirement, names};
 
 use crate::allocator::{Allocator, FastMap, Job, JobState, Nomination, PreemptingState, Running};
 
@@ -678,8 +678,11 @@ impl Allocator {
         self.job_by_uid.get(uid).copied()
     }
 
-    /// Victims still running for a nominated preemptor.
-    pub(crate) fn victims_left(&self, nomination: &Nomination) -> u32 {
+    /// Victims of `preemptor`'s nomination not evicted yet. A victim
+    /// evicted early (it checkpointed) may start again elsewhere before the
+    /// others go: running again, it is no victim, and the preemptor does not
+    /// wait for it to end.
+    pub(crate) fn victims_left(&self, preemptor: &Job, nomination: &Nomination) -> u32 {
         let left = nomination
             .victims
             .iter()
@@ -687,7 +690,9 @@ impl Allocator {
                 self.job_by_uid
                     .get(*uid)
                     .and_then(|i| self.job(*i))
-                    .is_some_and(|j| j.running().is_some())
+                    .and_then(Job::running)
+                    .and_then(|r| r.preempting.as_ref())
+                    .is_some_and(|p| p.by == preemptor.spec.uid)
             })
             .count();
         u32::try_from(left).unwrap_or(u32::MAX)
@@ -702,7 +707,7 @@ impl Allocator {
             let JobState::Pending(Some(nomination)) = &job.state else {
                 continue;
             };
-            if self.victims_left(nomination) == 0 || nomination.nodes.is_empty() {
+            if self.victims_left(job, nomination) == 0 || nomination.nodes.is_empty() {
                 continue;
             }
             let Some(res) = self.nomination_res(nomination) else {
@@ -744,7 +749,7 @@ impl Allocator {
                 let JobState::Pending(Some(n)) = &job.state else {
                     return None;
                 };
-                (self.victims_left(n) == 0).then(|| (self.line_place(job, now), *idx))
+                (self.victims_left(job, n) == 0).then(|| (self.line_place(job, now), *idx))
             })
             .collect();
         ready.sort_unstable();
@@ -1081,7 +1086,7 @@ impl Allocator {
         if let JobState::Pending(Some(nomination)) = &job.state {
             return Err((
                 ctx.add_reason(PendingReason::AwaitingPreemption {
-                    victims: self.victims_left(nomination),
+                    victims: self.victims_left(job, nomination),
                     evict_at: nomination.evict_at,
                 }),
                 false,
@@ -1183,7 +1188,7 @@ impl Allocator {
                 // empty) would idle it for good.
                 let may_drain = may_hold && terms.starving && standing != Some(true);
                 let drains = may_drain
-                    && self.slots_when_empty(res, job.spec.gpus_per_worker, job.filter)
+                    && self.slots_when_empty(res, &job.spec, job.filter)
                         >= u64::from(job.spec.num_workers);
                 // Whether the nodes could ever take it depends on the job's
                 // own workers and filters, not only its shape.
@@ -1827,16 +1832,14 @@ impl Allocator {
             return Err(entry.reason);
         }
         let Some(r) = self.inv.res(res) else {
-            return Err(
-                ctx.add_reason(self.capacity_reason(res, per_worker, workers, 0, job.filter))
-            );
+            return Err(ctx.add_reason(self.capacity_reason(res, spec, 0, job.filter)));
         };
         let protected = ctx.reservations.has_any(res);
         let mut placement = None;
         let mut placeable: u64 = 0;
         let mut placeable_unprotected: u64 = 0;
+        let mut candidates: Vec<Candidate> = Vec::new();
         if r.slot_upper_bound(per_worker) >= u64::from(workers) {
-            let mut candidates: Vec<Candidate> = Vec::new();
             for (node_idx, free) in r.nodes_with_free(per_worker) {
                 let Some(node) = self.inv.node(node_idx) else {
                     continue;
@@ -1897,7 +1900,16 @@ impl Allocator {
                     until: *until,
                 }
             }
-            _ => self.capacity_reason(res, per_worker, workers, placeable, job.filter),
+            _ => {
+                // A gang that must stay in one zone or rack: what the
+                // roomiest one holds, not what all of them do.
+                let in_one_domain = placement::most_placeable(
+                    per_worker,
+                    spec.topology,
+                    candidates.iter().map(|c| (c.usable, c.zone, c.rack)),
+                );
+                self.capacity_reason(res, spec, placeable.min(in_one_domain), job.filter)
+            }
         };
         let reason = ctx.add_reason(reason);
         let entry = ctx.memo.entry(key).or_insert(MemoEntry {
@@ -1911,34 +1923,37 @@ impl Allocator {
         Err(reason)
     }
 
-    /// Workers of `per_worker` units of `res` that the nodes `filter` admits
-    /// could host if every running job ended. (Not a promise: nodes come
-    /// and go; it tells "wait" apart from "never, as is".)
-    pub(crate) fn slots_when_empty(&self, res: ResIdx, per_worker: u32, filter: u32) -> u64 {
-        self.inv
-            .res(res)
-            .map(|r| {
-                r.nodes_with_free(0)
-                    .filter_map(|(n, _)| self.inv.node(n))
-                    .filter(|node| self.admits(node, filter))
-                    .map(|node| {
-                        u64::from(node.pool(res).map_or(0, |p| p.capacity) / per_worker.max(1))
-                    })
-                    .sum()
-            })
-            .unwrap_or(0)
+    /// Workers of the job `spec` describes that the nodes of `res` `filter`
+    /// admits could host, in one zone or rack if it must stay in one, if
+    /// every running job ended. (Not a promise: nodes come and go; it tells
+    /// "wait" apart from "never, as is".)
+    pub(crate) fn slots_when_empty(&self, res: ResIdx, spec: &JobSpec, filter: u32) -> u64 {
+        self.inv.res(res).map_or(0, |r| {
+            let nodes = r
+                .nodes_with_free(0)
+                .filter_map(|(n, _)| self.inv.node(n))
+                .filter(|node| self.admits(node, filter))
+                .map(|node| {
+                    let capacity = node.pool(res).map_or(0, |p| p.capacity);
+                    (capacity, node.zone, node.rack)
+                });
+            placement::most_placeable(spec.gpus_per_worker, spec.topology, nodes)
+        })
     }
 
+    /// Why the job `spec` describes does not fit the nodes of `res` now,
+    /// `placeable` of its workers being all that do (in one zone or rack if
+    /// it must stay in one).
     pub(crate) fn capacity_reason(
         &self,
         res: ResIdx,
-        per_worker: u32,
-        workers: u32,
+        spec: &JobSpec,
         placeable: u64,
         filter: u32,
     ) -> PendingReason {
+        let (per_worker, workers) = (spec.gpus_per_worker, spec.num_workers);
         let placeable = placeable.min(u64::from(workers));
-        let empty_slots = self.slots_when_empty(res, per_worker, filter);
+        let empty_slots = self.slots_when_empty(res, spec, filter);
         PendingReason::InsufficientCapacity {
             flavor: self.inv.res_flavor_name(res).to_string(),
             resource: self.inv.res_quota_name(res),
@@ -1948,6 +1963,8 @@ impl Allocator {
             units_short: (u64::from(workers) - placeable) * u64::from(per_worker),
             reserved_start: None,
             fits_when_empty: empty_slots >= u64::from(workers),
+            required_topology: (spec.topology != TopologyRequirement::Preferred && workers > 1)
+                .then_some(spec.topology),
         }
     }
 

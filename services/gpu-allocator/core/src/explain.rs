@@ -11,7 +11,7 @@ use crate::allocator::Allocator;
 use crate::decision::CycleOutcome;
 use crate::inventory::JobIdx;
 use crate::queues::QueueIdx;
-use crate::types::{JobUid, Timestamp};
+use crate::types::{JobUid, Timestamp, TopologyRequirement};
 
 /// A reason's place in its cycle's table of reasons (`CycleOutcome::reasons`).
 pub(crate) type ReasonIdx = u32;
@@ -169,6 +169,10 @@ pub enum PendingReason {
         reserved_start: Option<Timestamp>,
         /// Whether the gang fits this flavor at all once it is empty.
         fits_when_empty: bool,
+        /// The gang must stay in one zone or rack: the workers counted are
+        /// those the roomiest one takes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        required_topology: Option<TopologyRequirement>,
     },
     /// Capacity exists but is held for a job ahead in line, and this job's
     /// runtime estimate (if any) ends after that job's reserved start.
@@ -256,11 +260,17 @@ impl fmt::Display for PendingReason {
                 units_short,
                 reserved_start,
                 fits_when_empty,
+                required_topology,
             } => {
+                let within = match required_topology {
+                    Some(TopologyRequirement::SameZone) => ", all in one zone",
+                    Some(TopologyRequirement::SameRack) => ", all in one rack",
+                    Some(TopologyRequirement::Preferred) | None => "",
+                };
                 write!(
                     f,
                     "capacity: flavor {flavor}: {workers} worker(s) x {units_per_worker} {resource} \
-                     on one node each, {placeable_workers} fit now; {units_short} short"
+                     on one node each{within}, {placeable_workers} fit now; {units_short} short"
                 )?;
                 if !fits_when_empty {
                     write!(

@@ -96,6 +96,38 @@ pub(crate) fn place_single(per_worker: u32, candidates: &[Candidate]) -> Option<
         .map(|c| vec![(c.node, 1)])
 }
 
+/// The most workers of `per_worker` units that nodes (units, zone, rack)
+/// could host as `topology` requires: all of them together if the gang may
+/// spread, else the roomiest single zone or rack (an unlabeled node counts
+/// alone). What a capacity reason reports for a gang that does not fit.
+pub(crate) fn most_placeable(
+    per_worker: u32,
+    topology: TopologyRequirement,
+    nodes: impl IntoIterator<Item = (u32, u32, u32)>,
+) -> u64 {
+    let per_worker = per_worker.max(1);
+    let mut domains: BTreeMap<u32, u64> = BTreeMap::new();
+    let (mut total, mut roomiest_alone) = (0, 0);
+    for (units, zone, rack) in nodes {
+        let s = u64::from(units / per_worker);
+        total += s;
+        let domain = match topology {
+            TopologyRequirement::Preferred => continue,
+            TopologyRequirement::SameZone => zone,
+            TopologyRequirement::SameRack => rack,
+        };
+        if domain == 0 {
+            roomiest_alone = roomiest_alone.max(s);
+        } else {
+            *domains.entry(domain).or_default() += s;
+        }
+    }
+    match topology {
+        TopologyRequirement::Preferred => total,
+        _ => domains.into_values().fold(roomiest_alone, u64::max),
+    }
+}
+
 /// Places `workers` workers of `per_worker` units each on `candidates`, or
 /// returns `None` when they do not fit (all-or-nothing).
 pub(crate) fn place_gang(
@@ -234,6 +266,21 @@ mod tests {
         assert_eq!(
             place_gang(4, 2, TopologyRequirement::Preferred, &frag),
             Some(vec![(0, 1), (1, 1)])
+        );
+    }
+
+    #[test]
+    fn most_placeable_counts_the_roomiest_domain_a_gang_must_stay_in() {
+        // (units, zone, rack): racks 1 and 2 in zone 1, rack 3 in zone 2,
+        // and an unlabeled node.
+        let nodes = [(8, 1, 1), (8, 1, 1), (8, 1, 2), (4, 2, 3), (8, 0, 0)];
+        let most = |topology| most_placeable(4, topology, nodes);
+        assert_eq!(most(TopologyRequirement::Preferred), 9);
+        assert_eq!(most(TopologyRequirement::SameZone), 6);
+        assert_eq!(most(TopologyRequirement::SameRack), 4);
+        assert_eq!(
+            most_placeable(8, TopologyRequirement::SameRack, [(8, 0, 0)]),
+            1
         );
     }
 

@@ -741,7 +741,7 @@ impl Allocator {
             let JobState::Pending(Some(nomination)) = &job.state else {
                 continue;
             };
-            if self.victims_left(nomination) == 0 {
+            if self.victims_left(job, nomination) == 0 {
                 continue;
             }
             let Some(res) = self.nomination_res(nomination) else {

@@ -21,7 +21,8 @@ use common::*;
 use gpu_allocator_core::*;
 
 /// Seeds and steps per seed; `INVARIANT_SEEDS` and `INVARIANT_STEPS` run
-/// longer searches locally.
+/// longer searches locally, `INVARIANT_FIRST` (the first seed) reruns one:
+/// `INVARIANT_FIRST=343 INVARIANT_SEEDS=344`.
 const SEEDS: u64 = 24;
 const STEPS: u64 = 160;
 
@@ -902,6 +903,7 @@ impl Run {
                     out.admissions.iter().find(|a| &a.uid == holder)
                 );
             }
+            self.check_reason(&e);
             let before = seen.insert(
                 e.uid.as_str().to_string(),
                 (e.queue.to_string(), p.position, p.queue_length),
@@ -939,6 +941,62 @@ impl Run {
                 );
                 assert_eq!(*length, n, "{}: length of {queue}", self.at());
             }
+        }
+    }
+
+    /// What a reason states agrees with the input and the cycle: a priority
+    /// aging only raised, a shortfall that is one, of the job's own size,
+    /// the queue's own nominal quota, times not in the past, a job waiting
+    /// for victims that has some left.
+    fn check_reason(&self, e: &PendingExplanation) {
+        let spec = self.jobs.get(e.uid.as_str()).expect("a known job");
+        let at = format!("{}: {}", self.at(), e.uid);
+        assert!(e.effective_priority >= spec.priority, "{at} aged down");
+        let now = Timestamp(self.now);
+        match &*e.reason {
+            PendingReason::QuotaExceeded {
+                flavor,
+                resource,
+                requested,
+                available,
+                nominal,
+                ..
+            } => {
+                assert!(requested > available, "{at}: {:?}", e.reason);
+                assert_eq!(
+                    *requested,
+                    u64::from(spec.num_workers) * u64::from(spec.gpus_per_worker),
+                    "{at}: the job's size"
+                );
+                let quota = self
+                    .queues
+                    .get(&*e.queue)
+                    .and_then(|q| q.quotas.iter().find(|f| &f.flavor == flavor))
+                    .and_then(|f| f.resources.iter().find(|r| &r.resource == resource))
+                    .map_or(0, |r| r.nominal);
+                assert_eq!(*nominal, quota, "{at}: {}'s nominal quota", e.queue);
+            }
+            PendingReason::InsufficientCapacity {
+                workers,
+                placeable_workers,
+                reserved_start,
+                ..
+            } => {
+                assert_eq!(*workers, spec.num_workers, "{at}: the job's workers");
+                assert!(placeable_workers < workers, "{at}: {:?} {spec:?}", e.reason);
+                assert!(
+                    reserved_start.is_none_or(|t| t >= now),
+                    "{at}: {:?}",
+                    e.reason
+                );
+            }
+            PendingReason::HeldForReservation { until, .. } => {
+                assert!(*until >= now, "{at}: {:?}", e.reason);
+            }
+            PendingReason::AwaitingPreemption { victims, evict_at } => {
+                assert!(*victims > 0 && *evict_at >= now, "{at}: {:?}", e.reason);
+            }
+            PendingReason::QueueNotFound { .. } | PendingReason::NoMatchingFlavor { .. } => {}
         }
     }
 
@@ -1065,7 +1123,8 @@ fn grow_only(spec: &mut QueueSpec, old: &QueueSpec) {
 #[test]
 fn every_cycle_keeps_capacity_quota_lines_and_rules_whatever_the_input() {
     let mut decided: BTreeMap<String, u64> = BTreeMap::new();
-    for seed in 0..setting("INVARIANT_SEEDS", SEEDS) {
+    let first = setting("INVARIANT_FIRST", 0);
+    for seed in first..setting("INVARIANT_SEEDS", SEEDS) {
         let mut run = Run::new(seed);
         for _ in 0..setting("INVARIANT_STEPS", STEPS) {
             run.step();
@@ -1075,9 +1134,14 @@ fn every_cycle_keeps_capacity_quota_lines_and_rules_whatever_the_input() {
             *decided.entry(what).or_default() += n;
         }
     }
+    println!("decided over all runs: {decided:?}");
     // Every kind of decision must have been checked, or the checks above
-    // could pass vacuously. ("overdrawn", admissions beside a pool a quota
+    // could pass vacuously; a seed rerun alone (`INVARIANT_FIRST`) need
+    // not show them all. ("overdrawn", admissions beside a pool a quota
     // cut overdrew, is rare: a policy test covers it.)
+    if first > 0 {
+        return;
+    }
     for what in
         RESOURCES
             .iter()
@@ -1089,5 +1153,4 @@ fn every_cycle_keeps_capacity_quota_lines_and_rules_whatever_the_input() {
             "no {what} decided: {decided:?}"
         );
     }
-    println!("decided over all runs: {decided:?}");
 }

@@ -239,6 +239,40 @@ fn a_checkpointed_victim_is_evicted_before_its_deadline() {
     assert_eq!(admitted_uids(&out), vec!["high"]);
 }
 
+/// "high" evicts v1 and v2 from n1. v1 checkpoints first and goes, and
+/// starts again at once on n2, freed meanwhile. Running again, it is no
+/// victim: when v2 goes at the deadline, high starts (it once waited for v1
+/// to end).
+#[test]
+fn a_victim_that_starts_again_elsewhere_is_not_waited_for() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8), node("n2", 8)]);
+    h.queue(queue("q", None, 16));
+    h.submit_at(job("v1", "q", 1, 4), 0);
+    h.submit_at(job("v2", "q", 1, 4), 1);
+    let mut other = pinned(job("other", "q", 1, 8), "n2");
+    other.preemptible = false;
+    h.submit_at(other, 2);
+    assert_eq!(h.cycle(10).admissions.len(), 3);
+    assert_eq!(h.nodes_of("v1"), vec!["n1"]);
+    let mut high = job("high", "q", 1, 8);
+    high.priority = 10;
+    h.submit_at(high, 20);
+    let out = h.cycle(20);
+    assert_eq!(only_victims(&out), vec!["v1", "v2"]);
+    let evict_at = out.preemptions[0].evict_at.0;
+    h.apply(Event::JobCheckpointed { uid: uid("v1") });
+    h.finish("other");
+    let out = h.cycle(30);
+    assert_eq!(out.evictions.len(), 1, "v1 goes");
+    assert_eq!(admitted_uids(&out), vec!["v1"]);
+    assert_eq!(h.nodes_of("v1"), vec!["n2"], "n1 is held for high");
+    let out = h.cycle(evict_at);
+    assert_eq!(out.evictions.len(), 1, "v2 goes at the deadline");
+    // And starts again beside v1.
+    assert_eq!(admitted_uids(&out), vec!["high", "v2"]);
+}
+
 /// a (nominal 12) uses 4, b (nominal 4) borrows 8: the pool of 16 is full.
 /// a's 8-GPU job is within a's nominal but needs b's borrowed units back,
 /// while b keeps a stream of 1-GPU jobs waiting (preemption off).
@@ -897,10 +931,39 @@ fn topology_prefers_one_rack_then_one_zone() {
         h.admitted("zone-only").is_none(),
         "z1 has 3 nodes but in two racks"
     );
-    assert!(matches!(
-        *h.reason_of(&out, "zone-only").reason,
-        PendingReason::InsufficientCapacity { .. }
-    ));
+    // What the roomiest rack holds (r1: two nodes), not all three free.
+    let why = h.reason_of(&out, "zone-only");
+    assert!(
+        matches!(
+            *why.reason,
+            PendingReason::InsufficientCapacity {
+                placeable_workers: 2,
+                units_short: 8,
+                fits_when_empty: true,
+                required_topology: Some(TopologyRequirement::SameRack),
+                ..
+            }
+        ),
+        "{why:?}"
+    );
+    assert!(
+        why.message()
+            .contains("all in one rack, 2 fit now; 8 short"),
+        "{}",
+        why.message()
+    );
+    let mut never = job("never", "q", 4, 8);
+    never.topology = TopologyRequirement::SameRack;
+    h.submit(never);
+    let out = h.cycle(31);
+    let why = h.reason_of(&out, "never");
+    assert!(
+        why.message()
+            .contains("does not fit this flavor even when it is empty"),
+        "no rack has four nodes: {}",
+        why.message()
+    );
+    h.finish("never");
     h.finish("zone-only");
     let mut preferred = job("preferred", "q", 3, 8);
     preferred.topology = TopologyRequirement::Preferred;
