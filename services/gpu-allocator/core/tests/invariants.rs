@@ -466,6 +466,7 @@ impl Run {
                 .cloned()
                 .map(Event::PreemptionStarted),
         );
+        self.check_decision_records(&out, &before);
         for e in &out.evictions {
             self.victims.remove(e.uid.as_str());
         }
@@ -940,6 +941,79 @@ impl Run {
                     self.at()
                 );
                 assert_eq!(*length, n, "{}: length of {queue}", self.at());
+            }
+        }
+    }
+
+    /// Each decision names what it rests on, and that holds: admissions and
+    /// preemptions are dated now, an admission is in its job's queue and is
+    /// backfilled ahead of a job still waiting, a preemption plans every
+    /// worker of its preemptor on nodes that take work and evicts after the
+    /// grace period, an eviction stops a victim of its preemptor that was
+    /// running, or a job on a node that is gone.
+    fn check_decision_records(&self, out: &CycleOutcome, before: &BTreeMap<String, Admission>) {
+        let now = Timestamp(self.now);
+        for a in &out.admissions {
+            let at = format!("{}: admission of {}", self.at(), a.uid);
+            let spec = self.jobs.get(a.uid.as_str()).expect("a known job");
+            assert_eq!(a.admitted_at, now, "{at}");
+            assert_eq!(Some(&a.queue), spec.queue.as_ref(), "{at}: its queue");
+            if let Some(head) = &a.backfilled_ahead_of {
+                assert!(
+                    self.alloc.is_pending(head) && *head != a.uid,
+                    "{at}: backfilled ahead of {head}, which is not waiting"
+                );
+            }
+        }
+        for p in &out.preemptions {
+            let at = format!("{}: preemption by {}", self.at(), p.preemptor);
+            let spec = self
+                .jobs
+                .get(p.preemptor.as_str())
+                .expect("a known preemptor");
+            assert_eq!(p.decided_at, now, "{at}");
+            assert_eq!(
+                p.evict_at,
+                now.plus_secs(self.config.preemption.grace_period_secs),
+                "{at}: the grace period"
+            );
+            let planned: u32 = p.planned_nodes.iter().map(|n| n.workers).sum();
+            assert_eq!(planned, spec.num_workers, "{at}: every worker planned");
+            for planned in &p.planned_nodes {
+                assert!(
+                    self.nodes
+                        .iter()
+                        .any(|n| n.info.name == planned.node && n.takes_work()),
+                    "{at}: planned on {}, which takes no work",
+                    planned.node
+                );
+            }
+        }
+        for e in &out.evictions {
+            let at = format!("{}: eviction of {}", self.at(), e.uid);
+            match &e.reason {
+                EvictionReason::Preempted { by } => {
+                    assert!(before.contains_key(e.uid.as_str()), "{at}: it was running");
+                    assert!(
+                        self.victims.contains(e.uid.as_str()),
+                        "{at}: it was a victim"
+                    );
+                    assert!(
+                        self.log.iter().any(|event| matches!(
+                            event,
+                            Event::PreemptionStarted(p)
+                                if &p.preemptor == by && p.victims.iter().any(|v| v.uid == e.uid)
+                        )),
+                        "{at}: {by} chose it"
+                    );
+                    assert_eq!(e.at, now, "{at}");
+                }
+                EvictionReason::NodeLost { node } => assert!(
+                    self.nodes
+                        .iter()
+                        .any(|n| &n.info.name == node && !n.present),
+                    "{at}: {node} is gone"
+                ),
             }
         }
     }
