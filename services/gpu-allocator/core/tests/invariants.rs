@@ -811,6 +811,9 @@ impl Run {
                 used_in(usage, queue, a).saturating_sub(l.nominal - lendable)
             };
         let mut overdrawn = 0;
+        // Usage as each admission found it: `borrowing` says whether it
+        // took the queue beyond its nominal quota.
+        let mut so_far = found.clone();
         for a in &out.admissions {
             let q = self
                 .queues
@@ -819,6 +822,17 @@ impl Run {
             let used = used_in(&usage, &a.queue, a);
             let own = limits(&a.queue, a);
             let what = format!("{} {} {}", a.queue, a.flavor, a.resource);
+            let with_it = so_far
+                .entry((a.queue.clone(), a.flavor.clone(), a.resource.clone()))
+                .or_default();
+            *with_it += a.total_units();
+            assert_eq!(
+                a.borrowing,
+                *with_it > own.nominal,
+                "{}: {what} at {with_it} of nominal {}: borrowing flag",
+                self.at(),
+                own.nominal
+            );
             match &q.cohort {
                 None => assert!(
                     used <= own.nominal,
