@@ -1103,6 +1103,17 @@ impl Run {
             );
             for v in &p.victims {
                 let victim = self.jobs.get(v.uid.as_str()).expect("a known victim");
+                // Still running through its grace period, where the
+                // preemptor is to run.
+                let running = self.alloc.admission(&v.uid).expect("a victim runs");
+                assert_eq!(
+                    (&running.flavor, &running.resource),
+                    (&p.flavor, &p.resource),
+                    "{}: {} runs where {} is to",
+                    self.at(),
+                    v.uid,
+                    p.preemptor
+                );
                 assert!(
                     before.contains_key(v.uid.as_str()),
                     "{}: {} was running; admitted now: {:?}; preemptor {:?} {:?}",
@@ -1143,6 +1154,35 @@ impl Run {
                             self.at()
                         );
                         let q = self.queues.get(preemptor_queue).expect("a known queue");
+                        let vq = self.queues.get(victim_queue).expect("a known queue");
+                        assert!(
+                            q.cohort.is_some() && vq.cohort == q.cohort,
+                            "{}: a queue of the preemptor's cohort",
+                            self.at()
+                        );
+                        // Only borrowed quota is taken back: the victim's
+                        // queue uses more than its nominal quota.
+                        let used: u64 = self
+                            .running()
+                            .iter()
+                            .filter_map(|u| self.alloc.admission(&uid(u)))
+                            .filter(|a| {
+                                a.queue == victim_queue
+                                    && (&a.flavor, &a.resource) == (&p.flavor, &p.resource)
+                            })
+                            .map(Admission::total_units)
+                            .sum();
+                        let nominal = vq
+                            .quotas
+                            .iter()
+                            .find(|f| f.flavor == p.flavor)
+                            .and_then(|f| f.resources.iter().find(|r| r.resource == p.resource))
+                            .map_or(0, |r| r.nominal);
+                        assert!(
+                            used > nominal,
+                            "{}: {victim_queue} uses {used} of nominal {nominal}, lends nothing",
+                            self.at()
+                        );
                         assert!(
                             q.preemption.reclaim_within_cohort,
                             "{}: the queue may reclaim",
