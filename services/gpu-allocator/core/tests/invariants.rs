@@ -484,11 +484,43 @@ impl Run {
         *self.decided.entry("preemptions".into()).or_default() += out.preemptions.len() as u64;
         *self.decided.entry("evictions".into()).or_default() += out.evictions.len() as u64;
         let beyond_capacity = self.check_nodes(&out);
-        let overdrawn = self.check_quotas(&out, &before);
+        let usage = self.cycle_usage(&out, &before);
+        let overdrawn = self.check_quotas(&out, &usage);
         *self.decided.entry("beyond capacity".into()).or_default() += beyond_capacity;
         *self.decided.entry("overdrawn".into()).or_default() += overdrawn;
-        self.check_pending(&out);
+        self.check_pending(&out, &usage);
         self.check_preemptions(&out, &before);
+    }
+
+    /// Usage per (queue, flavor, resource) as the cycle found it once its
+    /// evictions were done, and after it.
+    fn cycle_usage(&self, out: &CycleOutcome, before: &BTreeMap<String, Admission>) -> CycleUsage {
+        let usage_of = |admissions: Vec<&Admission>| {
+            let mut usage: BTreeMap<(String, String, String), u64> = BTreeMap::new();
+            for a in admissions {
+                *usage
+                    .entry((a.queue.clone(), a.flavor.clone(), a.resource.clone()))
+                    .or_default() += a.total_units();
+            }
+            usage
+        };
+        let running = self.running();
+        let evicted: BTreeSet<&str> = out.evictions.iter().map(|e| e.uid.as_str()).collect();
+        CycleUsage {
+            found: usage_of(
+                before
+                    .iter()
+                    .filter(|(u, _)| !evicted.contains(u.as_str()))
+                    .map(|(_, a)| a)
+                    .collect(),
+            ),
+            after: usage_of(
+                running
+                    .iter()
+                    .filter_map(|u| self.alloc.admission(&uid(u)))
+                    .collect(),
+            ),
+        }
     }
 
     /// Rebuilding from the log, even applied twice over, gives the same
@@ -760,33 +792,11 @@ impl Run {
     /// lendable quota; where a quota change left the pool lending more than
     /// that, the queues that admitted took nothing more from it. Returns
     /// how many admissions were checked against such a pool.
-    fn check_quotas(&self, out: &CycleOutcome, before: &BTreeMap<String, Admission>) -> u64 {
-        // Per (queue, flavor, resource): after the cycle, and as its
-        // admissions found it (evictions come first).
-        let usage_of = |admissions: Vec<&Admission>| {
-            let mut usage: BTreeMap<(String, String, String), u64> = BTreeMap::new();
-            for a in admissions {
-                *usage
-                    .entry((a.queue.clone(), a.flavor.clone(), a.resource.clone()))
-                    .or_default() += a.total_units();
-            }
-            usage
-        };
-        let running = self.running();
-        let usage = usage_of(
-            running
-                .iter()
-                .filter_map(|u| self.alloc.admission(&uid(u)))
-                .collect(),
-        );
-        let evicted: BTreeSet<&str> = out.evictions.iter().map(|e| e.uid.as_str()).collect();
-        let found = usage_of(
-            before
-                .iter()
-                .filter(|(u, _)| !evicted.contains(u.as_str()))
-                .map(|(_, a)| a)
-                .collect(),
-        );
+    fn check_quotas(&self, out: &CycleOutcome, cycle_usage: &CycleUsage) -> u64 {
+        let CycleUsage {
+            found,
+            after: usage,
+        } = cycle_usage;
         let used_in =
             |usage: &BTreeMap<(String, String, String), u64>, queue: &str, a: &Admission| {
                 usage
@@ -886,7 +896,7 @@ impl Run {
     /// a reason says quota or nodes are kept for is another pending job.
     /// (Once, it was a job the same cycle then started on another flavor,
     /// or after a second look at it.)
-    fn check_pending(&self, out: &CycleOutcome) {
+    fn check_pending(&self, out: &CycleOutcome, usage: &CycleUsage) {
         let mut seen: BTreeMap<String, (String, u32, u32)> = BTreeMap::new();
         for p in &out.pending {
             let e = self
@@ -918,7 +928,7 @@ impl Run {
                     out.admissions.iter().find(|a| &a.uid == holder)
                 );
             }
-            self.check_reason(&e);
+            self.check_reason(&e, usage);
             let before = seen.insert(
                 e.uid.as_str().to_string(),
                 (e.queue.to_string(), p.position, p.queue_length),
@@ -1036,7 +1046,7 @@ impl Run {
     /// aging only raised, a shortfall that is one, of the job's own size,
     /// the queue's own nominal quota, times not in the past, a job waiting
     /// for victims that has some left.
-    fn check_reason(&self, e: &PendingExplanation) {
+    fn check_reason(&self, e: &PendingExplanation, usage: &CycleUsage) {
         let spec = self.jobs.get(e.uid.as_str()).expect("a known job");
         let at = format!("{}: {}", self.at(), e.uid);
         assert!(e.effective_priority >= spec.priority, "{at} aged down");
@@ -1048,9 +1058,22 @@ impl Run {
                 requested,
                 available,
                 nominal,
+                used,
                 ..
             } => {
                 assert!(requested > available, "{at}: {:?}", e.reason);
+                // Usage only grows between the evictions and the end of
+                // the cycle.
+                let key = (e.queue.to_string(), flavor.clone(), resource.clone());
+                let (found, after) = (
+                    usage.found.get(&key).copied().unwrap_or(0),
+                    usage.after.get(&key).copied().unwrap_or(0),
+                );
+                assert!(
+                    (found..=after).contains(used),
+                    "{at}: {} used {used}, from {found} to {after} this cycle",
+                    e.queue
+                );
                 assert_eq!(
                     *requested,
                     u64::from(spec.num_workers) * u64::from(spec.gpus_per_worker),
@@ -1209,6 +1232,12 @@ impl Run {
             }
         }
     }
+}
+
+/// See `Run::cycle_usage`.
+struct CycleUsage {
+    found: BTreeMap<(String, String, String), u64>,
+    after: BTreeMap<(String, String, String), u64>,
 }
 
 /// What a cycle decided and how it explains every pending job.
