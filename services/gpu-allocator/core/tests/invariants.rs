@@ -829,7 +829,7 @@ impl Run {
                 .queues
                 .get(&a.queue)
                 .expect("admitted into a known queue");
-            let used = used_in(&usage, &a.queue, a);
+            let used = used_in(usage, &a.queue, a);
             let own = limits(&a.queue, a);
             let what = format!("{} {} {}", a.queue, a.flavor, a.resource);
             let with_it = so_far
@@ -866,8 +866,8 @@ impl Run {
                         }
                         let l = limits(name, a);
                         pool += l.lending_limit.map_or(l.nominal, |x| x.min(l.nominal));
-                        from_pool += drawn(&usage, name, a);
-                        from_pool_found += drawn(&found, name, a);
+                        from_pool += drawn(usage, name, a);
+                        from_pool_found += drawn(found, name, a);
                     }
                     if from_pool_found <= pool {
                         assert!(
@@ -877,7 +877,7 @@ impl Run {
                         );
                     } else {
                         overdrawn += 1;
-                        let (now, was) = (drawn(&usage, &a.queue, a), drawn(&found, &a.queue, a));
+                        let (now, was) = (drawn(usage, &a.queue, a), drawn(found, &a.queue, a));
                         assert!(
                             now <= was,
                             "{}: {what} draws {now} (was {was}) from cohort {cohort}'s pool \
