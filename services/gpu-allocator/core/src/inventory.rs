@@ -609,9 +609,20 @@ impl Inventory {
             }
         }
         for old in old_pools.into_iter().filter(|p| p.used > 0) {
-            match pools.iter_mut().find(|p| p.res == old.res) {
-                Some(p) => p.used = old.used,
-                None => pools.push(Pool { capacity: 0, ..old }),
+            // Relabeled into another flavor (another product, say), the
+            // node's devices are the same: its running jobs hold units of
+            // the pool of their kind that replaced theirs (see `adjust`),
+            // or new jobs would be placed on them too.
+            let kind = self.resources.get(old.res as usize).map(|r| r.kind);
+            let same_kind = |p: &Pool| {
+                kind.is_some() && self.resources.get(p.res as usize).map(|r| r.kind) == kind
+            };
+            if let Some(p) = pools.iter_mut().find(|p| p.res == old.res) {
+                p.used = old.used;
+            } else if let Some(p) = pools.iter_mut().find(|p| same_kind(p)) {
+                p.used = p.used.saturating_add(old.used);
+            } else {
+                pools.push(Pool { capacity: 0, ..old });
             }
         }
         let flavor_tolerations = flavor
@@ -700,11 +711,20 @@ impl Inventory {
     /// Changes a node's used units for `res` by `delta` and moves it between
     /// buckets. Units are clamped at zero rather than trusting the caller.
     pub(crate) fn adjust(&mut self, idx: NodeIdx, res: ResIdx, delta: i64) {
+        let kind = self.resources.get(res as usize).map(|r| r.kind);
         let Some(node) = self.nodes.get_mut(idx as usize).and_then(Option::as_mut) else {
             return;
         };
         let indexed = node.schedulable && node.flavor.is_some();
-        let pool = match node.pools.iter_mut().find(|p| p.res == res) {
+        // A job placed before its node moved to another flavor takes and
+        // gives back units of the pool of its kind there (see `upsert_node`).
+        let resources = &self.resources;
+        let at = node.pools.iter().position(|p| p.res == res).or_else(|| {
+            node.pools.iter().position(|p| {
+                kind.is_some() && resources.get(p.res as usize).map(|r| r.kind) == kind
+            })
+        });
+        let pool = match at.and_then(|at| node.pools.get_mut(at)) {
             Some(p) => p,
             None => {
                 if delta <= 0 {
@@ -728,6 +748,7 @@ impl Inventory {
         let new_used = (i64::from(pool.used) + delta).clamp(0, i64::from(u32::MAX));
         pool.used = u32::try_from(new_used).unwrap_or(u32::MAX);
         let new_free = pool.free();
+        let res = pool.res;
         if indexed
             && old_free != new_free
             && let Some(r) = self.resources.get_mut(res as usize)

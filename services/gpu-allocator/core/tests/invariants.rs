@@ -1,12 +1,12 @@
 //! Randomized runs of the allocator against what must hold after every
-//! cycle, whatever the input (nodes coming and going or losing GPUs,
-//! quotas growing and shrinking, queues removed and added back, jobs
-//! delivered again or edited): no node holds more GPUs,
-//! shared replicas or MIG slices than it has, no queue or cohort admits
-//! beyond its quota, every
-//! admission places every worker on a node that can take it, every pending
-//! job has one reason and one place in its queue's line, victims are only
-//! what the rules allow, a snapshot restored mid-run decides exactly as the
+//! cycle, whatever the input (nodes coming and going, losing GPUs or
+//! relabeled; quotas growing and shrinking; queues removed and added back;
+//! jobs delivered again or edited): no node holds more GPUs, shared
+//! replicas or MIG slices than it has, no queue or cohort admits beyond its
+//! quota, every admission places every worker on a node that can take it,
+//! every pending job has one reason, true to the input, and one place in
+//! its queue's line, every decision's record holds, victims are only what
+//! the rules allow, a snapshot restored mid-run decides exactly as the
 //! allocator it came from, and the log of events and decisions replayed
 //! twice rebuilds the same state.
 //!
@@ -622,8 +622,10 @@ impl Run {
 
     fn change_a_node(&mut self) {
         let i = self.rng.below(self.nodes.len() as u64) as usize;
-        let choice = self.rng.below(5);
+        let choice = self.rng.below(7);
         let gpus = [6, 7, 8][self.rng.below(3) as usize];
+        let zone = format!("z{}", self.rng.below(2));
+        let rack = format!("r{}", self.rng.below(4));
         let Some(n) = self.nodes.get_mut(i) else {
             return;
         };
@@ -649,6 +651,25 @@ impl Run {
                 n.info
                     .allocatable
                     .insert(names::GPU_RESOURCE.into(), (gpus * per_gpu).to_string());
+                Event::NodeUpserted(n.info.clone())
+            }
+            // Relabeled into another zone or rack, or another product (a
+            // new flavor), while its workers run.
+            (true, 3) => {
+                n.info.labels.insert(names::ZONE_LABEL.into(), zone);
+                n.info
+                    .labels
+                    .insert(names::NVLINK_CLIQUE_LABEL.into(), rack);
+                Event::NodeUpserted(n.info.clone())
+            }
+            (true, 4) => {
+                let product = match n.info.labels.get(names::GPU_PRODUCT_LABEL) {
+                    Some(p) if p == "A100" => "H100",
+                    _ => "A100",
+                };
+                n.info
+                    .labels
+                    .insert(names::GPU_PRODUCT_LABEL.into(), product.into());
                 Event::NodeUpserted(n.info.clone())
             }
             (true, _) => {

@@ -1858,6 +1858,37 @@ fn decision_carries_flavor_labels_tolerations_and_capacity_type() {
     assert_eq!(h.nodes_of("tolerant"), vec!["dedicated"]);
 }
 
+/// n1 runs a job as an A100 node, then is relabeled H100 (re-provisioned
+/// under its name, or labeled wrong at first). The job keeps its GPUs: an
+/// H100 job waits until it ends, rather than being placed on GPUs in use.
+#[test]
+fn a_node_relabeled_into_another_flavor_keeps_its_running_jobs_gpus() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8)]);
+    let mut q = queue("q", None, 8);
+    let mut h100 = q.quotas[0].clone();
+    h100.flavor = "H100.on-demand".into();
+    q.quotas.push(h100);
+    h.queue(q);
+    h.submit_at(job("old", "q", 1, 8), 0);
+    assert_eq!(admitted_uids(&h.cycle(10)), vec!["old"]);
+    let mut relabeled = node("n1", 8);
+    relabeled
+        .labels
+        .insert(names::GPU_PRODUCT_LABEL.into(), "H100".into());
+    h.nodes([relabeled]);
+    h.submit_at(job("new", "q", 1, 8), 20);
+    let out = h.cycle(30);
+    assert!(out.admissions.is_empty(), "n1's GPUs are in use");
+    assert!(out.evictions.is_empty());
+    assert_eq!(h.alloc.stats().gpus_allocated, 8);
+    h.finish("old");
+    let out = h.cycle(40);
+    assert_eq!(admitted_uids(&out), vec!["new"]);
+    assert_eq!(out.admissions[0].flavor, "H100.on-demand");
+    assert_eq!(h.alloc.stats().gpus_allocated, 8);
+}
+
 #[test]
 fn cordoned_and_not_ready_nodes_get_no_new_work() {
     let mut h = Harness::default_config();
