@@ -1205,7 +1205,25 @@ impl Run {
                             self.at()
                         );
                         // Only borrowed quota is taken back: the victim's
-                        // queue uses more than its nominal quota.
+                        // queue uses more than its nominal quota, or will
+                        // once its preemptors waiting for their victims
+                        // here start (a victim search counts them).
+                        let waiting: u64 = self
+                            .preemptors
+                            .iter()
+                            .filter(|u| self.alloc.is_pending(&uid(u)))
+                            .filter_map(|u| self.jobs.get(u))
+                            .filter(|j| j.queue.as_deref() == Some(victim_queue))
+                            .filter(|j| {
+                                self.log.iter().rev().find_map(|e| match e {
+                                    Event::PreemptionStarted(q) if q.preemptor == j.uid => {
+                                        Some((&q.flavor, &q.resource))
+                                    }
+                                    _ => None,
+                                }) == Some((&p.flavor, &p.resource))
+                            })
+                            .map(|j| u64::from(j.num_workers) * u64::from(j.gpus_per_worker))
+                            .sum();
                         let used: u64 = self
                             .running()
                             .iter()
@@ -1223,8 +1241,9 @@ impl Run {
                             .and_then(|f| f.resources.iter().find(|r| r.resource == p.resource))
                             .map_or(0, |r| r.nominal);
                         assert!(
-                            used > nominal,
-                            "{}: {victim_queue} uses {used} of nominal {nominal}, lends nothing",
+                            used + waiting > nominal,
+                            "{}: {victim_queue} uses {used} (and {waiting} waiting) of nominal \
+                             {nominal}, lends nothing",
                             self.at()
                         );
                         assert!(
