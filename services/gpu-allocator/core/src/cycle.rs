@@ -1903,12 +1903,12 @@ impl Allocator {
             _ => {
                 // A gang that must stay in one zone or rack: what the
                 // roomiest one holds, not what all of them do.
-                let in_one_domain = placement::most_placeable(
+                let placeable = placement::most_placeable(
                     per_worker,
                     spec.topology,
                     candidates.iter().map(|c| (c.usable, c.zone, c.rack)),
                 );
-                self.capacity_reason(res, spec, placeable.min(in_one_domain), job.filter)
+                self.capacity_reason(res, spec, placeable, job.filter)
             }
         };
         let reason = ctx.add_reason(reason);

@@ -73,6 +73,13 @@ pub(crate) struct Flavor {
     pub(crate) capacity_type: Option<CapacityType>,
 }
 
+/// Whether resources `a` and `b` (of any flavors) are of one kind: the same
+/// devices of a node, whatever flavor its labels put it in.
+fn same_kind(resources: &[ResourceIndex], a: ResIdx, b: ResIdx) -> bool {
+    let kind = |r: ResIdx| resources.get(r as usize).map(|r| r.kind);
+    kind(a).is_some() && kind(a) == kind(b)
+}
+
 /// Units of one resource kind on one node.
 #[derive(Debug, Clone)]
 pub(crate) struct Pool {
@@ -613,13 +620,12 @@ impl Inventory {
             // node's devices are the same: its running jobs hold units of
             // the pool of their kind that replaced theirs (see `adjust`),
             // or new jobs would be placed on them too.
-            let kind = self.resources.get(old.res as usize).map(|r| r.kind);
-            let same_kind = |p: &Pool| {
-                kind.is_some() && self.resources.get(p.res as usize).map(|r| r.kind) == kind
-            };
             if let Some(p) = pools.iter_mut().find(|p| p.res == old.res) {
                 p.used = old.used;
-            } else if let Some(p) = pools.iter_mut().find(|p| same_kind(p)) {
+            } else if let Some(p) = pools
+                .iter_mut()
+                .find(|p| same_kind(&self.resources, p.res, old.res))
+            {
                 p.used = p.used.saturating_add(old.used);
             } else {
                 pools.push(Pool { capacity: 0, ..old });
@@ -711,18 +717,16 @@ impl Inventory {
     /// Changes a node's used units for `res` by `delta` and moves it between
     /// buckets. Units are clamped at zero rather than trusting the caller.
     pub(crate) fn adjust(&mut self, idx: NodeIdx, res: ResIdx, delta: i64) {
-        let kind = self.resources.get(res as usize).map(|r| r.kind);
         let Some(node) = self.nodes.get_mut(idx as usize).and_then(Option::as_mut) else {
             return;
         };
         let indexed = node.schedulable && node.flavor.is_some();
         // A job placed before its node moved to another flavor takes and
         // gives back units of the pool of its kind there (see `upsert_node`).
-        let resources = &self.resources;
         let at = node.pools.iter().position(|p| p.res == res).or_else(|| {
-            node.pools.iter().position(|p| {
-                kind.is_some() && resources.get(p.res as usize).map(|r| r.kind) == kind
-            })
+            node.pools
+                .iter()
+                .position(|p| same_kind(&self.resources, p.res, res))
         });
         let pool = match at.and_then(|at| node.pools.get_mut(at)) {
             Some(p) => p,

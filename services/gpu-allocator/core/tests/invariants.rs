@@ -489,18 +489,26 @@ impl Run {
         *self.decided.entry("beyond capacity".into()).or_default() += beyond_capacity;
         *self.decided.entry("overdrawn".into()).or_default() += overdrawn;
         self.check_pending(&out, &usage);
-        self.check_preemptions(&out, &before);
+        self.check_preemptions(&out, &before, &usage);
+    }
+
+    /// `queue`'s quota of `resource` in `flavor` (none: all zero).
+    fn quota(&self, queue: &str, flavor: &str, resource: &str) -> ResourceQuota {
+        self.queues
+            .get(queue)
+            .and_then(|q| q.quotas.iter().find(|f| f.flavor == flavor))
+            .and_then(|f| f.resources.iter().find(|r| r.resource == resource))
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Usage per (queue, flavor, resource) as the cycle found it once its
     /// evictions were done, and after it.
     fn cycle_usage(&self, out: &CycleOutcome, before: &BTreeMap<String, Admission>) -> CycleUsage {
         let usage_of = |admissions: Vec<&Admission>| {
-            let mut usage: BTreeMap<(String, String, String), u64> = BTreeMap::new();
+            let mut usage = QueueUsage::default();
             for a in admissions {
-                *usage
-                    .entry((a.queue.clone(), a.flavor.clone(), a.resource.clone()))
-                    .or_default() += a.total_units();
+                usage.add(a);
             }
             usage
         };
@@ -818,33 +826,21 @@ impl Run {
             found,
             after: usage,
         } = cycle_usage;
-        let used_in =
-            |usage: &BTreeMap<(String, String, String), u64>, queue: &str, a: &Admission| {
-                usage
-                    .get(&(queue.to_string(), a.flavor.clone(), a.resource.clone()))
-                    .copied()
-                    .unwrap_or(0)
-            };
-        let limits = |queue: &str, a: &Admission| -> ResourceQuota {
-            self.queues
-                .get(queue)
-                .and_then(|q| q.quotas.iter().find(|f| f.flavor == a.flavor))
-                .and_then(|f| f.resources.iter().find(|r| r.resource == a.resource))
-                .cloned()
-                .unwrap_or_default()
+        let used_in = |usage: &QueueUsage, queue: &str, a: &Admission| {
+            usage.of(queue, &a.flavor, &a.resource)
         };
+        let limits = |queue: &str, a: &Admission| self.quota(queue, &a.flavor, &a.resource);
         // Beyond what a member keeps for itself (its nominal less what it
         // lends), its usage comes from the pool.
-        let drawn =
-            |usage: &BTreeMap<(String, String, String), u64>, queue: &str, a: &Admission| {
-                let l = limits(queue, a);
-                let lendable = l.lending_limit.map_or(l.nominal, |x| x.min(l.nominal));
-                used_in(usage, queue, a).saturating_sub(l.nominal - lendable)
-            };
+        let drawn = |usage: &QueueUsage, queue: &str, a: &Admission| {
+            let l = limits(queue, a);
+            let lendable = l.lending_limit.map_or(l.nominal, |x| x.min(l.nominal));
+            used_in(usage, queue, a).saturating_sub(l.nominal - lendable)
+        };
         let mut overdrawn = 0;
         // Usage as each admission found it: `borrowing` says whether it
         // took the queue beyond its nominal quota.
-        let mut so_far = found.clone();
+        let mut so_far = QueueUsage(found.0.clone());
         for a in &out.admissions {
             let q = self
                 .queues
@@ -853,13 +849,11 @@ impl Run {
             let used = used_in(usage, &a.queue, a);
             let own = limits(&a.queue, a);
             let what = format!("{} {} {}", a.queue, a.flavor, a.resource);
-            let with_it = so_far
-                .entry((a.queue.clone(), a.flavor.clone(), a.resource.clone()))
-                .or_default();
-            *with_it += a.total_units();
+            so_far.add(a);
+            let with_it = used_in(&so_far, &a.queue, a);
             assert_eq!(
                 a.borrowing,
-                *with_it > own.nominal,
+                with_it > own.nominal,
                 "{}: {what} at {with_it} of nominal {}: borrowing flag",
                 self.at(),
                 own.nominal
@@ -1085,10 +1079,9 @@ impl Run {
                 assert!(requested > available, "{at}: {:?}", e.reason);
                 // Usage only grows between the evictions and the end of
                 // the cycle.
-                let key = (e.queue.to_string(), flavor.clone(), resource.clone());
                 let (found, after) = (
-                    usage.found.get(&key).copied().unwrap_or(0),
-                    usage.after.get(&key).copied().unwrap_or(0),
+                    usage.found.of(&e.queue, flavor, resource),
+                    usage.after.of(&e.queue, flavor, resource),
                 );
                 assert!(
                     (found..=after).contains(used),
@@ -1100,12 +1093,7 @@ impl Run {
                     u64::from(spec.num_workers) * u64::from(spec.gpus_per_worker),
                     "{at}: the job's size"
                 );
-                let quota = self
-                    .queues
-                    .get(&*e.queue)
-                    .and_then(|q| q.quotas.iter().find(|f| &f.flavor == flavor))
-                    .and_then(|f| f.resources.iter().find(|r| &r.resource == resource))
-                    .map_or(0, |r| r.nominal);
+                let quota = self.quota(&e.queue, flavor, resource).nominal;
                 assert_eq!(*nominal, quota, "{at}: {}'s nominal quota", e.queue);
             }
             PendingReason::InsufficientCapacity {
@@ -1134,7 +1122,12 @@ impl Run {
 
     /// Victims were running, preemptible, not the preemptor's own last
     /// preemptor, and of lower priority when taken for priority.
-    fn check_preemptions(&self, out: &CycleOutcome, before: &BTreeMap<String, Admission>) {
+    fn check_preemptions(
+        &self,
+        out: &CycleOutcome,
+        before: &BTreeMap<String, Admission>,
+        usage: &CycleUsage,
+    ) {
         for p in &out.preemptions {
             let preemptor = self
                 .jobs
@@ -1224,22 +1217,8 @@ impl Run {
                             })
                             .map(|j| u64::from(j.num_workers) * u64::from(j.gpus_per_worker))
                             .sum();
-                        let used: u64 = self
-                            .running()
-                            .iter()
-                            .filter_map(|u| self.alloc.admission(&uid(u)))
-                            .filter(|a| {
-                                a.queue == victim_queue
-                                    && (&a.flavor, &a.resource) == (&p.flavor, &p.resource)
-                            })
-                            .map(Admission::total_units)
-                            .sum();
-                        let nominal = vq
-                            .quotas
-                            .iter()
-                            .find(|f| f.flavor == p.flavor)
-                            .and_then(|f| f.resources.iter().find(|r| r.resource == p.resource))
-                            .map_or(0, |r| r.nominal);
+                        let used = usage.after.of(victim_queue, &p.flavor, &p.resource);
+                        let nominal = self.quota(victim_queue, &p.flavor, &p.resource).nominal;
                         assert!(
                             used + waiting > nominal,
                             "{}: {victim_queue} uses {used} (and {waiting} waiting) of nominal \
@@ -1276,8 +1255,28 @@ impl Run {
 
 /// See `Run::cycle_usage`.
 struct CycleUsage {
-    found: BTreeMap<(String, String, String), u64>,
-    after: BTreeMap<(String, String, String), u64>,
+    found: QueueUsage,
+    after: QueueUsage,
+}
+
+/// Units running per (queue, flavor, resource).
+#[derive(Default)]
+struct QueueUsage(BTreeMap<(String, String, String), u64>);
+
+impl QueueUsage {
+    fn add(&mut self, a: &Admission) {
+        *self
+            .0
+            .entry((a.queue.clone(), a.flavor.clone(), a.resource.clone()))
+            .or_default() += a.total_units();
+    }
+
+    fn of(&self, queue: &str, flavor: &str, resource: &str) -> u64 {
+        self.0
+            .get(&(queue.to_string(), flavor.to_string(), resource.to_string()))
+            .copied()
+            .unwrap_or(0)
+    }
 }
 
 /// What a cycle decided and how it explains every pending job.
