@@ -21,7 +21,7 @@ use tokio::sync::broadcast::error::TryRecvError;
 use trainyard_contracts::worker::{CheckpointReported, ProgressReported};
 
 use crate::clock::SimClock;
-use crate::config::{ClusterConfig, NodeGroup};
+use crate::config::{ClusterConfig, NodeGroup, NodeScoring};
 use crate::resources;
 use crate::selector::Selector;
 use crate::store::{Change, ChangeKind, Propagation, Store};
@@ -1223,7 +1223,11 @@ impl Cluster {
                     Some(reason) => *reasons.entry(reason).or_insert(0) += 1,
                     None => {
                         let left = node.free(GPU);
-                        if best.is_none_or(|(_, best_left)| left < best_left) {
+                        let better = |best_left| match self.config.scoring {
+                            NodeScoring::MostAllocated => left < best_left,
+                            NodeScoring::LeastAllocated => left > best_left,
+                        };
+                        if best.is_none_or(|(_, best_left)| better(best_left)) {
                             best = Some((i, left));
                         }
                     }

@@ -172,6 +172,22 @@ pub struct ClusterConfig {
     pub failures: FailureConfig,
     #[serde(default)]
     pub disruptions: DisruptionConfig,
+    /// Which of the nodes that fit a pod the scheduler binds it to.
+    #[serde(default)]
+    pub scoring: NodeScoring,
+}
+
+/// The scheduler's choice among the nodes that fit a pod, by free GPUs, as
+/// kube-scheduler's `NodeResourcesFit` scoring strategies choose by free
+/// resources.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeScoring {
+    /// The node with the fewest free GPUs (bin packing).
+    #[default]
+    MostAllocated,
+    /// The node with the most free GPUs: kube-scheduler's default, which
+    /// spreads pods.
+    LeastAllocated,
 }
 
 fn real_time() -> f64 {

@@ -224,6 +224,30 @@ fn a_suspended_job_waits_and_an_unsuspended_one_trains_to_completion() {
 }
 
 #[test]
+fn scoring_packs_pods_onto_the_fullest_node_or_spreads_them_like_kube_scheduler() {
+    let three_nodes = "nodes: [{name: n, count: 3, gpus: 8}]\nworkers: {startDelaySeconds: 0}";
+    let node_of = |store: &Store, job: &str| pods(store, job)[0]["spec"]["nodeName"].clone();
+    let (store, mut packed) = cluster(three_nodes);
+    job(&store, "first", 1, 2, false, json!({}));
+    packed.step_at(1.0);
+    job(&store, "second", 1, 2, false, json!({}));
+    packed.step_at(2.0);
+    assert_eq!(node_of(&store, "second"), node_of(&store, "first"));
+
+    let (store, mut spread) = cluster(&format!("{three_nodes}\nscoring: LeastAllocated"));
+    job(&store, "first", 1, 2, false, json!({}));
+    spread.step_at(1.0);
+    job(&store, "second", 1, 2, false, json!({}));
+    spread.step_at(2.0);
+    assert_ne!(node_of(&store, "second"), node_of(&store, "first"));
+    assert!(
+        ClusterConfig::parse(&format!("{three_nodes}\nscoring: Spread"))
+            .is_err_and(|e| e.contains("MostAllocated")),
+        "an unknown strategy is refused with the ones there are"
+    );
+}
+
+#[test]
 fn pods_stay_pending_without_free_gpus_or_toleration() {
     let (store, mut cluster) = cluster(TWO_NODES);
     job(&store, "fits", 1, 6, false, json!({}));

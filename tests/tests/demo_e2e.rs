@@ -6,17 +6,20 @@
 //! every job must complete with its status filled in, and the sweep must finish
 //! with a best trial.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
-use planner_core::PlannerConfig;
+use planner_core::{LABEL_ATTEMPT, LABEL_JOB, LABEL_ROLE, PlannerConfig, Role};
 use tokio_util::sync::CancellationToken;
 use trainyard_api::{Sweep, SweepState, TrainingJob, TrainingJobState, TrainingQueue};
-use trainyard_contracts::Service;
+use trainyard_contracts::decisions::AdmissionDecided;
+use trainyard_contracts::{Incoming, Service, streams};
 use trainyard_runtime::{Runtime, Settings};
-use trainyard_simulator::config::ClusterConfig;
+use trainyard_simulator::config::{ClusterConfig, NodeScoring};
 use trainyard_simulator::runner::Simulator;
 use trainyard_testkit::{NatsServer, eventually_within};
 
@@ -71,6 +74,9 @@ async fn every_example_job_and_the_sweep_complete_on_the_simulated_cluster() {
     config.failures.rate = 0.0;
     config.disruptions.spot_reclaims_per_node_hour = 0.0;
     config.disruptions.node_failures_per_node_hour = 0.0;
+    // kube-scheduler's default spreads pods over the emptiest nodes; workers
+    // must still land where the gpu-allocator placed them.
+    assert_eq!(config.scoring, NodeScoring::LeastAllocated);
     let client = async_nats::connect(nats.url()).await.expect("nats");
     let simulator = Simulator::start(config, "127.0.0.1:0", Some(client), shutdown.clone())
         .await
@@ -206,8 +212,53 @@ async fn every_example_job_and_the_sweep_complete_on_the_simulated_cluster() {
     assert_eq!(status.state, Some(SweepState::Completed), "{status:?}");
     let best = status.best_trial.expect("a best trial");
     assert!(best.objective_value.is_finite(), "{best:?}");
+    assert_workers_ran_where_admitted(&allocator, kube.clone()).await;
     shutdown.cancel();
     simulator.join().await;
+}
+
+/// Every worker pod of every admitted attempt (the example jobs' and the
+/// sweep's trials') was bound to a node its admission placed a worker on.
+async fn assert_workers_ran_where_admitted(allocator: &Runtime, kube: Client) {
+    let mut planned: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for message in
+        trainyard_testkit::stream_messages(&allocator.jetstream, streams::DECISIONS.name, None)
+            .await
+    {
+        let Ok(incoming) = Incoming::decode(&message.payload) else {
+            continue;
+        };
+        if let Ok(admission) = incoming.payload::<AdmissionDecided>() {
+            planned
+                .entry((
+                    incoming.header.entity.name.clone(),
+                    admission.attempt.to_string(),
+                ))
+                .or_default()
+                .extend(admission.placements.into_iter().map(|p| p.node));
+        }
+    }
+    let pods = Api::<Pod>::all(kube)
+        .list(&ListParams::default().labels(&format!("{LABEL_ROLE}={}", Role::Worker.as_str())))
+        .await
+        .expect("pods");
+    let mut checked = 0;
+    for pod in &pods {
+        let labels = pod.labels();
+        let job = labels.get(LABEL_JOB).cloned().unwrap_or_default();
+        let attempt = labels.get(LABEL_ATTEMPT).cloned().unwrap_or_default();
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            continue;
+        };
+        let nodes = planned.get(&(job.clone(), attempt.clone()));
+        assert!(
+            nodes.is_some_and(|n| n.contains(&node)),
+            "{job} attempt {attempt}: pod {} ran on {node}, admitted onto {nodes:?}",
+            pod.name_any()
+        );
+        checked += 1;
+    }
+    assert!(checked >= 8, "bound worker pods checked: {checked}");
 }
 
 fn tracing_subscriber_init() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {

@@ -357,6 +357,7 @@ pub fn job_spec(
         tolerations,
         topology: TopologyRequirement::Preferred,
         preemptible: true,
+        one_worker_per_node: job.workers_one_per_node(),
     };
     set_attempt(&mut core, k8s_uid, attempt);
     // CPU-only jobs (gpusPerWorker 0) are admitted by the adapter itself; the
@@ -847,6 +848,15 @@ mod tests {
         assert_eq!(spec.priority, 7, "queue default without a PriorityClass");
         assert_eq!(spec.queue, None, "the configured default queue applies");
         assert_eq!(spec.earlier_restarts, 0);
+        assert!(!spec.one_worker_per_node);
+        let apart = training_job(
+            json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"training-job": "bert"}},
+                 "topologyKey": "kubernetes.io/hostname"}]}}}),
+            None,
+        );
+        let spec = job_spec(&config, &apart, "u-1", 0, None, Timestamp(99)).expect("maps");
+        assert!(spec.one_worker_per_node, "its workers keep apart");
     }
 
     #[test]

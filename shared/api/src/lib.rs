@@ -11,6 +11,7 @@ mod wire_enum;
 
 pub mod condition;
 pub mod crdgen;
+pub mod placement;
 pub mod queue;
 pub mod sweep;
 pub mod trainingjob;

@@ -162,7 +162,7 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
         entry::<decisions::AdmissionDecided>(
             "gpu-allocator",
             "planner",
-            "The job is admitted: every worker fits now, inside quota. The planner injects the selector and tolerations and unsuspends the Job.",
+            "The job is admitted: every worker fits now, inside quota, on the nodes in `placements`. The planner injects the selector and tolerations, pins the workers to those nodes, and unsuspends the Job.",
             job(),
             json!({"attempt": 0, "queue": "team-a", "flavor": "a100-spot",
                    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},

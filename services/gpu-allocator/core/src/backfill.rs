@@ -17,9 +17,9 @@ use crate::allocator::FastMap;
 use crate::allocator::{Allocator, Job, JobState, PreemptingState, Running};
 use crate::config::AllocatorConfig;
 use crate::inventory::{JobIdx, NodeIdx, ResIdx};
-use crate::placement::{self, Candidate, NodeTable};
+use crate::placement::{self, Candidate, Gang, NodeTable};
 use crate::queues::QueueIdx;
-use crate::types::{JobUid, Timestamp, TopologyRequirement};
+use crate::types::{JobUid, Timestamp};
 
 /// Units a reservation needs on one node at its start time.
 #[derive(Debug, Clone)]
@@ -373,9 +373,7 @@ impl Allocator {
         &self,
         res: ResIdx,
         filter: u32,
-        per_worker: u32,
-        workers: u32,
-        topology: TopologyRequirement,
+        gang: Gang,
         now: Timestamp,
         reservations: &Reservations,
         timeline: &[(Timestamp, NodeIdx, u32)],
@@ -396,6 +394,13 @@ impl Allocator {
                 (free.saturating_sub(claimed), node.zone, node.rack),
             );
         }
+        let Gang {
+            per_worker,
+            workers,
+            ..
+        } = gang;
+        // Enough to tell whether placing is worth a try (it is not where
+        // workers must not share a node).
         let slots_of = |units: u32| u64::from(units / per_worker.max(1));
         let mut slots: u64 = avail.iter().map(|(_, (u, _, _))| slots_of(*u)).sum();
         let mut tries = 0u32;
@@ -414,9 +419,7 @@ impl Allocator {
                         rack,
                     })
                     .collect();
-                if let Some(placement) =
-                    placement::place_gang(per_worker, workers, topology, &cands)
-                {
+                if let Some(placement) = placement::place_gang(gang, &cands) {
                     return Some(Reservation {
                         start: t,
                         placement,

@@ -24,7 +24,7 @@ use crate::decision::{
 use crate::event::JobSpec;
 use crate::explain::{Pending, PendingReason, ReasonIdx};
 use crate::inventory::{JobIdx, NodeIdx, ResIdx};
-use crate::placement::{self, Candidate};
+use crate::placement::{self, Candidate, Gang};
 use crate::queues::QueueIdx;
 use crate::types::{GpuSliceRequest, JobUid, ResourceKind, Timestamp, TopologyRequirement, names};
 
@@ -43,10 +43,8 @@ pub(crate) struct Plan {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct MemoKey {
     res: ResIdx,
-    per_worker: u32,
-    workers: u32,
+    gang: Gang,
     filter: u32,
-    topology: crate::types::TopologyRequirement,
 }
 
 /// (queue, resource, requested, used, available, a hold is involved).
@@ -1774,9 +1772,7 @@ impl Allocator {
         let reservation = self.compute_reservation(
             res,
             job.filter,
-            spec.gpus_per_worker,
-            spec.num_workers,
-            spec.topology,
+            Gang::of(spec),
             now,
             &ctx.reservations,
             &timeline,
@@ -1818,12 +1814,11 @@ impl Allocator {
         let per_worker = spec.gpus_per_worker;
         let workers = spec.num_workers;
         let (end_key, end) = estimated_end(spec.runtime_estimate_secs, now);
+        let gang = Gang::of(spec);
         let key = MemoKey {
             res,
-            per_worker,
-            workers,
+            gang,
             filter: job.filter,
-            topology: spec.topology,
         };
         if let Some(entry) = ctx.memo.get(&key)
             && entry.min_failing_end <= end_key
@@ -1872,7 +1867,7 @@ impl Allocator {
                 candidates.push(candidate);
             }
             if placement.is_none() && placeable >= u64::from(workers) {
-                placement = placement::place_gang(per_worker, workers, spec.topology, &candidates);
+                placement = placement::place_gang(gang, &candidates);
             }
         }
         if let Some(placement) = placement {
@@ -1904,8 +1899,7 @@ impl Allocator {
                 // A gang that must stay in one zone or rack: what the
                 // roomiest one holds, not what all of them do.
                 let placeable = placement::most_placeable(
-                    per_worker,
-                    spec.topology,
+                    gang,
                     candidates.iter().map(|c| (c.usable, c.zone, c.rack)),
                 );
                 self.capacity_reason(res, spec, placeable, job.filter)
@@ -1937,7 +1931,7 @@ impl Allocator {
                     let capacity = node.pool(res).map_or(0, |p| p.capacity);
                     (capacity, node.zone, node.rack)
                 });
-            placement::most_placeable(spec.gpus_per_worker, spec.topology, nodes)
+            placement::most_placeable(Gang::of(spec), nodes)
         })
     }
 

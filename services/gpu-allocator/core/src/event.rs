@@ -215,6 +215,9 @@ pub struct JobSpec {
     pub allow_gpu_sharing: bool,
     /// Whether other jobs may preempt this one.
     pub preemptible: bool,
+    /// Workers never share a node (the job's required pod anti-affinity
+    /// keeps them on separate hosts).
+    pub one_worker_per_node: bool,
     /// Topology requirement for multi-worker jobs.
     pub topology: TopologyRequirement,
     /// Ask for MIG slices instead of whole GPUs.
@@ -272,6 +275,7 @@ impl Default for JobSpec {
             tolerations: Vec::new(),
             topology: TopologyRequirement::Preferred,
             preemptible: true,
+            one_worker_per_node: false,
         }
     }
 }

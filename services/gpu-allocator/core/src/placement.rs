@@ -7,12 +7,45 @@
 //!   fits, so whole nodes stay free for big gangs;
 //! - a gang: one node if one can host it all, else the tightest single rack
 //!   (NVLink domain), else the tightest single zone, else spread over as few
-//!   zones and racks as possible; inside the chosen domain, best fit again.
+//!   zones and racks as possible; inside the chosen domain, best fit again;
+//! - a gang whose workers must not share a node (`oneWorkerPerNode`, from a
+//!   required pod anti-affinity between them) counts one worker a node.
 
 use std::collections::BTreeMap;
 
+use crate::event::JobSpec;
 use crate::inventory::NodeIdx;
 use crate::types::TopologyRequirement;
+
+/// What a gang asks of the nodes it is placed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Gang {
+    pub(crate) per_worker: u32,
+    pub(crate) workers: u32,
+    pub(crate) topology: TopologyRequirement,
+    pub(crate) one_per_node: bool,
+}
+
+impl Gang {
+    pub(crate) fn of(spec: &JobSpec) -> Self {
+        Gang {
+            per_worker: spec.gpus_per_worker,
+            workers: spec.num_workers,
+            topology: spec.topology,
+            one_per_node: spec.one_worker_per_node,
+        }
+    }
+
+    /// Workers of this gang a node with `units` usable units can host.
+    fn slots(self, units: u32) -> u64 {
+        let slots = u64::from(units / self.per_worker.max(1));
+        if self.one_per_node {
+            slots.min(1)
+        } else {
+            slots
+        }
+    }
+}
 
 /// A node that could host at least one worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,23 +95,15 @@ impl NodeTable {
 /// Workers per node in a placement.
 pub(crate) type Assignment = Vec<(NodeIdx, u32)>;
 
-fn slots(c: &Candidate, per_worker: u32) -> u64 {
-    u64::from(c.usable / per_worker.max(1))
-}
-
 /// Takes workers from `ordered` nodes until the gang is complete.
-fn fill<'a>(
-    ordered: impl Iterator<Item = &'a Candidate>,
-    per_worker: u32,
-    workers: u32,
-) -> Option<Assignment> {
-    let mut left = u64::from(workers);
+fn fill<'a>(ordered: impl Iterator<Item = &'a Candidate>, gang: Gang) -> Option<Assignment> {
+    let mut left = u64::from(gang.workers);
     let mut out = Vec::new();
     for c in ordered {
         if left == 0 {
             break;
         }
-        let take = slots(c, per_worker).min(left);
+        let take = gang.slots(c.usable).min(left);
         if take > 0 {
             out.push((c.node, u32::try_from(take).unwrap_or(u32::MAX)));
             left -= take;
@@ -96,20 +121,16 @@ pub(crate) fn place_single(per_worker: u32, candidates: &[Candidate]) -> Option<
         .map(|c| vec![(c.node, 1)])
 }
 
-/// The most workers of `per_worker` units that nodes (units, zone, rack)
-/// could host as `topology` requires: all of them together if the gang may
-/// spread, else the roomiest single zone or rack (an unlabeled node counts
-/// alone). What a capacity reason reports for a gang that does not fit.
-pub(crate) fn most_placeable(
-    per_worker: u32,
-    topology: TopologyRequirement,
-    nodes: impl IntoIterator<Item = (u32, u32, u32)>,
-) -> u64 {
-    let per_worker = per_worker.max(1);
+/// The most workers of `gang` that nodes (units, zone, rack) could host as
+/// its topology requires: all of them together if the gang may spread, else
+/// the roomiest single zone or rack (an unlabeled node counts alone). What a
+/// capacity reason reports for a gang that does not fit.
+pub(crate) fn most_placeable(gang: Gang, nodes: impl IntoIterator<Item = (u32, u32, u32)>) -> u64 {
+    let topology = gang.topology;
     let mut domains: BTreeMap<u32, u64> = BTreeMap::new();
     let (mut total, mut roomiest_alone) = (0, 0);
     for (units, zone, rack) in nodes {
-        let s = u64::from(units / per_worker);
+        let s = gang.slots(units);
         total += s;
         let domain = match topology {
             TopologyRequirement::Preferred => continue,
@@ -128,14 +149,15 @@ pub(crate) fn most_placeable(
     }
 }
 
-/// Places `workers` workers of `per_worker` units each on `candidates`, or
-/// returns `None` when they do not fit (all-or-nothing).
-pub(crate) fn place_gang(
-    per_worker: u32,
-    workers: u32,
-    topology: TopologyRequirement,
-    candidates: &[Candidate],
-) -> Option<Assignment> {
+/// Places every worker of `gang` on `candidates`, or returns `None` when
+/// they do not fit (all-or-nothing).
+pub(crate) fn place_gang(gang: Gang, candidates: &[Candidate]) -> Option<Assignment> {
+    let Gang {
+        per_worker,
+        workers,
+        topology,
+        ..
+    } = gang;
     if workers == 0 || per_worker == 0 {
         return None;
     }
@@ -143,14 +165,14 @@ pub(crate) fn place_gang(
         return place_single(per_worker, candidates);
     }
     let need = u64::from(workers);
-    let total: u64 = candidates.iter().map(|c| slots(c, per_worker)).sum();
+    let total: u64 = candidates.iter().map(|c| gang.slots(c.usable)).sum();
     if total < need {
         return None;
     }
     // One node for the whole gang: no cross-node traffic at all.
     if let Some(c) = candidates
         .iter()
-        .filter(|c| slots(c, per_worker) >= need)
+        .filter(|c| gang.slots(c.usable) >= need)
         .min_by_key(|c| (c.usable, c.node))
     {
         return Some(vec![(c.node, workers)]);
@@ -159,7 +181,7 @@ pub(crate) fn place_gang(
     let mut rack_slots: BTreeMap<u32, u64> = BTreeMap::new();
     let mut zone_slots: BTreeMap<u32, u64> = BTreeMap::new();
     for c in candidates {
-        let s = slots(c, per_worker);
+        let s = gang.slots(c.usable);
         *rack_slots.entry(c.rack).or_default() += s;
         *zone_slots.entry(c.zone).or_default() += s;
     }
@@ -173,7 +195,7 @@ pub(crate) fn place_gang(
     if let Some(rack) = best_rack {
         let mut in_rack: Vec<&Candidate> = candidates.iter().filter(|c| c.rack == rack).collect();
         in_rack.sort_by_key(|c| (c.usable, c.node));
-        return fill(in_rack.into_iter(), per_worker, workers);
+        return fill(in_rack.into_iter(), gang);
     }
     if topology == TopologyRequirement::SameRack {
         return None;
@@ -190,7 +212,7 @@ pub(crate) fn place_gang(
         let mut in_zone: Vec<&Candidate> = candidates.iter().filter(|c| c.zone == zone).collect();
         // Cached: a rack's slots are a map lookup, once per node, not per comparison.
         in_zone.sort_by_cached_key(|c| (rack_key(c), c.rack, c.usable, c.node));
-        return fill(in_zone.into_iter(), per_worker, workers);
+        return fill(in_zone.into_iter(), gang);
     }
     if topology == TopologyRequirement::SameZone {
         return None;
@@ -199,12 +221,21 @@ pub(crate) fn place_gang(
     let zone_key = |c: &Candidate| std::cmp::Reverse(zone_slots.get(&c.zone).copied().unwrap_or(0));
     let mut all: Vec<&Candidate> = candidates.iter().collect();
     all.sort_by_cached_key(|c| (zone_key(c), c.zone, rack_key(c), c.rack, c.usable, c.node));
-    fill(all.into_iter(), per_worker, workers)
+    fill(all.into_iter(), gang)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn gang(per_worker: u32, workers: u32, topology: TopologyRequirement) -> Gang {
+        Gang {
+            per_worker,
+            workers,
+            topology,
+            one_per_node: false,
+        }
+    }
 
     fn c(node: NodeIdx, usable: u32, zone: u32, rack: u32) -> Candidate {
         Candidate {
@@ -228,18 +259,18 @@ mod tests {
         let cands = [c(0, 8, 1, 1), c(1, 4, 1, 2), c(2, 4, 1, 2)];
         // 2 workers x 4 fit on node 0 alone.
         assert_eq!(
-            place_gang(4, 2, TopologyRequirement::Preferred, &cands),
+            place_gang(gang(4, 2, TopologyRequirement::Preferred), &cands),
             Some(vec![(0, 2)])
         );
         // 3 workers x 4: no single node; rack 2 holds 2, rack 1 holds 2: zone 1 fits.
         let placed =
-            place_gang(4, 3, TopologyRequirement::Preferred, &cands).expect("fits in zone");
+            place_gang(gang(4, 3, TopologyRequirement::Preferred), &cands).expect("fits in zone");
         assert_eq!(placed.iter().map(|(_, w)| w).sum::<u32>(), 3);
         assert_eq!(
-            place_gang(4, 3, TopologyRequirement::SameRack, &cands),
+            place_gang(gang(4, 3, TopologyRequirement::SameRack), &cands),
             None
         );
-        assert!(place_gang(4, 3, TopologyRequirement::SameZone, &cands).is_some());
+        assert!(place_gang(gang(4, 3, TopologyRequirement::SameZone), &cands).is_some());
     }
 
     #[test]
@@ -254,17 +285,17 @@ mod tests {
             c(5, 8, 1, 2),
         ];
         assert_eq!(
-            place_gang(8, 2, TopologyRequirement::Preferred, &cands),
+            place_gang(gang(8, 2, TopologyRequirement::Preferred), &cands),
             Some(vec![(4, 1), (5, 1)])
         );
         // 7 free units on each of two nodes cannot host two 8-unit workers.
         let frag = [c(0, 7, 1, 1), c(1, 7, 1, 1)];
         assert_eq!(
-            place_gang(8, 1, TopologyRequirement::Preferred, &frag),
+            place_gang(gang(8, 1, TopologyRequirement::Preferred), &frag),
             None
         );
         assert_eq!(
-            place_gang(4, 2, TopologyRequirement::Preferred, &frag),
+            place_gang(gang(4, 2, TopologyRequirement::Preferred), &frag),
             Some(vec![(0, 1), (1, 1)])
         );
     }
@@ -274,13 +305,55 @@ mod tests {
         // (units, zone, rack): racks 1 and 2 in zone 1, rack 3 in zone 2,
         // and an unlabeled node.
         let nodes = [(8, 1, 1), (8, 1, 1), (8, 1, 2), (4, 2, 3), (8, 0, 0)];
-        let most = |topology| most_placeable(4, topology, nodes);
+        let most = |topology| most_placeable(gang(4, 0, topology), nodes);
         assert_eq!(most(TopologyRequirement::Preferred), 9);
         assert_eq!(most(TopologyRequirement::SameZone), 6);
         assert_eq!(most(TopologyRequirement::SameRack), 4);
         assert_eq!(
-            most_placeable(8, TopologyRequirement::SameRack, [(8, 0, 0)]),
+            most_placeable(gang(8, 0, TopologyRequirement::SameRack), [(8, 0, 0)]),
             1
+        );
+    }
+
+    #[test]
+    fn workers_that_must_not_share_a_node_take_one_node_each() {
+        // Node 0 alone could host both workers.
+        let cands = [c(0, 8, 1, 1), c(1, 4, 1, 1), c(2, 4, 1, 2)];
+        let apart = Gang {
+            one_per_node: true,
+            ..gang(4, 2, TopologyRequirement::Preferred)
+        };
+        assert_eq!(place_gang(apart, &cands), Some(vec![(1, 1), (0, 1)]));
+        let three = Gang {
+            workers: 3,
+            ..apart
+        };
+        let placed = place_gang(three, &cands).expect("three nodes");
+        assert_eq!(placed.len(), 3);
+        assert!(placed.iter().all(|(_, w)| *w == 1));
+        assert_eq!(
+            place_gang(
+                Gang {
+                    workers: 4,
+                    ..apart
+                },
+                &cands
+            ),
+            None
+        );
+        assert_eq!(
+            most_placeable(apart, cands.iter().map(|c| (c.usable, c.zone, c.rack))),
+            3
+        );
+        assert_eq!(
+            most_placeable(
+                Gang {
+                    topology: TopologyRequirement::SameRack,
+                    ..apart
+                },
+                [(8, 1, 1), (8, 1, 1), (16, 1, 2)]
+            ),
+            2
         );
     }
 
@@ -288,10 +361,11 @@ mod tests {
     fn gang_spreads_across_zones_only_when_allowed() {
         let cands = [c(0, 8, 1, 1), c(1, 8, 2, 2)];
         assert_eq!(
-            place_gang(8, 2, TopologyRequirement::SameZone, &cands),
+            place_gang(gang(8, 2, TopologyRequirement::SameZone), &cands),
             None
         );
-        let spread = place_gang(8, 2, TopologyRequirement::Preferred, &cands).expect("spread");
+        let spread =
+            place_gang(gang(8, 2, TopologyRequirement::Preferred), &cands).expect("spread");
         assert_eq!(spread.len(), 2);
     }
 }

@@ -41,7 +41,7 @@ use crate::allocator::{Allocator, FastMap, JobState};
 use crate::cycle::{CycleCtx, HeldFrom};
 use crate::decision::PreemptionRule;
 use crate::inventory::{JobIdx, NodeIdx, ResIdx};
-use crate::placement::{self, Candidate, NodeTable};
+use crate::placement::{self, Candidate, Gang, NodeTable};
 use crate::queues::{CohortIdx, QueueIdx, UsageDelta};
 use crate::types::Timestamp;
 
@@ -123,9 +123,12 @@ struct Search<'a> {
     /// What this cycle's holds keep from the preemptor
     /// (`Allocator::held_from`): evicting others must not start it on that.
     held: HeldFrom,
+    /// The preemptor. Slot counts below divide units by its GPUs a worker:
+    /// enough to rule victim sets out (they overcount for workers that
+    /// must not share a node); placing it decides.
+    gang: Gang,
     per_worker: u32,
     workers: u32,
-    topology: crate::types::TopologyRequirement,
     /// Eligible nodes: free units, zone, rack.
     base: &'a NodeTable,
     /// Eligible nodes that already host a worker, best fit first.
@@ -375,8 +378,7 @@ impl Search<'_> {
                 .map_or(Verdict::NoFit, |c| Verdict::Fits(vec![(c.node, 1)]));
         }
         let cands: Vec<Candidate> = untouched.copied().chain(changed).collect();
-        placement::place_gang(self.per_worker, self.workers, self.topology, &cands)
-            .map_or(Verdict::NoFit, Verdict::Fits)
+        placement::place_gang(self.gang, &cands).map_or(Verdict::NoFit, Verdict::Fits)
     }
 
     /// Drops victims that are not needed, last added first.
@@ -1002,9 +1004,9 @@ impl Allocator {
             queue: job.queue,
             units,
             held: self.held_from(ctx, idx, res, now),
+            gang: Gang::of(spec),
             per_worker,
             workers: spec.num_workers,
-            topology: spec.topology,
             base: &view.nodes,
             base_fitting: &view.fitting,
             base_slots: view.slots,

@@ -320,6 +320,7 @@ impl Run {
             1 => TopologyRequirement::SameRack,
             _ => TopologyRequirement::Preferred,
         };
+        j.one_worker_per_node = j.num_workers > 1 && self.rng.chance(20);
         j
     }
 
@@ -790,6 +791,16 @@ impl Run {
                         a.uid
                     );
                 }
+            }
+            if spec.one_worker_per_node {
+                let nodes: BTreeSet<&String> = a.workers.iter().map(|w| &w.node).collect();
+                assert_eq!(
+                    nodes.len(),
+                    a.workers.len(),
+                    "{}: {}'s workers must not share a node: {a:?}",
+                    self.at(),
+                    a.uid
+                );
             }
             let label = match spec.topology {
                 TopologyRequirement::SameZone => Some(names::ZONE_LABEL),

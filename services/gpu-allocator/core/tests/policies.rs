@@ -884,6 +884,57 @@ fn best_fit_fills_fragments_so_whole_nodes_stay_free() {
 }
 
 #[test]
+fn workers_that_must_not_share_a_node_get_a_node_each_or_wait() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8), node("n2", 8), node("n3", 4)]);
+    h.queue(queue("q", None, 64));
+    // Two 4-GPU workers would share n3's neighbour n1 or n2; apart, they
+    // take two nodes, the tightest first.
+    let mut apart = job("apart", "q", 2, 4);
+    apart.one_worker_per_node = true;
+    h.submit_at(apart, 0);
+    h.submit_at(job("together", "q", 2, 4), 1);
+    h.cycle(1);
+    let mut nodes = h.nodes_of("apart");
+    nodes.sort();
+    assert_eq!(nodes, vec!["n1", "n3"]);
+    assert_eq!(h.nodes_of("together"), vec!["n2", "n2"], "may share a node");
+
+    // Three more apart: only n1 has room left for a worker.
+    let mut trio = job("trio", "q", 3, 4);
+    trio.one_worker_per_node = true;
+    h.submit(trio);
+    let out = h.cycle(2);
+    assert!(h.admitted("trio").is_none());
+    let why = h.reason_of(&out, "trio");
+    assert!(
+        matches!(
+            *why.reason,
+            PendingReason::InsufficientCapacity {
+                workers: 3,
+                fits_when_empty: true,
+                ..
+            }
+        ),
+        "{why:?}"
+    );
+    let mut four = job("four", "q", 4, 4);
+    four.one_worker_per_node = true;
+    h.submit(four);
+    let out = h.cycle(3);
+    assert!(
+        matches!(
+            *h.reason_of(&out, "four").reason,
+            PendingReason::InsufficientCapacity {
+                fits_when_empty: false,
+                ..
+            }
+        ),
+        "three nodes never host four workers apart"
+    );
+}
+
+#[test]
 fn topology_prefers_one_rack_then_one_zone() {
     let mut h = Harness::default_config();
     h.nodes([

@@ -9,19 +9,10 @@
 
 use std::collections::BTreeMap;
 
-/// Label: name of the owning TrainingJob.
-pub const LABEL_JOB: &str = "trainyard.dev/job";
-/// Label: what the object is for (`worker`, `config`, `service`).
-pub const LABEL_ROLE: &str = "trainyard.dev/role";
-/// Label: restart attempt the object belongs to (the watcher reports it as `attempt`).
-pub const LABEL_ATTEMPT: &str = "trainyard.dev/attempt";
-/// Label: the controller that manages the object.
-pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
-/// Value of [`LABEL_MANAGED_BY`].
-pub const MANAGED_BY: &str = "trainyard";
-/// Pod label of the reference operator, kept so `kubectl logs -l training-job=<name>`
-/// and anti-affinity rules written against it keep working.
-pub const LABEL_TRAINING_JOB: &str = "training-job";
+pub use trainyard_api::placement::{
+    LABEL_ATTEMPT, LABEL_HOSTNAME, LABEL_JOB, LABEL_MANAGED_BY, LABEL_ROLE, LABEL_TRAINING_JOB,
+    MANAGED_BY,
+};
 /// Annotation (and label) Kubernetes sets on each pod of an Indexed Job.
 pub const COMPLETION_INDEX_ANNOTATION: &str = "batch.kubernetes.io/job-completion-index";
 
@@ -45,7 +36,7 @@ impl Role {
     /// Value of [`LABEL_ROLE`].
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::Worker => "worker",
+            Self::Worker => trainyard_api::placement::ROLE_WORKER,
             Self::Config => "config",
             Self::Service => "service",
         }

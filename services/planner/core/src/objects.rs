@@ -6,13 +6,15 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, KeyToPath,
-    NFSVolumeSource, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, Service,
+    Affinity, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
+    KeyToPath, NFSVolumeSource, NodeAffinity, NodeSelector, NodeSelectorRequirement,
+    NodeSelectorTerm, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, Service,
     ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::Serialize;
 use serde_json::json;
+use trainyard_api::placement::worker_pod_labels;
 use trainyard_api::{StorageType, TrainingJob, TrainingJobSpec};
 use trainyard_contracts::decisions::{AdmissionDecided, ResumePointChosen, TolerationSpec};
 
@@ -23,7 +25,7 @@ use crate::env::{
 };
 use crate::error::PlanError;
 use crate::names::{
-    LABEL_TRAINING_JOB, Role, common_labels, config_map_name, job_name, service_name, worker_host,
+    LABEL_HOSTNAME, Role, common_labels, config_map_name, job_name, service_name, worker_host,
     worker_selector,
 };
 use crate::preflight::{job_identity, preflight};
@@ -152,7 +154,7 @@ pub fn desired_objects(job: &TrainingJob, plan: &JobPlan<'_>) -> Result<DesiredO
         plan.attempt,
         &plan.config.extra_labels,
     );
-    pod_labels.insert(LABEL_TRAINING_JOB.to_owned(), identity.name.to_owned());
+    pod_labels.extend(worker_pod_labels(identity.name));
     let job = Job {
         metadata: meta(job_name, Role::Worker),
         spec: Some(JobSpec {
@@ -180,7 +182,13 @@ pub fn desired_objects(job: &TrainingJob, plan: &JobPlan<'_>) -> Result<DesiredO
                     annotations: pod_annotations(spec),
                     ..ObjectMeta::default()
                 }),
-                spec: Some(worker_pod_spec(spec, plan, &context, &service_name)?),
+                spec: Some(worker_pod_spec(
+                    spec,
+                    plan,
+                    &context,
+                    &service_name,
+                    job.placement_fully_planned(),
+                )?),
             },
             ..JobSpec::default()
         }),
@@ -255,6 +263,7 @@ fn worker_pod_spec(
     plan: &JobPlan<'_>,
     context: &WorkerContext<'_>,
     service_name: &str,
+    pin_to_admitted_nodes: bool,
 ) -> Result<PodSpec, PlanError> {
     let scheduling = spec.scheduling.clone().unwrap_or_default();
     let mut node_selector = scheduling.node_selector.clone();
@@ -324,7 +333,10 @@ fn worker_pod_spec(
         subdomain: Some(service_name.to_owned()),
         priority_class_name: scheduling.priority.clone(),
         node_selector: (!node_selector.is_empty()).then_some(node_selector),
-        affinity: scheduling.affinity.clone(),
+        affinity: pinned_to_planned_nodes(
+            scheduling.affinity,
+            plan.admission.filter(|_| pin_to_admitted_nodes),
+        ),
         tolerations: (!tolerations.is_empty()).then_some(tolerations),
         termination_grace_period_seconds: Some(i64::from(
             plan.config.termination_grace_period_seconds,
@@ -332,6 +344,54 @@ fn worker_pod_spec(
         volumes: Some(volumes),
         ..PodSpec::default()
     })
+}
+
+/// The workers' affinity, with every required node-affinity term narrowed to
+/// the nodes the gpu-allocator placed the workers on. The allocator counted
+/// each worker's GPUs on those nodes (best fit, topology), so a scheduler
+/// free to choose any node of the flavor (kube-scheduler's default scoring
+/// spreads pods) would take GPUs the allocator plans other jobs onto, and
+/// those jobs' pods would not bind. One pod template serves every worker of
+/// an Indexed Job, so the pin is the set of planned nodes: exact for a worker
+/// per node, and for any job on one node. Only for jobs whose placement
+/// rules the allocator planned for (`TrainingJob::placement_fully_planned`):
+/// narrowed to nodes chosen without a rule, the pods could fit nowhere.
+fn pinned_to_planned_nodes(
+    affinity: Option<Affinity>,
+    admission: Option<&AdmissionDecided>,
+) -> Option<Affinity> {
+    let mut nodes: Vec<String> = admission
+        .into_iter()
+        .flat_map(|a| a.placements.iter().map(|p| p.node.clone()))
+        .collect();
+    if nodes.is_empty() {
+        return affinity;
+    }
+    nodes.sort_unstable();
+    nodes.dedup();
+    let pin = NodeSelectorRequirement {
+        key: LABEL_HOSTNAME.to_owned(),
+        operator: "In".to_owned(),
+        values: Some(nodes),
+    };
+    let mut affinity = affinity.unwrap_or_default();
+    let required = affinity
+        .node_affinity
+        .get_or_insert_with(NodeAffinity::default)
+        .required_during_scheduling_ignored_during_execution
+        .get_or_insert_with(NodeSelector::default);
+    // Terms are alternatives: the pin must hold in each of them.
+    if required.node_selector_terms.is_empty() {
+        required
+            .node_selector_terms
+            .push(NodeSelectorTerm::default());
+    }
+    for term in &mut required.node_selector_terms {
+        term.match_expressions
+            .get_or_insert_with(Vec::new)
+            .push(pin.clone());
+    }
+    Some(affinity)
 }
 
 fn to_toleration(spec: &TolerationSpec) -> Toleration {

@@ -635,6 +635,146 @@ fn preemption_checkpoints_then_requeues_without_spending_the_backoff_budget() {
     assert_eq!(h.commands.len(), 1, "one checkpoint request per preemption");
 }
 
+/// Required node-affinity terms of the job's worker template, each as
+/// (key, operator, values) per expression.
+fn required_terms(
+    objects: &planner_core::DesiredObjects,
+) -> Vec<Vec<(String, String, Vec<String>)>> {
+    let pod = objects
+        .job
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
+    pod.affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|r| {
+            r.node_selector_terms
+                .iter()
+                .map(|t| {
+                    t.match_expressions
+                        .iter()
+                        .flatten()
+                        .map(|e| {
+                            (
+                                e.key.clone(),
+                                e.operator.clone(),
+                                e.values.clone().unwrap_or_default(),
+                            )
+                        })
+                        .collect()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The worker template's objects once `affinity` is admitted with two
+/// workers on one node and the third on another: (while suspended, admitted).
+fn admitted_with(
+    name: &str,
+    affinity: k8s_openapi::api::core::v1::Affinity,
+) -> (planner_core::DesiredObjects, planner_core::DesiredObjects) {
+    let mut job_spec = spec(3);
+    job_spec.scheduling = Some(trainyard_api::SchedulingSpec {
+        affinity: Some(affinity),
+        ..trainyard_api::SchedulingSpec::default()
+    });
+    let mut h = Harness::new(training_job(name, job_spec));
+    let created = h.decide();
+    let suspended = applied(&created)[0].clone();
+    h.observe(Observation::Job(job_event(name, 0, true, 0)));
+    let mut admitted = admission(0, 3);
+    admitted.placements[1].node = "gpu-node-0".into();
+    h.observe(Observation::Admission(admitted));
+    let actions = h.decide();
+    let unsuspended = applied(&actions);
+    assert_eq!(unsuspended.len(), 1);
+    assert!(!unsuspended[0].job_suspended());
+    (suspended, unsuspended[0].clone())
+}
+
+#[test]
+fn admitted_workers_are_pinned_to_the_planned_nodes_unless_a_rule_was_not_planned_for() {
+    use k8s_openapi::api::core::v1::{
+        Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+        PodAffinityTerm, PodAntiAffinity,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    // The reference's advanced example: one worker per node, which the
+    // gpu-allocator plans for.
+    let apart = Affinity {
+        pod_anti_affinity: Some(PodAntiAffinity {
+            required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
+                topology_key: "kubernetes.io/hostname".into(),
+                label_selector: Some(LabelSelector {
+                    match_labels: Some([("training-job".into(), "apart".into())].into()),
+                    ..LabelSelector::default()
+                }),
+                ..PodAffinityTerm::default()
+            }]),
+            ..PodAntiAffinity::default()
+        }),
+        ..Affinity::default()
+    };
+    let (suspended, admitted) = admitted_with("apart", apart);
+    assert!(
+        required_terms(&suspended).is_empty(),
+        "no pin before admission"
+    );
+    assert_eq!(
+        required_terms(&admitted),
+        vec![vec![(
+            "kubernetes.io/hostname".to_owned(),
+            "In".to_owned(),
+            vec!["gpu-node-0".to_owned(), "gpu-node-2".to_owned()],
+        )]]
+    );
+    let pod = admitted
+        .job
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .clone()
+        .unwrap();
+    assert!(
+        pod.affinity.unwrap().pod_anti_affinity.is_some(),
+        "the user's rule stays"
+    );
+
+    // Required node affinity is not planned for: the scheduler picks the
+    // nodes, within the flavor's selector, as before.
+    let zone = Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(vec![NodeSelectorRequirement {
+                        key: "topology.kubernetes.io/zone".into(),
+                        operator: "In".into(),
+                        values: Some(vec!["z1".into()]),
+                    }]),
+                    ..NodeSelectorTerm::default()
+                }],
+            }),
+            ..NodeAffinity::default()
+        }),
+        ..Affinity::default()
+    };
+    let (suspended, admitted) = admitted_with("zoned", zone);
+    assert_eq!(required_terms(&admitted), required_terms(&suspended));
+    assert_eq!(required_terms(&admitted)[0].len(), 1);
+}
+
 #[test]
 fn an_admission_that_contradicts_the_spec_keeps_the_job_queued() {
     let mut job_spec = spec(2);
