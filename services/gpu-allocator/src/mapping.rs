@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use gpu_allocator_core::{
     Admission, AgingPolicy, Event, FlavorQuota, FlavorSpec, GpuSliceRequest, JobSpec, JobUid,
-    NodeInfo, PendingReason, Preemption, PreemptionRule, QueuePreemption, QueueSpec, ResourceQuota,
-    Taint, TaintEffect, Timestamp, Toleration, TolerationOperator, TopologyRequirement, Victim,
-    names,
+    NodeInfo, NodeKey, NodeOperator, NodeRequirement, NodeSelectorTerm, PendingReason, Preemption,
+    PreemptionRule, QueuePreemption, QueueSpec, ResourceQuota, Taint, TaintEffect, Timestamp,
+    Toleration, TolerationOperator, TopologyRequirement, Victim, names,
 };
 use trainyard_api::{
     DEFAULT_AGING_STEP, ReclaimWithinCohort, TrainingJob, TrainingQueue, WithinQueuePreemption,
@@ -260,6 +260,90 @@ fn toleration(
     })
 }
 
+/// The job's required node-affinity terms in the core's model.
+fn node_affinity(
+    object: &str,
+    scheduling: &trainyard_api::SchedulingSpec,
+) -> Result<Vec<NodeSelectorTerm>, ServiceError> {
+    const FIELD: &str = "spec.scheduling.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms";
+    let terms = scheduling
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|r| r.node_selector_terms.as_slice())
+        .unwrap_or_default();
+    terms
+        .iter()
+        .enumerate()
+        .map(|(i, term)| {
+            let expressions = term.match_expressions.iter().flatten().enumerate();
+            let fields = term.match_fields.iter().flatten().enumerate();
+            let mut requirements = Vec::new();
+            for (j, e) in expressions {
+                requirements.push(NodeRequirement {
+                    key: NodeKey::Label(e.key.clone()),
+                    operator: node_operator(
+                        object,
+                        format!("{FIELD}[{i}].matchExpressions[{j}].operator"),
+                        &e.operator,
+                    )?,
+                    values: e.values.clone().unwrap_or_default(),
+                });
+            }
+            for (j, f) in fields {
+                if f.key != "metadata.name" {
+                    return Err(ServiceError::invalid(
+                        object,
+                        format!("{FIELD}[{i}].matchFields[{j}].key"),
+                        format!(
+                            "unknown field {:?} (nodes can be matched on metadata.name only)",
+                            f.key
+                        ),
+                    ));
+                }
+                requirements.push(NodeRequirement {
+                    key: NodeKey::Name,
+                    operator: node_operator(
+                        object,
+                        format!("{FIELD}[{i}].matchFields[{j}].operator"),
+                        &f.operator,
+                    )?,
+                    values: f.values.clone().unwrap_or_default(),
+                });
+            }
+            Ok(NodeSelectorTerm { requirements })
+        })
+        .collect()
+}
+
+fn node_operator(
+    object: &str,
+    field: String,
+    operator: &str,
+) -> Result<NodeOperator, ServiceError> {
+    Ok(match operator {
+        "In" => NodeOperator::In,
+        "NotIn" => NodeOperator::NotIn,
+        "Exists" => NodeOperator::Exists,
+        "DoesNotExist" => NodeOperator::DoesNotExist,
+        "Gt" => NodeOperator::Gt,
+        "Lt" => NodeOperator::Lt,
+        other => {
+            return Err(ServiceError::invalid(
+                object,
+                field,
+                format!(
+                    "unknown operator {other:?} (expected In, NotIn, Exists, DoesNotExist, Gt or Lt)"
+                ),
+            ));
+        }
+    })
+}
+
 struct TolerationLike<'a> {
     key: Option<&'a str>,
     operator: Option<&'a str>,
@@ -355,6 +439,7 @@ pub fn job_spec(
         last_preemptor: None,
         node_selector,
         tolerations,
+        node_affinity: node_affinity(&object, &scheduling)?,
         topology: TopologyRequirement::Preferred,
         preemptible: true,
         one_worker_per_node: job.workers_one_per_node(),
@@ -857,6 +942,56 @@ mod tests {
         );
         let spec = job_spec(&config, &apart, "u-1", 0, None, Timestamp(99)).expect("maps");
         assert!(spec.one_worker_per_node, "its workers keep apart");
+
+        let zoned = training_job(
+            json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["z1"]}]},
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-7"]}]}]}}}}),
+            None,
+        );
+        let spec = job_spec(&config, &zoned, "u-1", 0, None, Timestamp(99)).expect("maps");
+        assert_eq!(
+            spec.node_affinity,
+            vec![
+                NodeSelectorTerm {
+                    requirements: vec![NodeRequirement {
+                        key: NodeKey::Label("topology.kubernetes.io/zone".into()),
+                        operator: NodeOperator::In,
+                        values: vec!["z1".into()],
+                    }]
+                },
+                NodeSelectorTerm {
+                    requirements: vec![NodeRequirement {
+                        key: NodeKey::Name,
+                        operator: NodeOperator::In,
+                        values: vec!["gpu-7".into()],
+                    }]
+                },
+            ]
+        );
+        for (affinity, field) in [
+            (
+                json!({"matchExpressions": [{"key": "zone", "operator": "Near", "values": ["z1"]}]}),
+                "nodeSelectorTerms[0].matchExpressions[0].operator",
+            ),
+            (
+                json!({"matchFields": [{"key": "spec.unschedulable", "operator": "In", "values": ["x"]}]}),
+                "nodeSelectorTerms[0].matchFields[0].key",
+            ),
+            (
+                json!({"matchExpressions": [{"key": "zone", "operator": "Exists", "values": ["z1"]}]}),
+                "nodeAffinity[0].requirements[0]",
+            ),
+        ] {
+            let bad = training_job(
+                json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [affinity]}}}}),
+                None,
+            );
+            let err = job_spec(&config, &bad, "u-1", 0, None, Timestamp(99)).expect_err("refused");
+            assert!(err.to_string().contains(field), "{err}");
+        }
     }
 
     #[test]

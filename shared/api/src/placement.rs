@@ -6,9 +6,9 @@
 //! here, so the allocator plans only what the pin lets the pods do: a
 //! required pod anti-affinity that keeps the job's own workers on separate
 //! hosts (the usual way to give each worker a node) becomes one worker per
-//! node in the plan; constraints the allocator cannot see (required node
-//! affinity, affinity to other pods) leave the workers unpinned, to the
-//! scheduler, as before admission carried placements.
+//! node in the plan, and required node affinity limits the nodes it places
+//! on; constraints the allocator cannot see (affinity to other pods) leave
+//! the workers unpinned, to the scheduler.
 
 use std::collections::BTreeMap;
 
@@ -56,21 +56,14 @@ impl TrainingJob {
 
     /// Whether the gpu-allocator's placement accounts for every required
     /// placement rule of the workers, so pinning them to the admitted nodes
-    /// leaves them schedulable: no required node affinity (the allocator
-    /// reads `nodeSelector` only), no required pod affinity, and required
-    /// pod anti-affinity only to keep the job's own workers apart.
+    /// leaves them schedulable: node selector, tolerations and required node
+    /// affinity it reads; required pod affinity it cannot see (other pods'
+    /// labels), nor pod anti-affinity other than keeping the job's own
+    /// workers apart.
     pub fn placement_fully_planned(&self) -> bool {
         let Some(affinity) = self.affinity() else {
             return true;
         };
-        let node_affinity = affinity
-            .node_affinity
-            .as_ref()
-            .and_then(|n| {
-                n.required_during_scheduling_ignored_during_execution
-                    .as_ref()
-            })
-            .is_some_and(|r| !r.node_selector_terms.is_empty());
         let pod_affinity = affinity
             .pod_affinity
             .as_ref()
@@ -79,8 +72,7 @@ impl TrainingJob {
                     .as_ref()
             })
             .is_some_and(|terms| !terms.is_empty());
-        !node_affinity
-            && !pod_affinity
+        !pod_affinity
             && self
                 .required_anti_affinity()
                 .all(|term| self.keeps_own_workers_apart(term))
@@ -252,7 +244,10 @@ mod tests {
             }),
             ..Affinity::default()
         }));
-        assert!(!node_affinity.placement_fully_planned());
+        assert!(
+            node_affinity.placement_fully_planned(),
+            "the allocator reads it"
+        );
         let pod_affinity = job(Some(Affinity {
             pod_affinity: Some(PodAffinity {
                 required_during_scheduling_ignored_during_execution: Some(vec![term(

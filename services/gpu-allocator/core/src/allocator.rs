@@ -278,6 +278,7 @@ impl Allocator {
             node_selector: spec.node_selector.clone(),
             tolerations,
             min_gpu_memory_mib: spec.min_gpu_memory_mib,
+            node_affinity: spec.node_affinity.clone(),
         })
     }
 

@@ -9,7 +9,10 @@ use serde::{Deserialize, Serialize};
 use crate::config::AgingPolicy;
 use crate::decision::{Admission, Eviction, Preemption};
 use crate::error::AllocatorError;
-use crate::types::{GpuSliceRequest, JobUid, Taint, Timestamp, Toleration, TopologyRequirement};
+use crate::types::{
+    GpuSliceRequest, JobUid, NodeKey, NodeOperator, NodeSelectorTerm, Taint, Timestamp, Toleration,
+    TopologyRequirement,
+};
 
 /// Largest gang the allocator accepts (the TrainingJob API allows 1-100 workers).
 pub const MAX_WORKERS: u32 = 100;
@@ -248,6 +251,11 @@ pub struct JobSpec {
     pub node_selector: BTreeMap<String, String>,
     /// The job's own `scheduling.tolerations`.
     pub tolerations: Vec<Toleration>,
+    /// The job's required node affinity (`scheduling.affinity.nodeAffinity.
+    /// requiredDuringSchedulingIgnoredDuringExecution`): a node must match
+    /// one of the terms; none, any node.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub node_affinity: Vec<NodeSelectorTerm>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -273,6 +281,7 @@ impl Default for JobSpec {
             last_preemptor: None,
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),
+            node_affinity: Vec::new(),
             topology: TopologyRequirement::Preferred,
             preemptible: true,
             one_worker_per_node: false,
@@ -345,6 +354,38 @@ impl JobSpec {
                 "runtimeEstimateSecs",
                 "must be > 0 when set",
             ));
+        }
+        for (i, term) in self.node_affinity.iter().enumerate() {
+            for (j, r) in term.requirements.iter().enumerate() {
+                let field = || format!("nodeAffinity[{i}].requirements[{j}]");
+                let integer = || r.values.first().is_some_and(|v| v.parse::<i64>().is_ok());
+                let problem = match (&r.key, r.operator) {
+                    (NodeKey::Name, NodeOperator::In | NodeOperator::NotIn)
+                        if r.values.len() != 1 =>
+                    {
+                        Some("on metadata.name takes exactly one value")
+                    }
+                    (NodeKey::Name, NodeOperator::In | NodeOperator::NotIn) => None,
+                    (NodeKey::Name, _) => Some("on metadata.name must be In or NotIn"),
+                    (_, NodeOperator::In | NodeOperator::NotIn) if r.values.is_empty() => {
+                        Some("In and NotIn need at least one value")
+                    }
+                    (_, NodeOperator::Exists | NodeOperator::DoesNotExist)
+                        if !r.values.is_empty() =>
+                    {
+                        Some("Exists and DoesNotExist take no values")
+                    }
+                    (_, NodeOperator::Gt | NodeOperator::Lt)
+                        if r.values.len() != 1 || !integer() =>
+                    {
+                        Some("Gt and Lt take exactly one integer value")
+                    }
+                    _ => None,
+                };
+                if let Some(problem) = problem {
+                    return Err(job_error(&self.uid, &field(), problem));
+                }
+            }
         }
         Ok(())
     }

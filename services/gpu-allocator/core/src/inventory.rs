@@ -10,7 +10,8 @@ use crate::error::AllocatorError;
 use crate::event::NodeInfo;
 use crate::snapshot::InternOrder;
 use crate::types::{
-    CapacityType, MigProfile, ResourceKind, Taint, Toleration, names, tolerated_by,
+    CapacityType, MigProfile, NodeSelectorTerm, ResourceKind, Taint, Toleration, names,
+    tolerated_by,
 };
 
 pub(crate) type NodeIdx = u32;
@@ -785,7 +786,11 @@ impl Inventory {
                 _ => return false,
             }
         }
-        true
+        filter.node_affinity.is_empty()
+            || filter
+                .node_affinity
+                .iter()
+                .any(|term| term.matches(&node.info.name, &node.info.labels))
     }
 }
 
@@ -796,6 +801,8 @@ pub(crate) struct NodeFilter {
     pub(crate) node_selector: BTreeMap<String, String>,
     pub(crate) tolerations: Vec<Toleration>,
     pub(crate) min_gpu_memory_mib: Option<u64>,
+    /// Required node-affinity terms, one of which a node must match.
+    pub(crate) node_affinity: Vec<NodeSelectorTerm>,
 }
 
 #[cfg(test)]

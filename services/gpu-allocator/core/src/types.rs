@@ -1,6 +1,7 @@
 //! Small domain types shared by every module: identifiers, time, taints and
 //! tolerations, capacity types and the GPU resource kinds the allocator counts.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -148,6 +149,78 @@ pub enum TolerationOperator {
     Equal,
     /// Key must match (any key when the key is absent).
     Exists,
+}
+
+/// What a node requirement reads of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum NodeKey {
+    /// A label (`matchExpressions[].key`).
+    Label(String),
+    /// The node's name (`matchFields` on `metadata.name`).
+    Name,
+}
+
+/// How a node requirement compares, as in `nodeSelectorTerms[].matchExpressions[].operator`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum NodeOperator {
+    In,
+    NotIn,
+    Exists,
+    DoesNotExist,
+    /// The value, an integer, is greater than the one given.
+    Gt,
+    /// The value, an integer, is less than the one given.
+    Lt,
+}
+
+/// One requirement of a node-affinity term.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeRequirement {
+    pub key: NodeKey,
+    pub operator: NodeOperator,
+    #[serde(default)]
+    pub values: Vec<String>,
+}
+
+impl NodeRequirement {
+    fn holds(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
+        let value = match &self.key {
+            NodeKey::Label(key) => labels.get(key).map(String::as_str),
+            NodeKey::Name => Some(name),
+        };
+        let number = |v: &str| v.parse::<i64>().ok();
+        let given = self.values.first().and_then(|v| number(v));
+        match self.operator {
+            NodeOperator::In => value.is_some_and(|v| self.values.iter().any(|x| x == v)),
+            NodeOperator::NotIn => value.is_none_or(|v| self.values.iter().all(|x| x != v)),
+            NodeOperator::Exists => value.is_some(),
+            NodeOperator::DoesNotExist => value.is_none(),
+            NodeOperator::Gt => {
+                matches!((value.and_then(number), given), (Some(v), Some(g)) if v > g)
+            }
+            NodeOperator::Lt => {
+                matches!((value.and_then(number), given), (Some(v), Some(g)) if v < g)
+            }
+        }
+    }
+}
+
+/// A required node-affinity term (`nodeSelectorTerms[]`): a node matches
+/// when every requirement holds. A term without requirements matches no
+/// node, as in Kubernetes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSelectorTerm {
+    pub requirements: Vec<NodeRequirement>,
+}
+
+impl NodeSelectorTerm {
+    /// Whether the node named `name` with `labels` matches.
+    pub fn matches(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
+        !self.requirements.is_empty() && self.requirements.iter().all(|r| r.holds(name, labels))
+    }
 }
 
 /// A pod toleration, as in `pod.spec.tolerations`.
@@ -317,6 +390,47 @@ pub enum TopologyRequirement {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_requirements_compare_labels_and_the_name_as_kubernetes_does() {
+        let labels: BTreeMap<String, String> = [
+            ("gpus".to_string(), "8".to_string()),
+            ("pool".to_string(), "a".to_string()),
+        ]
+        .into();
+        let term = |key: NodeKey, operator, values: &[&str]| NodeSelectorTerm {
+            requirements: vec![NodeRequirement {
+                key,
+                operator,
+                values: values.iter().map(|v| v.to_string()).collect(),
+            }],
+        };
+        let label = |k: &str| NodeKey::Label(k.into());
+        let matches = |t: NodeSelectorTerm| t.matches("n1", &labels);
+        assert!(matches(term(label("pool"), NodeOperator::In, &["b", "a"])));
+        assert!(!matches(term(label("pool"), NodeOperator::NotIn, &["a"])));
+        assert!(
+            matches(term(label("zone"), NodeOperator::NotIn, &["a"])),
+            "absent is not in"
+        );
+        assert!(matches(term(label("pool"), NodeOperator::Exists, &[])));
+        assert!(matches(term(
+            label("zone"),
+            NodeOperator::DoesNotExist,
+            &[]
+        )));
+        assert!(matches(term(label("gpus"), NodeOperator::Gt, &["4"])));
+        assert!(!matches(term(label("gpus"), NodeOperator::Lt, &["8"])));
+        assert!(
+            !matches(term(label("pool"), NodeOperator::Gt, &["1"])),
+            "not a number"
+        );
+        assert!(matches(term(NodeKey::Name, NodeOperator::In, &["n1"])));
+        assert!(
+            !matches(NodeSelectorTerm::default()),
+            "an empty term matches nothing"
+        );
+    }
 
     fn taint(key: &str, value: &str, effect: TaintEffect) -> Taint {
         Taint {

@@ -321,6 +321,19 @@ impl Run {
             _ => TopologyRequirement::Preferred,
         };
         j.one_worker_per_node = j.num_workers > 1 && self.rng.chance(20);
+        if self.rng.chance(10) {
+            j.node_affinity = vec![NodeSelectorTerm {
+                requirements: vec![NodeRequirement {
+                    key: NodeKey::Label(names::ZONE_LABEL.into()),
+                    operator: if self.rng.chance(50) {
+                        NodeOperator::In
+                    } else {
+                        NodeOperator::NotIn
+                    },
+                    values: vec![format!("z{}", self.rng.below(2))],
+                }],
+            }];
+        }
         j
     }
 
@@ -781,6 +794,17 @@ impl Run {
                     "{}: {}'s flavor is its node's",
                     self.at(),
                     a.uid
+                );
+                assert!(
+                    spec.node_affinity.is_empty()
+                        || spec
+                            .node_affinity
+                            .iter()
+                            .any(|t| t.matches(&n.info.name, &n.info.labels)),
+                    "{}: {} placed on {} outside its node affinity",
+                    self.at(),
+                    a.uid,
+                    w.node
                 );
                 for (k, v) in &spec.node_selector {
                     assert_eq!(

@@ -884,6 +884,86 @@ fn best_fit_fills_fragments_so_whole_nodes_stay_free() {
 }
 
 #[test]
+fn required_node_affinity_limits_the_nodes_a_job_is_placed_on() {
+    let mut h = Harness::default_config();
+    h.nodes([
+        node_in("z1-a", 8, "z1", "r1"),
+        node_in("z2-a", 8, "z2", "r2"),
+        node_in("z2-b", 4, "z2", "r2"),
+    ]);
+    h.queue(queue("q", None, 64));
+    let zone = |values: &[&str], operator| NodeRequirement {
+        key: NodeKey::Label(names::ZONE_LABEL.into()),
+        operator,
+        values: values.iter().map(|v| v.to_string()).collect(),
+    };
+    // Best fit alone would take z2-b; the job may run in z1 only.
+    let mut z1 = job("z1-only", "q", 1, 4);
+    z1.node_affinity = vec![NodeSelectorTerm {
+        requirements: vec![zone(&["z1"], NodeOperator::In)],
+    }];
+    // Terms are alternatives: in a zone no node has, or on z2-a by name
+    // (the roomiest node, which best fit would leave free).
+    let mut either = job("either", "q", 2, 2);
+    either.node_affinity = vec![
+        NodeSelectorTerm {
+            requirements: vec![zone(&["z3"], NodeOperator::In)],
+        },
+        NodeSelectorTerm {
+            requirements: vec![NodeRequirement {
+                key: NodeKey::Name,
+                operator: NodeOperator::In,
+                values: vec!["z2-a".into()],
+            }],
+        },
+    ];
+    h.submit_at(z1, 0);
+    h.submit_at(either, 1);
+    h.cycle(1);
+    assert_eq!(h.nodes_of("z1-only"), vec!["z1-a"]);
+    assert_eq!(h.nodes_of("either"), vec!["z2-a", "z2-a"]);
+
+    let mut nowhere = job("nowhere", "q", 1, 1);
+    nowhere.node_affinity = vec![NodeSelectorTerm {
+        requirements: vec![zone(&["z3"], NodeOperator::In)],
+    }];
+    h.submit(nowhere);
+    let out = h.cycle(2);
+    assert!(
+        matches!(
+            *h.reason_of(&out, "nowhere").reason,
+            PendingReason::InsufficientCapacity {
+                fits_when_empty: false,
+                ..
+            }
+        ),
+        "no node in z3, now or ever"
+    );
+
+    for (bad, field) in [
+        (
+            zone(&[], NodeOperator::In),
+            "nodeAffinity[0].requirements[0]",
+        ),
+        (
+            zone(&["x"], NodeOperator::Exists),
+            "nodeAffinity[0].requirements[0]",
+        ),
+        (
+            zone(&["high"], NodeOperator::Gt),
+            "nodeAffinity[0].requirements[0]",
+        ),
+    ] {
+        let mut j = job("bad", "q", 1, 1);
+        j.node_affinity = vec![NodeSelectorTerm {
+            requirements: vec![bad],
+        }];
+        let err = j.validate().expect_err("refused");
+        assert!(err.to_string().contains(field), "{err}");
+    }
+}
+
+#[test]
 fn workers_that_must_not_share_a_node_get_a_node_each_or_wait() {
     let mut h = Harness::default_config();
     h.nodes([node("n1", 8), node("n2", 8), node("n3", 4)]);

@@ -356,6 +356,8 @@ fn worker_pod_spec(
 /// per node, and for any job on one node. Only for jobs whose placement
 /// rules the allocator planned for (`TrainingJob::placement_fully_planned`):
 /// narrowed to nodes chosen without a rule, the pods could fit nowhere.
+/// The allocator chose nodes that match one of the user's required terms;
+/// the pin joins each term, so the alternatives stay alternatives.
 fn pinned_to_planned_nodes(
     affinity: Option<Affinity>,
     admission: Option<&AdmissionDecided>,

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use common::{admission, as_stored, env_value, parse_training_job, training_job};
+use common::{admission, as_stored, env_value, parse_training_job, training_job, worker_pod};
 use planner_core::{DesiredObjects, JobPlan, PlannerConfig, RESUME_FROM_KEY, desired_objects};
 use trainyard_api::{
     CheckpointSpec, CheckpointStorage, CommunicationBackend, Framework, Hyperparameters,
@@ -268,15 +268,7 @@ fn golden_pytorch_third_attempt_resumes_from_chosen_checkpoint() {
 
 /// Kubernetes expands `$(VAR)` only from earlier entries.
 fn assert_index_defined_before_use(objects: &DesiredObjects) {
-    let pod = objects
-        .job
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .spec
-        .as_ref()
-        .unwrap();
+    let pod = worker_pod(objects).unwrap();
     let env = pod.containers[0].env.as_ref().unwrap();
     let defined = env
         .iter()

@@ -8,7 +8,7 @@ mod common;
 
 use common::{
     Harness, admission, applied, checkpoint, condition, deleted, job_event, pending, pod_event,
-    pod_failed, preemption, progress, spec, training_job,
+    pod_failed, preemption, progress, spec, training_job, worker_pod,
 };
 use planner_core::{
     CONDITION_ADMITTED, CONDITION_FAILED, CONDITION_PREEMPTED, CONDITION_RUNNING,
@@ -104,15 +104,7 @@ fn happy_path_goes_pending_queued_initializing_running_completed() {
     let unsuspended = applied(&actions);
     assert_eq!(unsuspended.len(), 1);
     assert!(!unsuspended[0].job_suspended());
-    let pod = unsuspended[0]
-        .job
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .spec
-        .as_ref()
-        .unwrap();
+    let pod = worker_pod(unsuspended[0]).unwrap();
     assert_eq!(
         pod.node_selector
             .as_ref()
@@ -640,15 +632,7 @@ fn preemption_checkpoints_then_requeues_without_spending_the_backoff_budget() {
 fn required_terms(
     objects: &planner_core::DesiredObjects,
 ) -> Vec<Vec<(String, String, Vec<String>)>> {
-    let pod = objects
-        .job
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .spec
-        .as_ref()
-        .unwrap();
+    let pod = worker_pod(objects).unwrap();
     pod.affinity
         .as_ref()
         .and_then(|a| a.node_affinity.as_ref())
@@ -706,7 +690,7 @@ fn admitted_with(
 fn admitted_workers_are_pinned_to_the_planned_nodes_unless_a_rule_was_not_planned_for() {
     use k8s_openapi::api::core::v1::{
         Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
-        PodAffinityTerm, PodAntiAffinity,
+        PodAffinity, PodAffinityTerm, PodAntiAffinity,
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
     // The reference's advanced example: one worker per node, which the
@@ -738,22 +722,14 @@ fn admitted_workers_are_pinned_to_the_planned_nodes_unless_a_rule_was_not_planne
             vec!["gpu-node-0".to_owned(), "gpu-node-2".to_owned()],
         )]]
     );
-    let pod = admitted
-        .job
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .spec
-        .clone()
-        .unwrap();
     assert!(
-        pod.affinity.unwrap().pod_anti_affinity.is_some(),
+        worker_pod(&admitted)
+            .and_then(|pod| pod.affinity.as_ref())
+            .is_some_and(|a| a.pod_anti_affinity.is_some()),
         "the user's rule stays"
     );
 
-    // Required node affinity is not planned for: the scheduler picks the
-    // nodes, within the flavor's selector, as before.
+    // Required node affinity is planned for: the pin joins each term.
     let zone = Affinity {
         node_affinity: Some(NodeAffinity {
             required_during_scheduling_ignored_during_execution: Some(NodeSelector {
@@ -770,9 +746,32 @@ fn admitted_workers_are_pinned_to_the_planned_nodes_unless_a_rule_was_not_planne
         }),
         ..Affinity::default()
     };
-    let (suspended, admitted) = admitted_with("zoned", zone);
+    let (suspended, admitted) = admitted_with("zoned", zone.clone());
+    let users = required_terms(&suspended);
+    assert_eq!(users.len(), 1);
+    let pinned = required_terms(&admitted);
+    assert_eq!(pinned.len(), 1);
+    assert_eq!(pinned[0][0], users[0][0]);
+    assert_eq!(pinned[0][1].0, "kubernetes.io/hostname");
+
+    // Affinity to other pods is not: the scheduler picks the nodes, within
+    // the flavor's selector, as before.
+    let near_cache = Affinity {
+        pod_affinity: Some(PodAffinity {
+            required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
+                topology_key: "kubernetes.io/hostname".into(),
+                label_selector: Some(LabelSelector {
+                    match_labels: Some([("app".into(), "cache".into())].into()),
+                    ..LabelSelector::default()
+                }),
+                ..PodAffinityTerm::default()
+            }]),
+            ..PodAffinity::default()
+        }),
+        ..zone
+    };
+    let (suspended, admitted) = admitted_with("near-cache", near_cache);
     assert_eq!(required_terms(&admitted), required_terms(&suspended));
-    assert_eq!(required_terms(&admitted)[0].len(), 1);
 }
 
 #[test]

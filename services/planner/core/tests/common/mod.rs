@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, TimeDelta, Utc};
+use k8s_openapi::api::core::v1::PodSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use planner_core::{
     DesiredObjects, Observation, Observed, PlannerAction, PlannerCommand, PlannerConfig,
@@ -351,9 +352,14 @@ pub fn deleted(actions: &[PlannerAction]) -> Vec<&str> {
         .collect()
 }
 
+/// The Job's worker pod template.
+pub fn worker_pod(objects: &DesiredObjects) -> Option<&PodSpec> {
+    objects.job.spec.as_ref()?.template.spec.as_ref()
+}
+
 /// Value of a literal env var of the worker container.
 pub fn env_value(objects: &DesiredObjects, name: &str) -> Option<String> {
-    let pod = objects.job.spec.as_ref()?.template.spec.as_ref()?;
+    let pod = worker_pod(objects)?;
     let env = pod.containers.first()?.env.as_ref()?;
     env.iter()
         .find(|e| e.name == name)
