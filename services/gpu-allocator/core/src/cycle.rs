@@ -135,10 +135,8 @@ fn fits_beside(used: u64, units: u64, kept: u64, nominal: u64) -> bool {
 pub(crate) struct PreemptionKey {
     queue: QueueIdx,
     priority: i32,
-    per_worker: u32,
-    workers: u32,
+    gang: Gang,
     filter: u32,
-    topology: crate::types::TopologyRequirement,
     sharing: bool,
     slice: Option<GpuSliceRequest>,
 }
@@ -2079,10 +2077,8 @@ impl Allocator {
                 (j.preempted_by.is_none() && !holds_drain).then(|| PreemptionKey {
                     queue: j.queue,
                     priority: j.spec.priority,
-                    per_worker: j.spec.gpus_per_worker,
-                    workers: j.spec.num_workers,
+                    gang: Gang::of(&j.spec),
                     filter: j.filter,
-                    topology: j.spec.topology,
                     sharing: j.spec.allow_gpu_sharing,
                     slice: j.spec.gpu_slice.clone(),
                 })
