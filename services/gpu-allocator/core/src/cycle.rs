@@ -1832,41 +1832,41 @@ impl Allocator {
         let mut placeable: u64 = 0;
         let mut placeable_unprotected: u64 = 0;
         let mut candidates: Vec<Candidate> = Vec::new();
-        if r.slot_upper_bound(per_worker) >= u64::from(workers) {
-            for (node_idx, free) in r.nodes_with_free(per_worker) {
-                let Some(node) = self.inv.node(node_idx) else {
-                    continue;
-                };
-                if !self.admits(node, job.filter) {
-                    continue;
-                }
-                placeable_unprotected += u64::from(free / per_worker);
-                let usable = if protected {
-                    free.saturating_sub(ctx.reservations.protected(node_idx, res, end))
-                } else {
-                    free
-                };
-                if usable < per_worker {
-                    continue;
-                }
-                let candidate = Candidate {
-                    node: node_idx,
-                    usable,
-                    zone: node.zone,
-                    rack: node.rack,
-                };
-                placeable += u64::from(usable / per_worker);
-                if workers == 1 && !protected {
-                    // Buckets are walked in ascending free order: the first
-                    // admissible node is the best fit.
-                    placement = Some(vec![(node_idx, 1)]);
-                    break;
-                }
-                candidates.push(candidate);
+        // Walked even when the free units cannot hold the gang: its reason
+        // tells how many of its workers fit now.
+        for (node_idx, free) in r.nodes_with_free(per_worker) {
+            let Some(node) = self.inv.node(node_idx) else {
+                continue;
+            };
+            if !self.admits(node, job.filter) {
+                continue;
             }
-            if placement.is_none() && placeable >= u64::from(workers) {
-                placement = placement::place_gang(gang, &candidates);
+            placeable_unprotected += gang.slots(free);
+            let usable = if protected {
+                free.saturating_sub(ctx.reservations.protected(node_idx, res, end))
+            } else {
+                free
+            };
+            if usable < per_worker {
+                continue;
             }
+            let candidate = Candidate {
+                node: node_idx,
+                usable,
+                zone: node.zone,
+                rack: node.rack,
+            };
+            placeable += gang.slots(usable);
+            if workers == 1 && !protected {
+                // Buckets are walked in ascending free order: the first
+                // admissible node is the best fit.
+                placement = Some(vec![(node_idx, 1)]);
+                break;
+            }
+            candidates.push(candidate);
+        }
+        if placement.is_none() && placeable >= u64::from(workers) {
+            placement = placement::place_gang(gang, &candidates);
         }
         if let Some(placement) = placement {
             let ahead_of = if protected {

@@ -154,20 +154,6 @@ impl ResourceIndex {
         }
     }
 
-    /// Workers of `per_worker` units that the free buckets could host at most
-    /// (ignores node filters and reservations: a cheap upper bound).
-    pub(crate) fn slot_upper_bound(&self, per_worker: u32) -> u64 {
-        if per_worker == 0 {
-            return 0;
-        }
-        self.buckets
-            .iter()
-            .enumerate()
-            .skip(per_worker as usize)
-            .map(|(free, nodes)| (free as u64 / u64::from(per_worker)) * nodes.len() as u64)
-            .sum()
-    }
-
     /// Schedulable nodes with at least `min_free` free units, best fit first.
     pub(crate) fn nodes_with_free(
         &self,
@@ -875,7 +861,6 @@ mod tests {
         inv.adjust(idx, res, 3);
         let r = inv.res(res).expect("res");
         assert_eq!(r.nodes_with_free(1).collect::<Vec<_>>(), vec![(idx, 5)]);
-        assert_eq!(r.slot_upper_bound(2), 2);
         let mut cordoned = node("n1", "8");
         cordoned.unschedulable = true;
         inv.upsert_node(cordoned).expect("node accepted");

@@ -37,7 +37,7 @@ impl Gang {
     }
 
     /// Workers of this gang a node with `units` usable units can host.
-    fn slots(self, units: u32) -> u64 {
+    pub(crate) fn slots(self, units: u32) -> u64 {
         let slots = u64::from(units / self.per_worker.max(1));
         if self.one_per_node {
             slots.min(1)

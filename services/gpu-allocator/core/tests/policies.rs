@@ -980,24 +980,30 @@ fn workers_that_must_not_share_a_node_get_a_node_each_or_wait() {
     assert_eq!(nodes, vec!["n1", "n3"]);
     assert_eq!(h.nodes_of("together"), vec!["n2", "n2"], "may share a node");
 
-    // Three more apart: only n1 has room left for a worker.
+    // Three more, apart or not: only n1 has room left, for one worker. The
+    // reason counts it, though the free units could never hold the gang.
     let mut trio = job("trio", "q", 3, 4);
     trio.one_worker_per_node = true;
     h.submit(trio);
+    h.submit(job("plain-trio", "q", 3, 4));
     let out = h.cycle(2);
     assert!(h.admitted("trio").is_none());
-    let why = h.reason_of(&out, "trio");
-    assert!(
-        matches!(
-            *why.reason,
-            PendingReason::InsufficientCapacity {
-                workers: 3,
-                fits_when_empty: true,
-                ..
-            }
-        ),
-        "{why:?}"
-    );
+    for uid in ["trio", "plain-trio"] {
+        let why = h.reason_of(&out, uid);
+        assert!(
+            matches!(
+                *why.reason,
+                PendingReason::InsufficientCapacity {
+                    workers: 3,
+                    placeable_workers: 1,
+                    units_short: 8,
+                    fits_when_empty: true,
+                    ..
+                }
+            ),
+            "{why:?}"
+        );
+    }
     let mut four = job("four", "q", 4, 4);
     four.one_worker_per_node = true;
     h.submit(four);
