@@ -394,24 +394,16 @@ impl Allocator {
                 (free.saturating_sub(claimed), node.zone, node.rack),
             );
         }
-        let Gang {
-            per_worker,
-            workers,
-            ..
-        } = gang;
-        // Enough to tell whether placing is worth a try (it is not where
-        // workers must not share a node).
-        let slots_of = |units: u32| u64::from(units / per_worker.max(1));
-        let mut slots: u64 = avail.iter().map(|(_, (u, _, _))| slots_of(*u)).sum();
+        let mut slots: u64 = avail.iter().map(|(_, (u, _, _))| gang.slots(*u)).sum();
         let mut tries = 0u32;
         let mut i = 0usize;
         let mut t = now;
         loop {
-            if slots >= u64::from(workers) && tries < 64 {
+            if slots >= u64::from(gang.workers) && tries < 64 {
                 tries += 1;
                 let cands: Vec<Candidate> = avail
                     .iter()
-                    .filter(|(_, (u, _, _))| *u >= per_worker)
+                    .filter(|(_, (u, _, _))| *u >= gang.per_worker)
                     .map(|(node, &(usable, zone, rack))| Candidate {
                         node,
                         usable,
@@ -434,9 +426,9 @@ impl Allocator {
                     break;
                 }
                 if let Some(entry) = avail.get_mut(node) {
-                    let before = slots_of(entry.0);
+                    let before = gang.slots(entry.0);
                     entry.0 = entry.0.saturating_add(*units);
-                    slots += slots_of(entry.0) - before;
+                    slots += gang.slots(entry.0) - before;
                 }
                 i += 1;
             }

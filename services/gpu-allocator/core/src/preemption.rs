@@ -127,8 +127,6 @@ struct Search<'a> {
     /// enough to rule victim sets out (they overcount for workers that
     /// must not share a node); placing it decides.
     gang: Gang,
-    per_worker: u32,
-    workers: u32,
     /// Eligible nodes: free units, zone, rack.
     base: &'a NodeTable,
     /// Eligible nodes that already host a worker, best fit first.
@@ -212,7 +210,7 @@ impl Search<'_> {
 
     /// Worker slots after evicting `set` (cheap necessary condition).
     fn slots_with(&self, freed: &FastMap<NodeIdx, u32>) -> u64 {
-        let g = self.per_worker.max(1);
+        let g = self.gang.per_worker.max(1);
         let mut slots = self.base_slots;
         for (node, extra) in freed {
             if let Some((free, _, _)) = self.base.get(node) {
@@ -321,7 +319,7 @@ impl Search<'_> {
             return None;
         }
         let freed = self.freed(set);
-        if self.slots_with(&freed) < u64::from(self.workers) {
+        if self.slots_with(&freed) < u64::from(self.gang.workers) {
             return None;
         }
         match self.fits_with(set, &freed) {
@@ -356,7 +354,7 @@ impl Search<'_> {
             .filter_map(|(node, extra)| {
                 let (free, zone, rack) = self.base.get(node)?;
                 let usable = free + extra;
-                (usable >= self.per_worker).then_some(Candidate {
+                (usable >= self.gang.per_worker).then_some(Candidate {
                     node: *node,
                     usable,
                     zone: *zone,
@@ -368,7 +366,7 @@ impl Search<'_> {
             .base_fitting
             .iter()
             .filter(|c| !freed.contains_key(&c.node));
-        if self.workers == 1 {
+        if self.gang.workers == 1 {
             // Best fit without building the full candidate list.
             let best_untouched = untouched.take(1);
             return changed
@@ -426,13 +424,13 @@ impl Search<'_> {
         keyed.sort_unstable();
         // A node gains at most ceil(units freed / units per worker) worker
         // slots: a victim that cannot add enough even so needs no full check.
-        let g = self.per_worker.max(1);
+        let g = self.gang.per_worker.max(1);
         let may_fit = |c: &Cand<'_>| {
             let most: u64 = c
                 .nodes()
                 .map(|(_, units)| u64::from(units.div_ceil(g)))
                 .sum();
-            self.base_slots + most >= u64::from(self.workers)
+            self.base_slots + most >= u64::from(self.gang.workers)
         };
         // What the rules say of one victim depends only on its queue, units
         // and rule, so victims alike in those share one check: most victims
@@ -462,7 +460,7 @@ impl Search<'_> {
                     return false;
                 }
                 let freed = self.freed(&[i]);
-                self.slots_with(&freed) >= u64::from(self.workers)
+                self.slots_with(&freed) >= u64::from(self.gang.workers)
                     && matches!(self.place_with(&freed), Verdict::Fits(_))
             })
             .map(|i| vec![i])
@@ -472,7 +470,7 @@ impl Search<'_> {
     /// jobs that makes room for one more worker; nodes by that cost until the
     /// gang fits.
     fn node_targeted(&self) -> Option<Vec<usize>> {
-        let g = self.per_worker.max(1);
+        let g = self.gang.per_worker.max(1);
         // (node, candidate, units it holds there) grouped by node, each
         // node's candidates in index order: one run per node, no vector per
         // node, and the per-node buffers below are reused (this runs over
@@ -625,7 +623,7 @@ impl Search<'_> {
                 return None;
             }
             // The full check only once the freed slots could host the gang.
-            if slots >= u64::from(self.workers) {
+            if slots >= u64::from(self.gang.workers) {
                 match self.fits_with(&chosen, &freed) {
                     Verdict::Fits(_) => return Some(self.minimize(chosen)),
                     Verdict::NoFitForGood => return None,
@@ -641,7 +639,7 @@ impl Search<'_> {
     /// Worker slots are tracked incrementally so the full check only runs
     /// once the freed capacity could possibly host the gang.
     fn greedy(&self) -> Option<Vec<usize>> {
-        let g = self.per_worker.max(1);
+        let g = self.gang.per_worker.max(1);
         let mut set = Vec::new();
         let mut freed: FastMap<NodeIdx, u32> = FastMap::default();
         let mut slots = self.base_slots;
@@ -659,7 +657,7 @@ impl Search<'_> {
                 *entry += units;
                 slots += u64::from((free + before + units) / g) - u64::from((free + before) / g);
             }
-            if slots >= u64::from(self.workers) {
+            if slots >= u64::from(self.gang.workers) {
                 match self.fits_with(&set, &freed) {
                     Verdict::Fits(_) => return Some(self.minimize(set)),
                     Verdict::NoFitForGood => return None,
@@ -695,7 +693,7 @@ impl Search<'_> {
             return false;
         }
         // Then worker slots, stopping as soon as there are enough.
-        let g = self.per_worker.max(1);
+        let g = self.gang.per_worker.max(1);
         let mut freed: FastMap<NodeIdx, u32> = FastMap::default();
         let mut slots = self.base_slots;
         for c in &self.cands {
@@ -708,7 +706,7 @@ impl Search<'_> {
                 *entry += units;
                 slots += u64::from((free + before + units) / g) - u64::from((free + before) / g);
             }
-            if slots >= u64::from(self.workers) {
+            if slots >= u64::from(self.gang.workers) {
                 return true;
             }
         }
@@ -995,8 +993,7 @@ impl Allocator {
             .filter_map(|&(.., i)| unsorted.get_mut(i).and_then(Option::take))
             .collect();
 
-        let per_worker = spec.gpus_per_worker;
-        let view = self.base_view(res, job.filter, per_worker, inflight)?;
+        let view = self.base_view(res, job.filter, spec.gpus_per_worker, inflight)?;
         let search = Search {
             alloc: self,
             inflight: &inflight.deltas,
@@ -1005,8 +1002,6 @@ impl Allocator {
             units,
             held: self.held_from(ctx, idx, res, now),
             gang: Gang::of(spec),
-            per_worker,
-            workers: spec.num_workers,
             base: &view.nodes,
             base_fitting: &view.fitting,
             base_slots: view.slots,

@@ -693,18 +693,23 @@ fn admitted_workers_are_pinned_to_the_planned_nodes_unless_a_rule_was_not_planne
         PodAffinity, PodAffinityTerm, PodAntiAffinity,
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    // Pods labelled `key: value`, per host.
+    let per_host = |key: &str, value: &str| PodAffinityTerm {
+        topology_key: "kubernetes.io/hostname".into(),
+        label_selector: Some(LabelSelector {
+            match_labels: Some([(key.into(), value.into())].into()),
+            ..LabelSelector::default()
+        }),
+        ..PodAffinityTerm::default()
+    };
     // The reference's advanced example: one worker per node, which the
     // gpu-allocator plans for.
     let apart = Affinity {
         pod_anti_affinity: Some(PodAntiAffinity {
-            required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
-                topology_key: "kubernetes.io/hostname".into(),
-                label_selector: Some(LabelSelector {
-                    match_labels: Some([("training-job".into(), "apart".into())].into()),
-                    ..LabelSelector::default()
-                }),
-                ..PodAffinityTerm::default()
-            }]),
+            required_during_scheduling_ignored_during_execution: Some(vec![per_host(
+                "training-job",
+                "apart",
+            )]),
             ..PodAntiAffinity::default()
         }),
         ..Affinity::default()
@@ -758,14 +763,9 @@ fn admitted_workers_are_pinned_to_the_planned_nodes_unless_a_rule_was_not_planne
     // the flavor's selector, as before.
     let near_cache = Affinity {
         pod_affinity: Some(PodAffinity {
-            required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
-                topology_key: "kubernetes.io/hostname".into(),
-                label_selector: Some(LabelSelector {
-                    match_labels: Some([("app".into(), "cache".into())].into()),
-                    ..LabelSelector::default()
-                }),
-                ..PodAffinityTerm::default()
-            }]),
+            required_during_scheduling_ignored_during_execution: Some(vec![per_host(
+                "app", "cache",
+            )]),
             ..PodAffinity::default()
         }),
         ..zone
