@@ -276,6 +276,16 @@ fn label_selector_matches(selector: &Value, labels: &Value) -> bool {
     match_labels && expressions
 }
 
+/// The conditions kube-scheduler gives a pod it leaves alone for its gates.
+fn scheduling_gated() -> Value {
+    json!([{
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "SchedulingGated",
+        "message": "Scheduling is blocked due to non-empty scheduling gates",
+    }])
+}
+
 /// A pod with what the steps read of it: read once per change rather than on
 /// every step.
 struct PodFacts {
@@ -286,6 +296,10 @@ struct PodFacts {
     bound: bool,
     /// `spec.nodeName`, when it is a string.
     node: Option<String>,
+    /// Whether `spec.schedulingGates` holds a gate: the scheduler leaves it alone.
+    gated: bool,
+    /// Whether its status already says so (see [`scheduling_gated`]).
+    gated_reported: bool,
     phase: String,
     /// The GPUs and MIG slices it asks for (see [`pod_requests`]).
     requests: BTreeMap<String, u32>,
@@ -295,6 +309,9 @@ struct PodFacts {
 impl PodFacts {
     fn of(object: Arc<Value>) -> Self {
         let metadata = &object["metadata"];
+        let gated = object["spec"]["schedulingGates"]
+            .as_array()
+            .is_some_and(|gates| !gates.is_empty());
         Self {
             namespace: metadata["namespace"]
                 .as_str()
@@ -303,6 +320,8 @@ impl PodFacts {
             name: metadata["name"].as_str().unwrap_or_default().to_owned(),
             bound: !object["spec"]["nodeName"].is_null(),
             node: str_of(&object, &["spec", "nodeName"]).map(str::to_owned),
+            gated,
+            gated_reported: gated && object["status"]["conditions"] == scheduling_gated(),
             phase: phase(&object).to_owned(),
             requests: pod_requests(&object)
                 .into_iter()
@@ -1171,16 +1190,25 @@ impl Cluster {
         })
     }
 
-    /// The scheduler: binds pending pods to nodes that satisfy their selectors,
-    /// tolerations and affinities and have the GPUs free, packing GPUs tightly.
+    /// The scheduler: binds pending pods without scheduling gates to nodes that
+    /// satisfy their selectors, tolerations and affinities and have the GPUs
+    /// free, packing GPUs tightly.
     fn schedule(&mut self, now: f64) {
         let pods = self.live_pods();
-        let mut pending: Vec<&PodFacts> = pods
+        let (gated, mut pending): (Vec<&PodFacts>, Vec<&PodFacts>) = pods
             .iter()
             .filter(|p| !p.bound)
             .map(AsRef::as_ref)
-            .collect();
-        // Most steps have nothing to bind: skip the per-node accounting then.
+            .partition(|p| p.gated);
+        for pod in gated.iter().filter(|p| !p.gated_reported) {
+            let _ = self
+                .store
+                .update(resources::pods(), Some(&pod.namespace), &pod.name, |p| {
+                    p["status"]["conditions"] = scheduling_gated();
+                });
+        }
+        // Most steps have nothing to bind (gated pods wait for a client to lift
+        // their gates): skip the per-node accounting then.
         if pending.is_empty() {
             return;
         }

@@ -45,11 +45,12 @@ impl ApiError {
         )
     }
 
+    /// Named by kind, as the real apiserver names it (`Pod "x" is invalid: ...`).
     pub fn invalid(rt: &ResourceType, name: &str, detail: &str) -> Self {
         Self::new(
             422,
             "Invalid",
-            format!("{} \"{name}\" is invalid: {detail}", rt.name),
+            format!("{} \"{name}\" is invalid: {detail}", rt.qualified_kind()),
         )
     }
 

@@ -6,6 +6,7 @@
 
 pub mod apiserver;
 pub mod error;
+mod pod_update;
 pub mod resources;
 pub mod selector;
 pub mod store;

@@ -28,6 +28,15 @@ impl ResourceType {
             format!("{}/{}", self.group, self.version)
         }
     }
+
+    /// `<Kind>` for the core group, `<Kind>.<group>` otherwise (`Job.batch`).
+    pub fn qualified_kind(&self) -> String {
+        if self.group.is_empty() {
+            self.kind.to_owned()
+        } else {
+            format!("{}.{}", self.kind, self.group)
+        }
+    }
 }
 
 const fn builtin(
@@ -152,5 +161,7 @@ mod tests {
         assert!(!queue.namespaced);
         assert_eq!(jobs().api_version(), "batch/v1");
         assert_eq!(pods().api_version(), "v1");
+        assert_eq!(pods().qualified_kind(), "Pod");
+        assert_eq!(jobs().qualified_kind(), "Job.batch");
     }
 }

@@ -5,7 +5,8 @@
 //! The semantics follow the real apiserver where Trainyard depends on them:
 //! unchanged writes do not bump the resourceVersion nor emit an event, the status
 //! subresource is the only way to change `status` of types that have one, a
-//! deletion of an object with finalizers only sets `deletionTimestamp`, and a
+//! deletion of an object with finalizers only sets `deletionTimestamp`, a client
+//! changes a pod's spec only as scheduling gates allow (see `pod_update`), and a
 //! watch from a resourceVersion the history no longer holds ends with 410 Gone.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -16,7 +17,8 @@ use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 
 use crate::error::ApiError;
-use crate::resources::ResourceType;
+use crate::pod_update;
+use crate::resources::{self, ResourceType};
 use crate::selector::Selector;
 
 /// Watch history kept for resuming watches; older resumes get 410 Gone and relist.
@@ -114,7 +116,11 @@ pub enum Subresource {
 pub enum PatchKind {
     /// RFC 7386 JSON merge patch.
     Merge,
-    /// Strategic merge patch, read as a merge patch: lists are replaced whole.
+    /// Strategic merge patch: a merge patch, except that a list of objects that
+    /// all have a string `name` (the patch merge key of `schedulingGates`,
+    /// `containers`, `volumes`, `env`, ...) merges into the stored list by name,
+    /// and `{"name": X, "$patch": "delete"}` removes the element named X. Other
+    /// lists are replaced whole; `$patch` keys are never stored.
     Strategic,
     /// Server-side apply.
     Apply { force: bool },
@@ -223,15 +229,42 @@ fn meta_mut(object: &mut Value) -> &mut Map<String, Value> {
     }
 }
 
-/// RFC 7386: objects merge key by key, `null` removes, anything else replaces.
-pub fn merge_patch(target: &mut Value, patch: &Value) {
-    merge(target, patch, true);
+/// How a patch body merges into an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MergeRules {
+    /// RFC 7386: `null` removes a field, lists are replaced whole.
+    JsonMerge,
+    /// Server-side apply bodies: `null` is skipped (the absent-field rule removes).
+    Apply,
+    /// Strategic merge patch, as [`PatchKind::Strategic`] describes it.
+    Strategic,
 }
 
-/// A merge patch; `null` in an object removes the field when `null_removes`, and
-/// is skipped otherwise (apply bodies never remove with `null`: the absent-field
-/// rule does that).
-fn merge(target: &mut Value, patch: &Value, null_removes: bool) {
+impl MergeRules {
+    fn null_removes(self) -> bool {
+        self != Self::Apply
+    }
+
+    /// Whether merging `value` into the field `name` of `map` does nothing: a
+    /// strategic `$patch` key is a directive, not a field, and deleting from a
+    /// list that is not there leaves it not there.
+    fn skips(self, name: &str, value: &Value, map: &Map<String, Value>) -> bool {
+        self == Self::Strategic
+            && (name == PATCH_DIRECTIVE || (!map.contains_key(name) && only_deletes(value)))
+    }
+}
+
+/// The strategic merge patch's directive key; `"delete"` on a list element is
+/// the one value acted on.
+const PATCH_DIRECTIVE: &str = "$patch";
+
+/// RFC 7386: objects merge key by key, `null` removes, anything else replaces.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    merge(target, patch, MergeRules::JsonMerge);
+}
+
+/// Merges `patch` into `target` by `rules`.
+fn merge(target: &mut Value, patch: &Value, rules: MergeRules) {
     match patch {
         Value::Object(fields) => {
             if !target.is_object() {
@@ -239,34 +272,133 @@ fn merge(target: &mut Value, patch: &Value, null_removes: bool) {
             }
             if let Some(map) = target.as_object_mut() {
                 for (name, value) in fields {
+                    if rules.skips(name, value, map) {
+                        continue;
+                    }
                     if !value.is_null() {
                         let field = map.entry(name.clone()).or_insert(Value::Null);
-                        merge(field, value, null_removes);
-                    } else if null_removes {
+                        merge(field, value, rules);
+                    } else if rules.null_removes() {
                         map.remove(name);
                     }
                 }
             }
         }
+        Value::Array(elements) if rules == MergeRules::Strategic => {
+            merge_strategic_list(target, elements);
+        }
         other => *target = other.clone(),
+    }
+}
+
+/// The name of a list element that is an object with a string `name`.
+fn element_name(element: &Value) -> Option<&str> {
+    element.get("name")?.as_str()
+}
+
+/// The elements of a strategic patch's list with their names, if it merges by
+/// name: not empty (an empty list clears the field, as in a merge patch) and
+/// every element named.
+fn named_elements(elements: &[Value]) -> Option<Vec<(&str, &Value)>> {
+    if elements.is_empty() {
+        return None;
+    }
+    elements
+        .iter()
+        .map(|element| Some((element_name(element)?, element)))
+        .collect()
+}
+
+fn deletes(element: &Value) -> bool {
+    element[PATCH_DIRECTIVE] == "delete"
+}
+
+/// Whether `value` is a strategic list of deletions only.
+fn only_deletes(value: &Value) -> bool {
+    value
+        .as_array()
+        .and_then(|elements| named_elements(elements))
+        .is_some_and(|named| named.iter().all(|(_, element)| deletes(element)))
+}
+
+/// A value from a strategic patch with nothing to merge into: the patch's value
+/// less its directives (and, as a merge into nothing goes, its `null` fields).
+fn strategic_value(patch: &Value) -> Value {
+    let mut value = Value::Null;
+    merge(&mut value, patch, MergeRules::Strategic);
+    value
+}
+
+/// Merges a strategic patch's list into `target`: by name when it is a named
+/// list (see [`named_elements`]), else replacing it.
+fn merge_strategic_list(target: &mut Value, elements: &[Value]) {
+    let Some(named) = named_elements(elements) else {
+        *target = Value::Array(elements.iter().map(strategic_value).collect());
+        return;
+    };
+    if !target.is_array() {
+        *target = json!([]);
+    }
+    let Some(list) = target.as_array_mut() else {
+        return;
+    };
+    for (name, element) in named {
+        if deletes(element) {
+            list.retain(|existing| element_name(existing) != Some(name));
+            continue;
+        }
+        match list.iter_mut().find(|e| element_name(e) == Some(name)) {
+            Some(existing) => merge(existing, element, MergeRules::Strategic),
+            None => list.push(strategic_value(element)),
+        }
     }
 }
 
 /// Whether [`merge`] of `patch` into `target` would leave it as it is. Checked
 /// before a patch copies the object: most applies repeat what is stored, and the
 /// copy was most of their cost.
-fn merge_changes_nothing(target: &Value, patch: &Value, null_removes: bool) -> bool {
+fn merge_changes_nothing(target: &Value, patch: &Value, rules: MergeRules) -> bool {
     match patch {
         Value::Object(fields) => target.as_object().is_some_and(|map| {
             fields.iter().all(|(name, value)| match map.get(name) {
-                _ if value.is_null() && !null_removes => true,
+                _ if rules.skips(name, value, map) => true,
+                _ if value.is_null() && !rules.null_removes() => true,
                 None => value.is_null(),
                 Some(_) if value.is_null() => false,
-                Some(field) => merge_changes_nothing(field, value, null_removes),
+                Some(field) => merge_changes_nothing(field, value, rules),
             })
         }),
+        Value::Array(elements) if rules == MergeRules::Strategic => {
+            strategic_list_changes_nothing(target, elements)
+        }
         other => target == other,
     }
+}
+
+/// [`merge_changes_nothing`] for a strategic patch's list. Each element is
+/// checked against `target` as it is; a patch naming an element twice may be
+/// seen to change something when it does not, which only costs the copy.
+fn strategic_list_changes_nothing(target: &Value, elements: &[Value]) -> bool {
+    let Some(named) = named_elements(elements) else {
+        return target.as_array().is_some_and(|list| {
+            list.len() == elements.len()
+                && list
+                    .iter()
+                    .zip(elements)
+                    .all(|(existing, element)| *existing == strategic_value(element))
+        });
+    };
+    let Some(list) = target.as_array() else {
+        return false;
+    };
+    named.iter().all(|(name, element)| {
+        let existing = list.iter().find(|e| element_name(e) == Some(name));
+        match existing {
+            _ if deletes(element) => existing.is_none(),
+            Some(existing) => merge_changes_nothing(existing, element, MergeRules::Strategic),
+            None => false,
+        }
+    })
 }
 
 /// Removes from `live` the fields `before` had and `after` lacks (map keys only;
@@ -586,11 +718,12 @@ impl Store {
         let current = Self::current(&inner, rt, namespace, name)?;
         Self::check_revision(rt, name, &current, &object)?;
         let next = Self::combine(rt, &current, object, subresource);
+        Self::validate(rt, name, &current, &next, subresource)?;
         self.commit(&mut inner, rt, namespace, name, &current, next)
     }
 
-    /// PATCH: merge, strategic (as merge) or server-side apply. Apply creates the
-    /// object when it does not exist.
+    /// PATCH: merge, strategic or server-side apply. Apply creates the object
+    /// when it does not exist.
     // One argument per part of the request, as the HTTP layer has them.
     #[allow(clippy::too_many_arguments)]
     pub fn patch(
@@ -642,7 +775,7 @@ impl Store {
                 let before = managers.and_then(|managers| managers.get(manager));
                 // Nothing to drop and nothing to merge: the object stays as it is.
                 if before.is_none_or(|before| *before == body)
-                    && merge_changes_nothing(&current, &body, false)
+                    && merge_changes_nothing(&current, &body, MergeRules::Apply)
                 {
                     break 'apply current;
                 }
@@ -655,8 +788,9 @@ impl Store {
                         .collect();
                     remove_dropped_fields(&mut next, before, &body, &others);
                 }
-                merge(&mut next, &body, false);
+                merge(&mut next, &body, MergeRules::Apply);
                 let next = Self::combine(rt, &current, next, subresource);
+                Self::validate(rt, name, &current, &next, subresource)?;
                 self.commit(&mut inner, rt, namespace, name, &current, next)?
             };
             inner
@@ -668,12 +802,18 @@ impl Store {
         }
         let current = Self::current(&inner, rt, namespace, name)?;
         Self::check_revision(rt, name, &current, &body)?;
-        if merge_changes_nothing(&current, &body, true) {
+        let rules = if kind == PatchKind::Strategic {
+            MergeRules::Strategic
+        } else {
+            MergeRules::JsonMerge
+        };
+        if merge_changes_nothing(&current, &body, rules) {
             return Ok(current);
         }
         let mut next = Self::patch_base(&current, subresource);
-        merge_patch(&mut next, &body);
+        merge(&mut next, &body, rules);
         let next = Self::combine(rt, &current, next, subresource);
+        Self::validate(rt, name, &current, &next, subresource)?;
         self.commit(&mut inner, rt, namespace, name, &current, next)
     }
 
@@ -754,7 +894,7 @@ impl Store {
             }
         }
         for (plural, ns, name) in dependents {
-            let Some(rt) = crate::resources::by_name(plural) else {
+            let Some(rt) = resources::by_name(plural) else {
                 continue;
             };
             let ns = (!ns.is_empty()).then_some(ns);
@@ -805,6 +945,24 @@ impl Store {
             .object(rt, namespace, name)
             .map(|stored| stored.object.clone())
             .ok_or_else(|| ApiError::not_found(rt, name))
+    }
+
+    /// The apiserver's checks of a client's write that the simulator makes: which
+    /// changes a pod's spec may take. The simulated controllers write through
+    /// [`Self::update`], which binds pods as the real scheduler does through its
+    /// binding subresource.
+    fn validate(
+        rt: &ResourceType,
+        name: &str,
+        current: &Value,
+        next: &Value,
+        subresource: Subresource,
+    ) -> Result<(), ApiError> {
+        if subresource != Subresource::Main || rt.name != resources::pods().name {
+            return Ok(());
+        }
+        pod_update::check(current, next)
+            .map_err(|forbidden| ApiError::invalid(rt, name, &forbidden.to_string()))
     }
 
     fn check_revision(
@@ -957,7 +1115,6 @@ pub fn random_suffix() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources;
 
     #[test]
     fn writes_differing_only_in_revision_or_managed_fields_change_nothing() {
@@ -1066,7 +1223,10 @@ mod tests {
 
     #[test]
     fn a_patch_is_seen_to_change_nothing_exactly_when_merging_it_changes_nothing() {
-        let target = json!({"a": "b", "n": null, "o": {"x": 1, "e": {}}, "l": [1, 2]});
+        let target = json!({
+            "a": "b", "n": null, "o": {"x": 1, "e": {}}, "l": [1, 2],
+            "g": [{"name": "p", "v": 1}, {"name": "q"}], "e": [],
+        });
         let patches = [
             json!({}),
             json!({"a": "b"}),
@@ -1084,17 +1244,113 @@ mod tests {
             json!({"l": [1, 2]}),
             json!({"l": [2, 1]}),
             json!({"a": "b", "o": {"x": 1, "e": {"k": null}}}),
+            json!({"g": [{"name": "p", "v": 1}, {"name": "q"}]}),
+            json!({"g": [{"name": "q"}]}),
+            json!({"g": [{"name": "q", "v": 2}]}),
+            json!({"g": [{"name": "p", "v": null}]}),
+            json!({"g": [{"name": "p", "w": null}]}),
+            json!({"g": [{"name": "r"}]}),
+            json!({"g": [{"name": "r", "$patch": "delete"}]}),
+            json!({"g": [{"name": "q", "$patch": "delete"}]}),
+            json!({"g": [{"name": "q", "$patch": "merge"}]}),
+            json!({"g": [{"name": "q"}, {"v": 1}]}),
+            json!({"g": []}),
+            json!({"e": []}),
+            json!({"e": [{"name": "r", "$patch": "delete"}]}),
+            json!({"z": [{"name": "r", "$patch": "delete"}]}),
+            json!({"z": [{"name": "r", "$patch": "delete"}, {"name": "s"}]}),
+            json!({"a": [{"name": "r", "$patch": "delete"}]}),
+            json!({"l": [{"name": "r", "$patch": "delete"}]}),
+            json!({"$patch": "replace"}),
+            json!({"o": {"$patch": "replace", "x": 1}}),
+        ];
+        let all_rules = [
+            MergeRules::JsonMerge,
+            MergeRules::Apply,
+            MergeRules::Strategic,
         ];
         for patch in patches {
-            for null_removes in [true, false] {
+            for rules in all_rules {
                 let mut merged = target.clone();
-                merge(&mut merged, &patch, null_removes);
+                merge(&mut merged, &patch, rules);
                 assert_eq!(
-                    merge_changes_nothing(&target, &patch, null_removes),
+                    merge_changes_nothing(&target, &patch, rules),
                     merged == target,
-                    "{patch} (null removes: {null_removes})"
+                    "{patch} ({rules:?})"
                 );
             }
+        }
+    }
+
+    fn strategic(target: Value, patch: Value) -> Value {
+        let mut merged = target;
+        merge(&mut merged, &patch, MergeRules::Strategic);
+        merged
+    }
+
+    #[test]
+    fn a_strategic_patch_merges_named_lists_by_name() {
+        let pod = json!({"spec": {
+            "schedulingGates": [{"name": "a"}, {"name": "b"}, {"name": "c"}],
+            "containers": [{"name": "w", "image": "x", "args": ["1"]}, {"name": "s", "image": "y"}],
+            "tolerations": [{"key": "k"}],
+        }});
+        let patch = json!({"spec": {
+            "schedulingGates": [{"name": "b", "$patch": "delete"}, {"name": "absent", "$patch": "delete"}, {"name": "d"}],
+            "containers": [{"name": "s", "image": "z", "args": ["2"], "$patch": "merge"}, {"name": "w", "args": null}],
+            "tolerations": [{"key": "other"}],
+        }});
+        assert_eq!(
+            strategic(pod, patch),
+            json!({"spec": {
+                "schedulingGates": [{"name": "a"}, {"name": "c"}, {"name": "d"}],
+                "containers": [{"name": "w", "image": "x"}, {"name": "s", "image": "z", "args": ["2"]}],
+                "tolerations": [{"key": "other"}],
+            }}),
+            "named lists merge in place and append; other lists are replaced"
+        );
+    }
+
+    #[test]
+    fn a_strategic_patch_never_stores_its_directives() {
+        let patch = json!({"spec": {
+            "$patch": "merge",
+            "volumes": [{"name": "v", "$patch": "delete"}, {"name": "u", "configMap": {"$patch": "merge", "name": "c"}}],
+            "list": [{"$patch": "delete", "k": 1}, 2],
+        }});
+        let merged = strategic(json!({}), patch);
+        assert_eq!(
+            merged,
+            json!({"spec": {"volumes": [{"name": "u", "configMap": {"name": "c"}}], "list": [{"k": 1}, 2]}})
+        );
+        let emptied = strategic(
+            json!({"spec": {"schedulingGates": [{"name": "g"}]}}),
+            json!({"spec": {"schedulingGates": [{"name": "g", "$patch": "delete"}]}}),
+        );
+        assert_eq!(emptied, json!({"spec": {"schedulingGates": []}}));
+        let ungated = json!({"spec": {"nodeName": "n"}});
+        assert_eq!(
+            strategic(
+                ungated.clone(),
+                json!({"spec": {"schedulingGates": [{"name": "g", "$patch": "delete"}]}})
+            ),
+            ungated,
+            "deleting from a list that is not there adds no list"
+        );
+    }
+
+    #[test]
+    fn a_strategic_patch_reads_null_and_plain_lists_as_a_merge_patch_does() {
+        let target = json!({"a": "b", "o": {"x": 1}, "l": [{"name": "p"}], "s": [1, 2]});
+        for patch in [
+            json!({"a": null, "o": {"x": null, "y": 2}}),
+            json!({"s": [3], "l": []}),
+            json!({"l": [1, {"name": "q"}]}),
+            json!({"l": [{"k": "no name"}]}),
+        ] {
+            let mut merged = target.clone();
+            merge_patch(&mut merged, &patch);
+            assert_eq!(strategic(target.clone(), patch.clone()), merged, "{patch}");
         }
     }
 

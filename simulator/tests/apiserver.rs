@@ -1,7 +1,8 @@
 //! Unmodified kube-rs clients against the simulated API server: the calls Trainyard's
-//! watcher and planner make (get, list, create, replace, merge and apply patches,
-//! status writes, deletes, `watcher` and the event `Recorder`) must behave as they do
-//! against a real apiserver, and bad requests must get clear `Status` errors.
+//! watcher and planner make (get, list, create, replace, merge, strategic and apply
+//! patches, status writes, deletes, `watcher` and the event `Recorder`) must behave as
+//! they do against a real apiserver, and bad requests (among them pod spec changes a
+//! real apiserver forbids) must get clear `Status` errors.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodSchedulingGate};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use kube::api::{
     DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
@@ -1034,6 +1035,201 @@ async fn the_recorder_creates_an_event_then_patches_its_series() {
         ],
         "one Event per reason; repeats patch its series"
     );
+}
+
+/// A pod with these scheduling gates and the node selector `pool: a`, as the
+/// Job controller creates a worker the planner places.
+fn gated_pod(name: &str, gates: &[&str]) -> Pod {
+    let gates: Vec<_> = gates.iter().map(|gate| json!({"name": gate})).collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "schedulingGates": gates,
+            "nodeSelector": {"pool": "a"},
+            "containers": [{"name": "worker", "image": "trainer:1"}],
+        },
+    }))
+    .expect("a pod")
+}
+
+/// What the planner sends to place a gated pod on `node` and lift its gate.
+fn placement(node: &str) -> Patch<serde_json::Value> {
+    Patch::Strategic(json!({"spec": {
+        "nodeSelector": {"kubernetes.io/hostname": node},
+        "schedulingGates": [{"name": "trainyard.dev/placement", "$patch": "delete"}],
+    }}))
+}
+
+#[tokio::test]
+async fn a_strategic_patch_lifts_one_scheduling_gate_and_adds_to_the_node_selector() {
+    let server = Server::start().await;
+    let pods: Api<Pod> = server.api();
+    let gates = ["trainyard.dev/placement", "example.com/other"];
+    pods.create(&PostParams::default(), &gated_pod("w-0", &gates))
+        .await
+        .expect("created");
+
+    let placed = pods
+        .patch("w-0", &PatchParams::default(), &placement("gpu-3"))
+        .await
+        .expect("placed");
+    let spec = placed.spec.clone().expect("a spec");
+    let gate_names: Vec<String> = spec
+        .scheduling_gates
+        .into_iter()
+        .flatten()
+        .map(|gate| gate.name)
+        .collect();
+    assert_eq!(
+        gate_names,
+        ["example.com/other"],
+        "only the named gate went"
+    );
+    assert_eq!(
+        spec.node_selector,
+        Some(BTreeMap::from([
+            ("kubernetes.io/hostname".to_owned(), "gpu-3".to_owned()),
+            ("pool".to_owned(), "a".to_owned()),
+        ])),
+        "the key is added next to the existing one"
+    );
+    assert_eq!(spec.containers.len(), 1);
+    let stored = server
+        .raw(
+            "GET",
+            "/api/v1/namespaces/ml-training/pods/w-0",
+            "application/json",
+            "",
+        )
+        .await
+        .expect("get");
+    assert!(!stored.contains("$patch"), "{stored}");
+
+    let again = pods
+        .patch("w-0", &PatchParams::default(), &placement("gpu-3"))
+        .await
+        .expect("placed again");
+    assert_eq!(
+        again.resource_version(),
+        placed.resource_version(),
+        "deleting a gate that is gone changes nothing"
+    );
+    let last = Patch::Strategic(json!({"spec": {"schedulingGates": [
+        {"name": "example.com/other", "$patch": "delete"},
+    ]}}));
+    let released = pods
+        .patch("w-0", &PatchParams::default(), &last)
+        .await
+        .expect("released");
+    assert!(revision(&released) > revision(&again));
+    assert_eq!(
+        released.spec.and_then(|s| s.scheduling_gates),
+        Some(Vec::new())
+    );
+}
+
+#[tokio::test]
+async fn pod_spec_updates_may_only_lift_gates_and_place_gated_pods() {
+    let server = Server::start().await;
+    let pods: Api<Pod> = server.api();
+    let free = pods
+        .create(&PostParams::default(), &gated_pod("free", &[]))
+        .await
+        .expect("created");
+    let held = pods
+        .create(
+            &PostParams::default(),
+            &gated_pod("held", &["trainyard.dev/placement"]),
+        )
+        .await
+        .expect("created");
+    let params = PatchParams::default();
+    let refused = |status: Box<Status>, wanted: &str| {
+        assert_eq!((status.code, status.reason.as_str()), (422, "Invalid"));
+        assert!(status.message.contains(wanted), "{}", status.message);
+    };
+
+    refused(
+        api_error(pods.patch("free", &params, &placement("gpu-3")).await),
+        "Pod \"free\" is invalid: spec.nodeSelector: Forbidden",
+    );
+    let applied = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "free"},
+                         "spec": {"nodeSelector": {"pool": "a", "zone": "z1"}}});
+    refused(
+        api_error(
+            pods.patch("free", &PatchParams::apply("ops"), &Patch::Apply(&applied))
+                .await,
+        ),
+        "spec.nodeSelector: Forbidden",
+    );
+    let new_gate = json!({"spec": {"schedulingGates": [{"name": "example.com/y"}]}});
+    refused(
+        api_error(
+            pods.patch("held", &params, &Patch::Strategic(&new_gate))
+                .await,
+        ),
+        "spec.schedulingGates: Forbidden: only deletion is allowed, but found new scheduling gate 'example.com/y'",
+    );
+    let mut regated = held.clone();
+    if let Some(spec) = regated.spec.as_mut() {
+        spec.scheduling_gates
+            .get_or_insert_default()
+            .push(PodSchedulingGate {
+                name: "example.com/y".to_owned(),
+            });
+    }
+    refused(
+        api_error(pods.replace("held", &PostParams::default(), &regated).await),
+        "found new scheduling gate 'example.com/y'",
+    );
+    let moved = json!({"spec": {"nodeSelector": {"pool": "b"}}});
+    refused(
+        api_error(pods.patch("held", &params, &Patch::Merge(&moved)).await),
+        "spec.nodeSelector: Forbidden: only additions",
+    );
+    let image = json!({"spec": {"containers": [{"name": "worker", "image": "trainer:2"}]}});
+    refused(
+        api_error(pods.patch("held", &params, &Patch::Strategic(&image)).await),
+        "spec: Forbidden: pod updates may not change fields other than",
+    );
+    assert_eq!(
+        pods.get("held").await.expect("get").resource_version(),
+        held.resource_version(),
+        "nothing refused was written"
+    );
+
+    let placed = pods
+        .patch("held", &params, &placement("gpu-3"))
+        .await
+        .expect("a gated pod is placed and released in one patch");
+    let selector = placed
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_selector.clone())
+        .unwrap_or_default();
+    assert_eq!(
+        selector.get("kubernetes.io/hostname").map(String::as_str),
+        Some("gpu-3")
+    );
+    let mut relabelled = pods.get("free").await.expect("get");
+    relabelled
+        .labels_mut()
+        .insert("tier".to_owned(), "gold".to_owned());
+    pods.replace("free", &PostParams::default(), &relabelled)
+        .await
+        .expect("a replace that keeps the spec");
+    for (name, before) in [("free", &free), ("held", &placed)] {
+        let label = json!({"metadata": {"labels": {"team": "vision"}}});
+        let labelled = pods
+            .patch(name, &params, &Patch::Merge(&label))
+            .await
+            .expect("metadata may change");
+        assert_eq!(labelled.spec, before.spec, "{name}");
+        assert_eq!(
+            labelled.labels().get("team").map(String::as_str),
+            Some("vision")
+        );
+    }
 }
 
 #[tokio::test]

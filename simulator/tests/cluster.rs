@@ -1,5 +1,5 @@
 //! The simulated controllers, stepped by hand on the virtual clock: binding honours
-//! selectors, taints and capacity; pods start after the delay; gangs train, report,
+//! selectors, taints, capacity and scheduling gates; pods start after the delay; gangs train, report,
 //! checkpoint and complete; failures and spot reclaims end runs the way Kubernetes
 //! reports them.
 
@@ -269,6 +269,73 @@ fn pods_stay_pending_without_free_gpus_or_toleration() {
     );
 }
 
+/// The first pod of `job`, from the store.
+fn first_pod(store: &Store, job: &str) -> Value {
+    pods(store, job).first().cloned().unwrap_or_default()
+}
+
+#[test]
+fn gated_pods_wait_until_a_client_lifts_their_gates_then_go_where_it_placed_them() {
+    let (store, mut cluster) = cluster("nodes: [{name: n, count: 3, gpus: 8}]");
+    job(&store, "gated", 1, 2, false, json!({}));
+    store
+        .update(resources::jobs(), Some(NS), "gated", |j| {
+            j["spec"]["template"]["spec"]["schedulingGates"] =
+                json!([{"name": "trainyard.dev/placement"}, {"name": "example.com/other"}]);
+        })
+        .expect("gated template");
+    cluster.step_at(1.0);
+    cluster.step_at(2.0);
+    let waiting = first_pod(&store, "gated");
+    assert!(
+        waiting["spec"]["nodeName"].is_null(),
+        "a gated pod is not bound"
+    );
+    assert_eq!(
+        waiting["status"]["conditions"],
+        json!([{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
+                "message": "Scheduling is blocked due to non-empty scheduling gates"}])
+    );
+    cluster.step_at(3.0);
+    assert_eq!(
+        first_pod(&store, "gated")["metadata"]["resourceVersion"],
+        waiting["metadata"]["resourceVersion"],
+        "the condition is written once, not on every step"
+    );
+
+    let name = first_pod_name(&store, "gated");
+    let place = |gate: &str| {
+        json!({"spec": {
+            "nodeSelector": {"kubernetes.io/hostname": "n-2"},
+            "schedulingGates": [{"name": gate, "$patch": "delete"}],
+        }})
+    };
+    for gate in ["trainyard.dev/placement", "example.com/other"] {
+        assert!(
+            first_pod(&store, "gated")["spec"]["nodeName"].is_null(),
+            "still gated before {gate} goes"
+        );
+        store
+            .patch(
+                resources::pods(),
+                Some(NS),
+                &name,
+                PatchKind::Strategic,
+                place(gate),
+                None,
+                Subresource::Main,
+            )
+            .expect("a gate lifted");
+        cluster.step_at(4.0);
+    }
+    let bound = first_pod(&store, "gated");
+    assert_eq!(
+        bound["spec"]["nodeName"], "n-2",
+        "the node selector added while gated is honoured (n-0 would pack as well)"
+    );
+    assert_eq!(bound["status"]["conditions"][0]["status"], "True");
+}
+
 #[test]
 fn pod_anti_affinity_spreads_workers_over_hosts() {
     let (store, mut cluster) = cluster("nodes: [{name: n, count: 2, gpus: 8}]");
@@ -467,16 +534,14 @@ fn pods_other_clients_delete_or_send_back_to_pending_are_seen_at_the_next_step()
             Subresource::Status,
         )
         .expect("pending again");
+    // A client may not change a pod's nodeName (the API server refuses it), so
+    // unbind it as the simulator's own controllers write.
     store
-        .patch(
-            resources::pods(),
-            Some(NS),
-            finished,
-            PatchKind::Merge,
-            json!({"spec": {"nodeName": null}}),
-            None,
-            Subresource::Main,
-        )
+        .update(resources::pods(), Some(NS), finished, |pod| {
+            pod["spec"]
+                .as_object_mut()
+                .map(|spec| spec.remove("nodeName"));
+        })
         .expect("unbound");
     cluster.step_at(33.0);
     let pod = &pods(&store, "done")[0];

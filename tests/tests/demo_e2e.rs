@@ -13,7 +13,9 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
-use planner_core::{LABEL_ATTEMPT, LABEL_JOB, LABEL_ROLE, PlannerConfig, Role};
+use planner_core::{
+    COMPLETION_INDEX_ANNOTATION, LABEL_ATTEMPT, LABEL_JOB, LABEL_ROLE, PlannerConfig, Role,
+};
 use tokio_util::sync::CancellationToken;
 use trainyard_api::{Sweep, SweepState, TrainingJob, TrainingJobState, TrainingQueue};
 use trainyard_contracts::decisions::AdmissionDecided;
@@ -218,9 +220,9 @@ async fn every_example_job_and_the_sweep_complete_on_the_simulated_cluster() {
 }
 
 /// Every worker pod of every admitted attempt (the example jobs' and the
-/// sweep's trials') was bound to a node its admission placed a worker on.
+/// sweep's trials') was bound to the node its admission placed its index on.
 async fn assert_workers_ran_where_admitted(allocator: &Runtime, kube: Client) {
-    let mut planned: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    let mut planned: BTreeMap<(String, String, u32), String> = BTreeMap::new();
     for message in
         trainyard_testkit::stream_messages(&allocator.jetstream, streams::DECISIONS.name, None)
             .await
@@ -229,36 +231,51 @@ async fn assert_workers_ran_where_admitted(allocator: &Runtime, kube: Client) {
             continue;
         };
         if let Ok(admission) = incoming.payload::<AdmissionDecided>() {
-            planned
-                .entry((
-                    incoming.header.entity.name.clone(),
-                    admission.attempt.to_string(),
-                ))
-                .or_default()
-                .extend(admission.placements.into_iter().map(|p| p.node));
+            for placement in admission.placements {
+                planned.insert(
+                    (
+                        incoming.header.entity.name.clone(),
+                        admission.attempt.to_string(),
+                        placement.index,
+                    ),
+                    placement.node,
+                );
+            }
         }
     }
     let pods = Api::<Pod>::all(kube)
         .list(&ListParams::default().labels(&format!("{LABEL_ROLE}={}", Role::Worker.as_str())))
         .await
         .expect("pods");
-    let mut checked = 0;
+    let mut checked = BTreeSet::new();
     for pod in &pods {
         let labels = pod.labels();
         let job = labels.get(LABEL_JOB).cloned().unwrap_or_default();
         let attempt = labels.get(LABEL_ATTEMPT).cloned().unwrap_or_default();
+        let index: u32 = pod
+            .annotations()
+            .get(COMPLETION_INDEX_ANNOTATION)
+            .and_then(|i| i.parse().ok())
+            .expect("completion index");
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
             continue;
         };
-        let nodes = planned.get(&(job.clone(), attempt.clone()));
-        assert!(
-            nodes.is_some_and(|n| n.contains(&node)),
-            "{job} attempt {attempt}: pod {} ran on {node}, admitted onto {nodes:?}",
+        let key = (job, attempt, index);
+        assert_eq!(
+            planned.get(&key),
+            Some(&node),
+            "{key:?}: pod {} ran on {node}",
             pod.name_any()
         );
-        checked += 1;
+        checked.insert(key);
     }
-    assert!(checked >= 8, "bound worker pods checked: {checked}");
+    assert!(checked.len() >= 8, "bound worker pods checked: {checked:?}");
+    // The advanced example's eight workers were planned onto eight nodes:
+    // each was gated until given its own.
+    let advanced = checked
+        .iter()
+        .filter(|(job, ..)| job == "advanced-training");
+    assert!(advanced.count() >= 8, "{checked:?}");
 }
 
 fn tracing_subscriber_init() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {

@@ -1,14 +1,16 @@
 //! Every Kubernetes write Trainyard makes happens here: server-side apply under one
-//! field manager, status subresource writes, Job deletions, Events and the finalizer.
+//! field manager, status subresource writes, Job deletions, worker pods' placement
+//! gates, Events and the finalizer.
 
 use std::sync::Arc;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube::{Api, Client, Resource, ResourceExt};
-use planner_core::DesiredObjects;
+use planner_core::{DesiredObjects, PLACEMENT_GATE};
 use serde_json::json;
+use trainyard_api::placement::LABEL_HOSTNAME;
 use trainyard_api::{Sweep, SweepStatus, TrainingJob, TrainingJobSpec, TrainingJobStatus};
 
 use crate::error::PlannerError;
@@ -183,6 +185,38 @@ impl KubeWriter {
                 .map(|_| ()),
             format!("delete job {namespace}/{name}"),
         )
+    }
+
+    /// Removes [`PLACEMENT_GATE`] from a worker pod and adds its planned node
+    /// to its node selector, in one strategic merge patch: the gate is deleted
+    /// by name, so other controllers' gates stay, and the selector is added
+    /// while the pod is still gated, the only time Kubernetes allows it. A pod
+    /// gone meanwhile needs nothing; one the API server refuses (someone else
+    /// removed the gate first) keeps the pin to the planned set and is logged.
+    pub async fn ungate_worker(
+        &self,
+        namespace: &str,
+        pod: &str,
+        node: Option<&str>,
+    ) -> Result<(), PlannerError> {
+        let mut spec = json!({"schedulingGates": [{"name": PLACEMENT_GATE, "$patch": "delete"}]});
+        if let Some(node) = node {
+            spec["nodeSelector"] = json!({ LABEL_HOSTNAME: node });
+        }
+        let result = Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .patch(
+                pod,
+                &PatchParams::default(),
+                &Patch::Strategic(json!({ "spec": spec })),
+            )
+            .await;
+        match result {
+            Err(kube::Error::Api(status)) if status.code == 422 => {
+                tracing::warn!(%namespace, %pod, reason = %status.message, "worker pod not ungated");
+                Ok(())
+            }
+            other => gone(other.map(|_| ()), format!("ungate pod {namespace}/{pod}")),
+        }
     }
 
     /// Writes the status subresource; returns the object as stored.

@@ -1,7 +1,7 @@
 //! The planner's adapter: messages in, the pure core's decisions carried out
 //! against Kubernetes and NATS. One job's messages are handled one at a time.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -100,6 +100,9 @@ struct Entry {
     /// unchanged is an API write for nothing (admitting a job changes its Job,
     /// not its ConfigMap or Service).
     applied: AppliedObjects,
+    /// Worker pods this process took the placement gate off: the core asks
+    /// again on every message until the pod's ungated state is observed.
+    ungated: HashSet<String>,
     /// Fingerprint of the state as last saved to (or loaded from) the KV bucket.
     saved: Option<u64>,
     /// An observation changed the state since it was last saved: only
@@ -489,6 +492,7 @@ impl Planner {
             let mut label = match &action {
                 PlannerAction::ApplyObjects(_) => "apply",
                 PlannerAction::DeleteJob { .. } => "delete_job",
+                PlannerAction::UngateWorker { .. } => "ungate",
                 PlannerAction::RecreateAfter { .. } | PlannerAction::RecheckAfter { .. } => "timer",
                 PlannerAction::SendCommand { .. } => "command",
                 PlannerAction::RecordEvent { .. } => "event",
@@ -513,7 +517,19 @@ impl Planner {
                 }
                 PlannerAction::DeleteJob { name } => {
                     entry.applied = AppliedObjects::default();
+                    entry.ungated.clear();
                     self.writer.delete_job(&namespace, &name).await?
+                }
+                PlannerAction::UngateWorker { pod_name, node } => {
+                    // The pod stays gated in the state until its next event.
+                    if entry.ungated.contains(&pod_name) {
+                        label = "ungate_unchanged";
+                    } else {
+                        self.writer
+                            .ungate_worker(&namespace, &pod_name, node.as_deref())
+                            .await?;
+                        entry.ungated.insert(pod_name);
+                    }
                 }
                 PlannerAction::RecreateAfter { delay, .. }
                 | PlannerAction::RecheckAfter { delay, .. } => self.schedule(entity.clone(), delay),

@@ -6,7 +6,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::batch::v1::{Job, JobStatus};
-use k8s_openapi::api::core::v1::{Node, Pod, PodStatus};
+use k8s_openapi::api::core::v1::{Node, Pod, PodSchedulingGate, PodStatus};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::ResourceExt;
@@ -49,7 +49,7 @@ pub struct WatchedJobSpec {
     pub suspend: Option<bool>,
 }
 
-/// A Pod as the watcher reads it: metadata, `spec.nodeName` and the status.
+/// A Pod as the watcher reads it: metadata, `spec.nodeName`, `spec.schedulingGates` and the status.
 /// The containers, volumes and the rest of the spec are skipped while parsing.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct WatchedPod {
@@ -67,6 +67,8 @@ pub struct WatchedPod {
 pub struct WatchedPodSpec {
     #[serde(default)]
     pub node_name: Option<String>,
+    #[serde(default)]
+    pub scheduling_gates: Vec<PodSchedulingGate>,
 }
 
 /// Makes a partial type the same API resource as the full Kubernetes type.
@@ -405,6 +407,12 @@ impl Watched for WatchedPod {
                 .clone()
                 .unwrap_or_else(|| "Unknown".to_string()),
             node_name: self.spec.as_ref().and_then(|s| s.node_name.clone()),
+            scheduling_gates: self
+                .spec
+                .iter()
+                .flat_map(|s| &s.scheduling_gates)
+                .map(|gate| gate.name.clone())
+                .collect(),
             ready: pod_conditions
                 .iter()
                 .any(|c| c.condition_type == "Ready" && c.status == "True"),

@@ -41,6 +41,37 @@ fn pods_are_published_under_their_training_job_with_exit_codes() {
 }
 
 #[test]
+fn a_gated_pods_gates_are_published_and_their_removal_is_a_change() {
+    let mut relist = Relist::default();
+    let mut gated = fixtures::worker_pod("bert", 2, None);
+    let spec = gated.spec.get_or_insert_default();
+    spec.node_name = None;
+    spec.scheduling_gates = serde_json::from_value(
+        serde_json::json!([{"name": "trainyard.dev/placement"}, {"name": "example.com/other"}]),
+    )
+    .expect("gates");
+    let published = relist.on_event(Event::Apply(gated.clone()));
+    let [event] = published.as_slice() else {
+        panic!("one event expected: {published:?}")
+    };
+    let ChangePayload::Pod(pod) = &event.payload else {
+        panic!("pod payload expected")
+    };
+    assert_eq!(
+        pod.scheduling_gates,
+        ["trainyard.dev/placement", "example.com/other"]
+    );
+    let mut ungated = gated;
+    ungated.metadata.resource_version = Some("8".into());
+    ungated
+        .spec
+        .get_or_insert_default()
+        .scheduling_gates
+        .clear();
+    assert_eq!(ids(&relist.on_event(Event::Apply(ungated))), ["pod-2:8"]);
+}
+
+#[test]
 fn published_objects_carry_no_managed_fields() {
     let mut job = fixtures::training_job("a", "ua", "1");
     job.metadata.managed_fields = Some(vec![

@@ -106,6 +106,10 @@ pub struct PodObserved {
     pub phase: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
+    /// Names of the scheduling gates still on the pod (`spec.schedulingGates`):
+    /// the scheduler leaves it alone until they are all removed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scheduling_gates: Vec<String>,
     pub ready: bool,
     pub restart_count: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]

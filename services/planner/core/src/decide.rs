@@ -28,7 +28,7 @@ use trainyard_contracts::lifecycle::TrainingJobTransitioned;
 use crate::config::PlannerConfig;
 use crate::error::PlanError;
 use crate::failure::{FailureCause, WorkerFailure};
-use crate::names::job_name;
+use crate::names::{PLACEMENT_GATE, job_name};
 use crate::objects::{DesiredObjects, JobPlan, desired_objects};
 use crate::state::{AttemptRecord, PlannerJobState};
 use crate::status::{MetricGoal, elapsed, format_duration, from_time, progress_percent, to_time};
@@ -72,6 +72,16 @@ pub enum PlannerAction {
     /// default for Jobs orphans their pods, and Background (unlike Foreground) makes
     /// the Job disappear at once so its deletion is observed before its pods' ends.
     DeleteJob { name: String },
+    /// Remove [`PLACEMENT_GATE`] from a worker pod and, in the same write, add
+    /// `kubernetes.io/hostname: node` to its node selector: the node its
+    /// admission placed its completion index on (none when the admission has
+    /// no placement for that index: the pod keeps the pin to the planned set).
+    ///
+    /// [`PLACEMENT_GATE`]: crate::PLACEMENT_GATE
+    UngateWorker {
+        pod_name: String,
+        node: Option<String>,
+    },
     /// Decide again after `delay`; attempt `attempt` starts then (restart backoff).
     RecreateAfter { attempt: u32, delay: Duration },
     /// Decide again after `delay` (a deadline, a grace period).
@@ -395,7 +405,30 @@ impl Context<'_> {
         if let Some(preemption) = &record.preemption {
             return self.preempted(phase, &preemption.decision);
         }
-        self.progression(phase)
+        let mut verdict = self.progression(phase);
+        verdict.actions.extend(self.ungated_workers());
+        verdict
+    }
+
+    /// The current attempt's gated worker pods, each given the node its index
+    /// was admitted onto (see [`PlannerAction::UngateWorker`]).
+    fn ungated_workers(&self) -> impl Iterator<Item = PlannerAction> + '_ {
+        let record = self.record();
+        let admission = record.admission.as_ref().filter(|_| record.job_live());
+        admission.into_iter().flat_map(move |admission| {
+            record
+                .pods
+                .values()
+                .filter(|pod| pod.scheduling_gates.iter().any(|g| g == PLACEMENT_GATE))
+                .map(|pod| PlannerAction::UngateWorker {
+                    pod_name: pod.pod_name.clone(),
+                    node: admission
+                        .placements
+                        .iter()
+                        .find(|p| p.index == pod.index)
+                        .map(|p| p.node.clone()),
+                })
+        })
     }
 
     /// True when a suspended attempt's Job has not been seen gone yet.

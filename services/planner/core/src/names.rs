@@ -13,6 +13,9 @@ pub use trainyard_api::placement::{
     LABEL_ATTEMPT, LABEL_HOSTNAME, LABEL_JOB, LABEL_MANAGED_BY, LABEL_ROLE, LABEL_TRAINING_JOB,
     MANAGED_BY,
 };
+/// Scheduling gate on the worker pods of a job planned onto several nodes:
+/// each pod waits for the planner to give it the node its index was placed on.
+pub const PLACEMENT_GATE: &str = "trainyard.dev/placement";
 /// Annotation (and label) Kubernetes sets on each pod of an Indexed Job.
 pub const COMPLETION_INDEX_ANNOTATION: &str = "batch.kubernetes.io/job-completion-index";
 

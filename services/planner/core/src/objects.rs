@@ -8,8 +8,8 @@ use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     Affinity, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
     KeyToPath, NFSVolumeSource, NodeAffinity, NodeSelector, NodeSelectorRequirement,
-    NodeSelectorTerm, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, Service,
-    ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
+    NodeSelectorTerm, PersistentVolumeClaimVolumeSource, PodSchedulingGate, PodSpec,
+    PodTemplateSpec, Service, ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::Serialize;
@@ -25,8 +25,8 @@ use crate::env::{
 };
 use crate::error::PlanError;
 use crate::names::{
-    LABEL_HOSTNAME, Role, common_labels, config_map_name, job_name, service_name, worker_host,
-    worker_selector,
+    LABEL_HOSTNAME, PLACEMENT_GATE, Role, common_labels, config_map_name, job_name, service_name,
+    worker_host, worker_selector,
 };
 use crate::preflight::{job_identity, preflight};
 use crate::resources::worker_resources;
@@ -306,6 +306,11 @@ fn worker_pod_spec(
         });
     }
 
+    let planned = plan
+        .admission
+        .filter(|_| pin_to_admitted_nodes)
+        .map(planned_nodes)
+        .unwrap_or_default();
     let (volumes, volume_mounts) = worker_volumes(spec, context);
     let image = spec.image.clone().unwrap_or_else(|| {
         plan.config
@@ -333,10 +338,8 @@ fn worker_pod_spec(
         subdomain: Some(service_name.to_owned()),
         priority_class_name: scheduling.priority.clone(),
         node_selector: (!node_selector.is_empty()).then_some(node_selector),
-        affinity: pinned_to_planned_nodes(
-            scheduling.affinity,
-            plan.admission.filter(|_| pin_to_admitted_nodes),
-        ),
+        affinity: pinned_to_planned_nodes(scheduling.affinity, &planned),
+        scheduling_gates: gated_for_placement(&planned),
         tolerations: (!tolerations.is_empty()).then_some(tolerations),
         termination_grace_period_seconds: Some(i64::from(
             plan.config.termination_grace_period_seconds,
@@ -346,35 +349,39 @@ fn worker_pod_spec(
     })
 }
 
-/// The workers' affinity, with every required node-affinity term narrowed to
-/// the nodes the gpu-allocator placed the workers on. The allocator counted
-/// each worker's GPUs on those nodes (best fit, topology), so a scheduler
-/// free to choose any node of the flavor (kube-scheduler's default scoring
-/// spreads pods) would take GPUs the allocator plans other jobs onto, and
-/// those jobs' pods would not bind. One pod template serves every worker of
-/// an Indexed Job, so the pin is the set of planned nodes: exact for a worker
-/// per node, and for any job on one node. Only for jobs whose placement
-/// rules the allocator planned for (`TrainingJob::placement_fully_planned`):
-/// narrowed to nodes chosen without a rule, the pods could fit nowhere.
-/// The allocator chose nodes that match one of the user's required terms;
-/// the pin joins each term, so the alternatives stay alternatives.
-fn pinned_to_planned_nodes(
-    affinity: Option<Affinity>,
-    admission: Option<&AdmissionDecided>,
-) -> Option<Affinity> {
+/// The distinct nodes `admission` placed workers on, sorted.
+fn planned_nodes(admission: &AdmissionDecided) -> Vec<String> {
     let mut nodes: Vec<String> = admission
-        .into_iter()
-        .flat_map(|a| a.placements.iter().map(|p| p.node.clone()))
+        .placements
+        .iter()
+        .map(|p| p.node.clone())
         .collect();
-    if nodes.is_empty() {
-        return affinity;
-    }
     nodes.sort_unstable();
     nodes.dedup();
+    nodes
+}
+
+/// The workers' affinity, with every required node-affinity term narrowed to
+/// the `planned` nodes, those the gpu-allocator placed the workers on. The
+/// allocator counted each worker's GPUs on those nodes (best fit, topology),
+/// so a scheduler free to choose any node of the flavor (kube-scheduler's
+/// default scoring spreads pods) would take GPUs the allocator plans other
+/// jobs onto, and those jobs' pods would not bind. One pod template serves
+/// every worker of an Indexed Job, so the pin is the set of planned nodes;
+/// where that set has several nodes, [`gated_for_placement`] holds each pod
+/// until it is given its own. Only for jobs whose placement rules the
+/// allocator planned for (`TrainingJob::placement_fully_planned`): narrowed
+/// to nodes chosen without a rule, the pods could fit nowhere. The
+/// allocator chose nodes that match one of the user's required terms; the
+/// pin joins each term, so the alternatives stay alternatives.
+fn pinned_to_planned_nodes(affinity: Option<Affinity>, planned: &[String]) -> Option<Affinity> {
+    if planned.is_empty() {
+        return affinity;
+    }
     let pin = NodeSelectorRequirement {
         key: LABEL_HOSTNAME.to_owned(),
         operator: "In".to_owned(),
-        values: Some(nodes),
+        values: Some(planned.to_vec()),
     };
     let mut affinity = affinity.unwrap_or_default();
     let required = affinity
@@ -394,6 +401,23 @@ fn pinned_to_planned_nodes(
             .push(pin.clone());
     }
     Some(affinity)
+}
+
+/// The scheduling gate that holds every worker pod of a job planned onto
+/// several nodes. Pinned to the set, the scheduler could put two workers on
+/// a node planned for one and take the GPUs of a job planned beside them
+/// (Kueue's topology-aware scheduling meets the same limit of one template
+/// the same way): the planner removes the gate from each pod as it appears
+/// and, in the same write, adds the node its completion index was placed on
+/// to its node selector ([`PlannerAction::UngateWorker`]).
+///
+/// [`PlannerAction::UngateWorker`]: crate::PlannerAction::UngateWorker
+fn gated_for_placement(planned: &[String]) -> Option<Vec<PodSchedulingGate>> {
+    (planned.len() > 1).then(|| {
+        vec![PodSchedulingGate {
+            name: PLACEMENT_GATE.to_owned(),
+        }]
+    })
 }
 
 fn to_toleration(spec: &TolerationSpec) -> Toleration {

@@ -8,12 +8,12 @@ mod common;
 
 use common::{
     Harness, admission, applied, checkpoint, condition, deleted, job_event, pending, pod_event,
-    pod_failed, preemption, progress, spec, training_job, worker_pod,
+    pod_failed, preemption, progress, spec, training_job, ungated, worker_pod,
 };
 use planner_core::{
     CONDITION_ADMITTED, CONDITION_FAILED, CONDITION_PREEMPTED, CONDITION_RUNNING,
-    CONDITION_SUCCEEDED, CONDITION_SUSPENDED, Observation, Observed, PlannerAction, PlannerCommand,
-    PlannerConfig, PlannerJobState, RESUME_FROM_KEY, decide, observe,
+    CONDITION_SUCCEEDED, CONDITION_SUSPENDED, Observation, Observed, PLACEMENT_GATE, PlannerAction,
+    PlannerCommand, PlannerConfig, PlannerJobState, RESUME_FROM_KEY, decide, observe,
 };
 use trainyard_api::{
     CheckpointSpec, FailurePolicy, RestartPolicy, SuccessPolicy, TrainingJobSpec, TrainingJobState,
@@ -772,6 +772,68 @@ fn admitted_workers_are_pinned_to_the_planned_nodes_unless_a_rule_was_not_planne
     };
     let (suspended, admitted) = admitted_with("near-cache", near_cache);
     assert_eq!(required_terms(&admitted), required_terms(&suspended));
+}
+
+#[test]
+fn workers_planned_onto_several_nodes_are_gated_then_each_given_the_node_of_its_index() {
+    let gates = |objects: &planner_core::DesiredObjects| -> Vec<String> {
+        worker_pod(objects)
+            .and_then(|pod| pod.scheduling_gates.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|gate| gate.name.clone())
+            .collect()
+    };
+    // Two workers on gpu-node-0 and the third on gpu-node-2.
+    let (suspended, admitted) = admitted_with("split", Default::default());
+    assert!(gates(&suspended).is_empty(), "no gate before admission");
+    assert_eq!(gates(&admitted), [PLACEMENT_GATE]);
+
+    let mut h = Harness::new(training_job("split", spec(3)));
+    h.decide();
+    h.observe(Observation::Job(job_event("split", 0, true, 0)));
+    let mut placed = admission(0, 3);
+    placed.placements[1].node = "gpu-node-0".into();
+    h.observe(Observation::Admission(placed));
+    h.decide();
+    h.observe(Observation::Job(job_event("split", 0, false, 3)));
+    let gated = |index: u32, gates: &[&str]| {
+        let mut pod = pod_event("split", 0, index, "Pending");
+        pod.node_name = None;
+        pod.scheduling_gates = gates.iter().map(|g| (*g).to_owned()).collect();
+        Observation::Pod(pod)
+    };
+    h.observe(gated(0, &[PLACEMENT_GATE]));
+    h.observe(gated(1, &["example.com/other", PLACEMENT_GATE]));
+    h.observe(gated(2, &[PLACEMENT_GATE]));
+    assert_eq!(
+        ungated(&h.decide()),
+        [
+            ("split-a0-0-abcde", Some("gpu-node-0")),
+            ("split-a0-1-abcde", Some("gpu-node-0")),
+            ("split-a0-2-abcde", Some("gpu-node-2")),
+        ]
+    );
+    // Ungated pods, and gates that are not the planner's, are left alone.
+    h.observe(gated(0, &[]));
+    h.observe(gated(1, &["example.com/other"]));
+    assert_eq!(
+        ungated(&h.decide()),
+        [("split-a0-2-abcde", Some("gpu-node-2"))]
+    );
+    // A preempted attempt's pods stay gated: they are about to go.
+    h.observe(Observation::Preemption(preemption(h.now)));
+    assert!(ungated(&h.decide()).is_empty());
+
+    // One node: the pin to the set is exact, and nothing waits for a gate.
+    let mut h = Harness::new(training_job("together", spec(2)));
+    h.decide();
+    h.observe(Observation::Job(job_event("together", 0, true, 0)));
+    let mut together = admission(0, 2);
+    together.placements[1].node = "gpu-node-0".into();
+    h.observe(Observation::Admission(together));
+    let actions = h.decide();
+    assert!(gates(applied(&actions)[0]).is_empty());
 }
 
 #[test]

@@ -146,6 +146,7 @@ pub fn pod_event(name: &str, attempt: u32, index: u32, phase: &str) -> PodObserv
         index,
         phase: phase.into(),
         node_name: Some(format!("gpu-node-{index}")),
+        scheduling_gates: Vec::new(),
         ready: phase == "Running",
         restart_count: 0,
         termination: None,
@@ -283,6 +284,7 @@ impl Harness {
                 PlannerAction::UpdateStatus(status) => self.job.status = Some((**status).clone()),
                 PlannerAction::RecreateAfter { .. }
                 | PlannerAction::RecheckAfter { .. }
+                | PlannerAction::UngateWorker { .. }
                 | PlannerAction::RecordEvent { .. } => {}
             }
         }
@@ -337,6 +339,19 @@ pub fn applied(actions: &[PlannerAction]) -> Vec<&DesiredObjects> {
         .iter()
         .filter_map(|a| match a {
             PlannerAction::ApplyObjects(objects) => Some(&**objects),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The (pod, node) of each ungate in `actions`.
+pub fn ungated(actions: &[PlannerAction]) -> Vec<(&str, Option<&str>)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            PlannerAction::UngateWorker { pod_name, node } => {
+                Some((pod_name.as_str(), node.as_deref()))
+            }
             _ => None,
         })
         .collect()
