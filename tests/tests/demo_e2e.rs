@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use planner_core::{
     COMPLETION_INDEX_ANNOTATION, LABEL_ATTEMPT, LABEL_JOB, LABEL_ROLE, PlannerConfig, Role,
@@ -56,12 +56,9 @@ where
     .expect("apply");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_example_job_and_the_sweep_complete_on_the_simulated_cluster() {
-    let _ = tracing_subscriber_init();
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let nats = NatsServer::start();
-    let shutdown = CancellationToken::new();
+/// The demo's simulated cluster, sped up, without random failures or
+/// disruptions: every job must run to its last epoch.
+fn demo_cluster() -> ClusterConfig {
     let mut config = ClusterConfig::load(
         &repo()
             .join("simulator/clusters/demo.yaml")
@@ -72,50 +69,95 @@ async fn every_example_job_and_the_sweep_complete_on_the_simulated_cluster() {
     config.speed = 600.0;
     // Random failures and spot reclaims would make the outcome depend on timing;
     // their handling is covered by simulator/tests/cluster.rs and the planner's
-    // failure tests. Here every job must run to its last epoch.
+    // failure tests.
     config.failures.rate = 0.0;
     config.disruptions.spot_reclaims_per_node_hour = 0.0;
     config.disruptions.node_failures_per_node_hour = 0.0;
+    config
+}
+
+/// NATS, the simulator, and the watcher, planner, gpu-allocator and
+/// hpo-tuner against them.
+struct Stack {
+    kube: Client,
+    allocator: Runtime,
+    shutdown: CancellationToken,
+    simulator: Simulator,
+    _nats: NatsServer,
+}
+
+impl Stack {
+    async fn start(config: ClusterConfig) -> Stack {
+        let _ = tracing_subscriber_init();
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let nats = NatsServer::start();
+        let shutdown = CancellationToken::new();
+        let client = async_nats::connect(nats.url()).await.expect("nats");
+        let simulator = Simulator::start(config, "127.0.0.1:0", Some(client), shutdown.clone())
+            .await
+            .expect("simulator starts");
+        // Connect the way the services' binaries do: through the kubeconfig the simulator writes.
+        let kubeconfig =
+            kube::config::Kubeconfig::from_yaml(&simulator.kubeconfig()).expect("kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .expect("kube config");
+        let kube = Client::try_from(config).expect("kube client");
+
+        let watcher = runtime(Service::Watcher, &nats, &shutdown).await;
+        let metrics =
+            trainyard_watcher::WatcherMetrics::register(&watcher.registry).expect("metrics");
+        trainyard_watcher::adapter::spawn_watches(
+            &watcher,
+            kube.clone(),
+            &Default::default(),
+            metrics,
+        );
+        let planner = runtime(Service::Planner, &nats, &shutdown).await;
+        let planner_config = PlannerConfig {
+            worker_nats_url: nats.url(),
+            restart_backoff_initial_seconds: 1,
+            restart_backoff_max_seconds: 2,
+            ..Default::default()
+        };
+        trainyard_planner::start(&planner, planner_config, kube.clone()).expect("planner starts");
+        let allocator = runtime(Service::GpuAllocator, &nats, &shutdown).await;
+        trainyard_gpu_allocator::start(&allocator, Default::default())
+            .await
+            .expect("allocator starts");
+        let tuner = runtime(Service::HpoTuner, &nats, &shutdown).await;
+        trainyard_hpo_tuner::start(&tuner, Default::default())
+            .await
+            .expect("tuner starts");
+        apply(
+            &Api::<TrainingQueue>::all(kube.clone()),
+            &manifest("simulator/clusters/demo-queue.yaml"),
+        )
+        .await;
+        Stack {
+            kube,
+            allocator,
+            shutdown,
+            simulator,
+            _nats: nats,
+        }
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.simulator.join().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_example_job_and_the_sweep_complete_on_the_simulated_cluster() {
+    let config = demo_cluster();
     // kube-scheduler's default spreads pods over the emptiest nodes; workers
     // must still land where the gpu-allocator placed them.
     assert_eq!(config.scoring, NodeScoring::LeastAllocated);
-    let client = async_nats::connect(nats.url()).await.expect("nats");
-    let simulator = Simulator::start(config, "127.0.0.1:0", Some(client), shutdown.clone())
-        .await
-        .expect("simulator starts");
-    // Connect the way the services' binaries do: through the kubeconfig the simulator writes.
-    let kubeconfig =
-        kube::config::Kubeconfig::from_yaml(&simulator.kubeconfig()).expect("kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .expect("kube config");
-    let kube = Client::try_from(config).expect("kube client");
+    let stack = Stack::start(config).await;
+    let kube = stack.kube.clone();
 
-    let watcher = runtime(Service::Watcher, &nats, &shutdown).await;
-    let metrics = trainyard_watcher::WatcherMetrics::register(&watcher.registry).expect("metrics");
-    trainyard_watcher::adapter::spawn_watches(&watcher, kube.clone(), &Default::default(), metrics);
-    let planner = runtime(Service::Planner, &nats, &shutdown).await;
-    let planner_config = PlannerConfig {
-        worker_nats_url: nats.url(),
-        restart_backoff_initial_seconds: 1,
-        restart_backoff_max_seconds: 2,
-        ..Default::default()
-    };
-    trainyard_planner::start(&planner, planner_config, kube.clone()).expect("planner starts");
-    let allocator = runtime(Service::GpuAllocator, &nats, &shutdown).await;
-    trainyard_gpu_allocator::start(&allocator, Default::default())
-        .await
-        .expect("allocator starts");
-    let tuner = runtime(Service::HpoTuner, &nats, &shutdown).await;
-    trainyard_hpo_tuner::start(&tuner, Default::default())
-        .await
-        .expect("tuner starts");
-
-    apply(
-        &Api::<TrainingQueue>::all(kube.clone()),
-        &manifest("simulator/clusters/demo-queue.yaml"),
-    )
-    .await;
     let names = ["simple", "distributed", "resume", "advanced"];
     let jobs = Api::<TrainingJob>::namespaced(kube.clone(), "default");
     for name in names {
@@ -214,15 +256,13 @@ async fn every_example_job_and_the_sweep_complete_on_the_simulated_cluster() {
     assert_eq!(status.state, Some(SweepState::Completed), "{status:?}");
     let best = status.best_trial.expect("a best trial");
     assert!(best.objective_value.is_finite(), "{best:?}");
-    assert_workers_ran_where_admitted(&allocator, kube.clone()).await;
-    shutdown.cancel();
-    simulator.join().await;
+    assert_workers_ran_where_admitted(&stack.allocator, kube.clone()).await;
+    stack.stop().await;
 }
 
-/// Every worker pod of every admitted attempt (the example jobs' and the
-/// sweep's trials') was bound to the node its admission placed its index on.
-async fn assert_workers_ran_where_admitted(allocator: &Runtime, kube: Client) {
-    let mut planned: BTreeMap<(String, String, u32), String> = BTreeMap::new();
+/// The node each admission placed each worker on, by (TrainingJob, attempt, index).
+async fn planned_nodes(allocator: &Runtime) -> BTreeMap<(String, String, u32), String> {
+    let mut planned = BTreeMap::new();
     for message in
         trainyard_testkit::stream_messages(&allocator.jetstream, streams::DECISIONS.name, None)
             .await
@@ -243,6 +283,13 @@ async fn assert_workers_ran_where_admitted(allocator: &Runtime, kube: Client) {
             }
         }
     }
+    planned
+}
+
+/// Every worker pod of every admitted attempt (the example jobs' and the
+/// sweep's trials') was bound to the node its admission placed its index on.
+async fn assert_workers_ran_where_admitted(allocator: &Runtime, kube: Client) {
+    let planned = planned_nodes(allocator).await;
     let pods = Api::<Pod>::all(kube)
         .list(&ListParams::default().labels(&format!("{LABEL_ROLE}={}", Role::Worker.as_str())))
         .await
@@ -276,6 +323,111 @@ async fn assert_workers_ran_where_admitted(allocator: &Runtime, kube: Client) {
         .iter()
         .filter(|(job, ..)| job == "advanced-training");
     assert!(advanced.count() >= 8, "{checked:?}");
+}
+
+/// A TrainingJob of `workers` x `gpus` in namespace `ml`, from the simple example.
+fn training_job(name: &str, workers: u32, gpus: u32) -> TrainingJob {
+    let mut job: TrainingJob = manifest("examples/trainingjob-simple.yaml");
+    job.metadata.name = Some(name.to_owned());
+    job.metadata.namespace = Some("ml".to_owned());
+    job.spec.num_workers = workers;
+    job.spec.gpus_per_worker = Some(gpus);
+    job
+}
+
+async fn state_of(jobs: &Api<TrainingJob>, name: &str) -> Option<TrainingJob> {
+    let live = jobs.get(name).await.ok()?;
+    live.status.as_ref()?.state?;
+    Some(live)
+}
+
+/// GPUs a pod Trainyard does not manage holds (an inference server here)
+/// are not given to training: a job that fits on either of two empty nodes
+/// is placed on the one without the server, and a job that needs both
+/// waits, GPUs short, until the server is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpus_other_pods_hold_are_not_given_to_training() {
+    let mut config = demo_cluster();
+    config.nodes.retain(|group| group.name == "a100");
+    config.nodes[0].count = 2;
+    let stack = Stack::start(config).await;
+    let pods = Api::<Pod>::namespaced(stack.kube.clone(), "serving");
+    let server: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "inference", "namespace": "serving"},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": "a100-0"},
+                 "containers": [{"name": "server", "image": "vllm/vllm-openai",
+                                 "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}
+    }))
+    .expect("pod");
+    pods.create(&PostParams::default(), &server)
+        .await
+        .expect("server created");
+    eventually_within("the server to be bound", Duration::from_secs(30), || {
+        let pods = pods.clone();
+        async move {
+            let pod = pods.get("inference").await.ok()?;
+            (pod.spec?.node_name? == "a100-0").then_some(())
+        }
+    })
+    .await;
+
+    let jobs = Api::<TrainingJob>::namespaced(stack.kube.clone(), "ml");
+    apply(&jobs, &training_job("one-node", 2, 4)).await;
+    let completed = |name: &'static str| {
+        let jobs = jobs.clone();
+        move || {
+            let jobs = jobs.clone();
+            async move {
+                let live = state_of(&jobs, name).await?;
+                let state = live.status.as_ref()?.state?;
+                state.is_terminal().then_some(state)
+            }
+        }
+    };
+    let state = eventually_within(
+        "one-node to finish",
+        Duration::from_secs(60),
+        completed("one-node"),
+    )
+    .await;
+    assert_eq!(state, TrainingJobState::Completed);
+    let planned = planned_nodes(&stack.allocator).await;
+    let one_node: Vec<&String> = planned
+        .iter()
+        .filter(|((job, ..), _)| job == "one-node")
+        .map(|(_, node)| node)
+        .collect();
+    assert_eq!(one_node, ["a100-1", "a100-1"], "{planned:?}");
+
+    apply(&jobs, &training_job("two-nodes", 2, 8)).await;
+    let waiting = eventually_within("two-nodes to wait", Duration::from_secs(30), || {
+        let jobs = jobs.clone();
+        async move {
+            let live = state_of(&jobs, "two-nodes").await?;
+            let status = live.status?;
+            let admitted = status
+                .conditions
+                .iter()
+                .find(|c| c.condition_type == "Admitted")?;
+            (status.state == Some(TrainingJobState::Queued)
+                && admitted.message.as_deref()?.contains("short"))
+            .then(|| admitted.message.clone().unwrap_or_default())
+        }
+    })
+    .await;
+    assert!(waiting.contains("8 short"), "{waiting}");
+    pods.delete("inference", &Default::default())
+        .await
+        .expect("server deleted");
+    let state = eventually_within(
+        "two-nodes to finish",
+        Duration::from_secs(60),
+        completed("two-nodes"),
+    )
+    .await;
+    assert_eq!(state, TrainingJobState::Completed);
+    stack.stop().await;
 }
 
 fn tracing_subscriber_init() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {

@@ -86,7 +86,9 @@ fn taint_effect(object: &str, field: String, effect: &str) -> Result<TaintEffect
     }
 }
 
-/// A node event: upsert with its GPU resources, or removal.
+/// A node event: upsert with its GPU resources, or removal. What pods
+/// Trainyard does not manage hold on the node is not the allocator's to
+/// give: the core sees the allocatable units less those.
 pub fn node_event(entity: &EntityRef, node: &NodeObserved) -> Result<Event, ServiceError> {
     let name = entity.name.clone();
     if node.change == Change::Deleted {
@@ -96,15 +98,18 @@ pub fn node_event(entity: &EntityRef, node: &NodeObserved) -> Result<Event, Serv
     let mut allocatable = BTreeMap::new();
     allocatable.insert(
         names::GPU_RESOURCE.to_string(),
-        node.allocatable_gpus.to_string(),
+        node.allocatable_gpus
+            .saturating_sub(node.gpus_used_by_other_pods)
+            .to_string(),
     );
     for (profile, count) in &node.mig {
+        let used = node.mig_used_by_other_pods.get(profile).copied();
         let profile = profile
             .strip_prefix(names::MIG_RESOURCE_PREFIX)
             .unwrap_or(profile);
         allocatable.insert(
             format!("{}{profile}", names::MIG_RESOURCE_PREFIX),
-            count.to_string(),
+            count.saturating_sub(used.unwrap_or(0)).to_string(),
         );
     }
     let taints = node
@@ -669,6 +674,8 @@ mod tests {
             }],
             unschedulable: true,
             ready: true,
+            gpus_used_by_other_pods: 0,
+            mig_used_by_other_pods: BTreeMap::new(),
         }
     }
 
@@ -694,6 +701,30 @@ mod tests {
                 name: "gpu-1".into()
             }
         );
+    }
+
+    #[test]
+    fn units_other_pods_hold_are_not_the_allocators_to_give() {
+        let entity = EntityRef::new("", "gpu-1", "");
+        let shared = NodeObserved {
+            gpus_used_by_other_pods: 3,
+            mig_used_by_other_pods: [("1g.10gb".to_string(), 2)].into(),
+            ..node(8)
+        };
+        let Event::NodeUpserted(info) = node_event(&entity, &shared).expect("maps") else {
+            panic!("expected NodeUpserted");
+        };
+        assert_eq!(info.allocatable["nvidia.com/gpu"], "5");
+        assert_eq!(info.allocatable["nvidia.com/mig-1g.10gb"], "5");
+        // More requested than allocatable (a device went away): none free, no underflow.
+        let overcommitted = NodeObserved {
+            gpus_used_by_other_pods: 9,
+            ..node(8)
+        };
+        let Event::NodeUpserted(info) = node_event(&entity, &overcommitted).expect("maps") else {
+            panic!("expected NodeUpserted");
+        };
+        assert_eq!(info.allocatable["nvidia.com/gpu"], "0");
     }
 
     #[test]

@@ -21,6 +21,7 @@ use trainyard_runtime::{
 };
 
 use crate::error::WatcherError;
+use crate::gpu_usage::{GpuNode, NodeUsage, OtherPod};
 use crate::mapping::{ChangeEvent, ChangePayload, JOB_LABEL, Watched, WatchedJob, WatchedPod};
 use crate::relist::Relist;
 
@@ -118,7 +119,52 @@ pub fn spawn_watches(
         &metrics,
     );
     spawn_watch(runtime, scoped::<WatchedPod>(&client, ns), owned, &metrics);
-    spawn_watch(runtime, Api::<Node>::all(client), nodes, &metrics);
+    spawn_node_watch(runtime, client, nodes, &metrics);
+}
+
+/// A Node watch event or an other pods' watch event.
+enum NodeOrPod {
+    Node(Box<Result<watcher::Event<Node>, watcher::Error>>),
+    Pod(Box<Result<watcher::Event<OtherPod>, watcher::Error>>),
+}
+
+/// Watches Nodes and, in every namespace, the pods Trainyard does not manage
+/// (those without its job label), and publishes each node with the GPUs
+/// such pods hold on it (see [`crate::gpu_usage`]).
+fn spawn_node_watch(
+    runtime: &Runtime,
+    client: Client,
+    nodes: watcher::Config,
+    metrics: &WatcherMetrics,
+) {
+    let node_events = watcher(Api::<Node>::all(client.clone()), nodes)
+        .default_backoff()
+        .map(|event| NodeOrPod::Node(Box::new(event)));
+    let other_pods = watcher::Config::default().labels(&format!("!{JOB_LABEL}"));
+    let pod_events = watcher(Api::<OtherPod>::all(client), other_pods)
+        .default_backoff()
+        .map(|event| NodeOrPod::Pod(Box::new(event)));
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut usage = NodeUsage::new(format!("{started:x}"));
+    let events = futures::stream::select(node_events, pod_events).flat_map(move |event| {
+        let changes = match event {
+            NodeOrPod::Node(event) => (*event).map(|event| usage.on_node(event)),
+            NodeOrPod::Pod(event) => (*event).map(|event| usage.on_pod(event)),
+        };
+        let out: Vec<Result<watcher::Event<GpuNode>, watcher::Error>> = match changes {
+            Ok(changes) => changes.into_iter().map(Ok).collect(),
+            Err(err) => vec![Err(err)],
+        };
+        futures::stream::iter(out)
+    });
+    let publisher = runtime.publisher.clone();
+    let shutdown = runtime.shutdown.clone();
+    let metrics = metrics.clone();
+    runtime.spawn(async move {
+        pump(events, publisher, metrics, shutdown).await;
+    });
 }
 
 fn spawn_watch<K>(runtime: &Runtime, api: Api<K>, config: watcher::Config, metrics: &WatcherMetrics)

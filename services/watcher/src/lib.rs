@@ -3,6 +3,7 @@
 
 pub mod adapter;
 pub mod error;
+pub mod gpu_usage;
 pub mod mapping;
 pub mod relist;
 

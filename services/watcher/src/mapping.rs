@@ -13,6 +13,8 @@ use kube::ResourceExt;
 use serde::Deserialize;
 use trainyard_api::{Sweep, TrainingJob, TrainingQueue};
 use trainyard_contracts::EntityRef;
+
+use crate::gpu_usage::Usage;
 use trainyard_contracts::events::{
     Change, ContainerTermination, JobObserved, NodeObserved, ObservedCondition, PodObserved,
     SweepChanged, Taint, TrainingJobChanged, TrainingQueueChanged,
@@ -99,6 +101,8 @@ macro_rules! resource_as {
         }
     };
 }
+
+pub(crate) use resource_as;
 
 resource_as!(WatchedJob, Job);
 resource_as!(WatchedPod, Pod);
@@ -429,45 +433,67 @@ impl Watched for WatchedPod {
 }
 
 /// A quantity as a whole count; device-plugin resources are integers.
-fn whole(quantity: &Quantity) -> u32 {
+pub(crate) fn whole(quantity: &Quantity) -> u32 {
     quantity.0.trim().parse().unwrap_or(0)
 }
 
-impl Watched for Node {
-    fn to_event(&self, change: Change) -> Option<ChangeEvent> {
-        let status = self.status.clone().unwrap_or_default();
-        let allocatable = status.allocatable.unwrap_or_default();
-        let mig: BTreeMap<String, u32> = allocatable
-            .iter()
-            .filter_map(|(name, q)| Some((name.strip_prefix(MIG_PREFIX)?.to_string(), whole(q))))
-            .collect();
-        let spec = self.spec.clone().unwrap_or_default();
-        let observed = NodeObserved {
-            change,
-            allocatable_gpus: allocatable.get(GPU_RESOURCE).map(whole).unwrap_or(0),
-            mig,
-            labels: self.labels().clone(),
-            taints: spec
-                .taints
-                .iter()
-                .flatten()
-                .map(|t| Taint {
-                    key: t.key.clone(),
-                    value: t.value.clone(),
-                    effect: t.effect.clone(),
-                })
-                .collect(),
-            unschedulable: spec.unschedulable.unwrap_or(false),
-            ready: status
-                .conditions
-                .iter()
-                .flatten()
-                .any(|c| c.type_ == "Ready" && c.status == "True"),
-        };
-        Some(ChangeEvent {
-            entity: EntityRef::new("", self.name_any(), self.uid().unwrap_or_default()),
-            message_id: message_id(self, change)?,
-            payload: ChangePayload::Node(observed),
-        })
+/// The event of `node`, with what pods Trainyard does not manage hold on it
+/// (see [`crate::gpu_usage`]). A change of that usage alone keeps the node's
+/// version, so its id names the pod change behind it (`usage_change`), and
+/// a node change's id the usage it carries: the usage coming back to an
+/// earlier value is not a duplicate, and a relist repeats the same ids.
+pub(crate) fn node_event(
+    node: &Node,
+    used: &Usage,
+    usage_change: Option<&str>,
+    change: Change,
+) -> Option<ChangeEvent> {
+    let mut message_id = message_id(node, change)?;
+    match usage_change {
+        _ if change == Change::Deleted => {}
+        Some(pod_change) => message_id.push_str(&format!(":pod={pod_change}")),
+        None if !used.is_empty() => {
+            message_id.push_str(&format!(":used={}", used.gpus));
+            for (profile, n) in &used.mig {
+                message_id.push_str(&format!(",{profile}={n}"));
+            }
+        }
+        None => {}
     }
+    let status = node.status.clone().unwrap_or_default();
+    let allocatable = status.allocatable.unwrap_or_default();
+    let mig: BTreeMap<String, u32> = allocatable
+        .iter()
+        .filter_map(|(name, q)| Some((name.strip_prefix(MIG_PREFIX)?.to_string(), whole(q))))
+        .collect();
+    let spec = node.spec.clone().unwrap_or_default();
+    let observed = NodeObserved {
+        change,
+        allocatable_gpus: allocatable.get(GPU_RESOURCE).map(whole).unwrap_or(0),
+        mig,
+        labels: node.labels().clone(),
+        taints: spec
+            .taints
+            .iter()
+            .flatten()
+            .map(|t| Taint {
+                key: t.key.clone(),
+                value: t.value.clone(),
+                effect: t.effect.clone(),
+            })
+            .collect(),
+        unschedulable: spec.unschedulable.unwrap_or(false),
+        ready: status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "Ready" && c.status == "True"),
+        gpus_used_by_other_pods: used.gpus,
+        mig_used_by_other_pods: used.mig.clone(),
+    };
+    Some(ChangeEvent {
+        entity: EntityRef::new("", node.name_any(), node.uid().unwrap_or_default()),
+        message_id,
+        payload: ChangePayload::Node(observed),
+    })
 }

@@ -3,12 +3,13 @@ mod fixtures;
 use kube::runtime::watcher::Event;
 use trainyard_api::TrainingJob;
 use trainyard_contracts::events::Change;
+use trainyard_watcher::gpu_usage::GpuNode;
 use trainyard_watcher::mapping::{ChangePayload, Watched};
 use trainyard_watcher::relist::Relist;
 
 #[test]
 fn node_keeps_only_what_scheduling_needs() {
-    let event = fixtures::gpu_node("gpu-1", "n1", "5")
+    let event = GpuNode::idle(fixtures::gpu_node("gpu-1", "n1", "5"))
         .to_event(Change::Applied)
         .expect("a node event");
     assert_eq!(event.message_id, "n1:5");
@@ -275,7 +276,10 @@ fn pod_and_node_changes_that_report_nothing_new_are_not_published() {
     assert_eq!(ids(&relist.on_event(Event::Apply(failed))), ["pod-0:9"]);
 
     let node = fixtures::gpu_node("gpu-1", "n1", "5");
-    assert_eq!(ids(&relist.on_event(Event::Apply(node.clone()))), ["n1:5"]);
+    assert_eq!(
+        ids(&relist.on_event(Event::Apply(GpuNode::idle(node.clone())))),
+        ["n1:5"]
+    );
     let mut heartbeat = node.clone();
     heartbeat.metadata.resource_version = Some("6".into());
     heartbeat
@@ -286,14 +290,23 @@ fn pod_and_node_changes_that_report_nothing_new_are_not_published() {
         .last_heartbeat_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
         "2026-11-26T08:00:00Z".parse().expect("time"),
     ));
-    assert!(relist.on_event(Event::Apply(heartbeat)).is_empty());
+    assert!(
+        relist
+            .on_event(Event::Apply(GpuNode::idle(heartbeat)))
+            .is_empty()
+    );
     let mut uncordoned = node;
     uncordoned.metadata.resource_version = Some("7".into());
     uncordoned.spec.get_or_insert_default().unschedulable = Some(false);
-    assert_eq!(ids(&relist.on_event(Event::Apply(uncordoned))), ["n1:7"]);
+    assert_eq!(
+        ids(&relist.on_event(Event::Apply(GpuNode::idle(uncordoned)))),
+        ["n1:7"]
+    );
     assert_eq!(relist.take_unchanged(), 2);
 
-    let deleted = relist.on_event(Event::Delete(fixtures::gpu_node("gpu-1", "n1", "8")));
+    let deleted = relist.on_event(Event::Delete(GpuNode::idle(fixtures::gpu_node(
+        "gpu-1", "n1", "8",
+    ))));
     assert_eq!(
         ids(&deleted),
         ["n1:deleted"],

@@ -146,6 +146,18 @@ pub struct NodeObserved {
     pub unschedulable: bool,
     /// The node's Ready condition is True.
     pub ready: bool,
+    /// `nvidia.com/gpu` requested by pods bound to the node that Trainyard
+    /// does not manage (inference servers, notebooks, plain Jobs): not free
+    /// for training, though allocatable.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub gpus_used_by_other_pods: u32,
+    /// MIG slices by profile requested by such pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mig_used_by_other_pods: BTreeMap<String, u32>,
+}
+
+fn is_zero(count: &u32) -> bool {
+    *count == 0
 }
 
 crate::payload!(

@@ -1,0 +1,222 @@
+//! GPUs held by pods Trainyard does not manage: counted per node and
+//! carried by the node's events.
+
+mod fixtures;
+
+use kube::runtime::watcher::Event;
+use serde_json::json;
+use trainyard_contracts::events::NodeObserved;
+use trainyard_watcher::gpu_usage::{GpuNode, NodeUsage, OtherPod};
+use trainyard_watcher::mapping::{ChangePayload, Watched};
+use trainyard_watcher::relist::Relist;
+
+fn other_pod(
+    uid: &str,
+    rv: &str,
+    node: Option<&str>,
+    phase: &str,
+    spec: serde_json::Value,
+) -> OtherPod {
+    let mut spec = spec;
+    if let Some(node) = node {
+        spec["nodeName"] = json!(node);
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": uid, "namespace": "serving", "uid": uid, "resourceVersion": rv},
+        "spec": spec,
+        "status": {"phase": phase},
+    }))
+    .expect("valid pod")
+}
+
+fn gpus(n: u32) -> serde_json::Value {
+    json!({"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": n.to_string()}}}]})
+}
+
+/// What the published event of each node event says: (message id, GPUs used by others).
+fn published(relist: &mut Relist, events: Vec<Event<GpuNode>>) -> Vec<(String, u32)> {
+    events
+        .into_iter()
+        .flat_map(|event| relist.on_event(event))
+        .map(|change| {
+            let ChangePayload::Node(node) = &change.payload else {
+                panic!("node payload expected")
+            };
+            (change.message_id.clone(), node.gpus_used_by_other_pods)
+        })
+        .collect()
+}
+
+#[test]
+fn a_pod_holds_its_containers_sum_or_its_largest_init_container_while_bound_and_running() {
+    let held = |pod: &OtherPod| {
+        pod.held()
+            .map(|(node, usage)| (node, usage.gpus, usage.mig))
+    };
+    let spec = json!({
+        "containers": [
+            {"name": "a", "resources": {"requests": {"nvidia.com/gpu": "2"}, "limits": {"nvidia.com/gpu": "2"}}},
+            {"name": "b", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": "2"}}},
+            {"name": "cpu-only", "resources": {"requests": {"cpu": "4"}}},
+        ],
+        "initContainers": [{"name": "warmup", "resources": {"limits": {"nvidia.com/gpu": "4"}}}],
+    });
+    assert_eq!(
+        held(&other_pod("p", "1", Some("gpu-1"), "Running", spec.clone())),
+        Some(("gpu-1".to_owned(), 4, [("1g.10gb".to_owned(), 2)].into()))
+    );
+    assert_eq!(
+        held(&other_pod("p", "1", Some("gpu-1"), "Pending", gpus(3))),
+        Some(("gpu-1".to_owned(), 3, Default::default())),
+        "bound, still starting: its GPUs are taken"
+    );
+    for (node, phase) in [
+        (None, "Pending"),
+        (Some("gpu-1"), "Succeeded"),
+        (Some("gpu-1"), "Failed"),
+    ] {
+        assert_eq!(
+            held(&other_pod("p", "1", node, phase, gpus(3))),
+            None,
+            "{node:?} {phase}"
+        );
+    }
+    let cpu_only = json!({"containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]});
+    assert_eq!(
+        held(&other_pod("p", "1", Some("gpu-1"), "Running", cpu_only)),
+        None
+    );
+}
+
+#[test]
+fn nodes_wait_for_the_first_pod_listing_then_carry_what_other_pods_hold() {
+    let mut usage = NodeUsage::new("test".into());
+    let mut relist = Relist::default();
+    let node = fixtures::gpu_node("gpu-1", "n1", "5");
+    let mut events = usage.on_node(Event::Init);
+    events.extend(usage.on_node(Event::InitApply(node.clone())));
+    events.extend(usage.on_node(Event::InitDone));
+    assert!(events.is_empty(), "no node before the other pods are known");
+    assert!(usage.on_pod(Event::Init).is_empty());
+    assert!(
+        usage
+            .on_pod(Event::InitApply(other_pod(
+                "p1",
+                "3",
+                Some("gpu-1"),
+                "Running",
+                gpus(2)
+            )))
+            .is_empty()
+    );
+    let listed = usage.on_pod(Event::InitDone);
+    assert_eq!(
+        published(&mut relist, listed),
+        [("n1:5:used=2".to_owned(), 2)]
+    );
+
+    // Each change of usage is a change of the node, named after the pod change.
+    let second = other_pod("p2", "4", Some("gpu-1"), "Running", gpus(4));
+    let added = usage.on_pod(Event::Apply(second.clone()));
+    assert_eq!(
+        published(&mut relist, added),
+        [("n1:5:pod=p2:4".to_owned(), 6)]
+    );
+    // A pod on another node, or one that changes without changing its GPUs, changes nothing here.
+    assert!(
+        usage
+            .on_pod(Event::Apply(other_pod(
+                "p3",
+                "5",
+                Some("gpu-9"),
+                "Running",
+                gpus(1)
+            )))
+            .is_empty()
+    );
+    assert!(
+        usage
+            .on_pod(Event::Apply(other_pod(
+                "p2",
+                "6",
+                Some("gpu-1"),
+                "Running",
+                gpus(4)
+            )))
+            .is_empty()
+    );
+    // Finished, then deleted: the GPUs come back once.
+    let finished = usage.on_pod(Event::Apply(other_pod(
+        "p2",
+        "7",
+        Some("gpu-1"),
+        "Succeeded",
+        gpus(4),
+    )));
+    assert_eq!(
+        published(&mut relist, finished),
+        [("n1:5:pod=p2:7".to_owned(), 2)]
+    );
+    assert!(usage.on_pod(Event::Delete(second)).is_empty());
+    let gone = usage.on_pod(Event::Delete(other_pod(
+        "p1",
+        "8",
+        Some("gpu-1"),
+        "Running",
+        gpus(2),
+    )));
+    assert_eq!(
+        published(&mut relist, gone),
+        [("n1:5:pod=p1:deleted".to_owned(), 0)]
+    );
+
+    // A node change carries the usage of the moment.
+    let mut relabelled = node.clone();
+    relabelled.metadata.resource_version = Some("9".into());
+    relabelled
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert("pool".into(), "b".into());
+    let applied = usage.on_node(Event::Apply(relabelled.clone()));
+    assert_eq!(published(&mut relist, applied), [("n1:9".to_owned(), 0)]);
+
+    // A relist that finds a pod the watch missed is a change; the same
+    // usage found again is not published twice.
+    usage.on_pod(Event::Init);
+    usage.on_pod(Event::InitApply(other_pod(
+        "p4",
+        "10",
+        Some("gpu-1"),
+        "Running",
+        gpus(8),
+    )));
+    let relisted = usage.on_pod(Event::InitDone);
+    assert_eq!(
+        published(&mut relist, relisted),
+        [("n1:9:pod=relist-test-2".to_owned(), 8)]
+    );
+    usage.on_pod(Event::Init);
+    usage.on_pod(Event::InitApply(other_pod(
+        "p4",
+        "10",
+        Some("gpu-1"),
+        "Running",
+        gpus(8),
+    )));
+    assert!(usage.on_pod(Event::InitDone).is_empty());
+}
+
+#[test]
+fn a_node_without_other_pods_reads_as_before() {
+    let event = GpuNode::idle(fixtures::gpu_node("gpu-1", "n1", "5"))
+        .to_event(trainyard_contracts::events::Change::Applied)
+        .expect("event");
+    let ChangePayload::Node(node) = event.payload else {
+        panic!("node payload expected")
+    };
+    let encoded = serde_json::to_value(&node).expect("encodes");
+    assert!(encoded.get("gpusUsedByOtherPods").is_none(), "{encoded}");
+    let decoded: NodeObserved = serde_json::from_value(encoded).expect("decodes");
+    assert_eq!(decoded.gpus_used_by_other_pods, 0);
+}
