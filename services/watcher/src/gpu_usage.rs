@@ -11,7 +11,7 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
-use k8s_openapi::api::core::v1::{Node, Pod, ResourceRequirements};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Pod, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
@@ -191,6 +191,32 @@ impl Watched for GpuNode {
     }
 }
 
+/// What is kept of a node to publish it again when its usage changes: the
+/// fields its event reads. A real Node's status lists every image pulled
+/// onto it, often most of its bytes.
+fn kept(node: &Node) -> Node {
+    let status = node.status.as_ref().map(|status| NodeStatus {
+        allocatable: status.allocatable.clone(),
+        conditions: status.conditions.clone(),
+        ..NodeStatus::default()
+    });
+    Node {
+        metadata: ObjectMeta {
+            name: node.metadata.name.clone(),
+            uid: node.metadata.uid.clone(),
+            resource_version: node.metadata.resource_version.clone(),
+            labels: node.metadata.labels.clone(),
+            ..ObjectMeta::default()
+        },
+        spec: node.spec.as_ref().map(|spec| NodeSpec {
+            taints: spec.taints.clone(),
+            unschedulable: spec.unschedulable,
+            ..NodeSpec::default()
+        }),
+        status,
+    }
+}
+
 /// Joins the Node watch and the other pods' watch into one stream of
 /// [`GpuNode`] events: a node's events carry its current usage, and a
 /// change of usage is an `Apply` of the node. Node events wait for the other
@@ -255,11 +281,11 @@ impl NodeUsage {
     fn node_event(&mut self, event: Event<Node>) -> Event<GpuNode> {
         match event {
             Event::Apply(node) => {
-                self.nodes.insert(node.name_any(), node.clone());
+                self.nodes.insert(node.name_any(), kept(&node));
                 Event::Apply(self.with_usage(node, None))
             }
             Event::InitApply(node) => {
-                self.nodes.insert(node.name_any(), node.clone());
+                self.nodes.insert(node.name_any(), kept(&node));
                 Event::InitApply(self.with_usage(node, None))
             }
             Event::Delete(node) => {

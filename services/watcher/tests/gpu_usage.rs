@@ -118,6 +118,27 @@ fn nodes_wait_for_the_first_pod_listing_then_carry_what_other_pods_hold() {
     // Each change of usage is a change of the node, named after the pod change.
     let second = other_pod("p2", "4", Some("gpu-1"), "Running", gpus(4));
     let added = usage.on_pod(Event::Apply(second.clone()));
+    // What the node is published with again is what the whole object said.
+    let node_fields = |event: &Event<GpuNode>| {
+        let Event::Apply(gpu_node) = event else {
+            panic!("apply expected")
+        };
+        let ChangePayload::Node(observed) = gpu_node
+            .to_event(trainyard_contracts::events::Change::Applied)
+            .expect("event")
+            .payload
+        else {
+            panic!("node payload expected")
+        };
+        NodeObserved {
+            gpus_used_by_other_pods: 0,
+            ..observed
+        }
+    };
+    assert_eq!(
+        node_fields(&added[0]),
+        node_fields(&Event::Apply(GpuNode::idle(node.clone())))
+    );
     assert_eq!(
         published(&mut relist, added),
         [("n1:5:pod=p2:4".to_owned(), 6)]
