@@ -51,6 +51,12 @@ pub struct PlannerConfig {
     /// costs the API server (and every watcher) a write per interval, not one
     /// per report. 0 writes every change at once.
     pub min_status_interval_ms: u64,
+    /// Seconds an admitted worker may stay unschedulable (the scheduler found
+    /// no node for it: GPUs taken by something the gpu-allocator could not
+    /// see, a node gone since admission) before the attempt gives its
+    /// admission back and queues again, as Kueue's `waitForPodsReady` does;
+    /// only time without a node counts, not image pulls. 0: never.
+    pub unschedulable_timeout_seconds: u32,
 }
 
 impl Default for PlannerConfig {
@@ -69,6 +75,7 @@ impl Default for PlannerConfig {
             parallel_jobs: 16,
             finished_entry_ttl_seconds: 30,
             min_status_interval_ms: 1_000,
+            unschedulable_timeout_seconds: 300,
         }
     }
 }

@@ -405,6 +405,12 @@ impl Context<'_> {
         if let Some(preemption) = &record.preemption {
             return self.preempted(phase, &preemption.decision);
         }
+        if let Some(deadline) = self.unschedulable_deadline()
+            && self.now >= deadline
+            && matches!(phase, Phase::Starting | Phase::Gone)
+        {
+            return self.requeued_unschedulable();
+        }
         let mut verdict = self.progression(phase);
         verdict.actions.extend(self.ungated_workers());
         verdict
@@ -724,6 +730,33 @@ impl Context<'_> {
         verdict
     }
 
+    /// When the current attempt gives its admission back if a worker stays
+    /// unschedulable (see `unschedulable_timeout_seconds`).
+    fn unschedulable_deadline(&self) -> Option<DateTime<Utc>> {
+        let seconds = self.config.unschedulable_timeout_seconds;
+        let since = self.record().unschedulable_since.filter(|_| seconds > 0)?;
+        Some(add_seconds(since, u64::from(seconds)))
+    }
+
+    /// A worker found no node for `unschedulable_timeout_seconds`: the
+    /// admission is given back and the job queues again as the next attempt.
+    /// The restart budget is not spent: nothing failed.
+    fn requeued_unschedulable(&self) -> Verdict {
+        let record = self.record();
+        let next = record.attempt.saturating_add(1);
+        let (index, why) = record.unschedulable_worker().unwrap_or((0, "no node fits"));
+        let message = format!(
+            "worker {index} of attempt {} found no node for {}s ({why}); its GPUs are given back and attempt {next} waits for re-admission",
+            record.attempt, self.config.unschedulable_timeout_seconds
+        );
+        let mut verdict = self.start_attempt(next, "WorkersUnschedulable", message);
+        verdict.warning = true;
+        if record.job.is_some() && !record.job_deleted {
+            verdict.actions.insert(0, self.delete_current_job());
+        }
+        verdict
+    }
+
     /// Creates attempt `attempt` (or keeps it suspended while the user suspends the job).
     fn start_attempt(&self, attempt: u32, reason: &str, message: String) -> Verdict {
         if self.spec().is_suspended() {
@@ -833,16 +866,26 @@ impl Context<'_> {
                 let running = record
                     .running_pods()
                     .max(record.job.as_ref().map_or(0, |j| j.ready));
+                let mut message = format!(
+                    "{} of {} workers running",
+                    running.min(spec.num_workers),
+                    spec.num_workers
+                );
+                if let Some((index, why)) = record.unschedulable_worker() {
+                    message.push_str(&format!("; worker {index} unschedulable: {why}"));
+                }
                 let mut verdict = Verdict::new(
                     TrainingJobState::Initializing,
                     attempt,
                     "WorkersStarting",
-                    format!(
-                        "{} of {} workers running",
-                        running.min(spec.num_workers),
-                        spec.num_workers
-                    ),
+                    message,
                 );
+                if let Some(deadline) = self.unschedulable_deadline() {
+                    verdict.actions.push(PlannerAction::RecheckAfter {
+                        delay: elapsed(self.now, deadline),
+                        reason: "unschedulable workers".to_owned(),
+                    });
+                }
                 verdict.admitted = self.admitted_condition(admission);
                 verdict.allocation = admission.cloned();
                 self.readmitted(&mut verdict);

@@ -134,6 +134,10 @@ pub struct AttemptRecord {
     pub checkpointed_since_preemption: bool,
     /// Some worker of this attempt reported progress.
     pub progress_reported: bool,
+    /// Since when some worker pod has been unschedulable (no node fits it),
+    /// without a break.
+    #[serde(default)]
+    pub unschedulable_since: Option<DateTime<Utc>>,
 }
 
 impl AttemptRecord {
@@ -156,6 +160,21 @@ impl AttemptRecord {
             && !self.job_deleted
             && self.succeeded_at.is_none()
             && self.failure.is_none()
+    }
+
+    /// The first worker pod the scheduler found no node for, with its message.
+    pub fn unschedulable_worker(&self) -> Option<(u32, &str)> {
+        self.pods.values().find_map(|pod| {
+            let condition = pod.conditions.iter().find(|c| {
+                c.condition_type == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+            })?;
+            Some((
+                pod.index,
+                condition.message.as_deref().unwrap_or("no node fits"),
+            ))
+        })
     }
 
     /// Distinct nodes the workers run on, sorted.
@@ -322,6 +341,10 @@ impl PlannerJobState {
             record.failure = Some(failure);
         }
         record.pods.insert(pod.index, pod);
+        record.unschedulable_since = match record.unschedulable_worker() {
+            Some(_) => record.unschedulable_since.or(Some(at)),
+            None => None,
+        };
         Observed::Recorded
     }
 

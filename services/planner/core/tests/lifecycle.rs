@@ -19,7 +19,7 @@ use trainyard_api::{
     CheckpointSpec, FailurePolicy, RestartPolicy, SuccessPolicy, TrainingJobSpec, TrainingJobState,
 };
 use trainyard_contracts::decisions::{ResumePointChosen, TrialStopped};
-use trainyard_contracts::events::PodObserved;
+use trainyard_contracts::events::{JobObserved, PodObserved};
 
 fn states(harness: &Harness) -> Vec<TrainingJobState> {
     harness.transitions.iter().map(|t| t.to).collect()
@@ -834,6 +834,109 @@ fn workers_planned_onto_several_nodes_are_gated_then_each_given_the_node_of_its_
     h.observe(Observation::Admission(together));
     let actions = h.decide();
     assert!(gates(applied(&actions)[0]).is_empty());
+}
+
+/// Attempt 0 of a two-worker job admitted and started: worker 0 runs, and
+/// the scheduler finds no node for worker 1.
+fn one_worker_unschedulable(name: &str, config: PlannerConfig) -> Harness {
+    let mut h = Harness::new(training_job(name, spec(2)));
+    h.config = config;
+    h.decide();
+    h.observe(Observation::Job(job_event(name, 0, true, 0)));
+    h.observe(Observation::Admission(admission(0, 2)));
+    h.decide();
+    h.observe(Observation::Job(job_event(name, 0, false, 2)));
+    h.observe(Observation::Pod(pod_event(name, 0, 0, "Running")));
+    let mut stuck = pod_event(name, 0, 1, "Pending");
+    stuck.node_name = None;
+    stuck.conditions = vec![trainyard_contracts::events::ObservedCondition {
+        condition_type: "PodScheduled".into(),
+        status: "False".into(),
+        reason: Some("Unschedulable".into()),
+        message: Some("0/2 nodes are available: 2 Insufficient nvidia.com/gpu.".into()),
+    }];
+    h.observe(Observation::Pod(stuck));
+    h
+}
+
+#[test]
+fn a_worker_that_finds_no_node_gives_the_admission_back_after_the_timeout() {
+    let mut h = one_worker_unschedulable("stuck", PlannerConfig::default());
+    let actions = h.decide();
+    assert_eq!(h.state_now(), Some(TrainingJobState::Initializing));
+    let running = h.condition(CONDITION_RUNNING).unwrap();
+    assert_eq!(
+        running.message.as_deref(),
+        Some(
+            "1 of 2 workers running; worker 1 unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+        )
+    );
+    assert!(actions.iter().any(|a| matches!(
+        a,
+        PlannerAction::RecheckAfter { delay, .. } if delay.as_secs() == 300
+    )));
+
+    h.advance(299);
+    assert!(deleted(&h.decide()).is_empty(), "not before the timeout");
+    h.advance(1);
+    let actions = h.decide();
+    assert_eq!(deleted(&actions), ["stuck-a0"]);
+    let next = applied(&actions);
+    assert_eq!(next[0].job_name(), "stuck-a1");
+    assert!(
+        next[0].job_suspended(),
+        "attempt 1 waits for a new admission"
+    );
+    assert_eq!(h.state_now(), Some(TrainingJobState::Pending));
+    let admitted = h.condition(CONDITION_ADMITTED).unwrap();
+    assert_eq!(admitted.reason.as_deref(), Some("WorkersUnschedulable"));
+    assert!(
+        h.recorded_events
+            .iter()
+            .any(|(warning, reason, message)| *warning
+                && reason == "WorkersUnschedulable"
+                && message.contains("worker 1 of attempt 0 found no node for 300s")),
+        "{:?}",
+        h.recorded_events
+    );
+    assert_eq!(
+        h.state.failed_attempts, 0,
+        "nothing failed: no restart spent"
+    );
+
+    // The deletion's echoes change nothing; attempt 1 starts fresh.
+    h.observe(Observation::Job(JobObserved {
+        change: trainyard_contracts::events::Change::Deleted,
+        ..job_event("stuck", 0, false, 2)
+    }));
+    let actions = h.decide();
+    assert_eq!(applied(&actions)[0].job_name(), "stuck-a1");
+    h.observe(Observation::Job(job_event("stuck", 1, true, 0)));
+    h.decide();
+    assert_eq!(h.state.current.attempt, 1);
+    assert_eq!(h.state.current.unschedulable_since, None);
+}
+
+#[test]
+fn a_worker_bound_before_the_timeout_or_no_timeout_keeps_the_attempt() {
+    let mut h = one_worker_unschedulable("late", PlannerConfig::default());
+    h.decide();
+    h.advance(200);
+    h.observe(Observation::Pod(pod_event("late", 0, 1, "Pending")));
+    h.decide();
+    h.advance(200);
+    assert!(deleted(&h.decide()).is_empty());
+    assert_eq!(h.state.current.unschedulable_since, None);
+
+    let never = PlannerConfig {
+        unschedulable_timeout_seconds: 0,
+        ..PlannerConfig::default()
+    };
+    let mut h = one_worker_unschedulable("patient", never);
+    h.decide();
+    h.advance(86_400);
+    assert!(deleted(&h.decide()).is_empty());
+    assert_eq!(h.state_now(), Some(TrainingJobState::Initializing));
 }
 
 #[test]

@@ -10,7 +10,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use k8s_openapi::api::core::v1::PodSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use planner_core::{
-    DesiredObjects, Observation, Observed, PlannerAction, PlannerCommand, PlannerConfig,
+    DesiredObjects, EventType, Observation, Observed, PlannerAction, PlannerCommand, PlannerConfig,
     PlannerJobState, decide, observe,
 };
 use trainyard_api::{TrainingJob, TrainingJobSpec, TrainingJobState, TrainingJobStatus};
@@ -229,6 +229,8 @@ pub struct Harness {
     pub commands: Vec<PlannerCommand>,
     /// Transitions actually published.
     pub transitions: Vec<TrainingJobTransitioned>,
+    /// Kubernetes Events recorded: (warning, reason, message).
+    pub recorded_events: Vec<(bool, String, String)>,
     published_keys: BTreeSet<String>,
 }
 
@@ -245,6 +247,7 @@ impl Harness {
             deleted_jobs: Vec::new(),
             commands: Vec::new(),
             transitions: Vec::new(),
+            recorded_events: Vec::new(),
             published_keys: BTreeSet::new(),
         }
     }
@@ -282,10 +285,18 @@ impl Harness {
                     }
                 }
                 PlannerAction::UpdateStatus(status) => self.job.status = Some((**status).clone()),
+                PlannerAction::RecordEvent {
+                    event_type,
+                    reason,
+                    message,
+                } => self.recorded_events.push((
+                    *event_type == EventType::Warning,
+                    reason.clone(),
+                    message.clone(),
+                )),
                 PlannerAction::RecreateAfter { .. }
                 | PlannerAction::RecheckAfter { .. }
-                | PlannerAction::UngateWorker { .. }
-                | PlannerAction::RecordEvent { .. } => {}
+                | PlannerAction::UngateWorker { .. } => {}
             }
         }
         actions
