@@ -341,6 +341,19 @@ async fn state_of(jobs: &Api<TrainingJob>, name: &str) -> Option<TrainingJob> {
     Some(live)
 }
 
+/// The state TrainingJob `name` ends in.
+async fn finish(jobs: &Api<TrainingJob>, name: &str) -> TrainingJobState {
+    eventually_within(
+        &format!("{name} to finish"),
+        Duration::from_secs(60),
+        || async move {
+            let state = state_of(jobs, name).await?.status?.state?;
+            state.is_terminal().then_some(state)
+        },
+    )
+    .await
+}
+
 /// GPUs a pod Trainyard does not manage holds (an inference server here)
 /// are not given to training: a job that fits on either of two empty nodes
 /// is placed on the one without the server, and a job that needs both
@@ -374,23 +387,7 @@ async fn gpus_other_pods_hold_are_not_given_to_training() {
 
     let jobs = Api::<TrainingJob>::namespaced(stack.kube.clone(), "ml");
     apply(&jobs, &training_job("one-node", 2, 4)).await;
-    let completed = |name: &'static str| {
-        let jobs = jobs.clone();
-        move || {
-            let jobs = jobs.clone();
-            async move {
-                let live = state_of(&jobs, name).await?;
-                let state = live.status.as_ref()?.state?;
-                state.is_terminal().then_some(state)
-            }
-        }
-    };
-    let state = eventually_within(
-        "one-node to finish",
-        Duration::from_secs(60),
-        completed("one-node"),
-    )
-    .await;
+    let state = finish(&jobs, "one-node").await;
     assert_eq!(state, TrainingJobState::Completed);
     let planned = planned_nodes(&stack.allocator).await;
     let one_node: Vec<&String> = planned
@@ -420,12 +417,7 @@ async fn gpus_other_pods_hold_are_not_given_to_training() {
     pods.delete("inference", &Default::default())
         .await
         .expect("server deleted");
-    let state = eventually_within(
-        "two-nodes to finish",
-        Duration::from_secs(60),
-        completed("two-nodes"),
-    )
-    .await;
+    let state = finish(&jobs, "two-nodes").await;
     assert_eq!(state, TrainingJobState::Completed);
     stack.stop().await;
 }
