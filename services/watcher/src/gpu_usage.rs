@@ -305,8 +305,13 @@ impl NodeUsage {
                 let Some(uid) = pod.uid() else {
                     return Vec::new();
                 };
+                let held = pod.held();
+                // Most pods hold no GPUs, and most changes leave what one holds.
+                if self.pods.get(&uid) == held.as_ref() {
+                    return Vec::new();
+                }
                 let cause = format!("{uid}:{}", pod.resource_version().unwrap_or_default());
-                match pod.held() {
+                match held {
                     Some(held) => self.pods.insert(uid, held),
                     None => self.pods.remove(&uid),
                 };
@@ -316,7 +321,9 @@ impl NodeUsage {
                 let Some(uid) = pod.uid() else {
                     return Vec::new();
                 };
-                self.pods.remove(&uid);
+                if self.pods.remove(&uid).is_none() {
+                    return Vec::new();
+                }
                 format!("{uid}:deleted")
             }
             Event::Init => {
