@@ -11,7 +11,7 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use prometheus::{IntCounterVec, Opts, Registry};
+use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
@@ -40,6 +40,8 @@ pub struct WatcherSettings {
 pub struct WatcherMetrics {
     /// Events published, by kind and whether JetStream already had them.
     pub events: IntCounterVec,
+    /// `nvidia.com/gpu` that pods Trainyard does not manage hold, over all nodes.
+    pub gpus_used_by_other_pods: IntGauge,
 }
 
 impl WatcherMetrics {
@@ -55,7 +57,18 @@ impl WatcherMetrics {
         registry
             .register(Box::new(events.clone()))
             .map_err(|e| WatcherError::Metrics(e.to_string()))?;
-        Ok(Self { events })
+        let gpus_used_by_other_pods = IntGauge::new(
+            "trainyard_watcher_gpus_used_by_other_pods",
+            "nvidia.com/gpu requested by bound, unfinished pods Trainyard does not manage, over all nodes",
+        )
+        .map_err(|e| WatcherError::Metrics(e.to_string()))?;
+        registry
+            .register(Box::new(gpus_used_by_other_pods.clone()))
+            .map_err(|e| WatcherError::Metrics(e.to_string()))?;
+        Ok(Self {
+            events,
+            gpus_used_by_other_pods,
+        })
     }
 }
 
@@ -148,10 +161,15 @@ fn spawn_node_watch(
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     let mut usage = NodeUsage::new(format!("{started:x}"));
+    let gauge = metrics.gpus_used_by_other_pods.clone();
     let events = futures::stream::select(node_events, pod_events).flat_map(move |event| {
         let changes = match event {
             NodeOrPod::Node(event) => (*event).map(|event| usage.on_node(event)),
-            NodeOrPod::Pod(event) => (*event).map(|event| usage.on_pod(event)),
+            NodeOrPod::Pod(event) => (*event).map(|event| {
+                let changes = usage.on_pod(event);
+                gauge.set(i64::from(usage.gpus_used_by_other_pods()));
+                changes
+            }),
         };
         let out: Vec<Result<watcher::Event<GpuNode>, watcher::Error>> = match changes {
             Ok(changes) => changes.into_iter().map(Ok).collect(),

@@ -253,6 +253,13 @@ impl NodeUsage {
         }
     }
 
+    /// `nvidia.com/gpu` other pods hold, over all nodes.
+    pub fn gpus_used_by_other_pods(&self) -> u32 {
+        self.by_node
+            .values()
+            .fold(0, |total, usage| total.saturating_add(usage.gpus))
+    }
+
     fn with_usage(&self, node: Node, usage_change: Option<&str>) -> GpuNode {
         let used_by_other_pods = self
             .by_node

@@ -143,6 +143,7 @@ fn nodes_wait_for_the_first_pod_listing_then_carry_what_other_pods_hold() {
         published(&mut relist, added),
         [("n1:5:pod=p2:4".to_owned(), 6)]
     );
+    assert_eq!(usage.gpus_used_by_other_pods(), 6);
     // A pod on another node, or one that changes without changing its GPUs, changes nothing here.
     assert!(
         usage
