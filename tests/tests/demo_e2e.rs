@@ -413,7 +413,12 @@ async fn gpus_other_pods_hold_are_not_given_to_training() {
         }
     })
     .await;
-    assert!(waiting.contains("8 short"), "{waiting}");
+    assert!(
+        waiting.contains("8 short")
+            && waiting
+                .contains("8 nvidia.com/gpu of the flavor held by pods Trainyard does not manage"),
+        "{waiting}"
+    );
     pods.delete("inference", &Default::default())
         .await
         .expect("server deleted");

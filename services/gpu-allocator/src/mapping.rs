@@ -86,30 +86,37 @@ fn taint_effect(object: &str, field: String, effect: &str) -> Result<TaintEffect
     }
 }
 
-/// A node event: upsert with its GPU resources, or removal. What pods
-/// Trainyard does not manage hold on the node is not the allocator's to
-/// give: the core sees the allocatable units less those.
+/// A node event: upsert with its GPU resources and what pods Trainyard does
+/// not manage hold of them (not the allocator's to give), or removal.
 pub fn node_event(entity: &EntityRef, node: &NodeObserved) -> Result<Event, ServiceError> {
     let name = entity.name.clone();
     if node.change == Change::Deleted {
         return Ok(Event::NodeRemoved { name });
     }
     let object = format!("node {name}");
-    let mut allocatable = BTreeMap::new();
-    allocatable.insert(
-        names::GPU_RESOURCE.to_string(),
-        node.allocatable_gpus
-            .saturating_sub(node.gpus_used_by_other_pods)
-            .to_string(),
-    );
-    for (profile, count) in &node.mig {
-        let used = node.mig_used_by_other_pods.get(profile).copied();
+    let mig_resource = |profile: &str| {
         let profile = profile
             .strip_prefix(names::MIG_RESOURCE_PREFIX)
             .unwrap_or(profile);
-        allocatable.insert(
-            format!("{}{profile}", names::MIG_RESOURCE_PREFIX),
-            count.saturating_sub(used.unwrap_or(0)).to_string(),
+        format!("{}{profile}", names::MIG_RESOURCE_PREFIX)
+    };
+    let mut allocatable = BTreeMap::new();
+    allocatable.insert(
+        names::GPU_RESOURCE.to_string(),
+        node.allocatable_gpus.to_string(),
+    );
+    for (profile, count) in &node.mig {
+        allocatable.insert(mig_resource(profile), count.to_string());
+    }
+    let mut used_by_other_pods: BTreeMap<String, u32> = node
+        .mig_used_by_other_pods
+        .iter()
+        .map(|(profile, count)| (mig_resource(profile), *count))
+        .collect();
+    if node.gpus_used_by_other_pods > 0 {
+        used_by_other_pods.insert(
+            names::GPU_RESOURCE.to_string(),
+            node.gpus_used_by_other_pods,
         );
     }
     let taints = node
@@ -131,6 +138,7 @@ pub fn node_event(entity: &EntityRef, node: &NodeObserved) -> Result<Event, Serv
         taints,
         unschedulable: node.unschedulable,
         ready: node.ready,
+        used_by_other_pods,
     }))
 }
 
@@ -704,7 +712,7 @@ mod tests {
     }
 
     #[test]
-    fn units_other_pods_hold_are_not_the_allocators_to_give() {
+    fn units_other_pods_hold_go_to_the_core_beside_the_allocatable_ones() {
         let entity = EntityRef::new("", "gpu-1", "");
         let shared = NodeObserved {
             gpus_used_by_other_pods: 3,
@@ -714,17 +722,19 @@ mod tests {
         let Event::NodeUpserted(info) = node_event(&entity, &shared).expect("maps") else {
             panic!("expected NodeUpserted");
         };
-        assert_eq!(info.allocatable["nvidia.com/gpu"], "5");
-        assert_eq!(info.allocatable["nvidia.com/mig-1g.10gb"], "5");
-        // More requested than allocatable (a device went away): none free, no underflow.
-        let overcommitted = NodeObserved {
-            gpus_used_by_other_pods: 9,
-            ..node(8)
-        };
-        let Event::NodeUpserted(info) = node_event(&entity, &overcommitted).expect("maps") else {
+        assert_eq!(info.allocatable["nvidia.com/gpu"], "8");
+        assert_eq!(
+            info.used_by_other_pods,
+            [
+                ("nvidia.com/gpu".to_string(), 3),
+                ("nvidia.com/mig-1g.10gb".to_string(), 2)
+            ]
+            .into()
+        );
+        let Event::NodeUpserted(info) = node_event(&entity, &node(8)).expect("maps") else {
             panic!("expected NodeUpserted");
         };
-        assert_eq!(info.allocatable["nvidia.com/gpu"], "0");
+        assert!(info.used_by_other_pods.is_empty());
     }
 
     #[test]

@@ -89,12 +89,18 @@ pub fn cause_hash(reason: &PendingReason) -> u64 {
             resource,
             reserved_start,
             fits_when_empty,
+            held_by_other_pods,
             ..
         } => [
-            match (reserved_start.is_some(), *fits_when_empty) {
-                (true, _) => b"capacity-reserved",
-                (false, true) => b"capacity",
-                (false, false) => b"capacity-never",
+            match (
+                reserved_start.is_some(),
+                *fits_when_empty,
+                *held_by_other_pods > 0,
+            ) {
+                (true, ..) => b"capacity-reserved",
+                (false, true, false) => b"capacity",
+                (false, true, true) => b"capacity-other-pods",
+                (false, false, _) => b"capacity-never",
             },
             flavor.as_bytes(),
             resource.as_bytes(),
@@ -153,28 +159,40 @@ mod tests {
             cause_hash(&quota_holding(10, None, true)),
             cause_hash(&quota(10, None))
         );
-        let capacity = |flavor: &str, reserved: bool| PendingReason::InsufficientCapacity {
-            flavor: flavor.into(),
-            resource: "nvidia.com/gpu".into(),
-            workers: 4,
-            units_per_worker: 8,
-            placeable_workers: 1,
-            units_short: 24,
-            reserved_start: reserved.then_some(Timestamp(100)),
-            fits_when_empty: true,
-            required_topology: None,
-        };
+        let capacity =
+            |flavor: &str, reserved: bool, held: u64| PendingReason::InsufficientCapacity {
+                flavor: flavor.into(),
+                resource: "nvidia.com/gpu".into(),
+                workers: 4,
+                units_per_worker: 8,
+                placeable_workers: 1,
+                units_short: 24,
+                reserved_start: reserved.then_some(Timestamp(100)),
+                fits_when_empty: true,
+                required_topology: None,
+                held_by_other_pods: held,
+            };
         assert_ne!(
-            cause_hash(&capacity("h100", false)),
+            cause_hash(&capacity("h100", false, 0)),
             cause_hash(&quota(0, None))
         );
         assert_ne!(
-            cause_hash(&capacity("h100", false)),
-            cause_hash(&capacity("a100", false))
+            cause_hash(&capacity("h100", false, 0)),
+            cause_hash(&capacity("a100", false, 0))
         );
         assert_ne!(
-            cause_hash(&capacity("h100", false)),
-            cause_hash(&capacity("h100", true))
+            cause_hash(&capacity("h100", false, 0)),
+            cause_hash(&capacity("h100", true, 0))
+        );
+        // Pods Trainyard does not manage starting to hold GPUs is a new cause;
+        // how many they hold is a number, like the shortfall.
+        assert_ne!(
+            cause_hash(&capacity("h100", false, 0)),
+            cause_hash(&capacity("h100", false, 6))
+        );
+        assert_eq!(
+            cause_hash(&capacity("h100", false, 6)),
+            cause_hash(&capacity("h100", false, 2))
         );
     }
 

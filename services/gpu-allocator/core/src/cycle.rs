@@ -1957,6 +1957,7 @@ impl Allocator {
             fits_when_empty: empty_slots >= u64::from(workers),
             required_topology: (spec.topology != TopologyRequirement::Preferred && workers > 1)
                 .then_some(spec.topology),
+            held_by_other_pods: self.inv.res(res).map_or(0, |r| r.held_by_other_pods),
         }
     }
 

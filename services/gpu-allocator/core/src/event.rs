@@ -110,6 +110,10 @@ pub struct NodeInfo {
     pub unschedulable: bool,
     /// The `Ready` condition is `True`.
     pub ready: bool,
+    /// Units of the `allocatable` resources that pods the allocator does not
+    /// manage hold (an inference server, a notebook): not free for its jobs.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub used_by_other_pods: BTreeMap<String, u32>,
 }
 
 /// A TrainingQueue.

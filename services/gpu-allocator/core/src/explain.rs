@@ -173,6 +173,10 @@ pub enum PendingReason {
         /// those the roomiest one takes.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         required_topology: Option<TopologyRequirement>,
+        /// Units of the flavor's schedulable nodes that pods the allocator
+        /// does not manage hold: why a cluster that looks idle may have no room.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        held_by_other_pods: u64,
     },
     /// Capacity exists but is held for a job ahead in line, and this job's
     /// runtime estimate (if any) ends after that job's reserved start.
@@ -193,6 +197,10 @@ pub enum PendingReason {
         /// Eviction deadline.
         evict_at: Timestamp,
     },
+}
+
+fn is_zero(units: &u64) -> bool {
+    *units == 0
 }
 
 impl PendingReason {
@@ -261,6 +269,7 @@ impl fmt::Display for PendingReason {
                 reserved_start,
                 fits_when_empty,
                 required_topology,
+                held_by_other_pods,
             } => {
                 let within = match required_topology {
                     Some(TopologyRequirement::SameZone) => ", all in one zone",
@@ -272,6 +281,12 @@ impl fmt::Display for PendingReason {
                     "capacity: flavor {flavor}: {workers} worker(s) x {units_per_worker} {resource} \
                      on one node each{within}, {placeable_workers} fit now; {units_short} short"
                 )?;
+                if *held_by_other_pods > 0 {
+                    write!(
+                        f,
+                        "; {held_by_other_pods} {resource} of the flavor held by pods Trainyard does not manage"
+                    )?;
+                }
                 if !fits_when_empty {
                     write!(
                         f,

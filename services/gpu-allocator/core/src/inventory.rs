@@ -85,8 +85,11 @@ fn same_kind(resources: &[ResourceIndex], a: ResIdx, b: ResIdx) -> bool {
 #[derive(Debug, Clone)]
 pub(crate) struct Pool {
     pub(crate) res: ResIdx,
+    /// Allocatable units less those pods the allocator does not manage hold.
     pub(crate) capacity: u32,
     pub(crate) used: u32,
+    /// Units pods the allocator does not manage hold (see `NodeInfo`).
+    pub(crate) held_by_other_pods: u32,
     /// Resource name the pod must request on this node (time-sliced GPUs are
     /// `nvidia.com/gpu` or `nvidia.com/gpu.shared` depending on the plugin).
     pub(crate) request_name: String,
@@ -135,6 +138,9 @@ pub(crate) struct ResourceIndex {
     /// `buckets[f]` holds the schedulable nodes with exactly `f` free units,
     /// ordered by node index for deterministic tie-breaking.
     pub(crate) buckets: Vec<BTreeSet<NodeIdx>>,
+    /// Units pods the allocator does not manage hold on the schedulable
+    /// nodes, for explanations.
+    pub(crate) held_by_other_pods: u64,
 }
 
 impl ResourceIndex {
@@ -171,6 +177,7 @@ impl ResourceIndex {
 struct ParsedPool {
     kind: ResourceKind,
     capacity: u32,
+    held_by_other_pods: u32,
     request_name: String,
 }
 
@@ -325,6 +332,7 @@ impl Inventory {
             flavor,
             kind,
             buckets: Vec::new(),
+            held_by_other_pods: 0,
         });
         self.res_by_pair.insert((flavor, kind), idx);
         idx
@@ -456,10 +464,12 @@ impl Inventory {
             } else {
                 continue;
             };
-            let capacity = parse_units(&info.name, resource, value)?;
-            if capacity == 0 {
+            let allocatable = parse_units(&info.name, resource, value)?;
+            if allocatable == 0 {
                 continue;
             }
+            let held_by_other_pods = info.used_by_other_pods.get(resource).copied().unwrap_or(0);
+            let capacity = allocatable.saturating_sub(held_by_other_pods);
             if kind == ResourceKind::SharedGpu {
                 if shared_seen {
                     return Err(node_error(
@@ -473,6 +483,7 @@ impl Inventory {
             pools.push(ParsedPool {
                 kind,
                 capacity,
+                held_by_other_pods: held_by_other_pods.min(allocatable),
                 request_name,
             });
         }
@@ -530,10 +541,15 @@ impl Inventory {
         if !node.schedulable || node.flavor.is_none() {
             return;
         }
-        let entries: Vec<(ResIdx, u32)> = node.pools.iter().map(|p| (p.res, p.free())).collect();
-        for (res, free) in entries {
+        let entries: Vec<(ResIdx, u32, u32)> = node
+            .pools
+            .iter()
+            .map(|p| (p.res, p.free(), p.held_by_other_pods))
+            .collect();
+        for (res, free, held) in entries {
             if let Some(r) = self.resources.get_mut(res as usize) {
                 r.insert(idx, free);
+                r.held_by_other_pods += u64::from(held);
             }
         }
     }
@@ -542,10 +558,19 @@ impl Inventory {
         let Some(node) = self.nodes.get(idx as usize).and_then(Option::as_ref) else {
             return;
         };
-        let entries: Vec<(ResIdx, u32)> = node.pools.iter().map(|p| (p.res, p.free())).collect();
-        for (res, free) in entries {
+        // As `index_node` counted it.
+        let indexed = node.schedulable && node.flavor.is_some();
+        let entries: Vec<(ResIdx, u32, u32)> = node
+            .pools
+            .iter()
+            .map(|p| (p.res, p.free(), p.held_by_other_pods))
+            .collect();
+        for (res, free, held) in entries {
             if let Some(r) = self.resources.get_mut(res as usize) {
                 r.remove(idx, free);
+                if indexed {
+                    r.held_by_other_pods = r.held_by_other_pods.saturating_sub(u64::from(held));
+                }
             }
         }
     }
@@ -598,6 +623,7 @@ impl Inventory {
                     res,
                     capacity: p.capacity,
                     used: 0,
+                    held_by_other_pods: p.held_by_other_pods,
                     request_name: p.request_name,
                 });
             }
@@ -615,7 +641,11 @@ impl Inventory {
             {
                 p.used = p.used.saturating_add(old.used);
             } else {
-                pools.push(Pool { capacity: 0, ..old });
+                pools.push(Pool {
+                    capacity: 0,
+                    held_by_other_pods: 0,
+                    ..old
+                });
             }
         }
         let flavor_tolerations = flavor
@@ -727,6 +757,7 @@ impl Inventory {
                     res,
                     capacity: 0,
                     used: 0,
+                    held_by_other_pods: 0,
                     request_name: String::new(),
                 });
                 match node.pools.last_mut() {

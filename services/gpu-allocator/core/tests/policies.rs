@@ -46,6 +46,68 @@ fn quota_caps_a_queue_at_nominal_and_explains_the_shortfall() {
 }
 
 #[test]
+fn gpus_other_pods_hold_are_not_given_out_and_are_named_when_a_job_waits() {
+    let mut h = Harness::default_config();
+    let mut serving = node("n1", 8);
+    serving
+        .used_by_other_pods
+        .insert(names::GPU_RESOURCE.into(), 6);
+    h.nodes([serving.clone(), node("n2", 8)]);
+    h.queue(queue("team-a", None, 32));
+    h.submit_at(job("fits-beside", "team-a", 1, 2), 10);
+    h.submit_at(job("whole-node", "team-a", 1, 8), 11);
+    h.submit_at(job("second-node", "team-a", 1, 8), 12);
+    let out = h.cycle(100);
+    assert_eq!(admitted_uids(&out), vec!["fits-beside", "whole-node"]);
+    assert_eq!(
+        h.nodes_of("fits-beside"),
+        ["n1"],
+        "the 2 GPUs left beside the server"
+    );
+    assert_eq!(h.nodes_of("whole-node"), ["n2"]);
+    let why = h.reason_of(&out, "second-node");
+    assert!(
+        matches!(
+            *why.reason,
+            PendingReason::InsufficientCapacity {
+                placeable_workers: 0,
+                units_short: 8,
+                fits_when_empty: true,
+                held_by_other_pods: 6,
+                ..
+            }
+        ),
+        "{why:?}"
+    );
+    assert!(
+        why.message()
+            .contains("; 6 nvidia.com/gpu of the flavor held by pods Trainyard does not manage"),
+        "{}",
+        why.message()
+    );
+    // The server goes: its GPUs are the allocator's to give again.
+    serving.used_by_other_pods.clear();
+    h.finish("fits-beside");
+    h.nodes([serving]);
+    h.submit_at(job("third", "team-a", 1, 8), 13);
+    let out = h.cycle(200);
+    assert_eq!(admitted_uids(&out), vec!["second-node"]);
+    assert_eq!(h.nodes_of("second-node"), ["n1"]);
+    let why = h.reason_of(&out, "third");
+    assert!(
+        matches!(
+            *why.reason,
+            PendingReason::InsufficientCapacity {
+                held_by_other_pods: 0,
+                ..
+            }
+        ),
+        "{why:?}"
+    );
+    assert!(!why.message().contains("held by pods"), "{}", why.message());
+}
+
+#[test]
 fn jobs_in_a_missing_queue_or_without_matching_quota_say_so() {
     let mut h = Harness::default_config();
     h.nodes([node("n1", 8)]);
