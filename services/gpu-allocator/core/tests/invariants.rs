@@ -87,8 +87,9 @@ struct ModelNode {
 }
 
 impl ModelNode {
-    /// Units of a quota resource the node has: whole GPUs unless time
-    /// sliced, replicas if it is, MIG slices per profile.
+    /// Units of a quota resource the node has for the allocator's jobs:
+    /// whole GPUs unless time sliced, replicas if it is, MIG slices per
+    /// profile; less what other pods hold.
     fn capacity(&self, resource: &str) -> u64 {
         let sliced = self.info.labels.contains_key(names::GPU_REPLICAS_LABEL);
         let advertised = match resource {
@@ -97,11 +98,14 @@ impl ModelNode {
             names::SHARED_GPU_RESOURCE => names::GPU_RESOURCE,
             other => other,
         };
-        self.info
+        let allocatable: u64 = self
+            .info
             .allocatable
             .get(advertised)
             .and_then(|g| g.parse().ok())
-            .unwrap_or(0)
+            .unwrap_or(0);
+        let held = self.info.used_by_other_pods.get(advertised).copied();
+        allocatable.saturating_sub(u64::from(held.unwrap_or(0)))
     }
 
     /// Whether a new worker may be placed here.
@@ -692,6 +696,16 @@ impl Run {
                 n.info
                     .labels
                     .insert(names::GPU_PRODUCT_LABEL.into(), product.into());
+                Event::NodeUpserted(n.info.clone())
+            }
+            // Pods the allocator does not manage take some of a resource,
+            // or give it back, while its workers run.
+            (true, 5) => {
+                let resources: Vec<String> = n.info.allocatable.keys().cloned().collect();
+                let held = [0, 1, 2, 4, 8][self.rng.below(5) as usize];
+                if let Some(resource) = self.rng.pick(&resources) {
+                    n.info.used_by_other_pods.insert(resource.clone(), held);
+                }
                 Event::NodeUpserted(n.info.clone())
             }
             (true, _) => {
