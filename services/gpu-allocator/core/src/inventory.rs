@@ -128,6 +128,15 @@ impl Node {
     pub(crate) fn pool(&self, res: ResIdx) -> Option<&Pool> {
         self.pools.iter().find(|p| p.res == res)
     }
+
+    /// What the resource indexes count of each pool: (resource, free units,
+    /// units other pods hold). Collected, so the indexes can be borrowed.
+    fn index_entries(&self) -> Vec<(ResIdx, u32, u32)> {
+        self.pools
+            .iter()
+            .map(|p| (p.res, p.free(), p.held_by_other_pods))
+            .collect()
+    }
 }
 
 /// Free-unit index of one (flavor, kind) pair.
@@ -541,12 +550,7 @@ impl Inventory {
         if !node.schedulable || node.flavor.is_none() {
             return;
         }
-        let entries: Vec<(ResIdx, u32, u32)> = node
-            .pools
-            .iter()
-            .map(|p| (p.res, p.free(), p.held_by_other_pods))
-            .collect();
-        for (res, free, held) in entries {
+        for (res, free, held) in node.index_entries() {
             if let Some(r) = self.resources.get_mut(res as usize) {
                 r.insert(idx, free);
                 r.held_by_other_pods += u64::from(held);
@@ -560,12 +564,7 @@ impl Inventory {
         };
         // As `index_node` counted it.
         let indexed = node.schedulable && node.flavor.is_some();
-        let entries: Vec<(ResIdx, u32, u32)> = node
-            .pools
-            .iter()
-            .map(|p| (p.res, p.free(), p.held_by_other_pods))
-            .collect();
-        for (res, free, held) in entries {
+        for (res, free, held) in node.index_entries() {
             if let Some(r) = self.resources.get_mut(res as usize) {
                 r.remove(idx, free);
                 if indexed {
