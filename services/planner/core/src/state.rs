@@ -318,7 +318,12 @@ impl PlannerJobState {
         if pod.change == Change::Deleted {
             // The Job controller counts a vanished pod as failed and fails the Job;
             // the Job's condition reports that. Deletions after the planner deleted the
-            // Job are the garbage collector at work.
+            // Job are the garbage collector at work. A gone pod has no gate to lift.
+            if let Some(known) = self.current.pods.get_mut(&pod.index)
+                && known.pod_name == pod.pod_name
+            {
+                known.scheduling_gates.clear();
+            }
             return Observed::Recorded;
         }
         if pod.phase == "Running" {

@@ -821,6 +821,13 @@ fn workers_planned_onto_several_nodes_are_gated_then_each_given_the_node_of_its_
         ungated(&h.decide()),
         [("split-a0-2-abcde", Some("gpu-node-2"))]
     );
+    // A pod deleted while gated has no gate to lift.
+    let mut gone = pod_event("split", 0, 2, "Pending");
+    gone.change = trainyard_contracts::events::Change::Deleted;
+    gone.scheduling_gates = vec![PLACEMENT_GATE.to_owned()];
+    h.observe(Observation::Pod(gone));
+    assert!(ungated(&h.decide()).is_empty());
+    h.observe(gated(2, &[PLACEMENT_GATE]));
     // A preempted attempt's pods stay gated: they are about to go.
     h.observe(Observation::Preemption(preemption(h.now)));
     assert!(ungated(&h.decide()).is_empty());
