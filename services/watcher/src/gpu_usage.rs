@@ -22,7 +22,7 @@ use trainyard_contracts::events::Change;
 use crate::mapping::{ChangeEvent, GPU_RESOURCE, MIG_PREFIX, Watched, node_event, whole};
 
 /// GPUs and MIG slices requested on one node.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Usage {
     pub gpus: u32,
     /// By profile (`nvidia.com/mig-1g.10gb` → `1g.10gb`).
@@ -31,7 +31,7 @@ pub struct Usage {
 
 impl Usage {
     pub fn is_empty(&self) -> bool {
-        self.gpus == 0 && self.mig.values().all(|&n| n == 0)
+        self.gpus == 0 && self.mig.is_empty()
     }
 
     fn add(&mut self, other: &Usage) {
@@ -54,11 +54,13 @@ impl Usage {
         let mut amounts: BTreeMap<&str, &Quantity> =
             limited.map(|(name, q)| (name.as_str(), q)).collect();
         amounts.extend(requested.map(|(name, q)| (name.as_str(), q)));
-        for (name, quantity) in amounts {
+        for (name, units) in amounts.into_iter().map(|(name, q)| (name, whole(q))) {
             if name == GPU_RESOURCE {
-                usage.gpus = whole(quantity);
-            } else if let Some(profile) = name.strip_prefix(MIG_PREFIX) {
-                usage.mig.insert(profile.to_owned(), whole(quantity));
+                usage.gpus = units;
+            } else if let Some(profile) = name.strip_prefix(MIG_PREFIX)
+                && units > 0
+            {
+                usage.mig.insert(profile.to_owned(), units);
             }
         }
         usage
@@ -281,11 +283,12 @@ impl NodeUsage {
                 waiting.push(event);
                 Vec::new()
             }
-            None => vec![self.node_event(event)],
+            None => vec![self.with_usage_event(event)],
         }
     }
 
-    fn node_event(&mut self, event: Event<Node>) -> Event<GpuNode> {
+    /// A Node watch event as the event of the node with its usage.
+    fn with_usage_event(&mut self, event: Event<Node>) -> Event<GpuNode> {
         match event {
             Event::Apply(node) => {
                 self.nodes.insert(node.name_any(), kept(&node));
@@ -361,7 +364,7 @@ impl NodeUsage {
         if let Some(waiting) = self.waiting.take() {
             return waiting
                 .into_iter()
-                .map(|event| self.node_event(event))
+                .map(|event| self.with_usage_event(event))
                 .collect();
         }
         let mut touched: Vec<&String> = before.keys().chain(self.by_node.keys()).collect();

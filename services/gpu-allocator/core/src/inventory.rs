@@ -129,6 +129,12 @@ impl Node {
         self.pools.iter().find(|p| p.res == res)
     }
 
+    /// Whether the resource indexes count it: only schedulable nodes of a
+    /// flavor take new work.
+    fn indexed(&self) -> bool {
+        self.schedulable && self.flavor.is_some()
+    }
+
     /// What the resource indexes count of each pool: (resource, free units,
     /// units other pods hold). Collected, so the indexes can be borrowed.
     fn index_entries(&self) -> Vec<(ResIdx, u32, u32)> {
@@ -547,7 +553,7 @@ impl Inventory {
         let Some(node) = self.nodes.get(idx as usize).and_then(Option::as_ref) else {
             return;
         };
-        if !node.schedulable || node.flavor.is_none() {
+        if !node.indexed() {
             return;
         }
         for (res, free, held) in node.index_entries() {
@@ -562,14 +568,13 @@ impl Inventory {
         let Some(node) = self.nodes.get(idx as usize).and_then(Option::as_ref) else {
             return;
         };
-        // As `index_node` counted it.
-        let indexed = node.schedulable && node.flavor.is_some();
+        if !node.indexed() {
+            return;
+        }
         for (res, free, held) in node.index_entries() {
             if let Some(r) = self.resources.get_mut(res as usize) {
                 r.remove(idx, free);
-                if indexed {
-                    r.held_by_other_pods = r.held_by_other_pods.saturating_sub(u64::from(held));
-                }
+                r.held_by_other_pods = r.held_by_other_pods.saturating_sub(u64::from(held));
             }
         }
     }
@@ -736,7 +741,7 @@ impl Inventory {
         let Some(node) = self.nodes.get_mut(idx as usize).and_then(Option::as_mut) else {
             return;
         };
-        let indexed = node.schedulable && node.flavor.is_some();
+        let indexed = node.indexed();
         // A job placed before its node moved to another flavor takes and
         // gives back units of the pool of its kind there (see `upsert_node`).
         let at = node.pools.iter().position(|p| p.res == res).or_else(|| {

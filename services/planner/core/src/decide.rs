@@ -717,13 +717,22 @@ impl Context<'_> {
             "preempted for {preemptor} ({}): {}; attempt {next} waits for re-admission",
             decision.reason, decision.message
         );
-        let mut verdict = self.start_attempt(next, "Preempted", message.clone());
-        verdict.warning = true;
+        let mut verdict = self.requeued("Preempted", message.clone());
         verdict.preempted = Some(ConditionUpdate::new(
             ConditionStatus::True,
             "Preempted",
             message,
         ));
+        verdict
+    }
+
+    /// The current attempt gives its admission back: its Job (if any) is
+    /// deleted first, and the next attempt waits for a new admission.
+    fn requeued(&self, reason: &str, message: String) -> Verdict {
+        let record = self.record();
+        let next = record.attempt.saturating_add(1);
+        let mut verdict = self.start_attempt(next, reason, message);
+        verdict.warning = true;
         if record.job.is_some() && !record.job_deleted {
             verdict.actions.insert(0, self.delete_current_job());
         }
@@ -749,12 +758,7 @@ impl Context<'_> {
             "worker {index} of attempt {} found no node for {}s ({why}); its GPUs are given back and attempt {next} waits for re-admission",
             record.attempt, self.config.unschedulable_timeout_seconds
         );
-        let mut verdict = self.start_attempt(next, "WorkersUnschedulable", message);
-        verdict.warning = true;
-        if record.job.is_some() && !record.job_deleted {
-            verdict.actions.insert(0, self.delete_current_job());
-        }
-        verdict
+        self.requeued("WorkersUnschedulable", message)
     }
 
     /// Creates attempt `attempt` (or keeps it suspended while the user suspends the job).
