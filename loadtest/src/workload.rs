@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use serde_json::json;
 use trainyard_api::{TrainingJob, TrainingQueue};
 use trainyard_simulator::cluster::{EPOCH_SECONDS_ENV, JobHistory, RunOutcome};
-use trainyard_simulator::config::{ClusterConfig, NodeGroup, WorkerConfig};
+use trainyard_simulator::config::{
+    ClusterConfig, DEFAULT_NODE_CPU, DEFAULT_NODE_MEMORY, NodeGroup, WorkerConfig,
+};
 
 use crate::Error;
 use crate::report::JobRecord;
@@ -32,6 +34,8 @@ pub fn cluster_config(nodes: u32, gpus_per_node: u32, speed: f64) -> ClusterConf
             gpu_product: Some(GPU_PRODUCT.into()),
             gpu_memory_mib: Some(81920),
             mig: BTreeMap::new(),
+            cpu: DEFAULT_NODE_CPU.into(),
+            memory: DEFAULT_NODE_MEMORY.into(),
             time_slicing_replicas: None,
             capacity_type: Default::default(),
             price_class: Some("a100-on-demand".into()),

@@ -3,11 +3,13 @@
 //! virtual clock's now and returns the worker reports to publish; it does no I/O
 //! beyond the in-memory store, so tests drive it step by step.
 //!
-//! Simplifications, deliberately: only GPUs (`nvidia.com/gpu`, `nvidia.com/mig-*`)
-//! and pod counts are accounted on nodes, not CPU or memory; a Job is a gang (any
-//! worker failure fails the Job, as Trainyard's Jobs have `backoffLimit: 0`); the
-//! workers of a gang start training together once all are Running (a rendezvous)
-//! and advance in lockstep.
+//! Simplifications, deliberately: nodes account only GPUs (`nvidia.com/gpu`,
+//! `nvidia.com/mig-*`), CPU, memory and pod counts, and the scheduler picks among
+//! the nodes that fit by free GPUs alone; CPU and memory requests are summed as
+//! kube-scheduler's `NodeResourcesFit` sums them, but pod-level `spec.resources`
+//! is not read; a Job is a gang (any worker failure fails the Job, as Trainyard's
+//! Jobs have `backoffLimit: 0`); the workers of a gang start training together
+//! once all are Running (a rendezvous) and advance in lockstep.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -18,6 +20,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::TryRecvError;
+use trainyard_api::quantity::{QuantityError, bytes, cpu_millis};
 use trainyard_contracts::worker::{CheckpointReported, ProgressReported};
 
 use crate::clock::SimClock;
@@ -208,6 +211,120 @@ fn pod_requests(pod: &Value) -> BTreeMap<&str, u32> {
     total
 }
 
+/// CPU and memory, in the units the scheduler accounts them in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Compute {
+    cpu_millis: u64,
+    memory_bytes: u64,
+}
+
+impl Compute {
+    fn plus(self, other: Self) -> Self {
+        Self {
+            cpu_millis: self.cpu_millis.saturating_add(other.cpu_millis),
+            memory_bytes: self.memory_bytes.saturating_add(other.memory_bytes),
+        }
+    }
+
+    /// What is left of `self` once `other` is taken; never below nothing, as
+    /// pods bound by a client may overcommit a node.
+    fn minus(self, other: Self) -> Self {
+        Self {
+            cpu_millis: self.cpu_millis.saturating_sub(other.cpu_millis),
+            memory_bytes: self.memory_bytes.saturating_sub(other.memory_bytes),
+        }
+    }
+
+    /// The larger of each.
+    fn max(self, other: Self) -> Self {
+        Self {
+            cpu_millis: self.cpu_millis.max(other.cpu_millis),
+            memory_bytes: self.memory_bytes.max(other.memory_bytes),
+        }
+    }
+}
+
+/// A quantity as the API server reads it: text, or a bare JSON number. `field`
+/// names it in the error.
+fn parse_quantity(
+    value: &Value,
+    parse: fn(&str) -> Result<u64, QuantityError>,
+    field: impl Fn() -> String,
+) -> Result<u64, String> {
+    let parsed = match value {
+        Value::String(text) => parse(text),
+        Value::Number(number) => parse(&number.to_string()),
+        other => return Err(format!("{}: {other} is not a quantity", field())),
+    };
+    parsed.map_err(|err| format!("{}: {err}", field()))
+}
+
+/// The CPU and memory in a resource list (`requests`, `limits`, `overhead`);
+/// `path` names the list in errors (built only then: this runs on every pod change).
+fn compute_in(list: &Value, path: &dyn Fn() -> String) -> Result<Compute, String> {
+    let read = |resource: &str, parse| match &list[resource] {
+        Value::Null => Ok(0),
+        value => parse_quantity(value, parse, || format!("{}.{resource}", path())),
+    };
+    Ok(Compute {
+        cpu_millis: read("cpu", cpu_millis)?,
+        memory_bytes: read("memory", bytes)?,
+    })
+}
+
+/// The CPU and memory requests of container `index` of `spec.<list>`. A resource
+/// with a limit and no request requests its limit, as the API server defaults it.
+fn container_compute(container: &Value, list: &str, index: usize) -> Result<Compute, String> {
+    let resources = &container["resources"];
+    let section = |section: &str| {
+        compute_in(&resources[section], &|| {
+            format!("spec.{list}[{index}].resources.{section}")
+        })
+    };
+    let (requests, limits) = (section("requests")?, section("limits")?);
+    let requested = |resource: &str| !resources["requests"][resource].is_null();
+    Ok(Compute {
+        cpu_millis: if requested("cpu") {
+            requests.cpu_millis
+        } else {
+            limits.cpu_millis
+        },
+        memory_bytes: if requested("memory") {
+            requests.memory_bytes
+        } else {
+            limits.memory_bytes
+        },
+    })
+}
+
+/// The CPU and memory a pod requests, as kube-scheduler's `NodeResourcesFit`
+/// counts them: the containers' requests summed, or more if an init container
+/// needs more while it runs, plus `spec.overhead`. Sidecars (init containers with
+/// `restartPolicy: Always`) keep running: they add to the containers and to every
+/// init container after them. An error names the quantity that does not parse.
+fn pod_compute(pod: &Value) -> Result<Compute, String> {
+    let spec = &pod["spec"];
+    let containers = |list: &str| spec[list].as_array().into_iter().flatten().enumerate();
+    let mut total = Compute::default();
+    for (i, container) in containers("containers") {
+        total = total.plus(container_compute(container, "containers", i)?);
+    }
+    let mut sidecars = Compute::default();
+    let mut largest_init = Compute::default();
+    for (i, container) in containers("initContainers") {
+        let requests = container_compute(container, "initContainers", i)?;
+        if container["restartPolicy"] == "Always" {
+            total = total.plus(requests);
+            sidecars = sidecars.plus(requests);
+            largest_init = largest_init.max(sidecars);
+        } else {
+            largest_init = largest_init.max(requests.plus(sidecars));
+        }
+    }
+    let overhead = compute_in(&spec["overhead"], &|| "spec.overhead".to_owned())?;
+    Ok(total.max(largest_init).plus(overhead))
+}
+
 fn phase(pod: &Value) -> &str {
     str_of(pod, &["status", "phase"]).unwrap_or("Pending")
 }
@@ -303,6 +420,8 @@ struct PodFacts {
     phase: String,
     /// The GPUs and MIG slices it asks for (see [`pod_requests`]).
     requests: BTreeMap<String, u32>,
+    /// The CPU and memory it asks for, or why they cannot be read (see [`pod_compute`]).
+    compute: Result<Compute, String>,
     resource_version: Option<u64>,
 }
 
@@ -327,6 +446,7 @@ impl PodFacts {
                 .into_iter()
                 .map(|(resource, count)| (resource.to_owned(), count))
                 .collect(),
+            compute: pod_compute(&object),
             resource_version: metadata["resourceVersion"]
                 .as_str()
                 .and_then(|rv| rv.parse().ok()),
@@ -388,8 +508,9 @@ struct NodeFacts {
     schedulable: bool,
     taints: Vec<Value>,
     /// Allocatable GPUs, MIG slices and pod slots, the resources the scheduler
-    /// accounts.
+    /// accounts by count.
     allocatable: Vec<(String, i64)>,
+    allocatable_compute: Compute,
 }
 
 impl NodeFacts {
@@ -417,6 +538,12 @@ impl NodeFacts {
                 .filter(|(k, _)| *k == GPU || k.starts_with(MIG_PREFIX) || *k == "pods")
                 .map(|(k, v)| (k.clone(), i64::from(quantity(v))))
                 .collect(),
+            // The API server refuses a node whose quantities do not parse; one
+            // that got in anyway offers nothing.
+            allocatable_compute: compute_in(&node["status"]["allocatable"], &|| {
+                "status.allocatable".to_owned()
+            })
+            .unwrap_or_default(),
         }
     }
 }
@@ -430,6 +557,7 @@ struct NodeView<'a> {
     /// Allocatable less what the pods bound to it ask for; a resource it does not
     /// list has none.
     free: Vec<(&'a str, i64)>,
+    free_compute: Compute,
 }
 
 impl<'a> NodeView<'a> {
@@ -444,6 +572,7 @@ impl<'a> NodeView<'a> {
                 .iter()
                 .map(|(resource, count)| (resource.as_str(), *count))
                 .collect(),
+            free_compute: node.allocatable_compute,
         }
     }
 
@@ -466,11 +595,12 @@ impl<'a> NodeView<'a> {
     }
 
     /// Takes what a pod asks for, and a pod slot.
-    fn take(&mut self, requests: &'a BTreeMap<String, u32>) {
+    fn take(&mut self, requests: &'a BTreeMap<String, u32>, compute: Compute) {
         for (resource, count) in requests {
             *self.free_mut(resource) -= i64::from(*count);
         }
         *self.free_mut("pods") -= 1;
+        self.free_compute = self.free_compute.minus(compute);
     }
 }
 
@@ -486,6 +616,7 @@ struct Spread<'a> {
 /// per node.
 struct PodNeeds<'a> {
     requests: &'a BTreeMap<String, u32>,
+    compute: Compute,
     tolerations: &'a [Value],
     node_selector: Option<&'a Map<String, Value>>,
     /// Required node affinity: any one term must match.
@@ -494,8 +625,9 @@ struct PodNeeds<'a> {
 }
 
 impl<'a> PodNeeds<'a> {
-    /// `placed` holds the labels of each bound pod and of its node.
-    fn of(pod: &'a PodFacts, placed: &[(&'a Value, &'a Value)]) -> Self {
+    /// `compute` is what the pod's CPU and memory requests read as; `placed`
+    /// holds the labels of each bound pod and of its node.
+    fn of(pod: &'a PodFacts, compute: Compute, placed: &[(&'a Value, &'a Value)]) -> Self {
         let spec = &pod.object["spec"];
         let affinity = &spec["affinity"];
         let spread = |term: &'a Value| {
@@ -513,6 +645,7 @@ impl<'a> PodNeeds<'a> {
         };
         Self {
             requests: &pod.requests,
+            compute,
             tolerations: spec["tolerations"]
                 .as_array()
                 .map(Vec::as_slice)
@@ -533,8 +666,37 @@ impl<'a> PodNeeds<'a> {
     }
 }
 
-/// Why a node cannot take a pod, or `None` when it can.
-fn unfit(needs: &PodNeeds, node: &NodeView) -> Option<&'static str> {
+/// Whether a node can take a pod; if not, `reject` hears why. As in
+/// kube-scheduler, a node that fails a constraint has that one reason, and a
+/// node short of resources has one per resource it lacks.
+fn fits(needs: &PodNeeds, node: &NodeView, mut reject: impl FnMut(&'static str)) -> bool {
+    if let Some(reason) = unmet_constraint(needs, node) {
+        reject(reason);
+        return false;
+    }
+    let (want, free) = (needs.compute, node.free_compute);
+    let gpus_short = needs
+        .requests
+        .iter()
+        .any(|(resource, want)| node.free(resource) < i64::from(*want));
+    let shortfalls = [
+        (want.cpu_millis > free.cpu_millis, "Insufficient cpu"),
+        (want.memory_bytes > free.memory_bytes, "Insufficient memory"),
+        (gpus_short || node.free("pods") < 1, "insufficient GPUs"),
+    ];
+    let mut fits = true;
+    for (short, reason) in shortfalls {
+        if short {
+            reject(reason);
+            fits = false;
+        }
+    }
+    fits
+}
+
+/// The first constraint other than free resources that a node fails for a pod
+/// (readiness, taints, selectors and affinity, anti-affinity), if any.
+fn unmet_constraint(needs: &PodNeeds, node: &NodeView) -> Option<&'static str> {
     let labels = node.labels;
     if !node.schedulable {
         return Some("node not ready or cordoned");
@@ -568,17 +730,7 @@ fn unfit(needs: &PodNeeds, node: &NodeView) -> Option<&'static str> {
         let domain = &labels[spread.topology];
         !domain.is_null() && spread.taken.contains(&domain)
     });
-    if conflict {
-        return Some("pod anti-affinity");
-    }
-    let short = needs
-        .requests
-        .iter()
-        .any(|(resource, want)| node.free(resource) < i64::from(*want));
-    if short || node.free("pods") < 1 {
-        return Some("insufficient GPUs");
-    }
-    None
+    conflict.then_some("pod anti-affinity")
 }
 
 impl Cluster {
@@ -689,8 +841,8 @@ impl Cluster {
         for (profile, count) in &group.mig {
             allocatable.insert(format!("{MIG_PREFIX}{profile}"), json!(count.to_string()));
         }
-        allocatable.insert("cpu".into(), json!("128"));
-        allocatable.insert("memory".into(), json!("2Ti"));
+        allocatable.insert("cpu".into(), json!(group.cpu));
+        allocatable.insert("memory".into(), json!(group.memory));
         allocatable.insert("pods".into(), json!("110"));
         json!({
             "metadata": {"name": slot.name, "labels": labels},
@@ -1191,8 +1343,8 @@ impl Cluster {
     }
 
     /// The scheduler: binds pending pods without scheduling gates to nodes that
-    /// satisfy their selectors, tolerations and affinities and have the GPUs
-    /// free, packing GPUs tightly.
+    /// satisfy their selectors, tolerations and affinities and have the GPUs,
+    /// CPU and memory free, choosing among them by free GPUs (`scoring`).
     fn schedule(&mut self, now: f64) {
         let pods = self.live_pods();
         let (gated, mut pending): (Vec<&PodFacts>, Vec<&PodFacts>) = pods
@@ -1237,35 +1389,50 @@ impl Cluster {
                 .and_then(|name| by_name.get(name))
                 .and_then(|i| views.get_mut(*i))
             {
-                node.take(&pod.requests);
+                // Only a client binds a pod whose quantities do not parse (the
+                // simulated scheduler does not): it holds what can be read of it.
+                node.take(
+                    &pod.requests,
+                    pod.compute.as_ref().copied().unwrap_or_default(),
+                );
                 placed.push((node.labels, &pod.object["metadata"]["labels"]));
             }
         }
         pending.sort_by_key(|p| p.resource_version);
         for pod in pending {
-            let needs = PodNeeds::of(pod, &placed);
+            let ns = pod.namespace.as_str();
+            let pod_name = pod.name.as_str();
+            let compute = match &pod.compute {
+                Ok(compute) => *compute,
+                Err(invalid) => {
+                    self.mark_unschedulable(
+                        ns,
+                        pod_name,
+                        format!("{invalid} (a real API server refuses such a pod)"),
+                    );
+                    continue;
+                }
+            };
+            let needs = PodNeeds::of(pod, compute, &placed);
             let mut best: Option<(usize, i64)> = None;
             let mut reasons: BTreeMap<&'static str, u32> = BTreeMap::new();
             for (i, node) in views.iter().enumerate() {
-                match unfit(&needs, node) {
-                    Some(reason) => *reasons.entry(reason).or_insert(0) += 1,
-                    None => {
-                        let left = node.free(GPU);
-                        let better = |best_left| match self.config.scoring {
-                            NodeScoring::MostAllocated => left < best_left,
-                            NodeScoring::LeastAllocated => left > best_left,
-                        };
-                        if best.is_none_or(|(_, best_left)| better(best_left)) {
-                            best = Some((i, left));
-                        }
-                    }
+                let reject = |reason| *reasons.entry(reason).or_insert(0) += 1;
+                if !fits(&needs, node, reject) {
+                    continue;
+                }
+                let left = node.free(GPU);
+                let better = |best_left| match self.config.scoring {
+                    NodeScoring::MostAllocated => left < best_left,
+                    NodeScoring::LeastAllocated => left > best_left,
+                };
+                if best.is_none_or(|(_, best_left)| better(best_left)) {
+                    best = Some((i, left));
                 }
             }
-            let ns = pod.namespace.as_str();
-            let pod_name = pod.name.as_str();
             match best.and_then(|(i, _)| views.get_mut(i)) {
                 Some(node) => {
-                    node.take(needs.requests);
+                    node.take(needs.requests, needs.compute);
                     placed.push((node.labels, &pod.object["metadata"]["labels"]));
                     let node = node.name.to_owned();
                     let _ = self
@@ -1284,12 +1451,19 @@ impl Cluster {
                         .collect::<Vec<_>>()
                         .join(", ");
                     let message = format!("0/{} nodes are available: {detail}.", nodes.len());
-                    let _ = self.store.update(resources::pods(), Some(ns), pod_name, |p| {
-                        p["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]);
-                    });
+                    self.mark_unschedulable(ns, pod_name, message);
                 }
             }
         }
+    }
+
+    /// Leaves a pending pod a `PodScheduled: False` condition saying why.
+    fn mark_unschedulable(&self, namespace: &str, name: &str, message: String) {
+        let _ = self
+            .store
+            .update(resources::pods(), Some(namespace), name, |p| {
+                p["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]);
+            });
     }
 
     /// The kubelets: bound pods start after the configured delay.
@@ -1589,4 +1763,75 @@ fn hash(text: &str) -> u64 {
     text.bytes().fold(1469598103934665603u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(1099511628211)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn compute(cpu_millis: u64, memory_bytes: u64) -> Compute {
+        Compute {
+            cpu_millis,
+            memory_bytes,
+        }
+    }
+
+    #[test]
+    fn a_pod_requests_its_containers_sum_or_its_largest_init_container_plus_overhead() {
+        let pod = json!({"spec": {
+            "containers": [
+                {"resources": {"requests": {"cpu": "1", "memory": "1Gi"}}},
+                // A limit without a request is the request; a bare number is a quantity.
+                {"resources": {"limits": {"cpu": 2, "memory": "2Gi"}, "requests": {"memory": "1Gi"}}},
+            ],
+            "initContainers": [
+                {"resources": {"requests": {"cpu": "2500m", "memory": "2.5Gi"}}},
+            ],
+            "overhead": {"cpu": "250m", "memory": "64Mi"},
+        }});
+        assert_eq!(
+            pod_compute(&pod),
+            Ok(compute(3_250, (5 << 29) + (64 << 20))),
+            "CPU: the containers' 1 + 2 over the init container's 2.5; memory: the init \
+             container's 2.5Gi over the containers' 1Gi + 1Gi; each plus the overhead"
+        );
+    }
+
+    #[test]
+    fn sidecars_run_alongside_the_containers_and_later_init_containers() {
+        // A 1-CPU sidecar, then a 3-CPU init container: 4 while that one runs,
+        // then the containers and the sidecar.
+        for (containers, expected) in [("1", 4_000), ("5", 6_000)] {
+            let pod = json!({"spec": {
+                "containers": [{"resources": {"requests": {"cpu": containers}}}],
+                "initContainers": [
+                    {"restartPolicy": "Always", "resources": {"requests": {"cpu": "1"}}},
+                    {"resources": {"requests": {"cpu": "3"}}},
+                ],
+            }});
+            assert_eq!(
+                pod_compute(&pod),
+                Ok(compute(expected, 0)),
+                "containers {containers}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_quantity_that_does_not_parse_is_named_by_its_field() {
+        let pod = json!({"spec": {
+            "containers": [{}],
+            "initContainers": [{"resources": {"limits": {"memory": "16GB"}}}],
+        }});
+        let err = pod_compute(&pod).expect_err("16GB is not a quantity");
+        assert!(
+            err.starts_with("spec.initContainers[0].resources.limits.memory: \"16GB\""),
+            "{err}"
+        );
+        let pod = json!({"spec": {"containers": [], "overhead": {"cpu": true}}});
+        assert_eq!(
+            pod_compute(&pod),
+            Err("spec.overhead.cpu: true is not a quantity".to_owned())
+        );
+    }
 }

@@ -2,8 +2,11 @@
 //! worker speeds, failures and disruptions. `simulator/clusters/*.yaml` are examples.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
-use serde::{Deserialize, Serialize};
+use serde::de::{self, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
+use trainyard_api::quantity::{bytes, cpu_millis};
 
 use crate::error::SimulatorError;
 
@@ -54,6 +57,12 @@ pub struct NodeGroup {
     /// MIG slices per node by profile (`1g.10gb: 7` → `nvidia.com/mig-1g.10gb: 7`).
     #[serde(default)]
     pub mig: BTreeMap<String, u32>,
+    /// CPU per node (`status.allocatable.cpu`), a quantity such as `32` or `500m`.
+    #[serde(default = "default_cpu", deserialize_with = "deserialize_quantity")]
+    pub cpu: String,
+    /// Memory per node (`status.allocatable.memory`), a quantity such as `256Gi`.
+    #[serde(default = "default_memory", deserialize_with = "deserialize_quantity")]
+    pub memory: String,
     /// Time-slicing replicas per GPU (`nvidia.com/gpu.replicas`); whole GPUs are
     /// then advertised `gpus × replicas` times, as the device plugin does.
     #[serde(default)]
@@ -77,6 +86,52 @@ pub struct NodeGroup {
 
 fn one() -> u32 {
     1
+}
+
+/// A node's CPU unless its group says otherwise: enough that GPUs, not CPU,
+/// limit what fits on it.
+pub const DEFAULT_NODE_CPU: &str = "128";
+/// A node's memory unless its group says otherwise, likewise.
+pub const DEFAULT_NODE_MEMORY: &str = "2Ti";
+
+fn default_cpu() -> String {
+    DEFAULT_NODE_CPU.into()
+}
+
+fn default_memory() -> String {
+    DEFAULT_NODE_MEMORY.into()
+}
+
+/// A quantity as text (`"500m"`, `"256Gi"`) or as a bare YAML number (`cpu: 32`),
+/// which is how most people write a CPU count. [`ClusterConfig::check`] parses it.
+fn deserialize_quantity<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    struct QuantityText;
+
+    impl Visitor<'_> for QuantityText {
+        type Value = String;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a quantity such as \"32\", \"500m\" or \"256Gi\"")
+        }
+
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<String, E> {
+            Ok(text.to_owned())
+        }
+
+        fn visit_u64<E: de::Error>(self, number: u64) -> Result<String, E> {
+            Ok(number.to_string())
+        }
+
+        fn visit_i64<E: de::Error>(self, number: i64) -> Result<String, E> {
+            Ok(number.to_string())
+        }
+
+        fn visit_f64<E: de::Error>(self, number: f64) -> Result<String, E> {
+            Ok(number.to_string())
+        }
+    }
+
+    deserializer.deserialize_any(QuantityText)
 }
 
 /// How simulated workers train.
@@ -239,6 +294,12 @@ impl ClusterConfig {
                     group.name
                 ));
             }
+            if let Err(err) = cpu_millis(&group.cpu) {
+                return Err(format!("nodes[{i}].cpu (group {}): {err}", group.name));
+            }
+            if let Err(err) = bytes(&group.memory) {
+                return Err(format!("nodes[{i}].memory (group {}): {err}", group.name));
+            }
             if group.nodes_per_rack == Some(0) {
                 return Err(format!(
                     "nodes[{i}].nodesPerRack: must be at least 1 (or unset)"
@@ -297,6 +358,28 @@ mod tests {
         assert_eq!(config.speed, 1.0);
         assert_eq!(config.nodes[0].capacity_type, CapacityType::OnDemand);
         assert_eq!(config.seconds_per_epoch("any"), 60.0);
+        assert_eq!(
+            (
+                config.nodes[0].cpu.as_str(),
+                config.nodes[0].memory.as_str()
+            ),
+            ("128", "2Ti"),
+            "the CPU and memory every node had before groups could say"
+        );
+    }
+
+    #[test]
+    fn node_cpu_and_memory_are_quantities_written_as_text_or_numbers() {
+        let config = ClusterConfig::parse(
+            "nodes: [{name: a, cpu: 32, memory: 256Gi}, {name: b, cpu: 0.5, memory: \"1e9\"}]",
+        )
+        .expect("valid");
+        let resources: Vec<(&str, &str)> = config
+            .nodes
+            .iter()
+            .map(|g| (g.cpu.as_str(), g.memory.as_str()))
+            .collect();
+        assert_eq!(resources, [("32", "256Gi"), ("0.5", "1e9")]);
     }
 
     #[test]
@@ -311,6 +394,16 @@ mod tests {
                 "workers.models.bert",
             ),
             ("nodes: [{name: a, gpu: 8}]", "gpu"),
+            (
+                "nodes: [{name: a}, {name: lean, cpu: 4 cores}]",
+                "nodes[1].cpu (group lean): \"4 cores\" is not a Kubernetes quantity",
+            ),
+            (
+                "nodes: [{name: a, memory: 16GB}]",
+                "nodes[0].memory (group a): \"16GB\" is not a Kubernetes quantity",
+            ),
+            ("nodes: [{name: a, memory: -1}]", "nodes[0].memory"),
+            ("nodes: [{name: a, cpu: [1]}]", "a quantity such as"),
         ];
         for (text, field) in cases {
             let err = ClusterConfig::parse(text).expect_err(text);

@@ -588,3 +588,145 @@ fn a_cluster_that_falls_behind_the_stores_changes_relists() {
     assert!(reports.is_empty(), "the deleted Job's run is forgotten");
     assert_eq!(pods(&store, "orphaned")[0]["status"]["phase"], "Running");
 }
+
+/// Adds resources to the worker container's `requests` or `limits` in `job`'s
+/// template (the GPU limit stays), before the first step creates its pods.
+fn add_worker_resources(store: &Store, job: &str, section: &str, added: Value) {
+    store
+        .update(resources::jobs(), Some(NS), job, |j| {
+            let list = &mut j["spec"]["template"]["spec"]["containers"][0]["resources"][section];
+            for (resource, quantity) in added.as_object().into_iter().flatten() {
+                list[resource] = quantity.clone();
+            }
+        })
+        .expect("resources");
+}
+
+/// The `Unschedulable` message of the first pod of `job`, which must be unbound.
+fn unschedulable_message(store: &Store, job: &str) -> String {
+    let pod = first_pod(store, job);
+    assert!(pod["spec"]["nodeName"].is_null(), "{job} is bound: {pod}");
+    let condition = &pod["status"]["conditions"][0];
+    assert_eq!(condition["reason"], "Unschedulable", "{pod}");
+    condition["message"].as_str().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn nodes_offer_the_cpu_and_memory_of_their_group_or_the_defaults() {
+    let (store, _) = cluster(
+        "nodes:\n  - {name: small, gpus: 8, cpu: 32, memory: 256Gi}\n  - {name: plain, gpus: 8}",
+    );
+    let resources_of = |node: &str| {
+        let node = store.get(resources::nodes(), None, node).expect("node");
+        ["allocatable", "capacity"].map(|field| {
+            let list = &node["status"][field];
+            (list["cpu"].clone(), list["memory"].clone())
+        })
+    };
+    assert_eq!(
+        resources_of("small-0"),
+        [(json!("32"), json!("256Gi")), (json!("32"), json!("256Gi"))]
+    );
+    assert_eq!(
+        resources_of("plain-0"),
+        [(json!("128"), json!("2Ti")), (json!("128"), json!("2Ti"))],
+        "today's defaults"
+    );
+}
+
+/// One node with 8 GPUs, 32 CPUs and 64Gi of memory; workers start at once and
+/// take 10 s an epoch.
+const ONE_NODE_32_CPUS_64GI: &str = "nodes: [{name: n, gpus: 8, cpu: 32, memory: 64Gi}]\nworkers: {secondsPerEpoch: 10, startDelaySeconds: 0}";
+
+#[test]
+fn a_pod_that_fits_by_gpus_but_not_by_cpu_waits_until_the_pod_holding_it_finishes() {
+    let (store, mut cluster) = cluster(ONE_NODE_32_CPUS_64GI);
+    job(&store, "holder", 1, 1, false, json!({}));
+    add_worker_resources(&store, "holder", "requests", json!({"cpu": "24"}));
+    job(&store, "waiter", 1, 1, false, json!({}));
+    add_worker_resources(&store, "waiter", "requests", json!({"cpu": "16000m"}));
+    cluster.step_at(0.0);
+    assert_eq!(first_pod(&store, "holder")["spec"]["nodeName"], "n-0");
+    assert_eq!(
+        unschedulable_message(&store, "waiter"),
+        "0/1 nodes are available: 1 Insufficient cpu.",
+        "6 GPUs are free, 8 of 32 CPUs"
+    );
+    // Resumed from epoch 1 of 4: three epochs of 10 s, then one more step to end.
+    for t in [1.0, 31.0, 32.0] {
+        cluster.step_at(t);
+    }
+    assert_eq!(first_pod(&store, "holder")["status"]["phase"], "Succeeded");
+    cluster.step_at(33.0);
+    assert_eq!(
+        first_pod(&store, "waiter")["spec"]["nodeName"],
+        "n-0",
+        "the finished pod's CPUs are free again"
+    );
+}
+
+#[test]
+fn a_pod_that_fits_by_gpus_but_not_by_memory_waits_until_the_pod_holding_it_is_deleted() {
+    let (store, mut cluster) = cluster(ONE_NODE_32_CPUS_64GI);
+    job(&store, "holder", 1, 1, false, json!({}));
+    // A limit without a request is the request, as the API server defaults it.
+    add_worker_resources(&store, "holder", "limits", json!({"memory": "48Gi"}));
+    job(&store, "waiter", 1, 1, false, json!({}));
+    add_worker_resources(
+        &store,
+        "waiter",
+        "requests",
+        json!({"memory": "17179869185"}),
+    );
+    cluster.step_at(0.0);
+    cluster.step_at(1.0);
+    assert_eq!(first_pod(&store, "holder")["spec"]["nodeName"], "n-0");
+    assert_eq!(
+        unschedulable_message(&store, "waiter"),
+        "0/1 nodes are available: 1 Insufficient memory.",
+        "16Gi left of 64Gi, 16Gi and a byte wanted"
+    );
+    delete_first_pod(&store, "holder");
+    cluster.step_at(2.0);
+    assert_eq!(
+        first_pod(&store, "waiter")["spec"]["nodeName"],
+        "n-0",
+        "the deleted pod's memory is free again"
+    );
+}
+
+#[test]
+fn an_unschedulable_pod_counts_the_nodes_under_each_reason_like_kube_scheduler() {
+    let (store, mut cluster) = cluster(
+        "nodes:\n  - {name: lean, gpus: 8, cpu: 4, memory: 8Gi}\n  - {name: one-gpu, count: 2, gpus: 1}",
+    );
+    job(&store, "big", 1, 2, false, json!({}));
+    add_worker_resources(
+        &store,
+        "big",
+        "requests",
+        json!({"cpu": 8, "memory": "16Gi"}),
+    );
+    cluster.step_at(0.0);
+    assert_eq!(
+        unschedulable_message(&store, "big"),
+        "0/3 nodes are available: 1 Insufficient cpu, 1 Insufficient memory, 2 insufficient GPUs.",
+        "a node short of CPU and memory counts under both"
+    );
+}
+
+#[test]
+fn a_pod_whose_cpu_quantity_does_not_parse_stays_pending_with_the_field_named() {
+    let (store, mut cluster) = cluster(ONE_NODE_32_CPUS_64GI);
+    job(&store, "bad", 1, 1, false, json!({}));
+    add_worker_resources(&store, "bad", "requests", json!({"cpu": "4 cores"}));
+    cluster.step_at(0.0);
+    cluster.step_at(1.0);
+    let message = unschedulable_message(&store, "bad");
+    assert!(
+        message.starts_with(
+            "spec.containers[0].resources.requests.cpu: \"4 cores\" is not a Kubernetes quantity"
+        ),
+        "{message}"
+    );
+}

@@ -427,6 +427,74 @@ async fn gpus_other_pods_hold_are_not_given_to_training() {
     stack.stop().await;
 }
 
+/// CPU a pod Trainyard does not manage requests (a data-loading job here)
+/// is not given to training either: a gang that needs a worker on each of
+/// two nodes waits, naming the CPU, while one of them lacks it, and runs
+/// once it is freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_other_pods_hold_is_not_given_to_training() {
+    let mut config = demo_cluster();
+    config.nodes.retain(|group| group.name == "a100");
+    config.nodes[0].count = 2;
+    config.nodes[0].cpu = "32".into();
+    let stack = Stack::start(config).await;
+    let pods = Api::<Pod>::namespaced(stack.kube.clone(), "data");
+    let loader: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "etl", "namespace": "data"},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": "a100-0"},
+                 "containers": [{"name": "etl", "image": "spark",
+                                 "resources": {"requests": {"cpu": "24"}}}]}
+    }))
+    .expect("pod");
+    pods.create(&PostParams::default(), &loader)
+        .await
+        .expect("loader created");
+    eventually_within("the loader to be bound", Duration::from_secs(30), || {
+        let pods = pods.clone();
+        async move {
+            let pod = pods.get("etl").await.ok()?;
+            (pod.spec?.node_name? == "a100-0").then_some(())
+        }
+    })
+    .await;
+
+    let jobs = Api::<TrainingJob>::namespaced(stack.kube.clone(), "ml");
+    let mut job = training_job("two-nodes", 2, 8);
+    job.spec.resources = Some(
+        serde_json::from_value(serde_json::json!({"requests": {"cpu": "16"}})).expect("resources"),
+    );
+    apply(&jobs, &job).await;
+    let waiting = eventually_within("two-nodes to wait", Duration::from_secs(30), || {
+        let jobs = jobs.clone();
+        async move {
+            let live = state_of(&jobs, "two-nodes").await?;
+            let status = live.status?;
+            let admitted = status
+                .conditions
+                .iter()
+                .find(|c| c.condition_type == "Admitted")?;
+            (status.state == Some(TrainingJobState::Queued)
+                && admitted.message.as_deref()?.contains("short"))
+            .then(|| admitted.message.clone().unwrap_or_default())
+        }
+    })
+    .await;
+    assert!(
+        waiting.contains(
+            "1 more worker(s) would fit by nvidia.com/gpu but not by the CPU or memory \
+             free beside it (cpu 16 per worker)"
+        ),
+        "{waiting}"
+    );
+    pods.delete("etl", &Default::default())
+        .await
+        .expect("loader deleted");
+    let state = finish(&jobs, "two-nodes").await;
+    assert_eq!(state, TrainingJobState::Completed);
+    stack.stop().await;
+}
+
 fn tracing_subscriber_init() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     tracing_subscriber::fmt()
         .with_env_filter(

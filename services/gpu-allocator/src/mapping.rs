@@ -5,11 +5,13 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use gpu_allocator_core::{
-    Admission, AgingPolicy, Event, FlavorQuota, FlavorSpec, GpuSliceRequest, JobSpec, JobUid,
-    NodeInfo, NodeKey, NodeOperator, NodeRequirement, NodeSelectorTerm, PendingReason, Preemption,
-    PreemptionRule, QueuePreemption, QueueSpec, ResourceQuota, Taint, TaintEffect, Timestamp,
-    Toleration, TolerationOperator, TopologyRequirement, Victim, names,
+    Admission, AgingPolicy, CpuMemory, Event, FlavorQuota, FlavorSpec, GpuSliceRequest, JobSpec,
+    JobUid, NodeInfo, NodeKey, NodeOperator, NodeRequirement, NodeSelectorTerm, PendingReason,
+    Preemption, PreemptionRule, QueuePreemption, QueueSpec, ResourceQuota, Taint, TaintEffect,
+    Timestamp, Toleration, TolerationOperator, TopologyRequirement, Victim, names,
 };
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use trainyard_api::quantity::{self, QuantityError};
 use trainyard_api::{
     DEFAULT_AGING_STEP, ReclaimWithinCohort, TrainingJob, TrainingQueue, WithinQueuePreemption,
 };
@@ -131,6 +133,13 @@ pub fn node_event(entity: &EntityRef, node: &NodeObserved) -> Result<Event, Serv
             })
         })
         .collect::<Result<Vec<_>, ServiceError>>()?;
+    // A node reporting one of CPU and memory is not limited by the other.
+    let cpu_memory = (node.allocatable_cpu_millis.is_some()
+        || node.allocatable_memory_bytes.is_some())
+    .then(|| CpuMemory {
+        cpu_millis: node.allocatable_cpu_millis.unwrap_or(u64::MAX),
+        memory_bytes: node.allocatable_memory_bytes.unwrap_or(u64::MAX),
+    });
     Ok(Event::NodeUpserted(NodeInfo {
         name,
         labels: node.labels.clone(),
@@ -139,6 +148,11 @@ pub fn node_event(entity: &EntityRef, node: &NodeObserved) -> Result<Event, Serv
         unschedulable: node.unschedulable,
         ready: node.ready,
         used_by_other_pods,
+        cpu_memory,
+        cpu_memory_used_by_other_pods: CpuMemory {
+            cpu_millis: node.cpu_millis_used_by_other_pods,
+            memory_bytes: node.memory_bytes_used_by_other_pods,
+        },
     }))
 }
 
@@ -454,6 +468,7 @@ pub fn job_spec(
         tolerations,
         node_affinity: node_affinity(&object, &scheduling)?,
         topology: TopologyRequirement::Preferred,
+        cpu_memory_per_worker: cpu_memory_per_worker(&object, spec.resources.as_ref())?,
         preemptible: true,
         one_worker_per_node: job.workers_one_per_node(),
     };
@@ -464,6 +479,40 @@ pub fn job_spec(
         core.validate()?;
     }
     Ok(core)
+}
+
+/// The CPU and memory a worker requests (`spec.resources`): its requests,
+/// or its limits where it states no request (the API server defaults
+/// requests to limits).
+fn cpu_memory_per_worker(
+    object: &str,
+    resources: Option<&ResourceRequirements>,
+) -> Result<CpuMemory, ServiceError> {
+    let Some(resources) = resources else {
+        return Ok(CpuMemory::default());
+    };
+    let amount = |name: &str, parse: fn(&str) -> Result<u64, QuantityError>| {
+        let stated = [
+            ("requests", &resources.requests),
+            ("limits", &resources.limits),
+        ]
+        .into_iter()
+        .find_map(|(section, quantities)| Some((section, quantities.as_ref()?.get(name)?)));
+        let Some((section, quantity)) = stated else {
+            return Ok(0);
+        };
+        parse(&quantity.0).map_err(|err| {
+            ServiceError::invalid(
+                object,
+                format!("spec.resources.{section}.{name}"),
+                err.to_string(),
+            )
+        })
+    };
+    Ok(CpuMemory {
+        cpu_millis: amount("cpu", quantity::cpu_millis)?,
+        memory_bytes: amount("memory", quantity::bytes)?,
+    })
 }
 
 fn operator_name(op: TolerationOperator) -> &'static str {
@@ -684,6 +733,10 @@ mod tests {
             ready: true,
             gpus_used_by_other_pods: 0,
             mig_used_by_other_pods: BTreeMap::new(),
+            allocatable_cpu_millis: None,
+            allocatable_memory_bytes: None,
+            cpu_millis_used_by_other_pods: 0,
+            memory_bytes_used_by_other_pods: 0,
         }
     }
 
@@ -735,6 +788,46 @@ mod tests {
             panic!("expected NodeUpserted");
         };
         assert!(info.used_by_other_pods.is_empty());
+    }
+
+    #[test]
+    fn cpu_and_memory_of_a_node_and_of_other_pods_go_to_the_core() {
+        let entity = EntityRef::new("", "gpu-1", "");
+        let upserted = |node: &NodeObserved| match node_event(&entity, node).expect("maps") {
+            Event::NodeUpserted(info) => info,
+            other => panic!("expected NodeUpserted, got {other:?}"),
+        };
+        let info = upserted(&NodeObserved {
+            allocatable_cpu_millis: Some(64_000),
+            allocatable_memory_bytes: Some(512 << 30),
+            cpu_millis_used_by_other_pods: 2_500,
+            memory_bytes_used_by_other_pods: 1 << 30,
+            ..node(8)
+        });
+        assert_eq!(
+            info.cpu_memory,
+            Some(CpuMemory {
+                cpu_millis: 64_000,
+                memory_bytes: 512 << 30
+            })
+        );
+        assert_eq!(
+            info.cpu_memory_used_by_other_pods,
+            CpuMemory {
+                cpu_millis: 2_500,
+                memory_bytes: 1 << 30
+            }
+        );
+        assert_eq!(upserted(&node(8)).cpu_memory, None, "reports neither");
+        let cpu_only = upserted(&NodeObserved {
+            allocatable_cpu_millis: Some(8_000),
+            ..node(8)
+        });
+        assert_eq!(
+            cpu_only.cpu_memory.map(|c| (c.cpu_millis, c.memory_bytes)),
+            Some((8_000, u64::MAX)),
+            "memory it does not report does not limit it"
+        );
     }
 
     #[test]
@@ -933,6 +1026,54 @@ mod tests {
             "status": {"restartCount": restart_count},
         }))
         .expect("job parses")
+    }
+
+    fn job_with_resources(resources: serde_json::Value) -> Result<JobSpec, ServiceError> {
+        let mut job = training_job(json!({}), None);
+        job.spec.resources = Some(serde_json::from_value(resources).expect("resources parse"));
+        job_spec(&config(), &job, "u-1", 0, None, Timestamp(0))
+    }
+
+    #[test]
+    fn a_workers_cpu_and_memory_are_its_requests_or_else_its_limits() {
+        let spec = job_with_resources(json!({
+            "requests": {"cpu": "7500m", "memory": "60Gi"},
+            "limits": {"cpu": "16", "memory": "64Gi"}
+        }))
+        .expect("maps");
+        assert_eq!(
+            spec.cpu_memory_per_worker,
+            CpuMemory {
+                cpu_millis: 7_500,
+                memory_bytes: 60 << 30
+            }
+        );
+        let limits_only =
+            job_with_resources(json!({"limits": {"cpu": "4", "memory": "1G"}})).expect("maps");
+        assert_eq!(
+            limits_only.cpu_memory_per_worker,
+            CpuMemory {
+                cpu_millis: 4_000,
+                memory_bytes: 1_000_000_000
+            }
+        );
+        let none = job_spec(
+            &config(),
+            &training_job(json!({}), None),
+            "u-1",
+            0,
+            None,
+            Timestamp(0),
+        )
+        .expect("maps");
+        assert!(none.cpu_memory_per_worker.is_zero());
+        let err = job_with_resources(json!({"requests": {"memory": "64GB"}}))
+            .expect_err("not a quantity");
+        assert!(
+            err.to_string().contains("spec.resources.requests.memory")
+                && err.to_string().contains("16Gi"),
+            "{err}"
+        );
     }
 
     #[test]

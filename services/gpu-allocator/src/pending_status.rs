@@ -90,17 +90,20 @@ pub fn cause_hash(reason: &PendingReason) -> u64 {
             reserved_start,
             fits_when_empty,
             held_by_other_pods,
+            workers_lacking_cpu_memory,
             ..
         } => [
             match (
                 reserved_start.is_some(),
                 *fits_when_empty,
+                *workers_lacking_cpu_memory > 0,
                 *held_by_other_pods > 0,
             ) {
                 (true, ..) => b"capacity-reserved",
-                (false, true, false) => b"capacity",
-                (false, true, true) => b"capacity-other-pods",
-                (false, false, _) => b"capacity-never",
+                (false, true, true, _) => b"capacity-cpu-memory",
+                (false, true, false, false) => b"capacity",
+                (false, true, false, true) => b"capacity-other-pods",
+                (false, false, ..) => b"capacity-never",
             },
             flavor.as_bytes(),
             resource.as_bytes(),
@@ -171,6 +174,8 @@ mod tests {
                 fits_when_empty: true,
                 required_topology: None,
                 held_by_other_pods: held,
+                workers_lacking_cpu_memory: 0,
+                cpu_memory_per_worker: Default::default(),
             };
         assert_ne!(
             cause_hash(&capacity("h100", false, 0)),
@@ -194,6 +199,20 @@ mod tests {
             cause_hash(&capacity("h100", false, 6)),
             cause_hash(&capacity("h100", false, 2))
         );
+        // So is CPU or memory beside free GPUs running short.
+        let lacking = |workers| {
+            let mut reason = capacity("h100", false, 6);
+            if let PendingReason::InsufficientCapacity {
+                workers_lacking_cpu_memory,
+                ..
+            } = &mut reason
+            {
+                *workers_lacking_cpu_memory = workers;
+            }
+            reason
+        };
+        assert_ne!(cause_hash(&lacking(1)), cause_hash(&lacking(0)));
+        assert_eq!(cause_hash(&lacking(1)), cause_hash(&lacking(3)));
     }
 
     #[test]

@@ -142,8 +142,8 @@ enum NodeOrPod {
 }
 
 /// Watches Nodes and, in every namespace, the pods Trainyard does not manage
-/// (those without its job label), and publishes each node with the GPUs
-/// such pods hold on it (see [`crate::gpu_usage`]).
+/// (those without its job label), and publishes each node with the GPUs,
+/// CPU and memory such pods hold on it (see [`crate::gpu_usage`]).
 fn spawn_node_watch(
     runtime: &Runtime,
     client: Client,
@@ -167,7 +167,7 @@ fn spawn_node_watch(
             NodeOrPod::Node(event) => (*event).map(|event| usage.on_node(event)),
             NodeOrPod::Pod(event) => (*event).map(|event| {
                 let changes = usage.on_pod(event);
-                gauge.set(i64::from(usage.gpus_used_by_other_pods()));
+                gauge.set(i64::try_from(usage.gpus_used_by_other_pods()).unwrap_or(i64::MAX));
                 changes
             }),
         };
@@ -424,7 +424,7 @@ pub async fn publish(
         }
         ChangePayload::Node(p) => {
             publisher
-                .send_with_id(publisher.envelope(entity, p), id)
+                .send_with_id(publisher.envelope(entity, *p), id)
                 .await
         }
     }

@@ -1,15 +1,16 @@
-//! GPUs that pods Trainyard does not manage hold on each node.
+//! GPUs, CPU and memory that pods Trainyard does not manage hold on each node.
 //!
-//! A node's allocatable GPUs are not all free for training: inference
-//! servers, notebooks and plain Jobs request them too, and the gpu-allocator
-//! sees only the jobs it admitted. Placed onto GPUs another pod holds, a
-//! pinned worker could never bind. So the Node watch is joined with a watch
-//! of the other pods (those without `trainyard.dev/job`): each node's event
-//! carries what such pods bound to it request, and is published again when
-//! that changes.
+//! A node's allocatable resources are not all free for training: inference
+//! servers, notebooks and plain Jobs request GPUs, and every DaemonSet and
+//! system pod CPU and memory, and the gpu-allocator sees only the jobs it
+//! admitted. Placed onto resources another pod holds, a pinned worker could
+//! never bind. So the Node watch is joined with a watch of the other pods
+//! (those without `trainyard.dev/job`): each node's event carries what such
+//! pods bound to it request, and is published again when that changes.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
 
 use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Pod, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -17,21 +18,26 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::runtime::watcher::Event;
 use serde::Deserialize;
+use trainyard_api::quantity::{bytes, cpu_millis};
 use trainyard_contracts::events::Change;
 
-use crate::mapping::{ChangeEvent, GPU_RESOURCE, MIG_PREFIX, Watched, node_event, whole};
+use crate::mapping::{
+    ChangeEvent, GPU_RESOURCE, MIG_PREFIX, ObjectName, Watched, node_event, read_quantity, whole,
+};
 
-/// GPUs and MIG slices requested on one node.
+/// Resources requested on one node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Usage {
     pub gpus: u32,
     /// By profile (`nvidia.com/mig-1g.10gb` → `1g.10gb`).
     pub mig: BTreeMap<String, u32>,
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
 }
 
 impl Usage {
     pub fn is_empty(&self) -> bool {
-        self.gpus == 0 && self.mig.is_empty()
+        self.gpus == 0 && self.mig.is_empty() && self.cpu_millis == 0 && self.memory_bytes == 0
     }
 
     fn add(&mut self, other: &Usage) {
@@ -40,30 +46,8 @@ impl Usage {
             let total = self.mig.entry(profile.clone()).or_insert(0);
             *total = total.saturating_add(*n);
         }
-    }
-
-    /// What one container (or init container) requests; for extended
-    /// resources a limit alone is the request.
-    fn of_container(resources: Option<&ResourceRequirements>) -> Usage {
-        let mut usage = Usage::default();
-        let Some(resources) = resources else {
-            return usage;
-        };
-        let requested = resources.requests.iter().flatten();
-        let limited = resources.limits.iter().flatten();
-        let mut amounts: BTreeMap<&str, &Quantity> =
-            limited.map(|(name, q)| (name.as_str(), q)).collect();
-        amounts.extend(requested.map(|(name, q)| (name.as_str(), q)));
-        for (name, units) in amounts.into_iter().map(|(name, q)| (name, whole(q))) {
-            if name == GPU_RESOURCE {
-                usage.gpus = units;
-            } else if let Some(profile) = name.strip_prefix(MIG_PREFIX)
-                && units > 0
-            {
-                usage.mig.insert(profile.to_owned(), units);
-            }
-        }
-        usage
+        self.cpu_millis = self.cpu_millis.saturating_add(other.cpu_millis);
+        self.memory_bytes = self.memory_bytes.saturating_add(other.memory_bytes);
     }
 
     /// The larger of `self` and `other`, per resource.
@@ -73,7 +57,71 @@ impl Usage {
             let own = self.mig.entry(profile.clone()).or_insert(0);
             *own = (*own).max(*n);
         }
+        self.cpu_millis = self.cpu_millis.max(other.cpu_millis);
+        self.memory_bytes = self.memory_bytes.max(other.memory_bytes);
         self
+    }
+
+    /// What one container (or init container) at `field` of `pod` requests.
+    /// A limit alone is the request: Kubernetes defaults a missing CPU or
+    /// memory request to the limit, and of an extended resource only a limit
+    /// need be set.
+    fn of_container(
+        resources: Option<&ResourceRequirements>,
+        pod: &dyn fmt::Display,
+        field: &dyn fmt::Display,
+    ) -> Usage {
+        let Some(resources) = resources else {
+            return Usage::default();
+        };
+        let requests = resources.requests.as_ref();
+        let mut usage = Usage::of_amounts(
+            requests.into_iter().flatten(),
+            pod,
+            &format_args!("{field}.resources.requests"),
+        );
+        let limits_alone =
+            resources.limits.iter().flatten().filter(|(name, _)| {
+                !requests.is_some_and(|requested| requested.contains_key(*name))
+            });
+        usage.add(&Usage::of_amounts(
+            limits_alone,
+            pod,
+            &format_args!("{field}.resources.limits"),
+        ));
+        usage
+    }
+
+    /// What `amounts` (resource name → quantity, at `field` of `pod`) ask
+    /// for, of the resources counted; a quantity that does not parse counts
+    /// as nothing (logged).
+    fn of_amounts<'a>(
+        amounts: impl IntoIterator<Item = (&'a String, &'a Quantity)>,
+        pod: &dyn fmt::Display,
+        field: &dyn fmt::Display,
+    ) -> Usage {
+        let mut usage = Usage::default();
+        for (name, quantity) in amounts {
+            let at = format_args!("{field}[{name}]");
+            match name.as_str() {
+                "cpu" => {
+                    usage.cpu_millis = read_quantity(cpu_millis, quantity, pod, &at).unwrap_or(0);
+                }
+                "memory" => {
+                    usage.memory_bytes = read_quantity(bytes, quantity, pod, &at).unwrap_or(0);
+                }
+                GPU_RESOURCE => usage.gpus = whole(quantity, pod, &at),
+                _ => {
+                    if let Some(profile) = name.strip_prefix(MIG_PREFIX) {
+                        let slices = whole(quantity, pod, &at);
+                        if slices > 0 {
+                            usage.mig.insert(profile.to_owned(), slices);
+                        }
+                    }
+                }
+            }
+        }
+        usage
     }
 }
 
@@ -97,12 +145,23 @@ pub struct OtherPodSpec {
     pub containers: Vec<ContainerResources>,
     #[serde(default)]
     pub init_containers: Vec<ContainerResources>,
+    /// What the RuntimeClass adds (sandbox VMs): requested besides the containers.
+    #[serde(default)]
+    pub overhead: Option<BTreeMap<String, Quantity>>,
+    /// Pod-level resources (beta since Kubernetes 1.34): their CPU and
+    /// memory requests, when set, replace the containers'.
+    #[serde(default)]
+    pub resources: Option<ResourceRequirements>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ContainerResources {
     #[serde(default)]
     pub resources: Option<ResourceRequirements>,
+    /// `Always` on an init container makes it a sidecar.
+    #[serde(default)]
+    pub restart_policy: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -115,8 +174,13 @@ crate::mapping::resource_as!(OtherPod, Pod);
 
 impl OtherPod {
     /// The node it is bound to and what it holds there, while it holds
-    /// anything: bound, not finished, requesting GPUs or MIG slices. As the
-    /// scheduler counts, the containers' sum or the largest init container.
+    /// anything: bound, not finished, requesting something counted. Counted
+    /// as kube-scheduler counts a pod's request: the larger of the
+    /// containers' sum and the largest init container, with sidecars (init
+    /// containers that keep running) added to both; pod-level CPU and memory
+    /// requests instead, when set; plus the overhead. (During an in-place
+    /// resize the scheduler takes the larger of spec and status; this reads
+    /// the spec.)
     pub fn held(&self) -> Option<(String, Usage)> {
         let spec = self.spec.as_ref()?;
         let node = spec.node_name.clone().filter(|n| !n.is_empty())?;
@@ -124,15 +188,51 @@ impl OtherPod {
         if matches!(phase, Some("Succeeded" | "Failed")) {
             return None;
         }
+        let pod = ObjectName("pod", &self.metadata);
         let mut running = Usage::default();
-        for container in &spec.containers {
-            running.add(&Usage::of_container(container.resources.as_ref()));
+        for (i, container) in spec.containers.iter().enumerate() {
+            let field = format_args!("spec.containers[{i}]");
+            running.add(&Usage::of_container(
+                container.resources.as_ref(),
+                &pod,
+                &field,
+            ));
         }
-        let usage = spec
-            .init_containers
-            .iter()
-            .map(|c| Usage::of_container(c.resources.as_ref()))
-            .fold(running, |total, init| total.max(&init));
+        // Sidecars started so far, running beside each later init container.
+        let mut sidecars = Usage::default();
+        let mut init_peak = Usage::default();
+        for (i, init) in spec.init_containers.iter().enumerate() {
+            let field = format_args!("spec.initContainers[{i}]");
+            let own = Usage::of_container(init.resources.as_ref(), &pod, &field);
+            if init.restart_policy.as_deref() == Some("Always") {
+                running.add(&own);
+                sidecars.add(&own);
+                init_peak = init_peak.max(&sidecars);
+            } else {
+                let mut during = own;
+                during.add(&sidecars);
+                init_peak = init_peak.max(&during);
+            }
+        }
+        let mut usage = running.max(&init_peak);
+        if let Some(requests) = spec.resources.as_ref().and_then(|r| r.requests.as_ref()) {
+            let pod_level = Usage::of_amounts(
+                requests
+                    .iter()
+                    .filter(|(name, _)| matches!(name.as_str(), "cpu" | "memory")),
+                &pod,
+                &"spec.resources.requests",
+            );
+            if requests.contains_key("cpu") {
+                usage.cpu_millis = pod_level.cpu_millis;
+            }
+            if requests.contains_key("memory") {
+                usage.memory_bytes = pod_level.memory_bytes;
+            }
+        }
+        if let Some(overhead) = &spec.overhead {
+            usage.add(&Usage::of_amounts(overhead, &pod, &"spec.overhead"));
+        }
         (!usage.is_empty()).then_some((node, usage))
     }
 }
@@ -222,14 +322,19 @@ fn kept(node: &Node) -> Node {
 /// Joins the Node watch and the other pods' watch into one stream of
 /// [`GpuNode`] events: a node's events carry its current usage, and a
 /// change of usage is an `Apply` of the node. Node events wait for the other
-/// pods' first listing, so no node is published as free of GPUs it lends.
+/// pods' first listing, so no node is published as free of resources it lends.
 #[derive(Debug)]
 pub struct NodeUsage {
     nodes: HashMap<String, Node>,
-    /// Pod uid → (node, usage) of every pod holding GPUs.
+    /// Pod uid → (node, usage) of every pod holding anything.
     pods: HashMap<String, (String, Usage)>,
+    /// Node → uids of the `pods` bound to it. Nearly every running pod holds
+    /// CPU or memory, so a pod's change recounts its node only, not the cluster.
+    pods_on_node: HashMap<String, HashSet<String>>,
     /// `pods` summed per node.
     by_node: BTreeMap<String, Usage>,
+    /// `by_node`'s GPUs summed, kept as it changes (read on every pod event).
+    gpus_used: u64,
     /// The pods of a relist in progress: they replace `pods` at its end.
     listing: Option<HashMap<String, (String, Usage)>>,
     /// Node events that came before the other pods were first listed.
@@ -247,7 +352,9 @@ impl NodeUsage {
         Self {
             nodes: HashMap::new(),
             pods: HashMap::new(),
+            pods_on_node: HashMap::new(),
             by_node: BTreeMap::new(),
+            gpus_used: 0,
             listing: None,
             waiting: Some(Vec::new()),
             process,
@@ -256,10 +363,8 @@ impl NodeUsage {
     }
 
     /// `nvidia.com/gpu` other pods hold, over all nodes.
-    pub fn gpus_used_by_other_pods(&self) -> u32 {
-        self.by_node
-            .values()
-            .fold(0, |total, usage| total.saturating_add(usage.gpus))
+    pub fn gpus_used_by_other_pods(&self) -> u64 {
+        self.gpus_used
     }
 
     fn with_usage(&self, node: Node, usage_change: Option<&str>) -> GpuNode {
@@ -310,31 +415,27 @@ impl NodeUsage {
     /// The node events one other pods' watch event implies: an `Apply` of
     /// each known node whose usage it changed.
     pub fn on_pod(&mut self, event: Event<OtherPod>) -> Vec<Event<GpuNode>> {
-        let cause = match event {
+        let (cause, touched) = match event {
             Event::Apply(pod) => {
                 let Some(uid) = pod.uid() else {
                     return Vec::new();
                 };
                 let held = pod.held();
-                // Most pods hold no GPUs, and most changes leave what one holds.
+                // Most changes leave what a pod holds.
                 if self.pods.get(&uid) == held.as_ref() {
                     return Vec::new();
                 }
                 let cause = format!("{uid}:{}", pod.resource_version().unwrap_or_default());
-                match held {
-                    Some(held) => self.pods.insert(uid, held),
-                    None => self.pods.remove(&uid),
-                };
-                cause
+                (cause, self.hold(uid, held))
             }
             Event::Delete(pod) => {
                 let Some(uid) = pod.uid() else {
                     return Vec::new();
                 };
-                if self.pods.remove(&uid).is_none() {
+                if !self.pods.contains_key(&uid) {
                     return Vec::new();
                 }
-                format!("{uid}:deleted")
+                (format!("{uid}:deleted"), self.hold(uid, None))
             }
             Event::Init => {
                 self.listing = Some(HashMap::new());
@@ -353,28 +454,95 @@ impl NodeUsage {
                     self.pods = listed;
                 }
                 self.relists += 1;
-                format!("relist-{}-{}", self.process, self.relists)
+                let cause = format!("relist-{}-{}", self.process, self.relists);
+                (cause, self.recount_all())
             }
         };
-        let mut by_node: BTreeMap<String, Usage> = BTreeMap::new();
-        for (node, usage) in self.pods.values() {
-            by_node.entry(node.clone()).or_default().add(usage);
-        }
-        let before = std::mem::replace(&mut self.by_node, by_node);
         if let Some(waiting) = self.waiting.take() {
             return waiting
                 .into_iter()
                 .map(|event| self.with_usage_event(event))
                 .collect();
         }
-        let mut touched: Vec<&String> = before.keys().chain(self.by_node.keys()).collect();
-        touched.sort_unstable();
-        touched.dedup();
         touched
-            .into_iter()
-            .filter(|node| before.get(*node) != self.by_node.get(*node))
+            .iter()
             .filter_map(|node| self.nodes.get(node))
             .map(|node| Event::Apply(self.with_usage(node.clone(), Some(&cause))))
             .collect()
+    }
+
+    /// Records what pod `uid` holds now (`None`: nothing); returns the nodes
+    /// whose usage that changed.
+    fn hold(&mut self, uid: String, held: Option<(String, Usage)>) -> Vec<String> {
+        let mut nodes = Vec::new();
+        if let Some((node, _)) = self.pods.remove(&uid) {
+            if let Some(uids) = self.pods_on_node.get_mut(&node) {
+                uids.remove(&uid);
+                if uids.is_empty() {
+                    self.pods_on_node.remove(&node);
+                }
+            }
+            nodes.push(node);
+        }
+        if let Some((node, usage)) = held {
+            self.pods_on_node
+                .entry(node.clone())
+                .or_default()
+                .insert(uid.clone());
+            self.pods.insert(uid, (node.clone(), usage));
+            if !nodes.contains(&node) {
+                nodes.push(node);
+            }
+        }
+        nodes.retain(|node| self.recount(node));
+        nodes
+    }
+
+    /// Sums what the pods bound to `node` hold; returns whether that changed.
+    fn recount(&mut self, node: &str) -> bool {
+        let mut total = Usage::default();
+        for uid in self.pods_on_node.get(node).into_iter().flatten() {
+            if let Some((_, usage)) = self.pods.get(uid) {
+                total.add(usage);
+            }
+        }
+        let gpus = u64::from(total.gpus);
+        let before = if total.is_empty() {
+            self.by_node.remove(node)
+        } else {
+            self.by_node.insert(node.to_owned(), total.clone())
+        }
+        .unwrap_or_default();
+        self.gpus_used = self
+            .gpus_used
+            .saturating_sub(u64::from(before.gpus))
+            .saturating_add(gpus);
+        before != total
+    }
+
+    /// Counts `pods` afresh (after a relist); returns the nodes whose usage changed.
+    fn recount_all(&mut self) -> Vec<String> {
+        self.pods_on_node.clear();
+        let mut by_node: BTreeMap<String, Usage> = BTreeMap::new();
+        for (uid, (node, usage)) in &self.pods {
+            self.pods_on_node
+                .entry(node.clone())
+                .or_default()
+                .insert(uid.clone());
+            by_node.entry(node.clone()).or_default().add(usage);
+        }
+        let before = std::mem::replace(&mut self.by_node, by_node);
+        self.gpus_used = self.by_node.values().fold(0, |total: u64, usage| {
+            total.saturating_add(u64::from(usage.gpus))
+        });
+        let mut touched: Vec<String> = before
+            .keys()
+            .chain(self.by_node.keys())
+            .filter(|node| before.get(*node) != self.by_node.get(*node))
+            .cloned()
+            .collect();
+        touched.sort_unstable();
+        touched.dedup();
+        touched
     }
 }

@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::fmt;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use chrono::{DateTime, Utc};
@@ -11,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::ResourceExt;
 use serde::Deserialize;
+use trainyard_api::quantity::{QuantityError, bytes, cpu_millis};
 use trainyard_api::{Sweep, TrainingJob, TrainingQueue};
 use trainyard_contracts::EntityRef;
 
@@ -124,7 +126,7 @@ pub enum ChangePayload {
     TrainingQueue(Box<TrainingQueueChanged>),
     Job(JobObserved),
     Pod(Box<PodObserved>),
-    Node(NodeObserved),
+    Node(Box<NodeObserved>),
 }
 
 impl ChangePayload {
@@ -432,9 +434,47 @@ impl Watched for WatchedPod {
     }
 }
 
-/// A quantity as a whole count; device-plugin resources are integers.
-pub(crate) fn whole(quantity: &Quantity) -> u32 {
-    quantity.0.trim().parse().unwrap_or(0)
+/// `<kind> <namespace>/<name>` of an object (`<kind> <name>` when
+/// cluster-scoped), for logs: formatted only when something is logged.
+pub(crate) struct ObjectName<'a>(pub &'static str, pub &'a ObjectMeta);
+
+impl fmt::Display for ObjectName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ObjectName(kind, meta) = self;
+        let name = meta.name.as_deref().unwrap_or_default();
+        match meta.namespace.as_deref() {
+            Some(namespace) => write!(f, "{kind} {namespace}/{name}"),
+            None => write!(f, "{kind} {name}"),
+        }
+    }
+}
+
+/// `quantity`, at `field` of `object`, as a whole number of `parse`'s unit;
+/// None when it does not parse. The API server validates quantities, so one
+/// that fails here overflows or uses a form this parser lacks: it is logged,
+/// not taken for a number it is not.
+pub(crate) fn read_quantity(
+    parse: fn(&str) -> Result<u64, QuantityError>,
+    quantity: &Quantity,
+    object: &dyn fmt::Display,
+    field: &dyn fmt::Display,
+) -> Option<u64> {
+    parse(&quantity.0)
+        .inspect_err(|error| {
+            tracing::warn!(%object, %field, %error, "resource quantity does not parse; ignored");
+        })
+        .ok()
+}
+
+/// A count of device-plugin resources (GPUs, MIG slices): 0 when it does not
+/// parse (logged, see [`read_quantity`]).
+pub(crate) fn whole(
+    quantity: &Quantity,
+    object: &dyn fmt::Display,
+    field: &dyn fmt::Display,
+) -> u32 {
+    read_quantity(bytes, quantity, object, field)
+        .map_or(0, |count| u32::try_from(count).unwrap_or(u32::MAX))
 }
 
 /// The event of `node`, with what pods Trainyard does not manage hold on it
@@ -457,19 +497,44 @@ pub(crate) fn node_event(
             for (profile, n) in &used.mig {
                 message_id.push_str(&format!(",{profile}={n}"));
             }
+            // Left out when zero, so the ids of GPU-only usage read as before.
+            if used.cpu_millis > 0 {
+                message_id.push_str(&format!(",cpu={}m", used.cpu_millis));
+            }
+            if used.memory_bytes > 0 {
+                message_id.push_str(&format!(",memory={}", used.memory_bytes));
+            }
         }
         None => {}
     }
+    let object = ObjectName("node", &node.metadata);
     let status = node.status.clone().unwrap_or_default();
     let allocatable = status.allocatable.unwrap_or_default();
     let mig: BTreeMap<String, u32> = allocatable
         .iter()
-        .filter_map(|(name, q)| Some((name.strip_prefix(MIG_PREFIX)?.to_string(), whole(q))))
+        .filter_map(|(name, q)| {
+            let profile = name.strip_prefix(MIG_PREFIX)?;
+            Some((
+                profile.to_string(),
+                whole(q, &object, &format_args!("status.allocatable[{name}]")),
+            ))
+        })
         .collect();
+    let read_allocatable = |name: &str, parse: fn(&str) -> Result<u64, QuantityError>| {
+        let quantity = allocatable.get(name)?;
+        let field = format_args!("status.allocatable[{name}]");
+        read_quantity(parse, quantity, &object, &field)
+    };
     let spec = node.spec.clone().unwrap_or_default();
     let observed = NodeObserved {
         change,
-        allocatable_gpus: allocatable.get(GPU_RESOURCE).map(whole).unwrap_or(0),
+        allocatable_gpus: allocatable.get(GPU_RESOURCE).map_or(0, |q| {
+            whole(
+                q,
+                &object,
+                &format_args!("status.allocatable[{GPU_RESOURCE}]"),
+            )
+        }),
         mig,
         labels: node.labels().clone(),
         taints: spec
@@ -490,10 +555,14 @@ pub(crate) fn node_event(
             .any(|c| c.type_ == "Ready" && c.status == "True"),
         gpus_used_by_other_pods: used.gpus,
         mig_used_by_other_pods: used.mig.clone(),
+        allocatable_cpu_millis: read_allocatable("cpu", cpu_millis),
+        allocatable_memory_bytes: read_allocatable("memory", bytes),
+        cpu_millis_used_by_other_pods: used.cpu_millis,
+        memory_bytes_used_by_other_pods: used.memory_bytes,
     };
     Some(ChangeEvent {
         entity: EntityRef::new("", node.name_any(), node.uid().unwrap_or_default()),
         message_id,
-        payload: ChangePayload::Node(observed),
+        payload: ChangePayload::Node(Box::new(observed)),
     })
 }

@@ -1,9 +1,10 @@
 mod fixtures;
 
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::runtime::watcher::Event;
 use trainyard_api::TrainingJob;
-use trainyard_contracts::events::Change;
-use trainyard_watcher::gpu_usage::GpuNode;
+use trainyard_contracts::events::{Change, NodeObserved};
+use trainyard_watcher::gpu_usage::{GpuNode, Usage};
 use trainyard_watcher::mapping::{ChangePayload, Watched};
 use trainyard_watcher::relist::Relist;
 
@@ -22,6 +23,94 @@ fn node_keeps_only_what_scheduling_needs() {
     assert!(node.unschedulable && node.ready);
     assert_eq!(node.taints[0].key, "nvidia.com/gpu");
     assert_eq!(node.labels["karpenter.sh/capacity-type"], "spot");
+    assert_eq!(node.allocatable_cpu_millis, Some(96_000));
+    assert_eq!(node.allocatable_memory_bytes, None, "absent, not 0");
+}
+
+/// The node event of `node` with `allocatable` cpu and memory, and the warnings logged making it.
+fn with_allocatable(cpu: &str, memory: &str) -> (NodeObserved, Vec<String>) {
+    let mut node = fixtures::gpu_node("gpu-1", "n1", "5");
+    let allocatable = node
+        .status
+        .get_or_insert_default()
+        .allocatable
+        .get_or_insert_default();
+    allocatable.insert("cpu".into(), Quantity(cpu.into()));
+    allocatable.insert("memory".into(), Quantity(memory.into()));
+    let (event, warnings) = fixtures::warnings(|| GpuNode::idle(node).to_event(Change::Applied));
+    let ChangePayload::Node(node) = event.expect("a node event").payload else {
+        panic!("node payload expected")
+    };
+    (*node, warnings)
+}
+
+#[test]
+fn node_publishes_its_allocatable_cpu_and_memory() {
+    let (node, warnings) = with_allocatable("64", "512Gi");
+    assert_eq!(node.allocatable_cpu_millis, Some(64_000));
+    assert_eq!(node.allocatable_memory_bytes, Some(512 << 30));
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let (node, _) = with_allocatable("7910m", "128974848");
+    assert_eq!(
+        (node.allocatable_cpu_millis, node.allocatable_memory_bytes),
+        (Some(7910), Some(128_974_848))
+    );
+}
+
+#[test]
+fn a_node_quantity_that_does_not_parse_is_absent_and_logged() {
+    let (node, warnings) = with_allocatable("lots", "16GB");
+    assert_eq!(node.allocatable_cpu_millis, None);
+    assert_eq!(node.allocatable_memory_bytes, None);
+    assert_eq!(node.allocatable_gpus, 8, "the rest of the node is read");
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(
+        warnings[0].contains("object=node gpu-1")
+            && warnings[0].contains("field=status.allocatable[cpu]"),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings[1].contains("field=status.allocatable[memory]"),
+        "{warnings:?}"
+    );
+}
+
+#[test]
+fn a_node_change_id_carries_the_cpu_and_memory_other_pods_hold() {
+    let id = |used: Usage| {
+        GpuNode {
+            node: fixtures::gpu_node("gpu-1", "n1", "5"),
+            used_by_other_pods: used,
+            usage_change: None,
+        }
+        .to_event(Change::Applied)
+        .expect("a node event")
+        .message_id
+    };
+    let daemon_sets = Usage {
+        cpu_millis: 250,
+        memory_bytes: 1 << 30,
+        ..Usage::default()
+    };
+    assert_eq!(
+        id(daemon_sets.clone()),
+        "n1:5:used=0,cpu=250m,memory=1073741824"
+    );
+    let more_memory = Usage {
+        memory_bytes: 2 << 30,
+        ..daemon_sets.clone()
+    };
+    assert_eq!(id(more_memory), "n1:5:used=0,cpu=250m,memory=2147483648");
+    let with_gpus = Usage {
+        gpus: 2,
+        mig: [("1g.10gb".to_owned(), 1)].into(),
+        ..daemon_sets
+    };
+    assert_eq!(
+        id(with_gpus),
+        "n1:5:used=2,1g.10gb=1,cpu=250m,memory=1073741824"
+    );
+    assert_eq!(id(Usage::default()), "n1:5", "nothing used");
 }
 
 #[test]

@@ -12,6 +12,7 @@ mod wire_enum;
 pub mod condition;
 pub mod crdgen;
 pub mod placement;
+pub mod quantity;
 pub mod queue;
 pub mod sweep;
 pub mod trainingjob;

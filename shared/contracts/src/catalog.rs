@@ -150,14 +150,16 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
         entry::<events::NodeObserved>(
             "watcher",
             "gpu-allocator, cost-optimizer",
-            "A Node's scheduling-relevant fields changed, or what pods Trainyard does not manage hold on it (`gpusUsedByOtherPods`, `migUsedByOtherPods`; absent when nothing).",
+            "A Node's scheduling-relevant fields changed, or what pods Trainyard does not manage hold on it (`gpusUsedByOtherPods`, `migUsedByOtherPods`, `cpuMillisUsedByOtherPods`, `memoryBytesUsedByOtherPods`; absent when nothing). `allocatableCpuMillis` and `allocatableMemoryBytes` are absent when the node reports none.",
             EntityRef::new("", "gpu-node-7", "d7c6b5a4-3f2e-4d1c-9b8a-7f6e5d4c3b2a"),
             json!({"change": "Applied", "allocatableGpus": 8, "mig": {},
                    "labels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
                               "karpenter.sh/capacity-type": "spot",
                               "topology.kubernetes.io/zone": "us-east-1a"},
                    "taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}],
-                   "unschedulable": false, "ready": true, "gpusUsedByOtherPods": 2}),
+                   "unschedulable": false, "ready": true, "gpusUsedByOtherPods": 2,
+                   "allocatableCpuMillis": 96000, "allocatableMemoryBytes": 1_099_511_627_776u64,
+                   "cpuMillisUsedByOtherPods": 2500, "memoryBytesUsedByOtherPods": 4_294_967_296u64}),
         )?,
         entry::<decisions::AdmissionDecided>(
             "gpu-allocator",

@@ -154,10 +154,24 @@ pub struct NodeObserved {
     /// MIG slices by profile requested by such pods.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub mig_used_by_other_pods: BTreeMap<String, u32>,
+    /// Allocatable `cpu` in millicores; absent when the node reports none
+    /// (then CPU does not limit placement).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocatable_cpu_millis: Option<u64>,
+    /// Allocatable `memory` in bytes; absent when the node reports none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocatable_memory_bytes: Option<u64>,
+    /// CPU (millicores) requested by pods bound to the node that Trainyard
+    /// does not manage, DaemonSets included.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cpu_millis_used_by_other_pods: u64,
+    /// Memory (bytes) requested by such pods.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub memory_bytes_used_by_other_pods: u64,
 }
 
-fn is_zero(count: &u32) -> bool {
-    *count == 0
+fn is_zero<N: Default + PartialEq>(count: &N) -> bool {
+    *count == N::default()
 }
 
 crate::payload!(

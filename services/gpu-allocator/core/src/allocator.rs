@@ -570,11 +570,14 @@ impl Allocator {
         let per_worker = run.per_worker;
         let placement = run.placement.clone();
         let queue = job.queue;
+        let cpu_memory = job.spec.cpu_memory_per_worker;
         let mut total: u64 = 0;
         for (node, workers) in &placement {
             let units = u64::from(workers.saturating_mul(per_worker));
             total += units;
             self.inv.adjust(*node, res, -units_i64(units));
+            self.inv
+                .adjust_cpu_memory(*node, cpu_memory.times(*workers), false);
             if let Some(n) = self.inv.node_mut(*node) {
                 n.running.remove(&idx);
             }
@@ -611,11 +614,14 @@ impl Allocator {
     ) {
         let Some(job) = self.job(idx) else { return };
         let queue = job.queue;
+        let cpu_memory = job.spec.cpu_memory_per_worker;
         let mut total: u64 = 0;
         for (node, workers) in &placement {
             let units = u64::from(workers.saturating_mul(per_worker));
             total += units;
             self.inv.adjust(*node, res, units_i64(units));
+            self.inv
+                .adjust_cpu_memory(*node, cpu_memory.times(*workers), true);
             if let Some(n) = self.inv.node_mut(*node) {
                 n.running.insert(idx);
             }

@@ -19,7 +19,7 @@ use crate::config::AllocatorConfig;
 use crate::inventory::{JobIdx, NodeIdx, ResIdx};
 use crate::placement::{self, Candidate, Gang, NodeTable};
 use crate::queues::QueueIdx;
-use crate::types::{JobUid, Timestamp};
+use crate::types::{CpuMemory, JobUid, Timestamp};
 
 /// Units a reservation needs on one node at its start time.
 #[derive(Debug, Clone)]
@@ -403,12 +403,20 @@ impl Allocator {
                 tries += 1;
                 let cands: Vec<Candidate> = avail
                     .iter()
-                    .filter(|(_, (u, _, _))| *u >= gang.per_worker)
-                    .map(|(node, &(usable, zone, rack))| Candidate {
-                        node,
-                        usable,
-                        zone,
-                        rack,
+                    .filter_map(|(node, &(units, zone, rack))| {
+                        let usable = if gang.cpu_memory.is_zero() {
+                            units
+                        } else {
+                            let n = self.inv.node(node)?;
+                            let freed = self.cpu_memory_released_by(node, now, t);
+                            n.usable_units_after(units, gang, freed)
+                        };
+                        (usable >= gang.per_worker).then_some(Candidate {
+                            node,
+                            usable,
+                            zone,
+                            rack,
+                        })
                     })
                     .collect();
                 if let Some(placement) = placement::place_gang(gang, &cands) {
@@ -433,6 +441,29 @@ impl Allocator {
                 i += 1;
             }
         }
+    }
+
+    /// CPU and memory the jobs running on `node` are expected to have
+    /// given back by `t`.
+    fn cpu_memory_released_by(&self, node: NodeIdx, now: Timestamp, t: Timestamp) -> CpuMemory {
+        let Some(n) = self.inv.node(node) else {
+            return CpuMemory::default();
+        };
+        n.running
+            .iter()
+            .filter(|job| self.expected_end(**job, now) <= t)
+            .filter_map(|job| {
+                let j = self.job(*job)?;
+                let workers: u32 = j
+                    .running()?
+                    .placement
+                    .iter()
+                    .filter(|(at, _)| *at == node)
+                    .map(|(_, w)| *w)
+                    .sum();
+                Some(j.spec.cpu_memory_per_worker.times(workers))
+            })
+            .fold(CpuMemory::default(), CpuMemory::plus)
     }
 
     /// Units released on `node` by `start`, used to size a claim.

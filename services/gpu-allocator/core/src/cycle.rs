@@ -1831,6 +1831,8 @@ impl Allocator {
         let mut placement = None;
         let mut placeable: u64 = 0;
         let mut placeable_unprotected: u64 = 0;
+        // Workers the free units could host if CPU and memory did not count.
+        let mut placeable_by_units: u64 = 0;
         let mut candidates: Vec<Candidate> = Vec::new();
         // Walked even when the free units cannot hold the gang: its reason
         // tells how many of its workers fit now.
@@ -1841,6 +1843,8 @@ impl Allocator {
             if !self.admits(node, job.filter) {
                 continue;
             }
+            placeable_by_units += gang.slots(free);
+            let free = node.usable_units(free, gang);
             placeable_unprotected += gang.slots(free);
             let usable = if protected {
                 free.saturating_sub(ctx.reservations.protected(node_idx, res, end))
@@ -1900,7 +1904,17 @@ impl Allocator {
                     gang,
                     candidates.iter().map(|c| (c.usable, c.zone, c.rack)),
                 );
-                self.capacity_reason(res, spec, placeable, job.filter)
+                let mut reason = self.capacity_reason(res, spec, placeable, job.filter);
+                if let PendingReason::InsufficientCapacity {
+                    workers_lacking_cpu_memory,
+                    ..
+                } = &mut reason
+                {
+                    let fitting = |slots: u64| slots.min(u64::from(workers));
+                    let lacking = fitting(placeable_by_units) - fitting(placeable_unprotected);
+                    *workers_lacking_cpu_memory = u32::try_from(lacking).unwrap_or(u32::MAX);
+                }
+                reason
             }
         };
         let reason = ctx.add_reason(reason);
@@ -1920,6 +1934,7 @@ impl Allocator {
     /// every running job ended. (Not a promise: nodes come and go; it tells
     /// "wait" apart from "never, as is".)
     pub(crate) fn slots_when_empty(&self, res: ResIdx, spec: &JobSpec, filter: u32) -> u64 {
+        let gang = Gang::of(spec);
         self.inv.res(res).map_or(0, |r| {
             let nodes = r
                 .nodes_with_free(0)
@@ -1927,9 +1942,10 @@ impl Allocator {
                 .filter(|node| self.admits(node, filter))
                 .map(|node| {
                     let capacity = node.pool(res).map_or(0, |p| p.capacity);
-                    (capacity, node.zone, node.rack)
+                    let usable = node.usable_units_after(capacity, gang, node.cpu_memory_used);
+                    (usable, node.zone, node.rack)
                 });
-            placement::most_placeable(Gang::of(spec), nodes)
+            placement::most_placeable(gang, nodes)
         })
     }
 
@@ -1958,6 +1974,8 @@ impl Allocator {
             required_topology: (spec.topology != TopologyRequirement::Preferred && workers > 1)
                 .then_some(spec.topology),
             held_by_other_pods: self.inv.res(res).map_or(0, |r| r.held_by_other_pods),
+            workers_lacking_cpu_memory: 0,
+            cpu_memory_per_worker: spec.cpu_memory_per_worker,
         }
     }
 

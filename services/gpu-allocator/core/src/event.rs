@@ -10,8 +10,8 @@ use crate::config::AgingPolicy;
 use crate::decision::{Admission, Eviction, Preemption};
 use crate::error::AllocatorError;
 use crate::types::{
-    GpuSliceRequest, JobUid, NodeKey, NodeOperator, NodeSelectorTerm, Taint, Timestamp, Toleration,
-    TopologyRequirement,
+    CpuMemory, GpuSliceRequest, JobUid, NodeKey, NodeOperator, NodeSelectorTerm, Taint, Timestamp,
+    Toleration, TopologyRequirement,
 };
 
 /// Largest gang the allocator accepts (the TrainingJob API allows 1-100 workers).
@@ -114,6 +114,14 @@ pub struct NodeInfo {
     /// manage hold (an inference server, a notebook): not free for its jobs.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub used_by_other_pods: BTreeMap<String, u32>,
+    /// Allocatable CPU and memory; `None` when the node reports neither
+    /// (then they do not limit placement; a part it does not report is
+    /// `u64::MAX`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_memory: Option<CpuMemory>,
+    /// CPU and memory that pods the allocator does not manage request here.
+    #[serde(skip_serializing_if = "CpuMemory::is_zero")]
+    pub cpu_memory_used_by_other_pods: CpuMemory,
 }
 
 /// A TrainingQueue.
@@ -227,6 +235,10 @@ pub struct JobSpec {
     pub one_worker_per_node: bool,
     /// Topology requirement for multi-worker jobs.
     pub topology: TopologyRequirement,
+    /// CPU and memory each worker requests: a worker is placed only where
+    /// they are free too.
+    #[serde(skip_serializing_if = "CpuMemory::is_zero")]
+    pub cpu_memory_per_worker: CpuMemory,
     /// Ask for MIG slices instead of whole GPUs.
     pub gpu_slice: Option<GpuSliceRequest>,
     /// Minimum per-GPU memory (MiB), matched against `nvidia.com/gpu.memory`.
@@ -287,6 +299,7 @@ impl Default for JobSpec {
             tolerations: Vec::new(),
             node_affinity: Vec::new(),
             topology: TopologyRequirement::Preferred,
+            cpu_memory_per_worker: CpuMemory::default(),
             preemptible: true,
             one_worker_per_node: false,
         }

@@ -11,7 +11,7 @@ use crate::allocator::Allocator;
 use crate::decision::CycleOutcome;
 use crate::inventory::JobIdx;
 use crate::queues::QueueIdx;
-use crate::types::{JobUid, Timestamp, TopologyRequirement};
+use crate::types::{CpuMemory, JobUid, Timestamp, TopologyRequirement};
 
 /// A reason's place in its cycle's table of reasons (`CycleOutcome::reasons`).
 pub(crate) type ReasonIdx = u32;
@@ -177,6 +177,13 @@ pub enum PendingReason {
         /// does not manage hold: why a cluster that looks idle may have no room.
         #[serde(default, skip_serializing_if = "is_zero")]
         held_by_other_pods: u64,
+        /// Workers the free units could host but not the CPU or memory
+        /// free beside them.
+        #[serde(default, skip_serializing_if = "is_zero_u32")]
+        workers_lacking_cpu_memory: u32,
+        /// What each worker requests besides GPUs.
+        #[serde(default, skip_serializing_if = "CpuMemory::is_zero")]
+        cpu_memory_per_worker: CpuMemory,
     },
     /// Capacity exists but is held for a job ahead in line, and this job's
     /// runtime estimate (if any) ends after that job's reserved start.
@@ -201,6 +208,10 @@ pub enum PendingReason {
 
 fn is_zero(units: &u64) -> bool {
     *units == 0
+}
+
+fn is_zero_u32(workers: &u32) -> bool {
+    *workers == 0
 }
 
 impl PendingReason {
@@ -270,6 +281,8 @@ impl fmt::Display for PendingReason {
                 fits_when_empty,
                 required_topology,
                 held_by_other_pods,
+                workers_lacking_cpu_memory,
+                cpu_memory_per_worker,
             } => {
                 let within = match required_topology {
                     Some(TopologyRequirement::SameZone) => ", all in one zone",
@@ -285,6 +298,13 @@ impl fmt::Display for PendingReason {
                     write!(
                         f,
                         "; {held_by_other_pods} {resource} of the flavor held by pods Trainyard does not manage"
+                    )?;
+                }
+                if *workers_lacking_cpu_memory > 0 {
+                    write!(
+                        f,
+                        "; {workers_lacking_cpu_memory} more worker(s) would fit by {resource} but not \
+                         by the CPU or memory free beside it ({cpu_memory_per_worker} per worker)"
                     )?;
                 }
                 if !fits_when_empty {

@@ -8,9 +8,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use crate::config::{AllocatorConfig, FlavorSpec};
 use crate::error::AllocatorError;
 use crate::event::NodeInfo;
+use crate::placement::Gang;
 use crate::snapshot::InternOrder;
 use crate::types::{
-    CapacityType, MigProfile, NodeSelectorTerm, ResourceKind, Taint, Toleration, names,
+    CapacityType, CpuMemory, MigProfile, NodeSelectorTerm, ResourceKind, Taint, Toleration, names,
     tolerated_by,
 };
 
@@ -122,11 +123,46 @@ pub(crate) struct Node {
     /// Jobs with workers on this node.
     pub(crate) running: BTreeSet<JobIdx>,
     pub(crate) info: NodeInfo,
+    /// CPU and memory the workers of `running` request.
+    pub(crate) cpu_memory_used: CpuMemory,
 }
 
 impl Node {
     pub(crate) fn pool(&self, res: ResIdx) -> Option<&Pool> {
         self.pools.iter().find(|p| p.res == res)
+    }
+
+    /// CPU and memory free for workers, once `freed` is given back; `None`
+    /// when the node reports neither.
+    fn cpu_memory_free(&self, freed: CpuMemory) -> Option<CpuMemory> {
+        let allocatable = self.info.cpu_memory?;
+        Some(
+            allocatable
+                .minus(self.info.cpu_memory_used_by_other_pods)
+                .minus(self.cpu_memory_used.minus(freed)),
+        )
+    }
+
+    /// Of `units` free GPU units, those `gang` can use here: no more than
+    /// its workers' CPU and memory requests leave room for.
+    pub(crate) fn usable_units(&self, units: u32, gang: Gang) -> u32 {
+        self.usable_units_after(units, gang, CpuMemory::default())
+    }
+
+    /// `usable_units` once workers requesting `freed` CPU and memory have
+    /// left (a preemption's victims).
+    pub(crate) fn usable_units_after(&self, units: u32, gang: Gang, freed: CpuMemory) -> u32 {
+        if gang.cpu_memory.is_zero() {
+            return units;
+        }
+        match self.cpu_memory_free(freed) {
+            Some(free) => units.min(
+                gang.cpu_memory
+                    .workers_in(free)
+                    .saturating_mul(gang.per_worker),
+            ),
+            None => units,
+        }
     }
 
     /// Whether the resource indexes count it: only schedulable nodes of a
@@ -610,13 +646,15 @@ impl Inventory {
             .racks
             .intern(zone, info.labels.get(&self.rack_label).map(String::as_str));
         let existing = self.node_by_name.get(&info.name).copied();
-        let (old_pools, running) = match existing {
+        let (old_pools, running, cpu_memory_used) = match existing {
             Some(idx) => {
                 self.unindex_node(idx);
                 let old = self.nodes.get_mut(idx as usize).and_then(Option::take);
-                old.map_or((Vec::new(), BTreeSet::new()), |n| (n.pools, n.running))
+                old.map_or_else(Default::default, |n| {
+                    (n.pools, n.running, n.cpu_memory_used)
+                })
             }
-            None => (Vec::new(), BTreeSet::new()),
+            None => Default::default(),
         };
         let mut pools = Vec::new();
         if let Some(flavor) = flavor {
@@ -672,6 +710,7 @@ impl Inventory {
             extra_taints,
             running,
             info,
+            cpu_memory_used,
         };
         let idx = match existing {
             Some(idx) => idx,
@@ -781,6 +820,17 @@ impl Inventory {
         {
             r.remove(idx, old_free);
             r.insert(idx, new_free);
+        }
+    }
+
+    /// Takes (`take`) or gives back `amount` of a node's CPU and memory.
+    pub(crate) fn adjust_cpu_memory(&mut self, idx: NodeIdx, amount: CpuMemory, take: bool) {
+        if let Some(node) = self.node_mut(idx) {
+            node.cpu_memory_used = if take {
+                node.cpu_memory_used.plus(amount)
+            } else {
+                node.cpu_memory_used.minus(amount)
+            };
         }
     }
 

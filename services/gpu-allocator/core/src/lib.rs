@@ -59,7 +59,7 @@ pub use explain::{Pending, PendingExplanation, PendingReason};
 pub use inventory::MAX_NODE_UNITS;
 pub use snapshot::{AllocatorSnapshot, InternOrder, JobSnapshot, SNAPSHOT_FORMAT_VERSION};
 pub use types::{
-    CapacityType, GpuSliceRequest, JobUid, MigProfile, NodeKey, NodeOperator, NodeRequirement,
-    NodeSelectorTerm, ResourceKind, Taint, TaintEffect, Timestamp, Toleration, TolerationOperator,
-    TopologyRequirement, names,
+    CapacityType, CpuMemory, GpuSliceRequest, JobUid, MigProfile, NodeKey, NodeOperator,
+    NodeRequirement, NodeSelectorTerm, ResourceKind, Taint, TaintEffect, Timestamp, Toleration,
+    TolerationOperator, TopologyRequirement, names,
 };

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use crate::event::JobSpec;
 use crate::inventory::NodeIdx;
-use crate::types::TopologyRequirement;
+use crate::types::{CpuMemory, TopologyRequirement};
 
 /// What a gang asks of the nodes it is placed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -24,6 +24,8 @@ pub(crate) struct Gang {
     pub(crate) workers: u32,
     pub(crate) topology: TopologyRequirement,
     pub(crate) one_per_node: bool,
+    /// What each worker requests besides GPUs (see `Node::usable_units`).
+    pub(crate) cpu_memory: CpuMemory,
 }
 
 impl Gang {
@@ -33,6 +35,7 @@ impl Gang {
             workers: spec.num_workers,
             topology: spec.topology,
             one_per_node: spec.one_worker_per_node,
+            cpu_memory: spec.cpu_memory_per_worker,
         }
     }
 
@@ -234,6 +237,7 @@ mod tests {
             workers,
             topology,
             one_per_node: false,
+            cpu_memory: CpuMemory::default(),
         }
     }
 

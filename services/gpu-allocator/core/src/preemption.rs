@@ -43,7 +43,7 @@ use crate::decision::PreemptionRule;
 use crate::inventory::{JobIdx, NodeIdx, ResIdx};
 use crate::placement::{self, Candidate, Gang, NodeTable};
 use crate::queues::{CohortIdx, QueueIdx, UsageDelta};
-use crate::types::Timestamp;
+use crate::types::{CpuMemory, Timestamp};
 
 /// Candidate victims examined per preemptor, lowest priority first.
 const MAX_CANDIDATES: usize = 512;
@@ -75,6 +75,8 @@ struct Cand<'a> {
     /// Workers per node.
     placement: &'a [(NodeIdx, u32)],
     per_worker: u32,
+    /// CPU and memory each of its workers requests.
+    cpu_memory: CpuMemory,
 }
 
 impl Cand<'_> {
@@ -100,10 +102,14 @@ pub(crate) struct Inflight {
     pub(crate) deltas: Vec<UsageDelta>,
     /// Units of currently free capacity promised to waiting preemptors.
     pub(crate) claims: FastMap<(NodeIdx, ResIdx), u32>,
-    /// Node views per (resource, node filter, units per worker), shared by
-    /// the searches of one pass until the next decision changes the claims.
-    bases: RefCell<FastMap<(ResIdx, u32, u32), Rc<BaseView>>>,
+    /// Node views per (resource, node filter, units and CPU and memory per
+    /// worker), shared by the searches of one pass until the next decision
+    /// changes the claims.
+    bases: RefCell<FastMap<BaseViewKey, Rc<BaseView>>>,
 }
+
+/// Resource, node filter, units per worker, CPU and memory per worker.
+type BaseViewKey = (ResIdx, u32, u32, CpuMemory);
 
 /// Eligible nodes of one resource for one node filter, net of claims.
 struct BaseView {
@@ -206,6 +212,22 @@ impl Search<'_> {
             }
         }
         freed
+    }
+
+    /// CPU and memory freed per node by evicting `set`; `None` when the
+    /// preemptor asks for neither.
+    fn cpu_memory_freed(&self, set: &[usize]) -> Option<FastMap<NodeIdx, CpuMemory>> {
+        if self.gang.cpu_memory.is_zero() {
+            return None;
+        }
+        let mut freed: FastMap<NodeIdx, CpuMemory> = FastMap::default();
+        for c in set.iter().filter_map(|i| self.cands.get(*i)) {
+            for (node, workers) in c.placement {
+                let here = freed.entry(*node).or_default();
+                *here = here.plus(c.cpu_memory.times(*workers));
+            }
+        }
+        Some(freed)
     }
 
     /// Worker slots after evicting `set` (cheap necessary condition).
@@ -342,18 +364,24 @@ impl Search<'_> {
             Rules::Broken => return Verdict::NoFit,
             Rules::BrokenForGood => return Verdict::NoFitForGood,
         }
-        self.place_with(freed)
+        self.place_with(set, freed)
     }
 
     /// The preemptor's placement once `freed` units are back, for a victim
     /// set whose rules hold.
-    fn place_with(&self, freed: &FastMap<NodeIdx, u32>) -> Verdict {
+    fn place_with(&self, set: &[usize], freed: &FastMap<NodeIdx, u32>) -> Verdict {
+        let cpu_memory_freed = self.cpu_memory_freed(set);
         // Freed nodes with their new usable units; every other node as is.
         let changed: Vec<Candidate> = freed
             .iter()
             .filter_map(|(node, extra)| {
                 let (free, zone, rack) = self.base.get(node)?;
-                let usable = free + extra;
+                let mut usable = free + extra;
+                if let Some(cpu_memory_freed) = &cpu_memory_freed {
+                    let n = self.alloc.inv.node(*node)?;
+                    let freed_here = cpu_memory_freed.get(node).copied().unwrap_or_default();
+                    usable = n.usable_units_after(usable, self.gang, freed_here);
+                }
                 (usable >= self.gang.per_worker).then_some(Candidate {
                     node: *node,
                     usable,
@@ -461,7 +489,7 @@ impl Search<'_> {
                 }
                 let freed = self.freed(&[i]);
                 self.slots_with(&freed) >= u64::from(self.gang.workers)
-                    && matches!(self.place_with(&freed), Verdict::Fits(_))
+                    && matches!(self.place_with(&[i], &freed), Verdict::Fits(_))
             })
             .map(|i| vec![i])
     }
@@ -781,10 +809,11 @@ impl Allocator {
         &self,
         res: ResIdx,
         filter_id: u32,
-        per_worker: u32,
+        gang: Gang,
         inflight: &Inflight,
     ) -> Option<Rc<BaseView>> {
-        let key = (res, filter_id, per_worker);
+        let per_worker = gang.per_worker;
+        let key = (res, filter_id, per_worker, gang.cpu_memory);
         if let Some(view) = inflight.bases.borrow().get(&key) {
             return Some(Rc::clone(view));
         }
@@ -805,10 +834,11 @@ impl Allocator {
             let free = free.saturating_sub(promised);
             view.slots += u64::from(free / per_worker.max(1));
             view.nodes.set(node_idx, (free, node.zone, node.rack));
-            if free >= per_worker {
+            let usable = node.usable_units(free, gang);
+            if usable >= per_worker {
                 view.fitting.push(Candidate {
                     node: node_idx,
-                    usable: free,
+                    usable,
                     zone: node.zone,
                     rack: node.rack,
                 });
@@ -960,6 +990,7 @@ impl Allocator {
                 rule,
                 placement: &run.placement,
                 per_worker: run.per_worker,
+                cpu_memory: vjob.spec.cpu_memory_per_worker,
             });
         }
         if cands.is_empty() {
@@ -993,7 +1024,7 @@ impl Allocator {
             .filter_map(|&(.., i)| unsorted.get_mut(i).and_then(Option::take))
             .collect();
 
-        let view = self.base_view(res, job.filter, spec.gpus_per_worker, inflight)?;
+        let view = self.base_view(res, job.filter, Gang::of(spec), inflight)?;
         let search = Search {
             alloc: self,
             inflight: &inflight.deltas,

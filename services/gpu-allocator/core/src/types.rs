@@ -372,6 +372,84 @@ pub enum GpuSliceRequest {
     MemoryGb(u32),
 }
 
+/// CPU and memory, as a worker requests them or a node has them free.
+/// Counted in whole millicores and bytes (quantities rounded up).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct CpuMemory {
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+}
+
+impl CpuMemory {
+    /// Neither CPU nor memory: the request of a worker that states none.
+    pub fn is_zero(&self) -> bool {
+        self.cpu_millis == 0 && self.memory_bytes == 0
+    }
+
+    /// Workers requesting `self` that `free` can host (`u32::MAX` when
+    /// `self` asks for nothing).
+    pub fn workers_in(&self, free: CpuMemory) -> u32 {
+        let fitting = |request: u64, free: u64| free.checked_div(request).unwrap_or(u64::MAX);
+        let workers = fitting(self.cpu_millis, free.cpu_millis)
+            .min(fitting(self.memory_bytes, free.memory_bytes));
+        u32::try_from(workers).unwrap_or(u32::MAX)
+    }
+
+    /// `self` times `workers`, saturating.
+    pub fn times(self, workers: u32) -> CpuMemory {
+        CpuMemory {
+            cpu_millis: self.cpu_millis.saturating_mul(u64::from(workers)),
+            memory_bytes: self.memory_bytes.saturating_mul(u64::from(workers)),
+        }
+    }
+
+    /// `self + other`, saturating.
+    pub fn plus(self, other: CpuMemory) -> CpuMemory {
+        CpuMemory {
+            cpu_millis: self.cpu_millis.saturating_add(other.cpu_millis),
+            memory_bytes: self.memory_bytes.saturating_add(other.memory_bytes),
+        }
+    }
+
+    /// `self - other`, zero where `other` is larger.
+    pub fn minus(self, other: CpuMemory) -> CpuMemory {
+        CpuMemory {
+            cpu_millis: self.cpu_millis.saturating_sub(other.cpu_millis),
+            memory_bytes: self.memory_bytes.saturating_sub(other.memory_bytes),
+        }
+    }
+}
+
+impl fmt::Display for CpuMemory {
+    /// `cpu 8, memory 64Gi`: whole cores and binary units where exact; a
+    /// part that is zero left out.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let millis = self.cpu_millis;
+        let cpu = match millis {
+            0 => None,
+            m if m.is_multiple_of(1000) => Some(format!("cpu {}", m / 1000)),
+            m => Some(format!("cpu {m}m")),
+        };
+        let bytes = self.memory_bytes;
+        let memory = (bytes != 0).then(|| {
+            let unit = [("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)]
+                .into_iter()
+                .find(|(_, shift)| bytes.is_multiple_of(1u64 << shift));
+            match unit {
+                Some((suffix, shift)) => format!("memory {}{suffix}", bytes >> shift),
+                None => format!("memory {bytes}"),
+            }
+        });
+        let parts: Vec<String> = cpu.into_iter().chain(memory).collect();
+        if parts.is_empty() {
+            f.write_str("no cpu or memory")
+        } else {
+            f.write_str(&parts.join(", "))
+        }
+    }
+}
+
 /// How strictly a multi-worker job must stay inside one topology domain.
 /// Preferences are always applied; a requirement turns a spread placement
 /// into a refusal.
@@ -461,6 +539,30 @@ mod tests {
             effect: None,
         };
         assert!(no_effect.tolerates(&taint("spot", "x", TaintEffect::NoExecute)));
+    }
+
+    #[test]
+    fn cpu_and_memory_read_as_a_user_writes_them() {
+        let both = CpuMemory {
+            cpu_millis: 1500,
+            memory_bytes: 64 << 30,
+        };
+        assert_eq!(both.to_string(), "cpu 1500m, memory 64Gi");
+        let cpu = CpuMemory {
+            cpu_millis: 16_000,
+            memory_bytes: 0,
+        };
+        assert_eq!(cpu.to_string(), "cpu 16");
+        let odd = CpuMemory {
+            cpu_millis: 0,
+            memory_bytes: 1_000_000_000,
+        };
+        assert_eq!(odd.to_string(), "memory 1000000000");
+        assert_eq!(CpuMemory::default().to_string(), "no cpu or memory");
+        assert_eq!(cpu.workers_in(both), 0);
+        assert_eq!(both.workers_in(cpu.times(2)), 0, "no memory free");
+        assert_eq!(cpu.workers_in(cpu.times(3)), 3);
+        assert_eq!(CpuMemory::default().workers_in(cpu), u32::MAX);
     }
 
     #[test]

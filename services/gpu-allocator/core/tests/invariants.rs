@@ -67,6 +67,9 @@ impl Rng {
 const PRODUCTS: [&str; 2] = ["A100", "H100"];
 /// MIG profiles some A100 nodes are split into, with slices per node.
 const MIG: [(&str, u64); 2] = [("1g.10gb", 14), ("3g.40gb", 4)];
+
+const GIB: u64 = 1 << 30;
+
 /// Every quota resource a queue holds per flavor.
 const RESOURCES: [&str; 4] = [
     names::GPU_RESOURCE,
@@ -168,6 +171,12 @@ impl Run {
                         .insert(names::GPU_RESOURCE.into(), (gpus * 4).to_string());
                 }
                 _ => {}
+            }
+            if !rng.chance(20) {
+                info.cpu_memory = Some(CpuMemory {
+                    cpu_millis: 64_000,
+                    memory_bytes: 512 * GIB,
+                });
             }
             nodes.push(ModelNode {
                 info,
@@ -325,6 +334,12 @@ impl Run {
             _ => TopologyRequirement::Preferred,
         };
         j.one_worker_per_node = j.num_workers > 1 && self.rng.chance(20);
+        if self.rng.chance(40) {
+            j.cpu_memory_per_worker = CpuMemory {
+                cpu_millis: [2, 8, 16, 30][self.rng.below(4) as usize] * 1000,
+                memory_bytes: [16, 64, 128, 250][self.rng.below(4) as usize] * GIB,
+            };
+        }
         if self.rng.chance(10) {
             j.node_affinity = vec![NodeSelectorTerm {
                 requirements: vec![NodeRequirement {
@@ -706,6 +721,10 @@ impl Run {
                 if let Some(resource) = self.rng.pick(&resources) {
                     n.info.used_by_other_pods.insert(resource.clone(), held);
                 }
+                n.info.cpu_memory_used_by_other_pods = CpuMemory {
+                    cpu_millis: [0, 8, 32, 60][self.rng.below(4) as usize] * 1000,
+                    memory_bytes: [0, 64, 256][self.rng.below(3) as usize] * GIB,
+                };
                 Event::NodeUpserted(n.info.clone())
             }
             (true, _) => {
@@ -725,9 +744,14 @@ impl Run {
     /// Returns how many (node, resource) hold more than the node has.
     fn check_nodes(&self, out: &CycleOutcome) -> u64 {
         let mut held: BTreeMap<(String, String), u64> = BTreeMap::new();
+        let mut cpu_memory_held: BTreeMap<String, CpuMemory> = BTreeMap::new();
         for u in self.running() {
             let a = self.alloc.admission(&uid(&u)).expect("running");
             let spec = self.jobs.get(&u).expect("known job");
+            for w in &a.workers {
+                let on_node = cpu_memory_held.entry(w.node.clone()).or_default();
+                *on_node = on_node.plus(spec.cpu_memory_per_worker);
+            }
             assert_eq!(
                 a.workers.len() as u32,
                 spec.num_workers,
@@ -779,6 +803,37 @@ impl Run {
                 "{}: {name} holds {units} of {} {resource}",
                 self.at(),
                 n.capacity(resource)
+            );
+        }
+        // CPU and memory alike: a node that got a worker asking for CPU
+        // (memory) now is within its CPU (memory). A worker that asks for
+        // neither fits anywhere, as for the scheduler.
+        let mut asked_now: BTreeMap<&str, CpuMemory> = BTreeMap::new();
+        for a in &out.admissions {
+            let spec = self.jobs.get(a.uid.as_str()).expect("admitted a known job");
+            for w in &a.workers {
+                let asked = asked_now.entry(w.node.as_str()).or_default();
+                *asked = asked.plus(spec.cpu_memory_per_worker);
+            }
+        }
+        for (name, used) in &cpu_memory_held {
+            let n = self
+                .nodes
+                .iter()
+                .find(|n| &n.info.name == name)
+                .expect("a known node");
+            let Some(allocatable) = n.info.cpu_memory else {
+                continue;
+            };
+            let total = used.plus(n.info.cpu_memory_used_by_other_pods);
+            let cpu_within = total.cpu_millis <= allocatable.cpu_millis;
+            let memory_within = total.memory_bytes <= allocatable.memory_bytes;
+            beyond += u64::from(!cpu_within || !memory_within);
+            let asked = asked_now.get(name.as_str()).copied().unwrap_or_default();
+            assert!(
+                (cpu_within || asked.cpu_millis == 0) && (memory_within || asked.memory_bytes == 0),
+                "{}: {name}'s workers and other pods request {total} of {allocatable}",
+                self.at()
             );
         }
         for a in &out.admissions {

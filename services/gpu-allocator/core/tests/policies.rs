@@ -107,6 +107,127 @@ fn gpus_other_pods_hold_are_not_given_out_and_are_named_when_a_job_waits() {
     assert!(!why.message().contains("held by pods"), "{}", why.message());
 }
 
+const GIB: u64 = 1 << 30;
+
+fn cpu_memory(cores: u64, memory_gib: u64) -> CpuMemory {
+    CpuMemory {
+        cpu_millis: cores * 1000,
+        memory_bytes: memory_gib * GIB,
+    }
+}
+
+/// An 8-GPU node with 64 cores and 512 GiB, of which other pods request `other`.
+fn host(name: &str, other: CpuMemory) -> NodeInfo {
+    NodeInfo {
+        cpu_memory: Some(cpu_memory(64, 512)),
+        cpu_memory_used_by_other_pods: other,
+        ..node(name, 8)
+    }
+}
+
+fn asking(mut j: JobSpec, per_worker: CpuMemory) -> JobSpec {
+    j.cpu_memory_per_worker = per_worker;
+    j
+}
+
+#[test]
+fn workers_go_only_where_their_cpu_and_memory_are_free_too() {
+    let mut h = Harness::without_preemption();
+    // n1 has its GPUs free but other pods request 40 of its 64 cores.
+    h.nodes([
+        host("n1", cpu_memory(40, 0)),
+        host("n2", CpuMemory::default()),
+    ]);
+    h.queue(queue("team-a", None, 32));
+    // By GPUs alone, all three 2-GPU workers would share n1, the first of
+    // two equally free nodes; its 24 free cores take one of them.
+    h.submit_at(asking(job("three", "team-a", 3, 2), cpu_memory(24, 64)), 10);
+    let out = h.cycle(100);
+    assert_eq!(admitted_uids(&out), vec!["three"]);
+    let mut nodes = h.nodes_of("three");
+    nodes.sort();
+    assert_eq!(nodes, ["n1", "n2", "n2"]);
+    // Workers stating no CPU or memory are placed by GPUs alone.
+    h.submit_at(job("plain", "team-a", 1, 6), 11);
+    let out = h.cycle(110);
+    assert_eq!(admitted_uids(&out), vec!["plain"]);
+    assert_eq!(h.nodes_of("plain"), ["n1"]);
+}
+
+#[test]
+fn a_job_short_of_cpu_or_memory_says_so_and_starts_when_they_are_freed() {
+    let mut h = Harness::without_preemption();
+    h.nodes([host("n1", CpuMemory::default())]);
+    h.queue(queue("team-a", None, 32));
+    h.submit_at(
+        asking(job("big-memory", "team-a", 1, 2), cpu_memory(8, 400)),
+        10,
+    );
+    h.submit_at(
+        asking(job("second", "team-a", 1, 2), cpu_memory(8, 200)),
+        11,
+    );
+    let out = h.cycle(100);
+    assert_eq!(admitted_uids(&out), vec!["big-memory"]);
+    let why = h.reason_of(&out, "second");
+    assert!(
+        matches!(
+            *why.reason,
+            PendingReason::InsufficientCapacity {
+                placeable_workers: 0,
+                workers_lacking_cpu_memory: 1,
+                fits_when_empty: true,
+                ..
+            }
+        ),
+        "{why:?}"
+    );
+    assert!(
+        why.message().contains(
+            "; 1 more worker(s) would fit by nvidia.com/gpu but not by the CPU or memory \
+             free beside it (cpu 8, memory 200Gi per worker)"
+        ),
+        "{}",
+        why.message()
+    );
+    // A worker that could never fit says that too.
+    h.submit_at(asking(job("huge", "team-a", 1, 1), cpu_memory(65, 1)), 12);
+    let out = h.cycle(101);
+    let why = h.reason_of(&out, "huge");
+    assert!(
+        why.message().contains("even when it is empty"),
+        "{}",
+        why.message()
+    );
+    // The first job's memory comes back when it ends.
+    h.finish("big-memory");
+    let out = h.cycle(200);
+    assert_eq!(admitted_uids(&out), vec!["second"]);
+}
+
+#[test]
+fn a_preemption_counts_the_cpu_and_memory_its_victims_free() {
+    let mut h = Harness::default_config();
+    h.nodes([host("n1", cpu_memory(0, 256))]);
+    h.queue(queue("q", None, 8));
+    // 2 GPUs and 240 GiB: after it, 6 GPUs but only 16 GiB are free.
+    h.submit_at(asking(job("low", "q", 1, 2), cpu_memory(4, 240)), 0);
+    assert_eq!(admitted_uids(&h.cycle(1)), vec!["low"]);
+    let mut high = asking(job("high", "q", 1, 4), cpu_memory(4, 200));
+    high.priority = 10;
+    h.submit_at(high, 2);
+    let out = h.cycle(2);
+    assert_eq!(
+        only_victims(&out),
+        vec!["low"],
+        "the GPUs are free but the memory is low's"
+    );
+    h.apply(Event::JobCheckpointed { uid: uid("low") });
+    let out = h.cycle(5);
+    assert_eq!(out.evictions.len(), 1);
+    assert_eq!(admitted_uids(&out), vec!["high"]);
+}
+
 #[test]
 fn jobs_in_a_missing_queue_or_without_matching_quota_say_so() {
     let mut h = Harness::default_config();
