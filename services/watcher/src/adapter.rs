@@ -141,9 +141,9 @@ enum NodeOrPod {
     Pod(Box<Result<watcher::Event<OtherPod>, watcher::Error>>),
 }
 
-/// Watches Nodes and, in every namespace, the pods Trainyard does not manage
-/// (those without its job label), and publishes each node with the GPUs,
-/// CPU and memory such pods hold on it (see [`crate::gpu_usage`]).
+/// Watches Nodes and, in every namespace, the pods, and publishes each node
+/// with the GPUs, CPU and memory that pods the gpu-allocator did not place
+/// hold on it (see [`crate::gpu_usage`]).
 fn spawn_node_watch(
     runtime: &Runtime,
     client: Client,
@@ -153,8 +153,7 @@ fn spawn_node_watch(
     let node_events = watcher(Api::<Node>::all(client.clone()), nodes)
         .default_backoff()
         .map(|event| NodeOrPod::Node(Box::new(event)));
-    let other_pods = watcher::Config::default().labels(&format!("!{JOB_LABEL}"));
-    let pod_events = watcher(Api::<OtherPod>::all(client), other_pods)
+    let pod_events = watcher(Api::<OtherPod>::all(client), watcher::Config::default())
         .default_backoff()
         .map(|event| NodeOrPod::Pod(Box::new(event)));
     let started = std::time::SystemTime::now()

@@ -1,12 +1,15 @@
-//! GPUs, CPU and memory that pods Trainyard does not manage hold on each node.
+//! GPUs, CPU and memory that pods the gpu-allocator did not place hold on
+//! each node.
 //!
 //! A node's allocatable resources are not all free for training: inference
-//! servers, notebooks and plain Jobs request GPUs, and every DaemonSet and
-//! system pod CPU and memory, and the gpu-allocator sees only the jobs it
-//! admitted. Placed onto resources another pod holds, a pinned worker could
-//! never bind. So the Node watch is joined with a watch of the other pods
-//! (those without `trainyard.dev/job`): each node's event carries what such
-//! pods bound to it request, and is published again when that changes.
+//! servers, notebooks and plain Jobs request GPUs, every DaemonSet and
+//! system pod CPU and memory, and so do the workers of CPU-only
+//! TrainingJobs (admitted without a placement); the gpu-allocator counts
+//! only the workers it placed. Placed onto resources another pod holds, a
+//! pinned worker could never bind. So the Node watch is joined with a watch
+//! of every pod, and each node's event carries what the pods bound to it
+//! request, GPU workers of TrainingJobs left out; it is published again
+//! when that changes.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -22,8 +25,13 @@ use trainyard_api::quantity::{bytes, cpu_millis};
 use trainyard_contracts::events::Change;
 
 use crate::mapping::{
-    ChangeEvent, GPU_RESOURCE, MIG_PREFIX, ObjectName, Watched, node_event, read_quantity, whole,
+    ChangeEvent, GPU_RESOURCE, JOB_LABEL, MIG_PREFIX, ObjectName, Watched, node_event,
+    read_quantity, whole,
 };
+
+/// Prefix of every NVIDIA device-plugin resource (`nvidia.com/gpu`,
+/// `nvidia.com/gpu.shared`, `nvidia.com/mig-*`).
+const NVIDIA_PREFIX: &str = "nvidia.com/";
 
 /// Resources requested on one node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -125,7 +133,9 @@ impl Usage {
     }
 }
 
-/// A pod Trainyard does not manage, as the usage watch reads it.
+/// A pod whose requests the gpu-allocator does not count itself, as the
+/// usage watch reads it: any pod but a worker of a GPU TrainingJob (those
+/// it placed; a CPU-only job's workers it admits without placing).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct OtherPod {
     #[serde(default)]
@@ -173,6 +183,26 @@ pub struct OtherPodStatus {
 crate::mapping::resource_as!(OtherPod, Pod);
 
 impl OtherPod {
+    /// A TrainingJob's worker asking for NVIDIA devices (whole, shared or
+    /// MIG): the allocator placed it and counts what it requests.
+    fn is_placed_worker(&self, spec: &OtherPodSpec) -> bool {
+        let labelled = self
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|labels| labels.contains_key(JOB_LABEL));
+        labelled
+            && spec.containers.iter().any(|c| {
+                c.resources.as_ref().is_some_and(|r| {
+                    [&r.requests, &r.limits]
+                        .into_iter()
+                        .flatten()
+                        .flat_map(|amounts| amounts.keys())
+                        .any(|name| name.starts_with(NVIDIA_PREFIX))
+                })
+            })
+    }
+
     /// The node it is bound to and what it holds there, while it holds
     /// anything: bound, not finished, requesting something counted. Counted
     /// as kube-scheduler counts a pod's request: the larger of the
@@ -185,7 +215,7 @@ impl OtherPod {
         let spec = self.spec.as_ref()?;
         let node = spec.node_name.clone().filter(|n| !n.is_empty())?;
         let phase = self.status.as_ref().and_then(|s| s.phase.as_deref());
-        if matches!(phase, Some("Succeeded" | "Failed")) {
+        if matches!(phase, Some("Succeeded" | "Failed")) || self.is_placed_worker(spec) {
             return None;
         }
         let pod = ObjectName("pod", &self.metadata);

@@ -1,5 +1,5 @@
-//! GPUs, CPU and memory held by pods Trainyard does not manage: counted per
-//! node and carried by the node's events.
+//! GPUs, CPU and memory held by pods the gpu-allocator did not place:
+//! counted per node and carried by the node's events.
 
 mod fixtures;
 
@@ -350,6 +350,43 @@ fn a_pod_holding_only_cpu_and_memory_holds_them_while_bound_and_running() {
     }
     let best_effort = json!({"containers": [{"name": "c"}]});
     assert_eq!(cpu_and_memory_held(best_effort), None, "requests nothing");
+}
+
+#[test]
+fn a_gpu_workers_requests_are_the_allocators_and_a_cpu_only_workers_are_not() {
+    let worker = |spec: serde_json::Value| {
+        let mut pod = other_pod("w", "1", Some("gpu-1"), "Running", spec);
+        pod.metadata.labels = Some([("trainyard.dev/job".to_owned(), "bert".to_owned())].into());
+        pod
+    };
+    let mut gpu_worker = gpus(2);
+    gpu_worker["containers"][0]["resources"]["requests"] = json!({"cpu": "8"});
+    assert_eq!(
+        worker(gpu_worker).held(),
+        None,
+        "placed and counted by the allocator"
+    );
+    let shared = json!({"containers": [{"name": "c", "resources": {
+        "requests": {"cpu": "8", "nvidia.com/gpu.shared": "1"}}}]});
+    assert_eq!(worker(shared).held(), None, "time-sliced GPUs too");
+    assert_eq!(
+        worker(cpu_memory("4", "8Gi")).held(),
+        Some((
+            "gpu-1".to_owned(),
+            Usage {
+                cpu_millis: 4000,
+                memory_bytes: 8 << 30,
+                ..Usage::default()
+            }
+        )),
+        "a CPU-only job's worker is admitted without a placement"
+    );
+    let mut gpu_unlabelled = gpus(2);
+    gpu_unlabelled["containers"][0]["resources"]["requests"] = json!({"cpu": "8"});
+    let (_, held) = other_pod("s", "1", Some("gpu-1"), "Running", gpu_unlabelled)
+        .held()
+        .expect("an inference server holds what it asks");
+    assert_eq!((held.gpus, held.cpu_millis), (2, 8000));
 }
 
 #[test]
