@@ -48,12 +48,18 @@
 //! Usage: `admission [--mix trace,fragmenting,gang-heavy] [--seed N] [--cycles N]
 //! [--step-secs N] [--max-wall-secs N] [--warmup-secs N] [--preemption 0|1]
 //! [--within-queue Never|LowerPriority] [--reclaim-within-cohort Never|LowerPriority|Any]
-//! [--borrower-hold-after SECONDS] [--digest]`
+//! [--borrower-hold-after SECONDS] [--digest] [--cpu-memory]`
 //!
 //! `--digest` adds `decisions_digest` to trainyard's JSON: a hash of every
 //! cycle's admissions, preemptions, evictions and pending explanations
 //! (position, queue length, effective priority, reason). A change meant to
 //! make the cycle faster, not different, shows it by an equal digest.
+//!
+//! `--cpu-memory` has nodes report CPU and memory (and DaemonSets request
+//! some) and workers request them in proportion to their GPUs, never more
+//! than fits beside them: trainyard's decisions stay those of the run
+//! without (the baselines ignore CPU and memory), at the cost of fitting
+//! them.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -61,8 +67,8 @@ use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
 use gpu_allocator_core::{
-    Allocator, AllocatorConfig, Event, FlavorQuota, GpuSliceRequest, JobSpec, JobUid, NodeInfo,
-    QueueSpec, ResourceQuota, Timestamp, names,
+    Allocator, AllocatorConfig, CpuMemory, Event, FlavorQuota, GpuSliceRequest, JobSpec, JobUid,
+    NodeInfo, QueueSpec, ResourceQuota, Timestamp, names,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -304,6 +310,11 @@ struct Args {
     /// Hash every decision of trainyard's run (slower; outside the timed cycle).
     #[arg(long)]
     digest: bool,
+    /// Nodes report CPU and memory (DaemonSets requesting some) and workers
+    /// request them in proportion to their GPUs, never more than a node has
+    /// beside its GPUs: the cost of fitting them, on the same decisions.
+    #[arg(long)]
+    cpu_memory: bool,
 }
 
 /// One job of the stream; `duration` is the truth the allocator never sees.
@@ -380,8 +391,30 @@ fn generate_stream(shapes: &[Shape], seed: u64, count: usize) -> Vec<SimJob> {
         .collect()
 }
 
+const GIB: u64 = 1 << 30;
+
+/// With `--cpu-memory`: what a node has, what its DaemonSets request, and
+/// what a worker requests per GPU and per MIG slice (11 of 96 cores and
+/// 120 GiB of 1 TiB a GPU: an 8-GPU worker fits beside the DaemonSets).
+const NODE_CPU_MEMORY: CpuMemory = CpuMemory {
+    cpu_millis: 96_000,
+    memory_bytes: 1024 * GIB,
+};
+const DAEMONSETS_CPU_MEMORY: CpuMemory = CpuMemory {
+    cpu_millis: 2_000,
+    memory_bytes: 8 * GIB,
+};
+const PER_GPU_CPU_MEMORY: CpuMemory = CpuMemory {
+    cpu_millis: 11_000,
+    memory_bytes: 120 * GIB,
+};
+const PER_SLICE_CPU_MEMORY: CpuMemory = CpuMemory {
+    cpu_millis: 1_000,
+    memory_bytes: 16 * GIB,
+};
+
 /// Every node with its pool, in index order.
-fn nodes() -> Vec<(NodeInfo, &'static NodePool)> {
+fn nodes(cpu_memory: bool) -> Vec<(NodeInfo, &'static NodePool)> {
     let mut out = Vec::new();
     let mut rack = 0usize;
     for pool in &POOLS {
@@ -394,6 +427,10 @@ fn nodes() -> Vec<(NodeInfo, &'static NodePool)> {
                 ready: true,
                 ..NodeInfo::default()
             };
+            if cpu_memory {
+                n.cpu_memory = Some(NODE_CPU_MEMORY);
+                n.cpu_memory_used_by_other_pods = DAEMONSETS_CPU_MEMORY;
+            }
             if pool.mig {
                 n.allocatable.insert(names::GPU_RESOURCE.into(), "0".into());
                 n.allocatable.insert(
@@ -467,7 +504,12 @@ fn queues(within_queue: WithinQueuePreemption, reclaim: ReclaimWithinCohort) -> 
         .collect()
 }
 
-fn job_spec(index: usize, job: &SimJob, now: u64) -> JobSpec {
+fn job_spec(index: usize, job: &SimJob, now: u64, cpu_memory: bool) -> JobSpec {
+    let per_unit = if job.mig {
+        PER_SLICE_CPU_MEMORY
+    } else {
+        PER_GPU_CPU_MEMORY
+    };
     JobSpec {
         uid: JobUid::new(format!("j{index}")),
         namespace: "bench".into(),
@@ -481,6 +523,11 @@ fn job_spec(index: usize, job: &SimJob, now: u64) -> JobSpec {
             .mig
             .then(|| GpuSliceRequest::Profile(MIG_PROFILE.into())),
         runtime_estimate_secs: job.estimate,
+        cpu_memory_per_worker: if cpu_memory {
+            per_unit.times(job.units)
+        } else {
+            CpuMemory::default()
+        },
         ..JobSpec::default()
     }
 }
@@ -861,7 +908,7 @@ fn run_allocator(stream: &[SimJob], args: &Args) -> Result<Report, String> {
         config.backfill.borrower_hold_after_secs = secs;
     }
     let mut alloc = Allocator::new(config).map_err(|e| e.to_string())?;
-    for (n, _) in nodes() {
+    for (n, _) in nodes(args.cpu_memory) {
         alloc
             .apply(Event::NodeUpserted(n))
             .map_err(|e| e.to_string())?;
@@ -891,7 +938,12 @@ fn run_allocator(stream: &[SimJob], args: &Args) -> Result<Report, String> {
             let idx = sim.next_job;
             sim.submitted_at[idx] = now;
             alloc
-                .apply(Event::JobSubmitted(job_spec(idx, &stream[idx], now)))
+                .apply(Event::JobSubmitted(job_spec(
+                    idx,
+                    &stream[idx],
+                    now,
+                    args.cpu_memory,
+                )))
                 .map_err(|e| e.to_string())?;
             sim.next_job += 1;
             pending += 1;
@@ -1020,7 +1072,7 @@ impl FifoCluster {
             mig: Vec::new(),
             by_free: [Vec::new(), Vec::new()],
         };
-        for (_, pool) in nodes() {
+        for (_, pool) in nodes(false) {
             let units = if pool.mig {
                 pool.gpus * SLICES_PER_GPU
             } else {
@@ -1175,7 +1227,7 @@ fn run_quota_fifo(stream: &[SimJob], args: &Args, spread: bool) -> Report {
     let total_gpus = total_gpus() as f64;
     let mut cluster = FifoCluster::new();
     let mut quota_free = [0u64; 2];
-    for (_, pool) in nodes() {
+    for (_, pool) in nodes(false) {
         let units = if pool.mig {
             pool.gpus * SLICES_PER_GPU
         } else {

@@ -155,13 +155,16 @@ impl Node {
         if gang.cpu_memory.is_zero() {
             return units;
         }
-        match self.cpu_memory_free(freed) {
-            Some(free) => units.min(
-                gang.cpu_memory
-                    .workers_in(free)
-                    .saturating_mul(gang.per_worker),
-            ),
-            None => units,
+        let Some(free) = self.cpu_memory_free(freed) else {
+            return units;
+        };
+        // Units left as they are while CPU and memory take no worker away:
+        // best fit orders nodes by them.
+        let workers = gang.cpu_memory.workers_in(free);
+        if workers >= units / gang.per_worker.max(1) {
+            units
+        } else {
+            workers.saturating_mul(gang.per_worker)
         }
     }
 
@@ -892,6 +895,50 @@ mod tests {
         info.labels
             .insert(names::GPU_PRODUCT_LABEL.into(), "A100".into());
         info
+    }
+
+    #[test]
+    fn cpu_and_memory_cap_a_nodes_units_only_where_they_take_a_worker_away() {
+        let mut inv = Inventory::new(&AllocatorConfig::default());
+        let info = NodeInfo {
+            cpu_memory: Some(CpuMemory {
+                cpu_millis: 12_000,
+                memory_bytes: u64::MAX,
+            }),
+            ..node("n1", "8")
+        };
+        let idx = inv.upsert_node(info).expect("valid node");
+        let n = inv.node(idx).expect("node");
+        let gang = Gang {
+            per_worker: 4,
+            workers: 2,
+            topology: crate::types::TopologyRequirement::Preferred,
+            one_per_node: false,
+            cpu_memory: CpuMemory {
+                cpu_millis: 8_000,
+                memory_bytes: 0,
+            },
+        };
+        assert_eq!(n.usable_units(8, gang), 4, "12 cores take one worker");
+        assert_eq!(
+            n.usable_units(5, gang),
+            5,
+            "one worker either way: best fit still sees 5 free"
+        );
+        let freed = CpuMemory {
+            cpu_millis: 4_000,
+            memory_bytes: 0,
+        };
+        inv.adjust_cpu_memory(idx, freed, true);
+        let n = inv.node(idx).expect("node");
+        assert_eq!(n.usable_units(8, gang), 4);
+        assert_eq!(n.usable_units(4, gang), 4);
+        assert_eq!(n.usable_units_after(8, gang, freed), 4);
+        let lighter = Gang {
+            cpu_memory: CpuMemory::default(),
+            ..gang
+        };
+        assert_eq!(n.usable_units(8, lighter), 8, "asks for none");
     }
 
     #[test]
