@@ -354,36 +354,78 @@ async fn finish(jobs: &Api<TrainingJob>, name: &str) -> TrainingJobState {
     .await
 }
 
+/// The demo cluster's A100 group, two nodes of it.
+fn two_a100_nodes() -> ClusterConfig {
+    let mut config = demo_cluster();
+    config.nodes.retain(|group| group.name == "a100");
+    config.nodes[0].count = 2;
+    config
+}
+
+/// Creates pod `name` in `namespace`, of one `container`, on node a100-0
+/// (a pod Trainyard does not manage), and waits until it is bound.
+async fn bind_on_a100_0(
+    stack: &Stack,
+    namespace: &str,
+    name: &str,
+    container: serde_json::Value,
+) -> Api<Pod> {
+    let pods = Api::<Pod>::namespaced(stack.kube.clone(), namespace);
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": "a100-0"},
+                 "containers": [container]}
+    }))
+    .expect("pod");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("pod created");
+    eventually_within(
+        &format!("{name} to be bound"),
+        Duration::from_secs(30),
+        || {
+            let pods = pods.clone();
+            async move {
+                let pod = pods.get(name).await.ok()?;
+                (pod.spec?.node_name? == "a100-0").then_some(())
+            }
+        },
+    )
+    .await;
+    pods
+}
+
+/// The `Admitted` condition's message once TrainingJob `name` waits short
+/// of capacity.
+async fn waiting_short(jobs: &Api<TrainingJob>, name: &str) -> String {
+    eventually_within(&format!("{name} to wait"), Duration::from_secs(30), || {
+        let jobs = jobs.clone();
+        async move {
+            let live = state_of(&jobs, name).await?;
+            let status = live.status?;
+            let admitted = status
+                .conditions
+                .iter()
+                .find(|c| c.condition_type == "Admitted")?;
+            (status.state == Some(TrainingJobState::Queued)
+                && admitted.message.as_deref()?.contains("short"))
+            .then(|| admitted.message.clone().unwrap_or_default())
+        }
+    })
+    .await
+}
+
 /// GPUs a pod Trainyard does not manage holds (an inference server here)
 /// are not given to training: a job that fits on either of two empty nodes
 /// is placed on the one without the server, and a job that needs both
 /// waits, GPUs short, until the server is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpus_other_pods_hold_are_not_given_to_training() {
-    let mut config = demo_cluster();
-    config.nodes.retain(|group| group.name == "a100");
-    config.nodes[0].count = 2;
-    let stack = Stack::start(config).await;
-    let pods = Api::<Pod>::namespaced(stack.kube.clone(), "serving");
-    let server: Pod = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "inference", "namespace": "serving"},
-        "spec": {"nodeSelector": {"kubernetes.io/hostname": "a100-0"},
-                 "containers": [{"name": "server", "image": "vllm/vllm-openai",
-                                 "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}
-    }))
-    .expect("pod");
-    pods.create(&PostParams::default(), &server)
-        .await
-        .expect("server created");
-    eventually_within("the server to be bound", Duration::from_secs(30), || {
-        let pods = pods.clone();
-        async move {
-            let pod = pods.get("inference").await.ok()?;
-            (pod.spec?.node_name? == "a100-0").then_some(())
-        }
-    })
-    .await;
+    let stack = Stack::start(two_a100_nodes()).await;
+    let server = serde_json::json!({"name": "server", "image": "vllm/vllm-openai",
+                                    "resources": {"limits": {"nvidia.com/gpu": "8"}}});
+    let pods = bind_on_a100_0(&stack, "serving", "inference", server).await;
 
     let jobs = Api::<TrainingJob>::namespaced(stack.kube.clone(), "ml");
     apply(&jobs, &training_job("one-node", 2, 4)).await;
@@ -398,21 +440,7 @@ async fn gpus_other_pods_hold_are_not_given_to_training() {
     assert_eq!(one_node, ["a100-1", "a100-1"], "{planned:?}");
 
     apply(&jobs, &training_job("two-nodes", 2, 8)).await;
-    let waiting = eventually_within("two-nodes to wait", Duration::from_secs(30), || {
-        let jobs = jobs.clone();
-        async move {
-            let live = state_of(&jobs, "two-nodes").await?;
-            let status = live.status?;
-            let admitted = status
-                .conditions
-                .iter()
-                .find(|c| c.condition_type == "Admitted")?;
-            (status.state == Some(TrainingJobState::Queued)
-                && admitted.message.as_deref()?.contains("short"))
-            .then(|| admitted.message.clone().unwrap_or_default())
-        }
-    })
-    .await;
+    let waiting = waiting_short(&jobs, "two-nodes").await;
     assert!(
         waiting.contains("8 short")
             && waiting
@@ -433,31 +461,12 @@ async fn gpus_other_pods_hold_are_not_given_to_training() {
 /// once it is freed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cpu_other_pods_hold_is_not_given_to_training() {
-    let mut config = demo_cluster();
-    config.nodes.retain(|group| group.name == "a100");
-    config.nodes[0].count = 2;
+    let mut config = two_a100_nodes();
     config.nodes[0].cpu = "32".into();
     let stack = Stack::start(config).await;
-    let pods = Api::<Pod>::namespaced(stack.kube.clone(), "data");
-    let loader: Pod = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "etl", "namespace": "data"},
-        "spec": {"nodeSelector": {"kubernetes.io/hostname": "a100-0"},
-                 "containers": [{"name": "etl", "image": "spark",
-                                 "resources": {"requests": {"cpu": "24"}}}]}
-    }))
-    .expect("pod");
-    pods.create(&PostParams::default(), &loader)
-        .await
-        .expect("loader created");
-    eventually_within("the loader to be bound", Duration::from_secs(30), || {
-        let pods = pods.clone();
-        async move {
-            let pod = pods.get("etl").await.ok()?;
-            (pod.spec?.node_name? == "a100-0").then_some(())
-        }
-    })
-    .await;
+    let loader = serde_json::json!({"name": "etl", "image": "spark",
+                                    "resources": {"requests": {"cpu": "24"}}});
+    let pods = bind_on_a100_0(&stack, "data", "etl", loader).await;
 
     let jobs = Api::<TrainingJob>::namespaced(stack.kube.clone(), "ml");
     let mut job = training_job("two-nodes", 2, 8);
@@ -465,21 +474,7 @@ async fn cpu_other_pods_hold_is_not_given_to_training() {
         serde_json::from_value(serde_json::json!({"requests": {"cpu": "16"}})).expect("resources"),
     );
     apply(&jobs, &job).await;
-    let waiting = eventually_within("two-nodes to wait", Duration::from_secs(30), || {
-        let jobs = jobs.clone();
-        async move {
-            let live = state_of(&jobs, "two-nodes").await?;
-            let status = live.status?;
-            let admitted = status
-                .conditions
-                .iter()
-                .find(|c| c.condition_type == "Admitted")?;
-            (status.state == Some(TrainingJobState::Queued)
-                && admitted.message.as_deref()?.contains("short"))
-            .then(|| admitted.message.clone().unwrap_or_default())
-        }
-    })
-    .await;
+    let waiting = waiting_short(&jobs, "two-nodes").await;
     assert!(
         waiting.contains(
             "1 more worker(s) would fit by nvidia.com/gpu but not by the CPU or memory \
