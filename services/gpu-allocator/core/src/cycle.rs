@@ -1831,8 +1831,8 @@ impl Allocator {
         let mut placement = None;
         let mut placeable: u64 = 0;
         let mut placeable_unprotected: u64 = 0;
-        // Workers the free units could host if CPU and memory did not count.
-        let mut placeable_by_units: u64 = 0;
+        // Workers the free units could host beyond those CPU and memory let in.
+        let mut lacking_cpu_memory: u64 = 0;
         let mut candidates: Vec<Candidate> = Vec::new();
         // Walked even when the free units cannot hold the gang: its reason
         // tells how many of its workers fit now.
@@ -1843,8 +1843,11 @@ impl Allocator {
             if !self.admits(node, job.filter) {
                 continue;
             }
-            placeable_by_units += gang.slots(free);
-            let free = node.usable_units(free, gang);
+            let capped = node.usable_units(free, gang);
+            if capped != free {
+                lacking_cpu_memory += gang.slots(free) - gang.slots(capped);
+            }
+            let free = capped;
             placeable_unprotected += gang.slots(free);
             let usable = if protected {
                 free.saturating_sub(ctx.reservations.protected(node_idx, res, end))
@@ -1911,7 +1914,8 @@ impl Allocator {
                 } = &mut reason
                 {
                     let fitting = |slots: u64| slots.min(u64::from(workers));
-                    let lacking = fitting(placeable_by_units) - fitting(placeable_unprotected);
+                    let lacking = fitting(placeable_unprotected + lacking_cpu_memory)
+                        - fitting(placeable_unprotected);
                     *workers_lacking_cpu_memory = u32::try_from(lacking).unwrap_or(u32::MAX);
                 }
                 reason
