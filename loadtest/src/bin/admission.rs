@@ -48,7 +48,7 @@
 //! Usage: `admission [--mix trace,fragmenting,gang-heavy] [--seed N] [--cycles N]
 //! [--step-secs N] [--max-wall-secs N] [--warmup-secs N] [--preemption 0|1]
 //! [--within-queue Never|LowerPriority] [--reclaim-within-cohort Never|LowerPriority|Any]
-//! [--borrower-hold-after SECONDS] [--digest] [--cpu-memory]`
+//! [--borrower-hold-after SECONDS] [--digest] [--cpu-memory [--cpu-heavy-every N]]`
 //!
 //! `--digest` adds `decisions_digest` to trainyard's JSON: a hash of every
 //! cycle's admissions, preemptions, evictions and pending explanations
@@ -59,7 +59,9 @@
 //! some) and workers request them in proportion to their GPUs, never more
 //! than fits beside them: trainyard's decisions stay those of the run
 //! without (the baselines ignore CPU and memory), at the cost of fitting
-//! them.
+//! them. `--cpu-heavy-every N` makes every Nth job ask for twice as much,
+//! so that CPU and memory decide where those fit (the baselines still
+//! ignore them: their figures are not comparable then).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -315,6 +317,11 @@ struct Args {
     /// beside its GPUs: the cost of fitting them, on the same decisions.
     #[arg(long)]
     cpu_memory: bool,
+    /// With `--cpu-memory`: every Nth job asks for twice the CPU and memory
+    /// a GPU (at most what a node has beside its DaemonSets), so CPU and
+    /// memory, not GPUs, decide where such jobs fit. 0: none.
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "cpu_memory")]
+    cpu_heavy_every: usize,
 }
 
 /// One job of the stream; `duration` is the truth the allocator never sees.
@@ -504,11 +511,22 @@ fn queues(within_queue: WithinQueuePreemption, reclaim: ReclaimWithinCohort) -> 
         .collect()
 }
 
-fn job_spec(index: usize, job: &SimJob, now: u64, cpu_memory: bool) -> JobSpec {
+fn job_spec(index: usize, job: &SimJob, now: u64, args: &Args) -> JobSpec {
     let per_unit = if job.mig {
         PER_SLICE_CPU_MEMORY
     } else {
         PER_GPU_CPU_MEMORY
+    };
+    let heavy = args.cpu_heavy_every > 0 && index % args.cpu_heavy_every == 0;
+    let per_worker = if heavy {
+        let room = NODE_CPU_MEMORY.minus(DAEMONSETS_CPU_MEMORY);
+        let doubled = per_unit.times(2 * job.units);
+        CpuMemory {
+            cpu_millis: doubled.cpu_millis.min(room.cpu_millis),
+            memory_bytes: doubled.memory_bytes.min(room.memory_bytes),
+        }
+    } else {
+        per_unit.times(job.units)
     };
     JobSpec {
         uid: JobUid::new(format!("j{index}")),
@@ -523,8 +541,8 @@ fn job_spec(index: usize, job: &SimJob, now: u64, cpu_memory: bool) -> JobSpec {
             .mig
             .then(|| GpuSliceRequest::Profile(MIG_PROFILE.into())),
         runtime_estimate_secs: job.estimate,
-        cpu_memory_per_worker: if cpu_memory {
-            per_unit.times(job.units)
+        cpu_memory_per_worker: if args.cpu_memory {
+            per_worker
         } else {
             CpuMemory::default()
         },
@@ -938,12 +956,7 @@ fn run_allocator(stream: &[SimJob], args: &Args) -> Result<Report, String> {
             let idx = sim.next_job;
             sim.submitted_at[idx] = now;
             alloc
-                .apply(Event::JobSubmitted(job_spec(
-                    idx,
-                    &stream[idx],
-                    now,
-                    args.cpu_memory,
-                )))
+                .apply(Event::JobSubmitted(job_spec(idx, &stream[idx], now, args)))
                 .map_err(|e| e.to_string())?;
             sim.next_job += 1;
             pending += 1;
