@@ -517,7 +517,7 @@ fn job_spec(index: usize, job: &SimJob, now: u64, args: &Args) -> JobSpec {
     } else {
         PER_GPU_CPU_MEMORY
     };
-    let heavy = args.cpu_heavy_every > 0 && index % args.cpu_heavy_every == 0;
+    let heavy = args.cpu_heavy_every > 0 && index.is_multiple_of(args.cpu_heavy_every);
     let per_worker = if heavy {
         let room = NODE_CPU_MEMORY.minus(DAEMONSETS_CPU_MEMORY);
         let doubled = per_unit.times(2 * job.units);
