@@ -1,10 +1,12 @@
 //! The allocator's Prometheus metrics. Labels are bounded: queue names (an
-//! operator creates a handful of TrainingQueues), eviction reasons, message
-//! types and outcomes; never a job name.
+//! operator creates a handful of TrainingQueues), eviction reasons, kinds of
+//! pending reasons, message types and outcomes; never a job name.
 
 use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
+
+use gpu_allocator_core::PendingReason;
 
 use crate::error::ServiceError;
 use crate::state::CycleReport;
@@ -20,6 +22,7 @@ pub struct AllocatorMetrics {
     pub pending_jobs: IntGauge,
     pub running_jobs: IntGauge,
     pub queue_depth: IntGaugeVec,
+    pub pending_by_reason: IntGaugeVec,
     pub gpus: IntGaugeVec,
     pub events: IntCounterVec,
     pub snapshots: IntCounterVec,
@@ -89,6 +92,15 @@ impl AllocatorMetrics {
                 &["queue"],
             )
             .map_err(metric_error)?,
+            pending_by_reason: IntGaugeVec::new(
+                Opts::new(
+                    "trainyard_allocator_pending_jobs_by_reason",
+                    "Jobs waiting for admission, by kind of reason (quota, capacity, \
+                     capacity_cpu_memory, ...; every kind, zero or not)",
+                ),
+                &["reason"],
+            )
+            .map_err(metric_error)?,
             gpus: IntGaugeVec::new(
                 Opts::new(
                     "trainyard_allocator_gpus",
@@ -149,6 +161,9 @@ impl AllocatorMetrics {
             .register(Box::new(metrics.queue_depth.clone()))
             .map_err(metric_error)?;
         registry
+            .register(Box::new(metrics.pending_by_reason.clone()))
+            .map_err(metric_error)?;
+        registry
             .register(Box::new(metrics.gpus.clone()))
             .map_err(metric_error)?;
         registry
@@ -189,6 +204,12 @@ impl AllocatorMetrics {
         self.gpus
             .with_label_values(&["allocated"])
             .set(saturating_i64(report.totals.gpus_allocated));
+        for kind in PendingReason::KINDS {
+            let jobs = report.pending_by_reason.get(kind).copied().unwrap_or(0);
+            self.pending_by_reason
+                .with_label_values(&[kind])
+                .set(i64::from(jobs));
+        }
         self.queue_depth.reset();
         for (queue, depth) in &report.queue_depth {
             self.queue_depth

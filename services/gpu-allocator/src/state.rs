@@ -103,6 +103,8 @@ pub struct CycleReport {
     pub explanations_published: usize,
     /// Pending jobs per queue.
     pub queue_depth: BTreeMap<String, u32>,
+    /// Pending jobs per kind of reason (`PendingReason::kind`).
+    pub pending_by_reason: BTreeMap<&'static str, u32>,
     pub core: CycleStats,
     pub totals: AllocatorStats,
 }
@@ -724,6 +726,7 @@ impl AllocatorState {
                     .queue_depth
                     .insert(queue.to_string(), pending.queue_length);
             }
+            *report.pending_by_reason.entry(reason.kind()).or_default() += 1;
             // Jobs waiting for one reason share its cause hash.
             let cause = match causes.get_mut(pending.reason_index()) {
                 Some(cached) => *cached.get_or_insert_with(|| cause_hash(reason)),
@@ -1047,8 +1050,14 @@ mod tests {
         let report = state.cycle(Timestamp(10));
         assert_eq!(report.explanations_published, 1);
         assert_eq!(report.queue_depth["default"], 1);
+        assert_eq!(report.pending_by_reason, [("quota", 1)].into());
         let report = state.cycle(Timestamp(11));
         assert_eq!(report.explanations_published, 0);
+        assert_eq!(
+            report.pending_by_reason,
+            [("quota", 1)].into(),
+            "counted whether or not published"
+        );
     }
 
     #[test]

@@ -215,6 +215,39 @@ fn is_zero_u32(workers: &u32) -> bool {
 }
 
 impl PendingReason {
+    /// Every [`PendingReason::kind`], for gauges that show each one, zero or not.
+    pub const KINDS: [&'static str; 7] = [
+        "queue_not_found",
+        "no_matching_flavor",
+        "quota",
+        "capacity",
+        "capacity_cpu_memory",
+        "held_for_reservation",
+        "awaiting_preemption",
+    ];
+
+    /// A short, bounded name of the reason, for metric labels. A capacity
+    /// reason where CPU or memory keep workers out is its own kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PendingReason::QueueNotFound { .. } => "queue_not_found",
+            PendingReason::NoMatchingFlavor { .. } => "no_matching_flavor",
+            PendingReason::QuotaExceeded { .. } => "quota",
+            PendingReason::InsufficientCapacity {
+                workers_lacking_cpu_memory,
+                ..
+            } => {
+                if *workers_lacking_cpu_memory > 0 {
+                    "capacity_cpu_memory"
+                } else {
+                    "capacity"
+                }
+            }
+            PendingReason::HeldForReservation { .. } => "held_for_reservation",
+            PendingReason::AwaitingPreemption { .. } => "awaiting_preemption",
+        }
+    }
+
     /// Units missing, used to pick the most useful reason across flavors.
     pub fn shortfall(&self) -> u64 {
         match self {

@@ -1169,6 +1169,11 @@ impl Run {
         let spec = self.jobs.get(e.uid.as_str()).expect("a known job");
         let at = format!("{}: {}", self.at(), e.uid);
         assert!(e.effective_priority >= spec.priority, "{at} aged down");
+        assert!(
+            PendingReason::KINDS.contains(&e.reason.kind()),
+            "{at}: kind {} is listed",
+            e.reason.kind()
+        );
         let now = Timestamp(self.now);
         match &*e.reason {
             PendingReason::QuotaExceeded {

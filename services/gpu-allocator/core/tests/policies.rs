@@ -190,6 +190,8 @@ fn a_job_short_of_cpu_or_memory_says_so_and_starts_when_they_are_freed() {
         "{}",
         why.message()
     );
+    assert_eq!(why.reason.kind(), "capacity_cpu_memory");
+    assert!(PendingReason::KINDS.contains(&why.reason.kind()));
     // A worker that could never fit says that too.
     h.submit_at(asking(job("huge", "team-a", 1, 1), cpu_memory(65, 1)), 12);
     let out = h.cycle(101);
