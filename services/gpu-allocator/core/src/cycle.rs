@@ -1847,12 +1847,15 @@ impl Allocator {
             if capped != free {
                 lacking_cpu_memory += gang.slots(free) - gang.slots(capped);
             }
-            let free = capped;
-            placeable_unprotected += gang.slots(free);
+            placeable_unprotected += gang.slots(capped);
+            // Reserved units first, then CPU and memory: they cap what the
+            // reservation leaves, not the other way round.
             let usable = if protected {
-                free.saturating_sub(ctx.reservations.protected(node_idx, res, end))
+                let unreserved =
+                    free.saturating_sub(ctx.reservations.protected(node_idx, res, end));
+                node.usable_units(unreserved, gang)
             } else {
-                free
+                capped
             };
             if usable < per_worker {
                 continue;

@@ -2079,6 +2079,44 @@ fn backfill_never_delays_the_reserved_head_job() {
     );
 }
 
+/// n1: 4 of 8 GPUs busy until t=1000, n2 full; a 6-GPU head job is
+/// reserved on n1 at t=1000, which keeps 2 of n1's 4 free GPUs for it. A
+/// long 2-GPU job whose CPU leaves room for one worker takes the other 2:
+/// CPU and memory cap what the reservation leaves.
+#[test]
+fn cpu_and_memory_cap_what_a_reservation_leaves_not_the_reverse() {
+    let mut h = Harness::new(AllocatorConfig {
+        preemption: no_preemption(),
+        ..AllocatorConfig::default()
+    });
+    h.nodes([
+        host("n1", CpuMemory::default()),
+        host("n2", CpuMemory::default()),
+    ]);
+    h.queue(queue("q", None, 64));
+    let mut r1 = pinned(job("running-4", "q", 1, 4), "n1");
+    r1.runtime_estimate_secs = Some(1_000);
+    h.submit(r1);
+    h.submit(pinned(job("running-8", "q", 1, 8), "n2"));
+    assert_eq!(h.cycle(0).admissions.len(), 2);
+    let mut head = job("head-6", "q", 1, 6);
+    head.priority = 10;
+    h.submit(head);
+    let mut long = asking(job("long-2", "q", 1, 2), cpu_memory(40, 0));
+    long.runtime_estimate_secs = Some(5_000);
+    long.submitted_at = Timestamp(1);
+    h.submit(long);
+    let out = h.cycle(0);
+    assert_eq!(admitted_uids(&out), vec!["long-2"]);
+    assert_eq!(h.nodes_of("long-2"), ["n1"]);
+    match &*h.reason_of(&out, "head-6").reason {
+        PendingReason::InsufficientCapacity { reserved_start, .. } => {
+            assert_eq!(*reserved_start, Some(Timestamp(1_000)))
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
 #[test]
 fn without_reservations_the_long_job_delays_the_head_job() {
     let mut h = backfill_scenario(false);
