@@ -161,8 +161,9 @@ pub struct NodeObserved {
     /// Allocatable `memory` in bytes; absent when the node reports none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocatable_memory_bytes: Option<u64>,
-    /// CPU (millicores) requested by pods bound to the node that Trainyard
-    /// does not manage, DaemonSets included.
+    /// CPU (millicores) requested by pods bound to the node that the
+    /// gpu-allocator did not place: every pod but TrainingJob workers asking
+    /// for GPUs (DaemonSets and CPU-only TrainingJobs' workers included).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cpu_millis_used_by_other_pods: u64,
     /// Memory (bytes) requested by such pods.
