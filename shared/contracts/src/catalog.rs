@@ -150,7 +150,7 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
         entry::<events::NodeObserved>(
             "watcher",
             "gpu-allocator, cost-optimizer",
-            "A Node's scheduling-relevant fields changed, or what pods Trainyard does not manage hold on it (`gpusUsedByOtherPods`, `migUsedByOtherPods`, `cpuMillisUsedByOtherPods`, `memoryBytesUsedByOtherPods`; absent when nothing). `allocatableCpuMillis` and `allocatableMemoryBytes` are absent when the node reports none.",
+            "A Node's scheduling-relevant fields changed, or what pods the gpu-allocator did not place hold on it (every pod but TrainingJob workers asking for GPUs: `gpusUsedByOtherPods`, `migUsedByOtherPods`, `cpuMillisUsedByOtherPods`, `memoryBytesUsedByOtherPods`; absent when nothing). `allocatableCpuMillis` and `allocatableMemoryBytes` are absent when the node reports none.",
             EntityRef::new("", "gpu-node-7", "d7c6b5a4-3f2e-4d1c-9b8a-7f6e5d4c3b2a"),
             json!({"change": "Applied", "allocatableGpus": 8, "mig": {},
                    "labels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
