@@ -1825,7 +1825,7 @@ impl Allocator {
             return Err(entry.reason);
         }
         let Some(r) = self.inv.res(res) else {
-            return Err(ctx.add_reason(self.capacity_reason(res, spec, 0, job.filter)));
+            return Err(ctx.add_reason(self.capacity_reason(res, spec, 0, 0, job.filter)));
         };
         let protected = ctx.reservations.has_any(res);
         let mut placement = None;
@@ -1910,18 +1910,10 @@ impl Allocator {
                     gang,
                     candidates.iter().map(|c| (c.usable, c.zone, c.rack)),
                 );
-                let mut reason = self.capacity_reason(res, spec, placeable, job.filter);
-                if let PendingReason::InsufficientCapacity {
-                    workers_lacking_cpu_memory,
-                    ..
-                } = &mut reason
-                {
-                    let fitting = |slots: u64| slots.min(u64::from(workers));
-                    let lacking = fitting(placeable_unprotected + lacking_cpu_memory)
-                        - fitting(placeable_unprotected);
-                    *workers_lacking_cpu_memory = u32::try_from(lacking).unwrap_or(u32::MAX);
-                }
-                reason
+                let fitting = |slots: u64| slots.min(u64::from(workers));
+                let lacking = fitting(placeable_unprotected + lacking_cpu_memory)
+                    - fitting(placeable_unprotected);
+                self.capacity_reason(res, spec, placeable, lacking, job.filter)
             }
         };
         let reason = ctx.add_reason(reason);
@@ -1958,12 +1950,14 @@ impl Allocator {
 
     /// Why the job `spec` describes does not fit the nodes of `res` now,
     /// `placeable` of its workers being all that do (in one zone or rack if
-    /// it must stay in one).
+    /// it must stay in one), and `lacking_cpu_memory` more that the free
+    /// units could host but not the CPU or memory beside them.
     pub(crate) fn capacity_reason(
         &self,
         res: ResIdx,
         spec: &JobSpec,
         placeable: u64,
+        lacking_cpu_memory: u64,
         filter: u32,
     ) -> PendingReason {
         let (per_worker, workers) = (spec.gpus_per_worker, spec.num_workers);
@@ -1981,7 +1975,7 @@ impl Allocator {
             required_topology: (spec.topology != TopologyRequirement::Preferred && workers > 1)
                 .then_some(spec.topology),
             held_by_other_pods: self.inv.res(res).map_or(0, |r| r.held_by_other_pods),
-            workers_lacking_cpu_memory: 0,
+            workers_lacking_cpu_memory: u32::try_from(lacking_cpu_memory).unwrap_or(u32::MAX),
             cpu_memory_per_worker: spec.cpu_memory_per_worker,
         }
     }

@@ -11,7 +11,7 @@ use crate::decision::{Admission, Eviction, Preemption};
 use crate::error::AllocatorError;
 use crate::types::{
     CpuMemory, GpuSliceRequest, JobUid, NodeKey, NodeOperator, NodeSelectorTerm, Taint, Timestamp,
-    Toleration, TopologyRequirement,
+    Toleration, TopologyRequirement, is_zero,
 };
 
 /// Largest gang the allocator accepts (the TrainingJob API allows 1-100 workers).
@@ -272,10 +272,6 @@ pub struct JobSpec {
     /// one of the terms; none, any node.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub node_affinity: Vec<NodeSelectorTerm>,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
 }
 
 impl Default for JobSpec {

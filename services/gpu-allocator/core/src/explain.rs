@@ -11,7 +11,7 @@ use crate::allocator::Allocator;
 use crate::decision::CycleOutcome;
 use crate::inventory::JobIdx;
 use crate::queues::QueueIdx;
-use crate::types::{CpuMemory, JobUid, Timestamp, TopologyRequirement};
+use crate::types::{CpuMemory, JobUid, Timestamp, TopologyRequirement, is_zero};
 
 /// A reason's place in its cycle's table of reasons (`CycleOutcome::reasons`).
 pub(crate) type ReasonIdx = u32;
@@ -179,7 +179,7 @@ pub enum PendingReason {
         held_by_other_pods: u64,
         /// Workers the free units could host but not the CPU or memory
         /// free beside them.
-        #[serde(default, skip_serializing_if = "is_zero_u32")]
+        #[serde(default, skip_serializing_if = "is_zero")]
         workers_lacking_cpu_memory: u32,
         /// What each worker requests besides GPUs.
         #[serde(default, skip_serializing_if = "CpuMemory::is_zero")]
@@ -204,14 +204,6 @@ pub enum PendingReason {
         /// Eviction deadline.
         evict_at: Timestamp,
     },
-}
-
-fn is_zero(units: &u64) -> bool {
-    *units == 0
-}
-
-fn is_zero_u32(workers: &u32) -> bool {
-    *workers == 0
 }
 
 impl PendingReason {

@@ -372,6 +372,11 @@ pub enum GpuSliceRequest {
     MemoryGb(u32),
 }
 
+/// Whether a count is zero: what serde leaves out of the JSON.
+pub(crate) fn is_zero<N: Default + PartialEq>(count: &N) -> bool {
+    *count == N::default()
+}
+
 /// CPU and memory, as a worker requests them or a node has them free.
 /// Counted in whole millicores and bytes (quantities rounded up).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
