@@ -492,19 +492,14 @@ fn cpu_memory_per_worker(
         return Ok(CpuMemory::default());
     };
     let amount = |name: &str, parse: fn(&str) -> Result<u64, QuantityError>| {
-        let stated = [
-            ("requests", &resources.requests),
-            ("limits", &resources.limits),
-        ]
-        .into_iter()
-        .find_map(|(section, quantities)| Some((section, quantities.as_ref()?.get(name)?)));
-        let Some((section, quantity)) = stated else {
+        let Some((list, _, quantity)) = quantity::requested(resources).find(|(_, n, _)| *n == name)
+        else {
             return Ok(0);
         };
         parse(&quantity.0).map_err(|err| {
             ServiceError::invalid(
                 object,
-                format!("spec.resources.{section}.{name}"),
+                format!("spec.resources.{list}.{name}"),
                 err.to_string(),
             )
         })

@@ -21,7 +21,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::runtime::watcher::Event;
 use serde::Deserialize;
-use trainyard_api::quantity::{bytes, cpu_millis};
+use trainyard_api::quantity::{bytes, cpu_millis, requested};
 use trainyard_contracts::events::Change;
 
 use crate::mapping::{
@@ -70,39 +70,27 @@ impl Usage {
         self
     }
 
-    /// What one container (or init container) at `field` of `pod` requests.
-    /// A limit alone is the request: Kubernetes defaults a missing CPU or
-    /// memory request to the limit, and of an extended resource only a limit
-    /// need be set.
+    /// What one container (or init container) at `field` of `pod` requests
+    /// (`quantity::requested`: a limit alone is the request).
     fn of_container(
         resources: Option<&ResourceRequirements>,
         pod: &dyn fmt::Display,
         field: &dyn fmt::Display,
     ) -> Usage {
-        let Some(resources) = resources else {
-            return Usage::default();
-        };
-        let requests = resources.requests.as_ref();
-        let mut usage = Usage::of_amounts(
-            requests.into_iter().flatten(),
-            pod,
-            &format_args!("{field}.resources.requests"),
-        );
-        let limits_alone =
-            resources.limits.iter().flatten().filter(|(name, _)| {
-                !requests.is_some_and(|requested| requested.contains_key(*name))
-            });
-        usage.add(&Usage::of_amounts(
-            limits_alone,
-            pod,
-            &format_args!("{field}.resources.limits"),
-        ));
+        let mut usage = Usage::default();
+        for (list, name, quantity) in resources.into_iter().flat_map(requested) {
+            usage.count(
+                name,
+                quantity,
+                pod,
+                &format_args!("{field}.resources.{list}[{name}]"),
+            );
+        }
         usage
     }
 
     /// What `amounts` (resource name → quantity, at `field` of `pod`) ask
-    /// for, of the resources counted; a quantity that does not parse counts
-    /// as nothing (logged).
+    /// for, of the resources counted.
     fn of_amounts<'a>(
         amounts: impl IntoIterator<Item = (&'a String, &'a Quantity)>,
         pod: &dyn fmt::Display,
@@ -110,26 +98,33 @@ impl Usage {
     ) -> Usage {
         let mut usage = Usage::default();
         for (name, quantity) in amounts {
-            let at = format_args!("{field}[{name}]");
-            match name.as_str() {
-                "cpu" => {
-                    usage.cpu_millis = read_quantity(cpu_millis, quantity, pod, &at).unwrap_or(0);
-                }
-                "memory" => {
-                    usage.memory_bytes = read_quantity(bytes, quantity, pod, &at).unwrap_or(0);
-                }
-                GPU_RESOURCE => usage.gpus = whole(quantity, pod, &at),
-                _ => {
-                    if let Some(profile) = name.strip_prefix(MIG_PREFIX) {
-                        let slices = whole(quantity, pod, &at);
-                        if slices > 0 {
-                            usage.mig.insert(profile.to_owned(), slices);
-                        }
+            usage.count(name, quantity, pod, &format_args!("{field}[{name}]"));
+        }
+        usage
+    }
+
+    /// Counts `quantity` of resource `name` (at `at` of `pod`), if it is one
+    /// counted; a quantity that does not parse counts as nothing (logged).
+    fn count(
+        &mut self,
+        name: &str,
+        quantity: &Quantity,
+        pod: &dyn fmt::Display,
+        at: &dyn fmt::Display,
+    ) {
+        match name {
+            "cpu" => self.cpu_millis = read_quantity(cpu_millis, quantity, pod, at).unwrap_or(0),
+            "memory" => self.memory_bytes = read_quantity(bytes, quantity, pod, at).unwrap_or(0),
+            GPU_RESOURCE => self.gpus = whole(quantity, pod, at),
+            _ => {
+                if let Some(profile) = name.strip_prefix(MIG_PREFIX) {
+                    let slices = whole(quantity, pod, at);
+                    if slices > 0 {
+                        self.mig.insert(profile.to_owned(), slices);
                     }
                 }
             }
         }
-        usage
     }
 }
 
@@ -192,15 +187,12 @@ impl OtherPod {
             .as_ref()
             .is_some_and(|labels| labels.contains_key(JOB_LABEL));
         labelled
-            && spec.containers.iter().any(|c| {
-                c.resources.as_ref().is_some_and(|r| {
-                    [&r.requests, &r.limits]
-                        .into_iter()
-                        .flatten()
-                        .flat_map(|amounts| amounts.keys())
-                        .any(|name| name.starts_with(NVIDIA_PREFIX))
-                })
-            })
+            && spec
+                .containers
+                .iter()
+                .filter_map(|c| c.resources.as_ref())
+                .flat_map(requested)
+                .any(|(_, name, _)| name.starts_with(NVIDIA_PREFIX))
     }
 
     /// The node it is bound to and what it holds there, while it holds

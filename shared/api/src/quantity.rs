@@ -7,6 +7,9 @@
 
 use std::fmt;
 
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
 /// Why a quantity did not parse.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuantityError {
@@ -34,6 +37,26 @@ pub fn cpu_millis(quantity: &str) -> Result<u64, QuantityError> {
 /// Memory (or any count) in whole units (`16Gi` → 17179869184, `1k` → 1000).
 pub fn bytes(quantity: &str) -> Result<u64, QuantityError> {
     scaled(quantity, 0)
+}
+
+/// What a container asks for of each resource, with the list it is stated
+/// in (`requests` or `limits`): its request, or its limit where it states no
+/// request, as the API server defaults a missing request to the limit.
+pub fn requested(
+    resources: &ResourceRequirements,
+) -> impl Iterator<Item = (&'static str, &String, &Quantity)> {
+    let requests = resources.requests.as_ref();
+    let stated = requests
+        .into_iter()
+        .flatten()
+        .map(|(name, quantity)| ("requests", name, quantity));
+    let limits_alone = resources
+        .limits
+        .iter()
+        .flatten()
+        .filter(move |(name, _)| !requests.is_some_and(|r| r.contains_key(*name)))
+        .map(|(name, quantity)| ("limits", name, quantity));
+    stated.chain(limits_alone)
 }
 
 /// `quantity` times `10^decimal_scale`, rounded up.
@@ -140,6 +163,26 @@ mod tests {
         assert_eq!(bytes("129e6"), Ok(129_000_000));
         assert_eq!(bytes("2Ti"), Ok(2 << 40));
         assert_eq!(bytes("1500m"), Ok(2), "rounded up");
+    }
+
+    #[test]
+    fn a_container_requests_its_requests_and_the_limits_it_states_no_request_for() {
+        let resources: ResourceRequirements = serde_json::from_value(serde_json::json!({
+            "requests": {"cpu": "2"},
+            "limits": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "1"},
+        }))
+        .expect("resources");
+        let asked: Vec<(&str, &str, &str)> = requested(&resources)
+            .map(|(list, name, quantity)| (list, name.as_str(), quantity.0.as_str()))
+            .collect();
+        assert_eq!(
+            asked,
+            [
+                ("requests", "cpu", "2"),
+                ("limits", "memory", "8Gi"),
+                ("limits", "nvidia.com/gpu", "1")
+            ]
+        );
     }
 
     #[test]
