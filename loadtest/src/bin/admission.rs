@@ -511,15 +511,26 @@ fn queues(within_queue: WithinQueuePreemption, reclaim: ReclaimWithinCohort) -> 
         .collect()
 }
 
-fn job_spec(index: usize, job: &SimJob, now: u64, args: &Args) -> JobSpec {
+/// CPU and memory a node offers its workers: what it has beside its
+/// DaemonSets.
+fn node_room() -> CpuMemory {
+    NODE_CPU_MEMORY.minus(DAEMONSETS_CPU_MEMORY)
+}
+
+/// CPU and memory each worker of the `index`th job requests (none without
+/// `--cpu-memory`), for the allocator and the baselines alike.
+fn cpu_memory_per_worker(index: usize, job: &SimJob, args: &Args) -> CpuMemory {
+    if !args.cpu_memory {
+        return CpuMemory::default();
+    }
     let per_unit = if job.mig {
         PER_SLICE_CPU_MEMORY
     } else {
         PER_GPU_CPU_MEMORY
     };
     let heavy = args.cpu_heavy_every > 0 && index.is_multiple_of(args.cpu_heavy_every);
-    let per_worker = if heavy {
-        let room = NODE_CPU_MEMORY.minus(DAEMONSETS_CPU_MEMORY);
+    if heavy {
+        let room = node_room();
         let doubled = per_unit.times(2 * job.units);
         CpuMemory {
             cpu_millis: doubled.cpu_millis.min(room.cpu_millis),
@@ -527,7 +538,10 @@ fn job_spec(index: usize, job: &SimJob, now: u64, args: &Args) -> JobSpec {
         }
     } else {
         per_unit.times(job.units)
-    };
+    }
+}
+
+fn job_spec(index: usize, job: &SimJob, now: u64, args: &Args) -> JobSpec {
     JobSpec {
         uid: JobUid::new(format!("j{index}")),
         namespace: "bench".into(),
@@ -541,11 +555,7 @@ fn job_spec(index: usize, job: &SimJob, now: u64, args: &Args) -> JobSpec {
             .mig
             .then(|| GpuSliceRequest::Profile(MIG_PROFILE.into())),
         runtime_estimate_secs: job.estimate,
-        cpu_memory_per_worker: if args.cpu_memory {
-            per_worker
-        } else {
-            CpuMemory::default()
-        },
+        cpu_memory_per_worker: cpu_memory_per_worker(index, job, args),
         ..JobSpec::default()
     }
 }
@@ -1071,11 +1081,13 @@ impl Baseline {
 
 /// Free units per node and, per pool kind (whole GPUs, MIG slices), how
 /// many nodes have each free count, for an O(capacity) "can this gang fit at
-/// all" test.
+/// all" test; with `--cpu-memory`, CPU and memory free per node too, which
+/// a worker must fit as well (the scheduler would not bind it otherwise).
 struct FifoCluster {
     free: Vec<u32>,
     mig: Vec<bool>,
     by_free: [Vec<usize>; 2],
+    cpu_memory_free: Vec<CpuMemory>,
 }
 
 impl FifoCluster {
@@ -1084,6 +1096,7 @@ impl FifoCluster {
             free: Vec::new(),
             mig: Vec::new(),
             by_free: [Vec::new(), Vec::new()],
+            cpu_memory_free: Vec::new(),
         };
         for (_, pool) in nodes(false) {
             let units = if pool.mig {
@@ -1093,6 +1106,8 @@ impl FifoCluster {
             };
             c.free.push(units);
             c.mig.push(pool.mig);
+            // Without `--cpu-memory` workers request none, so any room does.
+            c.cpu_memory_free.push(node_room());
             let counts = &mut c.by_free[usize::from(pool.mig)];
             if counts.len() <= units as usize {
                 counts.resize(units as usize + 1, 0);
@@ -1102,15 +1117,30 @@ impl FifoCluster {
         c
     }
 
-    fn adjust(&mut self, node: usize, units: u32, take: bool) {
+    /// Takes (`take`) or gives back `units` and the CPU and memory of the
+    /// workers holding them, each requesting `per_worker`.
+    fn adjust(&mut self, node: usize, units: u32, per_worker: (u32, CpuMemory), take: bool) {
+        let (g, cpu_memory) = per_worker;
+        let cpu_memory = cpu_memory.times(units / g.max(1));
         let counts = &mut self.by_free[usize::from(self.mig[node])];
         counts[self.free[node] as usize] -= 1;
+        let room = &mut self.cpu_memory_free[node];
         if take {
             self.free[node] -= units;
+            *room = room.minus(cpu_memory);
         } else {
             self.free[node] += units;
+            *room = room.plus(cpu_memory);
         }
         counts[self.free[node] as usize] += 1;
+    }
+
+    /// Workers of `g` units, each requesting `cpu_memory`, that `node`
+    /// hosts after `taken` more of them.
+    fn workers_fitting(&self, node: usize, (g, cpu_memory): (u32, CpuMemory), taken: u32) -> u32 {
+        let units = self.free[node] - taken * g;
+        let room = self.cpu_memory_free[node].minus(cpu_memory.times(taken));
+        (units / g.max(1)).min(cpu_memory.workers_in(room))
     }
 
     /// Workers of `g` units the free counts could host.
@@ -1121,17 +1151,22 @@ impl FifoCluster {
             .sum()
     }
 
-    /// All workers on the emptiest nodes (spread) or the lowest-numbered
-    /// nodes with room (first fit); `None` when the gang does not fit.
-    fn place(&self, job: &SimJob, spread: bool) -> Option<Vec<(usize, u32)>> {
+    /// All workers, each `per_worker` (units, CPU and memory), on the
+    /// emptiest nodes (spread) or the lowest-numbered nodes with room (first
+    /// fit); `None` when the gang does not fit.
+    fn place(
+        &self,
+        job: &SimJob,
+        per_worker: (u32, CpuMemory),
+        spread: bool,
+    ) -> Option<Vec<(usize, u32)>> {
         let g = job.units;
+        // Free units alone: a necessary condition, cheap to check.
         if self.slots(job.mig, g) < u64::from(job.workers) {
             return None;
         }
         let mut placement: Vec<(usize, u32)> = Vec::new();
         if spread {
-            // Enough slots exist, so placing workers one by one on the
-            // emptiest node always completes the gang.
             for _ in 0..job.workers {
                 let mut best: Option<(usize, u32)> = None;
                 for (node, f) in self.free.iter().enumerate() {
@@ -1141,10 +1176,12 @@ impl FifoCluster {
                     let taken: u32 = placement
                         .iter()
                         .filter(|(n, _)| *n == node)
-                        .map(|(_, u)| *u)
+                        .map(|(_, u)| *u / g)
                         .sum();
-                    let left = f - taken;
-                    if left >= g && best.is_none_or(|(_, b)| left > b) {
+                    let left = f - taken * g;
+                    if self.workers_fitting(node, per_worker, taken) > 0
+                        && best.is_none_or(|(_, b)| left > b)
+                    {
                         best = Some((node, left));
                     }
                 }
@@ -1156,22 +1193,34 @@ impl FifoCluster {
             }
         } else {
             let mut left = job.workers;
-            for (node, f) in self.free.iter().enumerate() {
+            for node in 0..self.free.len() {
                 if left == 0 {
                     break;
                 }
                 if self.mig[node] != job.mig {
                     continue;
                 }
-                let take = (f / g).min(left);
+                let take = self.workers_fitting(node, per_worker, 0).min(left);
                 if take > 0 {
                     placement.push((node, take * g));
                     left -= take;
                 }
             }
+            if left > 0 {
+                return None;
+            }
         }
         Some(placement)
     }
+}
+
+/// Every job's CPU and memory a worker, by stream index.
+fn per_worker_cpu_memory(stream: &[SimJob], args: &Args) -> Vec<CpuMemory> {
+    stream
+        .iter()
+        .enumerate()
+        .map(|(index, job)| cpu_memory_per_worker(index, job, args))
+        .collect()
 }
 
 fn run_fifo(stream: &[SimJob], args: &Args, baseline: Baseline) -> Report {
@@ -1180,6 +1229,7 @@ fn run_fifo(stream: &[SimJob], args: &Args, baseline: Baseline) -> Report {
     let started_wall = Instant::now();
     let total_gpus = total_gpus() as f64;
     let mut cluster = FifoCluster::new();
+    let per_worker_cpu = per_worker_cpu_memory(stream, args);
     let mut placed: Vec<Vec<(usize, u32)>> = vec![Vec::new(); stream.len()];
     let mut queue: VecDeque<usize> = VecDeque::new();
     let mut sim = Sim::new(stream);
@@ -1189,8 +1239,9 @@ fn run_fifo(stream: &[SimJob], args: &Args, baseline: Baseline) -> Report {
         }
         let now = step as u64 * args.step_secs;
         for idx in sim.due(now) {
+            let per_worker = (stream[idx].units, per_worker_cpu[idx]);
             for (node, units) in std::mem::take(&mut placed[idx]) {
-                cluster.adjust(node, units, false);
+                cluster.adjust(node, units, per_worker, false);
             }
         }
         while queue.len() < BACKLOG && sim.next_job < stream.len() {
@@ -1201,9 +1252,28 @@ fn run_fifo(stream: &[SimJob], args: &Args, baseline: Baseline) -> Report {
         let timer = CycleTimer::start();
         let mut admitted = 0u64;
         let mut kept: VecDeque<usize> = VecDeque::with_capacity(queue.len());
+        // Per worker shape, the fewest workers that did not fit this cycle:
+        // admissions only take capacity, so as many or more do not fit
+        // either (without it, skipping blocked jobs whose CPU does not fit
+        // walked every node for each of thousands of jobs).
+        let mut not_fitting: Vec<((bool, u32, CpuMemory), u32)> = Vec::new();
         while let Some(idx) = queue.pop_front() {
             let job = &stream[idx];
-            let Some(placement) = cluster.place(job, spread) else {
+            let per_worker = (job.units, per_worker_cpu[idx]);
+            let shape = (job.mig, job.units, per_worker_cpu[idx]);
+            let known_not_to_fit = not_fitting
+                .iter()
+                .any(|(s, workers)| *s == shape && job.workers >= *workers);
+            let placement = if known_not_to_fit {
+                None
+            } else {
+                cluster.place(job, per_worker, spread)
+            };
+            let Some(placement) = placement else {
+                match not_fitting.iter_mut().find(|(s, _)| *s == shape) {
+                    Some((_, workers)) => *workers = (*workers).min(job.workers),
+                    None => not_fitting.push((shape, job.workers)),
+                }
                 kept.push_back(idx);
                 if strict {
                     break;
@@ -1211,7 +1281,7 @@ fn run_fifo(stream: &[SimJob], args: &Args, baseline: Baseline) -> Report {
                 continue;
             };
             for (node, units) in &placement {
-                cluster.adjust(*node, *units, true);
+                cluster.adjust(*node, *units, per_worker, true);
             }
             placed[idx] = placement;
             admitted += 1;
@@ -1239,6 +1309,7 @@ fn run_quota_fifo(stream: &[SimJob], args: &Args, spread: bool) -> Report {
     let started_wall = Instant::now();
     let total_gpus = total_gpus() as f64;
     let mut cluster = FifoCluster::new();
+    let per_worker_cpu = per_worker_cpu_memory(stream, args);
     let mut quota_free = [0u64; 2];
     for (_, pool) in nodes(false) {
         let units = if pool.mig {
@@ -1261,8 +1332,9 @@ fn run_quota_fifo(stream: &[SimJob], args: &Args, spread: bool) -> Report {
         }
         let now = step as u64 * args.step_secs;
         for idx in sim.due(now) {
+            let per_worker = (stream[idx].units, per_worker_cpu[idx]);
             for (node, units) in std::mem::take(&mut placed[idx]) {
-                cluster.adjust(node, units, false);
+                cluster.adjust(node, units, per_worker, false);
             }
             quota_free[usize::from(stream[idx].mig)] += demand(&stream[idx]);
         }
@@ -1270,8 +1342,9 @@ fn run_quota_fifo(stream: &[SimJob], args: &Args, spread: bool) -> Report {
             if now.saturating_sub(admitted_at) < WAIT_FOR_PODS_READY_SECS {
                 return true;
             }
+            let per_worker = (stream[idx].units, per_worker_cpu[idx]);
             for (node, units) in std::mem::take(&mut placed[idx]) {
-                cluster.adjust(node, units, false);
+                cluster.adjust(node, units, per_worker, false);
             }
             quota_free[usize::from(stream[idx].mig)] += demand(&stream[idx]);
             queue.push_back(idx);
@@ -1300,10 +1373,12 @@ fn run_quota_fifo(stream: &[SimJob], args: &Args, spread: bool) -> Report {
         // a pod that fits nowhere waits.
         binding.retain(|&(idx, _)| {
             let job = &stream[idx];
+            let per_worker = (job.units, per_worker_cpu[idx]);
             let mut bound: u32 = placed[idx].iter().map(|(_, u)| u / job.units).sum();
             while bound < job.workers {
-                let mut fitting = (0..cluster.free.len())
-                    .filter(|&n| cluster.mig[n] == job.mig && cluster.free[n] >= job.units);
+                let mut fitting = (0..cluster.free.len()).filter(|&n| {
+                    cluster.mig[n] == job.mig && cluster.workers_fitting(n, per_worker, 0) > 0
+                });
                 let chosen = if spread {
                     // The first of the emptiest nodes, as `max_by_key` keeps the last.
                     fitting.min_by_key(|&n| Reverse(cluster.free[n]))
@@ -1313,7 +1388,7 @@ fn run_quota_fifo(stream: &[SimJob], args: &Args, spread: bool) -> Report {
                 let Some(node) = chosen else {
                     break;
                 };
-                cluster.adjust(node, job.units, true);
+                cluster.adjust(node, job.units, per_worker, true);
                 match placed[idx].iter_mut().find(|(n, _)| *n == node) {
                     Some(entry) => entry.1 += job.units,
                     None => placed[idx].push((node, job.units)),
@@ -1573,5 +1648,31 @@ mod tests {
         // GPUs that queue 0 borrows are owed.
         sim.stopped(2);
         assert_eq!(sim.quota_owed(), 106.0);
+    }
+
+    #[test]
+    fn baselines_place_a_worker_only_where_its_cpu_and_memory_fit_too() {
+        let cores = |n: u64| CpuMemory {
+            cpu_millis: n * 1_000,
+            memory_bytes: 0,
+        };
+        let mut cluster = FifoCluster::new();
+        // The first whole-GPU node: 4 GPUs, 94 cores beside its DaemonSets.
+        let first = POOLS[0].count as usize;
+        cluster.adjust(first, 1, (1, cores(90)), true);
+        let job = holding(0, 1, false);
+        // 3 GPUs are free on it, but not 11 cores: first fit takes the next.
+        for spread in [false, true] {
+            let placement = cluster.place(&job, (1, cores(11)), spread);
+            assert_ne!(placement.as_ref().map(|p| p[0].0), Some(first));
+            assert!(placement.is_some());
+        }
+        assert_eq!(cluster.workers_fitting(first, (1, cores(4)), 0), 1);
+        // GPUs enough everywhere, CPU nowhere: the gang does not fit.
+        assert_eq!(cluster.place(&job, (1, cores(95)), false), None);
+        // Given back, the node takes it again.
+        cluster.adjust(first, 1, (1, cores(90)), false);
+        let placement = cluster.place(&job, (1, cores(11)), false);
+        assert_eq!(placement, Some(vec![(first, 1)]));
     }
 }
