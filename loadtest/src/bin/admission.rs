@@ -1658,7 +1658,7 @@ mod tests {
         };
         let mut cluster = FifoCluster::new();
         // The first whole-GPU node: 4 GPUs, 94 cores beside its DaemonSets.
-        let first = POOLS[0].count as usize;
+        let first = POOLS[0].count;
         cluster.adjust(first, 1, (1, cores(90)), true);
         let job = holding(0, 1, false);
         // 3 GPUs are free on it, but not 11 cores: first fit takes the next.

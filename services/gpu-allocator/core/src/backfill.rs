@@ -404,13 +404,15 @@ impl Allocator {
                 let cands: Vec<Candidate> = avail
                     .iter()
                     .filter_map(|(node, &(units, zone, rack))| {
-                        let usable = if gang.cpu_memory.is_zero() {
-                            units
-                        } else {
-                            let n = self.inv.node(node)?;
+                        let n = self.inv.node(node)?;
+                        // CPU and memory given back by `t` only matter where
+                        // what is free now caps the units (summing them walks
+                        // the node's jobs).
+                        let mut usable = n.usable_units(units, gang);
+                        if usable != units {
                             let freed = self.cpu_memory_released_by(node, now, t);
-                            n.usable_units_after(units, gang, freed)
-                        };
+                            usable = n.usable_units_after(units, gang, freed);
+                        }
                         (usable >= gang.per_worker).then_some(Candidate {
                             node,
                             usable,

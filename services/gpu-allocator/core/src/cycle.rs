@@ -215,6 +215,11 @@ pub(crate) struct CycleCtx {
     /// of the map, for each borrower checked, without walking all of it.
     queue_holds_by_cohort: FastMap<(crate::queues::CohortIdx, ResIdx), Vec<CohortQueueHold>>,
     reservations: Reservations,
+    /// `slots_when_empty` per (resource, node filter, worker shape): every
+    /// capacity reason needs it, and it walks every node of the resource
+    /// (a fifth of a cycle where CPU binds). Nodes change between cycles
+    /// only.
+    empty_slots: FastMap<(ResIdx, u32, Gang), u64>,
     /// Failures that may try preemption (blocked by quota or capacity), in
     /// line order: (slot in the pending explanations, job).
     may_preempt: Vec<(usize, JobIdx)>,
@@ -1184,7 +1189,7 @@ impl Allocator {
                 // empty) would idle it for good.
                 let may_drain = may_hold && terms.starving && standing != Some(true);
                 let drains = may_drain
-                    && self.slots_when_empty(res, &job.spec, job.filter)
+                    && self.slots_when_empty(res, &job.spec, job.filter, &mut ctx.empty_slots)
                         >= u64::from(job.spec.num_workers);
                 // Whether the nodes could ever take it depends on the job's
                 // own workers and filters, not only its shape.
@@ -1825,7 +1830,8 @@ impl Allocator {
             return Err(entry.reason);
         }
         let Some(r) = self.inv.res(res) else {
-            return Err(ctx.add_reason(self.capacity_reason(res, spec, 0, 0, job.filter)));
+            let reason = self.capacity_reason(res, spec, (0, 0), job.filter, &mut ctx.empty_slots);
+            return Err(ctx.add_reason(reason));
         };
         let protected = ctx.reservations.has_any(res);
         let mut placement = None;
@@ -1913,7 +1919,13 @@ impl Allocator {
                 let fitting = |slots: u64| slots.min(u64::from(workers));
                 let lacking = fitting(placeable_unprotected + lacking_cpu_memory)
                     - fitting(placeable_unprotected);
-                self.capacity_reason(res, spec, placeable, lacking, job.filter)
+                self.capacity_reason(
+                    res,
+                    spec,
+                    (placeable, lacking),
+                    job.filter,
+                    &mut ctx.empty_slots,
+                )
             }
         };
         let reason = ctx.add_reason(reason);
@@ -1932,9 +1944,20 @@ impl Allocator {
     /// admits could host, in one zone or rack if it must stay in one, if
     /// every running job ended. (Not a promise: nodes come and go; it tells
     /// "wait" apart from "never, as is".)
-    pub(crate) fn slots_when_empty(&self, res: ResIdx, spec: &JobSpec, filter: u32) -> u64 {
+    pub(crate) fn slots_when_empty(
+        &self,
+        res: ResIdx,
+        spec: &JobSpec,
+        filter: u32,
+        cache: &mut FastMap<(ResIdx, u32, Gang), u64>,
+    ) -> u64 {
         let gang = Gang::of(spec);
-        self.inv.res(res).map_or(0, |r| {
+        // The count of workers does not change what each node hosts.
+        let key = (res, filter, Gang { workers: 0, ..gang });
+        if let Some(slots) = cache.get(&key) {
+            return *slots;
+        }
+        let slots = self.inv.res(res).map_or(0, |r| {
             let nodes = r
                 .nodes_with_free(0)
                 .filter_map(|(n, _)| self.inv.node(n))
@@ -1945,24 +1968,26 @@ impl Allocator {
                     (usable, node.zone, node.rack)
                 });
             placement::most_placeable(gang, nodes)
-        })
+        });
+        cache.insert(key, slots);
+        slots
     }
 
-    /// Why the job `spec` describes does not fit the nodes of `res` now,
-    /// `placeable` of its workers being all that do (in one zone or rack if
-    /// it must stay in one), and `lacking_cpu_memory` more that the free
+    /// Why the job `spec` describes does not fit the nodes of `res` now:
+    /// `placeable` of its workers are all that do (in one zone or rack if
+    /// it must stay in one), and `lacking_cpu_memory` more are what the free
     /// units could host but not the CPU or memory beside them.
     pub(crate) fn capacity_reason(
         &self,
         res: ResIdx,
         spec: &JobSpec,
-        placeable: u64,
-        lacking_cpu_memory: u64,
+        (placeable, lacking_cpu_memory): (u64, u64),
         filter: u32,
+        empty_slots: &mut FastMap<(ResIdx, u32, Gang), u64>,
     ) -> PendingReason {
         let (per_worker, workers) = (spec.gpus_per_worker, spec.num_workers);
         let placeable = placeable.min(u64::from(workers));
-        let empty_slots = self.slots_when_empty(res, spec, filter);
+        let empty_slots = self.slots_when_empty(res, spec, filter, empty_slots);
         PendingReason::InsufficientCapacity {
             flavor: self.inv.res_flavor_name(res).to_string(),
             resource: self.inv.res_quota_name(res),
