@@ -187,6 +187,10 @@ impl EarlyFailures {
 /// (expected end, units, cohort of the job's queue, the queue) of a running job.
 type CohortRelease = (Timestamp, u64, Option<crate::queues::CohortIdx>, QueueIdx);
 
+/// `Allocator::slots_when_empty` by (resource, node filter, worker shape
+/// with no count of workers).
+pub(crate) type EmptySlots = FastMap<(ResIdx, u32, Gang), u64>;
+
 /// Scratch state of one cycle.
 #[derive(Default)]
 pub(crate) struct CycleCtx {
@@ -215,11 +219,10 @@ pub(crate) struct CycleCtx {
     /// of the map, for each borrower checked, without walking all of it.
     queue_holds_by_cohort: FastMap<(crate::queues::CohortIdx, ResIdx), Vec<CohortQueueHold>>,
     reservations: Reservations,
-    /// `slots_when_empty` per (resource, node filter, worker shape): every
-    /// capacity reason needs it, and it walks every node of the resource
-    /// (a fifth of a cycle where CPU binds). Nodes change between cycles
-    /// only.
-    empty_slots: FastMap<(ResIdx, u32, Gang), u64>,
+    /// `slots_when_empty` per (resource, node filter, worker shape), kept
+    /// from cycle to cycle while no node changes (see
+    /// `Allocator::spare_empty_slots`).
+    empty_slots: EmptySlots,
     /// Failures that may try preemption (blocked by quota or capacity), in
     /// line order: (slot in the pending explanations, job).
     may_preempt: Vec<(usize, JobIdx)>,
@@ -587,8 +590,14 @@ impl Allocator {
 
     /// Runs one admission cycle at `now`.
     pub fn cycle(&mut self, now: Timestamp) -> CycleOutcome {
+        let (at, empty_slots) = std::mem::take(&mut self.spare_empty_slots);
         let ctx = CycleCtx {
             quota_blocked: std::mem::take(&mut self.spare_quota_blocked),
+            empty_slots: if at == self.inv.node_changes {
+                empty_slots
+            } else {
+                EmptySlots::default()
+            },
             ..CycleCtx::default()
         };
         self.cycle_with(now, ctx)
@@ -619,6 +628,7 @@ impl Allocator {
         out.stats.admitted = u32::try_from(out.admissions.len()).unwrap_or(u32::MAX);
         ctx.quota_blocked.clear();
         self.spare_quota_blocked = ctx.quota_blocked;
+        self.spare_empty_slots = (self.inv.node_changes, ctx.empty_slots);
         out
     }
 
@@ -1949,7 +1959,7 @@ impl Allocator {
         res: ResIdx,
         spec: &JobSpec,
         filter: u32,
-        cache: &mut FastMap<(ResIdx, u32, Gang), u64>,
+        cache: &mut EmptySlots,
     ) -> u64 {
         let gang = Gang::of(spec);
         // The count of workers does not change what each node hosts.
@@ -1983,7 +1993,7 @@ impl Allocator {
         spec: &JobSpec,
         (placeable, lacking_cpu_memory): (u64, u64),
         filter: u32,
-        empty_slots: &mut FastMap<(ResIdx, u32, Gang), u64>,
+        empty_slots: &mut EmptySlots,
     ) -> PendingReason {
         let (per_worker, workers) = (spec.gpus_per_worker, spec.num_workers);
         let placeable = placeable.min(u64::from(workers));

@@ -1124,6 +1124,27 @@ fn required_node_affinity_limits_the_nodes_a_job_is_placed_on() {
         ),
         "no node in z3, now or ever"
     );
+    // A z3 node joins, and a job that only fits there takes it first:
+    // `nowhere` still waits, but now for room, no longer for a node.
+    h.nodes([node_in("z3-a", 8, "z3", "r3")]);
+    let mut first = job("z3-first", "q", 1, 8);
+    first.priority = 10;
+    first.node_affinity = vec![NodeSelectorTerm {
+        requirements: vec![zone(&["z3"], NodeOperator::In)],
+    }];
+    h.submit(first);
+    let out = h.cycle(3);
+    assert_eq!(h.nodes_of("z3-first"), vec!["z3-a"]);
+    assert!(
+        matches!(
+            *h.reason_of(&out, "nowhere").reason,
+            PendingReason::InsufficientCapacity {
+                fits_when_empty: true,
+                ..
+            }
+        ),
+        "what fits when empty is worked out again when nodes change"
+    );
 
     for (bad, field) in [
         (
