@@ -168,7 +168,7 @@ pub struct Allocator {
     pub(crate) spare_quota_blocked: QuotaBlockedShapes,
     /// `slots_when_empty` as the last cycle left it, with the
     /// `Inventory::node_changes` it was worked out at: it depends on the
-    /// nodes alone, and walking them all for each reason made the fifth of
+    /// nodes alone, and walking them all for each reason took a fifth of
     /// a cycle where CPU binds. Only looked up by key.
     pub(crate) spare_empty_slots: (u64, EmptySlots),
 }
