@@ -1151,16 +1151,17 @@ impl FifoCluster {
             .sum()
     }
 
-    /// All workers, each `per_worker` (units, CPU and memory), on the
+    /// All workers, each requesting `cpu_memory` beside its units, on the
     /// emptiest nodes (spread) or the lowest-numbered nodes with room (first
     /// fit); `None` when the gang does not fit.
     fn place(
         &self,
         job: &SimJob,
-        per_worker: (u32, CpuMemory),
+        cpu_memory: CpuMemory,
         spread: bool,
     ) -> Option<Vec<(usize, u32)>> {
         let g = job.units;
+        let per_worker = (g, cpu_memory);
         // Free units alone: a necessary condition, cheap to check.
         if self.slots(job.mig, g) < u64::from(job.workers) {
             return None;
@@ -1267,7 +1268,7 @@ fn run_fifo(stream: &[SimJob], args: &Args, baseline: Baseline) -> Report {
             let placement = if known_not_to_fit {
                 None
             } else {
-                cluster.place(job, per_worker, spread)
+                cluster.place(job, per_worker_cpu[idx], spread)
             };
             let Some(placement) = placement else {
                 match not_fitting.iter_mut().find(|(s, _)| *s == shape) {
@@ -1663,16 +1664,16 @@ mod tests {
         let job = holding(0, 1, false);
         // 3 GPUs are free on it, but not 11 cores: first fit takes the next.
         for spread in [false, true] {
-            let placement = cluster.place(&job, (1, cores(11)), spread);
+            let placement = cluster.place(&job, cores(11), spread);
             assert_ne!(placement.as_ref().map(|p| p[0].0), Some(first));
             assert!(placement.is_some());
         }
         assert_eq!(cluster.workers_fitting(first, (1, cores(4)), 0), 1);
         // GPUs enough everywhere, CPU nowhere: the gang does not fit.
-        assert_eq!(cluster.place(&job, (1, cores(95)), false), None);
+        assert_eq!(cluster.place(&job, cores(95), false), None);
         // Given back, the node takes it again.
         cluster.adjust(first, 1, (1, cores(90)), false);
-        let placement = cluster.place(&job, (1, cores(11)), false);
+        let placement = cluster.place(&job, cores(11), false);
         assert_eq!(placement, Some(vec![(first, 1)]));
     }
 }
