@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backfill::{Booking, ReleaseBook};
 use crate::config::AllocatorConfig;
-use crate::cycle::QuotaBlockedShapes;
+use crate::cycle::{EmptySlots, QuotaBlockedShapes};
 use crate::decision::{
     Admission, Eviction, EvictionReason, PlannedNode, Preemption, PreemptionRule,
 };
@@ -166,6 +166,11 @@ pub struct Allocator {
     /// that are iterated start empty each cycle, as after a restart: reusing
     /// them all changed decisions through their iteration order.)
     pub(crate) spare_quota_blocked: QuotaBlockedShapes,
+    /// `slots_when_empty` as the last cycle left it, with the
+    /// `Inventory::node_changes` it was worked out at: it depends on the
+    /// nodes alone, and walking them all for each reason took a fifth of
+    /// a cycle where CPU binds. Only looked up by key.
+    pub(crate) spare_empty_slots: (u64, EmptySlots),
 }
 
 pub(crate) fn units_i64(units: u64) -> i64 {
@@ -198,6 +203,7 @@ impl Allocator {
             releases: FastMap::default(),
             running_by_queue: FastMap::default(),
             spare_quota_blocked: QuotaBlockedShapes::default(),
+            spare_empty_slots: (0, EmptySlots::default()),
         };
         // Filter 0 is "no constraints", the common case checked fastest.
         alloc.intern_filter(NodeFilter::default());

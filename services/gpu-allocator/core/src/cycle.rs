@@ -219,10 +219,9 @@ pub(crate) struct CycleCtx {
     /// of the map, for each borrower checked, without walking all of it.
     queue_holds_by_cohort: FastMap<(crate::queues::CohortIdx, ResIdx), Vec<CohortQueueHold>>,
     reservations: Reservations,
-    /// `slots_when_empty` per (resource, node filter, worker shape): every
-    /// capacity reason needs it, and it walks every node of the resource
-    /// (a fifth of a cycle where CPU binds). Nodes change between cycles
-    /// only.
+    /// `slots_when_empty` per (resource, node filter, worker shape), kept
+    /// from cycle to cycle while no node changes (see
+    /// `Allocator::spare_empty_slots`).
     empty_slots: EmptySlots,
     /// Failures that may try preemption (blocked by quota or capacity), in
     /// line order: (slot in the pending explanations, job).
@@ -591,8 +590,14 @@ impl Allocator {
 
     /// Runs one admission cycle at `now`.
     pub fn cycle(&mut self, now: Timestamp) -> CycleOutcome {
+        let (at, empty_slots) = std::mem::take(&mut self.spare_empty_slots);
         let ctx = CycleCtx {
             quota_blocked: std::mem::take(&mut self.spare_quota_blocked),
+            empty_slots: if at == self.inv.node_changes {
+                empty_slots
+            } else {
+                EmptySlots::default()
+            },
             ..CycleCtx::default()
         };
         self.cycle_with(now, ctx)
@@ -623,6 +628,7 @@ impl Allocator {
         out.stats.admitted = u32::try_from(out.admissions.len()).unwrap_or(u32::MAX);
         ctx.quota_blocked.clear();
         self.spare_quota_blocked = ctx.quota_blocked;
+        self.spare_empty_slots = (self.inv.node_changes, ctx.empty_slots);
         out
     }
 

@@ -252,6 +252,9 @@ pub(crate) struct Inventory {
     auto_flavors: bool,
     auto_tolerations: Vec<Toleration>,
     spot_tolerations: Vec<Toleration>,
+    /// Bumped by every node added, changed or removed: what is worked out
+    /// from the nodes alone, whatever runs on them, holds while it stays.
+    pub(crate) node_changes: u64,
 }
 
 fn node_error(node: &str, field: impl Into<String>, reason: impl Into<String>) -> AllocatorError {
@@ -335,6 +338,7 @@ impl Inventory {
             auto_flavors: config.auto_flavors,
             auto_tolerations: config.auto_flavor_tolerations.clone(),
             spot_tolerations: config.spot_tolerations.clone(),
+            node_changes: 0,
         };
         for spec in &config.flavors {
             let idx = inv.intern_flavor(&spec.name);
@@ -625,6 +629,7 @@ impl Inventory {
         if info.name.trim().is_empty() {
             return Err(node_error(&info.name, "name", "must not be empty"));
         }
+        self.node_changes += 1;
         let gpu_memory_mib = match info.labels.get(names::GPU_MEMORY_LABEL) {
             Some(v) => Some(v.trim().parse::<u64>().map_err(|_| {
                 node_error(
@@ -770,6 +775,7 @@ impl Inventory {
     /// Removes a node and returns the jobs that had workers on it.
     pub(crate) fn remove_node(&mut self, name: &str) -> Option<BTreeSet<JobIdx>> {
         let idx = self.node_by_name.get(name).copied()?;
+        self.node_changes += 1;
         self.unindex_node(idx);
         self.node_by_name.remove(name);
         let node = self.nodes.get_mut(idx as usize).and_then(Option::take)?;
