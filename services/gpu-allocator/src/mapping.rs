@@ -467,7 +467,7 @@ pub fn job_spec(
         node_selector,
         tolerations,
         node_affinity: node_affinity(&object, &scheduling)?,
-        topology: TopologyRequirement::Preferred,
+        topology: required_topology(&object, job, &config.rack_label)?,
         cpu_memory_per_worker: cpu_memory_per_worker(&object, spec.resources.as_ref())?,
         preemptible: true,
         one_worker_per_node: job.workers_one_per_node(),
@@ -484,6 +484,42 @@ pub fn job_spec(
 /// The CPU and memory a worker requests (`spec.resources`): its requests,
 /// or its limits where it states no request (the API server defaults
 /// requests to limits).
+/// The domain a required pod affinity among the job's own workers keeps
+/// them in (`TrainingJob::workers_kept_within`): the narrowest whose key
+/// the allocator knows (hostname, the configured rack label, zone). A key
+/// it does not know leaves the gang spread as preferred; the planner then
+/// leaves the workers unpinned, to the scheduler.
+fn required_topology(
+    object: &str,
+    job: &TrainingJob,
+    rack_label: &str,
+) -> Result<TopologyRequirement, ServiceError> {
+    let keys: Vec<&str> = job.workers_kept_within().collect();
+    let required = if keys.contains(&names::HOSTNAME_LABEL) {
+        TopologyRequirement::SameNode
+    } else if keys.contains(&rack_label) {
+        TopologyRequirement::SameRack
+    } else if keys.contains(&names::ZONE_LABEL) {
+        TopologyRequirement::SameZone
+    } else {
+        TopologyRequirement::Preferred
+    };
+    let workers = job.spec.num_workers;
+    if required == TopologyRequirement::SameNode && workers > 1 && job.workers_one_per_node() {
+        return Err(ServiceError::invalid(
+            object,
+            "spec.scheduling.affinity",
+            format!(
+                "podAffinity keeps the {workers} workers on one node and podAntiAffinity keeps \
+                 them on separate nodes (both on topologyKey {}): no node can take them; drop one \
+                 of the two terms",
+                names::HOSTNAME_LABEL
+            ),
+        ));
+    }
+    Ok(required)
+}
+
 fn cpu_memory_per_worker(
     object: &str,
     resources: Option<&ResourceRequirements>,
@@ -1169,6 +1205,62 @@ mod tests {
             let err = job_spec(&config, &bad, "u-1", 0, None, Timestamp(99)).expect_err("refused");
             assert!(err.to_string().contains(field), "{err}");
         }
+    }
+
+    #[test]
+    fn pod_affinity_among_the_jobs_own_workers_is_a_required_topology() {
+        let term = |key: &str, selector: serde_json::Value| json!({"labelSelector": {"matchLabels": selector}, "topologyKey": key});
+        let with = |affinity: serde_json::Value| {
+            let job = training_job(json!({"affinity": affinity}), None);
+            job_spec(&config(), &job, "u-1", 0, None, Timestamp(0))
+        };
+        let together = |terms: Vec<serde_json::Value>| {
+            with(json!({"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": terms}}))
+                .expect("maps")
+                .topology
+        };
+        let own = json!({"trainyard.dev/job": "bert"});
+        let rack = config().rack_label;
+        assert_eq!(
+            together(vec![term(names::ZONE_LABEL, own.clone())]),
+            TopologyRequirement::SameZone
+        );
+        assert_eq!(
+            together(vec![
+                term(names::ZONE_LABEL, own.clone()),
+                term(&rack, json!({"training-job": "bert"}))
+            ]),
+            TopologyRequirement::SameRack,
+            "the narrowest domain asked"
+        );
+        assert_eq!(
+            together(vec![term(names::HOSTNAME_LABEL, own.clone())]),
+            TopologyRequirement::SameNode
+        );
+        // Another job's pods, or a key the allocator does not know.
+        assert_eq!(
+            together(vec![term(
+                names::ZONE_LABEL,
+                json!({"trainyard.dev/job": "gpt"})
+            )]),
+            TopologyRequirement::Preferred
+        );
+        assert_eq!(
+            together(vec![term("example.com/pod", own.clone())]),
+            TopologyRequirement::Preferred
+        );
+
+        let err = with(json!({
+            "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                [term(names::HOSTNAME_LABEL, own.clone())]},
+            "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                [term(names::HOSTNAME_LABEL, own)]}}))
+        .expect_err("no node takes them");
+        assert!(
+            err.to_string().contains("spec.scheduling.affinity")
+                && err.to_string().contains("drop one of the two terms"),
+            "{err}"
+        );
     }
 
     #[test]

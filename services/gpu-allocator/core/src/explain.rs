@@ -312,6 +312,7 @@ impl fmt::Display for PendingReason {
                 let within = match required_topology {
                     Some(TopologyRequirement::SameZone) => ", all in one zone",
                     Some(TopologyRequirement::SameRack) => ", all in one rack",
+                    Some(TopologyRequirement::SameNode) => ", all on the same node",
                     Some(TopologyRequirement::Preferred) | None => "",
                 };
                 write!(

@@ -126,7 +126,7 @@ pub(crate) fn place_single(per_worker: u32, candidates: &[Candidate]) -> Option<
 
 /// The most workers of `gang` that nodes (units, zone, rack) could host as
 /// its topology requires: all of them together if the gang may spread, else
-/// the roomiest single zone or rack (an unlabeled node counts alone). What a
+/// the roomiest single zone, rack or node (an unlabeled node counts alone). What a
 /// capacity reason reports for a gang that does not fit.
 pub(crate) fn most_placeable(gang: Gang, nodes: impl IntoIterator<Item = (u32, u32, u32)>) -> u64 {
     let topology = gang.topology;
@@ -139,6 +139,7 @@ pub(crate) fn most_placeable(gang: Gang, nodes: impl IntoIterator<Item = (u32, u
             TopologyRequirement::Preferred => continue,
             TopologyRequirement::SameZone => zone,
             TopologyRequirement::SameRack => rack,
+            TopologyRequirement::SameNode => 0,
         };
         if domain == 0 {
             roomiest_alone = roomiest_alone.max(s);
@@ -179,6 +180,9 @@ pub(crate) fn place_gang(gang: Gang, candidates: &[Candidate]) -> Option<Assignm
         .min_by_key(|c| (c.usable, c.node))
     {
         return Some(vec![(c.node, workers)]);
+    }
+    if topology == TopologyRequirement::SameNode {
+        return None;
     }
 
     let mut rack_slots: BTreeMap<u32, u64> = BTreeMap::new();
@@ -278,6 +282,24 @@ mod tests {
     }
 
     #[test]
+    fn a_gang_kept_on_one_node_takes_the_tightest_node_that_holds_it_all() {
+        let cands = [c(0, 8, 1, 1), c(1, 6, 1, 1), c(2, 4, 1, 2), c(3, 4, 1, 2)];
+        let together =
+            |per_worker, workers| gang(per_worker, workers, TopologyRequirement::SameNode);
+        assert_eq!(place_gang(together(2, 3), &cands), Some(vec![(1, 3)]));
+        assert_eq!(place_gang(together(2, 4), &cands), Some(vec![(0, 4)]));
+        // 3 x 4 fits spread over nodes 0 and 2, never on one node.
+        assert!(place_gang(gang(4, 3, TopologyRequirement::Preferred), &cands).is_some());
+        assert_eq!(place_gang(together(4, 3), &cands), None);
+        // Kept apart as well, more than one worker fits nowhere.
+        let apart = Gang {
+            one_per_node: true,
+            ..together(1, 2)
+        };
+        assert_eq!(place_gang(apart, &cands), None);
+    }
+
+    #[test]
     fn gang_picks_tightest_rack_and_never_splits_a_worker() {
         // Rack 1 has 4 free 8-GPU nodes, rack 2 exactly 2: a 2x8 gang goes to rack 2.
         let cands = [
@@ -313,6 +335,7 @@ mod tests {
         assert_eq!(most(TopologyRequirement::Preferred), 9);
         assert_eq!(most(TopologyRequirement::SameZone), 6);
         assert_eq!(most(TopologyRequirement::SameRack), 4);
+        assert_eq!(most(TopologyRequirement::SameNode), 2);
         assert_eq!(
             most_placeable(gang(8, 0, TopologyRequirement::SameRack), [(8, 0, 0)]),
             1

@@ -468,6 +468,9 @@ pub enum TopologyRequirement {
     SameZone,
     /// All workers in one rack / NVLink domain.
     SameRack,
+    /// All workers on one node (required pod affinity among the job's own
+    /// workers on `kubernetes.io/hostname`).
+    SameNode,
 }
 
 #[cfg(test)]

@@ -331,6 +331,7 @@ impl Run {
         j.topology = match self.rng.below(10) {
             0 => TopologyRequirement::SameZone,
             1 => TopologyRequirement::SameRack,
+            2 => TopologyRequirement::SameNode,
             _ => TopologyRequirement::Preferred,
         };
         j.one_worker_per_node = j.num_workers > 1 && self.rng.chance(20);
@@ -898,6 +899,7 @@ impl Run {
             let label = match spec.topology {
                 TopologyRequirement::SameZone => Some(names::ZONE_LABEL),
                 TopologyRequirement::SameRack => Some(names::NVLINK_CLIQUE_LABEL),
+                TopologyRequirement::SameNode => Some(names::HOSTNAME_LABEL),
                 TopologyRequirement::Preferred => None,
             };
             if let Some(label) = label {
@@ -905,7 +907,14 @@ impl Run {
                     .workers
                     .iter()
                     .filter_map(|w| self.nodes.iter().find(|n| n.info.name == w.node))
-                    .map(|n| n.info.labels.get(label))
+                    .map(|n| {
+                        // Generated nodes carry no hostname label: the name is.
+                        if label == names::HOSTNAME_LABEL {
+                            Some(&n.info.name)
+                        } else {
+                            n.info.labels.get(label)
+                        }
+                    })
                     .collect();
                 assert_eq!(
                     domains.len(),

@@ -1227,6 +1227,62 @@ fn workers_that_must_not_share_a_node_get_a_node_each_or_wait() {
 }
 
 #[test]
+fn workers_kept_on_one_node_wait_for_a_node_that_holds_them_all() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8), node("n2", 8)]);
+    h.queue(queue("q", None, 64));
+    h.submit_at(job("half-1", "q", 1, 6), 0);
+    h.submit_at(job("half-2", "q", 1, 6), 1);
+    h.cycle(1);
+    let mut taken = [h.nodes_of("half-1"), h.nodes_of("half-2")].concat();
+    taken.sort();
+    assert_eq!(taken, vec!["n1", "n2"], "2 free on each");
+
+    // Two 2-GPU workers fit spread over both nodes, not on one.
+    let mut together = job("together", "q", 2, 2);
+    together.topology = TopologyRequirement::SameNode;
+    h.submit_at(together, 2);
+    let out = h.cycle(2);
+    assert!(h.admitted("together").is_none());
+    let why = h.reason_of(&out, "together");
+    assert!(
+        matches!(
+            *why.reason,
+            PendingReason::InsufficientCapacity {
+                placeable_workers: 1,
+                units_short: 2,
+                fits_when_empty: true,
+                required_topology: Some(TopologyRequirement::SameNode),
+                ..
+            }
+        ),
+        "{why:?}"
+    );
+    assert!(
+        why.message()
+            .contains("all on the same node, 1 fit now; 2 short"),
+        "{}",
+        why.message()
+    );
+
+    h.finish("half-1");
+    h.cycle(3);
+    let nodes = h.nodes_of("together");
+    assert_eq!(nodes, vec!["n1", "n1"], "both on the node given back");
+
+    let mut never = job("never", "q", 3, 3);
+    never.topology = TopologyRequirement::SameNode;
+    h.submit_at(never, 4);
+    let out = h.cycle(4);
+    assert!(
+        h.reason_of(&out, "never")
+            .message()
+            .contains("does not fit this flavor even when it is empty"),
+        "no node holds 9 GPUs"
+    );
+}
+
+#[test]
 fn topology_prefers_one_rack_then_one_zone() {
     let mut h = Harness::default_config();
     h.nodes([

@@ -187,7 +187,9 @@ pub fn desired_objects(job: &TrainingJob, plan: &JobPlan<'_>) -> Result<DesiredO
                     plan,
                     &context,
                     &service_name,
-                    job.placement_fully_planned(),
+                    plan.admission.is_some_and(|admission| {
+                        job.placement_fully_planned(|key| placed_within(admission, key))
+                    }),
                 )?),
             },
             ..JobSpec::default()
@@ -347,6 +349,17 @@ fn worker_pod_spec(
         volumes: Some(volumes),
         ..PodSpec::default()
     })
+}
+
+/// Whether `admission` placed every worker in one domain of the topology
+/// `key`: one node for the hostname, else the zone or rack the allocator
+/// reports the whole gang packed into.
+fn placed_within(admission: &AdmissionDecided, key: &str) -> bool {
+    if key == LABEL_HOSTNAME {
+        planned_nodes(admission).len() == 1
+    } else {
+        admission.topology.contains_key(key)
+    }
 }
 
 /// The distinct nodes `admission` placed workers on, sorted.

@@ -667,6 +667,16 @@ fn admitted_with(
     name: &str,
     affinity: k8s_openapi::api::core::v1::Affinity,
 ) -> (planner_core::DesiredObjects, planner_core::DesiredObjects) {
+    admitted_within(name, affinity, &[])
+}
+
+/// `admitted_with`, the allocator reporting every worker in the domains
+/// `topology` (label key, value).
+fn admitted_within(
+    name: &str,
+    affinity: k8s_openapi::api::core::v1::Affinity,
+    topology: &[(&str, &str)],
+) -> (planner_core::DesiredObjects, planner_core::DesiredObjects) {
     let mut job_spec = spec(3);
     job_spec.scheduling = Some(trainyard_api::SchedulingSpec {
         affinity: Some(affinity),
@@ -678,6 +688,10 @@ fn admitted_with(
     h.observe(Observation::Job(job_event(name, 0, true, 0)));
     let mut admitted = admission(0, 3);
     admitted.placements[1].node = "gpu-node-0".into();
+    admitted.topology = topology
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
     h.observe(Observation::Admission(admitted));
     let actions = h.decide();
     let unsuspended = applied(&actions);
@@ -772,6 +786,35 @@ fn admitted_workers_are_pinned_to_the_planned_nodes_unless_a_rule_was_not_planne
     };
     let (suspended, admitted) = admitted_with("near-cache", near_cache);
     assert_eq!(required_terms(&admitted), required_terms(&suspended));
+
+    // Affinity among the job's own workers within a zone is planned for
+    // where the allocator put the whole gang in one zone.
+    let one_zone = Affinity {
+        pod_affinity: Some(PodAffinity {
+            required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
+                topology_key: "topology.kubernetes.io/zone".into(),
+                ..per_host("trainyard.dev/job", "together")
+            }]),
+            ..PodAffinity::default()
+        }),
+        ..Affinity::default()
+    };
+    let (_, within) = admitted_within(
+        "together",
+        one_zone.clone(),
+        &[("topology.kubernetes.io/zone", "z1")],
+    );
+    assert_eq!(
+        required_terms(&within),
+        vec![vec![(
+            "kubernetes.io/hostname".to_owned(),
+            "In".to_owned(),
+            vec!["gpu-node-0".to_owned(), "gpu-node-2".to_owned()],
+        )]]
+    );
+    let (suspended, spread) = admitted_with("together", one_zone);
+    assert_eq!(required_terms(&spread), required_terms(&suspended));
+    assert!(required_terms(&spread).is_empty());
 }
 
 #[test]
