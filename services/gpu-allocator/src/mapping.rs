@@ -237,6 +237,7 @@ pub fn queue_event(
         quotas,
         preemption: queue_preemption(spec.within_queue_preemption(), spec.reclaim_within_cohort()),
         aging,
+        namespaces: spec.namespaces.clone(),
     };
     core.validate()?;
     let info = QueueInfo {
@@ -707,6 +708,7 @@ fn reason_flavor(reason: &PendingReason) -> Option<String> {
         | PendingReason::InsufficientCapacity { flavor, .. }
         | PendingReason::HeldForReservation { flavor, .. } => Some(flavor.clone()),
         PendingReason::QueueNotFound { .. }
+        | PendingReason::NamespaceNotAdmitted { .. }
         | PendingReason::NoMatchingFlavor { .. }
         | PendingReason::AwaitingPreemption { .. } => None,
     }
@@ -929,7 +931,8 @@ mod tests {
             ],
             "fairShare": {"weight": 0},
             "preemption": {"withinQueue": "LowerPriority", "reclaimWithinCohort": "Any"},
-            "priority": {"defaultPriority": 5}
+            "priority": {"defaultPriority": 5},
+            "namespaces": ["research", "research-dev"]
         }));
         let (event, info) =
             queue_event(&config(), &EntityRef::new("", "team-a", ""), &change).expect("maps");
@@ -954,6 +957,8 @@ mod tests {
         );
         assert_eq!(info.flavors[0].name, "a100");
         assert_eq!(spec.aging, None, "no agingSeconds: the configured aging");
+        assert_eq!(spec.namespaces, ["research", "research-dev"]);
+        assert!(spec.admits_namespace("research-dev") && !spec.admits_namespace("prod"));
     }
 
     #[test]

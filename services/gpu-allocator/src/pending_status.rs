@@ -69,6 +69,13 @@ fn moved(from: u64, to: u64, step_percent: u32) -> bool {
 pub fn cause_hash(reason: &PendingReason) -> u64 {
     let parts: [&[u8]; 3] = match reason {
         PendingReason::QueueNotFound { queue } => [b"queue-not-found", queue.as_bytes(), b""],
+        PendingReason::NamespaceNotAdmitted {
+            queue, namespace, ..
+        } => [
+            b"namespace-not-admitted",
+            queue.as_bytes(),
+            namespace.as_bytes(),
+        ],
         PendingReason::NoMatchingFlavor { wants } => [b"no-matching-flavor", wants.as_bytes(), b""],
         PendingReason::QuotaExceeded {
             flavor,

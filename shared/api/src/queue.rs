@@ -17,6 +17,8 @@ use crate::wire_enum::wire_enum;
 pub const MAX_FLAVORS: usize = 16;
 /// Most MIG profiles one flavor may list.
 pub const MAX_MIG_PROFILES: usize = 8;
+/// Most namespaces one queue may list.
+pub const MAX_QUEUE_NAMESPACES: usize = 64;
 /// Longest MIG profile name, e.g. `1g.10gb+me`.
 pub const MAX_MIG_PROFILE_LENGTH: usize = 32;
 /// A MIG profile as the device plugin names it: `<compute>g.<memory>gb`, optionally `+me`.
@@ -124,6 +126,12 @@ pub struct TrainingQueueSpec {
     /// Priority of jobs without a PriorityClass and aging of pending jobs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<QueuePriorityPolicy>,
+
+    /// Namespaces whose TrainingJobs the queue admits, at most 64 unique names, so one team cannot spend another's quota. Unset or empty means every namespace. A job from another namespace waits, its Admitted condition naming the queue and the namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_QUEUE_NAMESPACES), inner(length(min = 1, max = MAX_DNS_LABEL_LENGTH), pattern(DNS_LABEL_PATTERN)))]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub namespaces: Vec<String>,
 }
 
 /// GPU quota of one flavor.
@@ -305,6 +313,22 @@ impl TrainingQueueSpec {
         if let Some(cohort) = &self.cohort {
             errors.dns_label("spec.cohort", cohort);
         }
+        errors.items(
+            "spec.namespaces",
+            self.namespaces.len(),
+            0,
+            MAX_QUEUE_NAMESPACES,
+        );
+        for (index, namespace) in self.namespaces.iter().enumerate() {
+            let path = format!("spec.namespaces[{index}]");
+            errors.dns_label(&path, namespace);
+            if self.namespaces[..index].contains(namespace) {
+                errors.invalid(
+                    path,
+                    format!("duplicate namespace {namespace:?}: list every namespace once"),
+                );
+            }
+        }
         errors.items("spec.flavors", self.flavors.len(), 1, MAX_FLAVORS);
         for (index, flavor) in self.flavors.iter().enumerate() {
             let path = format!("spec.flavors[{index}]");
@@ -484,7 +508,41 @@ mod tests {
                 aging_seconds,
                 aging_step,
             }),
+            namespaces: Vec::new(),
         }
+    }
+
+    #[test]
+    fn namespaces_are_dns_labels_listed_once() {
+        let mut queue = queue_with_aging(None, None);
+        queue.namespaces = vec!["team-a".into(), "team-a-dev".into()];
+        assert!(queue.validate().is_ok());
+        queue.namespaces = vec![
+            "team-a".into(),
+            "Team_B".into(),
+            "team-a".into(),
+            String::new(),
+        ];
+        let errors = queue.validate().expect_err("bad names");
+        let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "spec.namespaces[1]",
+                "spec.namespaces[2]",
+                "spec.namespaces[3]"
+            ]
+        );
+        assert!(
+            errors[1].to_string().contains("list every namespace once"),
+            "{}",
+            errors[1]
+        );
+        queue.namespaces = (0..=MAX_QUEUE_NAMESPACES)
+            .map(|i| format!("ns-{i}"))
+            .collect();
+        let errors = queue.validate().expect_err("too many");
+        assert_eq!(errors[0].path, "spec.namespaces");
     }
 
     #[test]

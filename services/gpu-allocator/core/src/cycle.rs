@@ -778,7 +778,10 @@ impl Allocator {
             }
             self.nominated.remove(&idx);
             let mut options = Vec::new();
-            if let Some(job) = self.job(idx) {
+            // A queue closed to its namespace meanwhile: it waits, as evaluate says.
+            if let Some(job) = self.job(idx)
+                && self.queue_admits(job)
+            {
                 self.options_for(job, &mut options);
             }
             if let Some(at) = planned.and_then(|res| options.iter().position(|r| *r == res))
@@ -818,6 +821,11 @@ impl Allocator {
             let aging = self.aging_of(queue);
             let smallest_nominal = self.smallest_nominal(queue);
             let check_nominated = nominating.contains(&queue);
+            // A job the queue does not admit waits for that alone: no quota
+            // shortcut from the jobs it does admit.
+            let restricted = q.spec.as_ref().is_some_and(|s| !s.namespaces.is_empty());
+            let admitted =
+                |idx: JobIdx| !restricted || self.job(idx).is_some_and(|j| self.queue_admits(j));
             let mut jobs = Vec::with_capacity(listed);
             q.line.in_order(
                 |submitted_at| aging.boost(now.secs_since(submitted_at)),
@@ -827,7 +835,7 @@ impl Allocator {
                     // Units beyond u32 (never in practice) go the long way.
                     let shape = u32::try_from(e.units)
                         .ok()
-                        .filter(|_| !nominated && !e.sliced)
+                        .filter(|_| !nominated && !e.sliced && admitted(e.idx))
                         .map(|units| QuotaShape {
                             end: estimated_end(e.runtime_estimate_secs, now).0,
                             units,
@@ -1067,6 +1075,14 @@ impl Allocator {
         }
     }
 
+    /// Whether the job's queue admits jobs of its namespace.
+    pub(crate) fn queue_admits(&self, job: &Job) -> bool {
+        self.queues
+            .get(job.queue)
+            .and_then(|q| q.spec.as_ref())
+            .is_none_or(|spec| spec.admits_namespace(&job.spec.namespace))
+    }
+
     /// Tries every allowed (flavor, resource) of a pending job. On failure
     /// returns the most useful reason and whether preemption may help.
     pub(crate) fn evaluate(
@@ -1112,6 +1128,22 @@ impl Allocator {
                 .unwrap_or_default();
             return Err((
                 ctx.add_reason(PendingReason::QueueNotFound { queue: name }),
+                false,
+            ));
+        }
+        if !self.queue_admits(job)
+            && let Some(q) = self.queues.get(queue)
+        {
+            return Err((
+                ctx.add_reason(PendingReason::NamespaceNotAdmitted {
+                    queue: q.name.to_string(),
+                    namespace: job.spec.namespace.clone(),
+                    admitted: q
+                        .spec
+                        .as_ref()
+                        .map(|s| s.namespaces.clone())
+                        .unwrap_or_default(),
+                }),
                 false,
             ));
         }

@@ -142,6 +142,9 @@ pub struct QueueSpec {
     /// [`crate::AllocatorConfig::aging`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub aging: Option<AgingPolicy>,
+    /// Namespaces whose jobs the queue admits; empty = every namespace.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<String>,
 }
 
 impl Default for QueueSpec {
@@ -153,7 +156,15 @@ impl Default for QueueSpec {
             quotas: Vec::new(),
             preemption: QueuePreemption::default(),
             aging: None,
+            namespaces: Vec::new(),
         }
+    }
+}
+
+impl QueueSpec {
+    /// Whether the queue admits jobs of `namespace`.
+    pub fn admits_namespace(&self, namespace: &str) -> bool {
+        self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
     }
 }
 

@@ -123,6 +123,15 @@ pub enum PendingReason {
         /// The queue name.
         queue: String,
     },
+    /// The queue admits jobs of other namespaces only.
+    NamespaceNotAdmitted {
+        /// The queue name.
+        queue: String,
+        /// The job's namespace.
+        namespace: String,
+        /// The namespaces the queue admits.
+        admitted: Vec<String>,
+    },
     /// No flavor of the queue has quota for what the job asks for.
     NoMatchingFlavor {
         /// What the job asks for, e.g. `nvidia.com/mig with >= 10GB`.
@@ -208,8 +217,9 @@ pub enum PendingReason {
 
 impl PendingReason {
     /// Every [`PendingReason::kind`], for gauges that show each one, zero or not.
-    pub const KINDS: [&'static str; 7] = [
+    pub const KINDS: [&'static str; 8] = [
         "queue_not_found",
+        "namespace_not_admitted",
         "no_matching_flavor",
         "quota",
         "capacity",
@@ -223,6 +233,7 @@ impl PendingReason {
     pub fn kind(&self) -> &'static str {
         match self {
             PendingReason::QueueNotFound { .. } => "queue_not_found",
+            PendingReason::NamespaceNotAdmitted { .. } => "namespace_not_admitted",
             PendingReason::NoMatchingFlavor { .. } => "no_matching_flavor",
             PendingReason::QuotaExceeded { .. } => "quota",
             PendingReason::InsufficientCapacity {
@@ -252,9 +263,9 @@ impl PendingReason {
             PendingReason::HeldForReservation { .. } | PendingReason::AwaitingPreemption { .. } => {
                 0
             }
-            PendingReason::QueueNotFound { .. } | PendingReason::NoMatchingFlavor { .. } => {
-                u64::MAX
-            }
+            PendingReason::QueueNotFound { .. }
+            | PendingReason::NamespaceNotAdmitted { .. }
+            | PendingReason::NoMatchingFlavor { .. } => u64::MAX,
         }
     }
 }
@@ -264,6 +275,18 @@ impl fmt::Display for PendingReason {
         match self {
             PendingReason::QueueNotFound { queue } => {
                 write!(f, "TrainingQueue {queue} does not exist")
+            }
+            PendingReason::NamespaceNotAdmitted {
+                queue,
+                namespace,
+                admitted,
+            } => {
+                write!(
+                    f,
+                    "TrainingQueue {queue} admits jobs of namespaces {} only, not {namespace}: \
+                     name a queue open to {namespace}, or add it to the queue's spec.namespaces",
+                    admitted.join(", ")
+                )
             }
             PendingReason::NoMatchingFlavor { wants } => {
                 write!(f, "no flavor of the queue has quota for {wants}")

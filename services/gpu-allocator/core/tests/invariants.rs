@@ -270,6 +270,11 @@ impl Run {
                 fair_share,
             },
             aging: None,
+            namespaces: if self.rng.chance(20) {
+                vec!["ml".into()]
+            } else {
+                Vec::new()
+            },
         }
     }
 
@@ -310,6 +315,9 @@ impl Run {
         j.priority = [0, 0, 10, 100][self.rng.below(4) as usize];
         j.runtime_estimate_secs = self.rng.chance(60).then(|| 60 + self.rng.below(3600));
         j.preemptible = !self.rng.chance(10);
+        if self.rng.chance(20) {
+            j.namespace = "team-b".into();
+        }
         match self.rng.below(10) {
             0 => {
                 j.num_workers = 1 + self.rng.below(2) as u32;
@@ -886,6 +894,16 @@ impl Run {
                     );
                 }
             }
+            assert!(
+                self.queues
+                    .get(&a.queue)
+                    .is_some_and(|q| q.admits_namespace(&spec.namespace)),
+                "{}: {} of namespace {} admitted by {}, which does not admit it",
+                self.at(),
+                a.uid,
+                spec.namespace,
+                a.queue
+            );
             if spec.one_worker_per_node {
                 let nodes: BTreeSet<&String> = a.workers.iter().map(|w| &w.node).collect();
                 assert_eq!(
@@ -1233,6 +1251,17 @@ impl Run {
             }
             PendingReason::AwaitingPreemption { victims, evict_at } => {
                 assert!(*victims > 0 && *evict_at >= now, "{at}: {:?}", e.reason);
+            }
+            PendingReason::NamespaceNotAdmitted {
+                queue, namespace, ..
+            } => {
+                assert_eq!(namespace, &spec.namespace, "{at}");
+                assert!(
+                    self.queues
+                        .get(queue)
+                        .is_some_and(|q| !q.admits_namespace(namespace)),
+                    "{at}: {queue} admits {namespace}"
+                );
             }
             PendingReason::QueueNotFound { .. } | PendingReason::NoMatchingFlavor { .. } => {}
         }

@@ -252,6 +252,83 @@ fn jobs_in_a_missing_queue_or_without_matching_quota_say_so() {
     ));
 }
 
+fn in_namespace(mut j: JobSpec, namespace: &str) -> JobSpec {
+    j.namespace = namespace.into();
+    j
+}
+
+#[test]
+fn a_queue_open_to_some_namespaces_admits_only_their_jobs() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8), node("n2", 8)]);
+    let mut team_a = queue("team-a", None, 8);
+    team_a.namespaces = vec!["research".into()];
+    h.queue(team_a.clone());
+    h.submit_at(in_namespace(job("mine", "team-a", 1, 8), "research"), 0);
+    h.submit_at(in_namespace(job("mine-2", "team-a", 1, 8), "research"), 1);
+    // Same shape, behind a job the quota blocks: its own reason, not the
+    // quota's.
+    h.submit_at(in_namespace(job("theirs", "team-a", 1, 8), "prod"), 2);
+    let out = h.cycle(10);
+    assert_eq!(admitted_uids(&out), vec!["mine"]);
+    assert!(matches!(
+        *h.reason_of(&out, "mine-2").reason,
+        PendingReason::QuotaExceeded { .. }
+    ));
+    let why = h.reason_of(&out, "theirs");
+    assert_eq!(
+        *why.reason,
+        PendingReason::NamespaceNotAdmitted {
+            queue: "team-a".into(),
+            namespace: "prod".into(),
+            admitted: vec!["research".into()],
+        }
+    );
+    assert_eq!(why.position, 2, "it keeps its place in line");
+    assert!(
+        why.message()
+            .contains("admits jobs of namespaces research only, not prod"),
+        "{}",
+        why.message()
+    );
+
+    // Opened to prod, it waits for quota like the rest.
+    team_a.namespaces.push("prod".into());
+    h.queue(team_a);
+    let out = h.cycle(20);
+    assert!(matches!(
+        *h.reason_of(&out, "theirs").reason,
+        PendingReason::QuotaExceeded { .. }
+    ));
+}
+
+#[test]
+fn a_preemptor_whose_queue_closes_to_its_namespace_is_not_admitted() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8)]);
+    h.queue(queue("a", Some("c"), 8));
+    h.queue(queue("b", Some("c"), 0));
+    h.submit_at(in_namespace(job("borrower", "b", 1, 8), "ml"), 0);
+    assert_eq!(h.cycle(10).admissions.len(), 1, "b borrows a's idle quota");
+    h.submit(in_namespace(job("reclaimer", "a", 1, 8), "ml"));
+    let out = h.cycle(20);
+    assert_eq!(out.preemptions.len(), 1);
+    let mut closed = queue("a", Some("c"), 8);
+    closed.namespaces = vec!["other".into()];
+    h.queue(closed);
+    let out = h.cycle(200);
+    assert_eq!(out.evictions.len(), 1, "the victim was already told");
+    assert_eq!(
+        admitted_uids(&out),
+        vec!["borrower"],
+        "the requeued victim takes the idle quota again"
+    );
+    assert!(matches!(
+        *h.reason_of(&out, "reclaimer").reason,
+        PendingReason::NamespaceNotAdmitted { .. }
+    ));
+}
+
 // ------------------------------------------------------ borrowing / reclaim
 
 #[test]
