@@ -77,6 +77,16 @@ async fn job(runtime: &Runtime, name: &str, workers: u32, gpus: u32, priority: O
     if let Some(priority) = priority {
         scheduling = json!({"priority": priority});
     }
+    job_with(runtime, name, workers, gpus, scheduling).await;
+}
+
+async fn job_with(
+    runtime: &Runtime,
+    name: &str,
+    workers: u32,
+    gpus: u32,
+    scheduling: serde_json::Value,
+) {
     let payload: TrainingJobChanged = serde_json::from_value(json!({
         "change": "Applied",
         "object": {"apiVersion": "trainyard.dev/v1", "kind": "TrainingJob",
@@ -313,6 +323,43 @@ async fn a_gang_is_admitted_all_or_nothing_and_told_why_it_waits() {
             .node_selector
             .contains_key("kubernetes.io/hostname")
     );
+    stop(runtime).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_closed_to_the_jobs_namespace_says_so_until_it_opens() {
+    let nats = NatsServer::start();
+    let runtime = start(&nats, config()).await;
+    node(&runtime, "n1", 8).await;
+    let team_a = |namespaces: serde_json::Value| {
+        json!({"flavors": [{"name": "a100", "nominalQuota": 8, "nodeLabels": {"pool": "a100"}}],
+               "namespaces": namespaces})
+    };
+    queue(&runtime, "team-a", team_a(json!(["research"]))).await;
+    job_with(&runtime, "borrowed", 1, 8, json!({"queue": "team-a"})).await;
+    let (_, pending) = eventually("a pending explanation", || async {
+        decisions::<PendingExplained>(&runtime)
+            .await
+            .into_iter()
+            .find(|(e, _)| e.name == "borrowed")
+    })
+    .await;
+    assert_eq!(pending.queue, "team-a");
+    assert!(
+        pending
+            .message
+            .contains("TrainingQueue team-a admits jobs of namespaces research only, not ml"),
+        "{}",
+        pending.message
+    );
+    assert!(admissions(&runtime).await.is_empty());
+
+    queue(&runtime, "team-a", team_a(json!(["research", NS]))).await;
+    let (name, _) = eventually("the job admitted", || async {
+        admissions(&runtime).await.into_iter().next()
+    })
+    .await;
+    assert_eq!(name, "borrowed");
     stop(runtime).await;
 }
 
