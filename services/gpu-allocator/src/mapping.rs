@@ -238,6 +238,7 @@ pub fn queue_event(
         preemption: queue_preemption(spec.within_queue_preemption(), spec.reclaim_within_cohort()),
         aging,
         namespaces: spec.namespaces.clone(),
+        on_hold: spec.on_hold(),
     };
     core.validate()?;
     let info = QueueInfo {
@@ -708,6 +709,7 @@ fn reason_flavor(reason: &PendingReason) -> Option<String> {
         | PendingReason::InsufficientCapacity { flavor, .. }
         | PendingReason::HeldForReservation { flavor, .. } => Some(flavor.clone()),
         PendingReason::QueueNotFound { .. }
+        | PendingReason::QueueOnHold { .. }
         | PendingReason::NamespaceNotAdmitted { .. }
         | PendingReason::NoMatchingFlavor { .. }
         | PendingReason::AwaitingPreemption { .. } => None,
@@ -932,7 +934,8 @@ mod tests {
             "fairShare": {"weight": 0},
             "preemption": {"withinQueue": "LowerPriority", "reclaimWithinCohort": "Any"},
             "priority": {"defaultPriority": 5},
-            "namespaces": ["research", "research-dev"]
+            "namespaces": ["research", "research-dev"],
+            "stopPolicy": "Hold"
         }));
         let (event, info) =
             queue_event(&config(), &EntityRef::new("", "team-a", ""), &change).expect("maps");
@@ -959,6 +962,7 @@ mod tests {
         assert_eq!(spec.aging, None, "no agingSeconds: the configured aging");
         assert_eq!(spec.namespaces, ["research", "research-dev"]);
         assert!(spec.admits_namespace("research-dev") && !spec.admits_namespace("prod"));
+        assert!(spec.on_hold);
     }
 
     #[test]

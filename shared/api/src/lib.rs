@@ -22,7 +22,7 @@ pub use condition::{Condition, ConditionStatus, find_condition, set_condition};
 pub use crdgen::{CRDGEN_COMMAND, CrdFile, all_crds, generate_crd_files};
 pub use queue::{
     DEFAULT_AGING_STEP, FairShare, FlavorQuota, FlavorUsage, MigQuota, PreemptionPolicy,
-    QueuePriorityPolicy, ReclaimWithinCohort, TrainingQueue, TrainingQueueSpec,
+    QueuePriorityPolicy, ReclaimWithinCohort, StopPolicy, TrainingQueue, TrainingQueueSpec,
     TrainingQueueStatus, WithinQueuePreemption,
 };
 pub use sweep::{

@@ -51,6 +51,15 @@ wire_enum! {
 }
 
 wire_enum! {
+    /// Whether the queue admits jobs: None (it does) or Hold (it admits none;
+    /// admitted jobs run on, waiting jobs keep their place in line).
+    pub enum StopPolicy {
+        None => "None",
+        Hold => "Hold",
+    }
+}
+
+wire_enum! {
     /// Reclaiming lent GPUs from other queues of the cohort: Never, LowerPriority (only
     /// from borrowing jobs of lower priority) or Any (from any borrowing job; and while
     /// the queue borrows itself, from queues whose weighted share stays above its own).
@@ -132,6 +141,10 @@ pub struct TrainingQueueSpec {
     #[schemars(length(max = MAX_QUEUE_NAMESPACES), inner(length(min = 1, max = MAX_DNS_LABEL_LENGTH), pattern(DNS_LABEL_PATTERN)))]
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     pub namespaces: Vec<String>,
+
+    /// None admits jobs; Hold admits none until it is set back, e.g. during maintenance: admitted jobs run on, waiting jobs keep their place in line and say the queue is on hold, and its unused quota is still lent to its cohort. Default None.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_policy: Option<StopPolicy>,
 }
 
 /// GPU quota of one flavor.
@@ -443,6 +456,11 @@ impl TrainingQueueSpec {
             .unwrap_or(WithinQueuePreemption::Never)
     }
 
+    /// Whether the queue is on hold (`stopPolicy: Hold`).
+    pub fn on_hold(&self) -> bool {
+        self.stop_policy == Some(StopPolicy::Hold)
+    }
+
     /// Reclaiming from the cohort, defaulting to Never.
     pub fn reclaim_within_cohort(&self) -> ReclaimWithinCohort {
         self.preemption
@@ -509,6 +527,7 @@ mod tests {
                 aging_step,
             }),
             namespaces: Vec::new(),
+            stop_policy: None,
         }
     }
 

@@ -778,7 +778,8 @@ impl Allocator {
             }
             self.nominated.remove(&idx);
             let mut options = Vec::new();
-            // A queue closed to its namespace meanwhile: it waits, as evaluate says.
+            // A queue on hold or closed to its namespace meanwhile: it waits,
+            // as evaluate says.
             if let Some(job) = self.job(idx)
                 && self.queue_admits(job)
             {
@@ -823,7 +824,7 @@ impl Allocator {
             let check_nominated = nominating.contains(&queue);
             // A job the queue does not admit waits for that alone: no quota
             // shortcut from the jobs it does admit.
-            let restricted = q.spec.as_ref().is_some_and(|s| !s.namespaces.is_empty());
+            let restricted = q.spec.as_ref().is_some_and(crate::QueueSpec::refuses_some);
             let admitted =
                 |idx: JobIdx| !restricted || self.job(idx).is_some_and(|j| self.queue_admits(j));
             let mut jobs = Vec::with_capacity(listed);
@@ -1075,12 +1076,13 @@ impl Allocator {
         }
     }
 
-    /// Whether the job's queue admits jobs of its namespace.
+    /// Whether the job's queue admits it now: not on hold, open to its
+    /// namespace.
     pub(crate) fn queue_admits(&self, job: &Job) -> bool {
         self.queues
             .get(job.queue)
             .and_then(|q| q.spec.as_ref())
-            .is_none_or(|spec| spec.admits_namespace(&job.spec.namespace))
+            .is_none_or(|spec| !spec.on_hold && spec.admits_namespace(&job.spec.namespace))
     }
 
     /// Tries every allowed (flavor, resource) of a pending job. On failure
@@ -1133,19 +1135,19 @@ impl Allocator {
         }
         if !self.queue_admits(job)
             && let Some(q) = self.queues.get(queue)
+            && let Some(spec) = &q.spec
         {
-            return Err((
-                ctx.add_reason(PendingReason::NamespaceNotAdmitted {
-                    queue: q.name.to_string(),
+            let name = q.name.to_string();
+            let reason = if spec.on_hold {
+                PendingReason::QueueOnHold { queue: name }
+            } else {
+                PendingReason::NamespaceNotAdmitted {
+                    queue: name,
                     namespace: job.spec.namespace.clone(),
-                    admitted: q
-                        .spec
-                        .as_ref()
-                        .map(|s| s.namespaces.clone())
-                        .unwrap_or_default(),
-                }),
-                false,
-            ));
+                    admitted: spec.namespaces.clone(),
+                }
+            };
+            return Err((ctx.add_reason(reason), false));
         }
         self.options_for(job, options);
         if options.is_empty() {

@@ -145,6 +145,9 @@ pub struct QueueSpec {
     /// Namespaces whose jobs the queue admits; empty = every namespace.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub namespaces: Vec<String>,
+    /// Admits no job (TrainingQueue `stopPolicy: Hold`); admitted jobs run on.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub on_hold: bool,
 }
 
 impl Default for QueueSpec {
@@ -157,6 +160,7 @@ impl Default for QueueSpec {
             preemption: QueuePreemption::default(),
             aging: None,
             namespaces: Vec::new(),
+            on_hold: false,
         }
     }
 }
@@ -165,6 +169,12 @@ impl QueueSpec {
     /// Whether the queue admits jobs of `namespace`.
     pub fn admits_namespace(&self, namespace: &str) -> bool {
         self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
+    }
+
+    /// Whether some of the jobs in its line may not be admitted now, for
+    /// the queue (on hold) or their namespace.
+    pub(crate) fn refuses_some(&self) -> bool {
+        self.on_hold || !self.namespaces.is_empty()
     }
 }
 

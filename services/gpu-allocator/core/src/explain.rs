@@ -123,6 +123,11 @@ pub enum PendingReason {
         /// The queue name.
         queue: String,
     },
+    /// The queue admits no job now (`stopPolicy: Hold`).
+    QueueOnHold {
+        /// The queue name.
+        queue: String,
+    },
     /// The queue admits jobs of other namespaces only.
     NamespaceNotAdmitted {
         /// The queue name.
@@ -217,8 +222,9 @@ pub enum PendingReason {
 
 impl PendingReason {
     /// Every [`PendingReason::kind`], for gauges that show each one, zero or not.
-    pub const KINDS: [&'static str; 8] = [
+    pub const KINDS: [&'static str; 9] = [
         "queue_not_found",
+        "queue_on_hold",
         "namespace_not_admitted",
         "no_matching_flavor",
         "quota",
@@ -233,6 +239,7 @@ impl PendingReason {
     pub fn kind(&self) -> &'static str {
         match self {
             PendingReason::QueueNotFound { .. } => "queue_not_found",
+            PendingReason::QueueOnHold { .. } => "queue_on_hold",
             PendingReason::NamespaceNotAdmitted { .. } => "namespace_not_admitted",
             PendingReason::NoMatchingFlavor { .. } => "no_matching_flavor",
             PendingReason::QuotaExceeded { .. } => "quota",
@@ -264,6 +271,7 @@ impl PendingReason {
                 0
             }
             PendingReason::QueueNotFound { .. }
+            | PendingReason::QueueOnHold { .. }
             | PendingReason::NamespaceNotAdmitted { .. }
             | PendingReason::NoMatchingFlavor { .. } => u64::MAX,
         }
@@ -276,6 +284,11 @@ impl fmt::Display for PendingReason {
             PendingReason::QueueNotFound { queue } => {
                 write!(f, "TrainingQueue {queue} does not exist")
             }
+            PendingReason::QueueOnHold { queue } => write!(
+                f,
+                "TrainingQueue {queue} is on hold (stopPolicy: Hold) and admits no job until it \
+                 is set back to None"
+            ),
             PendingReason::NamespaceNotAdmitted {
                 queue,
                 namespace,

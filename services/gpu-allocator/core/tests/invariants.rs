@@ -275,6 +275,7 @@ impl Run {
             } else {
                 Vec::new()
             },
+            on_hold: self.rng.chance(10),
         }
     }
 
@@ -897,8 +898,8 @@ impl Run {
             assert!(
                 self.queues
                     .get(&a.queue)
-                    .is_some_and(|q| q.admits_namespace(&spec.namespace)),
-                "{}: {} of namespace {} admitted by {}, which does not admit it",
+                    .is_some_and(|q| !q.on_hold && q.admits_namespace(&spec.namespace)),
+                "{}: {} of namespace {} admitted by {}, on hold or closed to it",
                 self.at(),
                 a.uid,
                 spec.namespace,
@@ -1261,6 +1262,12 @@ impl Run {
                         .get(queue)
                         .is_some_and(|q| !q.admits_namespace(namespace)),
                     "{at}: {queue} admits {namespace}"
+                );
+            }
+            PendingReason::QueueOnHold { queue } => {
+                assert!(
+                    self.queues.get(queue).is_some_and(|q| q.on_hold),
+                    "{at}: {queue} is not on hold"
                 );
             }
             PendingReason::QueueNotFound { .. } | PendingReason::NoMatchingFlavor { .. } => {}

@@ -303,6 +303,40 @@ fn a_queue_open_to_some_namespaces_admits_only_their_jobs() {
 }
 
 #[test]
+fn a_queue_on_hold_admits_nothing_runs_on_and_still_lends() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8), node("n2", 8)]);
+    h.queue(queue("a", Some("c"), 8));
+    h.queue(queue("b", Some("c"), 0));
+    h.submit_at(job("running", "a", 1, 4), 0);
+    assert_eq!(admitted_uids(&h.cycle(10)), vec!["running"]);
+
+    let mut held = queue("a", Some("c"), 8);
+    held.on_hold = true;
+    h.queue(held);
+    h.submit_at(job("waits", "a", 1, 4), 1);
+    h.submit_at(job("borrows", "b", 1, 4), 2);
+    let out = h.cycle(20);
+    assert_eq!(
+        admitted_uids(&out),
+        vec!["borrows"],
+        "the held queue's idle quota is lent"
+    );
+    assert!(h.admitted("running").is_some(), "admitted jobs run on");
+    let why = h.reason_of(&out, "waits");
+    assert_eq!(
+        *why.reason,
+        PendingReason::QueueOnHold { queue: "a".into() }
+    );
+    assert_eq!(why.position, 1);
+    assert!(why.message().contains("is on hold"), "{}", why.message());
+
+    h.queue(queue("a", Some("c"), 8));
+    h.finish("borrows");
+    assert_eq!(admitted_uids(&h.cycle(30)), vec!["waits"]);
+}
+
+#[test]
 fn a_preemptor_whose_queue_closes_to_its_namespace_is_not_admitted() {
     let mut h = Harness::default_config();
     h.nodes([node("n1", 8)]);
