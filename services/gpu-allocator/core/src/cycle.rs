@@ -208,6 +208,9 @@ pub(crate) struct CycleCtx {
     /// Reasons of jobs blocked by their queue's hold, by (queue, resource,
     /// units, queue usage).
     queue_hold_reasons: FastMap<(QueueIdx, ResIdx, u64, u64), ReasonIdx>,
+    /// Reasons of jobs their queue refuses, by queue and namespace (none
+    /// for a queue on hold): one per cause, however many jobs wait for it.
+    refusals: FastMap<QueueIdx, FastMap<String, ReasonIdx>>,
     /// Cohort pool headroom held for the first job that only the pool
     /// blocks, per (cohort, resource).
     quota_holds: FastMap<(crate::queues::CohortIdx, ResIdx), QuotaHold>,
@@ -1137,17 +1140,29 @@ impl Allocator {
             && let Some(q) = self.queues.get(queue)
             && let Some(spec) = &q.spec
         {
+            let namespace = if spec.on_hold {
+                ""
+            } else {
+                job.spec.namespace.as_str()
+            };
+            if let Some(reason) = ctx.refusals.get(&queue).and_then(|r| r.get(namespace)) {
+                return Err((*reason, false));
+            }
             let name = q.name.to_string();
-            let reason = if spec.on_hold {
+            let reason = ctx.add_reason(if spec.on_hold {
                 PendingReason::QueueOnHold { queue: name }
             } else {
                 PendingReason::NamespaceNotAdmitted {
                     queue: name,
-                    namespace: job.spec.namespace.clone(),
+                    namespace: namespace.to_string(),
                     admitted: spec.namespaces.clone(),
                 }
-            };
-            return Err((ctx.add_reason(reason), false));
+            });
+            ctx.refusals
+                .entry(queue)
+                .or_default()
+                .insert(namespace.to_string(), reason);
+            return Err((reason, false));
         }
         self.options_for(job, options);
         if options.is_empty() {
