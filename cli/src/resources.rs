@@ -6,7 +6,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use trainyard_api::{Sweep, SweepState, TrainingJob, TrainingJobState, TrainingQueue};
+use trainyard_api::{StopPolicy, Sweep, SweepState, TrainingJob, TrainingJobState, TrainingQueue};
 
 use crate::format::{NONE, age, number};
 use crate::queue_position::waiting_position;
@@ -311,7 +311,7 @@ impl Listed for TrainingQueue {
     }
 
     fn wide_headers() -> &'static [&'static str] {
-        &["FLAVORS"]
+        &["FLAVORS", "NAMESPACES", "STOP"]
     }
 
     fn cells(&self) -> Vec<String> {
@@ -332,7 +332,14 @@ impl Listed for TrainingQueue {
             .iter()
             .map(|f| format!("{}:{}", f.name, f.nominal_quota))
             .collect();
-        vec![flavors.join(",")]
+        // No list admits every namespace.
+        let namespaces = if self.spec.namespaces.is_empty() {
+            "*".to_owned()
+        } else {
+            self.spec.namespaces.join(",")
+        };
+        let stop = self.spec.stop_policy.unwrap_or(StopPolicy::None);
+        vec![flavors.join(","), namespaces, stop.to_string()]
     }
 
     fn finished(&self) -> bool {
@@ -375,6 +382,38 @@ pub(crate) mod tests {
 
     fn now() -> Timestamp {
         Timestamp::from_second(1_045).expect("valid")
+    }
+
+    #[test]
+    fn a_queue_shows_whose_jobs_it_admits_and_whether_it_is_on_hold_when_wide() {
+        let spec: trainyard_api::TrainingQueueSpec = serde_json::from_value(serde_json::json!({
+            "cohort": "research",
+            "flavors": [{"name": "a100", "nominalQuota": 8}],
+        }))
+        .expect("spec");
+        let mut queue = TrainingQueue::new("team-a", spec);
+        queue.metadata.creation_timestamp =
+            Some(Time(Timestamp::from_second(1_000).expect("valid")));
+        let wide = View {
+            namespace_column: false,
+            wide: true,
+        };
+        assert_eq!(
+            row(&queue, wide, now()),
+            [
+                "team-a", "research", "0", "0", "0/8", "45s", "a100:8", "*", "None"
+            ]
+        );
+        queue.spec.namespaces = vec!["research".into(), "research-dev".into()];
+        queue.spec.stop_policy = Some(StopPolicy::Hold);
+        assert_eq!(
+            row(&queue, wide, now())[6..],
+            ["a100:8", "research,research-dev", "Hold"]
+        );
+        assert_eq!(
+            header_row::<TrainingQueue>(wide)[6..],
+            ["FLAVORS", "NAMESPACES", "STOP"]
+        );
     }
 
     #[test]
@@ -561,7 +600,7 @@ pub(crate) mod tests {
             ..Default::default()
         });
         assert_eq!(queue.cells(), ["research", "2", "3", "12/24"]);
-        assert_eq!(queue.wide_cells(), ["a100-80gb:16,t4-spot:8"]);
+        assert_eq!(queue.wide_cells(), ["a100-80gb:16,t4-spot:8", "*", "None"]);
         assert!(!queue.finished());
         const { assert!(!TrainingQueue::ENDS && TrainingJob::ENDS && Sweep::ENDS) };
         assert_eq!(queue.state_label(), "-");
