@@ -926,14 +926,7 @@ impl Run {
                     .workers
                     .iter()
                     .filter_map(|w| self.nodes.iter().find(|n| n.info.name == w.node))
-                    .map(|n| {
-                        // Generated nodes carry no hostname label: the name is.
-                        if label == names::HOSTNAME_LABEL {
-                            Some(&n.info.name)
-                        } else {
-                            n.info.labels.get(label)
-                        }
-                    })
+                    .map(|n| n.info.labels.get(label))
                     .collect();
                 assert_eq!(
                     domains.len(),
