@@ -1085,7 +1085,7 @@ impl Allocator {
         self.queues
             .get(job.queue)
             .and_then(|q| q.spec.as_ref())
-            .is_none_or(|spec| !spec.on_hold && spec.admits_namespace(&job.spec.namespace))
+            .is_none_or(|spec| !spec.refuses(&job.spec.namespace))
     }
 
     /// Tries every allowed (flavor, resource) of a pending job. On failure
@@ -1136,9 +1136,9 @@ impl Allocator {
                 false,
             ));
         }
-        if !self.queue_admits(job)
-            && let Some(q) = self.queues.get(queue)
+        if let Some(q) = self.queues.get(queue)
             && let Some(spec) = &q.spec
+            && spec.refuses(&job.spec.namespace)
         {
             let namespace = if spec.on_hold {
                 ""

@@ -171,6 +171,12 @@ impl QueueSpec {
         self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
     }
 
+    /// Whether the queue refuses jobs of `namespace` now: on hold, or
+    /// closed to it.
+    pub(crate) fn refuses(&self, namespace: &str) -> bool {
+        self.on_hold || !self.admits_namespace(namespace)
+    }
+
     /// Whether some of the jobs in its line may not be admitted now, for
     /// the queue (on hold) or their namespace.
     pub(crate) fn refuses_some(&self) -> bool {
