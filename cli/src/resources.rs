@@ -311,7 +311,7 @@ impl Listed for TrainingQueue {
     }
 
     fn wide_headers() -> &'static [&'static str] {
-        &["FLAVORS", "NAMESPACES", "STOP"]
+        &["FLAVORS", "NAMESPACES", "STOP", "BORROWED", "SHARE"]
     }
 
     fn cells(&self) -> Vec<String> {
@@ -339,7 +339,17 @@ impl Listed for TrainingQueue {
             self.spec.namespaces.join(",")
         };
         let stop = self.spec.stop_policy.unwrap_or(StopPolicy::None);
-        vec![flavors.join(","), namespaces, stop.to_string()]
+        let status = self.status.clone().unwrap_or_default();
+        let borrowed: u32 = status.usage.iter().map(|u| u.borrowed).sum();
+        // Thousandths, as the status carries it: 0 while within nominal quota.
+        let share = status.fair_sharing.map(|f| f.weighted_share.to_string());
+        vec![
+            flavors.join(","),
+            namespaces,
+            stop.to_string(),
+            borrowed.to_string(),
+            or_none(share),
+        ]
     }
 
     fn finished(&self) -> bool {
@@ -401,18 +411,18 @@ pub(crate) mod tests {
         assert_eq!(
             row(&queue, wide, now()),
             [
-                "team-a", "research", "0", "0", "0/8", "45s", "a100:8", "*", "None"
+                "team-a", "research", "0", "0", "0/8", "45s", "a100:8", "*", "None", "0", "-"
             ]
         );
         queue.spec.namespaces = vec!["research".into(), "research-dev".into()];
         queue.spec.stop_policy = Some(StopPolicy::Hold);
         assert_eq!(
-            row(&queue, wide, now())[6..],
+            row(&queue, wide, now())[6..9],
             ["a100:8", "research,research-dev", "Hold"]
         );
         assert_eq!(
             header_row::<TrainingQueue>(wide)[6..],
-            ["FLAVORS", "NAMESPACES", "STOP"]
+            ["FLAVORS", "NAMESPACES", "STOP", "BORROWED", "SHARE"]
         );
     }
 
@@ -595,12 +605,19 @@ pub(crate) mod tests {
             usage: vec![trainyard_api::FlavorUsage {
                 name: "a100-80gb".into(),
                 used: 12,
-                borrowed: 0,
+                borrowed: 2,
+                ..Default::default()
             }],
+            fair_sharing: Some(trainyard_api::FairSharingStatus {
+                weighted_share: 125,
+            }),
             ..Default::default()
         });
         assert_eq!(queue.cells(), ["research", "2", "3", "12/24"]);
-        assert_eq!(queue.wide_cells(), ["a100-80gb:16,t4-spot:8", "*", "None"]);
+        assert_eq!(
+            queue.wide_cells(),
+            ["a100-80gb:16,t4-spot:8", "*", "None", "2", "125"]
+        );
         assert!(!queue.finished());
         const { assert!(!TrainingQueue::ENDS && TrainingJob::ENDS && Sweep::ENDS) };
         assert_eq!(queue.state_label(), "-");

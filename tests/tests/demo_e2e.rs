@@ -17,7 +17,10 @@ use planner_core::{
     COMPLETION_INDEX_ANNOTATION, LABEL_ATTEMPT, LABEL_JOB, LABEL_ROLE, PlannerConfig, Role,
 };
 use tokio_util::sync::CancellationToken;
-use trainyard_api::{Sweep, SweepState, TrainingJob, TrainingJobState, TrainingQueue};
+use trainyard_api::{
+    QUEUE_ACTIVE, Sweep, SweepState, TrainingJob, TrainingJobState, TrainingQueue,
+    TrainingQueueStatus, find_condition,
+};
 use trainyard_contracts::decisions::AdmissionDecided;
 use trainyard_contracts::{Incoming, Service, streams};
 use trainyard_runtime::{Runtime, Settings};
@@ -170,6 +173,13 @@ async fn every_example_job_and_the_sweep_complete_on_the_simulated_cluster() {
     let sweep: Sweep = manifest("examples/sweep.yaml");
     let sweeps = Api::<Sweep>::namespaced(kube.clone(), &sweep.namespace().unwrap_or_default());
     apply(&sweeps, &sweep).await;
+
+    // The gpu-allocator reports the queue, and the planner writes its status.
+    let busy = queue_status(&kube, "the queue to show admitted jobs", |s| {
+        s.admitted > 0 && s.usage.iter().any(|u| u.name == "a100-80gb" && u.used > 0)
+    })
+    .await;
+    assert!(busy.observed_generation.is_some(), "{busy:?}");
 
     let expected: Vec<TrainingJob> = names
         .iter()
@@ -396,6 +406,24 @@ async fn bind_on_a100_0(
     pods
 }
 
+/// The status of TrainingQueue `default` once `done` holds for it.
+async fn queue_status(
+    kube: &Client,
+    what: &str,
+    done: impl Fn(&TrainingQueueStatus) -> bool,
+) -> TrainingQueueStatus {
+    let queues = Api::<TrainingQueue>::all(kube.clone());
+    eventually_within(what, Duration::from_secs(60), || {
+        let queues = queues.clone();
+        let done = &done;
+        async move {
+            let status = queues.get("default").await.ok()?.status?;
+            done(&status).then_some(status)
+        }
+    })
+    .await
+}
+
 /// The `Admitted` condition's message once TrainingJob `name` waits short
 /// of capacity.
 async fn waiting_short(jobs: &Api<TrainingJob>, name: &str) -> String {
@@ -447,11 +475,25 @@ async fn gpus_other_pods_hold_are_not_given_to_training() {
                 .contains("8 nvidia.com/gpu of the flavor held by pods Trainyard does not manage"),
         "{waiting}"
     );
+    let waits = queue_status(&stack.kube, "the queue to show the job waiting", |s| {
+        s.pending == 1 && s.admitted == 0
+    })
+    .await;
+    let active = find_condition(&waits.conditions, QUEUE_ACTIVE).expect("Active");
+    assert!(
+        active.is_true() && active.reason.as_deref() == Some("Ready"),
+        "{active:?}"
+    );
     pods.delete("inference", &Default::default())
         .await
         .expect("server deleted");
     let state = finish(&jobs, "two-nodes").await;
     assert_eq!(state, TrainingJobState::Completed);
+    let idle = queue_status(&stack.kube, "the queue to be idle", |s| {
+        s.pending == 0 && s.admitted == 0
+    })
+    .await;
+    assert!(idle.usage.iter().all(|u| u.used == 0), "{idle:?}");
     stack.stop().await;
 }
 

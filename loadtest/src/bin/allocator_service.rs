@@ -5,7 +5,8 @@
 //! benchmark times the core alone; this one times what the service does per
 //! cycle on top (explaining every pending job, deciding which `admission.pending`
 //! messages to publish) and counts those messages: each one becomes a status
-//! write on a TrainingJob in the planner.
+//! write on a TrainingJob in the planner. It also counts the `queue.status`
+//! reports, each a status write on a TrainingQueue.
 //!
 //! Cluster: 2,000 nodes x 8 GPUs (16,000), 30 TrainingQueues in one
 //! cohort with equal nominal quotas. Jobs: 1, 2, 4, 8 GPUs (35, 20, 15, 10 %)
@@ -92,6 +93,8 @@ struct Figures {
     pending_messages_per_cycle_p50: f64,
     pending_messages_per_cycle_max: f64,
     pending_message_bytes_per_cycle: f64,
+    /// `queue.status` messages (each a status write on a TrainingQueue).
+    queue_status_messages_per_cycle: f64,
     snapshot_json_bytes: usize,
     snapshot_copy_ms_p50: f64,
     snapshot_encode_ms_p50: f64,
@@ -128,6 +131,7 @@ fn main() -> anyhow::Result<()> {
     let mut encode_ms = Vec::new();
     let mut messages = Vec::new();
     let mut message_bytes = 0usize;
+    let mut queue_reports = 0usize;
     let mut admissions = 0usize;
     let mut snapshot_bytes = 0usize;
     let started = Instant::now();
@@ -162,6 +166,7 @@ fn main() -> anyhow::Result<()> {
 
         let outbox: Vec<Outgoing> = state.outbox().iter().cloned().collect();
         let mut cycle_messages = 0usize;
+        let mut cycle_queue_reports = 0usize;
         let mut cycle_bytes = 0usize;
         for outgoing in &outbox {
             match outgoing {
@@ -169,6 +174,7 @@ fn main() -> anyhow::Result<()> {
                     cycle_messages += 1;
                     cycle_bytes += serde_json::to_vec(payload)?.len();
                 }
+                Outgoing::QueueStatus { .. } => cycle_queue_reports += 1,
                 Outgoing::Admission { entity, .. } => {
                     let Some(entity) = pending.remove(&entity.uid) else {
                         bail!("admitted {entity:?}, which is not pending");
@@ -195,6 +201,7 @@ fn main() -> anyhow::Result<()> {
             snapshot_bytes = encoded.len();
             cycle_ms.push(elapsed.as_secs_f64() * 1e3);
             messages.push(cycle_messages as f64);
+            queue_reports += cycle_queue_reports;
             message_bytes += cycle_bytes;
             admissions += report.admissions;
         }
@@ -215,6 +222,7 @@ fn main() -> anyhow::Result<()> {
         pending_messages_per_cycle_p50: messages.percentile(50.0).unwrap_or(0.0),
         pending_messages_per_cycle_max: messages.max().unwrap_or(0.0),
         pending_message_bytes_per_cycle: message_bytes as f64 / sampled,
+        queue_status_messages_per_cycle: queue_reports as f64 / sampled,
         snapshot_json_bytes: snapshot_bytes,
         snapshot_copy_ms_p50: SortedSamples::new(copy_ms).percentile(50.0).unwrap_or(0.0),
         snapshot_encode_ms_p50: SortedSamples::new(encode_ms)
@@ -236,6 +244,10 @@ fn main() -> anyhow::Result<()> {
         figures.pending_messages_per_cycle_p50,
         figures.pending_messages_per_cycle_max,
         figures.pending_message_bytes_per_cycle
+    );
+    println!(
+        "  queue.status messages a cycle: mean {:.1} (of 30 queues; the benchmark's cycles are 60 s apart)",
+        figures.queue_status_messages_per_cycle
     );
     println!(
         "  snapshot: {} bytes of JSON; p50 {:.1} ms to copy (under the lock), {:.1} ms to encode",

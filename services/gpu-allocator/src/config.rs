@@ -97,6 +97,10 @@ pub struct AllocatorServiceConfig {
     /// it waits changes, or when its position or GPUs short moved by at least
     /// this percent of the smaller of the old and new value (0: every move).
     pub explain_step_percent: u32,
+    /// Smallest gap between two status reports of a TrainingQueue (its
+    /// pending and admitted jobs, GPUs used and borrowed); one is sent only
+    /// when its figures changed.
+    pub queue_status_interval_seconds: u64,
 }
 
 impl Default for AllocatorServiceConfig {
@@ -125,6 +129,7 @@ impl Default for AllocatorServiceConfig {
             max_preemptions_per_cycle: core.preemption.max_preemptions_per_cycle,
             tombstone_retention_seconds: core.tombstone_retention_secs,
             explain_step_percent: 10,
+            queue_status_interval_seconds: 2,
         }
     }
 }

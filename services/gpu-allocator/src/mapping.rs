@@ -7,8 +7,8 @@ use chrono::{DateTime, Utc};
 use gpu_allocator_core::{
     Admission, AgingPolicy, CpuMemory, Event, FlavorQuota, FlavorSpec, GpuSliceRequest, JobSpec,
     JobUid, NodeInfo, NodeKey, NodeOperator, NodeRequirement, NodeSelectorTerm, PendingReason,
-    Preemption, PreemptionRule, QueuePreemption, QueueSpec, ResourceQuota, Taint, TaintEffect,
-    Timestamp, Toleration, TolerationOperator, TopologyRequirement, Victim, names,
+    Preemption, PreemptionRule, QueuePreemption, QueueSpec, QueueUsage, ResourceQuota, Taint,
+    TaintEffect, Timestamp, Toleration, TolerationOperator, TopologyRequirement, Victim, names,
 };
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use trainyard_api::quantity::{self, QuantityError};
@@ -17,7 +17,8 @@ use trainyard_api::{
 };
 use trainyard_contracts::EntityRef;
 use trainyard_contracts::decisions::{
-    AdmissionDecided, PendingExplained, PreemptionDecided, TolerationSpec, WorkerPlacement,
+    AdmissionDecided, PendingExplained, PreemptionDecided, QueueStatusReported, ResourceUsage,
+    TolerationSpec, WorkerPlacement,
 };
 use trainyard_contracts::events::{Change, NodeObserved, TrainingQueueChanged};
 
@@ -642,6 +643,53 @@ pub fn pending_id(uid: &JobUid, payload: &PendingExplained, at: Timestamp) -> St
     ]);
     format!("pending:{hash:016x}:{uid}")
 }
+
+/// Deduplication id of a queue's status report: the queue, what the report
+/// says and the cycle that made it, as for [`pending_id`].
+pub fn queue_status_id(queue: &str, payload: &QueueStatusReported, at: Timestamp) -> String {
+    // Field order is fixed, so the encoding is too.
+    let encoded = serde_json::to_vec(payload).unwrap_or_default();
+    let hash = fnv1a_parts(&[&encoded, &at.0.to_le_bytes()]);
+    format!("queue-status:{hash:016x}:{queue}")
+}
+
+/// The status report of one queue, with `cpu_admitted` CPU-only jobs (the
+/// core never sees them) counted as admitted.
+pub fn queue_status_reported(usage: &QueueUsage, cpu_admitted: u32) -> QueueStatusReported {
+    let (reason, message) = if usage.on_hold {
+        (
+            QUEUE_STOPPED,
+            "stopPolicy is Hold: the queue admits no job until it is set back to None; admitted jobs run on",
+        )
+    } else {
+        (QUEUE_READY, "the queue admits jobs")
+    };
+    // `as` saturates: a zero-weight queue that borrows has a huge share.
+    let weighted_share = (usage.weighted_share * 1000.0).round() as u64;
+    QueueStatusReported {
+        pending: usage.pending,
+        admitted: usage.admitted.saturating_add(cpu_admitted),
+        usage: usage
+            .resources
+            .iter()
+            .map(|r| ResourceUsage {
+                flavor: r.flavor.clone(),
+                resource: r.resource.clone(),
+                used: r.used,
+                borrowed: r.borrowed,
+            })
+            .collect(),
+        weighted_share,
+        active: !usage.on_hold,
+        reason: reason.to_string(),
+        message: message.to_string(),
+    }
+}
+
+/// Reason of a queue that admits jobs.
+pub const QUEUE_READY: &str = "Ready";
+/// Reason of a queue whose `stopPolicy` is Hold.
+pub const QUEUE_STOPPED: &str = "Stopped";
 
 /// FNV-1a (stable across builds and platforms, unlike `DefaultHasher`) of
 /// `parts`, each followed by a byte no UTF-8 text contains, which keeps

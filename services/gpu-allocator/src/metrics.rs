@@ -18,6 +18,7 @@ pub struct AllocatorMetrics {
     pub admissions: IntCounter,
     pub preemptions: IntCounter,
     pub pending_explanations: IntCounter,
+    pub queue_reports: IntCounter,
     pub evictions: IntCounterVec,
     pub pending_jobs: IntGauge,
     pub running_jobs: IntGauge,
@@ -64,6 +65,11 @@ impl AllocatorMetrics {
             pending_explanations: IntCounter::new(
                 "trainyard_allocator_pending_explanations_total",
                 "admission.pending messages queued (each a status write on its TrainingJob)",
+            )
+            .map_err(metric_error)?,
+            queue_reports: IntCounter::new(
+                "trainyard_allocator_queue_status_reports_total",
+                "queue.status messages queued (each a status write on its TrainingQueue)",
             )
             .map_err(metric_error)?,
             evictions: IntCounterVec::new(
@@ -149,6 +155,9 @@ impl AllocatorMetrics {
             .register(Box::new(metrics.pending_explanations.clone()))
             .map_err(metric_error)?;
         registry
+            .register(Box::new(metrics.queue_reports.clone()))
+            .map_err(metric_error)?;
+        registry
             .register(Box::new(metrics.evictions.clone()))
             .map_err(metric_error)?;
         registry
@@ -188,6 +197,7 @@ impl AllocatorMetrics {
         self.preemptions.inc_by(report.preempted_victims as u64);
         self.pending_explanations
             .inc_by(report.explanations_published as u64);
+        self.queue_reports.inc_by(report.queue_reports as u64);
         self.evictions
             .with_label_values(&["preempted"])
             .inc_by(report.evictions_preempted as u64);

@@ -25,7 +25,9 @@ use futures::StreamExt;
 use gpu_allocator_core::Timestamp;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use trainyard_contracts::decisions::{AdmissionDecided, PendingExplained, PreemptionDecided};
+use trainyard_contracts::decisions::{
+    AdmissionDecided, PendingExplained, PreemptionDecided, QueueStatusReported,
+};
 use trainyard_contracts::events::{NodeObserved, TrainingJobChanged, TrainingQueueChanged};
 use trainyard_contracts::lifecycle::{TrainingJobFinalized, TrainingJobTransitioned};
 use trainyard_contracts::streams::ConsumerSpec;
@@ -393,6 +395,11 @@ async fn publish(publisher: &Publisher, outgoing: &Outgoing) -> Result<(), Servi
             entity,
             payload,
         } => send::<PendingExplained>(publisher, id, entity, payload).await,
+        Outgoing::QueueStatus {
+            id,
+            entity,
+            payload,
+        } => send::<QueueStatusReported>(publisher, id, entity, payload).await,
     }
 }
 

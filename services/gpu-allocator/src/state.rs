@@ -13,7 +13,9 @@ use gpu_allocator_core::{
 use serde::{Deserialize, Serialize};
 use trainyard_api::{TrainingJobState, TrainingQueue};
 use trainyard_contracts::EntityRef;
-use trainyard_contracts::decisions::{AdmissionDecided, PendingExplained, PreemptionDecided};
+use trainyard_contracts::decisions::{
+    AdmissionDecided, PendingExplained, PreemptionDecided, QueueStatusReported,
+};
 use trainyard_contracts::events::{Change, NodeObserved, TrainingJobChanged, TrainingQueueChanged};
 use trainyard_contracts::lifecycle::TrainingJobTransitioned;
 
@@ -65,20 +67,37 @@ pub enum Outgoing {
         entity: EntityRef,
         payload: PendingExplained,
     },
+    /// `queue.status`.
+    QueueStatus {
+        id: String,
+        entity: EntityRef,
+        payload: QueueStatusReported,
+    },
 }
 
 impl Outgoing {
     /// Admissions and preemptions are decisions: published only once a
-    /// snapshot holds them. Pending explanations are not.
+    /// snapshot holds them. Pending explanations and queue reports are not.
     pub fn is_decision(&self) -> bool {
-        !matches!(self, Outgoing::Pending { .. })
+        !matches!(
+            self,
+            Outgoing::Pending { .. } | Outgoing::QueueStatus { .. }
+        )
     }
 
     /// The job a pending explanation is about.
     fn pending_entity(&self) -> Option<&EntityRef> {
         match self {
             Outgoing::Pending { entity, .. } => Some(entity),
-            Outgoing::Admission { .. } | Outgoing::Preemption { .. } => None,
+            _ => None,
+        }
+    }
+
+    /// The queue a status report is about.
+    fn queue_entity(&self) -> Option<&EntityRef> {
+        match self {
+            Outgoing::QueueStatus { entity, .. } => Some(entity),
+            _ => None,
         }
     }
 
@@ -87,7 +106,8 @@ impl Outgoing {
         match self {
             Outgoing::Admission { id, .. }
             | Outgoing::Preemption { id, .. }
-            | Outgoing::Pending { id, .. } => id,
+            | Outgoing::Pending { id, .. }
+            | Outgoing::QueueStatus { id, .. } => id,
         }
     }
 }
@@ -101,6 +121,8 @@ pub struct CycleReport {
     pub evictions_node_lost: usize,
     pub pending: usize,
     pub explanations_published: usize,
+    /// Queue status reports queued for publishing.
+    pub queue_reports: usize,
     /// Pending jobs per queue.
     pub queue_depth: BTreeMap<String, u32>,
     /// Pending jobs per kind of reason (`PendingReason::kind`).
@@ -125,6 +147,11 @@ pub struct AllocatorState {
     outbox: VecDeque<Outgoing>,
     applied: BTreeMap<String, u64>,
     generation: u64,
+    /// The last status report queued per queue. Not saved: after a restart
+    /// every queue is reported again, which rewrites its status as it was.
+    queue_status: BTreeMap<String, QueueStatusReported>,
+    /// When queue reports were last worked out.
+    queue_status_at: Option<Timestamp>,
 }
 
 fn entity_key(namespace: &str, name: &str) -> String {
@@ -151,6 +178,8 @@ impl AllocatorState {
             outbox: VecDeque::new(),
             applied: BTreeMap::new(),
             generation: 0,
+            queue_status: BTreeMap::new(),
+            queue_status_at: None,
         })
     }
 
@@ -195,6 +224,8 @@ impl AllocatorState {
             outbox: persisted.outbox,
             applied: persisted.applied,
             generation: 0,
+            queue_status: BTreeMap::new(),
+            queue_status_at: None,
         })
     }
 
@@ -691,11 +722,61 @@ impl AllocatorState {
             self.outbox.extend(fresh);
             decided = true;
         }
-        if decided {
+        report.queue_reports = self.report_queues(now);
+        if decided || report.queue_reports > 0 {
             self.touch();
         }
         report.totals = self.alloc.stats();
         report
+    }
+
+    /// Queues a status report for each queue whose figures changed since
+    /// its last one, at most every `queue_status_interval_seconds`: a busy
+    /// queue's figures change every cycle, and each report is an API write.
+    /// Returns how many were queued.
+    fn report_queues(&mut self, now: Timestamp) -> usize {
+        let interval = self.config.queue_status_interval_seconds;
+        if self
+            .queue_status_at
+            .is_some_and(|at| now.0 < at.0.saturating_add(interval))
+        {
+            return 0;
+        }
+        self.queue_status_at = Some(now);
+        let mut cpu_admitted: BTreeMap<&str, u32> = BTreeMap::new();
+        for uid in &self.cpu_admitted {
+            if let Some(rec) = self.record_of(&JobUid::new(uid.as_str())) {
+                let queue = rec.template.queue.as_deref();
+                *cpu_admitted
+                    .entry(queue.unwrap_or(&self.config.default_queue))
+                    .or_default() += 1;
+            }
+        }
+        let mut fresh = Vec::new();
+        let mut reported = BTreeMap::new();
+        for usage in self.alloc.queue_usage() {
+            let cpu = cpu_admitted.get(usage.name.as_str()).copied().unwrap_or(0);
+            let payload = mapping::queue_status_reported(&usage, cpu);
+            if self.queue_status.get(&usage.name) != Some(&payload) {
+                fresh.push(Outgoing::QueueStatus {
+                    id: mapping::queue_status_id(&usage.name, &payload, now),
+                    entity: EntityRef::new("", &usage.name, ""),
+                    payload: payload.clone(),
+                });
+            }
+            reported.insert(usage.name, payload);
+        }
+        // Deleted queues are forgotten: one created again is reported anew.
+        self.queue_status = reported;
+        if !fresh.is_empty() {
+            let replaced: HashSet<&EntityRef> =
+                fresh.iter().filter_map(Outgoing::queue_entity).collect();
+            self.outbox
+                .retain(|o| o.queue_entity().is_none_or(|e| !replaced.contains(e)));
+        }
+        let queued = fresh.len();
+        self.outbox.extend(fresh);
+        queued
     }
 
     /// Counts each queue's pending jobs into `report` and returns the
@@ -792,7 +873,9 @@ impl AllocatorState {
                 ..
             } => Event::Admitted(admission),
             Outgoing::Preemption { decision, .. } => Event::PreemptionStarted(decision),
-            Outgoing::Admission { decision: None, .. } | Outgoing::Pending { .. } => return,
+            Outgoing::Admission { decision: None, .. }
+            | Outgoing::Pending { .. }
+            | Outgoing::QueueStatus { .. } => return,
         };
         let kind = event.kind();
         if let Err(err) = self.alloc.apply(event) {
@@ -1057,6 +1140,95 @@ mod tests {
             report.pending_by_reason,
             [("quota", 1)].into(),
             "counted whether or not published"
+        );
+    }
+
+    fn queue_reports(state: &AllocatorState) -> Vec<(String, QueueStatusReported)> {
+        state
+            .outbox()
+            .iter()
+            .filter_map(|o| match o {
+                Outgoing::QueueStatus {
+                    entity, payload, ..
+                } => Some((entity.name.clone(), payload.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_queue_is_reported_when_its_figures_change_at_most_every_interval() {
+        let mut state = state();
+        state
+            .on_job_changed(&entity("runs"), &job("runs", 8, 0, false), Timestamp(10))
+            .expect("job");
+        state
+            .on_job_changed(&entity("cpu"), &job("cpu", 0, 0, false), Timestamp(10))
+            .expect("job");
+        let report = state.cycle(Timestamp(10));
+        assert_eq!(report.queue_reports, 1);
+        let reports = queue_reports(&state);
+        let [(queue, first)] = reports.as_slice() else {
+            panic!("one report: {reports:?}");
+        };
+        assert_eq!(queue, "default");
+        assert_eq!(
+            (first.pending, first.admitted),
+            (0, 2),
+            "CPU-only jobs count"
+        );
+        assert_eq!(
+            first.usage,
+            [trainyard_contracts::decisions::ResourceUsage {
+                flavor: "a100".into(),
+                resource: "nvidia.com/gpu".into(),
+                used: 8,
+                borrowed: 0,
+            }]
+        );
+        assert!(first.active && first.reason == "Ready");
+        assert!(
+            !Outgoing::QueueStatus {
+                id: String::new(),
+                entity: EntityRef::new("", "default", ""),
+                payload: first.clone(),
+            }
+            .is_decision()
+        );
+
+        state
+            .on_job_changed(&entity("waits"), &job("waits", 8, 0, false), Timestamp(11))
+            .expect("job");
+        let report = state.cycle(Timestamp(11));
+        assert_eq!(report.queue_reports, 0, "within the interval");
+        let report = state.cycle(Timestamp(12));
+        assert_eq!(report.queue_reports, 1);
+        let reports = queue_reports(&state);
+        assert_eq!(reports.len(), 1, "the unpublished older report is replaced");
+        assert_eq!((reports[0].1.pending, reports[0].1.admitted), (1, 2));
+        let report = state.cycle(Timestamp(20));
+        assert_eq!(report.queue_reports, 0, "nothing changed");
+
+        let held: TrainingQueueChanged = serde_json::from_value(json!({
+            "change": "Applied",
+            "object": {"apiVersion": "trainyard.dev/v1", "kind": "TrainingQueue",
+                       "metadata": {"name": "default"},
+                       "spec": {"stopPolicy": "Hold", "flavors": [{"name": "a100", "nominalQuota": 8,
+                                "nodeLabels": {"nvidia.com/gpu.product": "A100"}}]}}
+        }))
+        .expect("queue");
+        state
+            .on_queue(&EntityRef::new("", "default", ""), &held)
+            .expect("queue applies");
+        assert_eq!(state.cycle(Timestamp(22)).queue_reports, 1);
+        let reports = queue_reports(&state);
+        let held = &reports[0].1;
+        assert!(!held.active);
+        assert_eq!(held.reason, "Stopped");
+        assert!(
+            held.message.contains("stopPolicy is Hold"),
+            "{}",
+            held.message
         );
     }
 

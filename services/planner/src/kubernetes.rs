@@ -11,7 +11,10 @@ use kube::{Api, Client, Resource, ResourceExt};
 use planner_core::{DesiredObjects, PLACEMENT_GATE};
 use serde_json::json;
 use trainyard_api::placement::LABEL_HOSTNAME;
-use trainyard_api::{Sweep, SweepStatus, TrainingJob, TrainingJobSpec, TrainingJobStatus};
+use trainyard_api::{
+    Sweep, SweepStatus, TrainingJob, TrainingJobSpec, TrainingJobStatus, TrainingQueue,
+    TrainingQueueStatus,
+};
 
 use crate::error::PlannerError;
 use crate::events::EventRecorder;
@@ -378,6 +381,34 @@ impl KubeWriter {
             .map_err(PlannerError::kube(format!(
                 "write sweep status {namespace}/{name}"
             )))
+    }
+
+    pub async fn get_queue(&self, name: &str) -> Result<Option<TrainingQueue>, PlannerError> {
+        Api::<TrainingQueue>::all(self.client.clone())
+            .get_opt(name)
+            .await
+            .map_err(PlannerError::kube(format!("get trainingqueue {name}")))
+    }
+
+    /// Writes a TrainingQueue's status subresource. A queue deleted since it
+    /// was read needs no status.
+    pub async fn write_queue_status(
+        &self,
+        name: &str,
+        status: &TrainingQueueStatus,
+    ) -> Result<(), PlannerError> {
+        let patch = StatusApply {
+            api_version: trainyard_api::API_GROUP_VERSION,
+            kind: "TrainingQueue",
+            status,
+        };
+        gone(
+            Api::<TrainingQueue>::all(self.client.clone())
+                .patch_status(name, &self.apply_params(), &Patch::Apply(&patch))
+                .await
+                .map(|_| ()),
+            format!("write trainingqueue status {name}"),
+        )
     }
 
     /// Creates (or updates) a TrainingJob submitted over NATS.

@@ -15,8 +15,8 @@ use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Reg
 use tokio_util::sync::CancellationToken;
 use trainyard_api::TrainingJob;
 use trainyard_contracts::decisions::{
-    AdmissionDecided, PendingExplained, PreemptionDecided, ResumePointChosen, SweepProgressed,
-    TrialRequested, TrialStopped,
+    AdmissionDecided, PendingExplained, PreemptionDecided, QueueStatusReported, ResumePointChosen,
+    SweepProgressed, TrialRequested, TrialStopped,
 };
 use trainyard_contracts::events::{Change, JobObserved, PodObserved, TrainingJobChanged};
 use trainyard_contracts::lifecycle::TrainingJobFinalized;
@@ -706,6 +706,35 @@ impl Planner {
             .await
             .map_err(retry)
     }
+
+    /// Writes the gpu-allocator's report into the TrainingQueue's status.
+    async fn queue_status(
+        &self,
+        queue: &EntityRef,
+        report: QueueStatusReported,
+    ) -> Result<(), HandleError> {
+        let retry = |err: PlannerError| HandleError::Retry(err.to_string());
+        let Some(object) = self.writer.get_queue(&queue.name).await.map_err(retry)? else {
+            tracing::debug!(queue = %queue.name, "queue is gone; status not written");
+            return Ok(());
+        };
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        );
+        let status = planner_core::queue_status(
+            &report,
+            object.status.as_ref(),
+            object.metadata.generation,
+            now,
+        );
+        if object.status.as_ref() == Some(&status) {
+            return Ok(());
+        }
+        self.writer
+            .write_queue_status(&queue.name, &status)
+            .await
+            .map_err(retry)
+    }
 }
 
 fn is_dns_label(name: &str) -> bool {
@@ -753,6 +782,9 @@ impl Handler for PlannerHandler {
         }
         if message.is::<SweepProgressed>() {
             return self.0.sweep_progress(&entity, message.payload()?).await;
+        }
+        if message.is::<QueueStatusReported>() {
+            return self.0.queue_status(&entity, message.payload()?).await;
         }
         if message.is::<TrialStopped>() {
             // The tuner names the Sweep; the stop is about one of its trials.

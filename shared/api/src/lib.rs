@@ -21,9 +21,9 @@ pub mod validation;
 pub use condition::{Condition, ConditionStatus, find_condition, set_condition};
 pub use crdgen::{CRDGEN_COMMAND, CrdFile, all_crds, generate_crd_files};
 pub use queue::{
-    DEFAULT_AGING_STEP, FairShare, FlavorQuota, FlavorUsage, MigQuota, PreemptionPolicy,
-    QueuePriorityPolicy, ReclaimWithinCohort, StopPolicy, TrainingQueue, TrainingQueueSpec,
-    TrainingQueueStatus, WithinQueuePreemption,
+    DEFAULT_AGING_STEP, FairShare, FairSharingStatus, FlavorQuota, FlavorUsage, MigQuota, MigUsage,
+    PreemptionPolicy, QUEUE_ACTIVE, QueuePriorityPolicy, ReclaimWithinCohort, StopPolicy,
+    TrainingQueue, TrainingQueueSpec, TrainingQueueStatus, WithinQueuePreemption,
 };
 pub use sweep::{
     AlgorithmName, BestTrial, EarlyStoppingAlgorithm, EarlyStoppingSpec, Objective,

@@ -74,13 +74,14 @@ wire_enum! {
 /// them with, and how jobs in it are ordered and preempted.
 // Every printcolumn repeats keys such as `type_`, which clippy mistakes for duplicated attributes.
 #[allow(clippy::duplicated_attributes)]
-#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "trainyard.dev",
     version = "v1",
     kind = "TrainingQueue",
     status = "TrainingQueueStatus",
     derive = "PartialEq",
+    derive = "Default",
     shortname = "tq",
     category = "trainyard",
     doc = "A cluster-wide GPU quota that admits TrainingJobs: nominal GPUs per flavor, borrowing and lending within a cohort, fair-share weight, preemption and priority aging.",
@@ -271,7 +272,7 @@ pub struct QueuePriorityPolicy {
     pub aging_step: Option<i32>,
 }
 
-/// Observed state of a TrainingQueue, written by the planner from the gpu-allocator's decisions.
+/// Observed state of a TrainingQueue, written by the planner from the gpu-allocator's reports.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TrainingQueueStatus {
@@ -288,7 +289,11 @@ pub struct TrainingQueueStatus {
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub usage: Vec<FlavorUsage>,
 
-    /// Conditions such as Active.
+    /// The queue's weighted share of its cohort, as fair sharing orders queues.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fair_sharing: Option<FairSharingStatus>,
+
+    /// Conditions: Active is True while the queue admits jobs, False with reason Stopped while its stopPolicy is Hold.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
@@ -310,7 +315,36 @@ pub struct FlavorUsage {
     /// GPUs of those borrowed from the cohort.
     #[serde(default)]
     pub borrowed: u32,
+    /// MIG slices in use per profile.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["profile"]))]
+    pub mig_slices: Vec<MigUsage>,
 }
+
+/// MIG slices in use of one profile.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigUsage {
+    /// MIG profile, e.g. 1g.10gb.
+    pub profile: String,
+    /// Slices used by admitted jobs, including borrowed ones.
+    #[serde(default)]
+    pub used: u32,
+    /// Slices of those borrowed from the cohort.
+    #[serde(default)]
+    pub borrowed: u32,
+}
+
+/// Where the queue stands in its cohort's fair sharing.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FairSharingStatus {
+    /// Thousandths of the largest fraction of a cohort's lendable GPUs the queue borrows, divided by its weight: 0 while it stays within its nominal quota. When several queues want idle GPUs, the one with the smallest share gets them first.
+    pub weighted_share: u64,
+}
+
+/// Condition type of a TrainingQueue: whether it admits jobs.
+pub const QUEUE_ACTIVE: &str = "Active";
 
 impl TrainingQueueSpec {
     /// Decodes a spec from JSON and validates it.

@@ -189,6 +189,16 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
                    "reason": "priority", "message": "preempted by ml-training/urgent-finetune (priority 1000 > 100)",
                    "gracePeriodSeconds": 120, "evictAfter": "2026-11-21T10:02:00Z"}),
         )?,
+        entry::<decisions::QueueStatusReported>(
+            "gpu-allocator",
+            "planner",
+            "What the TrainingQueue holds and awaits, for its status: jobs pending and admitted, units used and borrowed per flavor and resource, its weighted share in thousandths, and whether it admits jobs. Published when it changes, at most every `queue_status_interval_seconds`.",
+            EntityRef::new("", "team-a", ""),
+            json!({"pending": 3, "admitted": 5,
+                   "usage": [{"flavor": "a100-on-demand", "resource": "nvidia.com/gpu", "used": 40, "borrowed": 8},
+                             {"flavor": "a100-on-demand", "resource": "nvidia.com/mig-1g.10gb", "used": 4, "borrowed": 0}],
+                   "weightedShare": 250, "active": true, "reason": "Ready", "message": "admits jobs"}),
+        )?,
         entry::<decisions::TrialRequested>(
             "hpo-tuner",
             "planner",

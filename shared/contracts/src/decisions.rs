@@ -81,6 +81,40 @@ pub struct PreemptionDecided {
     pub evict_after: DateTime<Utc>,
 }
 
+/// What a TrainingQueue holds and awaits, for the planner to write into its
+/// status. The entity is the queue (cluster-scoped, no namespace).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueStatusReported {
+    /// Jobs waiting for admission.
+    pub pending: u32,
+    /// Jobs admitted (holding GPUs, or CPU-only).
+    pub admitted: u32,
+    /// Units in use per flavor and resource, in the queue's flavor order.
+    #[serde(default)]
+    pub usage: Vec<ResourceUsage>,
+    /// Thousandths of the largest fraction of a cohort pool the queue borrows,
+    /// divided by its fair-share weight (0 within nominal quota).
+    pub weighted_share: u64,
+    /// Whether the queue admits jobs.
+    pub active: bool,
+    /// `Ready`, or why it admits none, e.g. `Stopped`.
+    pub reason: String,
+    pub message: String,
+}
+
+/// Units of one resource of one flavor a queue's admitted jobs hold.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceUsage {
+    pub flavor: String,
+    /// `nvidia.com/gpu` or `nvidia.com/mig-<profile>`.
+    pub resource: String,
+    pub used: u64,
+    /// Of those, units above the queue's nominal quota, borrowed from its cohort.
+    pub borrowed: u64,
+}
+
 /// A value of one hyperparameter.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -229,6 +263,13 @@ crate::payload!(
     1,
     Family::Decisions,
     "preemption"
+);
+crate::payload!(
+    QueueStatusReported,
+    "queue.status",
+    1,
+    Family::Decisions,
+    "queuestatus"
 );
 crate::payload!(
     TrialRequested,

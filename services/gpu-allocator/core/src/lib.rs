@@ -43,6 +43,7 @@ mod preemption;
 mod queues;
 mod snapshot;
 mod types;
+mod usage;
 
 pub use allocator::{Allocator, AllocatorStats, Nomination, PreemptingState};
 pub use config::{AgingPolicy, AllocatorConfig, BackfillPolicy, FlavorSpec, PreemptionPolicy};
@@ -63,3 +64,4 @@ pub use types::{
     NodeRequirement, NodeSelectorTerm, ResourceKind, Taint, TaintEffect, Timestamp, Toleration,
     TolerationOperator, TopologyRequirement, names,
 };
+pub use usage::{QueueUsage, ResourceUsage};

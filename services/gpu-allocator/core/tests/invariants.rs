@@ -496,6 +496,12 @@ impl Run {
                 "{}: the restored allocator decides alike",
                 self.at()
             );
+            assert_eq!(
+                shadow.queue_usage(),
+                self.alloc.queue_usage(),
+                "{}: the restored allocator reports its queues alike",
+                self.at()
+            );
         }
         // The service records every decision as an event, as here: a
         // restart may rebuild the state from them.
@@ -533,6 +539,62 @@ impl Run {
         *self.decided.entry("overdrawn".into()).or_default() += overdrawn;
         self.check_pending(&out, &usage);
         self.check_preemptions(&out, &before, &usage);
+        self.check_queue_usage(&out, &usage);
+    }
+
+    /// What each queue's status would report agrees with the admissions and
+    /// the pending entries: jobs, units used per resource, units borrowed.
+    fn check_queue_usage(&self, out: &CycleOutcome, usage: &CycleUsage) {
+        let mut pending: BTreeMap<String, u32> = BTreeMap::new();
+        for p in &out.pending {
+            if let Some(e) = self.alloc.explain(out, p) {
+                *pending.entry(e.queue.to_string()).or_default() += 1;
+            }
+        }
+        let mut admitted: BTreeMap<String, u32> = BTreeMap::new();
+        for u in self.running() {
+            if let Some(a) = self.alloc.admission(&uid(&u)) {
+                *admitted.entry(a.queue.clone()).or_default() += 1;
+            }
+        }
+        let reported = self.alloc.queue_usage();
+        let names: Vec<&String> = reported.iter().map(|q| &q.name).collect();
+        assert_eq!(
+            names,
+            self.queues.keys().collect::<Vec<_>>(),
+            "{}: every queue that exists is reported",
+            self.at()
+        );
+        for q in &reported {
+            let at = format!("{}: queue {}", self.at(), q.name);
+            assert_eq!(
+                q.pending,
+                pending.get(&q.name).copied().unwrap_or(0),
+                "{at} pending"
+            );
+            assert_eq!(
+                q.admitted,
+                admitted.get(&q.name).copied().unwrap_or(0),
+                "{at} admitted"
+            );
+            assert_eq!(q.on_hold, self.queues[&q.name].on_hold, "{at} on hold");
+            let mut total = 0;
+            for r in &q.resources {
+                let used = usage.after.of(&q.name, &r.flavor, &r.resource);
+                let nominal = self.quota(&q.name, &r.flavor, &r.resource).nominal;
+                assert_eq!(r.used, used, "{at} {} {} used", r.flavor, r.resource);
+                assert_eq!(r.borrowed, used.saturating_sub(nominal), "{at} borrowed");
+                total += used;
+            }
+            let held: u64 = usage
+                .after
+                .0
+                .iter()
+                .filter(|((queue, ..), _)| *queue == q.name)
+                .map(|(_, units)| units)
+                .sum();
+            assert_eq!(total, held, "{at}: every resource it holds is reported");
+        }
     }
 
     /// `queue`'s quota of `resource` in `flavor` (none: all zero).

@@ -2651,3 +2651,58 @@ fn a_pending_entry_of_a_removed_job_never_explains_the_job_in_its_slot() {
     let out = h.cycle(20);
     assert_eq!(h.reason_of(&out, "newcomer").position, 1);
 }
+
+#[test]
+fn each_queue_reports_its_jobs_its_gpus_and_what_it_borrows() {
+    let mut h = Harness::without_preemption();
+    h.nodes([node("n1", 8), node("n2", 8)]);
+    h.queue(queue("a", Some("c"), 4));
+    h.queue(queue("b", Some("c"), 12));
+    let mut held = queue("idle", None, 0);
+    held.on_hold = true;
+    h.queue(held);
+    h.submit_at(job("a-1", "a", 1, 8), 0);
+    h.submit_at(job("b-1", "b", 1, 4), 2);
+    h.submit_at(job("b-2", "b", 1, 8), 3);
+    h.submit_at(job("nowhere", "missing", 1, 1), 4);
+    let out = h.cycle(10);
+    assert_eq!(admitted_uids(&out), vec!["a-1", "b-1"]);
+
+    let usage = h.alloc.queue_usage();
+    let names: Vec<&str> = usage.iter().map(|q| q.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["a", "b", "idle"],
+        "a queue no one created has no status"
+    );
+    let (a, b, idle) = (&usage[0], &usage[1], &usage[2]);
+    assert_eq!((a.pending, a.admitted), (0, 1));
+    assert_eq!(
+        a.resources,
+        vec![ResourceUsage {
+            flavor: A100.into(),
+            resource: names::GPU_RESOURCE.into(),
+            used: 8,
+            borrowed: 4,
+        }]
+    );
+    // 4 borrowed of the cohort's 16 lendable GPUs, at weight 1.
+    assert!(
+        (a.weighted_share - 4.0 / 16.0).abs() < 1e-9,
+        "{}",
+        a.weighted_share
+    );
+    assert_eq!((b.pending, b.admitted), (1, 1));
+    assert_eq!((b.resources[0].used, b.resources[0].borrowed), (4, 0));
+    assert_eq!(b.weighted_share, 0.0);
+    assert!(idle.on_hold && !a.on_hold);
+    assert_eq!(
+        (idle.pending, idle.admitted, idle.resources[0].used),
+        (0, 0, 0)
+    );
+
+    h.finish("a-1");
+    let usage = h.alloc.queue_usage();
+    assert_eq!((usage[0].admitted, usage[0].resources[0].used), (0, 0));
+    assert_eq!(usage[0].weighted_share, 0.0);
+}

@@ -21,6 +21,7 @@ mod failure;
 mod names;
 mod objects;
 mod preflight;
+mod queue_status;
 mod resources;
 mod state;
 mod status;
@@ -47,7 +48,8 @@ pub use objects::{
     desired_objects,
 };
 pub use preflight::{checkpoint_location_problem, preflight};
-pub use resources::{GPU_RESOURCE, gpu_resource_name};
+pub use queue_status::queue_status;
+pub use resources::{GPU_RESOURCE, MIG_RESOURCE_PREFIX, gpu_resource_name};
 pub use state::{
     AttemptRecord, CheckpointSeen, EpochMetrics, Observation, Observed, PlannerJobState,
     PreemptionSeen, ProgressSeen, TrialStopSeen, observe,

@@ -16,6 +16,9 @@ use crate::error::PlanError;
 /// Extended resource of a whole NVIDIA GPU.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 
+/// Prefix of the extended resource of a MIG slice, `nvidia.com/mig-<profile>`.
+pub const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
+
 /// Resource name one worker's GPUs are requested as: `nvidia.com/gpu`, or
 /// `nvidia.com/mig-<profile>` for MIG slices (the GPU operator's mixed strategy).
 pub fn gpu_resource_name(spec: &TrainingJobSpec) -> String {
@@ -24,7 +27,7 @@ pub fn gpu_resource_name(spec: &TrainingJobSpec) -> String {
         .as_ref()
         .and_then(|s| s.mig_profile.as_deref())
     {
-        Some(profile) => format!("nvidia.com/mig-{profile}"),
+        Some(profile) => format!("{MIG_RESOURCE_PREFIX}{profile}"),
         None => GPU_RESOURCE.to_owned(),
     }
 }

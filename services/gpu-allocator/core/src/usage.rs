@@ -1,0 +1,89 @@
+//! What each TrainingQueue holds and awaits, for its status: jobs pending and
+//! admitted, units used and borrowed per resource, and its weighted share.
+
+use crate::allocator::Allocator;
+use crate::inventory::ResIdx;
+
+/// One queue as its status reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueUsage {
+    pub name: String,
+    /// Jobs waiting in its line.
+    pub pending: u32,
+    /// Jobs holding an admission (GPUs or MIG slices).
+    pub admitted: u32,
+    /// Per resource it has quota for or still uses, in flavor preference order.
+    pub resources: Vec<ResourceUsage>,
+    /// The largest fraction of a cohort pool it borrows, divided by its
+    /// fair-share weight, as queues are ordered in a cycle (0 within nominal).
+    pub weighted_share: f64,
+    /// `stopPolicy: Hold`: it admits no job.
+    pub on_hold: bool,
+}
+
+/// Units of one resource (e.g. `nvidia.com/gpu`) of one flavor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceUsage {
+    pub flavor: String,
+    /// `nvidia.com/gpu`, `nvidia.com/gpu.shared` or `nvidia.com/mig-<profile>`.
+    pub resource: String,
+    /// Units its admitted jobs hold.
+    pub used: u64,
+    /// Of those, units above its nominal quota, borrowed from its cohort.
+    pub borrowed: u64,
+}
+
+impl Allocator {
+    /// Every TrainingQueue that exists, by name. Queues jobs name that do not
+    /// exist have no status to write and are left out.
+    pub fn queue_usage(&self) -> Vec<QueueUsage> {
+        let mut admitted = vec![0u32; self.queues.queues.len()];
+        for ((queue, _), running) in &self.running_by_queue {
+            if let Some(count) = admitted.get_mut(*queue as usize) {
+                *count = count.saturating_add(u32::try_from(running.len()).unwrap_or(u32::MAX));
+            }
+        }
+        let mut usage: Vec<QueueUsage> = self
+            .queues
+            .queues
+            .iter()
+            .zip(admitted)
+            .enumerate()
+            .filter_map(|(idx, (queue, admitted))| {
+                let spec = queue.spec.as_ref()?;
+                let quota_resources = queue.quotas.iter().map(|slot| slot.res);
+                let mut held: Vec<ResIdx> = queue
+                    .usage
+                    .iter()
+                    .filter(|(res, used)| *used > 0 && queue.quota(*res).is_none())
+                    .map(|(res, _)| *res)
+                    .collect();
+                held.sort_unstable();
+                let resources = quota_resources
+                    .chain(held)
+                    .map(|res| {
+                        let used = queue.usage(res);
+                        let nominal = queue.quota(res).map_or(0, |slot| slot.nominal);
+                        ResourceUsage {
+                            flavor: self.inv.res_flavor_name(res).to_string(),
+                            resource: self.inv.res_quota_name(res),
+                            used,
+                            borrowed: used.saturating_sub(nominal),
+                        }
+                    })
+                    .collect();
+                let idx = u32::try_from(idx).ok()?;
+                Some(QueueUsage {
+                    name: queue.name.to_string(),
+                    pending: u32::try_from(queue.line.len()).unwrap_or(u32::MAX),
+                    admitted,
+                    resources,
+                    weighted_share: self.queues.share(idx, &[]),
+                    on_hold: spec.on_hold,
+                })
+            })
+            .collect();
+        usage.sort_by(|a, b| a.name.cmp(&b.name));
+        usage
+    }
+}
