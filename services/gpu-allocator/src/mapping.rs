@@ -290,8 +290,37 @@ fn toleration(
     })
 }
 
-/// The job's required node-affinity terms in the core's model.
+/// The job's required node-affinity terms in the core's model, each also
+/// requiring the topology key of every required pod affinity term: nodes
+/// without it are no place for the workers (`pod_affinity_keys`), so a gang
+/// kept in one zone is never placed on a node without a zone label, where
+/// its pods would stay pending.
 fn node_affinity(
+    object: &str,
+    job: &TrainingJob,
+    scheduling: &trainyard_api::SchedulingSpec,
+) -> Result<Vec<NodeSelectorTerm>, ServiceError> {
+    let mut keys: Vec<&str> = job.pod_affinity_keys().collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let labelled = keys.iter().map(|key| NodeRequirement {
+        key: NodeKey::Label((*key).to_string()),
+        operator: NodeOperator::Exists,
+        values: Vec::new(),
+    });
+    let mut terms = node_selector_terms(object, scheduling)?;
+    if terms.is_empty() && !keys.is_empty() {
+        terms.push(NodeSelectorTerm::default());
+    }
+    for term in &mut terms {
+        term.requirements.extend(labelled.clone());
+    }
+    Ok(terms)
+}
+
+/// `nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution` in the
+/// core's model.
+fn node_selector_terms(
     object: &str,
     scheduling: &trainyard_api::SchedulingSpec,
 ) -> Result<Vec<NodeSelectorTerm>, ServiceError> {
@@ -469,7 +498,7 @@ pub fn job_spec(
         last_preemptor: None,
         node_selector,
         tolerations,
-        node_affinity: node_affinity(&object, &scheduling)?,
+        node_affinity: node_affinity(&object, job, &scheduling)?,
         topology: required_topology(&object, job, &config.rack_label)?,
         cpu_memory_per_worker: cpu_memory_per_worker(&object, spec.resources.as_ref())?,
         preemptible: true,
@@ -484,9 +513,6 @@ pub fn job_spec(
     Ok(core)
 }
 
-/// The CPU and memory a worker requests (`spec.resources`): its requests,
-/// or its limits where it states no request (the API server defaults
-/// requests to limits).
 /// The domain a required pod affinity among the job's own workers keeps
 /// them in (`TrainingJob::workers_kept_within`): the narrowest whose key
 /// the allocator knows (hostname, the configured rack label, zone). A key
@@ -523,6 +549,9 @@ fn required_topology(
     Ok(required)
 }
 
+/// The CPU and memory a worker requests (`spec.resources`): its requests,
+/// or its limits where it states no request (the API server defaults
+/// requests to limits).
 fn cpu_memory_per_worker(
     object: &str,
     resources: Option<&ResourceRequirements>,
@@ -1318,6 +1347,48 @@ mod tests {
                 && err.to_string().contains("drop one of the two terms"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn pod_affinity_needs_nodes_that_carry_its_topology_keys() {
+        let exists = |key: &str| NodeRequirement {
+            key: NodeKey::Label(key.into()),
+            operator: NodeOperator::Exists,
+            values: vec![],
+        };
+        let pod_affinity = json!({"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"trainyard.dev/job": "bert"}}, "topologyKey": names::ZONE_LABEL},
+            {"labelSelector": {"matchLabels": {"app": "feature-store"}}, "topologyKey": names::ZONE_LABEL},
+            {"labelSelector": {"matchLabels": {"app": "cache"}}, "topologyKey": "example.com/pod"}]});
+        let job = training_job(json!({"affinity": {"podAffinity": pod_affinity}}), None);
+        let spec = job_spec(&config(), &job, "u-1", 0, None, Timestamp(0)).expect("maps");
+        assert_eq!(
+            spec.node_affinity,
+            [NodeSelectorTerm {
+                requirements: vec![exists("example.com/pod"), exists(names::ZONE_LABEL)],
+            }],
+            "every key once, whatever pods its term selects"
+        );
+
+        let job = training_job(
+            json!({"affinity": {
+                "podAffinity": pod_affinity,
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]},
+                    {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["b"]}]}]}}}}),
+            None,
+        );
+        let spec = job_spec(&config(), &job, "u-1", 0, None, Timestamp(0)).expect("maps");
+        assert_eq!(spec.node_affinity.len(), 2, "each term keeps its own");
+        for term in &spec.node_affinity {
+            assert_eq!(
+                term.requirements[1..],
+                [exists("example.com/pod"), exists(names::ZONE_LABEL)]
+            );
+        }
+        let unaffined = training_job(json!({}), None);
+        let spec = job_spec(&config(), &unaffined, "u-1", 0, None, Timestamp(0)).expect("maps");
+        assert!(spec.node_affinity.is_empty());
     }
 
     #[test]

@@ -1143,6 +1143,66 @@ mod tests {
         );
     }
 
+    /// Pod affinity with a zone key: kube-scheduler would leave the workers
+    /// pending on a node without a zone label, so they wait for one that has it.
+    #[test]
+    fn a_gang_kept_in_one_zone_waits_for_a_node_with_a_zone() {
+        let mut state = state();
+        let change: TrainingJobChanged = serde_json::from_value(json!({
+            "change": "Applied",
+            "object": {"apiVersion": "trainyard.dev/v1", "kind": "TrainingJob",
+                       "metadata": {"name": "zoned", "namespace": "ml", "uid": "uid-zoned"},
+                       "spec": {"model": "m", "dataset": "d", "numWorkers": 2, "gpusPerWorker": 2,
+                                "scheduling": {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                                    {"labelSelector": {"matchLabels": {"trainyard.dev/job": "zoned"}},
+                                     "topologyKey": "topology.kubernetes.io/zone"}]}}}}}
+        }))
+        .expect("job");
+        state
+            .on_job_changed(&entity("zoned"), &change, Timestamp(10))
+            .expect("job");
+        state.cycle(Timestamp(10));
+        assert!(admitted(&state).is_empty(), "n1 has no zone label");
+        let why: Vec<&PendingExplained> = state
+            .outbox()
+            .iter()
+            .filter_map(|o| match o {
+                Outgoing::Pending { payload, .. } => Some(payload),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            why[0].message.contains("all in one zone")
+                && why[0]
+                    .message
+                    .contains("does not fit this flavor even when it is empty"),
+            "{why:?}"
+        );
+
+        let zoned: NodeObserved = serde_json::from_value(json!({
+            "change": "Applied", "allocatableGpus": 8,
+            "labels": {"nvidia.com/gpu.product": "A100", "topology.kubernetes.io/zone": "z1"},
+            "unschedulable": false, "ready": true
+        }))
+        .expect("node");
+        state
+            .on_node(&EntityRef::new("", "n2", ""), &zoned)
+            .expect("node applies");
+        state.cycle(Timestamp(20));
+        let Some(Outgoing::Admission { payload, .. }) = state
+            .outbox()
+            .iter()
+            .find(|o| matches!(o, Outgoing::Admission { .. }))
+        else {
+            panic!("admitted once a zoned node is there: {:?}", state.outbox());
+        };
+        assert!(
+            payload.placements.iter().all(|p| p.node == "n2"),
+            "{payload:?}"
+        );
+        assert_eq!(payload.topology["topology.kubernetes.io/zone"], "z1");
+    }
+
     fn queue_reports(state: &AllocatorState) -> Vec<(String, QueueStatusReported)> {
         state
             .outbox()

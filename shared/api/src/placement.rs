@@ -66,6 +66,14 @@ impl TrainingJob {
             .map(|term| term.topology_key.as_str())
     }
 
+    /// Topology keys of every required pod affinity term, whatever pods it
+    /// selects: kube-scheduler places such a pod only on nodes that carry
+    /// each key, even the first worker of a gang that selects itself.
+    pub fn pod_affinity_keys(&self) -> impl Iterator<Item = &str> {
+        self.required_affinity()
+            .map(|term| term.topology_key.as_str())
+    }
+
     /// Whether pinning the workers to the nodes the gpu-allocator placed
     /// them on leaves them schedulable: node selector, tolerations and
     /// required node affinity it reads; required pod affinity only among the
