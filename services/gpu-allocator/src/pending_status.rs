@@ -184,6 +184,7 @@ mod tests {
                 held_by_other_pods: held,
                 workers_lacking_cpu_memory: 0,
                 cpu_memory_per_worker: Default::default(),
+                node_constrained: false,
             };
         assert_ne!(
             cause_hash(&capacity("h100", false, 0)),

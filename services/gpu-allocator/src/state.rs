@@ -1175,7 +1175,7 @@ mod tests {
             why[0].message.contains("all in one zone")
                 && why[0]
                     .message
-                    .contains("does not fit this flavor even when it is empty"),
+                    .contains("does not fit the nodes of this flavor its node selector, affinity"),
             "{why:?}"
         );
 

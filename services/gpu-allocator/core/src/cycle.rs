@@ -2061,6 +2061,7 @@ impl Allocator {
             held_by_other_pods: self.inv.res(res).map_or(0, |r| r.held_by_other_pods),
             workers_lacking_cpu_memory: u32::try_from(lacking_cpu_memory).unwrap_or(u32::MAX),
             cpu_memory_per_worker: spec.cpu_memory_per_worker,
+            node_constrained: filter != 0,
         }
     }
 

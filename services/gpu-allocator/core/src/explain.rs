@@ -198,6 +198,10 @@ pub enum PendingReason {
         /// What each worker requests besides GPUs.
         #[serde(default, skip_serializing_if = "CpuMemory::is_zero")]
         cpu_memory_per_worker: CpuMemory,
+        /// The job's node selector, node affinity, tolerations or GPU
+        /// memory floor narrow the flavor's nodes it may use.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        node_constrained: bool,
     },
     /// Capacity exists but is held for a job ahead in line, and this job's
     /// runtime estimate (if any) ends after that job's reserved start.
@@ -344,6 +348,7 @@ impl fmt::Display for PendingReason {
                 held_by_other_pods,
                 workers_lacking_cpu_memory,
                 cpu_memory_per_worker,
+                node_constrained,
             } => {
                 let within = match required_topology {
                     Some(TopologyRequirement::SameZone) => ", all in one zone",
@@ -369,7 +374,13 @@ impl fmt::Display for PendingReason {
                          by the CPU or memory free beside it ({cpu_memory_per_worker} per worker)"
                     )?;
                 }
-                if !fits_when_empty {
+                if !fits_when_empty && *node_constrained {
+                    write!(
+                        f,
+                        "; the gang does not fit the nodes of this flavor its node selector, \
+                         affinity, tolerations and GPU memory floor admit, even when they are empty"
+                    )?;
+                } else if !fits_when_empty {
                     write!(
                         f,
                         "; the gang does not fit this flavor even when it is empty"

@@ -1235,6 +1235,11 @@ fn required_node_affinity_limits_the_nodes_a_job_is_placed_on() {
         ),
         "no node in z3, now or ever"
     );
+    let message = h.reason_of(&out, "nowhere").message();
+    assert!(
+        message.contains("does not fit the nodes of this flavor its node selector, affinity"),
+        "the job's own constraints are named: {message}"
+    );
     // A z3 node joins, and a job that only fits there takes it first:
     // `nowhere` still waits, but now for room, no longer for a node.
     h.nodes([node_in("z3-a", 8, "z3", "r3")]);
