@@ -18,7 +18,7 @@ use planner_core::{
 };
 use tokio_util::sync::CancellationToken;
 use trainyard_api::{
-    QUEUE_ACTIVE, Sweep, SweepState, TrainingJob, TrainingJobState, TrainingQueue,
+    QUEUE_ACTIVE, StopPolicy, Sweep, SweepState, TrainingJob, TrainingJobState, TrainingQueue,
     TrainingQueueStatus, find_condition,
 };
 use trainyard_contracts::decisions::AdmissionDecided;
@@ -424,9 +424,9 @@ async fn queue_status(
     .await
 }
 
-/// The `Admitted` condition's message once TrainingJob `name` waits short
-/// of capacity.
-async fn waiting_short(jobs: &Api<TrainingJob>, name: &str) -> String {
+/// The `Admitted` condition's message once TrainingJob `name` waits with a
+/// message that contains `says`.
+async fn waiting(jobs: &Api<TrainingJob>, name: &str, says: &str) -> String {
     eventually_within(&format!("{name} to wait"), Duration::from_secs(30), || {
         let jobs = jobs.clone();
         async move {
@@ -437,7 +437,7 @@ async fn waiting_short(jobs: &Api<TrainingJob>, name: &str) -> String {
                 .iter()
                 .find(|c| c.condition_type == "Admitted")?;
             (status.state == Some(TrainingJobState::Queued)
-                && admitted.message.as_deref()?.contains("short"))
+                && admitted.message.as_deref()?.contains(says))
             .then(|| admitted.message.clone().unwrap_or_default())
         }
     })
@@ -468,7 +468,7 @@ async fn gpus_other_pods_hold_are_not_given_to_training() {
     assert_eq!(one_node, ["a100-1", "a100-1"], "{planned:?}");
 
     apply(&jobs, &training_job("two-nodes", 2, 8)).await;
-    let waiting = waiting_short(&jobs, "two-nodes").await;
+    let waiting = waiting(&jobs, "two-nodes", "short").await;
     assert!(
         waiting.contains("8 short")
             && waiting
@@ -516,7 +516,7 @@ async fn cpu_other_pods_hold_is_not_given_to_training() {
         serde_json::from_value(serde_json::json!({"requests": {"cpu": "16"}})).expect("resources"),
     );
     apply(&jobs, &job).await;
-    let waiting = waiting_short(&jobs, "two-nodes").await;
+    let waiting = waiting(&jobs, "two-nodes", "short").await;
     assert!(
         waiting.contains(
             "1 more worker(s) would fit by nvidia.com/gpu but not by the CPU or memory \
@@ -529,6 +529,40 @@ async fn cpu_other_pods_hold_is_not_given_to_training() {
         .expect("loader deleted");
     let state = finish(&jobs, "two-nodes").await;
     assert_eq!(state, TrainingJobState::Completed);
+    stack.stop().await;
+}
+
+/// A TrainingQueue on hold (`stopPolicy: Hold`) admits nothing: a job in it
+/// waits saying so, the queue's status says it is stopped, and once the
+/// policy is taken off the job runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_on_hold_keeps_its_jobs_waiting_until_it_is_released() {
+    let stack = Stack::start(two_a100_nodes()).await;
+    let queues = Api::<TrainingQueue>::all(stack.kube.clone());
+    let mut queue: TrainingQueue = manifest("simulator/clusters/demo-queue.yaml");
+    queue.spec.stop_policy = Some(StopPolicy::Hold);
+    apply(&queues, &queue).await;
+
+    let jobs = Api::<TrainingJob>::namespaced(stack.kube.clone(), "ml");
+    apply(&jobs, &training_job("held", 1, 4)).await;
+    let message = waiting(&jobs, "held", "on hold").await;
+    assert!(message.contains("stopPolicy: Hold"), "{message}");
+    let held = queue_status(&stack.kube, "the queue to say it is stopped", |s| {
+        s.pending == 1
+            && find_condition(&s.conditions, QUEUE_ACTIVE)
+                .is_some_and(|c| c.reason.as_deref() == Some("Stopped"))
+    })
+    .await;
+    assert_eq!(held.admitted, 0);
+
+    queue.spec.stop_policy = None;
+    apply(&queues, &queue).await;
+    assert_eq!(finish(&jobs, "held").await, TrainingJobState::Completed);
+    let active = queue_status(&stack.kube, "the queue to be active again", |s| {
+        find_condition(&s.conditions, QUEUE_ACTIVE).is_some_and(|c| c.is_true())
+    })
+    .await;
+    assert_eq!(active.pending, 0);
     stack.stop().await;
 }
 
