@@ -612,6 +612,17 @@ struct Spread<'a> {
     taken: Vec<&'a Value>,
 }
 
+/// A required pod affinity term, resolved against the pods already placed:
+/// the node must carry the `topology` label, with one of the values in
+/// `domains` (the nodes of the pods the term selects). With no such pod
+/// anywhere, as in kube-scheduler, a pod the term selects itself may go to
+/// any node that carries the label (the first worker of a gang).
+struct Gather<'a> {
+    topology: &'a str,
+    domains: Vec<&'a Value>,
+    selects_itself: bool,
+}
+
 /// What the scheduler reads of a pending pod, looked up once rather than once
 /// per node.
 struct PodNeeds<'a> {
@@ -621,6 +632,7 @@ struct PodNeeds<'a> {
     node_selector: Option<&'a Map<String, Value>>,
     /// Required node affinity: any one term must match.
     affinity_terms: Option<&'a [Value]>,
+    pod_affinity: Vec<Gather<'a>>,
     anti_affinity: Vec<Spread<'a>>,
 }
 
@@ -630,18 +642,38 @@ impl<'a> PodNeeds<'a> {
     fn of(pod: &'a PodFacts, compute: Compute, placed: &[(&'a Value, &'a Value)]) -> Self {
         let spec = &pod.object["spec"];
         let affinity = &spec["affinity"];
-        let spread = |term: &'a Value| {
-            let topology = term["topologyKey"]
-                .as_str()
-                .unwrap_or("kubernetes.io/hostname");
-            let taken = placed
+        // The topology label values of the nodes of the placed pods `term` selects.
+        let domains = |term: &'a Value, topology: &'a str| -> Vec<&'a Value> {
+            placed
                 .iter()
                 .filter(|(_, pod_labels)| {
                     label_selector_matches(&term["labelSelector"], pod_labels)
                 })
                 .map(|(node_labels, _)| &node_labels[topology])
-                .collect();
-            Spread { topology, taken }
+                .collect()
+        };
+        let topology_of = |term: &'a Value| {
+            term["topologyKey"]
+                .as_str()
+                .unwrap_or("kubernetes.io/hostname")
+        };
+        let spread = |term: &'a Value| {
+            let topology = topology_of(term);
+            Spread {
+                topology,
+                taken: domains(term, topology),
+            }
+        };
+        let gather = |term: &'a Value| {
+            let topology = topology_of(term);
+            Gather {
+                topology,
+                domains: domains(term, topology),
+                selects_itself: label_selector_matches(
+                    &term["labelSelector"],
+                    &pod.object["metadata"]["labels"],
+                ),
+            }
         };
         Self {
             requests: &pod.requests,
@@ -655,6 +687,12 @@ impl<'a> PodNeeds<'a> {
                 ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
                 .as_array()
                 .map(Vec::as_slice),
+            pod_affinity: affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(gather)
+                .collect(),
             anti_affinity: affinity["podAntiAffinity"]
                 ["requiredDuringSchedulingIgnoredDuringExecution"]
                 .as_array()
@@ -726,11 +764,36 @@ fn unmet_constraint(needs: &PodNeeds, node: &NodeView) -> Option<&'static str> {
     if !selector_ok || !affinity_ok {
         return Some("node selector or affinity mismatch");
     }
+    if !pod_affinity_met(&needs.pod_affinity, labels) {
+        return Some("pod affinity");
+    }
     let conflict = needs.anti_affinity.iter().any(|spread| {
         let domain = &labels[spread.topology];
         !domain.is_null() && spread.taken.contains(&domain)
     });
     conflict.then_some("pod anti-affinity")
+}
+
+/// kube-scheduler's rule for required pod affinity: the node carries every
+/// term's topology label, and each term's selected pods are in the node's
+/// domain; or no placed pod is selected by any term and the pod selects
+/// itself by each.
+fn pod_affinity_met(terms: &[Gather], labels: &Value) -> bool {
+    let values: Option<Vec<&Value>> = terms
+        .iter()
+        .map(|term| Some(&labels[term.topology]).filter(|v| !v.is_null()))
+        .collect();
+    let Some(values) = values else {
+        return false;
+    };
+    let gathered = terms
+        .iter()
+        .zip(&values)
+        .all(|(term, value)| term.domains.contains(value));
+    gathered
+        || terms
+            .iter()
+            .all(|term| term.domains.is_empty() && term.selects_itself)
 }
 
 impl Cluster {

@@ -361,6 +361,44 @@ fn pod_anti_affinity_spreads_workers_over_hosts() {
     assert_eq!(nodes, vec!["n-0", "n-1"]);
 }
 
+/// As kube-scheduler: a required pod affinity needs nodes carrying its
+/// topology key; the first worker of a gang that selects itself goes to
+/// any such node and the others follow it into its domain; a term that
+/// selects no placed pod and not the pod itself leaves it pending.
+#[test]
+fn pod_affinity_keeps_workers_in_one_labelled_domain() {
+    let (store, mut cluster) = cluster(
+        "nodes: [{name: bare, count: 2, gpus: 8}, {name: za, count: 2, gpus: 8, zone: a}, {name: zb, count: 2, gpus: 8, zone: b}]",
+    );
+    let with_affinity = |name: &str, selector: serde_json::Value| {
+        job(&store, name, 3, 4, false, json!({}));
+        store
+            .update(resources::jobs(), Some(NS), name, |j| {
+                j["spec"]["template"]["spec"]["affinity"] = json!({"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchLabels": selector}, "topologyKey": "topology.kubernetes.io/zone"}
+                ]}});
+            })
+            .expect("affinity");
+    };
+    with_affinity("together", json!({"trainyard.dev/job": "together"}));
+    with_affinity("follower", json!({"trainyard.dev/job": "nobody"}));
+    cluster.step_at(1.0);
+    let nodes = |name: &str| -> Vec<String> {
+        pods(&store, name)
+            .iter()
+            .filter_map(|p| p["spec"]["nodeName"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let together = nodes("together");
+    assert_eq!(together.len(), 3, "{together:?}");
+    let zone = &together[0][..2];
+    assert!(
+        together.iter().all(|n| n.starts_with(zone) && zone != "ba"),
+        "one labelled zone: {together:?}"
+    );
+    assert!(nodes("follower").is_empty(), "no pod it selects is placed");
+}
+
 #[test]
 fn a_failing_run_ends_with_its_exit_code_and_a_failed_job() {
     let (store, mut cluster) = cluster(

@@ -532,6 +532,44 @@ async fn cpu_other_pods_hold_is_not_given_to_training() {
     stack.stop().await;
 }
 
+/// A gang kept in one zone by a required pod affinity among its own
+/// workers runs on zone-labelled nodes only: kube-scheduler (and the
+/// simulator's scheduler) would leave its pods pending on nodes without a
+/// zone label, so the gpu-allocator never places it there, even though
+/// they are empty and the tightest fit (8 GPUs against the zoned 16).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_kept_in_one_zone_runs_on_zone_labelled_nodes() {
+    let mut config = two_a100_nodes();
+    config.nodes[0].gpus = 16;
+    let mut bare = config.nodes[0].clone();
+    bare.gpus = 8;
+    bare.name = "bare".into();
+    bare.zone = None;
+    bare.nodes_per_rack = None;
+    config.nodes.insert(0, bare);
+    let stack = Stack::start(config).await;
+    let jobs = Api::<TrainingJob>::namespaced(stack.kube.clone(), "ml");
+    let mut job = training_job("zoned", 2, 4);
+    job.spec.scheduling.get_or_insert_default().affinity = Some(
+        serde_json::from_value(serde_json::json!({"podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [{
+                "labelSelector": {"matchLabels": {"trainyard.dev/job": "zoned"}},
+                "topologyKey": "topology.kubernetes.io/zone"}]}}))
+        .expect("affinity"),
+    );
+    apply(&jobs, &job).await;
+    assert_eq!(finish(&jobs, "zoned").await, TrainingJobState::Completed);
+    let planned = planned_nodes(&stack.allocator).await;
+    let nodes: Vec<&String> = planned
+        .iter()
+        .filter(|((job, ..), _)| job == "zoned")
+        .map(|(_, node)| node)
+        .collect();
+    assert_eq!(nodes.len(), 2, "{planned:?}");
+    assert!(nodes.iter().all(|n| n.starts_with("a100-")), "{nodes:?}");
+    stack.stop().await;
+}
+
 /// A TrainingQueue on hold (`stopPolicy: Hold`) admits nothing: a job in it
 /// waits saying so, the queue's status says it is stopped, and once the
 /// policy is taken off the job runs.
