@@ -604,6 +604,81 @@ async fn a_queue_on_hold_keeps_its_jobs_waiting_until_it_is_released() {
     stack.stop().await;
 }
 
+/// TrainingJob `name` once attempt `attempt` of it runs.
+async fn running_attempt(jobs: &Api<TrainingJob>, name: &str, attempt: u32) {
+    eventually_within(
+        &format!("attempt {attempt} of {name} to run"),
+        Duration::from_secs(60),
+        || async move {
+            let status = state_of(jobs, name).await?.status?;
+            (status.state == Some(TrainingJobState::Running)
+                && status.restart_count == Some(attempt))
+            .then_some(())
+        },
+    )
+    .await;
+}
+
+/// A TrainingQueue set to `stopPolicy: HoldAndDrain` stops its running
+/// job: the job is told to checkpoint, its attempt ends once it has, and
+/// the next attempt waits in line saying the queue drains; once the policy
+/// is taken off, it runs again from its checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_queue_checkpoints_and_stops_its_job_and_resumes_it_once_released() {
+    let stack = Stack::start(two_a100_nodes()).await;
+    let queues = Api::<TrainingQueue>::all(stack.kube.clone());
+    let mut queue: TrainingQueue = manifest("simulator/clusters/demo-queue.yaml");
+    let jobs = Api::<TrainingJob>::namespaced(stack.kube.clone(), "ml");
+    let mut job = training_job("drained", 1, 4);
+    job.spec.hyperparameters.get_or_insert_default().epochs = Some(100_000);
+    job.spec.checkpoint = Some(
+        serde_json::from_value(serde_json::json!({"enabled": true, "frequency": 100_000,
+            "storage": {"type": "s3", "s3Bucket": "ml-checkpoints"}}))
+        .expect("checkpoint"),
+    );
+    apply(&jobs, &job).await;
+    running_attempt(&jobs, "drained", 0).await;
+
+    queue.spec.stop_policy = Some(StopPolicy::HoldAndDrain);
+    apply(&queues, &queue).await;
+    let message = waiting(&jobs, "drained", "stopPolicy: HoldAndDrain").await;
+    assert!(message.contains("on hold"), "{message}");
+    let status = jobs
+        .get("drained")
+        .await
+        .expect("job")
+        .status
+        .expect("status");
+    let preempted = find_condition(&status.conditions, "Preempted").expect("Preempted");
+    assert!(
+        preempted
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("TrainingQueue default")),
+        "{preempted:?}"
+    );
+    assert!(
+        status.checkpoint.and_then(|c| c.latest_epoch).is_some(),
+        "it checkpointed before it stopped"
+    );
+    let drained = queue_status(&stack.kube, "the queue to say it drains", |s| {
+        s.pending == 1
+            && s.admitted == 0
+            && find_condition(&s.conditions, QUEUE_ACTIVE).is_some_and(|c| {
+                c.message
+                    .as_deref()
+                    .is_some_and(|m| m.contains("HoldAndDrain"))
+            })
+    })
+    .await;
+    assert!(drained.usage.iter().all(|u| u.used == 0), "{drained:?}");
+
+    queue.spec.stop_policy = None;
+    apply(&queues, &queue).await;
+    running_attempt(&jobs, "drained", 1).await;
+    stack.stop().await;
+}
+
 fn tracing_subscriber_init() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     tracing_subscriber::fmt()
         .with_env_filter(

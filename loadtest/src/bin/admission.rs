@@ -996,6 +996,8 @@ fn run_allocator(stream: &[SimJob], args: &Args) -> Result<Report, String> {
                     gpu_allocator_core::PreemptionRule::LowerPriority => 0,
                     gpu_allocator_core::PreemptionRule::ReclaimQuota => 1,
                     gpu_allocator_core::PreemptionRule::FairShare => 2,
+                    // Drains are decisions of their own, never in `preemptions`.
+                    gpu_allocator_core::PreemptionRule::Drain => continue,
                 };
                 sim.victims_by_rule[slot] += 1;
                 sim.victim_gpus += v.units;

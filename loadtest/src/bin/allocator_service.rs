@@ -185,7 +185,7 @@ fn main() -> anyhow::Result<()> {
                         ends_at: now + runtime as u64,
                     });
                 }
-                Outgoing::Preemption { .. } => {}
+                Outgoing::Preemption { .. } | Outgoing::Drain { .. } => {}
             }
             state.published(outgoing.id());
         }

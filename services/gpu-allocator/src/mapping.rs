@@ -240,6 +240,7 @@ pub fn queue_event(
         aging,
         namespaces: spec.namespaces.clone(),
         on_hold: spec.on_hold(),
+        drain: spec.drains(),
     };
     core.validate()?;
     let info = QueueInfo {
@@ -685,7 +686,13 @@ pub fn queue_status_id(queue: &str, payload: &QueueStatusReported, at: Timestamp
 /// The status report of one queue, with `cpu_admitted` CPU-only jobs (the
 /// core never sees them) counted as admitted.
 pub fn queue_status_reported(usage: &QueueUsage, cpu_admitted: u32) -> QueueStatusReported {
-    let (reason, message) = if usage.on_hold {
+    let (reason, message) = if usage.drains {
+        (
+            QUEUE_STOPPED,
+            "stopPolicy is HoldAndDrain: the queue admits no job until it is set back to None; \
+             its admitted jobs checkpoint, stop and wait in line",
+        )
+    } else if usage.on_hold {
         (
             QUEUE_STOPPED,
             "stopPolicy is Hold: the queue admits no job until it is set back to None; admitted jobs run on",
@@ -764,6 +771,7 @@ pub fn preemption_decided(
         PreemptionRule::LowerPriority => ("priority", "a higher-priority job of the same queue"),
         PreemptionRule::ReclaimQuota => ("reclaim", "its queue reclaims quota lent to the cohort"),
         PreemptionRule::FairShare => ("reclaim", "the cohort's fair share moves GPUs to its queue"),
+        PreemptionRule::Drain => return drain_decided(preemption.evict_at, victim, grace_seconds),
     };
     PreemptionDecided {
         message: format!(
@@ -778,6 +786,31 @@ pub fn preemption_decided(
         grace_period_seconds: u32::try_from(grace_seconds).unwrap_or(u32::MAX),
         evict_after: timestamp_to_utc(preemption.evict_at),
     }
+}
+
+/// One victim's notice that its queue drains (`stopPolicy: HoldAndDrain`).
+/// The preemptor named is the TrainingQueue (cluster-scoped, no namespace).
+pub fn drain_decided(
+    evict_at: Timestamp,
+    victim: &Victim,
+    grace_seconds: u64,
+) -> PreemptionDecided {
+    PreemptionDecided {
+        message: format!(
+            "TrainingQueue {} is set to stopPolicy HoldAndDrain; checkpoint now, workers are \
+             evicted after the grace period and the job waits in line until the queue admits jobs again",
+            victim.queue
+        ),
+        preemptor: EntityRef::new("", &victim.queue, ""),
+        reason: "drain".to_string(),
+        grace_period_seconds: u32::try_from(grace_seconds).unwrap_or(u32::MAX),
+        evict_after: timestamp_to_utc(evict_at),
+    }
+}
+
+/// Deduplication id of a drain notice: one per victim and queue.
+pub fn drain_id(victim: &JobUid, queue: &str) -> String {
+    format!("drain:{victim}:{queue}")
 }
 
 fn reason_flavor(reason: &PendingReason) -> Option<String> {
@@ -1039,7 +1072,15 @@ mod tests {
         assert_eq!(spec.aging, None, "no agingSeconds: the configured aging");
         assert_eq!(spec.namespaces, ["research", "research-dev"]);
         assert!(spec.admits_namespace("research-dev") && !spec.admits_namespace("prod"));
-        assert!(spec.on_hold);
+        assert!(spec.on_hold && !spec.drain);
+        let mut draining = change.clone();
+        draining.object.spec.stop_policy = Some(trainyard_api::StopPolicy::HoldAndDrain);
+        let (event, _) =
+            queue_event(&config(), &EntityRef::new("", "team-a", ""), &draining).expect("maps");
+        let Event::QueueUpserted(spec) = event else {
+            panic!("expected QueueUpserted")
+        };
+        assert!(spec.on_hold && spec.drain, "HoldAndDrain holds and drains");
     }
 
     #[test]

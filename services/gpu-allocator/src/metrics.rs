@@ -204,6 +204,9 @@ impl AllocatorMetrics {
         self.evictions
             .with_label_values(&["node_lost"])
             .inc_by(report.evictions_node_lost as u64);
+        self.evictions
+            .with_label_values(&["drained"])
+            .inc_by(report.evictions_drained as u64);
         self.pending_jobs
             .set(saturating_i64(report.totals.pending_jobs));
         self.running_jobs

@@ -69,7 +69,15 @@ fn moved(from: u64, to: u64, step_percent: u32) -> bool {
 pub fn cause_hash(reason: &PendingReason) -> u64 {
     let parts: [&[u8]; 3] = match reason {
         PendingReason::QueueNotFound { queue } => [b"queue-not-found", queue.as_bytes(), b""],
-        PendingReason::QueueOnHold { queue } => [b"queue-on-hold", queue.as_bytes(), b""],
+        PendingReason::QueueOnHold { queue, drains } => [
+            if *drains {
+                b"queue-draining"
+            } else {
+                b"queue-on-hold"
+            },
+            queue.as_bytes(),
+            b"",
+        ],
         PendingReason::NamespaceNotAdmitted {
             queue, namespace, ..
         } => [

@@ -389,6 +389,12 @@ async fn publish(publisher: &Publisher, outgoing: &Outgoing) -> Result<(), Servi
             entity,
             payload,
             ..
+        }
+        | Outgoing::Drain {
+            id,
+            entity,
+            payload,
+            ..
         } => send::<PreemptionDecided>(publisher, id, entity, payload).await,
         Outgoing::Pending {
             id,

@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use gpu_allocator_core::{
-    Admission, Allocator, AllocatorStats, Applied, CycleOutcome, CycleStats, Event, EvictionReason,
-    FlavorSpec, JobSpec, JobUid, Preemption, Timestamp,
+    Admission, Allocator, AllocatorStats, Applied, CycleOutcome, CycleStats, Drain, Event,
+    EvictionReason, FlavorSpec, JobSpec, JobUid, Preemption, Timestamp,
 };
 use serde::{Deserialize, Serialize};
 use trainyard_api::{TrainingJobState, TrainingQueue};
@@ -61,6 +61,13 @@ pub enum Outgoing {
         payload: PreemptionDecided,
         decision: Preemption,
     },
+    /// `preemption.decided` with reason `drain`, one per job of a draining queue.
+    Drain {
+        id: String,
+        entity: EntityRef,
+        payload: PreemptionDecided,
+        decision: Drain,
+    },
     /// `admission.pending`.
     Pending {
         id: String,
@@ -106,6 +113,7 @@ impl Outgoing {
         match self {
             Outgoing::Admission { id, .. }
             | Outgoing::Preemption { id, .. }
+            | Outgoing::Drain { id, .. }
             | Outgoing::Pending { id, .. }
             | Outgoing::QueueStatus { id, .. } => id,
         }
@@ -118,6 +126,9 @@ pub struct CycleReport {
     pub admissions: usize,
     pub preempted_victims: usize,
     pub evictions_preempted: usize,
+    /// Jobs of draining queues told to checkpoint, and those evicted.
+    pub drained_victims: usize,
+    pub evictions_drained: usize,
     pub evictions_node_lost: usize,
     pub pending: usize,
     pub explanations_published: usize,
@@ -660,6 +671,7 @@ impl AllocatorState {
         }
         let mut decided = !outcome.admissions.is_empty()
             || !outcome.preemptions.is_empty()
+            || !outcome.drains.is_empty()
             || !outcome.evictions.is_empty();
         for admission in &outcome.admissions {
             self.pending_status.remove(admission.uid.as_str());
@@ -693,9 +705,25 @@ impl AllocatorState {
                 });
             }
         }
+        for drain in outcome.drains {
+            for victim in &drain.victims {
+                report.drained_victims += 1;
+                self.outbox.push_back(Outgoing::Drain {
+                    id: mapping::drain_id(&victim.uid, &drain.queue),
+                    entity: mapping::job_entity(&victim.namespace, &victim.name, &victim.uid),
+                    payload: mapping::drain_decided(
+                        drain.evict_at,
+                        victim,
+                        self.config.grace_seconds,
+                    ),
+                    decision: drain.clone(),
+                });
+            }
+        }
         for eviction in outcome.evictions {
             match eviction.reason {
                 EvictionReason::Preempted { .. } => report.evictions_preempted += 1,
+                EvictionReason::Drained { .. } => report.evictions_drained += 1,
                 EvictionReason::NodeLost { .. } => report.evictions_node_lost += 1,
             }
             let uid = eviction.uid.clone();
@@ -873,6 +901,7 @@ impl AllocatorState {
                 ..
             } => Event::Admitted(admission),
             Outgoing::Preemption { decision, .. } => Event::PreemptionStarted(decision),
+            Outgoing::Drain { decision, .. } => Event::DrainStarted(decision),
             Outgoing::Admission { decision: None, .. }
             | Outgoing::Pending { .. }
             | Outgoing::QueueStatus { .. } => return,
@@ -1201,6 +1230,95 @@ mod tests {
             "{payload:?}"
         );
         assert_eq!(payload.topology["topology.kubernetes.io/zone"], "z1");
+    }
+
+    fn publish_all(state: &mut AllocatorState) {
+        let ids: Vec<String> = state.outbox().iter().map(|o| o.id().to_string()).collect();
+        for id in ids {
+            state.published(&id);
+        }
+    }
+
+    #[test]
+    fn a_draining_queue_tells_its_jobs_to_checkpoint_then_holds_their_next_attempt() {
+        let mut state = state();
+        state
+            .on_job_changed(&entity("runs"), &job("runs", 8, 0, false), Timestamp(10))
+            .expect("job");
+        state.cycle(Timestamp(10));
+        assert_eq!(admitted(&state), [("runs".to_string(), 0)]);
+        publish_all(&mut state);
+
+        let draining: TrainingQueueChanged = serde_json::from_value(json!({
+            "change": "Applied",
+            "object": {"apiVersion": "trainyard.dev/v1", "kind": "TrainingQueue",
+                       "metadata": {"name": "default"},
+                       "spec": {"stopPolicy": "HoldAndDrain", "flavors": [{"name": "a100", "nominalQuota": 8,
+                                "nodeLabels": {"nvidia.com/gpu.product": "A100"}}]}}
+        }))
+        .expect("queue");
+        state
+            .on_queue(&EntityRef::new("", "default", ""), &draining)
+            .expect("queue applies");
+        let report = state.cycle(Timestamp(20));
+        assert_eq!(report.drained_victims, 1);
+        let notice = state.outbox().iter().find_map(|o| match o {
+            Outgoing::Drain {
+                entity, payload, ..
+            } => Some((entity.name.clone(), payload.clone())),
+            _ => None,
+        });
+        let Some((victim, notice)) = notice else {
+            panic!("a drain notice: {:?}", state.outbox());
+        };
+        assert!(
+            Outgoing::Drain {
+                id: String::new(),
+                entity: entity("runs"),
+                payload: notice.clone(),
+                decision: Drain {
+                    queue: "default".into(),
+                    victims: vec![],
+                    decided_at: Timestamp(20),
+                    evict_at: Timestamp(20),
+                },
+            }
+            .is_decision(),
+            "published once saved, as a preemption"
+        );
+        assert_eq!(victim, "runs");
+        assert_eq!(notice.reason, "drain");
+        assert_eq!(notice.preemptor, EntityRef::new("", "default", ""));
+        assert!(
+            notice.message.contains("HoldAndDrain"),
+            "{}",
+            notice.message
+        );
+        publish_all(&mut state);
+        assert_eq!(state.cycle(Timestamp(21)).drained_victims, 0, "told once");
+
+        let grace = state.config.grace_seconds;
+        let report = state.cycle(Timestamp(20 + grace));
+        assert_eq!(report.evictions_drained, 1);
+        // The planner starts attempt 1, which waits while the queue drains.
+        state
+            .on_job_changed(
+                &entity("runs"),
+                &job("runs", 8, 1, false),
+                Timestamp(20 + grace),
+            )
+            .expect("next attempt");
+        state.cycle(Timestamp(21 + grace));
+        let waits = state.outbox().iter().find_map(|o| match o {
+            Outgoing::Pending { payload, .. } => Some(payload.message.clone()),
+            _ => None,
+        });
+        assert!(
+            waits
+                .as_deref()
+                .is_some_and(|m| m.contains("on hold (stopPolicy: HoldAndDrain)")),
+            "{waits:?}"
+        );
     }
 
     fn queue_reports(state: &AllocatorState) -> Vec<(String, QueueStatusReported)> {

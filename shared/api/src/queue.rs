@@ -51,11 +51,14 @@ wire_enum! {
 }
 
 wire_enum! {
-    /// Whether the queue admits jobs: None (it does) or Hold (it admits none;
-    /// admitted jobs run on, waiting jobs keep their place in line).
+    /// Whether the queue admits jobs: None (it does), Hold (it admits none;
+    /// admitted jobs run on, waiting jobs keep their place in line) or
+    /// HoldAndDrain (as Hold, and its admitted jobs are told to checkpoint
+    /// and stopped after the grace period, then wait in line).
     pub enum StopPolicy {
         None => "None",
         Hold => "Hold",
+        HoldAndDrain => "HoldAndDrain",
     }
 }
 
@@ -143,7 +146,7 @@ pub struct TrainingQueueSpec {
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     pub namespaces: Vec<String>,
 
-    /// None admits jobs; Hold admits none until it is set back, e.g. during maintenance: admitted jobs run on, waiting jobs keep their place in line and say the queue is on hold, and its unused quota is still lent to its cohort. Default None.
+    /// None admits jobs; Hold admits none until it is set back, e.g. during maintenance: admitted jobs run on, waiting jobs keep their place in line and say the queue is on hold, and its unused quota is still lent to its cohort. HoldAndDrain holds the queue and also stops its admitted jobs: each is told to checkpoint, stopped after the gpu-allocator's grace period (or once its checkpoint is reported), and waits in line to resume from it. Default None.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_policy: Option<StopPolicy>,
 }
@@ -492,7 +495,15 @@ impl TrainingQueueSpec {
 
     /// Whether the queue is on hold (`stopPolicy: Hold`).
     pub fn on_hold(&self) -> bool {
-        self.stop_policy == Some(StopPolicy::Hold)
+        matches!(
+            self.stop_policy,
+            Some(StopPolicy::Hold | StopPolicy::HoldAndDrain)
+        )
+    }
+
+    /// Whether the queue also stops its admitted jobs (`stopPolicy: HoldAndDrain`).
+    pub fn drains(&self) -> bool {
+        self.stop_policy == Some(StopPolicy::HoldAndDrain)
     }
 
     /// Reclaiming from the cohort, defaulting to Never.

@@ -73,8 +73,10 @@ pub struct PendingExplained {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PreemptionDecided {
+    /// The job that takes the GPUs; for `drain`, the TrainingQueue (no namespace).
     pub preemptor: EntityRef,
-    /// `priority` or `reclaim` (quota lent to others taken back).
+    /// `priority`, `reclaim` (quota lent to others taken back) or `drain`
+    /// (the job's queue is set to `stopPolicy: HoldAndDrain`).
     pub reason: String,
     pub message: String,
     pub grace_period_seconds: u32,

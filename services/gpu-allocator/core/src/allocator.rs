@@ -10,7 +10,7 @@ use crate::backfill::{Booking, ReleaseBook};
 use crate::config::AllocatorConfig;
 use crate::cycle::{EmptySlots, QuotaBlockedShapes};
 use crate::decision::{
-    Admission, Eviction, EvictionReason, PlannedNode, Preemption, PreemptionRule,
+    Admission, Drain, Eviction, EvictionReason, PlannedNode, Preemption, PreemptionRule, Victim,
 };
 use crate::error::AllocatorError;
 use crate::event::{Applied, Event, JobSpec, NodeInfo, QueueSpec};
@@ -27,8 +27,9 @@ pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PreemptingState {
-    /// The preemptor.
-    pub by: JobUid,
+    /// The preemptor; none when its queue drains.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<JobUid>,
     /// Rule that allowed the preemption.
     pub rule: PreemptionRule,
     /// Eviction deadline.
@@ -346,6 +347,7 @@ impl Allocator {
             Event::JobCheckpointed { uid } => Ok(self.checkpointed(&uid)),
             Event::Admitted(admission) => self.replay_admission(&admission),
             Event::PreemptionStarted(preemption) => self.replay_preemption(&preemption),
+            Event::DrainStarted(drain) => Ok(self.replay_drain(&drain)),
             Event::Evicted(eviction) => Ok(self.replay_eviction(&eviction)),
         }
     }
@@ -517,7 +519,7 @@ impl Allocator {
             let victims: Vec<JobIdx> = self.preempting.iter().copied().collect();
             for v in victims {
                 let spared = self.update_preempting(v, |p| {
-                    let by_it = p.as_ref().is_some_and(|p| p.by == *uid);
+                    let by_it = p.as_ref().is_some_and(|p| p.by.as_ref() == Some(uid));
                     if by_it {
                         *p = None;
                     }
@@ -705,28 +707,7 @@ impl Allocator {
 
     pub(crate) fn replay_preemption(&mut self, p: &Preemption) -> Result<Applied, AllocatorError> {
         const EVENT: &str = "PreemptionStarted";
-        let mut changed = false;
-        for v in &p.victims {
-            let Some(idx) = self.job_by_uid.get(&v.uid).copied() else {
-                continue; // already finished: nothing to evict
-            };
-            let started = self.update_preempting(idx, |preempting| {
-                let free = preempting.is_none();
-                if free {
-                    *preempting = Some(PreemptingState {
-                        by: p.preemptor.clone(),
-                        rule: v.rule,
-                        evict_at: p.evict_at,
-                        checkpointed: false,
-                    });
-                }
-                free
-            });
-            if started == Some(true) {
-                self.preempting.insert(idx);
-                changed = true;
-            }
-        }
+        let mut changed = self.start_preempting(&p.victims, Some(&p.preemptor), p.evict_at);
         let Some(idx) = self.job_by_uid.get(&p.preemptor).copied() else {
             if self.tombstones.contains_key(&p.preemptor) {
                 return Ok(if changed {
@@ -761,6 +742,47 @@ impl Allocator {
         })
     }
 
+    /// Marks `victims` still running and not yet told as preempted by
+    /// `by` (none: their queue drains) until `evict_at`; whether any was.
+    pub(crate) fn start_preempting(
+        &mut self,
+        victims: &[Victim],
+        by: Option<&JobUid>,
+        evict_at: Timestamp,
+    ) -> bool {
+        let mut changed = false;
+        for v in victims {
+            let Some(idx) = self.job_by_uid.get(&v.uid).copied() else {
+                continue; // already finished: nothing to evict
+            };
+            let started = self.update_preempting(idx, |preempting| {
+                let free = preempting.is_none();
+                if free {
+                    *preempting = Some(PreemptingState {
+                        by: by.cloned(),
+                        rule: v.rule,
+                        evict_at,
+                        checkpointed: false,
+                    });
+                }
+                free
+            });
+            if started == Some(true) {
+                self.preempting.insert(idx);
+                changed = true;
+            }
+        }
+        changed
+    }
+
+    pub(crate) fn replay_drain(&mut self, d: &Drain) -> Applied {
+        if self.start_preempting(&d.victims, None, d.evict_at) {
+            Applied::Changed
+        } else {
+            Applied::Unchanged
+        }
+    }
+
     pub(crate) fn replay_eviction(&mut self, e: &Eviction) -> Applied {
         let Some(idx) = self.job_by_uid.get(&e.uid).copied() else {
             return Applied::Unchanged;
@@ -770,7 +792,7 @@ impl Allocator {
         }
         let by = match &e.reason {
             EvictionReason::Preempted { by } => Some(by.clone()),
-            EvictionReason::NodeLost { .. } => None,
+            EvictionReason::Drained { .. } | EvictionReason::NodeLost { .. } => None,
         };
         self.requeue(idx, by);
         Applied::Changed

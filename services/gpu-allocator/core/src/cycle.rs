@@ -18,8 +18,8 @@ use std::sync::Arc;
 use crate::backfill::{Claim, Reservations, Timeline};
 use crate::config::AgingPolicy;
 use crate::decision::{
-    Admission, CycleOutcome, CycleStats, Eviction, EvictionReason, PlannedNode, Preemption,
-    TopologyAssignment, WorkerPlacement,
+    Admission, CycleOutcome, CycleStats, Drain, Eviction, EvictionReason, PlannedNode, Preemption,
+    PreemptionRule, TopologyAssignment, Victim, WorkerPlacement,
 };
 use crate::event::JobSpec;
 use crate::explain::{Pending, PendingReason, ReasonIdx};
@@ -616,6 +616,7 @@ impl Allocator {
         };
         out.evictions.append(&mut self.undelivered_evictions);
         self.process_evictions(now, &mut out);
+        self.start_drains(now, &mut out);
 
         self.hold_for_waiting_preemptors(now, &mut ctx);
         self.admit_ready_preemptors(now, &mut ctx, &mut out);
@@ -657,15 +658,27 @@ impl Allocator {
         for idx in due {
             let Some(job) = self.job(idx) else { continue };
             let uid = job.spec.uid.clone();
-            let by = job
+            let Some(by) = job
                 .running()
                 .and_then(|r| r.preempting.as_ref())
-                .map(|p| p.by.clone());
-            let Some(by) = by else { continue };
-            self.requeue(idx, Some(by.clone()));
+                .map(|p| p.by.clone())
+            else {
+                continue;
+            };
+            let reason = match &by {
+                Some(by) => EvictionReason::Preempted { by: by.clone() },
+                None => EvictionReason::Drained {
+                    queue: self
+                        .queues
+                        .get(job.queue)
+                        .map(|q| q.name.to_string())
+                        .unwrap_or_default(),
+                },
+            };
+            self.requeue(idx, by);
             out.evictions.push(Eviction {
                 uid,
-                reason: EvictionReason::Preempted { by },
+                reason,
                 at: now,
             });
         }
@@ -706,7 +719,7 @@ impl Allocator {
                     .and_then(|i| self.job(*i))
                     .and_then(Job::running)
                     .and_then(|r| r.preempting.as_ref())
-                    .is_some_and(|p| p.by == preemptor.spec.uid)
+                    .is_some_and(|p| p.by.as_ref() == Some(&preemptor.spec.uid))
             })
             .count();
         u32::try_from(left).unwrap_or(u32::MAX)
@@ -1150,7 +1163,10 @@ impl Allocator {
             }
             let name = q.name.to_string();
             let reason = ctx.add_reason(if spec.on_hold {
-                PendingReason::QueueOnHold { queue: name }
+                PendingReason::QueueOnHold {
+                    queue: name,
+                    drains: spec.drain,
+                }
             } else {
                 PendingReason::NamespaceNotAdmitted {
                     queue: name,
@@ -2242,6 +2258,73 @@ impl Allocator {
         }
     }
 
+    /// Running job `idx` as a victim of `rule`.
+    fn victim(&self, idx: JobIdx, rule: PreemptionRule) -> Option<Victim> {
+        let job = self.job(idx)?;
+        let run = job.running()?;
+        Some(Victim {
+            uid: job.spec.uid.clone(),
+            namespace: job.spec.namespace.clone(),
+            name: job.spec.name.clone(),
+            queue: self
+                .queues
+                .get(job.queue)
+                .map(|q| q.name.to_string())
+                .unwrap_or_default(),
+            units: run.admission.total_units(),
+            rule,
+        })
+    }
+
+    /// Tells the admitted jobs of every draining queue to checkpoint: each
+    /// is evicted when the grace period ends (or once it checkpointed), then
+    /// waits in the queue's line while the queue is held. A job already
+    /// being preempted goes as that preemption planned.
+    pub(crate) fn start_drains(&mut self, now: Timestamp, out: &mut CycleOutcome) {
+        let draining: Vec<QueueIdx> = (0..self.queues.queues.len())
+            .filter_map(|i| u32::try_from(i).ok())
+            .filter(|q| {
+                self.queues
+                    .get(*q)
+                    .and_then(|q| q.spec.as_ref())
+                    .is_some_and(|spec| spec.drain)
+            })
+            .collect();
+        let evict_at = now.plus_secs(self.config.preemption.grace_period_secs);
+        for queue in draining {
+            let told: Vec<JobIdx> = self
+                .running_by_queue
+                .iter()
+                .filter(|((q, _), _)| *q == queue)
+                .flat_map(|(_, jobs)| jobs.iter().copied())
+                .filter(|idx| {
+                    self.job(*idx)
+                        .and_then(Job::running)
+                        .is_some_and(|r| r.preempting.is_none())
+                })
+                .collect();
+            if told.is_empty() {
+                continue;
+            }
+            let victims: Vec<Victim> = self
+                .by_arrival(told)
+                .into_iter()
+                .filter_map(|idx| self.victim(idx, PreemptionRule::Drain))
+                .collect();
+            self.start_preempting(&victims, None, evict_at);
+            out.drains.push(Drain {
+                queue: self
+                    .queues
+                    .get(queue)
+                    .map(|q| q.name.to_string())
+                    .unwrap_or_default(),
+                victims,
+                decided_at: now,
+                evict_at,
+            });
+        }
+    }
+
     /// Records victims and the preemptor's nomination.
     pub(crate) fn start_preemption(
         &mut self,
@@ -2253,25 +2336,12 @@ impl Allocator {
         let preemptor = self.job(idx)?.spec.uid.clone();
         let mut victims = Vec::new();
         for (victim, rule) in &plan.victims {
-            let job = self.job(*victim)?;
-            let run = job.running()?;
-            victims.push(crate::decision::Victim {
-                uid: job.spec.uid.clone(),
-                namespace: job.spec.namespace.clone(),
-                name: job.spec.name.clone(),
-                queue: self
-                    .queues
-                    .get(job.queue)
-                    .map(|q| q.name.to_string())
-                    .unwrap_or_default(),
-                units: run.admission.total_units(),
-                rule: *rule,
-            });
+            victims.push(self.victim(*victim, *rule)?);
         }
         for (victim, rule) in &plan.victims {
             self.update_preempting(*victim, |p| {
                 *p = Some(PreemptingState {
-                    by: preemptor.clone(),
+                    by: Some(preemptor.clone()),
                     rule: *rule,
                     evict_at,
                     checkpointed: false,

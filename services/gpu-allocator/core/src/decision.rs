@@ -94,6 +94,8 @@ pub enum PreemptionRule {
     ReclaimQuota,
     /// Both queues borrow; the victim's queue keeps the larger fair share.
     FairShare,
+    /// The victim's queue drains (TrainingQueue `stopPolicy: HoldAndDrain`).
+    Drain,
 }
 
 /// A victim of a preemption: first told to checkpoint, evicted after the grace period.
@@ -134,6 +136,21 @@ pub struct Preemption {
     pub evict_at: Timestamp,
 }
 
+/// A queue set to drain: its admitted jobs checkpoint now and are evicted
+/// after the grace period, then wait in its line while it is held.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Drain {
+    /// The queue.
+    pub queue: String,
+    /// Its admitted jobs not already being preempted, rule `Drain`.
+    pub victims: Vec<Victim>,
+    /// Time of the decision.
+    pub decided_at: Timestamp,
+    /// Eviction deadline (decision time plus the grace period).
+    pub evict_at: Timestamp,
+}
+
 /// Workers planned on one node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -152,6 +169,11 @@ pub enum EvictionReason {
     Preempted {
         /// The preemptor.
         by: JobUid,
+    },
+    /// Its queue drains; the grace period ended or the checkpoint was reported.
+    Drained {
+        /// The queue.
+        queue: String,
     },
     /// A node hosting a worker disappeared, so the gang is broken.
     NodeLost {
@@ -201,6 +223,8 @@ pub struct CycleOutcome {
     pub admissions: Vec<Admission>,
     /// Preemptions started this cycle (victims must checkpoint now).
     pub preemptions: Vec<Preemption>,
+    /// Drains started this cycle (victims must checkpoint now).
+    pub drains: Vec<Drain>,
     /// Jobs to stop now.
     pub evictions: Vec<Eviction>,
     /// Why every still-pending job waits ([`crate::Allocator::explain`]

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::config::AgingPolicy;
-use crate::decision::{Admission, Eviction, Preemption};
+use crate::decision::{Admission, Drain, Eviction, Preemption};
 use crate::error::AllocatorError;
 use crate::types::{
     CpuMemory, GpuSliceRequest, JobUid, NodeKey, NodeOperator, NodeSelectorTerm, Taint, Timestamp,
@@ -60,6 +60,8 @@ pub enum Event {
     Admitted(Admission),
     /// Replay of a preemption decision. A no-op when already recorded.
     PreemptionStarted(Preemption),
+    /// Replay of a drain decision. A no-op when already recorded.
+    DrainStarted(Drain),
     /// Replay of an eviction decision. A no-op when already applied.
     Evicted(Eviction),
 }
@@ -78,6 +80,7 @@ impl Event {
             Event::JobCheckpointed { .. } => "JobCheckpointed",
             Event::Admitted(_) => "Admitted",
             Event::PreemptionStarted(_) => "PreemptionStarted",
+            Event::DrainStarted(_) => "DrainStarted",
             Event::Evicted(_) => "Evicted",
         }
     }
@@ -148,6 +151,10 @@ pub struct QueueSpec {
     /// Admits no job (TrainingQueue `stopPolicy: Hold`); admitted jobs run on.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub on_hold: bool,
+    /// Also evicts its admitted jobs, each told to checkpoint first and
+    /// given the grace period (`stopPolicy: HoldAndDrain`); needs `on_hold`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub drain: bool,
 }
 
 impl Default for QueueSpec {
@@ -161,6 +168,7 @@ impl Default for QueueSpec {
             aging: None,
             namespaces: Vec::new(),
             on_hold: false,
+            drain: false,
         }
     }
 }
@@ -470,6 +478,13 @@ impl QueueSpec {
             && let Err((field, reason)) = aging.check()
         {
             return Err(queue_error(&self.name, format!("aging.{field}"), reason));
+        }
+        if self.drain && !self.on_hold {
+            return Err(queue_error(
+                &self.name,
+                "drain".into(),
+                "a queue drains only while on hold (set onHold too)",
+            ));
         }
         let mut flavors = std::collections::BTreeSet::new();
         for (i, fq) in self.quotas.iter().enumerate() {

@@ -123,10 +123,13 @@ pub enum PendingReason {
         /// The queue name.
         queue: String,
     },
-    /// The queue admits no job now (`stopPolicy: Hold`).
+    /// The queue admits no job now (`stopPolicy: Hold` or `HoldAndDrain`).
     QueueOnHold {
         /// The queue name.
         queue: String,
+        /// It also stops its admitted jobs (`HoldAndDrain`).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        drains: bool,
     },
     /// The queue admits jobs of other namespaces only.
     NamespaceNotAdmitted {
@@ -288,10 +291,11 @@ impl fmt::Display for PendingReason {
             PendingReason::QueueNotFound { queue } => {
                 write!(f, "TrainingQueue {queue} does not exist")
             }
-            PendingReason::QueueOnHold { queue } => write!(
+            PendingReason::QueueOnHold { queue, drains } => write!(
                 f,
-                "TrainingQueue {queue} is on hold (stopPolicy: Hold) and admits no job until it \
-                 is set back to None"
+                "TrainingQueue {queue} is on hold (stopPolicy: {}) and admits no job until it \
+                 is set back to None",
+                if *drains { "HoldAndDrain" } else { "Hold" }
             ),
             PendingReason::NamespaceNotAdmitted {
                 queue,

@@ -48,7 +48,7 @@ mod usage;
 pub use allocator::{Allocator, AllocatorStats, Nomination, PreemptingState};
 pub use config::{AgingPolicy, AllocatorConfig, BackfillPolicy, FlavorSpec, PreemptionPolicy};
 pub use decision::{
-    Admission, CycleOutcome, CycleStats, Eviction, EvictionReason, PlannedNode, Preemption,
+    Admission, CycleOutcome, CycleStats, Drain, Eviction, EvictionReason, PlannedNode, Preemption,
     PreemptionRule, TopologyAssignment, Victim, WorkerPlacement,
 };
 pub use error::AllocatorError;

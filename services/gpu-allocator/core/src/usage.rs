@@ -19,6 +19,8 @@ pub struct QueueUsage {
     pub weighted_share: f64,
     /// `stopPolicy: Hold`: it admits no job.
     pub on_hold: bool,
+    /// `stopPolicy: HoldAndDrain`: it also stops its admitted jobs.
+    pub drains: bool,
 }
 
 /// Units of one resource (e.g. `nvidia.com/gpu`) of one flavor.
@@ -80,6 +82,7 @@ impl Allocator {
                     resources,
                     weighted_share: self.queues.share(idx, &[]),
                     on_hold: spec.on_hold,
+                    drains: spec.drain,
                 })
             })
             .collect();

@@ -258,6 +258,7 @@ impl Run {
             (true, false, true),
             (true, false, false),
         ][self.rng.below(4) as usize];
+        let held = self.rng.chance(10);
         QueueSpec {
             name: name.into(),
             cohort,
@@ -275,7 +276,8 @@ impl Run {
             } else {
                 Vec::new()
             },
-            on_hold: self.rng.chance(10),
+            on_hold: held,
+            drain: held && self.rng.chance(50),
         }
     }
 
@@ -515,6 +517,8 @@ impl Run {
                 .cloned()
                 .map(Event::PreemptionStarted),
         );
+        self.log
+            .extend(out.drains.iter().cloned().map(Event::DrainStarted));
         self.check_decision_records(&out, &before);
         for e in &out.evictions {
             self.victims.remove(e.uid.as_str());
@@ -540,6 +544,43 @@ impl Run {
         self.check_pending(&out, &usage);
         self.check_preemptions(&out, &before, &usage);
         self.check_queue_usage(&out, &usage);
+        self.check_drains(&out);
+    }
+
+    /// A draining queue's admitted jobs were all told, in this cycle or an
+    /// earlier one, and a drain names only jobs of its queue that ran.
+    fn check_drains(&self, out: &CycleOutcome) {
+        for d in &out.drains {
+            assert!(
+                self.queues.get(&d.queue).is_some_and(|q| q.drain),
+                "{}: {} drains",
+                self.at(),
+                d.queue
+            );
+            for v in &d.victims {
+                assert_eq!(v.queue, d.queue, "{}: {} is of the queue", self.at(), v.uid);
+                assert_eq!(v.rule, PreemptionRule::Drain);
+            }
+        }
+        for u in self.running() {
+            let Some(a) = self.alloc.admission(&uid(&u)) else {
+                continue;
+            };
+            if !self.queues.get(&a.queue).is_some_and(|q| q.drain) {
+                continue;
+            }
+            let told = self.log.iter().any(|event| match event {
+                Event::DrainStarted(d) => d.victims.iter().any(|v| v.uid.as_str() == u),
+                Event::PreemptionStarted(p) => p.victims.iter().any(|v| v.uid.as_str() == u),
+                _ => false,
+            });
+            assert!(
+                told,
+                "{}: {u} runs on in draining queue {}",
+                self.at(),
+                a.queue
+            );
+        }
     }
 
     /// What each queue's status would report agrees with the admissions and
@@ -1234,6 +1275,17 @@ impl Run {
                     );
                     assert_eq!(e.at, now, "{at}");
                 }
+                EvictionReason::Drained { queue } => {
+                    assert!(before.contains_key(e.uid.as_str()), "{at}: it was running");
+                    assert!(
+                        self.log.iter().any(|event| matches!(
+                            event,
+                            Event::DrainStarted(d)
+                                if &d.queue == queue && d.victims.iter().any(|v| v.uid == e.uid)
+                        )),
+                        "{at}: {queue} drained it"
+                    );
+                }
                 EvictionReason::NodeLost { node } => assert!(
                     self.nodes
                         .iter()
@@ -1319,7 +1371,12 @@ impl Run {
                     "{at}: {queue} admits {namespace}"
                 );
             }
-            PendingReason::QueueOnHold { queue } => {
+            PendingReason::QueueOnHold { queue, drains } => {
+                assert_eq!(
+                    self.queues.get(queue).is_some_and(|q| q.drain),
+                    *drains,
+                    "{at}: {queue} drains"
+                );
                 assert!(
                     self.queues.get(queue).is_some_and(|q| q.on_hold),
                     "{at}: {queue} is not on hold"
@@ -1384,6 +1441,9 @@ impl Run {
                 let victim_queue = victim.queue.as_deref().unwrap_or_default();
                 let preemptor_queue = preemptor.queue.as_deref().unwrap_or_default();
                 match v.rule {
+                    PreemptionRule::Drain => {
+                        panic!("{}: a preemption by the drain rule", self.at())
+                    }
                     PreemptionRule::LowerPriority => {
                         assert_eq!(victim_queue, preemptor_queue, "{}: same queue", self.at());
                         assert!(

@@ -326,7 +326,10 @@ fn a_queue_on_hold_admits_nothing_runs_on_and_still_lends() {
     let why = h.reason_of(&out, "waits");
     assert_eq!(
         *why.reason,
-        PendingReason::QueueOnHold { queue: "a".into() }
+        PendingReason::QueueOnHold {
+            queue: "a".into(),
+            drains: false
+        }
     );
     assert_eq!(why.position, 1);
     assert!(why.message().contains("is on hold"), "{}", why.message());
@@ -334,6 +337,74 @@ fn a_queue_on_hold_admits_nothing_runs_on_and_still_lends() {
     h.queue(queue("a", Some("c"), 8));
     h.finish("borrows");
     assert_eq!(admitted_uids(&h.cycle(30)), vec!["waits"]);
+}
+
+#[test]
+fn a_draining_queue_stops_its_jobs_after_the_grace_period_and_holds_them() {
+    let mut h = Harness::without_preemption();
+    h.nodes([node("n1", 8), node("n2", 8)]);
+    h.queue(queue("a", Some("c"), 8));
+    h.queue(queue("b", Some("c"), 8));
+    h.submit_at(job("first", "a", 1, 4), 0);
+    h.submit_at(job("second", "a", 1, 4), 1);
+    h.submit_at(job("other", "b", 1, 8), 2);
+    assert_eq!(h.cycle(10).admissions.len(), 3);
+
+    let mut draining = queue("a", Some("c"), 8);
+    draining.on_hold = true;
+    draining.drain = true;
+    h.queue(draining.clone());
+    let out = h.cycle(20);
+    let [drain] = out.drains.as_slice() else {
+        panic!("one drain: {:?}", out.drains);
+    };
+    assert_eq!(drain.queue, "a");
+    let victims: Vec<&str> = drain.victims.iter().map(|v| v.uid.as_str()).collect();
+    assert_eq!(
+        victims,
+        ["first", "second"],
+        "every admitted job of the queue"
+    );
+    assert!(
+        drain
+            .victims
+            .iter()
+            .all(|v| v.rule == PreemptionRule::Drain)
+    );
+    assert_eq!(drain.evict_at, Timestamp(20 + 120), "the grace period");
+    assert!(out.evictions.is_empty(), "they checkpoint first");
+    assert!(h.cycle(30).drains.is_empty(), "told once");
+
+    // One reports its checkpoint and goes at once; the other at the deadline.
+    h.apply(Event::JobCheckpointed { uid: uid("second") });
+    let out = h.cycle(40);
+    assert_eq!(out.evictions.len(), 1);
+    assert_eq!(
+        out.evictions[0].reason,
+        EvictionReason::Drained { queue: "a".into() }
+    );
+    let out = h.cycle(140);
+    let evicted: Vec<&str> = out.evictions.iter().map(|e| e.uid.as_str()).collect();
+    assert_eq!(evicted, ["first"]);
+    assert!(h.admitted("other").is_some(), "other queues run on");
+    let why = h.reason_of(&out, "first");
+    assert_eq!(
+        *why.reason,
+        PendingReason::QueueOnHold {
+            queue: "a".into(),
+            drains: true
+        }
+    );
+    assert!(
+        why.message().contains("stopPolicy: HoldAndDrain"),
+        "{}",
+        why.message()
+    );
+
+    draining.on_hold = false;
+    draining.drain = false;
+    h.queue(draining);
+    assert_eq!(admitted_uids(&h.cycle(150)), vec!["first", "second"]);
 }
 
 #[test]

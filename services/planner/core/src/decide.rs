@@ -688,7 +688,12 @@ impl Context<'_> {
         decision: &trainyard_contracts::decisions::PreemptionDecided,
     ) -> Verdict {
         let record = self.record();
-        let preemptor = decision.preemptor.key();
+        // A draining queue names itself as the preemptor.
+        let preemptor = if decision.reason == "drain" {
+            format!("TrainingQueue {}", decision.preemptor.key())
+        } else {
+            decision.preemptor.key()
+        };
         // Only running workers have something to checkpoint; an attempt that has not
         // started yet gives its admission back at once.
         let running = matches!(phase, Phase::Starting | Phase::Running);
@@ -698,14 +703,14 @@ impl Context<'_> {
                 ConditionStatus::True,
                 "Preempted",
                 format!(
-                    "preempted for {preemptor} ({}): {}; checkpointing, workers stop at {}",
+                    "preempted by {preemptor} ({}): {}; checkpointing, workers stop at {}",
                     decision.reason,
                     decision.message,
                     decision.evict_after.to_rfc3339()
                 ),
             ));
             verdict.checkpoint_now =
-                Some((format!("preempted for {preemptor}"), decision.evict_after));
+                Some((format!("preempted by {preemptor}"), decision.evict_after));
             verdict.actions.push(PlannerAction::RecheckAfter {
                 delay: elapsed(self.now, decision.evict_after),
                 reason: "preemption grace period".to_owned(),
@@ -714,7 +719,7 @@ impl Context<'_> {
         }
         let next = record.attempt.saturating_add(1);
         let message = format!(
-            "preempted for {preemptor} ({}): {}; attempt {next} waits for re-admission",
+            "preempted by {preemptor} ({}): {}; attempt {next} waits for re-admission",
             decision.reason, decision.message
         );
         let mut verdict = self.requeued("Preempted", message.clone());

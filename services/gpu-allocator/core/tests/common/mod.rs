@@ -157,6 +157,9 @@ impl Harness {
         for p in &out.preemptions {
             self.log.push(Event::PreemptionStarted(p.clone()));
         }
+        for d in &out.drains {
+            self.log.push(Event::DrainStarted(d.clone()));
+        }
         out
     }
 
