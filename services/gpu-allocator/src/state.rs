@@ -945,18 +945,23 @@ mod tests {
         state
             .on_node(&EntityRef::new("", "n1", ""), &node)
             .expect("node applies");
+        set_default_queue(&mut state, "None");
+        state
+    }
+
+    /// Applies queue `default`: all 8 A100 as nominal quota, and `stop_policy`.
+    fn set_default_queue(state: &mut AllocatorState, stop_policy: &str) {
         let queue: TrainingQueueChanged = serde_json::from_value(json!({
             "change": "Applied",
             "object": {"apiVersion": "trainyard.dev/v1", "kind": "TrainingQueue",
                        "metadata": {"name": "default"},
-                       "spec": {"flavors": [{"name": "a100", "nominalQuota": 8,
+                       "spec": {"stopPolicy": stop_policy, "flavors": [{"name": "a100", "nominalQuota": 8,
                                 "nodeLabels": {"nvidia.com/gpu.product": "A100"}}]}}
         }))
         .expect("queue");
         state
             .on_queue(&EntityRef::new("", "default", ""), &queue)
             .expect("queue applies");
-        state
     }
 
     fn job(name: &str, gpus: u32, restart: u32, suspend: bool) -> TrainingJobChanged {
@@ -1249,17 +1254,7 @@ mod tests {
         assert_eq!(admitted(&state), [("runs".to_string(), 0)]);
         publish_all(&mut state);
 
-        let draining: TrainingQueueChanged = serde_json::from_value(json!({
-            "change": "Applied",
-            "object": {"apiVersion": "trainyard.dev/v1", "kind": "TrainingQueue",
-                       "metadata": {"name": "default"},
-                       "spec": {"stopPolicy": "HoldAndDrain", "flavors": [{"name": "a100", "nominalQuota": 8,
-                                "nodeLabels": {"nvidia.com/gpu.product": "A100"}}]}}
-        }))
-        .expect("queue");
-        state
-            .on_queue(&EntityRef::new("", "default", ""), &draining)
-            .expect("queue applies");
+        set_default_queue(&mut state, "HoldAndDrain");
         let report = state.cycle(Timestamp(20));
         assert_eq!(report.drained_victims, 1);
         let notice = state.outbox().iter().find_map(|o| match o {
@@ -1387,17 +1382,7 @@ mod tests {
         let report = state.cycle(Timestamp(20));
         assert_eq!(report.queue_reports, 0, "nothing changed");
 
-        let held: TrainingQueueChanged = serde_json::from_value(json!({
-            "change": "Applied",
-            "object": {"apiVersion": "trainyard.dev/v1", "kind": "TrainingQueue",
-                       "metadata": {"name": "default"},
-                       "spec": {"stopPolicy": "Hold", "flavors": [{"name": "a100", "nominalQuota": 8,
-                                "nodeLabels": {"nvidia.com/gpu.product": "A100"}}]}}
-        }))
-        .expect("queue");
-        state
-            .on_queue(&EntityRef::new("", "default", ""), &held)
-            .expect("queue applies");
+        set_default_queue(&mut state, "Hold");
         assert_eq!(state.cycle(Timestamp(22)).queue_reports, 1);
         let reports = queue_reports(&state);
         let held = &reports[0].1;
