@@ -668,11 +668,7 @@ impl Allocator {
             let reason = match &by {
                 Some(by) => EvictionReason::Preempted { by: by.clone() },
                 None => EvictionReason::Drained {
-                    queue: self
-                        .queues
-                        .get(job.queue)
-                        .map(|q| q.name.to_string())
-                        .unwrap_or_default(),
+                    queue: self.queues.name_of(job.queue),
                 },
             };
             self.requeue(idx, by);
@@ -1139,13 +1135,10 @@ impl Allocator {
         }
         let queue = job.queue;
         if self.queues.get(queue).is_none_or(|q| q.spec.is_none()) {
-            let name = self
-                .queues
-                .get(queue)
-                .map(|q| q.name.to_string())
-                .unwrap_or_default();
             return Err((
-                ctx.add_reason(PendingReason::QueueNotFound { queue: name }),
+                ctx.add_reason(PendingReason::QueueNotFound {
+                    queue: self.queues.name_of(queue),
+                }),
                 false,
             ));
         }
@@ -2266,11 +2259,7 @@ impl Allocator {
             uid: job.spec.uid.clone(),
             namespace: job.spec.namespace.clone(),
             name: job.spec.name.clone(),
-            queue: self
-                .queues
-                .get(job.queue)
-                .map(|q| q.name.to_string())
-                .unwrap_or_default(),
+            queue: self.queues.name_of(job.queue),
             units: run.admission.total_units(),
             rule,
         })
@@ -2313,11 +2302,7 @@ impl Allocator {
                 .collect();
             self.start_preempting(&victims, None, evict_at);
             out.drains.push(Drain {
-                queue: self
-                    .queues
-                    .get(queue)
-                    .map(|q| q.name.to_string())
-                    .unwrap_or_default(),
+                queue: self.queues.name_of(queue),
                 victims,
                 decided_at: now,
                 evict_at,

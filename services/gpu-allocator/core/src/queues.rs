@@ -211,6 +211,13 @@ impl Queues {
         self.queues.get(idx as usize)
     }
 
+    /// Queue `idx`'s name, for a decision or reason that names it.
+    pub(crate) fn name_of(&self, idx: QueueIdx) -> String {
+        self.get(idx)
+            .map(|q| q.name.to_string())
+            .unwrap_or_default()
+    }
+
     pub(crate) fn get_mut(&mut self, idx: QueueIdx) -> Option<&mut Queue> {
         self.queues.get_mut(idx as usize)
     }
