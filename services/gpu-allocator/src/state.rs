@@ -83,28 +83,22 @@ pub enum Outgoing {
 }
 
 impl Outgoing {
-    /// Admissions and preemptions are decisions: published only once a
-    /// snapshot holds them. Pending explanations and queue reports are not.
+    /// Admissions, preemptions and drains are decisions: published only
+    /// once a snapshot holds them. Pending explanations and queue reports
+    /// are not.
     pub fn is_decision(&self) -> bool {
-        !matches!(
-            self,
-            Outgoing::Pending { .. } | Outgoing::QueueStatus { .. }
-        )
+        self.status_about().is_none()
     }
 
-    /// The job a pending explanation is about.
-    fn pending_entity(&self) -> Option<&EntityRef> {
+    /// The job a pending explanation, or the queue a status report, is
+    /// about: a newer one about it supersedes it while it is unpublished.
+    /// (Queues have no namespace, so the two never meet.)
+    fn status_about(&self) -> Option<&EntityRef> {
         match self {
-            Outgoing::Pending { entity, .. } => Some(entity),
-            _ => None,
-        }
-    }
-
-    /// The queue a status report is about.
-    fn queue_entity(&self) -> Option<&EntityRef> {
-        match self {
-            Outgoing::QueueStatus { entity, .. } => Some(entity),
-            _ => None,
+            Outgoing::Pending { entity, .. } | Outgoing::QueueStatus { entity, .. } => Some(entity),
+            Outgoing::Admission { .. } | Outgoing::Preemption { .. } | Outgoing::Drain { .. } => {
+                None
+            }
         }
     }
 
@@ -741,13 +735,8 @@ impl AllocatorState {
             }
         }
         if !fresh.is_empty() {
-            let replaced: HashSet<&EntityRef> =
-                fresh.iter().filter_map(Outgoing::pending_entity).collect();
-            // One pass: a job's unpublished older explanation is superseded.
-            self.outbox
-                .retain(|o| o.pending_entity().is_none_or(|e| !replaced.contains(e)));
             report.explanations_published = fresh.len();
-            self.outbox.extend(fresh);
+            self.supersede(fresh);
             decided = true;
         }
         report.queue_reports = self.report_queues(now);
@@ -796,15 +785,22 @@ impl AllocatorState {
         }
         // Deleted queues are forgotten: one created again is reported anew.
         self.queue_status = reported;
-        if !fresh.is_empty() {
-            let replaced: HashSet<&EntityRef> =
-                fresh.iter().filter_map(Outgoing::queue_entity).collect();
-            self.outbox
-                .retain(|o| o.queue_entity().is_none_or(|e| !replaced.contains(e)));
-        }
         let queued = fresh.len();
-        self.outbox.extend(fresh);
+        self.supersede(fresh);
         queued
+    }
+
+    /// Queues `fresh` status messages, dropping in one pass the unpublished
+    /// older ones about the same jobs or queues.
+    fn supersede(&mut self, fresh: Vec<Outgoing>) {
+        if fresh.is_empty() {
+            return;
+        }
+        let replaced: HashSet<&EntityRef> =
+            fresh.iter().filter_map(Outgoing::status_about).collect();
+        self.outbox
+            .retain(|o| o.status_about().is_none_or(|e| !replaced.contains(e)));
+        self.outbox.extend(fresh);
     }
 
     /// Counts each queue's pending jobs into `report` and returns the
@@ -1028,10 +1024,7 @@ mod tests {
             .expect("job");
         state.cycle(Timestamp(10));
         assert_eq!(admitted(&state), [("a".to_string(), 0)]);
-        let ids: Vec<String> = state.outbox().iter().map(|o| o.id().to_string()).collect();
-        for id in ids {
-            state.published(&id);
-        }
+        publish_all(&mut state);
         // The planner restarts the job as attempt 1: GPUs of attempt 0 are freed
         // and attempt 1 is admitted from the remembered spec.
         state
