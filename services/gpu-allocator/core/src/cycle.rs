@@ -28,7 +28,7 @@ use crate::placement::{self, Candidate, Gang};
 use crate::queues::QueueIdx;
 use crate::types::{GpuSliceRequest, JobUid, ResourceKind, Timestamp, TopologyRequirement, names};
 
-use crate::allocator::{Allocator, FastMap, Job, JobState, Nomination, PreemptingState, Running};
+use crate::allocator::{Allocator, FastMap, Job, JobState, Nomination, Running};
 
 /// What a successful placement attempt produced.
 pub(crate) struct Plan {
@@ -2323,17 +2323,8 @@ impl Allocator {
         for (victim, rule) in &plan.victims {
             victims.push(self.victim(*victim, *rule)?);
         }
-        for (victim, rule) in &plan.victims {
-            self.update_preempting(*victim, |p| {
-                *p = Some(PreemptingState {
-                    by: Some(preemptor.clone()),
-                    rule: *rule,
-                    evict_at,
-                    checkpointed: false,
-                });
-            });
-            self.preempting.insert(*victim);
-        }
+        // A victim search passes over jobs already being preempted.
+        self.start_preempting(&victims, Some(&preemptor), evict_at);
         let flavor = self.inv.res_flavor_name(plan.res).to_string();
         let resource = self.inv.res_quota_name(plan.res);
         let nodes: Vec<PlannedNode> = plan
