@@ -60,8 +60,19 @@ fn training_job_write(
 #[serde(rename_all = "camelCase")]
 struct StatusApply<'a, S> {
     api_version: &'a str,
-    kind: &'a str,
+    kind: std::borrow::Cow<'static, str>,
     status: &'a S,
+}
+
+impl<'a, S> StatusApply<'a, S> {
+    /// The body that applies `status` to an object of kind `K`.
+    fn of<K: Resource<DynamicType = ()>>(status: &'a S) -> Self {
+        Self {
+            api_version: trainyard_api::API_GROUP_VERSION,
+            kind: K::kind(&()),
+            status,
+        }
+    }
 }
 
 /// Which of a job's desired objects differ from what was last applied.
@@ -230,11 +241,7 @@ impl KubeWriter {
     ) -> Result<TrainingJob, PlannerError> {
         let namespace = job.namespace().unwrap_or_default();
         let name = job.name_any();
-        let patch = StatusApply {
-            api_version: trainyard_api::API_GROUP_VERSION,
-            kind: "TrainingJob",
-            status,
-        };
+        let patch = StatusApply::of::<TrainingJob>(status);
         self.jobs(&namespace)
             .patch_status(&name, &self.apply_params(), &Patch::Apply(&patch))
             .await
@@ -369,11 +376,7 @@ impl KubeWriter {
     ) -> Result<(), PlannerError> {
         let namespace = sweep.namespace().unwrap_or_default();
         let name = sweep.name_any();
-        let patch = StatusApply {
-            api_version: trainyard_api::API_GROUP_VERSION,
-            kind: "Sweep",
-            status,
-        };
+        let patch = StatusApply::of::<Sweep>(status);
         Api::<Sweep>::namespaced(self.client.clone(), &namespace)
             .patch_status(&name, &self.apply_params(), &Patch::Apply(&patch))
             .await
@@ -397,11 +400,7 @@ impl KubeWriter {
         name: &str,
         status: &TrainingQueueStatus,
     ) -> Result<(), PlannerError> {
-        let patch = StatusApply {
-            api_version: trainyard_api::API_GROUP_VERSION,
-            kind: "TrainingQueue",
-            status,
-        };
+        let patch = StatusApply::of::<TrainingQueue>(status);
         gone(
             Api::<TrainingQueue>::all(self.client.clone())
                 .patch_status(name, &self.apply_params(), &Patch::Apply(&patch))

@@ -692,9 +692,7 @@ impl Planner {
         else {
             return Ok(());
         };
-        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            k8s_openapi::jiff::Timestamp::now(),
-        );
+        let now = api_now();
         let status = planner_core::sweep_status(
             &progress,
             object.status.as_ref(),
@@ -718,9 +716,7 @@ impl Planner {
             tracing::debug!(queue = %queue.name, "queue is gone; status not written");
             return Ok(());
         };
-        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            k8s_openapi::jiff::Timestamp::now(),
-        );
+        let now = api_now();
         let status = planner_core::queue_status(
             &report,
             object.status.as_ref(),
@@ -735,6 +731,11 @@ impl Planner {
             .await
             .map_err(retry)
     }
+}
+
+/// Now, as a status condition's transition time.
+fn api_now() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now())
 }
 
 fn is_dns_label(name: &str) -> bool {
