@@ -470,7 +470,7 @@ async fn gpus_other_pods_hold_are_not_given_to_training() {
     apply(&jobs, &training_job("two-nodes", 2, 8)).await;
     let waiting = waiting(&jobs, "two-nodes", "short").await;
     assert!(
-        waiting.contains("8 short")
+        waiting.contains("8 nvidia.com/gpu short")
             && waiting
                 .contains("8 nvidia.com/gpu of the flavor held by pods Trainyard does not manage"),
         "{waiting}"
@@ -519,8 +519,8 @@ async fn cpu_other_pods_hold_is_not_given_to_training() {
     let waiting = waiting(&jobs, "two-nodes", "short").await;
     assert!(
         waiting.contains(
-            "1 more worker(s) would fit by nvidia.com/gpu but not by the CPU or memory \
-             free beside it (cpu 16 per worker)"
+            "1 fit now; 0 nvidia.com/gpu short; 1 more worker(s) would fit by nvidia.com/gpu \
+             but not by the CPU or memory free beside it (cpu 16 per worker)"
         ),
         "{waiting}"
     );

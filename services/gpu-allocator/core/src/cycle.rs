@@ -2055,6 +2055,8 @@ impl Allocator {
     ) -> PendingReason {
         let (per_worker, workers) = (spec.gpus_per_worker, spec.num_workers);
         let placeable = placeable.min(u64::from(workers));
+        // Workers that lack only CPU or memory are not short of units.
+        let short_workers = u64::from(workers).saturating_sub(placeable + lacking_cpu_memory);
         let empty_slots = self.slots_when_empty(res, spec, filter, empty_slots);
         PendingReason::InsufficientCapacity {
             flavor: self.inv.res_flavor_name(res).to_string(),
@@ -2062,7 +2064,7 @@ impl Allocator {
             workers,
             units_per_worker: per_worker,
             placeable_workers: u32::try_from(placeable).unwrap_or(u32::MAX),
-            units_short: (u64::from(workers) - placeable) * u64::from(per_worker),
+            units_short: short_workers * u64::from(per_worker),
             reserved_start: None,
             fits_when_empty: empty_slots >= u64::from(workers),
             required_topology: (spec.topology != TopologyRequirement::Preferred && workers > 1)

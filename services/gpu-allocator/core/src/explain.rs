@@ -180,7 +180,8 @@ pub enum PendingReason {
         units_per_worker: u32,
         /// Workers that would fit now.
         placeable_workers: u32,
-        /// Units missing, counted in whole workers.
+        /// Units missing, counted in whole workers; workers that lack only
+        /// CPU or memory are not counted.
         units_short: u64,
         /// When the job is expected to start, if it holds a reservation.
         reserved_start: Option<Timestamp>,
@@ -363,7 +364,7 @@ impl fmt::Display for PendingReason {
                 write!(
                     f,
                     "capacity: flavor {flavor}: {workers} worker(s) x {units_per_worker} {resource} \
-                     on one node each{within}, {placeable_workers} fit now; {units_short} short"
+                     on one node each{within}, {placeable_workers} fit now; {units_short} {resource} short"
                 )?;
                 if *held_by_other_pods > 0 {
                     write!(

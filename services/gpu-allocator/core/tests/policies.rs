@@ -176,6 +176,8 @@ fn a_job_short_of_cpu_or_memory_says_so_and_starts_when_they_are_freed() {
             PendingReason::InsufficientCapacity {
                 placeable_workers: 0,
                 workers_lacking_cpu_memory: 1,
+                // Its GPUs are free: CPU and memory are what it lacks.
+                units_short: 0,
                 fits_when_empty: true,
                 ..
             }
@@ -1447,7 +1449,7 @@ fn workers_kept_on_one_node_wait_for_a_node_that_holds_them_all() {
     );
     assert!(
         why.message()
-            .contains("all on the same node, 1 fit now; 2 short"),
+            .contains("all on the same node, 1 fit now; 2 nvidia.com/gpu short"),
         "{}",
         why.message()
     );
@@ -1534,7 +1536,7 @@ fn topology_prefers_one_rack_then_one_zone() {
     );
     assert!(
         why.message()
-            .contains("all in one rack, 2 fit now; 8 short"),
+            .contains("all in one rack, 2 fit now; 8 nvidia.com/gpu short"),
         "{}",
         why.message()
     );
