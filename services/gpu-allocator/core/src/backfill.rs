@@ -379,20 +379,21 @@ impl Allocator {
         timeline: &[(Timestamp, NodeIdx, u32)],
     ) -> Option<Reservation> {
         let r = self.inv.res(res)?;
-        // Eligible nodes and their units available at `now`.
+        // An eligible node's units available at `now`, zone and rack.
+        let entry = |node_idx: NodeIdx, free: u32| {
+            let node = self.inv.node(node_idx)?;
+            self.admits(node, filter).then(|| {
+                let claimed = reservations.claimed_total(node_idx, res);
+                (free.saturating_sub(claimed), node.zone, node.rack)
+            })
+        };
+        // Nodes with no free units join when a release reaches them: in a
+        // busy flavor they are most nodes, and most are never reached.
         let mut avail = NodeTable::new(self.inv.nodes.len());
-        for (node_idx, free) in r.nodes_with_free(0) {
-            let Some(node) = self.inv.node(node_idx) else {
-                continue;
-            };
-            if !self.admits(node, filter) {
-                continue;
+        for (node_idx, free) in r.nodes_with_free(1) {
+            if let Some(e) = entry(node_idx, free) {
+                avail.set(node_idx, e);
             }
-            let claimed = reservations.claimed_total(node_idx, res);
-            avail.set(
-                node_idx,
-                (free.saturating_sub(claimed), node.zone, node.rack),
-            );
         }
         let mut slots: u64 = avail.iter().map(|(_, (u, _, _))| gang.slots(*u)).sum();
         let mut tries = 0u32;
@@ -404,6 +405,10 @@ impl Allocator {
                 let cands: Vec<Candidate> = avail
                     .iter()
                     .filter_map(|(node, &(units, zone, rack))| {
+                        // CPU and memory only ever lower the units usable.
+                        if units < gang.per_worker {
+                            return None;
+                        }
                         let n = self.inv.node(node)?;
                         // CPU and memory given back by `t` only matter where
                         // what is free now caps the units (summing them walks
@@ -434,6 +439,14 @@ impl Allocator {
             while let Some((when, node, units)) = timeline.get(i) {
                 if *when != t {
                     break;
+                }
+                if avail.get(node).is_none()
+                    && let Some(e) = self
+                        .inv
+                        .indexed_free(*node, res)
+                        .and_then(|free| entry(*node, free))
+                {
+                    avail.set(*node, e);
                 }
                 if let Some(entry) = avail.get_mut(node) {
                     let before = gang.slots(entry.0);

@@ -458,6 +458,13 @@ impl Inventory {
         self.nodes.get(idx as usize).and_then(Option::as_ref)
     }
 
+    /// Free units of `res` on a node its index counts (one that
+    /// `nodes_with_free` walks).
+    pub(crate) fn indexed_free(&self, idx: NodeIdx, res: ResIdx) -> Option<u32> {
+        let node = self.node(idx).filter(|n| n.indexed())?;
+        node.pool(res).map(Pool::free)
+    }
+
     pub(crate) fn node_mut(&mut self, idx: NodeIdx) -> Option<&mut Node> {
         self.nodes.get_mut(idx as usize).and_then(Option::as_mut)
     }
