@@ -17,7 +17,7 @@ use crate::allocator::FastMap;
 use crate::allocator::{Allocator, Job, JobState, PreemptingState, Running};
 use crate::config::AllocatorConfig;
 use crate::inventory::{JobIdx, NodeIdx, ResIdx};
-use crate::placement::{self, Candidate, Gang, NodeTable};
+use crate::placement::{self, Candidate, Gang, NodeTable, RoomiestDomain};
 use crate::queues::QueueIdx;
 use crate::types::{CpuMemory, JobUid, Timestamp};
 
@@ -395,12 +395,18 @@ impl Allocator {
                 avail.set(node_idx, e);
             }
         }
-        let mut slots: u64 = avail.iter().map(|(_, (u, _, _))| gang.slots(*u)).sum();
+        // Tries start once units alone could host the gang in a domain its
+        // topology allows.
+        let mut roomiest = RoomiestDomain::new(gang.topology);
+        for (_, &(units, zone, rack)) in avail.iter() {
+            let s = gang.slots(units);
+            roomiest.add((zone, rack), s, s);
+        }
         let mut tries = 0u32;
         let mut i = 0usize;
         let mut t = now;
         loop {
-            if slots >= u64::from(gang.workers) && tries < 64 {
+            if roomiest.slots() >= u64::from(gang.workers) && tries < 64 {
                 tries += 1;
                 let cands: Vec<Candidate> = avail
                     .iter()
@@ -451,7 +457,8 @@ impl Allocator {
                 if let Some(entry) = avail.get_mut(node) {
                     let before = gang.slots(entry.0);
                     entry.0 = entry.0.saturating_add(*units);
-                    slots += gang.slots(entry.0) - before;
+                    let after = gang.slots(entry.0);
+                    roomiest.add((entry.1, entry.2), after - before, after);
                 }
                 i += 1;
             }

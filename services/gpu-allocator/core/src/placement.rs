@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::allocator::FastMap;
 use crate::event::JobSpec;
 use crate::inventory::NodeIdx;
 use crate::types::{CpuMemory, TopologyRequirement};
@@ -129,27 +130,55 @@ pub(crate) fn place_single(per_worker: u32, candidates: &[Candidate]) -> Option<
 /// the roomiest single zone, rack or node (an unlabeled node counts alone). What a
 /// capacity reason reports for a gang that does not fit.
 pub(crate) fn most_placeable(gang: Gang, nodes: impl IntoIterator<Item = (u32, u32, u32)>) -> u64 {
-    let topology = gang.topology;
-    let mut domains: BTreeMap<u32, u64> = BTreeMap::new();
-    let (mut total, mut roomiest_alone) = (0, 0);
+    let mut roomiest = RoomiestDomain::new(gang.topology);
     for (units, zone, rack) in nodes {
         let s = gang.slots(units);
-        total += s;
-        let domain = match topology {
-            TopologyRequirement::Preferred => continue,
+        roomiest.add((zone, rack), s, s);
+    }
+    roomiest.slots()
+}
+
+/// Worker slots of the roomiest domain a gang's topology allows, kept as
+/// nodes gain units: all nodes together for a gang that may spread, else
+/// one zone, rack or node.
+pub(crate) struct RoomiestDomain {
+    topology: TopologyRequirement,
+    by_domain: FastMap<u32, u64>,
+    roomiest: u64,
+}
+
+impl RoomiestDomain {
+    pub(crate) fn new(topology: TopologyRequirement) -> Self {
+        RoomiestDomain {
+            topology,
+            by_domain: FastMap::default(),
+            roomiest: 0,
+        }
+    }
+
+    /// A node of `(zone, rack)` gained `gained` slots and now has `now`.
+    pub(crate) fn add(&mut self, (zone, rack): (u32, u32), gained: u64, now: u64) {
+        let domain = match self.topology {
+            TopologyRequirement::Preferred => {
+                self.roomiest += gained;
+                return;
+            }
             TopologyRequirement::SameZone => zone,
             TopologyRequirement::SameRack => rack,
             TopologyRequirement::SameNode => 0,
         };
-        if domain == 0 {
-            roomiest_alone = roomiest_alone.max(s);
+        let slots = if domain == 0 {
+            now
         } else {
-            *domains.entry(domain).or_default() += s;
-        }
+            let slots = self.by_domain.entry(domain).or_default();
+            *slots += gained;
+            *slots
+        };
+        self.roomiest = self.roomiest.max(slots);
     }
-    match topology {
-        TopologyRequirement::Preferred => total,
-        _ => domains.into_values().fold(roomiest_alone, u64::max),
+
+    pub(crate) fn slots(&self) -> u64 {
+        self.roomiest
     }
 }
 

@@ -2345,6 +2345,56 @@ fn backfill_never_delays_the_reserved_head_job() {
     );
 }
 
+/// A gang that must stay in one rack is reserved where a whole rack frees
+/// up, however many earlier releases leave room for it only across racks.
+/// A reservation search tries to place the gang at most 64 times; it now
+/// tries only once units alone could host the gang in one rack, where
+/// before each of the 70 releases below spent a try and the search gave up.
+#[test]
+fn a_rack_bound_gang_is_reserved_where_one_rack_frees_up() {
+    let mut h = Harness::without_preemption();
+    let mut nodes = vec![
+        node_in("a1", 8, "z", "ra"),
+        node_in("a2", 8, "z", "ra"),
+        node_in("b1", 8, "z", "rb"),
+    ];
+    nodes.extend((0..10).map(|i| node_in(&format!("c{i}"), 8, "z", "rc")));
+    h.nodes(nodes);
+    h.queue(queue("q", None, 1_000));
+    let mut a2 = pinned(job("a2-busy", "q", 1, 8), "a2");
+    a2.runtime_estimate_secs = Some(1_000);
+    h.submit(a2);
+    // Each c node: seven 1-GPU jobs ending one after another before t=1000,
+    // and one that keeps it from being whole until t=5000.
+    for i in 0..10u64 {
+        let host = format!("c{i}");
+        for k in 0..7u64 {
+            let mut small = pinned(job(&format!("c{i}-{k}"), "q", 1, 1), &host);
+            small.runtime_estimate_secs = Some(10 + (i * 7 + k) * 10);
+            h.submit(small);
+        }
+        let mut long = pinned(job(&format!("c{i}-long"), "q", 1, 1), &host);
+        long.runtime_estimate_secs = Some(5_000);
+        h.submit(long);
+    }
+    assert_eq!(h.cycle(0).admissions.len(), 81);
+    let mut gang = job("rack-pair", "q", 2, 8);
+    gang.topology = TopologyRequirement::SameRack;
+    gang.priority = 10;
+    h.submit(gang);
+    let out = h.cycle(0);
+    assert!(
+        h.admitted("rack-pair").is_none(),
+        "a1 and b1 are in two racks"
+    );
+    match &*h.reason_of(&out, "rack-pair").reason {
+        PendingReason::InsufficientCapacity { reserved_start, .. } => {
+            assert_eq!(*reserved_start, Some(Timestamp(1_000)), "rack ra at t=1000")
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
 /// n1: 4 of 8 GPUs busy until t=1000, n2 full; a 6-GPU head job is
 /// reserved on n1 at t=1000, which keeps 2 of n1's 4 free GPUs for it. A
 /// long 2-GPU job whose CPU leaves room for one worker takes the other 2:
