@@ -12,7 +12,7 @@
 //! has an equal share of the H100 GPUs and of the MIG slices as nominal quota
 //! (quotas add up to the cluster), borrowing unlimited inside the cohort.
 //!
-//! Three job mixes (`--mix`, all by default): `trace` (`TRACE_MIX`), shaped
+//! Four job mixes (`--mix`, all by default): `trace` (`TRACE_MIX`), shaped
 //! like published cluster traces: MIG slices for notebooks, 1/2/4/8-GPU
 //! single-worker jobs, and gangs of 4-GPU and 8-GPU workers from 2 to 96
 //! workers (the API allows 100); `fragmenting` (`FRAGMENTING_MIX`), where
@@ -20,7 +20,9 @@
 //! and hold about half of the GPU-hours beside gangs of 8-GPU workers that
 //! need whole nodes; and `gang-heavy` (`GANG_HEAVY_MIX`, called `fragmenting`
 //! until 2026-11-23), 1, 2 and 4-GPU jobs beside the same gang shapes, the
-//! gangs holding 82 % of the GPU-hours. Heavy-tailed runtimes (log-uniform, so jobs end at
+//! gangs holding 82 % of the GPU-hours; and `rack-bound` (`RACK_BOUND_MIX`),
+//! `fragmenting`'s stream whose gangs of 2 to 16 workers must stay in one
+//! rack (NVLink domain). Heavy-tailed runtimes (log-uniform, so jobs end at
 //! all times and leave holes), runtime estimates (1.0-1.5x the truth) on 70%
 //! of jobs, 5% high-priority jobs, queues picked uniformly.
 //!
@@ -40,12 +42,15 @@
 //! for. Placement-aware and all-or-nothing per gang: strict FIFO with
 //! first-fit placement (the first job that does not fit blocks the rest:
 //! Kueue's StrictFIFO on one ClusterQueue), FIFO first-fit skipping blocked
-//! jobs, and strict FIFO with spread placement. Kueue-like (quota-only
+//! jobs, and strict FIFO with spread placement; a gang kept in one rack goes
+//! to the first rack that holds it. Kueue-like (quota-only
 //! admission, BestEffortFIFO, then every pod bound on its own, first fit or
 //! spread as kube-scheduler's default LeastAllocated scoring does, gangs
-//! partly bound after `waitForPodsReady` evicted and requeued).
+//! partly bound after `waitForPodsReady` evicted and requeued; a gang kept in
+//! one rack asks it by required pod affinity, so its first pod binds
+//! anywhere and the others in that pod's rack).
 //!
-//! Usage: `admission [--mix trace,fragmenting,gang-heavy] [--seed N] [--cycles N]
+//! Usage: `admission [--mix trace,fragmenting,gang-heavy,rack-bound] [--seed N] [--cycles N]
 //! [--step-secs N] [--max-wall-secs N] [--warmup-secs N] [--preemption 0|1]
 //! [--within-queue Never|LowerPriority] [--reclaim-within-cohort Never|LowerPriority|Any]
 //! [--borrower-hold-after SECONDS] [--digest] [--cpu-memory [--cpu-heavy-every N]]`
@@ -58,19 +63,20 @@
 //! `--cpu-memory` has nodes report CPU and memory (and DaemonSets request
 //! some) and workers request them in proportion to their GPUs, never more
 //! than fits beside them: trainyard's decisions stay those of the run
-//! without (the baselines ignore CPU and memory), at the cost of fitting
-//! them. `--cpu-heavy-every N` makes every Nth job ask for twice as much,
-//! so that CPU and memory decide where those fit (the baselines still
-//! ignore them: their figures are not comparable then).
+//! without, at the cost of fitting them. `--cpu-heavy-every N` makes every
+//! Nth job ask for twice as much, so that CPU and memory decide where those
+//! fit. Every baseline places a worker only where its CPU and memory fit
+//! too, as the scheduler would.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::hash::{Hash, Hasher};
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use gpu_allocator_core::{
     Allocator, AllocatorConfig, CpuMemory, Event, FlavorQuota, GpuSliceRequest, JobSpec, JobUid,
-    NodeInfo, QueueSpec, ResourceQuota, Timestamp, names,
+    NodeInfo, QueueSpec, ResourceQuota, Timestamp, TopologyRequirement, names,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -133,6 +139,8 @@ struct Shape {
     weight: u32,
     /// Runtime range in seconds, drawn log-uniformly.
     runtime: (u64, u64),
+    /// All workers in one rack (NVLink domain): `topology: SameRack`.
+    same_rack: bool,
 }
 
 const fn shape(workers: u32, units: u32, mig: bool, weight: u32, lo: u64, hi: u64) -> Shape {
@@ -142,6 +150,15 @@ const fn shape(workers: u32, units: u32, mig: bool, weight: u32, lo: u64, hi: u6
         mig,
         weight,
         runtime: (lo, hi),
+        same_rack: false,
+    }
+}
+
+/// `shape` for a gang that must stay in one rack.
+const fn in_one_rack(workers: u32, weight: u32, lo: u64, hi: u64) -> Shape {
+    Shape {
+        same_rack: true,
+        ..shape(workers, 8, false, weight, lo, hi)
     }
 }
 
@@ -208,6 +225,28 @@ const FRAGMENTING_MIX: [Shape; 12] = [
 /// weights 60, 40, 30, 20, 10, hold 82 %: 2,679, 3,572, 5,358, 7,144, 7,144,
 /// together 25,897. They vacate whole nodes when they end, so strict FIFO
 /// seldom waits long for room and little of the cluster idles.
+/// `FRAGMENTING_MIX` on a cluster whose multi-node training needs the
+/// NVLink fabric of one rack (as on rack-scale NVLink systems): every gang of
+/// 8-GPU workers of 2 to 16 workers must stay in one rack of 16 nodes, and
+/// gangs of 32 (two racks) are left unconstrained. Same weights and
+/// runtimes, so the same GPU-hours of demand. A rack takes such a gang only
+/// when enough of its own nodes are free at once, so small jobs that outlive
+/// their neighbours keep whole racks from it.
+const RACK_BOUND_MIX: [Shape; 12] = [
+    shape(1, 1, true, 50, 1_800, 28_800),
+    shape(1, 1, false, 380, 1_800, 43_200),
+    shape(1, 2, false, 200, 1_800, 43_200),
+    shape(1, 3, false, 50, 1_800, 43_200),
+    shape(1, 4, false, 150, 1_800, 43_200),
+    shape(1, 6, false, 80, 1_800, 43_200),
+    shape(2, 4, false, 40, 1_800, 21_600),
+    in_one_rack(2, 20, 3_600, 21_600),
+    in_one_rack(4, 12, 3_600, 21_600),
+    in_one_rack(8, 9, 3_600, 21_600),
+    in_one_rack(16, 6, 3_600, 21_600),
+    shape(32, 8, false, 3, 3_600, 21_600),
+];
+
 const GANG_HEAVY_MIX: [Shape; 10] = [
     shape(1, 1, true, 50, 1_800, 28_800),
     shape(1, 1, false, 400, 1_800, 43_200),
@@ -256,6 +295,9 @@ enum MixName {
     /// `GANG_HEAVY_MIX`: the former `fragmenting` mix, 82 % of its GPU-hours
     /// in gangs of 8-GPU workers.
     GangHeavy,
+    /// `RACK_BOUND_MIX`: `fragmenting` with its gangs of up to 16 workers
+    /// kept in one rack.
+    RackBound,
 }
 
 impl MixName {
@@ -264,6 +306,7 @@ impl MixName {
             MixName::Trace => &TRACE_MIX,
             MixName::Fragmenting => &FRAGMENTING_MIX,
             MixName::GangHeavy => &GANG_HEAVY_MIX,
+            MixName::RackBound => &RACK_BOUND_MIX,
         }
     }
 
@@ -272,6 +315,7 @@ impl MixName {
             MixName::Trace => "trace",
             MixName::Fragmenting => "fragmenting",
             MixName::GangHeavy => "gang-heavy",
+            MixName::RackBound => "rack-bound",
         }
     }
 }
@@ -307,7 +351,7 @@ struct Args {
     #[arg(long, value_name = "SECONDS")]
     borrower_hold_after: Option<u64>,
     /// Job mixes to run, each against every policy.
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [MixName::Trace, MixName::Fragmenting, MixName::GangHeavy])]
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [MixName::Trace, MixName::Fragmenting, MixName::GangHeavy, MixName::RackBound])]
     mix: Vec<MixName>,
     /// Hash every decision of trainyard's run (slower; outside the timed cycle).
     #[arg(long)]
@@ -331,6 +375,7 @@ struct SimJob {
     workers: u32,
     units: u32,
     mig: bool,
+    same_rack: bool,
     priority: i32,
     duration: u64,
     estimate: Option<u64>,
@@ -386,6 +431,7 @@ fn generate_stream(shapes: &[Shape], seed: u64, count: usize) -> Vec<SimJob> {
                 workers: shape.workers,
                 units: shape.units,
                 mig: shape.mig,
+                same_rack: shape.same_rack,
                 priority: if rng.random_range(0..100u32) < 5 {
                     100
                 } else {
@@ -461,6 +507,14 @@ fn nodes(cpu_memory: bool) -> Vec<(NodeInfo, &'static NodePool)> {
         rack += 1;
     }
     out
+}
+
+/// The rack `nodes` gave a node.
+fn rack_of(node: &NodeInfo) -> usize {
+    node.labels
+        .get(names::NVLINK_CLIQUE_LABEL)
+        .and_then(|rack| rack.strip_prefix("rack-")?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// `total` split into `QUEUES` nominal quotas that add up exactly.
@@ -556,6 +610,11 @@ fn job_spec(index: usize, job: &SimJob, now: u64, args: &Args) -> JobSpec {
             .then(|| GpuSliceRequest::Profile(MIG_PROFILE.into())),
         runtime_estimate_secs: job.estimate,
         cpu_memory_per_worker: cpu_memory_per_worker(index, job, args),
+        topology: if job.same_rack {
+            TopologyRequirement::SameRack
+        } else {
+            TopologyRequirement::Preferred
+        },
         ..JobSpec::default()
     }
 }
@@ -1088,6 +1147,8 @@ impl Baseline {
 struct FifoCluster {
     free: Vec<u32>,
     mig: Vec<bool>,
+    /// Each node's rack, as `nodes` numbers them (consecutive nodes).
+    rack: Vec<usize>,
     by_free: [Vec<usize>; 2],
     cpu_memory_free: Vec<CpuMemory>,
 }
@@ -1097,10 +1158,11 @@ impl FifoCluster {
         let mut c = FifoCluster {
             free: Vec::new(),
             mig: Vec::new(),
+            rack: Vec::new(),
             by_free: [Vec::new(), Vec::new()],
             cpu_memory_free: Vec::new(),
         };
-        for (_, pool) in nodes(false) {
+        for (node, pool) in nodes(false) {
             let units = if pool.mig {
                 pool.gpus * SLICES_PER_GPU
             } else {
@@ -1108,6 +1170,7 @@ impl FifoCluster {
             };
             c.free.push(units);
             c.mig.push(pool.mig);
+            c.rack.push(rack_of(&node));
             // Without `--cpu-memory` workers request none, so any room does.
             c.cpu_memory_free.push(node_room());
             let counts = &mut c.by_free[usize::from(pool.mig)];
@@ -1162,17 +1225,45 @@ impl FifoCluster {
         cpu_memory: CpuMemory,
         spread: bool,
     ) -> Option<Vec<(usize, u32)>> {
-        let g = job.units;
-        let per_worker = (g, cpu_memory);
         // Free units alone: a necessary condition, cheap to check.
-        if self.slots(job.mig, g) < u64::from(job.workers) {
+        if self.slots(job.mig, job.units) < u64::from(job.workers) {
             return None;
         }
+        if !job.same_rack {
+            return self.place_among(job, cpu_memory, spread, 0..self.free.len());
+        }
+        // A gang kept in one rack: the first rack, by node index, that holds it.
+        let mut start = 0;
+        while let Some(&rack) = self.rack.get(start) {
+            let end = start
+                + self.rack[start..]
+                    .iter()
+                    .take_while(|r| **r == rack)
+                    .count();
+            if let Some(placement) = self.place_among(job, cpu_memory, spread, start..end) {
+                return Some(placement);
+            }
+            start = end;
+        }
+        None
+    }
+
+    /// `place` on the nodes of `among` only.
+    fn place_among(
+        &self,
+        job: &SimJob,
+        cpu_memory: CpuMemory,
+        spread: bool,
+        among: Range<usize>,
+    ) -> Option<Vec<(usize, u32)>> {
+        let g = job.units;
+        let per_worker = (g, cpu_memory);
         let mut placement: Vec<(usize, u32)> = Vec::new();
         if spread {
             for _ in 0..job.workers {
                 let mut best: Option<(usize, u32)> = None;
-                for (node, f) in self.free.iter().enumerate() {
+                for node in among.clone() {
+                    let f = self.free[node];
                     if self.mig[node] != job.mig {
                         continue;
                     }
@@ -1196,7 +1287,7 @@ impl FifoCluster {
             }
         } else {
             let mut left = job.workers;
-            for node in 0..self.free.len() {
+            for node in among {
                 if left == 0 {
                     break;
                 }
@@ -1379,8 +1470,17 @@ fn run_quota_fifo(stream: &[SimJob], args: &Args, spread: bool) -> Report {
             let per_worker = (job.units, per_worker_cpu[idx]);
             let mut bound: u32 = placed[idx].iter().map(|(_, u)| u / job.units).sum();
             while bound < job.workers {
+                // A gang kept in one rack asks it by required pod affinity:
+                // the scheduler binds its first pod anywhere and the others
+                // in that pod's rack.
+                let rack = placed[idx]
+                    .first()
+                    .filter(|_| job.same_rack)
+                    .map(|(n, _)| cluster.rack[*n]);
                 let mut fitting = (0..cluster.free.len()).filter(|&n| {
-                    cluster.mig[n] == job.mig && cluster.workers_fitting(n, per_worker, 0) > 0
+                    cluster.mig[n] == job.mig
+                        && rack.is_none_or(|r| cluster.rack[n] == r)
+                        && cluster.workers_fitting(n, per_worker, 0) > 0
                 });
                 let chosen = if spread {
                     // The first of the emptiest nodes, as `max_by_key` keeps the last.
@@ -1621,6 +1721,7 @@ mod tests {
             workers: 1,
             units: u32::try_from(gpus).expect("fits"),
             mig,
+            same_rack: false,
             priority: 0,
             duration: 3_600,
             estimate: None,
@@ -1677,5 +1778,51 @@ mod tests {
         cluster.adjust(first, 1, (1, cores(90)), false);
         let placement = cluster.place(&job, cores(11), false);
         assert_eq!(placement, Some(vec![(first, 1)]));
+    }
+
+    #[test]
+    fn baselines_keep_a_rack_bound_gang_in_the_first_rack_that_holds_it() {
+        let mut cluster = FifoCluster::new();
+        // The first 8-GPU H100 nodes start a rack of 16; one GPU busy on
+        // each of its first 10 nodes leaves 6 whole nodes there.
+        let first = POOLS[0].count + POOLS[1].count;
+        let rack = cluster.rack[first];
+        assert_ne!(cluster.rack[first - 1], rack, "a rack starts at the pool");
+        for node in first..first + 10 {
+            cluster.adjust(node, 1, (1, CpuMemory::default()), true);
+        }
+        let gang = |workers| SimJob {
+            workers,
+            units: 8,
+            same_rack: true,
+            ..holding(0, 1, false)
+        };
+        for spread in [false, true] {
+            let six = cluster
+                .place(&gang(6), CpuMemory::default(), spread)
+                .expect("six whole nodes in the first rack");
+            assert!(six.iter().all(|(n, _)| cluster.rack[*n] == rack), "{six:?}");
+            // Seven: the first rack has 6 whole nodes, the next all 16.
+            let seven = cluster
+                .place(&gang(7), CpuMemory::default(), spread)
+                .expect("the next rack");
+            assert!(
+                seven.iter().all(|(n, _)| cluster.rack[*n] == rack + 1),
+                "{seven:?}"
+            );
+        }
+        // Unconstrained, first fit takes the 6 and one more from the next rack.
+        let spread_out = SimJob {
+            same_rack: false,
+            ..gang(7)
+        };
+        let placement = cluster
+            .place(&spread_out, CpuMemory::default(), false)
+            .expect("fits");
+        assert_eq!(placement.first().map(|(n, _)| *n), Some(first + 10));
+        assert_eq!(
+            placement.last().map(|(n, _)| cluster.rack[*n]),
+            Some(rack + 1)
+        );
     }
 }
