@@ -154,14 +154,6 @@ const fn shape(workers: u32, units: u32, mig: bool, weight: u32, lo: u64, hi: u6
     }
 }
 
-/// `shape` for a gang that must stay in one rack.
-const fn in_one_rack(workers: u32, weight: u32, lo: u64, hi: u64) -> Shape {
-    Shape {
-        same_rack: true,
-        ..shape(workers, 8, false, weight, lo, hi)
-    }
-}
-
 /// The job mix. Most jobs are small and short, most GPU-hours go to a few
 /// large gangs, as in published cluster traces; runtimes are log-uniform, so
 /// jobs end at all times and leave holes.
@@ -232,20 +224,18 @@ const FRAGMENTING_MIX: [Shape; 12] = [
 /// runtimes, so the same GPU-hours of demand. A rack takes such a gang only
 /// when enough of its own nodes are free at once, so small jobs that outlive
 /// their neighbours keep whole racks from it.
-const RACK_BOUND_MIX: [Shape; 12] = [
-    shape(1, 1, true, 50, 1_800, 28_800),
-    shape(1, 1, false, 380, 1_800, 43_200),
-    shape(1, 2, false, 200, 1_800, 43_200),
-    shape(1, 3, false, 50, 1_800, 43_200),
-    shape(1, 4, false, 150, 1_800, 43_200),
-    shape(1, 6, false, 80, 1_800, 43_200),
-    shape(2, 4, false, 40, 1_800, 21_600),
-    in_one_rack(2, 20, 3_600, 21_600),
-    in_one_rack(4, 12, 3_600, 21_600),
-    in_one_rack(8, 9, 3_600, 21_600),
-    in_one_rack(16, 6, 3_600, 21_600),
-    shape(32, 8, false, 3, 3_600, 21_600),
-];
+const RACK_BOUND_MIX: [Shape; 12] = gangs_in_one_rack(FRAGMENTING_MIX);
+
+/// `mix` with every gang of 2 to 16 workers of 8 GPUs kept in one rack.
+const fn gangs_in_one_rack<const N: usize>(mut mix: [Shape; N]) -> [Shape; N] {
+    let mut i = 0;
+    while i < N {
+        let s = &mut mix[i];
+        s.same_rack = s.units == 8 && s.workers >= 2 && s.workers <= RACK_SIZE as u32;
+        i += 1;
+    }
+    mix
+}
 
 const GANG_HEAVY_MIX: [Shape; 10] = [
     shape(1, 1, true, 50, 1_800, 28_800),
