@@ -208,15 +208,6 @@ const FRAGMENTING_MIX: [Shape; 12] = [
     shape(32, 8, false, 3, 3_600, 21_600),
 ];
 
-/// The mix called `fragmenting` until 2026-11-23, kept so its figures stay
-/// comparable. Jobs smaller than a node are 84 % of the jobs and run for
-/// hours, but by GPU-hours of demand (per 1,000 jobs, computed as for
-/// `FRAGMENTING_MIX`) they are 18 %: MIG 19, 1 GPU 400 x 3.62 = 1,447,
-/// 2 GPUs 1,447, 4 GPUs 150 x 4 x 3.62 = 2,171, 2 x 4 GPUs 708; together
-/// 5,792 of 31,689. Gangs of 8-GPU workers of 2, 4, 8, 16, 32 workers,
-/// weights 60, 40, 30, 20, 10, hold 82 %: 2,679, 3,572, 5,358, 7,144, 7,144,
-/// together 25,897. They vacate whole nodes when they end, so strict FIFO
-/// seldom waits long for room and little of the cluster idles.
 /// `FRAGMENTING_MIX` on a cluster whose multi-node training needs the
 /// NVLink fabric of one rack (as on rack-scale NVLink systems): every gang of
 /// 8-GPU workers of 2 to 16 workers must stay in one rack of 16 nodes, and
@@ -237,6 +228,15 @@ const fn gangs_in_one_rack<const N: usize>(mut mix: [Shape; N]) -> [Shape; N] {
     mix
 }
 
+/// The mix called `fragmenting` until 2026-11-23, kept so its figures stay
+/// comparable. Jobs smaller than a node are 84 % of the jobs and run for
+/// hours, but by GPU-hours of demand (per 1,000 jobs, computed as for
+/// `FRAGMENTING_MIX`) they are 18 %: MIG 19, 1 GPU 400 x 3.62 = 1,447,
+/// 2 GPUs 1,447, 4 GPUs 150 x 4 x 3.62 = 2,171, 2 x 4 GPUs 708; together
+/// 5,792 of 31,689. Gangs of 8-GPU workers of 2, 4, 8, 16, 32 workers,
+/// weights 60, 40, 30, 20, 10, hold 82 %: 2,679, 3,572, 5,358, 7,144, 7,144,
+/// together 25,897. They vacate whole nodes when they end, so strict FIFO
+/// seldom waits long for room and little of the cluster idles.
 const GANG_HEAVY_MIX: [Shape; 10] = [
     shape(1, 1, true, 50, 1_800, 28_800),
     shape(1, 1, false, 400, 1_800, 43_200),

@@ -380,7 +380,7 @@ impl Allocator {
     ) -> Option<Reservation> {
         let r = self.inv.res(res)?;
         // An eligible node's units available at `now`, zone and rack.
-        let entry = |node_idx: NodeIdx, free: u32| {
+        let eligible = |node_idx: NodeIdx, free: u32| {
             let node = self.inv.node(node_idx)?;
             self.admits(node, filter).then(|| {
                 let claimed = reservations.claimed_total(node_idx, res);
@@ -391,7 +391,7 @@ impl Allocator {
         // busy flavor they are most nodes, and most are never reached.
         let mut avail = NodeTable::new(self.inv.nodes.len());
         for (node_idx, free) in r.nodes_with_free(1) {
-            if let Some(e) = entry(node_idx, free) {
+            if let Some(e) = eligible(node_idx, free) {
                 avail.set(node_idx, e);
             }
         }
@@ -450,7 +450,7 @@ impl Allocator {
                     && let Some(e) = self
                         .inv
                         .indexed_free(*node, res)
-                        .and_then(|free| entry(*node, free))
+                        .and_then(|free| eligible(*node, free))
                 {
                     avail.set(*node, e);
                 }

@@ -2346,10 +2346,10 @@ fn backfill_never_delays_the_reserved_head_job() {
 }
 
 /// A gang that must stay in one rack is reserved where a whole rack frees
-/// up, however many earlier releases leave room for it only across racks.
-/// A reservation search tries to place the gang at most 64 times; it now
-/// tries only once units alone could host the gang in one rack, where
-/// before each of the 70 releases below spent a try and the search gave up.
+/// up, however many earlier releases leave room for it only across racks:
+/// a reservation search tries to place a gang at most 64 times, so it must
+/// not spend them on the 70 releases below, after which units alone could
+/// host the gang only across racks.
 #[test]
 fn a_rack_bound_gang_is_reserved_where_one_rack_frees_up() {
     let mut h = Harness::without_preemption();
