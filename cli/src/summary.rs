@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use serde::Serialize;
 use trainyard_api::{TrainingJob, TrainingJobState};
+use trainyard_stats::SortedSamples;
 
 use crate::error::CliError;
 use crate::format::{NONE, precise_duration, seconds_between, table};
@@ -75,19 +76,12 @@ pub struct Stats {
 
 /// Stats of `values`, None when there are none.
 pub fn stats(values: &[f64]) -> Option<Stats> {
-    if values.is_empty() {
-        return None;
-    }
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let count = sorted.len();
-    // Nearest rank: ceil(0.95 × n), 1-based.
-    let rank = (count * 95).div_ceil(100).max(1);
+    let sorted = SortedSamples::new(values.iter().copied());
     Some(Stats {
-        count,
-        average: sorted.iter().sum::<f64>() / count as f64,
-        p95: sorted[rank - 1],
-        max: sorted[count - 1],
+        count: sorted.len(),
+        average: sorted.mean()?,
+        p95: sorted.percentile(95.0)?,
+        max: sorted.max()?,
     })
 }
 

@@ -31,8 +31,8 @@
 
 use std::f64::consts::TAU;
 use std::path::PathBuf;
-use std::str::FromStr;
 
+use clap::Parser;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -56,33 +56,38 @@ pub const MODELS: [(&str, f64); 6] = [
 pub const MIN_DURATION_SECONDS: f64 = 60.0;
 pub const MAX_DURATION_SECONDS: f64 = 6.0 * 3600.0;
 
-/// Generator settings.
-#[derive(Debug, Clone, PartialEq)]
+/// Generator settings. The defaults: 40 jobs about 30 s apart (the Tiresias
+/// trace's pace) running a median of 10 minutes with σ = 1 (so roughly 1 in 6
+/// jobs over 27 minutes).
+#[derive(Debug, Clone, PartialEq, clap::Args)]
 pub struct GeneratorConfig {
+    /// Seed of the random draws: the same seed gives the same trace.
+    #[arg(long, default_value_t = 7)]
     pub seed: u64,
+    /// Number of jobs.
+    #[arg(long, default_value_t = 40)]
     pub jobs: usize,
+    /// Mean gap between submissions, in seconds.
+    #[arg(long = "mean-interval", default_value_t = 30.0)]
     pub mean_interval_seconds: f64,
+    /// Median run time, in seconds.
+    #[arg(long = "median-duration", default_value_t = 600.0)]
     pub median_duration_seconds: f64,
     /// Standard deviation of the duration's natural logarithm.
+    #[arg(long = "sigma", default_value_t = 1.0)]
     pub duration_sigma: f64,
 }
 
 impl Default for GeneratorConfig {
-    /// 40 jobs about 30 s apart (the Tiresias trace's pace) running a median
-    /// of 10 minutes with σ = 1 (so roughly 1 in 6 jobs over 27 minutes).
     fn default() -> Self {
-        Self {
-            seed: 7,
-            jobs: 40,
-            mean_interval_seconds: 30.0,
-            median_duration_seconds: 600.0,
-            duration_sigma: 1.0,
-        }
+        // The command line's defaults are the one place they are written.
+        GenArgs::parse_from(["gen_trace"]).config
     }
 }
 
 impl GeneratorConfig {
-    fn validate(&self) -> Result<(), Error> {
+    /// Refuses settings that cannot make a trace, naming the setting.
+    pub fn validate(&self) -> Result<(), Error> {
         let positive = |name, v: f64, fix| {
             if v.is_finite() && v > 0.0 {
                 Ok(())
@@ -171,67 +176,16 @@ fn pick_gpus(u: f64) -> u32 {
     GPU_MIX[GPU_MIX.len() - 1].0
 }
 
-/// What the `gen_trace` command line asks for.
-#[derive(Debug, Clone, PartialEq)]
+/// What the `gen_trace` command line asks for: a seeded sample GPU trace in
+/// the Tiresias columns.
+#[derive(Debug, Clone, PartialEq, Parser)]
+#[command(name = "gen_trace")]
 pub struct GenArgs {
+    #[command(flatten)]
     pub config: GeneratorConfig,
-    /// Where to write the CSV; standard output when `None`.
+    /// Where to write the CSV; standard output when absent.
+    #[arg(long)]
     pub out: Option<PathBuf>,
-}
-
-/// Usage text of `gen_trace`.
-pub const USAGE: &str = "usage: gen_trace [--seed N] [--jobs N] [--mean-interval SECONDS] \
-[--median-duration SECONDS] [--sigma S] [--out PATH]";
-
-/// Parses `gen_trace` flags (without the program name). Shared with the
-/// tests so the documented command is checked exactly as the binary runs it.
-pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<GenArgs, Error> {
-    let mut parsed = GenArgs {
-        config: GeneratorConfig::default(),
-        out: None,
-    };
-    let mut args = args.into_iter();
-    let c = &mut parsed.config;
-    while let Some(flag) = args.next() {
-        let a = &mut args;
-        match flag.as_str() {
-            "--seed" => c.seed = flag_value(a, "--seed", "give a whole number")?,
-            "--jobs" => c.jobs = flag_value(a, "--jobs", "give a whole number of jobs")?,
-            "--mean-interval" => {
-                c.mean_interval_seconds = flag_value(a, "--mean-interval", "give seconds")?;
-            }
-            "--median-duration" => {
-                c.median_duration_seconds = flag_value(a, "--median-duration", "give seconds")?;
-            }
-            "--sigma" => c.duration_sigma = flag_value(a, "--sigma", "give a number")?,
-            "--out" => parsed.out = Some(flag_value(a, "--out", "give a path")?),
-            _ => {
-                return Err(Error::InvalidArgument {
-                    name: "argument",
-                    value: flag,
-                    fix: USAGE,
-                });
-            }
-        }
-    }
-    parsed.config.validate()?;
-    Ok(parsed)
-}
-
-/// The next argument, parsed, as the value of flag `name`.
-fn flag_value<T: FromStr>(
-    args: &mut impl Iterator<Item = String>,
-    name: &'static str,
-    fix: &'static str,
-) -> Result<T, Error> {
-    let value = args.next().ok_or(Error::InvalidArgument {
-        name,
-        value: String::new(),
-        fix: "give a value after the flag",
-    })?;
-    value
-        .parse()
-        .map_err(|_| Error::InvalidArgument { name, value, fix })
 }
 
 #[cfg(test)]
@@ -240,6 +194,19 @@ mod tests {
 
     use super::*;
     use crate::trace::{parse_trace, to_csv};
+
+    /// Parses `gen_trace` flags (without the program name) and checks the
+    /// settings, as the binary does.
+    fn parse_args(args: impl IntoIterator<Item = String>) -> Result<GenArgs, Error> {
+        let parsed = GenArgs::try_parse_from(std::iter::once("gen_trace".to_owned()).chain(args))
+            .map_err(|e| Error::InvalidArgument {
+            name: "argument",
+            value: e.to_string(),
+            fix: "see gen_trace --help",
+        })?;
+        parsed.config.validate()?;
+        Ok(parsed)
+    }
 
     fn args(line: &str) -> Vec<String> {
         line.split_whitespace().map(str::to_string).collect()

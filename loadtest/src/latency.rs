@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::percentile::SortedSamples;
+use trainyard_stats::SortedSamples;
 
 /// Collects latencies in milliseconds.
 #[derive(Debug, Clone, Default)]

@@ -23,7 +23,6 @@ pub mod error;
 pub mod fifo;
 pub mod generate;
 pub mod latency;
-pub mod percentile;
 pub mod plot;
 pub mod procstats;
 pub mod report;

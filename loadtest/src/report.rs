@@ -22,7 +22,7 @@
 use serde::Serialize;
 
 use crate::Error;
-use crate::percentile::SortedSamples;
+use trainyard_stats::SortedSamples;
 
 /// Most samples a time series may have; a smaller step is almost certainly
 /// a unit mistake (milliseconds for seconds) and would build a huge report.

@@ -20,6 +20,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::TryRecvError;
+use trainyard_api::placement::{LABEL_ATTEMPT, LABEL_JOB};
 use trainyard_api::quantity::{QuantityError, bytes, cpu_millis};
 use trainyard_contracts::worker::{CheckpointReported, ProgressReported};
 
@@ -34,8 +35,6 @@ const MIG_PREFIX: &str = "nvidia.com/mig-";
 const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
 const CONTROLLER_UID_LABEL: &str = "batch.kubernetes.io/controller-uid";
 const INDEX_KEY: &str = "batch.kubernetes.io/job-completion-index";
-const TRAINING_JOB_LABEL: &str = "trainyard.dev/job";
-const ATTEMPT_LABEL: &str = "trainyard.dev/attempt";
 /// Per-job override of the epoch speed, for trace replay (set through `spec.env`).
 pub const EPOCH_SECONDS_ENV: &str = "TRAINYARD_SIM_SECONDS_PER_EPOCH";
 
@@ -1268,11 +1267,8 @@ impl Cluster {
         let template = &job["spec"]["template"];
         let workers = job["spec"]["completions"].as_u64().unwrap_or(1) as u32;
         let labels = &template["metadata"]["labels"];
-        let training_job = labels[TRAINING_JOB_LABEL]
-            .as_str()
-            .unwrap_or(&name)
-            .to_owned();
-        let attempt = labels[ATTEMPT_LABEL]
+        let training_job = labels[LABEL_JOB].as_str().unwrap_or(&name).to_owned();
+        let attempt = labels[LABEL_ATTEMPT]
             .as_str()
             .and_then(|a| a.parse().ok())
             .unwrap_or(0);

@@ -7,57 +7,30 @@
 //! ```
 
 use anyhow::{Context, bail};
+use clap::Parser;
 use tokio_util::sync::CancellationToken;
 use trainyard_simulator::config::ClusterConfig;
 use trainyard_simulator::runner::Simulator;
 
+/// A simulated Kubernetes cluster with virtual GPU nodes (not for production).
+#[derive(Parser)]
+#[command(name = "trainyard-simulator", version)]
 struct Args {
+    /// Cluster file: nodes, speed, failure and reclaim rates.
+    #[arg(long)]
     config: String,
+    /// Address of the simulated API server.
+    #[arg(long, default_value = "127.0.0.1:0")]
     listen: String,
+    /// Write a kubeconfig for the simulated API server to this file.
+    #[arg(long)]
     kubeconfig_out: Option<String>,
+    /// Publish worker reports to NATS at this URL.
+    #[arg(long)]
     nats_url: Option<String>,
+    /// Simulated seconds per real second, overriding the cluster file.
+    #[arg(long)]
     speed: Option<f64>,
-}
-
-const USAGE: &str = "usage: trainyard-simulator --config FILE [--listen ADDR] [--kubeconfig-out FILE] [--nats-url URL] [--speed N]";
-
-fn parse_args() -> anyhow::Result<Args> {
-    let mut args = Args {
-        config: String::new(),
-        listen: "127.0.0.1:0".into(),
-        kubeconfig_out: None,
-        nats_url: None,
-        speed: None,
-    };
-    let mut argv = std::env::args().skip(1);
-    while let Some(flag) = argv.next() {
-        let mut value = || {
-            argv.next()
-                .with_context(|| format!("{flag} needs a value\n{USAGE}"))
-        };
-        match flag.as_str() {
-            "--config" => args.config = value()?,
-            "--listen" => args.listen = value()?,
-            "--kubeconfig-out" => args.kubeconfig_out = Some(value()?),
-            "--nats-url" => args.nats_url = Some(value()?),
-            "--speed" => {
-                let text = value()?;
-                args.speed = Some(
-                    text.parse()
-                        .with_context(|| format!("--speed {text:?} is not a number"))?,
-                );
-            }
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => bail!("unknown argument {other:?}\n{USAGE}"),
-        }
-    }
-    if args.config.is_empty() {
-        bail!("--config is required\n{USAGE}");
-    }
-    Ok(args)
 }
 
 #[tokio::main]
@@ -67,7 +40,7 @@ async fn main() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
-    let args = parse_args()?;
+    let args = Args::parse();
     let mut config = ClusterConfig::load(&args.config)?;
     if let Some(speed) = args.speed {
         if !(speed.is_finite() && speed > 0.0) {

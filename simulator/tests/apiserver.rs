@@ -23,13 +23,13 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+use trainyard_api::placement::LABEL_JOB;
 use trainyard_api::{Sweep, TrainingJob, TrainingJobState, TrainingJobStatus, TrainingQueue};
 use trainyard_simulator::Store;
 use trainyard_simulator::apiserver::router;
 
 /// The namespace of the examples, and the client's default namespace.
 const NS: &str = "ml-training";
-const JOB_LABEL: &str = "trainyard.dev/job";
 /// Bound on waiting for one watch event (never reached when things work).
 const EVENT_DEADLINE: Duration = Duration::from_secs(15);
 
@@ -134,7 +134,7 @@ fn training_job(name: &str) -> TrainingJob {
 fn pod(name: &str, job: Option<&str>) -> Pod {
     let mut pod = Pod::default();
     pod.metadata.name = Some(name.to_owned());
-    pod.metadata.labels = job.map(|job| [(JOB_LABEL.to_owned(), job.to_owned())].into());
+    pod.metadata.labels = job.map(|job| [(LABEL_JOB.to_owned(), job.to_owned())].into());
     pod
 }
 
@@ -718,7 +718,7 @@ async fn the_watcher_lists_then_watches_only_labelled_pods() {
         .await
         .expect("pod elsewhere");
 
-    let mut events = watcher(pods.clone(), watcher::Config::default().labels(JOB_LABEL)).boxed();
+    let mut events = watcher(pods.clone(), watcher::Config::default().labels(LABEL_JOB)).boxed();
     let (initial, _) = next_events(&mut events, 4).await;
     assert_eq!(
         initial,
@@ -759,11 +759,11 @@ async fn the_watcher_lists_then_watches_only_labelled_pods() {
 
     // Losing the label leaves the watched set (DELETED), regaining it enters it
     // (ADDED), as with a real apiserver's filtered watch.
-    let unlabel = json!({"metadata": {"labels": {JOB_LABEL: null}}});
+    let unlabel = json!({"metadata": {"labels": {LABEL_JOB: null}}});
     pods.patch("a", &PatchParams::default(), &Patch::Merge(&unlabel))
         .await
         .expect("unlabelled");
-    let relabel = json!({"metadata": {"labels": {JOB_LABEL: "j3"}}});
+    let relabel = json!({"metadata": {"labels": {LABEL_JOB: "j3"}}});
     pods.patch(
         "unlabelled-2",
         &PatchParams::default(),
@@ -775,7 +775,7 @@ async fn the_watcher_lists_then_watches_only_labelled_pods() {
     assert_eq!(moved, ["Delete(a)", "Apply(unlabelled-2)"]);
     let raw = pods
         .watch(
-            &WatchParams::default().labels(JOB_LABEL).timeout(1),
+            &WatchParams::default().labels(LABEL_JOB).timeout(1),
             &revisions[0].to_string(),
         )
         .await
@@ -812,7 +812,7 @@ async fn a_watch_resumed_from_an_old_version_replays_what_happened_in_between() 
 
     // The watcher opens its watch only when polled after InitDone: everything
     // below happens after its list's resourceVersion and before the watch.
-    let mut events = watcher(pods.clone(), watcher::Config::default().labels(JOB_LABEL)).boxed();
+    let mut events = watcher(pods.clone(), watcher::Config::default().labels(LABEL_JOB)).boxed();
     let (initial, _) = next_events(&mut events, 3).await;
     assert_eq!(initial, ["Init", "InitApply(before)", "InitDone"]);
     let list_version = pods
@@ -855,7 +855,7 @@ async fn a_watch_resumed_from_an_old_version_replays_what_happened_in_between() 
     // The same, as raw watch events from the list's resourceVersion.
     let raw = pods
         .watch(
-            &WatchParams::default().labels(JOB_LABEL).timeout(1),
+            &WatchParams::default().labels(LABEL_JOB).timeout(1),
             &list_version.expect("list version"),
         )
         .await
@@ -888,7 +888,7 @@ async fn watches_that_time_out_are_resumed_without_losing_changes() {
     let pods: Api<Pod> = server.api();
     // A one-second server-side timeout makes the watcher re-watch (from the
     // bookmark or last object it saw) several times while pods keep coming.
-    let config = watcher::Config::default().labels(JOB_LABEL).timeout(1);
+    let config = watcher::Config::default().labels(LABEL_JOB).timeout(1);
     let mut events = watcher(pods.clone(), config).boxed();
     let (initial, _) = next_events(&mut events, 2).await;
     assert_eq!(initial, ["Init", "InitDone"]);
@@ -923,7 +923,7 @@ async fn a_watch_from_beyond_the_history_gets_410_and_the_watcher_relists() {
     pods.create(&PostParams::default(), &pod("p0", Some("j")))
         .await
         .expect("pod");
-    let mut events = watcher(pods.clone(), watcher::Config::default().labels(JOB_LABEL)).boxed();
+    let mut events = watcher(pods.clone(), watcher::Config::default().labels(LABEL_JOB)).boxed();
     let (initial, _) = next_events(&mut events, 3).await;
     assert_eq!(initial, ["Init", "InitApply(p0)", "InitDone"]);
 

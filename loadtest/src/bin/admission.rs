@@ -83,6 +83,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use trainyard_api::{ReclaimWithinCohort, WithinQueuePreemption};
 use trainyard_gpu_allocator::mapping;
+use trainyard_stats::SortedSamples;
 
 /// A node pool: `count` nodes of `gpus` GPUs, MIG-partitioned or whole.
 struct NodePool {
@@ -709,14 +710,6 @@ fn mean(samples: &[f64]) -> f64 {
     samples.iter().sum::<f64>() / samples.len() as f64
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
-}
-
 /// Shared bookkeeping of one simulated run.
 struct Sim {
     submitted_at: Vec<u64>,
@@ -915,11 +908,9 @@ impl Sim {
                 oldest_waiting = oldest_waiting.max(end.saturating_sub(self.submitted_at[idx]));
             }
         }
-        let mut sorted = self.cycle_ms.clone();
-        sorted.sort_by(f64::total_cmp);
+        let sorted = SortedSamples::new(self.cycle_ms.iter().copied());
         let total_ms: f64 = self.cycle_ms.iter().sum();
-        let mut cpu_sorted = self.cycle_cpu_ms.clone();
-        cpu_sorted.sort_by(f64::total_cmp);
+        let cpu_sorted = SortedSamples::new(self.cycle_cpu_ms.iter().copied());
         let total_cpu_ms: f64 = self.cycle_cpu_ms.iter().sum();
         let per_sec = |ms: f64| {
             if ms > 0.0 {
@@ -928,14 +919,13 @@ impl Sim {
                 0.0
             }
         };
-        let mut waits = self.big_waits_min.clone();
-        waits.sort_by(f64::total_cmp);
+        let waits = SortedSamples::new(self.big_waits_min.iter().copied());
         Report {
             policy: policy.into(),
             cycles: self.cycle_ms.len(),
-            cycle_p50_ms: percentile(&sorted, 0.50),
-            cycle_p99_ms: percentile(&sorted, 0.99),
-            cycle_max_ms: sorted.last().copied().unwrap_or(0.0),
+            cycle_p50_ms: sorted.percentile(50.0).unwrap_or(0.0),
+            cycle_p99_ms: sorted.percentile(99.0).unwrap_or(0.0),
+            cycle_max_ms: sorted.max().unwrap_or(0.0),
             first_cycle_ms: self.first_cycle.0,
             first_cycle_admissions: self.first_cycle.1,
             first_cycle_admissions_per_sec: if self.first_cycle.0 > 0.0 {
@@ -945,8 +935,8 @@ impl Sim {
             },
             admissions: self.admissions,
             admissions_per_sec: per_sec(total_ms),
-            cycle_cpu_p50_ms: percentile(&cpu_sorted, 0.50),
-            cycle_cpu_p99_ms: percentile(&cpu_sorted, 0.99),
+            cycle_cpu_p50_ms: cpu_sorted.percentile(50.0).unwrap_or(0.0),
+            cycle_cpu_p99_ms: cpu_sorted.percentile(99.0).unwrap_or(0.0),
             admissions_per_cpu_sec: per_sec(total_cpu_ms),
             bound_idle_ratio: 0.0,
             steady_allocation_ratio: mean(&self.alloc_samples),
@@ -966,8 +956,8 @@ impl Sim {
             big_gangs_started: waits.len() as u64,
             big_gangs_waiting_at_end: big_waiting,
             oldest_waiting_big_gang_min: oldest_waiting as f64 / 60.0,
-            big_gang_wait_p50_min: percentile(&waits, 0.5),
-            big_gang_wait_max_min: waits.last().copied().unwrap_or(0.0),
+            big_gang_wait_p50_min: waits.percentile(50.0).unwrap_or(0.0),
+            big_gang_wait_max_min: waits.max().unwrap_or(0.0),
             beyond_nominal_submitted,
             beyond_nominal_started: self.beyond_nominal_started,
             simulated_hours: (self.cycle_ms.len() as u64 * args.step_secs) as f64 / 3600.0,

@@ -35,9 +35,9 @@ use trainyard_contracts::EntityRef;
 use trainyard_contracts::events::{Change, NodeObserved, TrainingJobChanged, TrainingQueueChanged};
 use trainyard_contracts::lifecycle::TrainingJobTransitioned;
 use trainyard_gpu_allocator::{AllocatorServiceConfig, AllocatorState, Outgoing};
-use trainyard_loadtest::percentile::SortedSamples;
 use trainyard_loadtest::procstats;
 use trainyard_loadtest::workload::{self, JobShape};
+use trainyard_stats::SortedSamples;
 
 const NODES: usize = 2_000;
 const GPUS_PER_NODE: u32 = 8;

@@ -9,12 +9,14 @@
 use std::io::Write;
 use std::process::ExitCode;
 
+use clap::Parser;
 use trainyard_loadtest::Error;
-use trainyard_loadtest::generate::{generate, parse_args};
+use trainyard_loadtest::generate::{GenArgs, generate};
 use trainyard_loadtest::trace::to_csv;
 
 fn run() -> Result<(), Error> {
-    let args = parse_args(std::env::args().skip(1))?;
+    let args = GenArgs::parse();
+    args.config.validate()?;
     let csv = to_csv(&generate(&args.config)?)?;
     match &args.out {
         Some(path) => std::fs::write(path, csv).map_err(|source| Error::Io {

@@ -38,6 +38,7 @@
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 
+use clap::Parser;
 use hpo_tuner_core::math::mix64;
 use hpo_tuner_core::testfns::{HARTMANN6_MIN, hartmann6, hartmann6_space};
 use hpo_tuner_core::{
@@ -48,44 +49,24 @@ use hpo_tuner_core::{
 /// Budgets (in multiples of `R`) up to this are "small": the target applies.
 const SMALL_BUDGET: u32 = 20;
 
+/// TPE with and without early stopping at equal epoch budgets, on LC-Hartmann6.
+#[derive(Parser)]
 struct Args {
+    /// Seeds per budget and algorithm.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..))]
     seeds: u64,
+    /// First seed.
+    #[arg(long, default_value_t = 0)]
     seed_offset: u64,
+    /// Epochs of a full trial (R).
+    #[arg(long, default_value_t = 27, value_parser = clap::value_parser!(u32).range(2..))]
     epochs: u32,
+    /// Trials trained at once.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     workers: u32,
+    /// Total epoch budgets, in multiples of R.
+    #[arg(long, value_delimiter = ',', default_value = "10,20,40")]
     budgets: Vec<u32>,
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        seeds: 50,
-        seed_offset: 0,
-        epochs: 27,
-        workers: 4,
-        budgets: vec![10, 20, 40],
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let v = it.next().ok_or(format!("{flag} needs a value"))?;
-        let num = |s: &str| s.parse::<u64>().map_err(|e| format!("{flag}: {e}"));
-        match flag.as_str() {
-            "--seeds" => a.seeds = num(&v)?,
-            "--seed-offset" => a.seed_offset = num(&v)?,
-            "--epochs" => a.epochs = num(&v)? as u32,
-            "--workers" => a.workers = num(&v)? as u32,
-            "--budgets" => {
-                a.budgets = v
-                    .split(',')
-                    .map(|b| num(b).map(|x| x as u32))
-                    .collect::<Result<_, _>>()?
-            }
-            other => return Err(format!("unknown flag {other}")),
-        }
-    }
-    if a.epochs < 2 || a.workers == 0 || a.seeds == 0 {
-        return Err("--epochs must be >= 2, --workers and --seeds >= 1".into());
-    }
-    Ok(a)
 }
 
 fn coords(p: &Params) -> [f64; 6] {
@@ -276,7 +257,7 @@ fn main() -> ExitCode {
 }
 
 fn real_main() -> Result<bool, String> {
-    let args = parse_args()?;
+    let args = Args::parse();
     println!(
         "LC-Hartmann6, R = {} epochs, {} workers, {} seeds (offset {}): true final loss of the \
          chosen trial, median [q1, q3]; mean trials started / completed",

@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use clap::Parser;
 use hpo_tuner_core::testfns::{
     BRANIN_MIN, HARTMANN6_MIN, branin_params, branin_space, hartmann6_params, hartmann6_space,
 };
@@ -29,61 +30,39 @@ use hpo_tuner_core::{
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
+/// hpo-tuner-core TPE against Optuna on Branin and Hartmann6.
+#[derive(Parser)]
 struct Args {
+    /// Seeds per function and variant.
+    #[arg(long, default_value_t = 50)]
     seeds: u64,
+    /// First seed.
+    #[arg(long, default_value_t = 0)]
     seed_offset: u64,
+    /// Trials per optimisation run.
+    #[arg(long, default_value_t = 100)]
     trials: usize,
+    /// Trial counts at which regret is reported (those beyond --trials are dropped).
+    #[arg(long, value_delimiter = ',', default_value = "25,50,100")]
     checkpoints: Vec<usize>,
+    /// Trials of the longer runs that time `suggest`.
+    #[arg(long, default_value_t = 2000)]
     timing_trials: usize,
+    /// Seeds of the timing runs.
+    #[arg(long, default_value_t = 3)]
     timing_seeds: u64,
+    /// Test functions: branin, hartmann6.
+    #[arg(long, value_delimiter = ',', default_value = "branin,hartmann6")]
     functions: Vec<String>,
+    /// Sampler variants (see `algorithm`).
+    #[arg(long, value_delimiter = ',', default_value = "tpe")]
     variants: Vec<String>,
+    /// JSON results of loadtest/hpo/optuna_bench.py, printed beside ours.
+    #[arg(long)]
     optuna: Option<String>,
+    /// Print every seed's regret, sorted.
+    #[arg(long)]
     per_seed: bool,
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        seeds: 50,
-        seed_offset: 0,
-        trials: 100,
-        checkpoints: vec![25, 50, 100],
-        timing_trials: 2000,
-        timing_seeds: 3,
-        functions: vec!["branin".into(), "hartmann6".into()],
-        variants: vec!["tpe".into()],
-        optuna: None,
-        per_seed: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut val = || it.next().ok_or(format!("{flag} needs a value"));
-        let num = |s: String| s.parse::<u64>().map_err(|e| format!("{flag}: {e}"));
-        let list = |s: String| s.split(',').map(str::to_string).collect::<Vec<_>>();
-        match flag.as_str() {
-            "--seeds" => a.seeds = num(val()?)?,
-            "--seed-offset" => a.seed_offset = num(val()?)?,
-            "--trials" => a.trials = num(val()?)? as usize,
-            "--checkpoints" => {
-                a.checkpoints = list(val()?)
-                    .into_iter()
-                    .map(|c| c.parse().map_err(|e| format!("--checkpoints: {e}")))
-                    .collect::<Result<_, _>>()?
-            }
-            "--timing-trials" => a.timing_trials = num(val()?)? as usize,
-            "--timing-seeds" => a.timing_seeds = num(val()?)?,
-            "--functions" => a.functions = list(val()?),
-            "--variants" => a.variants = list(val()?),
-            "--optuna" => a.optuna = Some(val()?),
-            "--per-seed" => a.per_seed = true,
-            "-h" | "--help" => {
-                return Err("see the doc comment at the top of hpo_tpe_bench.rs".into());
-            }
-            other => return Err(format!("unknown flag {other}")),
-        }
-    }
-    a.checkpoints.retain(|&c| c >= 1 && c <= a.trials);
-    Ok(a)
 }
 
 type Objective = fn(&Params) -> f64;
@@ -267,7 +246,9 @@ fn main() -> ExitCode {
 
 /// Returns whether every target was met (when Optuna figures are available).
 fn real_main() -> Result<bool, String> {
-    let args = parse_args()?;
+    let mut args = Args::parse();
+    let trials = args.trials;
+    args.checkpoints.retain(|&c| c >= 1 && c <= trials);
     let optuna = args.optuna.as_deref().map(optuna_rows).transpose()?;
     let timing: Vec<usize> = if args.timing_seeds > 0 && args.timing_trials > args.trials {
         vec![args.trials, args.timing_trials]

@@ -26,6 +26,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
+use trainyard_api::placement::LABEL_JOB;
 use trainyard_api::{TrainingJob, TrainingJobState};
 use trainyard_contracts::subject::{self, Family};
 use trainyard_contracts::{Service, streams};
@@ -36,7 +37,6 @@ use trainyard_loadtest::throughput::{self, CounterSample};
 use trainyard_loadtest::workload::{self, JobShape};
 
 const NAMESPACE: &str = "default";
-const JOB_LABEL: &str = "trainyard.dev/job";
 const SAMPLE_EVERY: Duration = Duration::from_millis(200);
 const TARGET_P99_MS: f64 = 50.0;
 const TARGET_EVENTS_PER_S: f64 = 2000.0;
@@ -459,10 +459,10 @@ fn watch_jobs(
     let api = Api::<Job>::namespaced(client, NAMESPACE);
     watch_objects(
         api,
-        watcher::Config::default().labels(JOB_LABEL),
+        watcher::Config::default().labels(LABEL_JOB),
         stop,
         move |job: Job, now| {
-            if let Some(name) = job.labels().get(JOB_LABEL) {
+            if let Some(name) = job.labels().get(LABEL_JOB) {
                 lock(&seen).job_applied.entry(name.clone()).or_insert(now);
             }
         },

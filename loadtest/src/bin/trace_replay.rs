@@ -25,7 +25,6 @@ use tokio_util::sync::CancellationToken;
 use trainyard_api::{TrainingJob, TrainingQueue};
 use trainyard_contracts::Service;
 use trainyard_loadtest::fifo::{self, FifoJob};
-use trainyard_loadtest::percentile::SortedSamples;
 use trainyard_loadtest::plot;
 use trainyard_loadtest::positive;
 use trainyard_loadtest::report::{self, Report};
@@ -33,6 +32,7 @@ use trainyard_loadtest::stack::{self, ProcessStats, Stack};
 use trainyard_loadtest::trace::{self, GangLayout, TraceJob};
 use trainyard_loadtest::workload::{self, JobShape, Submitted};
 use trainyard_simulator::runner::{self, Simulator};
+use trainyard_stats::SortedSamples;
 
 const NAMESPACE: &str = "default";
 const DEFAULT_QUEUE: &str = "default";

@@ -15,6 +15,7 @@ use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
+use trainyard_api::placement::LABEL_JOB;
 use trainyard_api::{Sweep, TrainingJob, TrainingQueue};
 use trainyard_runtime::{
     ConfigSources, PendingPublish, Published, Publisher, Runtime, RuntimeError,
@@ -22,7 +23,7 @@ use trainyard_runtime::{
 
 use crate::error::WatcherError;
 use crate::gpu_usage::{GpuNode, NodeUsage, OtherPod};
-use crate::mapping::{ChangeEvent, ChangePayload, JOB_LABEL, Watched, WatchedJob, WatchedPod};
+use crate::mapping::{ChangeEvent, ChangePayload, Watched, WatchedJob, WatchedPod};
 use crate::relist::Relist;
 
 /// The `watcher` config section.
@@ -101,7 +102,7 @@ pub fn spawn_watches(
     settings: &WatcherSettings,
     metrics: WatcherMetrics,
 ) {
-    let owned = watcher::Config::default().labels(JOB_LABEL);
+    let owned = watcher::Config::default().labels(LABEL_JOB);
     let mut nodes = watcher::Config::default();
     if let Some(selector) = &settings.node_selector {
         nodes = nodes.labels(selector);

@@ -21,12 +21,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::runtime::watcher::Event;
 use serde::Deserialize;
+use trainyard_api::placement::LABEL_JOB;
 use trainyard_api::quantity::{bytes, cpu_millis, requested};
 use trainyard_contracts::events::Change;
 
 use crate::mapping::{
-    ChangeEvent, GPU_RESOURCE, JOB_LABEL, MIG_PREFIX, ObjectName, Watched, node_event,
-    read_quantity, whole,
+    ChangeEvent, GPU_RESOURCE, MIG_PREFIX, ObjectName, Watched, node_event, read_quantity, whole,
 };
 
 /// Prefix of every NVIDIA device-plugin resource (`nvidia.com/gpu`,
@@ -185,7 +185,7 @@ impl OtherPod {
             .metadata
             .labels
             .as_ref()
-            .is_some_and(|labels| labels.contains_key(JOB_LABEL));
+            .is_some_and(|labels| labels.contains_key(LABEL_JOB));
         labelled
             && spec
                 .containers

@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::ResourceExt;
 use serde::Deserialize;
+use trainyard_api::placement::{LABEL_ATTEMPT, LABEL_JOB};
 use trainyard_api::quantity::{QuantityError, bytes, cpu_millis};
 use trainyard_api::{Sweep, TrainingJob, TrainingQueue};
 use trainyard_contracts::EntityRef;
@@ -22,10 +23,6 @@ use trainyard_contracts::events::{
     SweepChanged, Taint, TrainingJobChanged, TrainingQueueChanged,
 };
 
-/// Label the planner puts on everything it creates for a TrainingJob.
-pub const JOB_LABEL: &str = "trainyard.dev/job";
-/// Label carrying the TrainingJob's restart attempt.
-pub const ATTEMPT_LABEL: &str = "trainyard.dev/attempt";
 /// Where Kubernetes puts an Indexed Job pod's completion index.
 pub const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
 /// Extended resource of whole GPUs.
@@ -220,7 +217,7 @@ fn own_entity<K: kube::Resource>(object: &K) -> EntityRef {
 /// The TrainingJob a Job or Pod belongs to: its `trainyard.dev/job` label, plus the
 /// owner's uid when the owner is the TrainingJob itself.
 fn owning_training_job<K: kube::Resource>(object: &K) -> Option<EntityRef> {
-    let name = object.labels().get(JOB_LABEL)?.clone();
+    let name = object.labels().get(LABEL_JOB)?.clone();
     let uid = object
         .owner_references()
         .iter()
@@ -237,7 +234,7 @@ fn owning_training_job<K: kube::Resource>(object: &K) -> Option<EntityRef> {
 fn attempt<K: kube::Resource>(object: &K) -> u32 {
     object
         .labels()
-        .get(ATTEMPT_LABEL)
+        .get(LABEL_ATTEMPT)
         .and_then(|a| a.parse().ok())
         .unwrap_or(0)
 }

@@ -1,5 +1,5 @@
-//! Nearest-rank percentiles, the one definition both the trace-replay report
-//! and the latency summary use.
+//! Nearest-rank percentiles: the one definition every benchmark and the
+//! `trainyard` CLI's run summary use.
 //!
 //! For `n` samples sorted ascending, the p-th percentile (0 ≤ p ≤ 100) is the
 //! sample at 1-based rank `ceil(p / 100 × n)`, taking rank 1 when that is 0
