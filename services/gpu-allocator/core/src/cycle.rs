@@ -15,20 +15,22 @@ use std::collections::{BTreeSet, BinaryHeap};
 use std::rc::Rc;
 use std::sync::Arc;
 
-use crate::backfill::{Claim, Reservations, Timeline};
+use crate::backfill::{Claim, Reservations};
 use crate::config::AgingPolicy;
 use crate::decision::{
     Admission, CycleOutcome, CycleStats, Drain, Eviction, EvictionReason, PlannedNode, Preemption,
     PreemptionRule, TopologyAssignment, Victim, WorkerPlacement,
 };
 use crate::event::JobSpec;
-use crate::explain::{Pending, PendingReason, ReasonIdx};
-use crate::inventory::{JobIdx, NodeIdx, ResIdx};
-use crate::placement::{self, Candidate, Gang};
-use crate::queues::QueueIdx;
+use crate::ids::CohortIdx;
+use crate::ids::{FastMap, JobIdx, NodeIdx, QueueIdx, ReasonIdx, ResIdx};
+use crate::pending::{Pending, PendingReason};
+use crate::placement::{self, Candidate};
+use crate::state::jobs::{Gang, Job, JobState, Nomination, Running};
+use crate::state::releases::Timeline;
 use crate::types::{GpuSliceRequest, JobUid, ResourceKind, Timestamp, TopologyRequirement, names};
 
-use crate::allocator::{Allocator, FastMap, Job, JobState, Nomination, Running};
+use crate::allocator::Allocator;
 
 /// What a successful placement attempt produced.
 pub(crate) struct Plan {
@@ -185,7 +187,7 @@ impl EarlyFailures {
 }
 
 /// (expected end, units, cohort of the job's queue, the queue) of a running job.
-type CohortRelease = (Timestamp, u64, Option<crate::queues::CohortIdx>, QueueIdx);
+type CohortRelease = (Timestamp, u64, Option<CohortIdx>, QueueIdx);
 
 /// `Allocator::slots_when_empty` by (resource, node filter, worker shape
 /// with no count of workers).
@@ -213,14 +215,14 @@ pub(crate) struct CycleCtx {
     refusals: FastMap<QueueIdx, FastMap<String, ReasonIdx>>,
     /// Cohort pool headroom held for the first job that only the pool
     /// blocks, per (cohort, resource).
-    quota_holds: FastMap<(crate::queues::CohortIdx, ResIdx), QuotaHold>,
+    quota_holds: FastMap<(CohortIdx, ResIdx), QuotaHold>,
     /// A queue's nominal quota kept for one of its blocked jobs, per (queue,
     /// resource): the units that job needs (see `hold_queue_quota`).
     queue_holds: FastMap<(QueueIdx, ResIdx), QuotaHold>,
     /// `queue_holds` by (the holding queue's cohort, resource), each group
     /// in the order the holds were made: what `kept_by_queue_holds` needs
     /// of the map, for each borrower checked, without walking all of it.
-    queue_holds_by_cohort: FastMap<(crate::queues::CohortIdx, ResIdx), Vec<CohortQueueHold>>,
+    queue_holds_by_cohort: FastMap<(CohortIdx, ResIdx), Vec<CohortQueueHold>>,
     reservations: Reservations,
     /// `slots_when_empty` per (resource, node filter, worker shape), kept
     /// from cycle to cycle while no node changes (see
@@ -505,10 +507,11 @@ impl Allocator {
 
     /// The aging policy of a queue: its own, else the configured one.
     pub(crate) fn aging_of(&self, queue: QueueIdx) -> AgingPolicy {
-        self.queues
+        self.state
+            .queues
             .get(queue)
             .and_then(|q| q.aging)
-            .unwrap_or(self.config.aging)
+            .unwrap_or(self.state.config.aging)
     }
 
     /// Base priority plus the aging boost of the job's queue.
@@ -533,7 +536,7 @@ impl Allocator {
     /// Resources a job may use, in the queue's flavor preference order.
     pub(crate) fn options_for(&self, job: &Job, out: &mut Vec<ResIdx>) {
         out.clear();
-        let Some(queue) = self.queues.get(job.queue) else {
+        let Some(queue) = self.state.queues.get(job.queue) else {
             return;
         };
         let Some(request) = &job.spec.gpu_slice else {
@@ -552,7 +555,7 @@ impl Allocator {
                 .quotas
                 .iter()
                 .filter(|s| s.flavor == *flavor)
-                .filter_map(|s| match self.inv.kind_of_res(s.res) {
+                .filter_map(|s| match self.state.inv.kind_of_res(s.res) {
                     Some(ResourceKind::Mig(p)) => {
                         let ok = match request {
                             GpuSliceRequest::Profile(name) => p.name == *name,
@@ -593,10 +596,10 @@ impl Allocator {
 
     /// Runs one admission cycle at `now`.
     pub fn cycle(&mut self, now: Timestamp) -> CycleOutcome {
-        let (at, empty_slots) = std::mem::take(&mut self.spare_empty_slots);
+        let (at, empty_slots) = std::mem::take(&mut self.memo.spare_empty_slots);
         let ctx = CycleCtx {
-            quota_blocked: std::mem::take(&mut self.spare_quota_blocked),
-            empty_slots: if at == self.inv.node_changes {
+            quota_blocked: std::mem::take(&mut self.memo.spare_quota_blocked),
+            empty_slots: if at == self.state.inv.node_changes {
                 empty_slots
             } else {
                 EmptySlots::default()
@@ -607,14 +610,14 @@ impl Allocator {
     }
 
     fn cycle_with(&mut self, now: Timestamp, mut ctx: CycleCtx) -> CycleOutcome {
-        self.clock = self.clock.max(now);
-        self.cycles += 1;
+        self.state.clock = self.state.clock.max(now);
+        self.state.cycles += 1;
         self.prune_tombstones(now);
         let mut out = CycleOutcome {
             now,
             ..CycleOutcome::default()
         };
-        out.evictions.append(&mut self.undelivered_evictions);
+        out.evictions.append(&mut self.state.undelivered_evictions);
         self.process_evictions(now, &mut out);
         self.start_drains(now, &mut out);
 
@@ -623,40 +626,45 @@ impl Allocator {
         self.evaluate_reserved_first(now, &mut ctx, &mut out);
         let lanes = self.build_lanes(now);
         self.main_pass(now, lanes, &mut ctx, &mut out);
-        self.reserved_jobs = std::mem::take(&mut ctx.reserved_order);
-        if self.config.preemption.enabled {
+        self.state.reserved_jobs = std::mem::take(&mut ctx.reserved_order);
+        if self.state.config.preemption.enabled {
             self.preemption_pass(now, &mut ctx, &mut out);
         }
         out.reasons = std::mem::take(&mut ctx.reasons);
         out.stats = ctx.stats;
         out.stats.admitted = u32::try_from(out.admissions.len()).unwrap_or(u32::MAX);
         ctx.quota_blocked.clear();
-        self.spare_quota_blocked = ctx.quota_blocked;
-        self.spare_empty_slots = (self.inv.node_changes, ctx.empty_slots);
+        self.memo.spare_quota_blocked = ctx.quota_blocked;
+        self.memo.spare_empty_slots = (self.state.inv.node_changes, ctx.empty_slots);
         out
     }
 
     pub(crate) fn prune_tombstones(&mut self, now: Timestamp) {
-        let retention = self.config.tombstone_retention_secs;
-        while let Some((at, _)) = self.tombstone_order.front() {
+        let retention = self.state.config.tombstone_retention_secs;
+        while let Some((at, _)) = self.state.tombstone_order.front() {
             if now.secs_since(*at) <= retention {
                 break;
             }
-            if let Some((_, uid)) = self.tombstone_order.pop_front() {
-                self.tombstones.remove(&uid);
+            if let Some((_, uid)) = self.state.tombstone_order.pop_front() {
+                self.state.tombstones.remove(&uid);
             }
         }
     }
 
     pub(crate) fn process_evictions(&mut self, now: Timestamp, out: &mut CycleOutcome) {
-        let due = self.by_arrival(self.preempting.iter().copied().filter(|idx| {
-            self.job(*idx)
-                .and_then(Job::running)
-                .and_then(|r| r.preempting.as_ref())
-                .is_some_and(|p| p.checkpointed || p.evict_at <= now)
-        }));
+        let due = self
+            .state
+            .by_arrival(self.state.preempting.iter().copied().filter(|idx| {
+                self.state
+                    .job(*idx)
+                    .and_then(Job::running)
+                    .and_then(|r| r.preempting.as_ref())
+                    .is_some_and(|p| p.checkpointed || p.evict_at <= now)
+            }));
         for idx in due {
-            let Some(job) = self.job(idx) else { continue };
+            let Some(job) = self.state.job(idx) else {
+                continue;
+            };
             let uid = job.spec.uid.clone();
             let Some(by) = job
                 .running()
@@ -668,10 +676,10 @@ impl Allocator {
             let reason = match &by {
                 Some(by) => EvictionReason::Preempted { by: by.clone() },
                 None => EvictionReason::Drained {
-                    queue: self.queues.name_of(job.queue),
+                    queue: self.state.queues.name_of(job.queue),
                 },
             };
-            self.requeue(idx, by);
+            self.state.requeue(idx, by);
             out.evictions.push(Eviction {
                 uid,
                 reason,
@@ -682,23 +690,24 @@ impl Allocator {
 
     /// The resource a nomination planned on.
     pub(crate) fn nomination_res(&self, nomination: &Nomination) -> Option<ResIdx> {
-        let flavor = self.inv.flavor_by_name(&nomination.flavor)?;
+        let flavor = self.state.inv.flavor_by_name(&nomination.flavor)?;
         let kind = ResourceKind::from_quota_name(&nomination.resource)?;
-        self.inv
+        self.state
+            .inv
             .kind_idx(&kind)
-            .and_then(|k| self.inv.res_of(flavor, k))
+            .and_then(|k| self.state.inv.res_of(flavor, k))
     }
 
     pub(crate) fn preempting_jobs(&self) -> Vec<JobIdx> {
-        self.preempting.iter().copied().collect()
+        self.state.preempting.iter().copied().collect()
     }
 
     pub(crate) fn nominated_jobs(&self) -> Vec<JobIdx> {
-        self.nominated.iter().copied().collect()
+        self.state.nominated.iter().copied().collect()
     }
 
     pub(crate) fn job_idx(&self, uid: &JobUid) -> Option<JobIdx> {
-        self.job_by_uid.get(uid).copied()
+        self.state.job_by_uid.get(uid).copied()
     }
 
     /// Victims of `preemptor`'s nomination not evicted yet. A victim
@@ -710,9 +719,10 @@ impl Allocator {
             .victims
             .iter()
             .filter(|uid| {
-                self.job_by_uid
+                self.state
+                    .job_by_uid
                     .get(*uid)
-                    .and_then(|i| self.job(*i))
+                    .and_then(|i| self.state.job(*i))
                     .and_then(Job::running)
                     .and_then(|r| r.preempting.as_ref())
                     .is_some_and(|p| p.by.as_ref() == Some(&preemptor.spec.uid))
@@ -725,8 +735,10 @@ impl Allocator {
     /// jobs that would still run when its victims are evicted.
     pub(crate) fn hold_for_waiting_preemptors(&self, now: Timestamp, ctx: &mut CycleCtx) {
         // The first holder is named in explanations.
-        for idx in self.by_arrival(self.nominated.iter().copied()) {
-            let Some(job) = self.job(idx) else { continue };
+        for idx in self.state.by_arrival(self.state.nominated.iter().copied()) {
+            let Some(job) = self.state.job(idx) else {
+                continue;
+            };
             let JobState::Pending(Some(nomination)) = &job.state else {
                 continue;
             };
@@ -740,7 +752,7 @@ impl Allocator {
             let start = nomination.evict_at.max(now);
             for planned in &nomination.nodes {
                 let workers = &planned.workers;
-                let Some(node) = self.inv.node_by_name(&planned.node) else {
+                let Some(node) = self.state.inv.node_by_name(&planned.node) else {
                     continue;
                 };
                 ctx.reservations.add(
@@ -765,10 +777,11 @@ impl Allocator {
     ) {
         // In line order.
         let mut ready: Vec<(_, JobIdx)> = self
+            .state
             .nominated
             .iter()
             .filter_map(|idx| {
-                let job = self.job(*idx)?;
+                let job = self.state.job(*idx)?;
                 let JobState::Pending(Some(n)) = &job.state else {
                     return None;
                 };
@@ -779,20 +792,20 @@ impl Allocator {
         for (_, idx) in ready {
             // The resource its victims freed first: elsewhere, the eviction
             // was for nothing, and another flavor may be kept for others.
-            let planned = self.job(idx).and_then(|job| match &job.state {
+            let planned = self.state.job(idx).and_then(|job| match &job.state {
                 JobState::Pending(Some(n)) => self.nomination_res(n),
                 _ => None,
             });
             // Whatever happens now, the nomination is used up: if the plan no
             // longer fits (a node vanished) the job competes normally.
-            if let Some(job) = self.job_mut(idx) {
+            if let Some(job) = self.state.job_mut(idx) {
                 job.state = JobState::Pending(None);
             }
-            self.nominated.remove(&idx);
+            self.state.nominated.remove(&idx);
             let mut options = Vec::new();
             // A queue on hold or closed to its namespace meanwhile: it waits,
             // as evaluate says.
-            if let Some(job) = self.job(idx)
+            if let Some(job) = self.state.job(idx)
                 && self.queue_admits(job)
             {
                 self.options_for(job, &mut options);
@@ -803,9 +816,11 @@ impl Allocator {
                 first.rotate_right(1);
             }
             for res in options {
-                let Some(job) = self.job(idx) else { break };
+                let Some(job) = self.state.job(idx) else {
+                    break;
+                };
                 let units = job.spec.total_units();
-                if self.queues.check(job.queue, res, units, &[]).is_err() {
+                if self.state.queues.check(job.queue, res, units, &[]).is_err() {
                     continue;
                 }
                 if let Ok(plan) = self.try_place(idx, res, now, ctx) {
@@ -822,11 +837,12 @@ impl Allocator {
         let mut lanes = Vec::new();
         // The few queues with a nominated job: only their jobs are looked up.
         let nominating: Vec<QueueIdx> = self
+            .state
             .nominated
             .iter()
-            .filter_map(|idx| self.job(*idx).map(|j| j.queue))
+            .filter_map(|idx| self.state.job(*idx).map(|j| j.queue))
             .collect();
-        for (queue, q) in (0..).zip(&self.queues.queues) {
+        for (queue, q) in (0..).zip(&self.state.queues.queues) {
             let listed = q.line.len();
             if listed == 0 {
                 continue;
@@ -837,14 +853,15 @@ impl Allocator {
             // A job the queue does not admit waits for that alone: no quota
             // shortcut from the jobs it does admit.
             let restricted = q.spec.as_ref().is_some_and(crate::QueueSpec::refuses_some);
-            let admitted =
-                |idx: JobIdx| !restricted || self.job(idx).is_some_and(|j| self.queue_admits(j));
+            let admitted = |idx: JobIdx| {
+                !restricted || self.state.job(idx).is_some_and(|j| self.queue_admits(j))
+            };
             let mut jobs = Vec::with_capacity(listed);
             q.line.in_order(
                 |submitted_at| aging.boost(now.secs_since(submitted_at)),
                 |priority, e| {
                     // A nominated job waits for its victims: no shortcut.
-                    let nominated = check_nominated && self.nominated.contains(&e.idx);
+                    let nominated = check_nominated && self.state.nominated.contains(&e.idx);
                     // Units beyond u32 (never in practice) go the long way.
                     let shape = u32::try_from(e.units)
                         .ok()
@@ -897,7 +914,7 @@ impl Allocator {
     ) {
         let res = plan.res;
         let cached = ctx.timelines.remove(&res);
-        let queue = self.job(idx).map(|job| job.queue);
+        let queue = self.state.job(idx).map(|job| job.queue);
         if let Some(queue) = queue {
             self.quota_changed(queue, ctx);
         }
@@ -913,11 +930,11 @@ impl Allocator {
         }
         // Likewise for the cohort releases.
         if let Some(releases) = ctx.cohort_releases.get_mut(&res)
-            && let Some(job) = self.job(idx)
+            && let Some(job) = self.state.job(idx)
             && let Some(run) = job.running()
             && let Some(release) = self.cohort_release(idx, job, run, res, now)
         {
-            crate::backfill::insert_one(releases, release);
+            crate::state::releases::insert_one(releases, release);
         }
     }
 
@@ -925,8 +942,9 @@ impl Allocator {
     /// `release_timeline`), keeping it sorted.
     fn add_releases(&self, timeline: &mut Timeline, idx: JobIdx, res: ResIdx, now: Timestamp) {
         let mut events = Vec::new();
-        self.job_releases(idx, res, now, |event| events.push(event));
-        crate::backfill::insert_sorted(timeline, &mut events);
+        self.state
+            .job_releases(idx, res, now, |event| events.push(event));
+        crate::state::releases::insert_sorted(timeline, &mut events);
     }
 
     /// The failure of an earlier job of the same shape blocked by quota on
@@ -964,8 +982,8 @@ impl Allocator {
         // A queue's share changes only when one of its jobs is admitted:
         // computed once here and after each admission, not once per job.
         let mut shares: Vec<f64> = (0..)
-            .zip(&self.queues.queues)
-            .map(|(queue, _)| self.queues.share(queue, &[]))
+            .zip(&self.state.queues.queues)
+            .map(|(queue, _)| self.state.queues.share(queue, &[]))
             .collect();
         let mut heap = BinaryHeap::new();
         for i in 0..lanes.len() {
@@ -975,7 +993,7 @@ impl Allocator {
         }
         // Failures so far per queue: a failure's position counts only jobs
         // still waiting (admitted ones left the line).
-        let mut waiting: Vec<u32> = vec![0; self.queues.queues.len()];
+        let mut waiting: Vec<u32> = vec![0; self.state.queues.queues.len()];
         let in_line: usize = lanes.iter().map(|l| l.jobs.len()).sum();
         out.pending.reserve(in_line);
         ctx.may_preempt.reserve(in_line);
@@ -1019,7 +1037,7 @@ impl Allocator {
                 Ok(plan) => {
                     self.admit_in_cycle(idx, plan, now, ctx, out);
                     if let Some(share) = shares.get_mut(lane_queue as usize) {
-                        *share = self.queues.share(lane_queue, &[]);
+                        *share = self.state.queues.share(lane_queue, &[]);
                     }
                 }
                 Err((reason, can_preempt)) => {
@@ -1067,14 +1085,14 @@ impl Allocator {
         ctx: &mut CycleCtx,
         out: &mut CycleOutcome,
     ) {
-        let reserved = std::mem::take(&mut self.reserved_jobs);
+        let reserved = std::mem::take(&mut self.state.reserved_jobs);
         let mut options = Vec::new();
         for uid in reserved {
-            let Some(idx) = self.job_by_uid.get(&uid).copied() else {
+            let Some(idx) = self.state.job_by_uid.get(&uid).copied() else {
                 continue;
             };
             if !matches!(
-                self.job(idx).map(|j| &j.state),
+                self.state.job(idx).map(|j| &j.state),
                 Some(JobState::Pending(None))
             ) {
                 continue;
@@ -1091,7 +1109,8 @@ impl Allocator {
     /// Whether the job's queue admits it now: not on hold, open to its
     /// namespace.
     pub(crate) fn queue_admits(&self, job: &Job) -> bool {
-        self.queues
+        self.state
+            .queues
             .get(job.queue)
             .and_then(|q| q.spec.as_ref())
             .is_none_or(|spec| !spec.refuses(&job.spec.namespace))
@@ -1106,7 +1125,7 @@ impl Allocator {
         ctx: &mut CycleCtx,
         options: &mut Vec<ResIdx>,
     ) -> Result<Plan, (ReasonIdx, bool)> {
-        let Some(job) = self.job(idx) else {
+        let Some(job) = self.state.job(idx) else {
             return Err((
                 ctx.add_reason(PendingReason::QueueNotFound {
                     queue: String::new(),
@@ -1134,15 +1153,20 @@ impl Allocator {
             ));
         }
         let queue = job.queue;
-        if self.queues.get(queue).is_none_or(|q| q.spec.is_none()) {
+        if self
+            .state
+            .queues
+            .get(queue)
+            .is_none_or(|q| q.spec.is_none())
+        {
             return Err((
                 ctx.add_reason(PendingReason::QueueNotFound {
-                    queue: self.queues.name_of(queue),
+                    queue: self.state.queues.name_of(queue),
                 }),
                 false,
             ));
         }
-        if let Some(q) = self.queues.get(queue)
+        if let Some(q) = self.state.queues.get(queue)
             && let Some(spec) = &q.spec
             && spec.refuses(&job.spec.namespace)
         {
@@ -1195,7 +1219,7 @@ impl Allocator {
                 *best = Some((reason, shortfall));
             }
         };
-        let cohort = self.queues.get(queue).and_then(|q| q.cohort);
+        let cohort = self.state.queues.get(queue).and_then(|q| q.cohort);
         let (_, job_end) = estimated_end(job.spec.runtime_estimate_secs, now);
         let mut blocked_by_hold_only = true;
         // When the job can expect to start without preempting anyone.
@@ -1238,15 +1262,19 @@ impl Allocator {
                     keep_latest(&mut exempt_until, until);
                 }
             }
-            if let Err(short) = self.queues.check_with_hold(queue, res, units, &[], held) {
-                if held == 0 || self.queues.check(queue, res, units, &[]).is_err() {
+            if let Err(short) = self
+                .state
+                .queues
+                .check_with_hold(queue, res, units, &[], held)
+            {
+                if held == 0 || self.state.queues.check(queue, res, units, &[]).is_err() {
                     blocked_by_hold_only = false;
                 }
                 // The first job in line that only the cohort pool holds back
                 // keeps what the pool has left, so a stream of smaller jobs
                 // cannot take the headroom as fast as it frees up.
                 let mut holding = false;
-                let may_hold = short.cohort_short && self.config.backfill.enabled;
+                let may_hold = short.cohort_short && self.state.config.backfill.enabled;
                 // Whether the cohort's hold binds every member already.
                 let standing = cohort
                     .and_then(|c| ctx.quota_holds.get(&(c, res)))
@@ -1308,13 +1336,13 @@ impl Allocator {
                     Some(r) if !holding => *r,
                     _ => {
                         let r = ctx.add_reason(PendingReason::QuotaExceeded {
-                            flavor: self.inv.res_flavor_name(res).to_string(),
-                            resource: self.inv.res_quota_name(res),
+                            flavor: self.state.inv.res_flavor_name(res).to_string(),
+                            resource: self.state.inv.res_quota_name(res),
                             requested: units,
                             available: short.available,
                             nominal: short.nominal,
                             used: short.used,
-                            held_for: held_for.and_then(|h| self.job_uid(h)),
+                            held_for: held_for.and_then(|h| self.state.job_uid(h)),
                             holding_cohort_quota: holding,
                         });
                         if !holding {
@@ -1330,7 +1358,7 @@ impl Allocator {
             // job may take it if both fit within nominal, or if it ends before
             // that job can expect to start (backfill, applied to the queue).
             if let Some((h, nominal)) = self.own_queue_hold(ctx, &terms, queue, res)
-                && let used = self.queues.get(queue).map_or(0, |q| q.usage(res))
+                && let used = self.state.queues.get(queue).map_or(0, |q| q.usage(res))
                 && !fits_beside(used, units, h.units, nominal)
             {
                 if let Some(until) = h.until {
@@ -1347,13 +1375,13 @@ impl Allocator {
                         Some(r) => *r,
                         None => {
                             let r = ctx.add_reason(PendingReason::QuotaExceeded {
-                                flavor: self.inv.res_flavor_name(res).to_string(),
-                                resource: self.inv.res_quota_name(res),
+                                flavor: self.state.inv.res_flavor_name(res).to_string(),
+                                resource: self.state.inv.res_quota_name(res),
                                 requested: units,
                                 available,
                                 nominal,
                                 used,
-                                held_for: self.job_uid(h.holder_idx),
+                                held_for: self.state.job_uid(h.holder_idx),
                                 holding_cohort_quota: false,
                             });
                             ctx.queue_hold_reasons.insert(key, r);
@@ -1393,8 +1421,8 @@ impl Allocator {
         };
         let mut reserved: Option<(ResIdx, Timestamp)> = None;
         if let Some((res, capacity_reason)) = first_capacity_failure
-            && self.config.backfill.enabled
-            && ctx.reservations.count < self.config.backfill.max_reservations
+            && self.state.config.backfill.enabled
+            && ctx.reservations.count < self.state.config.backfill.max_reservations
             && let Some(start) = self.reserve(idx, res, now, ctx)
         {
             reserved = Some((res, start));
@@ -1412,7 +1440,7 @@ impl Allocator {
         // not a shortage preemption should fix; nor is a wait expected to
         // end within the grace period a preemption would cost anyway.
         let starts_soon = expected_start
-            .is_some_and(|t| t <= now.plus_secs(self.config.preemption.grace_period_secs));
+            .is_some_and(|t| t <= now.plus_secs(self.state.config.preemption.grace_period_secs));
         let can_preempt = !blocked_by_hold_only && !starts_soon;
         let epoch = ctx.quota_epoch(queue);
         if alike
@@ -1488,9 +1516,13 @@ impl Allocator {
         now: Timestamp,
         ctx: &mut CycleCtx,
     ) {
-        let Some(job) = self.job(idx) else { return };
+        let Some(job) = self.state.job(idx) else {
+            return;
+        };
         let queue = job.queue;
-        if !self.config.backfill.enabled || !self.hold_ages(job.spec.submitted_at, now).queue_hold {
+        if !self.state.config.backfill.enabled
+            || !self.hold_ages(job.spec.submitted_at, now).queue_hold
+        {
             return;
         }
         let units = job.spec.total_units();
@@ -1499,6 +1531,7 @@ impl Allocator {
         let can_hold = |res: ResIdx| {
             !ctx.queue_holds.contains_key(&(queue, res))
                 && self
+                    .state
                     .queues
                     .get(queue)
                     .and_then(|q| q.quota(res))
@@ -1530,7 +1563,7 @@ impl Allocator {
             binds_lenders: false,
         };
         ctx.queue_holds.insert((queue, res), hold);
-        if let Some(cohort) = self.queues.get(queue).and_then(|q| q.cohort) {
+        if let Some(cohort) = self.state.queues.get(queue).and_then(|q| q.cohort) {
             ctx.queue_holds_by_cohort
                 .entry((cohort, res))
                 .or_default()
@@ -1549,8 +1582,8 @@ impl Allocator {
     fn hold_ages(&self, submitted_at: Timestamp, at: Timestamp) -> HoldAges {
         let waited = at.secs_since(submitted_at);
         HoldAges {
-            queue_hold: waited >= self.config.backfill.queue_hold_after_secs,
-            starving: waited >= self.config.backfill.borrower_hold_after_secs,
+            queue_hold: waited >= self.state.config.backfill.queue_hold_after_secs,
+            starving: waited >= self.state.config.backfill.borrower_hold_after_secs,
         }
     }
 
@@ -1558,7 +1591,8 @@ impl Allocator {
     /// (`u64::MAX` without one): no job of at most that many units can be a
     /// starving borrower (see `starving_borrower`).
     fn smallest_nominal(&self, queue: QueueIdx) -> u64 {
-        self.queues
+        self.state
+            .queues
             .get(queue)
             .and_then(|q| q.quotas.iter().map(|s| s.nominal).filter(|&n| n > 0).min())
             .unwrap_or(u64::MAX)
@@ -1569,8 +1603,8 @@ impl Allocator {
     /// queue holds) never crosses a cohort, so a change in one cohort leaves
     /// the other cohorts' quota failures valid.
     fn quota_changed(&self, queue: QueueIdx, ctx: &mut CycleCtx) {
-        let cohort = self.queues.get(queue).and_then(|q| q.cohort);
-        let queues = &self.queues.queues;
+        let cohort = self.state.queues.get(queue).and_then(|q| q.cohort);
+        let queues = &self.state.queues.queues;
         if ctx.quota_epochs.len() < queues.len() {
             ctx.quota_epochs.resize(queues.len(), 0);
         }
@@ -1591,6 +1625,7 @@ impl Allocator {
     pub(crate) fn starving_borrower(&self, job: &Job, res: ResIdx, at: Timestamp) -> bool {
         self.hold_ages(job.spec.submitted_at, at).starving
             && self
+                .state
                 .queues
                 .get(job.queue)
                 .and_then(|q| q.quota(res))
@@ -1603,7 +1638,7 @@ impl Allocator {
     fn kept_by_queue_holds(
         &self,
         ctx: &CycleCtx,
-        cohort: crate::queues::CohortIdx,
+        cohort: CohortIdx,
         borrower: QueueIdx,
         res: ResIdx,
         exempt: &impl Fn(&QuotaHold) -> bool,
@@ -1635,7 +1670,7 @@ impl Allocator {
 
     /// Whether `job` would borrow `res` if admitted now.
     fn would_borrow(&self, job: &Job, res: ResIdx) -> bool {
-        self.queues.get(job.queue).is_some_and(|q| {
+        self.state.queues.get(job.queue).is_some_and(|q| {
             q.usage(res).saturating_add(job.spec.total_units())
                 > q.quota(res).map_or(0, |s| s.nominal)
         })
@@ -1660,7 +1695,7 @@ impl Allocator {
             // jobs of every cycle).
             starving: borrows
                 && self.starving_borrower(job, res, now)
-                && self.queues.fits_when_idle(job.queue, res, units),
+                && self.state.queues.fits_when_idle(job.queue, res, units),
             end,
         }
     }
@@ -1676,7 +1711,7 @@ impl Allocator {
         ctx: &CycleCtx,
         terms: HoldTerms,
         queue: QueueIdx,
-        cohort: Option<crate::queues::CohortIdx>,
+        cohort: Option<CohortIdx>,
         res: ResIdx,
         hold: Option<&QuotaHold>,
     ) -> (u64, Option<JobIdx>, Option<KeptQuota>) {
@@ -1715,7 +1750,7 @@ impl Allocator {
         if h.holder_idx == terms.idx || terms.exempt(h) {
             return None;
         }
-        let nominal = self.queues.get(queue)?.quota(res)?.nominal;
+        let nominal = self.state.queues.get(queue)?.quota(res)?.nominal;
         Some((h, nominal))
     }
 
@@ -1729,10 +1764,10 @@ impl Allocator {
         res: ResIdx,
         now: Timestamp,
     ) -> HeldFrom {
-        let Some(job) = self.job(idx) else {
+        let Some(job) = self.state.job(idx) else {
             return HeldFrom::default();
         };
-        let cohort = self.queues.get(job.queue).and_then(|q| q.cohort);
+        let cohort = self.state.queues.get(job.queue).and_then(|q| q.cohort);
         let (_, end) = estimated_end(job.spec.runtime_estimate_secs, now);
         let hold = cohort.and_then(|c| ctx.quota_holds.get(&(c, res)));
         // Whether the job borrows depends on the victims its own queue
@@ -1745,12 +1780,14 @@ impl Allocator {
         let own_queue = self
             .own_queue_hold(ctx, &borrowing, job.queue, res)
             .filter(|(h, _)| {
-                self.job(h.holder_idx)
+                self.state
+                    .job(h.holder_idx)
                     .is_some_and(|holder| self.line_place(holder, now) < self.line_place(job, now))
             })
             .map(|(h, _)| h.units);
         HeldFrom {
             nominal: self
+                .state
                 .queues
                 .get(job.queue)
                 .and_then(|q| q.quota(res))
@@ -1763,7 +1800,7 @@ impl Allocator {
 
     /// What `queue` leaves unused of its nominal quota of `res`.
     fn unused_nominal(&self, queue: QueueIdx, res: ResIdx) -> u64 {
-        self.queues.get(queue).map_or(0, |q| {
+        self.state.queues.get(queue).map_or(0, |q| {
             q.quota(res)
                 .map_or(0, |s| s.nominal)
                 .saturating_sub(q.usage(res))
@@ -1776,7 +1813,7 @@ impl Allocator {
         if !ctx.queue_holds.contains_key(&(queue, res)) {
             return;
         }
-        let Some(cohort) = self.queues.get(queue).and_then(|q| q.cohort) else {
+        let Some(cohort) = self.state.queues.get(queue).and_then(|q| q.cohort) else {
             return;
         };
         let unused = self.unused_nominal(queue, res);
@@ -1790,8 +1827,8 @@ impl Allocator {
 
     /// Expected releases of the jobs running in `res`, in time order.
     fn cohort_releases(&self, res: ResIdx, now: Timestamp) -> Vec<CohortRelease> {
-        self.job_releases_in(res, now, |(end, units, queue)| {
-            let cohort = self.queues.get(queue).and_then(|q| q.cohort);
+        self.state.job_releases_in(res, now, |(end, units, queue)| {
+            let cohort = self.state.queues.get(queue).and_then(|q| q.cohort);
             (end, units, cohort, queue)
         })
     }
@@ -1806,9 +1843,9 @@ impl Allocator {
     ) -> Option<CohortRelease> {
         (run.res == res).then(|| {
             (
-                self.expected_end(idx, now),
+                self.state.expected_end(idx, now),
                 run.admission.total_units(),
-                self.queues.get(job.queue).and_then(|q| q.cohort),
+                self.state.queues.get(job.queue).and_then(|q| q.cohort),
                 job.queue,
             )
         })
@@ -1825,7 +1862,7 @@ impl Allocator {
         Rc::clone(
             cache
                 .entry(res)
-                .or_insert_with(|| Rc::new(alloc.release_timeline(res, now))),
+                .or_insert_with(|| Rc::new(alloc.state.release_timeline(res, now))),
         )
     }
 
@@ -1838,7 +1875,7 @@ impl Allocator {
         ctx: &mut CycleCtx,
     ) -> Option<Timestamp> {
         let timeline = Self::timeline_cached(self, &mut ctx.timelines, res, now);
-        let job = self.job(idx)?;
+        let job = self.state.job(idx)?;
         let spec = &job.spec;
         let reservation = self.compute_reservation(
             res,
@@ -1876,7 +1913,7 @@ impl Allocator {
         now: Timestamp,
         ctx: &mut CycleCtx,
     ) -> Result<Plan, ReasonIdx> {
-        let Some(job) = self.job(idx) else {
+        let Some(job) = self.state.job(idx) else {
             return Err(ctx.add_reason(PendingReason::QueueNotFound {
                 queue: String::new(),
             }));
@@ -1897,7 +1934,7 @@ impl Allocator {
             ctx.stats.memo_hits += 1;
             return Err(entry.reason);
         }
-        let Some(r) = self.inv.res(res) else {
+        let Some(r) = self.state.inv.res(res) else {
             let reason = self.capacity_reason(res, spec, (0, 0), job.filter, &mut ctx.empty_slots);
             return Err(ctx.add_reason(reason));
         };
@@ -1911,10 +1948,10 @@ impl Allocator {
         // Walked even when the free units cannot hold the gang: its reason
         // tells how many of its workers fit now.
         for (node_idx, free) in r.nodes_with_free(per_worker) {
-            let Some(node) = self.inv.node(node_idx) else {
+            let Some(node) = self.state.inv.node(node_idx) else {
                 continue;
             };
-            if !self.admits(node, job.filter) {
+            if !self.state.admits(node, job.filter) {
                 continue;
             }
             let capped = node.usable_units(free, gang);
@@ -1971,8 +2008,8 @@ impl Allocator {
         let reason = match ctx.reservations.first_holder.get(&res) {
             Some((holder, until)) if protected && placeable_unprotected >= u64::from(workers) => {
                 PendingReason::HeldForReservation {
-                    flavor: self.inv.res_flavor_name(res).to_string(),
-                    resource: self.inv.res_quota_name(res),
+                    flavor: self.state.inv.res_flavor_name(res).to_string(),
+                    resource: self.state.inv.res_quota_name(res),
                     reserved_for: holder.clone(),
                     until: *until,
                 }
@@ -2025,11 +2062,11 @@ impl Allocator {
         if let Some(slots) = cache.get(&key) {
             return *slots;
         }
-        let slots = self.inv.res(res).map_or(0, |r| {
+        let slots = self.state.inv.res(res).map_or(0, |r| {
             let nodes = r
                 .nodes_with_free(0)
-                .filter_map(|(n, _)| self.inv.node(n))
-                .filter(|node| self.admits(node, filter))
+                .filter_map(|(n, _)| self.state.inv.node(n))
+                .filter(|node| self.state.admits(node, filter))
                 .map(|node| {
                     let capacity = node.pool(res).map_or(0, |p| p.capacity);
                     let usable = node.usable_units_after(capacity, gang, node.cpu_memory_used);
@@ -2059,8 +2096,8 @@ impl Allocator {
         let short_workers = u64::from(workers).saturating_sub(placeable + lacking_cpu_memory);
         let empty_slots = self.slots_when_empty(res, spec, filter, empty_slots);
         PendingReason::InsufficientCapacity {
-            flavor: self.inv.res_flavor_name(res).to_string(),
-            resource: self.inv.res_quota_name(res),
+            flavor: self.state.inv.res_flavor_name(res).to_string(),
+            resource: self.state.inv.res_quota_name(res),
             workers,
             units_per_worker: per_worker,
             placeable_workers: u32::try_from(placeable).unwrap_or(u32::MAX),
@@ -2069,7 +2106,7 @@ impl Allocator {
             fits_when_empty: empty_slots >= u64::from(workers),
             required_topology: (spec.topology != TopologyRequirement::Preferred && workers > 1)
                 .then_some(spec.topology),
-            held_by_other_pods: self.inv.res(res).map_or(0, |r| r.held_by_other_pods),
+            held_by_other_pods: self.state.inv.res(res).map_or(0, |r| r.held_by_other_pods),
             workers_lacking_cpu_memory: u32::try_from(lacking_cpu_memory).unwrap_or(u32::MAX),
             cpu_memory_per_worker: spec.cpu_memory_per_worker,
             node_constrained: filter != 0,
@@ -2084,17 +2121,19 @@ impl Allocator {
         now: Timestamp,
         out: &mut CycleOutcome,
     ) {
-        let Some(job) = self.job(idx) else { return };
-        let Some(r) = self.inv.res(plan.res) else {
+        let Some(job) = self.state.job(idx) else {
             return;
         };
-        let flavor = self.inv.flavors.get(r.flavor as usize);
+        let Some(r) = self.state.inv.res(plan.res) else {
+            return;
+        };
+        let flavor = self.state.inv.flavors.get(r.flavor as usize);
         let flavor_labels = flavor.map(|f| f.labels.clone()).unwrap_or_default();
         let mut workers = Vec::new();
         let mut zones = BTreeSet::new();
         let mut racks = BTreeSet::new();
         for (node_idx, count) in &plan.placement {
-            let Some(node) = self.inv.node(*node_idx) else {
+            let Some(node) = self.state.inv.node(*node_idx) else {
                 continue;
             };
             zones.insert(node.zone);
@@ -2121,16 +2160,16 @@ impl Allocator {
         };
         let topology = TopologyAssignment {
             zone: single(&zones)
-                .and_then(|z| self.inv.zones.name(z))
+                .and_then(|z| self.state.inv.zones.name(z))
                 .map(str::to_string),
             rack: single(&racks)
-                .and_then(|r| self.inv.racks.name(r))
+                .and_then(|r| self.state.inv.racks.name(r))
                 .map(str::to_string),
-            rack_label: self.config.rack_label.clone(),
+            rack_label: self.state.config.rack_label.clone(),
             nodes: u32::try_from(plan.placement.len()).unwrap_or(u32::MAX),
         };
         let total = job.spec.total_units();
-        let queue = self.queues.get(job.queue);
+        let queue = self.state.queues.get(job.queue);
         let borrowing = queue.is_some_and(|q| {
             q.usage(plan.res) + total > q.quota(plan.res).map_or(0, |s| s.nominal)
         });
@@ -2139,8 +2178,8 @@ impl Allocator {
             namespace: job.spec.namespace.clone(),
             name: job.spec.name.clone(),
             queue: queue.map(|q| q.name.to_string()).unwrap_or_default(),
-            flavor: self.inv.flavor_name(r.flavor).to_string(),
-            resource: self.inv.res_quota_name(plan.res),
+            flavor: self.state.inv.flavor_name(r.flavor).to_string(),
+            resource: self.state.inv.res_quota_name(plan.res),
             units_per_worker: plan.per_worker,
             capacity_type: flavor.and_then(|f| f.capacity_type),
             workers,
@@ -2151,7 +2190,8 @@ impl Allocator {
             backfilled_ahead_of: plan.ahead_of.clone(),
         };
         out.admissions.push(admission.clone());
-        self.commit(idx, plan.res, plan.per_worker, plan.placement, admission);
+        self.state
+            .commit(idx, plan.res, plan.per_worker, plan.placement, admission);
     }
 
     // ------------------------------------------------------------- preemption
@@ -2162,7 +2202,7 @@ impl Allocator {
         ctx: &mut CycleCtx,
         out: &mut CycleOutcome,
     ) {
-        let policy = self.config.preemption;
+        let policy = self.state.config.preemption;
         let mut attempts = 0u32;
         let mut decided = 0u32;
         // Per failed key, the earliest estimated end (u64::MAX = none) of a
@@ -2189,7 +2229,7 @@ impl Allocator {
             // alike; decisions within the cycle only make it harder.
             // A draining holder may take what others of its shape may not.
             let holds_drain = draining.iter().any(|&(.., holder)| holder == idx);
-            let key = self.job(idx).and_then(|j| {
+            let key = self.state.job(idx).and_then(|j| {
                 (j.preempted_by.is_none() && !holds_drain).then(|| PreemptionKey {
                     queue: j.queue,
                     priority: j.spec.priority,
@@ -2199,7 +2239,7 @@ impl Allocator {
                     slice: j.spec.gpu_slice.clone(),
                 })
             });
-            let end = self.job(idx).map_or(u64::MAX, |j| {
+            let end = self.state.job(idx).map_or(u64::MAX, |j| {
                 estimated_end(j.spec.runtime_estimate_secs, now).0
             });
             if let Some(key) = &key
@@ -2210,6 +2250,7 @@ impl Allocator {
                 continue;
             }
             if self
+                .state
                 .job(idx)
                 .is_some_and(|j| j.preemption_retry_after > now)
             {
@@ -2226,14 +2267,14 @@ impl Allocator {
                 // eight: the state that made the search fail rarely changes
                 // within a cycle or two, and other blocked jobs get the turn.
                 let grace = policy.grace_period_secs.max(1);
-                if let Some(job) = self.job_mut(idx) {
+                if let Some(job) = self.state.job_mut(idx) {
                     job.preemption_failures = job.preemption_failures.saturating_add(1).min(8);
                     job.preemption_retry_after =
                         now.plus_secs(grace * u64::from(job.preemption_failures));
                 }
                 continue;
             };
-            if let Some(job) = self.job_mut(idx) {
+            if let Some(job) = self.state.job_mut(idx) {
                 job.preemption_failures = 0;
                 job.preemption_retry_after = Timestamp(0);
             }
@@ -2255,13 +2296,13 @@ impl Allocator {
 
     /// Running job `idx` as a victim of `rule`.
     fn victim(&self, idx: JobIdx, rule: PreemptionRule) -> Option<Victim> {
-        let job = self.job(idx)?;
+        let job = self.state.job(idx)?;
         let run = job.running()?;
         Some(Victim {
             uid: job.spec.uid.clone(),
             namespace: job.spec.namespace.clone(),
             name: job.spec.name.clone(),
-            queue: self.queues.name_of(job.queue),
+            queue: self.state.queues.name_of(job.queue),
             units: run.admission.total_units(),
             rule,
         })
@@ -2272,24 +2313,27 @@ impl Allocator {
     /// waits in the queue's line while the queue is held. A job already
     /// being preempted goes as that preemption planned.
     pub(crate) fn start_drains(&mut self, now: Timestamp, out: &mut CycleOutcome) {
-        let draining: Vec<QueueIdx> = (0..self.queues.queues.len())
+        let draining: Vec<QueueIdx> = (0..self.state.queues.queues.len())
             .filter_map(|i| u32::try_from(i).ok())
             .filter(|q| {
-                self.queues
+                self.state
+                    .queues
                     .get(*q)
                     .and_then(|q| q.spec.as_ref())
                     .is_some_and(|spec| spec.drain)
             })
             .collect();
-        let evict_at = now.plus_secs(self.config.preemption.grace_period_secs);
+        let evict_at = now.plus_secs(self.state.config.preemption.grace_period_secs);
         for queue in draining {
             let told: Vec<JobIdx> = self
+                .state
                 .running_by_queue
                 .iter()
                 .filter(|((q, _), _)| *q == queue)
                 .flat_map(|(_, jobs)| jobs.iter().copied())
                 .filter(|idx| {
-                    self.job(*idx)
+                    self.state
+                        .job(*idx)
                         .and_then(Job::running)
                         .is_some_and(|r| r.preempting.is_none())
                 })
@@ -2298,13 +2342,14 @@ impl Allocator {
                 continue;
             }
             let victims: Vec<Victim> = self
+                .state
                 .by_arrival(told)
                 .into_iter()
                 .filter_map(|idx| self.victim(idx, PreemptionRule::Drain))
                 .collect();
-            self.start_preempting(&victims, None, evict_at);
+            self.state.start_preempting(&victims, None, evict_at);
             out.drains.push(Drain {
-                queue: self.queues.name_of(queue),
+                queue: self.state.queues.name_of(queue),
                 victims,
                 decided_at: now,
                 evict_at,
@@ -2319,27 +2364,28 @@ impl Allocator {
         plan: &crate::preemption::VictimPlan,
         now: Timestamp,
     ) -> Option<Preemption> {
-        let evict_at = now.plus_secs(self.config.preemption.grace_period_secs);
-        let preemptor = self.job(idx)?.spec.uid.clone();
+        let evict_at = now.plus_secs(self.state.config.preemption.grace_period_secs);
+        let preemptor = self.state.job(idx)?.spec.uid.clone();
         let mut victims = Vec::new();
         for (victim, rule) in &plan.victims {
             victims.push(self.victim(*victim, *rule)?);
         }
         // A victim search passes over jobs already being preempted.
-        self.start_preempting(&victims, Some(&preemptor), evict_at);
-        let flavor = self.inv.res_flavor_name(plan.res).to_string();
-        let resource = self.inv.res_quota_name(plan.res);
+        self.state
+            .start_preempting(&victims, Some(&preemptor), evict_at);
+        let flavor = self.state.inv.res_flavor_name(plan.res).to_string();
+        let resource = self.state.inv.res_quota_name(plan.res);
         let nodes: Vec<PlannedNode> = plan
             .placement
             .iter()
             .filter_map(|(n, w)| {
-                self.inv.node(*n).map(|node| PlannedNode {
+                self.state.inv.node(*n).map(|node| PlannedNode {
                     node: node.info.name.clone(),
                     workers: *w,
                 })
             })
             .collect();
-        if let Some(job) = self.job_mut(idx) {
+        if let Some(job) = self.state.job_mut(idx) {
             job.state = JobState::Pending(Some(Box::new(Nomination {
                 victims: victims.iter().map(|v| v.uid.clone()).collect(),
                 evict_at,
@@ -2348,7 +2394,7 @@ impl Allocator {
                 nodes: nodes.clone(),
             })));
         }
-        self.nominated.insert(idx);
+        self.state.nominated.insert(idx);
         Some(Preemption {
             preemptor,
             victims,
@@ -2362,7 +2408,7 @@ impl Allocator {
 
     pub(crate) fn options_of(&self, idx: JobIdx) -> Vec<ResIdx> {
         let mut out = Vec::new();
-        if let Some(job) = self.job(idx) {
+        if let Some(job) = self.state.job(idx) {
             self.options_for(job, &mut out);
         }
         out
@@ -2378,22 +2424,7 @@ pub(crate) mod tests {
         JobUid, PendingExplanation, QueueSpec, ResourceQuota, names,
     };
 
-    /// A small deterministic generator (xorshift), so that each seed is one
-    /// reproducible scenario.
-    pub(crate) struct Rng(pub(crate) u64);
-
-    impl Rng {
-        pub(crate) fn below(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0 % n
-        }
-
-        fn pick<T: Copy>(&mut self, from: &[T]) -> T {
-            from[self.below(from.len() as u64) as usize]
-        }
-    }
+    use crate::testing::Rng;
 
     #[test]
     fn an_early_failure_is_taken_once_and_only_by_its_job() {
@@ -2486,9 +2517,10 @@ pub(crate) mod tests {
         let idx = |alloc: &Allocator, uid: &str| alloc.job_idx(&JobUid::new(uid)).expect("job");
         let (holder, small) = (idx(&alloc, "holder"), idx(&alloc, "small"));
         let queue_of =
-            |alloc: &Allocator, uid: &str| alloc.job(idx(alloc, uid)).expect("job").queue;
+            |alloc: &Allocator, uid: &str| alloc.state.job(idx(alloc, uid)).expect("job").queue;
         let borrower = queue_of(&alloc, "borrower");
         let cohort = alloc
+            .state
             .queues
             .get(queue_of(&alloc, "holder"))
             .and_then(|q| q.cohort)
