@@ -29,7 +29,6 @@
 //! ```
 
 mod allocator;
-mod backfill;
 mod config;
 mod cycle;
 mod decision;
@@ -39,8 +38,6 @@ mod explain;
 mod ids;
 mod memo;
 mod pending;
-mod placement;
-mod preemption;
 mod snapshot;
 mod state;
 #[cfg(test)]

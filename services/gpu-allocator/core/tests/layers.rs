@@ -109,7 +109,11 @@ fn the_import_scan_sees_plain_grouped_and_root_paths() {
 
 #[test]
 fn every_data_module_the_check_reads_exists() {
-    for module in DATA.iter().filter(|m| **m != "state").chain([&TEST_SUPPORT]) {
+    for module in DATA
+        .iter()
+        .filter(|m| **m != "state")
+        .chain([&TEST_SUPPORT])
+    {
         assert!(src().join(format!("{module}.rs")).is_file(), "{module}.rs");
     }
     assert!(src().join("state").join("mod.rs").is_file());

@@ -10,14 +10,19 @@
 //! So a smaller job may start ahead of a blocked bigger one, but never delays
 //! its reserved start.
 
+use crate::cycle::CycleCtx;
+use crate::ids::JobIdx;
+use crate::state::jobs::JobState;
+use crate::state::releases::Timeline;
 use std::collections::HashSet;
+use std::rc::Rc;
 
 use crate::ids::FastMap;
 use crate::ids::{NodeIdx, ResIdx};
 use crate::state::jobs::Gang;
 
 use crate::allocator::Allocator;
-use crate::placement::{self, Candidate, NodeTable, RoomiestDomain};
+use crate::cycle::placement::{self, Candidate, NodeTable, RoomiestDomain};
 use crate::types::{CpuMemory, JobUid, Timestamp};
 
 /// Units a reservation needs on one node at its start time.
@@ -235,6 +240,99 @@ impl Allocator {
     }
 }
 
+impl Allocator {
+    /// Release timeline of `res`, computed once per cycle until an admission
+    /// in `res` changes it.
+    pub(crate) fn timeline_cached(
+        alloc: &Allocator,
+        cache: &mut FastMap<ResIdx, Rc<Timeline>>,
+        res: ResIdx,
+        now: Timestamp,
+    ) -> Rc<Timeline> {
+        Rc::clone(
+            cache
+                .entry(res)
+                .or_insert_with(|| Rc::new(alloc.state.release_timeline(res, now))),
+        )
+    }
+
+    /// Computes and records a reservation for a blocked job.
+    pub(crate) fn reserve(
+        &mut self,
+        idx: JobIdx,
+        res: ResIdx,
+        now: Timestamp,
+        ctx: &mut CycleCtx,
+    ) -> Option<Timestamp> {
+        let timeline = Self::timeline_cached(self, &mut ctx.timelines, res, now);
+        let job = self.state.job(idx)?;
+        let spec = &job.spec;
+        let reservation = self.compute_reservation(
+            res,
+            job.filter,
+            Gang::of(spec),
+            now,
+            &ctx.reservations,
+            &timeline,
+        )?;
+        for (node, workers) in &reservation.placement {
+            ctx.reservations.add(
+                *node,
+                res,
+                Claim {
+                    start: reservation.start,
+                    need: workers.saturating_mul(spec.gpus_per_worker),
+                    released_by_start: Self::released_by(&timeline, *node, reservation.start),
+                    holder: spec.uid.clone(),
+                },
+            );
+        }
+        ctx.reservations.count += 1;
+        ctx.stats.reservations += 1;
+        let uid = spec.uid.clone();
+        ctx.evaluate_first_next_cycle(&uid);
+        Some(reservation.start)
+    }
+
+    /// Keeps the nodes a waiting preemptor planned on from being taken by
+    /// jobs that would still run when its victims are evicted.
+    pub(crate) fn hold_for_waiting_preemptors(&self, now: Timestamp, ctx: &mut CycleCtx) {
+        // The first holder is named in explanations.
+        for idx in self.state.by_arrival(self.state.nominated.iter().copied()) {
+            let Some(job) = self.state.job(idx) else {
+                continue;
+            };
+            let JobState::Pending(Some(nomination)) = &job.state else {
+                continue;
+            };
+            if self.victims_left(job, nomination) == 0 || nomination.nodes.is_empty() {
+                continue;
+            }
+            let Some(res) = self.nomination_res(nomination) else {
+                continue;
+            };
+            let timeline = Self::timeline_cached(self, &mut ctx.timelines, res, now);
+            let start = nomination.evict_at.max(now);
+            for planned in &nomination.nodes {
+                let workers = &planned.workers;
+                let Some(node) = self.state.inv.node_by_name(&planned.node) else {
+                    continue;
+                };
+                ctx.reservations.add(
+                    node,
+                    res,
+                    Claim {
+                        start,
+                        need: workers.saturating_mul(job.spec.gpus_per_worker),
+                        released_by_start: Self::released_by(&timeline, node, start),
+                        holder: job.spec.uid.clone(),
+                    },
+                );
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -262,7 +360,7 @@ pub(crate) mod tests {
         Event::NodeUpserted(info)
     }
 
-    fn queue(name: &str) -> Event {
+    pub(crate) fn queue(name: &str) -> Event {
         Event::QueueUpserted(QueueSpec {
             name: name.into(),
             cohort: Some("c".into()),
@@ -278,7 +376,7 @@ pub(crate) mod tests {
         })
     }
 
-    fn job(uid: &str, queue: &str, workers: u32, estimate: Option<u64>) -> Event {
+    pub(crate) fn job(uid: &str, queue: &str, workers: u32, estimate: Option<u64>) -> Event {
         Event::JobSubmitted(JobSpec {
             uid: JobUid::new(uid),
             queue: Some(queue.into()),
@@ -290,7 +388,7 @@ pub(crate) mod tests {
     }
 
     /// The book, rebuilt from scratch out of the running jobs.
-    fn rebuilt(alloc: &Allocator) -> FastMap<ResIdx, ReleaseBook> {
+    pub(crate) fn rebuilt(alloc: &Allocator) -> FastMap<ResIdx, ReleaseBook> {
         let mut books: FastMap<ResIdx, ReleaseBook> = FastMap::default();
         for job in alloc.state.jobs.iter().flatten() {
             let Some(run) = job.running() else { continue };
@@ -306,7 +404,7 @@ pub(crate) mod tests {
         books
     }
 
-    fn assert_booked(alloc: &Allocator) {
+    pub(crate) fn assert_booked(alloc: &Allocator) {
         let expected = rebuilt(alloc);
         for (res, releases) in &alloc.state.releases {
             let want = expected.get(res);
@@ -368,7 +466,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn the_release_book_follows_starts_preemptions_checkpoints_and_ends() {
+    pub(crate) fn the_release_book_follows_starts_preemptions_checkpoints_and_ends() {
         let mut alloc = Allocator::new(AllocatorConfig::default()).expect("valid config");
         for event in [node("n1"), node("n2"), queue("a"), queue("b")] {
             alloc.apply(event).expect("accepted");
@@ -413,7 +511,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn the_line_follows_edits_evictions_finishes_and_restores() {
+    pub(crate) fn the_line_follows_edits_evictions_finishes_and_restores() {
         let mut alloc = Allocator::new(AllocatorConfig::default()).expect("valid config");
         for event in [node("n1"), node("n2"), queue("a"), queue("b")] {
             alloc.apply(event).expect("accepted");
@@ -505,7 +603,7 @@ pub(crate) mod tests {
         );
     }
 
-    fn claim(start: u64, need: u32, released: u32) -> Claim {
+    pub(crate) fn claim(start: u64, need: u32, released: u32) -> Claim {
         Claim {
             start: Timestamp(start),
             need,
@@ -515,7 +613,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn protection_covers_the_deficit_at_each_reserved_start() {
+    pub(crate) fn protection_covers_the_deficit_at_each_reserved_start() {
         let mut r = Reservations::default();
         // Needs 8 at t=100; 4 are released by then, so 4 of today's free
         // units must stay free for jobs still running at t=100.

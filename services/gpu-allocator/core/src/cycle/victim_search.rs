@@ -38,10 +38,11 @@ use std::collections::BinaryHeap;
 use std::rc::Rc;
 
 use crate::allocator::Allocator;
-use crate::cycle::{CycleCtx, HeldFrom};
+use crate::cycle::CycleCtx;
+use crate::cycle::placement::{self, Candidate, NodeTable};
+use crate::cycle::quota_holds::HeldFrom;
 use crate::decision::PreemptionRule;
 use crate::ids::{CohortIdx, FastMap, JobIdx, NodeIdx, QueueIdx, ResIdx};
-use crate::placement::{self, Candidate, NodeTable};
 use crate::state::jobs::{Gang, JobState};
 use crate::state::queues::UsageDelta;
 use crate::types::{CpuMemory, Timestamp};

@@ -1,0 +1,347 @@
+//! Admission: the passes that walk pending jobs in order (preemptors whose
+//! victims are gone, then jobs that held a reservation, then every pending
+//! job by queue order) and turn each plan into an admission.
+
+use std::collections::{BTreeSet, BinaryHeap};
+use std::rc::Rc;
+
+use crate::allocator::Allocator;
+use crate::cycle::CycleCtx;
+use crate::cycle::evaluate::Plan;
+use crate::cycle::queue_order::{Lane, LaneJob};
+use crate::decision::{Admission, CycleOutcome, TopologyAssignment, WorkerPlacement};
+use crate::ids::{JobIdx, ResIdx};
+use crate::pending::Pending;
+use crate::state::jobs::JobState;
+use crate::state::releases::Timeline;
+use crate::types::{Timestamp, names};
+
+impl Allocator {
+    pub(crate) fn admit_ready_preemptors(
+        &mut self,
+        now: Timestamp,
+        ctx: &mut CycleCtx,
+        out: &mut CycleOutcome,
+    ) {
+        // In line order.
+        let mut ready: Vec<(_, JobIdx)> = self
+            .state
+            .nominated
+            .iter()
+            .filter_map(|idx| {
+                let job = self.state.job(*idx)?;
+                let JobState::Pending(Some(n)) = &job.state else {
+                    return None;
+                };
+                (self.victims_left(job, n) == 0).then(|| (self.line_place(job, now), *idx))
+            })
+            .collect();
+        ready.sort_unstable();
+        for (_, idx) in ready {
+            // The resource its victims freed first: elsewhere, the eviction
+            // was for nothing, and another flavor may be kept for others.
+            let planned = self.state.job(idx).and_then(|job| match &job.state {
+                JobState::Pending(Some(n)) => self.nomination_res(n),
+                _ => None,
+            });
+            // Whatever happens now, the nomination is used up: if the plan no
+            // longer fits (a node vanished) the job competes normally.
+            if let Some(job) = self.state.job_mut(idx) {
+                job.state = JobState::Pending(None);
+            }
+            self.state.nominated.remove(&idx);
+            let mut options = Vec::new();
+            // A queue on hold or closed to its namespace meanwhile: it waits,
+            // as evaluate says.
+            if let Some(job) = self.state.job(idx)
+                && self.queue_admits(job)
+            {
+                self.options_for(job, &mut options);
+            }
+            if let Some(at) = planned.and_then(|res| options.iter().position(|r| *r == res))
+                && let Some(first) = options.get_mut(..=at)
+            {
+                first.rotate_right(1);
+            }
+            for res in options {
+                let Some(job) = self.state.job(idx) else {
+                    break;
+                };
+                let units = job.spec.total_units();
+                if self.state.queues.check(job.queue, res, units, &[]).is_err() {
+                    continue;
+                }
+                if let Ok(plan) = self.try_place(idx, res, now, ctx) {
+                    self.admit_in_cycle(idx, plan, now, ctx, out);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Jobs that held a reservation last cycle are evaluated before everyone
+    /// else, so they keep it until they start: without this, a big gang
+    /// could lose its reservation to whichever queue the fair-share order
+    /// puts first next cycle, and be passed over again and again.
+    pub(crate) fn evaluate_reserved_first(
+        &mut self,
+        now: Timestamp,
+        ctx: &mut CycleCtx,
+        out: &mut CycleOutcome,
+    ) {
+        let reserved = std::mem::take(&mut self.state.reserved_jobs);
+        let mut options = Vec::new();
+        for uid in reserved {
+            let Some(idx) = self.state.job_by_uid.get(&uid).copied() else {
+                continue;
+            };
+            if !matches!(
+                self.state.job(idx).map(|j| &j.state),
+                Some(JobState::Pending(None))
+            ) {
+                continue;
+            }
+            match self.evaluate(idx, now, ctx, &mut options) {
+                Ok(plan) => self.admit_in_cycle(idx, plan, now, ctx, out),
+                Err(failure) => {
+                    ctx.early.insert(idx, failure);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn main_pass(
+        &mut self,
+        now: Timestamp,
+        mut lanes: Vec<Lane>,
+        ctx: &mut CycleCtx,
+        out: &mut CycleOutcome,
+    ) {
+        // A queue's share changes only when one of its jobs is admitted:
+        // computed once here and after each admission, not once per job.
+        let mut shares: Vec<f64> = (0..)
+            .zip(&self.state.queues.queues)
+            .map(|(queue, _)| self.state.queues.share(queue, &[]))
+            .collect();
+        let mut heap = BinaryHeap::new();
+        for i in 0..lanes.len() {
+            if let Some(key) = Self::lane_key(&lanes, &shares, i) {
+                heap.push(key);
+            }
+        }
+        // Failures so far per queue: a failure's position counts only jobs
+        // still waiting (admitted ones left the line).
+        let mut waiting: Vec<u32> = vec![0; self.state.queues.queues.len()];
+        let in_line: usize = lanes.iter().map(|l| l.jobs.len()).sum();
+        out.pending.reserve(in_line);
+        ctx.may_preempt.reserve(in_line);
+        let mut options = Vec::new();
+        let mut current = heap.pop();
+        while let Some(key) = current.take() {
+            let lane_idx = key.lane();
+            let Some(lane) = lanes.get_mut(lane_idx) else {
+                continue;
+            };
+            // Lanes are built after the preemptors and reserved jobs went, so
+            // every job here is still pending.
+            let Some(LaneJob {
+                priority,
+                idx,
+                seq,
+                shape,
+                ..
+            }) = lane.jobs.next()
+            else {
+                continue;
+            };
+            let lane_queue = lane.queue;
+            ctx.stats.considered += 1;
+            let early = ctx.early.take(idx);
+            let outcome = match early {
+                // Evaluated before the pass (it held a reservation).
+                Some(failure) => Err(failure),
+                None => match shape
+                    .filter(|_| ctx.quota_shortcut())
+                    .and_then(|s| Self::quota_blocked_like(ctx, lane_queue, s))
+                {
+                    Some(failure) => {
+                        ctx.stats.memo_hits += 1;
+                        Err(failure)
+                    }
+                    None => self.evaluate(idx, now, ctx, &mut options),
+                },
+            };
+            match outcome {
+                Ok(plan) => {
+                    self.admit_in_cycle(idx, plan, now, ctx, out);
+                    if let Some(share) = shares.get_mut(lane_queue as usize) {
+                        *share = self.state.queues.share(lane_queue, &[]);
+                    }
+                }
+                Err((reason, can_preempt)) => {
+                    if let Some(waiting) = waiting.get_mut(lane_queue as usize) {
+                        *waiting += 1;
+                        if can_preempt {
+                            ctx.may_preempt.push((out.pending.len(), idx));
+                        }
+                        out.pending.push(Pending {
+                            job: idx,
+                            seq,
+                            queue: lane_queue,
+                            position: *waiting,
+                            // Known once every job was seen.
+                            queue_length: 0,
+                            effective_priority: priority,
+                            reason,
+                        });
+                    }
+                }
+            }
+            // What pushing the lane's next key and popping would return
+            // (keys are unique), for at most one sift: the lane goes on when
+            // it is still first, else it swaps places with the heap's top.
+            current = match Self::lane_key(&lanes, &shares, lane_idx) {
+                Some(next) => match heap.peek_mut() {
+                    Some(mut top) if *top > next => Some(std::mem::replace(&mut *top, next)),
+                    _ => Some(next),
+                },
+                None => heap.pop(),
+            };
+        }
+        for pending in &mut out.pending {
+            pending.queue_length = waiting.get(pending.queue as usize).copied().unwrap_or(0);
+        }
+    }
+
+    /// Takes a job's GPUs for this cycle: every quota check seen so far is
+    /// out of date, and the job's releases join its resource's timeline.
+    pub(crate) fn admit_in_cycle(
+        &mut self,
+        idx: JobIdx,
+        plan: Plan,
+        now: Timestamp,
+        ctx: &mut CycleCtx,
+        out: &mut CycleOutcome,
+    ) {
+        let res = plan.res;
+        let cached = ctx.timelines.remove(&res);
+        let queue = self.state.job(idx).map(|job| job.queue);
+        if let Some(queue) = queue {
+            self.quota_changed(queue, ctx);
+        }
+        self.admit(idx, plan, now, out);
+        if let Some(queue) = queue {
+            self.refresh_queue_hold(queue, res, ctx);
+        }
+        // Updating a cached timeline in place gives the same sorted events
+        // as rebuilding it from every running job, for a fraction of the cost.
+        if let Some(mut timeline) = cached {
+            self.add_releases(Rc::make_mut(&mut timeline), idx, res, now);
+            ctx.timelines.insert(res, timeline);
+        }
+        // Likewise for the cohort releases.
+        if let Some(releases) = ctx.cohort_releases.get_mut(&res)
+            && let Some(job) = self.state.job(idx)
+            && let Some(run) = job.running()
+            && let Some(release) = self.cohort_release(idx, job, run, res, now)
+        {
+            crate::state::releases::insert_one(releases, release);
+        }
+    }
+
+    /// Inserts the release events of running job `idx` into `timeline` (see
+    /// `release_timeline`), keeping it sorted.
+    pub(crate) fn add_releases(
+        &self,
+        timeline: &mut Timeline,
+        idx: JobIdx,
+        res: ResIdx,
+        now: Timestamp,
+    ) {
+        let mut events = Vec::new();
+        self.state
+            .job_releases(idx, res, now, |event| events.push(event));
+        crate::state::releases::insert_sorted(timeline, &mut events);
+    }
+
+    /// Turns a plan into an admission decision and commits it.
+    pub(crate) fn admit(
+        &mut self,
+        idx: JobIdx,
+        plan: Plan,
+        now: Timestamp,
+        out: &mut CycleOutcome,
+    ) {
+        let Some(job) = self.state.job(idx) else {
+            return;
+        };
+        let Some(r) = self.state.inv.res(plan.res) else {
+            return;
+        };
+        let flavor = self.state.inv.flavors.get(r.flavor as usize);
+        let flavor_labels = flavor.map(|f| f.labels.clone()).unwrap_or_default();
+        let mut workers = Vec::new();
+        let mut zones = BTreeSet::new();
+        let mut racks = BTreeSet::new();
+        for (node_idx, count) in &plan.placement {
+            let Some(node) = self.state.inv.node(*node_idx) else {
+                continue;
+            };
+            zones.insert(node.zone);
+            racks.insert(node.rack);
+            let request = node
+                .pool(plan.res)
+                .map(|p| p.request_name.clone())
+                .unwrap_or_default();
+            for _ in 0..*count {
+                let mut selector = flavor_labels.clone();
+                selector.insert(names::HOSTNAME_LABEL.to_string(), node.info.name.clone());
+                workers.push(WorkerPlacement {
+                    index: u32::try_from(workers.len()).unwrap_or(u32::MAX),
+                    node: node.info.name.clone(),
+                    node_selector: selector,
+                    request_resource: request.clone(),
+                });
+            }
+        }
+        let single = |set: &BTreeSet<u32>| {
+            (set.len() == 1)
+                .then(|| set.iter().next().copied())
+                .flatten()
+        };
+        let topology = TopologyAssignment {
+            zone: single(&zones)
+                .and_then(|z| self.state.inv.zones.name(z))
+                .map(str::to_string),
+            rack: single(&racks)
+                .and_then(|r| self.state.inv.racks.name(r))
+                .map(str::to_string),
+            rack_label: self.state.config.rack_label.clone(),
+            nodes: u32::try_from(plan.placement.len()).unwrap_or(u32::MAX),
+        };
+        let total = job.spec.total_units();
+        let queue = self.state.queues.get(job.queue);
+        let borrowing = queue.is_some_and(|q| {
+            q.usage(plan.res) + total > q.quota(plan.res).map_or(0, |s| s.nominal)
+        });
+        let admission = Admission {
+            uid: job.spec.uid.clone(),
+            namespace: job.spec.namespace.clone(),
+            name: job.spec.name.clone(),
+            queue: queue.map(|q| q.name.to_string()).unwrap_or_default(),
+            flavor: self.state.inv.flavor_name(r.flavor).to_string(),
+            resource: self.state.inv.res_quota_name(plan.res),
+            units_per_worker: plan.per_worker,
+            capacity_type: flavor.and_then(|f| f.capacity_type),
+            workers,
+            tolerations: flavor.map(|f| f.tolerations.clone()).unwrap_or_default(),
+            topology,
+            admitted_at: now,
+            borrowing,
+            backfilled_ahead_of: plan.ahead_of.clone(),
+        };
+        out.admissions.push(admission.clone());
+        self.state
+            .commit(idx, plan.res, plan.per_worker, plan.placement, admission);
+    }
+}
