@@ -1,11 +1,18 @@
-//! The speed layer: what one cycle keeps for the next to find faster. Only
+//! The speed layer: answers a cycle keeps so that jobs answered alike are
+//! answered once. The passes reach it only through `lookup_*` and
+//! `record_*` on [`CycleMemo`]; each entry stands for exactly what a full
+//! evaluation would decide (the test
+//! `the_quota_shortcut_decides_as_a_full_evaluation` runs seeded cycles with
+//! and without the quota shortcut). What outlives a cycle ([`Memo`]) is only
 //! looked up by key, never iterated, so it cannot change a decision.
 
-use crate::allocator::Allocator;
-use crate::cycle::CycleCtx;
+use std::rc::Rc;
+
+use crate::cycle::quota_holds::CohortRelease;
 use crate::cycle::quota_holds::HoldAges;
 use crate::ids::{FastMap, JobIdx, QueueIdx, ReasonIdx, ResIdx};
 use crate::state::jobs::Gang;
+use crate::state::releases::Timeline;
 use crate::types::GpuSliceRequest;
 
 /// Kept from one cycle to the next.
@@ -162,20 +169,108 @@ impl QuotaBlockedShapes {
     }
 }
 
-impl Allocator {
+impl Memo {
+    /// The memo a cycle starts with, at the inventory's `node_changes`.
+    pub(crate) fn start_cycle(&mut self, node_changes: u64) -> CycleMemo {
+        let (at, empty_slots) = std::mem::take(&mut self.spare_empty_slots);
+        CycleMemo {
+            quota_blocked: std::mem::take(&mut self.spare_quota_blocked),
+            empty_slots: if at == node_changes {
+                empty_slots
+            } else {
+                EmptySlots::default()
+            },
+            ..CycleMemo::default()
+        }
+    }
+
+    /// Keeps what the next cycle may reuse of the one that ended.
+    pub(crate) fn end_cycle(&mut self, mut memo: CycleMemo, node_changes: u64) {
+        memo.quota_blocked.clear();
+        self.spare_quota_blocked = memo.quota_blocked;
+        self.spare_empty_slots = (node_changes, memo.empty_slots);
+    }
+}
+
+/// One cycle's memo.
+#[derive(Default)]
+pub(crate) struct CycleMemo {
+    /// Placement failures by job shape and node filter: capacity only
+    /// shrinks during a cycle.
+    placement_failures: FastMap<MemoKey, MemoEntry>,
+    /// Quota reasons, shared by the jobs of one queue blocked alike.
+    quota_reasons: FastMap<QuotaMemoKey, ReasonIdx>,
+    /// Jobs blocked by quota on every option, by (queue, shares GPUs,
+    /// units, hold ages) packed (`HoldAges::shape_key`): up to
+    /// `SHAPE_SLOTS` failures, each standing for the jobs whose estimated
+    /// end falls in its own span between the holds' times
+    /// (`QuotaBlocked::exempt_until` and `passes_until`). Another job of
+    /// that shape, those ages and an end in one of the spans fails alike
+    /// within the queue's epoch.
+    quota_blocked: QuotaBlockedShapes,
+    /// `slots_when_empty` per (resource, node filter, worker shape), kept
+    /// from cycle to cycle while no node changes.
+    empty_slots: EmptySlots,
+    /// Release timelines per resource, until an admission in it changes them.
+    timelines: FastMap<ResIdx, Rc<Timeline>>,
+    /// Expected releases per resource for the cohort pools and queues (see
+    /// `quota_release_time`).
+    cohort_releases: FastMap<ResIdx, Vec<CohortRelease>>,
+}
+
+impl CycleMemo {
+    /// The reason a job of this shape and filter failed placement with, if
+    /// one ending no earlier than `end_key` failed: jobs ending later see at
+    /// least as much reservation protection.
+    pub(crate) fn lookup_placement_failure(
+        &self,
+        key: &MemoKey,
+        end_key: u64,
+    ) -> Option<ReasonIdx> {
+        self.placement_failures
+            .get(key)
+            .filter(|entry| entry.min_failing_end <= end_key)
+            .map(|entry| entry.reason)
+    }
+
+    /// Records a placement failure of a job ending at `end_key`.
+    pub(crate) fn record_placement_failure(
+        &mut self,
+        key: MemoKey,
+        end_key: u64,
+        reason: ReasonIdx,
+    ) {
+        let entry = self.placement_failures.entry(key).or_insert(MemoEntry {
+            min_failing_end: end_key,
+            reason,
+        });
+        if end_key < entry.min_failing_end {
+            entry.min_failing_end = end_key;
+            entry.reason = reason;
+        }
+    }
+
+    pub(crate) fn lookup_quota_reason(&self, key: &QuotaMemoKey) -> Option<ReasonIdx> {
+        self.quota_reasons.get(key).copied()
+    }
+
+    pub(crate) fn record_quota_reason(&mut self, key: QuotaMemoKey, reason: ReasonIdx) {
+        self.quota_reasons.insert(key, reason);
+    }
+
     /// The failure of an earlier job of the same shape blocked by quota on
-    /// every option, when it holds for this job too.
-    pub(crate) fn quota_blocked_like(
-        ctx: &CycleCtx,
+    /// every option, when it holds for this job too (`epoch`: its queue's).
+    pub(crate) fn lookup_quota_blocked(
+        &self,
         queue: QueueIdx,
         shape: QuotaShape,
+        epoch: u64,
     ) -> Option<(ReasonIdx, bool)> {
         let key = shape
             .ages
             .shape_key(queue, shape.sharing, u64::from(shape.units))?;
-        let epoch = ctx.quota_epoch(queue);
         // Each failure stands for the jobs whose end falls in its span.
-        ctx.quota_blocked
+        self.quota_blocked
             .get(key)?
             .iter()
             .flatten()
@@ -186,5 +281,73 @@ impl Allocator {
                 (known.epoch == epoch && !exempt && passes_alike)
                     .then_some((known.reason, known.can_preempt))
             })
+    }
+
+    /// Records a quota failure on every option under shape `key`: in the
+    /// slot of a failure of the same span or a stale one, else the last.
+    pub(crate) fn record_quota_blocked(&mut self, key: u64, failure: QuotaBlocked) {
+        let Some(known) = self.quota_blocked.slots_mut(key) else {
+            return;
+        };
+        let at = known
+            .iter()
+            .position(|k| {
+                k.as_ref().is_none_or(|k| {
+                    k.epoch != failure.epoch
+                        || (k.exempt_until, k.passes_until)
+                            == (failure.exempt_until, failure.passes_until)
+                })
+            })
+            .unwrap_or(SHAPE_SLOTS - 1);
+        if let Some(slot) = known.get_mut(at) {
+            *slot = Some(failure);
+        }
+    }
+
+    pub(crate) fn lookup_empty_slots(&self, key: &(ResIdx, u32, Gang)) -> Option<u64> {
+        self.empty_slots.get(key).copied()
+    }
+
+    pub(crate) fn record_empty_slots(&mut self, key: (ResIdx, u32, Gang), slots: u64) {
+        self.empty_slots.insert(key, slots);
+    }
+
+    /// The release timeline of `res`, from `compute` the first time.
+    pub(crate) fn timeline(
+        &mut self,
+        res: ResIdx,
+        compute: impl FnOnce() -> Timeline,
+    ) -> Rc<Timeline> {
+        Rc::clone(
+            self.timelines
+                .entry(res)
+                .or_insert_with(|| Rc::new(compute())),
+        )
+    }
+
+    /// Takes the timeline of `res` out, for an admission to update.
+    pub(crate) fn take_timeline(&mut self, res: ResIdx) -> Option<Rc<Timeline>> {
+        self.timelines.remove(&res)
+    }
+
+    pub(crate) fn record_timeline(&mut self, res: ResIdx, timeline: Rc<Timeline>) {
+        self.timelines.insert(res, timeline);
+    }
+
+    /// The cohort releases of `res`, from `compute` the first time.
+    pub(crate) fn cohort_releases(
+        &mut self,
+        res: ResIdx,
+        compute: impl FnOnce() -> Vec<CohortRelease>,
+    ) -> &[CohortRelease] {
+        self.cohort_releases.entry(res).or_insert_with(compute)
+    }
+
+    /// The cohort releases of `res` if known, for an admission to update.
+    pub(crate) fn cohort_releases_to_update(
+        &mut self,
+        res: ResIdx,
+    ) -> Option<&mut Vec<CohortRelease>> {
+        self.cohort_releases.get_mut(&res)
     }
 }

@@ -160,10 +160,10 @@ impl Allocator {
             let outcome = match early {
                 // Evaluated before the pass (it held a reservation).
                 Some(failure) => Err(failure),
-                None => match shape
-                    .filter(|_| ctx.quota_shortcut())
-                    .and_then(|s| Self::quota_blocked_like(ctx, lane_queue, s))
-                {
+                None => match shape.filter(|_| ctx.quota_shortcut()).and_then(|s| {
+                    ctx.memo
+                        .lookup_quota_blocked(lane_queue, s, ctx.quota_epoch(lane_queue))
+                }) {
                     Some(failure) => {
                         ctx.stats.memo_hits += 1;
                         Err(failure)
@@ -224,7 +224,7 @@ impl Allocator {
         out: &mut CycleOutcome,
     ) {
         let res = plan.res;
-        let cached = ctx.timelines.remove(&res);
+        let cached = ctx.memo.take_timeline(res);
         let queue = self.state.job(idx).map(|job| job.queue);
         if let Some(queue) = queue {
             self.quota_changed(queue, ctx);
@@ -237,10 +237,10 @@ impl Allocator {
         // as rebuilding it from every running job, for a fraction of the cost.
         if let Some(mut timeline) = cached {
             self.add_releases(Rc::make_mut(&mut timeline), idx, res, now);
-            ctx.timelines.insert(res, timeline);
+            ctx.memo.record_timeline(res, timeline);
         }
         // Likewise for the cohort releases.
-        if let Some(releases) = ctx.cohort_releases.get_mut(&res)
+        if let Some(releases) = ctx.memo.cohort_releases_to_update(res)
             && let Some(job) = self.state.job(idx)
             && let Some(run) = job.running()
             && let Some(release) = self.cohort_release(idx, job, run, res, now)

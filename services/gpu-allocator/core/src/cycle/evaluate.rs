@@ -8,7 +8,7 @@ use crate::cycle::placement::{self, Candidate};
 use crate::cycle::quota_holds::{QuotaHold, fits_beside};
 use crate::event::JobSpec;
 use crate::ids::{JobIdx, NodeIdx, ReasonIdx, ResIdx};
-use crate::memo::{EmptySlots, MemoEntry, MemoKey, QuotaBlocked, SHAPE_SLOTS};
+use crate::memo::{CycleMemo, MemoKey, QuotaBlocked};
 use crate::pending::PendingReason;
 use crate::state::jobs::{Gang, Job, JobState};
 use crate::types::{GpuSliceRequest, JobUid, ResourceKind, Timestamp, TopologyRequirement, names};
@@ -295,7 +295,7 @@ impl Allocator {
                 // empty) would idle it for good.
                 let may_drain = may_hold && terms.starving && standing != Some(true);
                 let drains = may_drain
-                    && self.slots_when_empty(res, &job.spec, job.filter, &mut ctx.empty_slots)
+                    && self.slots_when_empty(res, &job.spec, job.filter, &mut ctx.memo)
                         >= u64::from(job.spec.num_workers);
                 // Whether the nodes could ever take it depends on the job's
                 // own workers and filters, not only its shape.
@@ -307,7 +307,7 @@ impl Allocator {
                     && (standing.is_none() || drains)
                 {
                     let until = self.quota_release_time(
-                        &mut ctx.cohort_releases,
+                        &mut ctx.memo,
                         |r| r.2 == Some(c),
                         res,
                         units.saturating_sub(short.available),
@@ -342,8 +342,8 @@ impl Allocator {
                     short.available,
                     held_for.is_some() || holding,
                 );
-                let reason = match ctx.quota_memo.get(&key) {
-                    Some(r) if !holding => *r,
+                let reason = match ctx.memo.lookup_quota_reason(&key) {
+                    Some(r) if !holding => r,
                     _ => {
                         let r = ctx.add_reason(PendingReason::QuotaExceeded {
                             flavor: self.state.inv.res_flavor_name(res).to_string(),
@@ -356,7 +356,7 @@ impl Allocator {
                             holding_cohort_quota: holding,
                         });
                         if !holding {
-                            ctx.quota_memo.insert(key, r);
+                            ctx.memo.record_quota_reason(key, r);
                         }
                         r
                     }
@@ -453,30 +453,17 @@ impl Allocator {
             .is_some_and(|t| t <= now.plus_secs(self.state.config.preemption.grace_period_secs));
         let can_preempt = !blocked_by_hold_only && !starts_soon;
         let epoch = ctx.quota_epoch(queue);
-        if alike
-            && let Some(key) = ages.shape_key(queue, sharing, units)
-            && let Some(known) = ctx.quota_blocked.slots_mut(key)
-        {
-            // The slot of a failure of the same span or a stale one, else
-            // the last.
-            let at = known
-                .iter()
-                .position(|k| {
-                    k.as_ref().is_none_or(|k| {
-                        k.epoch != epoch
-                            || (k.exempt_until, k.passes_until) == (exempt_until, passes_until)
-                    })
-                })
-                .unwrap_or(SHAPE_SLOTS - 1);
-            if let Some(slot) = known.get_mut(at) {
-                *slot = Some(QuotaBlocked {
+        if alike && let Some(key) = ages.shape_key(queue, sharing, units) {
+            ctx.memo.record_quota_blocked(
+                key,
+                QuotaBlocked {
                     epoch,
                     reason,
                     can_preempt,
                     exempt_until,
                     passes_until,
-                });
-            }
+                },
+            );
         }
         Err((reason, can_preempt))
     }
@@ -505,14 +492,12 @@ impl Allocator {
             gang,
             filter: job.filter,
         };
-        if let Some(entry) = ctx.memo.get(&key)
-            && entry.min_failing_end <= end_key
-        {
+        if let Some(reason) = ctx.memo.lookup_placement_failure(&key, end_key) {
             ctx.stats.memo_hits += 1;
-            return Err(entry.reason);
+            return Err(reason);
         }
         let Some(r) = self.state.inv.res(res) else {
-            let reason = self.capacity_reason(res, spec, (0, 0), job.filter, &mut ctx.empty_slots);
+            let reason = self.capacity_reason(res, spec, (0, 0), job.filter, &mut ctx.memo);
             return Err(ctx.add_reason(reason));
         };
         let protected = ctx.reservations.has_any(res);
@@ -601,24 +586,11 @@ impl Allocator {
                 let fitting = |slots: u64| slots.min(u64::from(workers));
                 let lacking = fitting(placeable_unprotected + lacking_cpu_memory)
                     - fitting(placeable_unprotected);
-                self.capacity_reason(
-                    res,
-                    spec,
-                    (placeable, lacking),
-                    job.filter,
-                    &mut ctx.empty_slots,
-                )
+                self.capacity_reason(res, spec, (placeable, lacking), job.filter, &mut ctx.memo)
             }
         };
         let reason = ctx.add_reason(reason);
-        let entry = ctx.memo.entry(key).or_insert(MemoEntry {
-            min_failing_end: end_key,
-            reason,
-        });
-        if end_key < entry.min_failing_end {
-            entry.min_failing_end = end_key;
-            entry.reason = reason;
-        }
+        ctx.memo.record_placement_failure(key, end_key, reason);
         Err(reason)
     }
 
@@ -631,13 +603,13 @@ impl Allocator {
         res: ResIdx,
         spec: &JobSpec,
         filter: u32,
-        cache: &mut EmptySlots,
+        memo: &mut CycleMemo,
     ) -> u64 {
         let gang = Gang::of(spec);
         // The count of workers does not change what each node hosts.
         let key = (res, filter, Gang { workers: 0, ..gang });
-        if let Some(slots) = cache.get(&key) {
-            return *slots;
+        if let Some(slots) = memo.lookup_empty_slots(&key) {
+            return slots;
         }
         let slots = self.state.inv.res(res).map_or(0, |r| {
             let nodes = r
@@ -651,7 +623,7 @@ impl Allocator {
                 });
             placement::most_placeable(gang, nodes)
         });
-        cache.insert(key, slots);
+        memo.record_empty_slots(key, slots);
         slots
     }
 
@@ -665,13 +637,13 @@ impl Allocator {
         spec: &JobSpec,
         (placeable, lacking_cpu_memory): (u64, u64),
         filter: u32,
-        empty_slots: &mut EmptySlots,
+        memo: &mut CycleMemo,
     ) -> PendingReason {
         let (per_worker, workers) = (spec.gpus_per_worker, spec.num_workers);
         let placeable = placeable.min(u64::from(workers));
         // Workers that lack only CPU or memory are not short of units.
         let short_workers = u64::from(workers).saturating_sub(placeable + lacking_cpu_memory);
-        let empty_slots = self.slots_when_empty(res, spec, filter, empty_slots);
+        let empty_slots = self.slots_when_empty(res, spec, filter, memo);
         PendingReason::InsufficientCapacity {
             flavor: self.state.inv.res_flavor_name(res).to_string(),
             resource: self.state.inv.res_quota_name(res),

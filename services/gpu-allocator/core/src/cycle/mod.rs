@@ -19,20 +19,16 @@ pub(crate) mod quota_holds;
 pub(crate) mod reservation;
 pub(crate) mod victim_search;
 
-use std::rc::Rc;
 use std::sync::Arc;
 
-use crate::cycle::quota_holds::{CohortQueueHold, CohortRelease, QuotaHold};
+use crate::cycle::quota_holds::{CohortQueueHold, QuotaHold};
 use crate::cycle::reservation::Reservations;
 use crate::decision::{CycleOutcome, CycleStats, Eviction, EvictionReason};
 use crate::ids::CohortIdx;
 use crate::ids::{FastMap, JobIdx, QueueIdx, ReasonIdx, ResIdx};
-use crate::memo::{
-    EarlyFailures, EmptySlots, MemoEntry, MemoKey, QuotaBlockedShapes, QuotaMemoKey,
-};
+use crate::memo::{CycleMemo, EarlyFailures};
 use crate::pending::PendingReason;
 use crate::state::jobs::Job;
-use crate::state::releases::Timeline;
 use crate::types::{JobUid, Timestamp};
 
 use crate::allocator::Allocator;
@@ -40,17 +36,12 @@ use crate::allocator::Allocator;
 /// Scratch state of one cycle.
 #[derive(Default)]
 pub(crate) struct CycleCtx {
-    pub(crate) memo: FastMap<MemoKey, MemoEntry>,
-    /// Release timelines per resource (see `timeline_cached`).
-    pub(crate) timelines: FastMap<ResIdx, Rc<Timeline>>,
-    /// Expected releases per resource for the cohort pools and queues (see
-    /// `quota_release_time`).
-    pub(crate) cohort_releases: FastMap<ResIdx, Vec<CohortRelease>>,
+    /// The speed layer: answers kept for jobs that would be answered alike.
+    pub(crate) memo: CycleMemo,
     /// Failures of jobs evaluated before the main pass.
     pub(crate) early: EarlyFailures,
     /// Jobs given a reservation this cycle, in order.
     pub(crate) reserved_order: Vec<JobUid>,
-    pub(crate) quota_memo: FastMap<QuotaMemoKey, ReasonIdx>,
     /// Reasons of jobs blocked by their queue's hold, by (queue, resource,
     /// units, queue usage).
     pub(crate) queue_hold_reasons: FastMap<(QueueIdx, ResIdx, u64, u64), ReasonIdx>,
@@ -68,10 +59,6 @@ pub(crate) struct CycleCtx {
     /// of the map, for each borrower checked, without walking all of it.
     pub(crate) queue_holds_by_cohort: FastMap<(CohortIdx, ResIdx), Vec<CohortQueueHold>>,
     pub(crate) reservations: Reservations,
-    /// `slots_when_empty` per (resource, node filter, worker shape), kept
-    /// from cycle to cycle while no node changes (see
-    /// `Allocator::spare_empty_slots`).
-    pub(crate) empty_slots: EmptySlots,
     /// Failures that may try preemption (blocked by quota or capacity), in
     /// line order: (slot in the pending explanations, job).
     pub(crate) may_preempt: Vec<(usize, JobIdx)>,
@@ -80,14 +67,6 @@ pub(crate) struct CycleCtx {
     /// hold in the queue's cohort (see `quota_changed`): what a quota check
     /// of the queue saw is valid while its epoch stays.
     pub(crate) quota_epochs: Vec<u64>,
-    /// Jobs blocked by quota on every option, by (queue, shares GPUs,
-    /// units, hold ages) packed (`HoldAges::shape_key`): up to
-    /// `SHAPE_SLOTS` failures, each standing for the jobs whose estimated
-    /// end falls in its own span between the holds' times
-    /// (`QuotaBlocked::exempt_until` and `passes_until`). Another job of
-    /// that shape, those ages and an end in one of the spans fails alike
-    /// within the queue's epoch.
-    pub(crate) quota_blocked: QuotaBlockedShapes,
     /// Every reason made this cycle, each once: failures name them by index
     /// (see `Pending::reason`). Handed to the outcome.
     pub(crate) reasons: Vec<Arc<PendingReason>>,
@@ -144,14 +123,8 @@ impl Allocator {
 
     /// Runs one admission cycle at `now`.
     pub fn cycle(&mut self, now: Timestamp) -> CycleOutcome {
-        let (at, empty_slots) = std::mem::take(&mut self.memo.spare_empty_slots);
         let ctx = CycleCtx {
-            quota_blocked: std::mem::take(&mut self.memo.spare_quota_blocked),
-            empty_slots: if at == self.state.inv.node_changes {
-                empty_slots
-            } else {
-                EmptySlots::default()
-            },
+            memo: self.memo.start_cycle(self.state.inv.node_changes),
             ..CycleCtx::default()
         };
         self.cycle_with(now, ctx)
@@ -181,9 +154,7 @@ impl Allocator {
         out.reasons = std::mem::take(&mut ctx.reasons);
         out.stats = ctx.stats;
         out.stats.admitted = u32::try_from(out.admissions.len()).unwrap_or(u32::MAX);
-        ctx.quota_blocked.clear();
-        self.memo.spare_quota_blocked = ctx.quota_blocked;
-        self.memo.spare_empty_slots = (self.state.inv.node_changes, ctx.empty_slots);
+        self.memo.end_cycle(ctx.memo, self.state.inv.node_changes);
         out
     }
 

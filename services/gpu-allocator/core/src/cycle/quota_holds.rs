@@ -8,7 +8,8 @@
 use crate::allocator::Allocator;
 use crate::cycle::CycleCtx;
 use crate::cycle::evaluate::{estimated_end, keep_earliest, keep_latest};
-use crate::ids::{CohortIdx, FastMap, JobIdx, QueueIdx, ResIdx};
+use crate::ids::{CohortIdx, JobIdx, QueueIdx, ResIdx};
+use crate::memo::CycleMemo;
 use crate::state::jobs::{Job, Running};
 use crate::types::Timestamp;
 
@@ -165,7 +166,7 @@ impl Allocator {
     /// they never free that much.
     pub(crate) fn quota_release_time(
         &self,
-        cache: &mut FastMap<ResIdx, Vec<CohortRelease>>,
+        memo: &mut CycleMemo,
         of: impl Fn(&CohortRelease) -> bool,
         res: ResIdx,
         short: u64,
@@ -173,9 +174,7 @@ impl Allocator {
     ) -> Option<Timestamp> {
         // One scan of the running jobs serves every cohort and queue: their
         // releases are sorted subsequences of all of them.
-        let releases = cache
-            .entry(res)
-            .or_insert_with(|| self.cohort_releases(res, now));
+        let releases = memo.cohort_releases(res, || self.cohort_releases(res, now));
         let mut freed = 0u64;
         for (end, units, ..) in releases.iter().filter(|r| of(r)) {
             freed += units;
@@ -231,13 +230,7 @@ impl Allocator {
                 let room = if need == 0 {
                     Some(now)
                 } else {
-                    self.quota_release_time(
-                        &mut ctx.cohort_releases,
-                        |r| r.3 == queue,
-                        res,
-                        need,
-                        now,
-                    )
+                    self.quota_release_time(&mut ctx.memo, |r| r.3 == queue, res, need, now)
                 };
                 room.map(|t| (res, cohort_until.map_or(t, |c| c.max(t))))
             }

@@ -13,9 +13,7 @@
 use crate::cycle::CycleCtx;
 use crate::ids::JobIdx;
 use crate::state::jobs::JobState;
-use crate::state::releases::Timeline;
 use std::collections::HashSet;
-use std::rc::Rc;
 
 use crate::ids::FastMap;
 use crate::ids::{NodeIdx, ResIdx};
@@ -241,21 +239,6 @@ impl Allocator {
 }
 
 impl Allocator {
-    /// Release timeline of `res`, computed once per cycle until an admission
-    /// in `res` changes it.
-    pub(crate) fn timeline_cached(
-        alloc: &Allocator,
-        cache: &mut FastMap<ResIdx, Rc<Timeline>>,
-        res: ResIdx,
-        now: Timestamp,
-    ) -> Rc<Timeline> {
-        Rc::clone(
-            cache
-                .entry(res)
-                .or_insert_with(|| Rc::new(alloc.state.release_timeline(res, now))),
-        )
-    }
-
     /// Computes and records a reservation for a blocked job.
     pub(crate) fn reserve(
         &mut self,
@@ -264,7 +247,9 @@ impl Allocator {
         now: Timestamp,
         ctx: &mut CycleCtx,
     ) -> Option<Timestamp> {
-        let timeline = Self::timeline_cached(self, &mut ctx.timelines, res, now);
+        let timeline = ctx
+            .memo
+            .timeline(res, || self.state.release_timeline(res, now));
         let job = self.state.job(idx)?;
         let spec = &job.spec;
         let reservation = self.compute_reservation(
@@ -311,7 +296,9 @@ impl Allocator {
             let Some(res) = self.nomination_res(nomination) else {
                 continue;
             };
-            let timeline = Self::timeline_cached(self, &mut ctx.timelines, res, now);
+            let timeline = ctx
+                .memo
+                .timeline(res, || self.state.release_timeline(res, now));
             let start = nomination.evict_at.max(now);
             for planned in &nomination.nodes {
                 let workers = &planned.workers;
