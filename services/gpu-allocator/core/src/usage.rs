@@ -45,6 +45,16 @@ impl Allocator {
                 *count = count.saturating_add(u32::try_from(running.len()).unwrap_or(u32::MAX));
             }
         }
+        let mut cpu_only_waiting = vec![0usize; self.state.queues.queues.len()];
+        for (_, idx) in &self.state.cpu_only_waiting {
+            if let Some(job) = self.state.job(*idx)
+                && let Some(count) = cpu_only_waiting.get_mut(job.queue as usize)
+            {
+                *count += 1;
+            }
+        }
+        let cpu_only_waiting =
+            |queue: u32| cpu_only_waiting.get(queue as usize).copied().unwrap_or(0);
         let mut usage: Vec<QueueUsage> = self
             .state
             .queues
@@ -78,7 +88,8 @@ impl Allocator {
                 let idx = u32::try_from(idx).ok()?;
                 Some(QueueUsage {
                     name: queue.name.to_string(),
-                    pending: u32::try_from(queue.line.len()).unwrap_or(u32::MAX),
+                    pending: u32::try_from(queue.line.len() + cpu_only_waiting(idx))
+                        .unwrap_or(u32::MAX),
                     admitted,
                     resources,
                     weighted_share: self.state.queues.share(idx, &[]),

@@ -373,7 +373,11 @@ impl Run {
         let mut j = self.random_job();
         match self.rng.below(3) {
             0 => j.num_workers = 0,
-            1 => j.gpus_per_worker = 0,
+            // CPU-only is valid; a GPU slice of no GPUs is not.
+            1 => {
+                j.gpus_per_worker = 0;
+                j.gpu_slice = Some(GpuSliceRequest::Profile("1g.10gb".into()));
+            }
             _ => j.num_workers = MAX_WORKERS + 1,
         }
         j

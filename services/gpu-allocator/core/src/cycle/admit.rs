@@ -129,9 +129,6 @@ impl Allocator {
                 heap.push(key);
             }
         }
-        // Failures so far per queue: a failure's position counts only jobs
-        // still waiting (admitted ones left the line).
-        let mut waiting: Vec<u32> = vec![0; self.state.queues.queues.len()];
         let in_line: usize = lanes.iter().map(|l| l.jobs.len()).sum();
         out.pending.reserve(in_line);
         ctx.may_preempt.reserve(in_line);
@@ -179,8 +176,7 @@ impl Allocator {
                     }
                 }
                 Err((reason, can_preempt)) => {
-                    if let Some(waiting) = waiting.get_mut(lane_queue as usize) {
-                        *waiting += 1;
+                    if let Some(position) = ctx.positions.next(lane_queue) {
                         if can_preempt {
                             ctx.may_preempt.push((out.pending.len(), idx));
                         }
@@ -188,7 +184,7 @@ impl Allocator {
                             job: idx,
                             seq,
                             queue: lane_queue,
-                            position: *waiting,
+                            position,
                             // Known once every job was seen.
                             queue_length: 0,
                             effective_priority: priority,
@@ -207,9 +203,6 @@ impl Allocator {
                 },
                 None => heap.pop(),
             };
-        }
-        for pending in &mut out.pending {
-            pending.queue_length = waiting.get(pending.queue as usize).copied().unwrap_or(0);
         }
     }
 

@@ -126,6 +126,52 @@ impl Allocator {
             .is_none_or(|spec| !spec.refuses(&job.spec.namespace))
     }
 
+    /// Why the job's queue does not admit it now (unknown, on hold, or
+    /// closed to its namespace), one reason per cause however many jobs
+    /// wait for it; `None` when it does.
+    pub(crate) fn queue_refusal(&self, job: &Job, ctx: &mut CycleCtx) -> Option<ReasonIdx> {
+        let queue = job.queue;
+        let Some((q, spec)) = self
+            .state
+            .queues
+            .get(queue)
+            .and_then(|q| Some((q, q.spec.as_ref()?)))
+        else {
+            return Some(ctx.add_reason(PendingReason::QueueNotFound {
+                queue: self.state.queues.name_of(queue),
+            }));
+        };
+        if !spec.refuses(&job.spec.namespace) {
+            return None;
+        }
+        let namespace = if spec.on_hold {
+            ""
+        } else {
+            job.spec.namespace.as_str()
+        };
+        if let Some(reason) = ctx.refusals.get(&queue).and_then(|r| r.get(namespace)) {
+            return Some(*reason);
+        }
+        let name = q.name.to_string();
+        let reason = ctx.add_reason(if spec.on_hold {
+            PendingReason::QueueOnHold {
+                queue: name,
+                drains: spec.drain,
+            }
+        } else {
+            PendingReason::NamespaceNotAdmitted {
+                queue: name,
+                namespace: namespace.to_string(),
+                admitted: spec.namespaces.clone(),
+            }
+        });
+        ctx.refusals
+            .entry(queue)
+            .or_default()
+            .insert(namespace.to_string(), reason);
+        Some(reason)
+    }
+
     /// Tries every allowed (flavor, resource) of a pending job. On failure
     /// returns the most useful reason and whether preemption may help.
     pub(crate) fn evaluate(
@@ -162,51 +208,10 @@ impl Allocator {
                 false,
             ));
         }
-        let queue = job.queue;
-        if self
-            .state
-            .queues
-            .get(queue)
-            .is_none_or(|q| q.spec.is_none())
-        {
-            return Err((
-                ctx.add_reason(PendingReason::QueueNotFound {
-                    queue: self.state.queues.name_of(queue),
-                }),
-                false,
-            ));
-        }
-        if let Some(q) = self.state.queues.get(queue)
-            && let Some(spec) = &q.spec
-            && spec.refuses(&job.spec.namespace)
-        {
-            let namespace = if spec.on_hold {
-                ""
-            } else {
-                job.spec.namespace.as_str()
-            };
-            if let Some(reason) = ctx.refusals.get(&queue).and_then(|r| r.get(namespace)) {
-                return Err((*reason, false));
-            }
-            let name = q.name.to_string();
-            let reason = ctx.add_reason(if spec.on_hold {
-                PendingReason::QueueOnHold {
-                    queue: name,
-                    drains: spec.drain,
-                }
-            } else {
-                PendingReason::NamespaceNotAdmitted {
-                    queue: name,
-                    namespace: namespace.to_string(),
-                    admitted: spec.namespaces.clone(),
-                }
-            });
-            ctx.refusals
-                .entry(queue)
-                .or_default()
-                .insert(namespace.to_string(), reason);
+        if let Some(reason) = self.queue_refusal(job, ctx) {
             return Err((reason, false));
         }
+        let queue = job.queue;
         self.options_for(job, options);
         if options.is_empty() {
             return Err((

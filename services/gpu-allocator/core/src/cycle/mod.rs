@@ -11,10 +11,12 @@
 //! 5. a bounded number of still-blocked jobs look for preemption victims.
 
 pub(crate) mod admit;
+pub(crate) mod cpu_only;
 pub(crate) mod evaluate;
 pub(crate) mod placement;
 pub(crate) mod preempt;
 pub(crate) mod queue_order;
+pub(crate) mod queue_position;
 pub(crate) mod quota_holds;
 pub(crate) mod reservation;
 pub(crate) mod victim_search;
@@ -32,12 +34,15 @@ use crate::state::jobs::Job;
 use crate::types::{JobUid, Timestamp};
 
 use crate::allocator::Allocator;
+use crate::cycle::queue_position::QueuePositions;
 
 /// Scratch state of one cycle.
 #[derive(Default)]
 pub(crate) struct CycleCtx {
     /// The speed layer: answers kept for jobs that would be answered alike.
     pub(crate) memo: CycleMemo,
+    /// Jobs found waiting so far, per queue: their queue positions.
+    pub(crate) positions: QueuePositions,
     /// Failures of jobs evaluated before the main pass.
     pub(crate) early: EarlyFailures,
     /// Jobs given a reservation this cycle, in order.
@@ -142,11 +147,14 @@ impl Allocator {
         self.process_evictions(now, &mut out);
         self.start_drains(now, &mut out);
 
+        ctx.positions = QueuePositions::new(self.state.queues.queues.len());
         self.hold_for_waiting_preemptors(now, &mut ctx);
         self.admit_ready_preemptors(now, &mut ctx, &mut out);
         self.evaluate_reserved_first(now, &mut ctx, &mut out);
         let lanes = self.build_lanes(now);
         self.main_pass(now, lanes, &mut ctx, &mut out);
+        self.admit_cpu_only(now, &mut ctx, &mut out);
+        ctx.positions.set_lengths(&mut out.pending);
         self.state.reserved_jobs = std::mem::take(&mut ctx.reserved_order);
         if self.state.config.preemption.enabled {
             self.preemption_pass(now, &mut ctx, &mut out);

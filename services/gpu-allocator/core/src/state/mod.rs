@@ -62,6 +62,9 @@ pub(crate) struct State {
     /// Running jobs per (queue, resource), in no particular order: a victim
     /// search lists only the queues it may take from.
     pub(crate) running_by_queue: FastMap<(QueueIdx, ResIdx), Vec<JobIdx>>,
+    /// CPU-only jobs waiting for their queue, by (arrival, slot): they take
+    /// no GPU, so they stand in no queue's line.
+    pub(crate) cpu_only_waiting: BTreeSet<(u64, JobIdx)>,
 }
 
 impl State {
@@ -88,6 +91,7 @@ impl State {
             reserved_jobs: Vec::new(),
             releases: FastMap::default(),
             running_by_queue: FastMap::default(),
+            cpu_only_waiting: BTreeSet::new(),
         };
         // Filter 0 is "no constraints", the common case checked fastest.
         state.intern_filter(NodeFilter::default());
@@ -116,6 +120,12 @@ impl State {
 
     /// Puts job `idx` in its queue's line.
     pub(crate) fn list(&mut self, idx: JobIdx) {
+        if let Some(job) = self.job(idx)
+            && job.spec.is_cpu_only()
+        {
+            self.cpu_only_waiting.insert((job.seq, idx));
+            return;
+        }
         if let Some((queue, priority, entry)) = self.line_entry(idx)
             && let Some(q) = self.queues.get_mut(queue)
         {
@@ -126,6 +136,12 @@ impl State {
     /// Takes job `idx` out of its queue's line, if it is listed: call it
     /// before anything the entry copies changes.
     pub(crate) fn unlist(&mut self, idx: JobIdx) {
+        if let Some(job) = self.job(idx)
+            && job.spec.is_cpu_only()
+        {
+            self.cpu_only_waiting.remove(&(job.seq, idx));
+            return;
+        }
         if let Some((queue, priority, entry)) = self.line_entry(idx)
             && let Some(q) = self.queues.get_mut(queue)
         {
