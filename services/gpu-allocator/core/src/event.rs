@@ -450,6 +450,15 @@ impl JobSpec {
         u64::from(self.num_workers) * u64::from(self.gpus_per_worker)
     }
 
+    /// Makes this the spec of attempt `attempt` of the TrainingJob
+    /// `k8s_uid`: its uid (`JobUid::for_attempt`), and the restarts before
+    /// it (victim searches count them). Every field that follows from the
+    /// attempt is set here.
+    pub fn set_attempt(&mut self, k8s_uid: &str, attempt: u32) {
+        self.uid = JobUid::for_attempt(k8s_uid, attempt);
+        self.earlier_restarts = attempt;
+    }
+
     /// Whether the job asks for no GPU (see the CPU-only pass).
     pub fn is_cpu_only(&self) -> bool {
         self.gpus_per_worker == 0

@@ -351,3 +351,116 @@ impl CycleMemo {
         self.cohort_releases.get_mut(&res)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cycle::CycleCtx;
+    use crate::testing::{Rng, contested_cluster};
+    use crate::types::Timestamp;
+    use crate::{Allocator, CycleOutcome, Event, JobSpec, JobUid, PendingExplanation};
+
+    #[test]
+    fn an_early_failure_is_taken_once_and_only_by_its_job() {
+        let mut early = EarlyFailures::default();
+        early.insert(3, (7, true));
+        early.insert(200, (8, false));
+        // 131 and 8 share a word or a bit with job 3 or 200 without being them.
+        assert_eq!(early.take(131), None);
+        assert_eq!(early.take(8), None);
+        assert_eq!(early.take(10_000), None, "beyond every marked word");
+        assert_eq!(early.take(3), Some((7, true)));
+        assert_eq!(early.take(3), None, "taken once");
+        assert_eq!(early.take(200), Some((8, false)));
+    }
+
+    /// Everything a cycle decided, pending explanations resolved.
+    fn decided(
+        alloc: &Allocator,
+        out: &CycleOutcome,
+    ) -> (String, String, String, Vec<PendingExplanation>) {
+        (
+            format!("{:?}", out.admissions),
+            format!("{:?}", out.preemptions),
+            format!("{:?}", out.evictions),
+            out.pending
+                .iter()
+                .filter_map(|p| alloc.explain(out, p))
+                .collect(),
+        )
+    }
+
+    /// The quota shortcut answers a job from an earlier failure of its
+    /// shape: it must decide what evaluating the job in full decides.
+    /// Seeded runs of a contested cluster (cohorts borrowing, quota and
+    /// queue holds, starving borrowers, runtime estimates, node filters,
+    /// preemption) go cycle by cycle with and without it.
+    #[test]
+    fn the_quota_shortcut_decides_as_a_full_evaluation() {
+        let mut shortcut_answers = 0;
+        for seed in 1..=12u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mut fast = contested_cluster();
+            let mut full = contested_cluster();
+            let mut running: Vec<JobUid> = Vec::new();
+            let mut next = 0;
+            for step in 1..=60u64 {
+                let now = step * 60;
+                let mut events = Vec::new();
+                for _ in 0..rng.below(9) {
+                    next += 1;
+                    let mut job = JobSpec {
+                        uid: JobUid::new(format!("j{next}")),
+                        namespace: "ml".into(),
+                        name: format!("j{next}"),
+                        queue: Some(format!("q{}", rng.below(7))),
+                        priority: rng.pick(&[0, 5, 10]),
+                        submitted_at: Timestamp(now.saturating_sub(rng.below(1_200))),
+                        num_workers: rng.pick(&[1, 1, 2, 4]),
+                        gpus_per_worker: rng.pick(&[1, 2, 4, 8, 8]),
+                        runtime_estimate_secs: rng.pick(&[None, Some(300), Some(900), Some(3_600)]),
+                        ..JobSpec::default()
+                    };
+                    // Some jobs want half the nodes; a few want none there are.
+                    match rng.below(8) {
+                        0 | 1 => job.node_selector.insert("pool".into(), "a".into()),
+                        2 => job.node_selector.insert("pool".into(), "b".into()),
+                        _ => None,
+                    };
+                    events.push(Event::JobSubmitted(job));
+                }
+                for _ in 0..rng.below(3) {
+                    if !running.is_empty() {
+                        let done = running.swap_remove(rng.below(running.len() as u64) as usize);
+                        events.push(Event::JobFinished { uid: done });
+                    }
+                }
+                for event in events {
+                    fast.apply(event.clone()).expect("event");
+                    full.apply(event).expect("event");
+                }
+                let with_shortcut = fast.cycle(Timestamp(now));
+                let without = full.cycle_with(
+                    Timestamp(now),
+                    CycleCtx {
+                        no_quota_shortcut: true,
+                        ..CycleCtx::default()
+                    },
+                );
+                assert_eq!(
+                    decided(&fast, &with_shortcut),
+                    decided(&full, &without),
+                    "seed {seed}, cycle at {now} s"
+                );
+                shortcut_answers += with_shortcut.stats.memo_hits;
+                running.extend(with_shortcut.admissions.iter().map(|a| a.uid.clone()));
+                let gone: Vec<&JobUid> = with_shortcut.evictions.iter().map(|e| &e.uid).collect();
+                running.retain(|uid| !gone.contains(&uid));
+            }
+        }
+        assert!(
+            shortcut_answers > 1_000,
+            "shortcut used {shortcut_answers} times"
+        );
+    }
+}

@@ -23,7 +23,10 @@ fn a_cpu_only_job_is_admitted_at_once_without_quota_or_nodes() {
     let admission = &out.admissions[0];
     assert_eq!(admission.flavor, names::CPU_ONLY_FLAVOR);
     assert_eq!(admission.queue, "team-a");
-    assert!(admission.workers.is_empty(), "the scheduler places its pods");
+    assert!(
+        admission.workers.is_empty(),
+        "the scheduler places its pods"
+    );
     assert!(out.pending.is_empty());
     // Replays of its submission and admission change nothing, and it is
     // not admitted twice.
@@ -46,7 +49,10 @@ fn a_cpu_only_job_waits_while_its_queue_is_on_hold_and_starts_once_released() {
     let out = h.cycle(100);
     assert!(out.admissions.is_empty());
     let why = h.reason_of(&out, "etl");
-    assert!(matches!(*why.reason, PendingReason::QueueOnHold { .. }), "{why}");
+    assert!(
+        matches!(*why.reason, PendingReason::QueueOnHold { .. }),
+        "{why}"
+    );
     // After the queue's GPU job in line.
     assert_eq!((why.position, why.queue_length), (2, 2));
     let usage = h.alloc.queue_usage();
@@ -82,7 +88,10 @@ fn a_cpu_only_job_of_an_unknown_queue_waits_for_it() {
     let out = h.cycle(100);
     assert!(out.admissions.is_empty());
     let why = h.reason_of(&out, "etl");
-    assert!(matches!(*why.reason, PendingReason::QueueNotFound { .. }), "{why}");
+    assert!(
+        matches!(*why.reason, PendingReason::QueueNotFound { .. }),
+        "{why}"
+    );
     h.queue(queue("nowhere", None, 0));
     assert_eq!(admitted_uids(&h.cycle(160)), vec!["etl"]);
 }

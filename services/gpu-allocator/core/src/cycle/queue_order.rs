@@ -170,3 +170,51 @@ impl Allocator {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::types::Timestamp;
+
+    fn head(priority: i32, submitted_at: u64, seq: u64) -> LaneJob {
+        LaneJob {
+            priority,
+            submitted_at: Timestamp(submitted_at),
+            idx: 0,
+            seq,
+            shape: None,
+        }
+    }
+
+    #[test]
+    fn lane_keys_go_by_share_then_the_heads_place_in_line_then_lane() {
+        let shares = [-1.5, -0.0, 0.0, 1e-300, 0.25, 0.5, 3.0, f64::INFINITY];
+        let any = head(0, 0, 0);
+        for a in shares {
+            for b in shares {
+                // Greater goes first: the lower share.
+                let by_share = LaneKey::new(a, &any, 1).cmp(&LaneKey::new(b, &any, 1));
+                assert_eq!(by_share, b.total_cmp(&a), "{a} vs {b}");
+            }
+        }
+        let key = |share, p, t, seq, lane| LaneKey::new(share, &head(p, t, seq), lane);
+        assert!(key(0.25, i32::MIN, 9, 9, 9) > key(0.5, i32::MAX, 0, 0, 0));
+        // Higher effective priority first, negative ones included.
+        for (hi, lo) in [(1, 0), (0, -1), (-1, -2), (i32::MAX, i32::MIN), (5, -5)] {
+            assert!(
+                key(0.5, hi, 9, 9, 9) > key(0.5, lo, 0, 0, 0),
+                "{hi} vs {lo}"
+            );
+        }
+        assert!(key(0.5, 3, 1, 9, 9) > key(0.5, 3, 2, 0, 0));
+        // Submission times differing in either half of their bits.
+        assert!(key(0.5, 3, 1 << 32, 9, 9) > key(0.5, 3, 2 << 32, 0, 0));
+        assert!(key(0.5, 3, 1 << 32 | 7, 9, 9) > key(0.5, 3, 1 << 32 | 8, 0, 0));
+        assert!(key(0.5, 3, u64::MAX - 1, 9, 9) > key(0.5, 3, u64::MAX, 0, 0));
+        assert!(key(0.5, 3, 1, u64::MAX - 1, 9) > key(0.5, 3, 1, u64::MAX, 0));
+        assert!(key(0.5, 3, 1, 1, 9) > key(0.5, 3, 1, 2, 0));
+        assert!(key(0.5, 3, 1, 1, 3) > key(0.5, 3, 1, 1, 4));
+        assert_eq!(key(0.5, 3, 1, 1, 3).lane(), 3);
+    }
+}

@@ -532,3 +532,91 @@ impl Allocator {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cycle::CycleCtx;
+    use crate::testing::contested_cluster;
+    use crate::types::Timestamp;
+    use crate::{Allocator, CycleOutcome, Event, JobSpec, JobUid};
+
+    /// What a queue hold keeps from its cohort's borrowers follows its
+    /// queue's admissions within the cycle: a job the holder lets through
+    /// uses some of the held nominal quota.
+    #[test]
+    fn a_queue_hold_keeps_only_what_its_queue_leaves_unused() {
+        let mut alloc = contested_cluster();
+        for (uid, queue, workers) in [
+            ("holder", "q0", 2),
+            ("small", "q0", 1),
+            ("borrower", "q1", 1),
+        ] {
+            let job = JobSpec {
+                uid: JobUid::new(uid),
+                namespace: "ml".into(),
+                name: uid.into(),
+                queue: Some(queue.into()),
+                submitted_at: Timestamp(0),
+                num_workers: workers,
+                gpus_per_worker: 8,
+                ..JobSpec::default()
+            };
+            alloc.apply(Event::JobSubmitted(job)).expect("job");
+        }
+        let idx = |alloc: &Allocator, uid: &str| alloc.job_idx(&JobUid::new(uid)).expect("job");
+        let (holder, small) = (idx(&alloc, "holder"), idx(&alloc, "small"));
+        let queue_of =
+            |alloc: &Allocator, uid: &str| alloc.state.job(idx(alloc, uid)).expect("job").queue;
+        let borrower = queue_of(&alloc, "borrower");
+        let cohort = alloc
+            .state
+            .queues
+            .get(queue_of(&alloc, "holder"))
+            .and_then(|q| q.cohort)
+            .expect("cohort");
+        let res = *alloc.options_of(holder).first().expect("an option");
+        let now = Timestamp(3_600);
+        let mut ctx = CycleCtx::default();
+        // q0's nominal quota (16) kept whole for the holder.
+        alloc.hold_queue_quota(holder, Some((res, now.plus_secs(600))), None, now, &mut ctx);
+        let kept = |alloc: &Allocator, ctx: &CycleCtx| {
+            alloc
+                .kept_by_queue_holds(ctx, cohort, borrower, res, &|_| false)
+                .units
+        };
+        assert_eq!(kept(&alloc, &ctx), 16);
+        let plan = alloc.try_place(small, res, now, &mut ctx).expect("room");
+        alloc.admit_in_cycle(small, plan, now, &mut ctx, &mut CycleOutcome::default());
+        assert_eq!(kept(&alloc, &ctx), 8);
+    }
+
+    #[test]
+    fn shape_keys_tell_every_field_apart_and_refuse_what_does_not_fit() {
+        let ages = |queue_hold, starving| HoldAges {
+            queue_hold,
+            starving,
+        };
+        let mut keys = Vec::new();
+        for queue in [0, 1, 7, (1 << 29) - 1] {
+            for sharing in [false, true] {
+                for units in [0, 1, 8, u64::from(u32::MAX)] {
+                    for (hold, starving) in
+                        [(false, false), (true, false), (false, true), (true, true)]
+                    {
+                        keys.push(ages(hold, starving).shape_key(queue, sharing, units));
+                    }
+                }
+            }
+        }
+        let distinct: std::collections::HashSet<_> = keys.iter().collect();
+        assert_eq!(distinct.len(), keys.len());
+        assert!(keys.iter().all(Option::is_some));
+        // Beyond the key's room: no key, so the job is evaluated in full.
+        assert_eq!(ages(true, true).shape_key(1 << 29, false, 8), None);
+        assert_eq!(
+            ages(false, false).shape_key(0, false, u64::from(u32::MAX) + 1),
+            None
+        );
+    }
+}
