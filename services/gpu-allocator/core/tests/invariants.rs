@@ -68,8 +68,6 @@ const PRODUCTS: [&str; 2] = ["A100", "H100"];
 /// MIG profiles some A100 nodes are split into, with slices per node.
 const MIG: [(&str, u64); 2] = [("1g.10gb", 14), ("3g.40gb", 4)];
 
-const GIB: u64 = 1 << 30;
-
 /// Every quota resource a queue holds per flavor.
 const RESOURCES: [&str; 4] = [
     names::GPU_RESOURCE,
