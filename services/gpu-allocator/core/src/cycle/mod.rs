@@ -1,14 +1,26 @@
-//! The admission cycle, in five steps:
+//! The admission cycle: the policy passes, in order.
 //! 1. evictions: victims whose grace period ended (or who reported their
-//!    checkpoint) release their GPUs and go back to pending;
+//!    checkpoint) release their GPUs and go back to pending; queue drains
+//!    start (`preempt`);
 //! 2. preemptors whose victims are all gone are admitted first, so the
-//!    capacity they paid for is not taken by someone else;
+//!    capacity they paid for is not taken by someone else (`admit`, their
+//!    nodes held meanwhile by `reservation`);
 //! 3. jobs that held a reservation, a cohort quota hold or a queue hold last
-//!    cycle are evaluated next, so they keep it until they start;
-//! 4. the main pass walks every pending job, queues interleaved by weighted
-//!    dominant share, and admits each one that fits quota and concrete nodes
-//!    now; blocked jobs at the front get backfill reservations;
-//! 5. a bounded number of still-blocked jobs look for preemption victims.
+//!    cycle are evaluated next, so they keep it until they start (`admit`);
+//! 4. the main pass walks every pending job in queue order (`queue_order`),
+//!    evaluates it (`evaluate`: its queue, quota beside this cycle's
+//!    `quota_holds`, concrete nodes by `placement`) and admits each one that
+//!    fits now; blocked jobs at the front get backfill reservations
+//!    (`reservation`);
+//! 5. CPU-only jobs whose queue admits them are admitted (`cpu_only`);
+//!    every pending job gets its queue position (`queue_position`);
+//! 6. a bounded number of still-blocked jobs look for preemption victims
+//!    (`preempt`, `victim_search`).
+//!
+//! Each pass reads the state and this cycle's context (`CycleCtx`); the
+//! state changes only through its primitives (`State::commit`, `release`,
+//! `requeue`, `start_preempting`), called where a plan is applied. Answers
+//! kept for reuse are behind `CycleMemo`'s lookups and records.
 
 pub(crate) mod admit;
 pub(crate) mod cpu_only;
