@@ -17,10 +17,11 @@
 //! 6. a bounded number of still-blocked jobs look for preemption victims
 //!    (`preempt`, `victim_search`).
 //!
-//! Each pass reads the state and this cycle's context (`CycleCtx`); the
-//! state changes only through its primitives (`State::commit`, `release`,
-//! `requeue`, `start_preempting`), called where a plan is applied. Answers
-//! kept for reuse are behind `CycleMemo`'s lookups and records.
+//! Each pass reads the state and this cycle's context (`CycleCtx`). The
+//! plans they make (an admission's placement, a preemption's victims) are
+//! applied here, at the end of this file, through the state's primitives
+//! (`State::commit`, `release`, `requeue`, `start_preempting`). Answers kept
+//! for reuse are behind `CycleMemo`'s lookups and records.
 
 pub(crate) mod admit;
 pub(crate) mod cpu_only;
@@ -33,17 +34,23 @@ pub(crate) mod quota_holds;
 pub(crate) mod reservation;
 pub(crate) mod victim_search;
 
+use std::collections::BTreeSet;
+use std::rc::Rc;
 use std::sync::Arc;
 
+use crate::cycle::evaluate::Plan;
 use crate::cycle::quota_holds::{CohortQueueHold, QuotaHold};
 use crate::cycle::reservation::Reservations;
-use crate::decision::{CycleOutcome, CycleStats, Eviction, EvictionReason};
-use crate::ids::CohortIdx;
-use crate::ids::{FastMap, JobIdx, QueueIdx, ReasonIdx, ResIdx};
+use crate::decision::{
+    Admission, CycleOutcome, CycleStats, Eviction, EvictionReason, PlannedNode, Preemption,
+    TopologyAssignment, WorkerPlacement,
+};
+use crate::ids::{CohortIdx, FastMap, JobIdx, QueueIdx, ReasonIdx, ResIdx};
 use crate::memo::{CycleMemo, EarlyFailures};
 use crate::pending::PendingReason;
-use crate::state::jobs::Job;
-use crate::types::{JobUid, Timestamp};
+use crate::state::jobs::{Job, JobState, Nomination};
+use crate::state::releases::Timeline;
+use crate::types::{JobUid, Timestamp, names};
 
 use crate::allocator::Allocator;
 use crate::cycle::queue_position::QueuePositions;
@@ -228,4 +235,187 @@ impl Allocator {
     }
 
     // ------------------------------------------------------------- preemption
+
+    // ------------------------------------------- plans applied to the state
+
+    /// Takes a job's GPUs for this cycle: every quota check seen so far is
+    /// out of date, and the job's releases join its resource's timeline.
+    pub(crate) fn admit_in_cycle(
+        &mut self,
+        idx: JobIdx,
+        plan: Plan,
+        now: Timestamp,
+        ctx: &mut CycleCtx,
+        out: &mut CycleOutcome,
+    ) {
+        let res = plan.res;
+        let cached = ctx.memo.take_timeline(res);
+        let queue = self.state.job(idx).map(|job| job.queue);
+        if let Some(queue) = queue {
+            self.quota_changed(queue, ctx);
+        }
+        self.admit(idx, plan, now, out);
+        if let Some(queue) = queue {
+            self.refresh_queue_hold(queue, res, ctx);
+        }
+        // Updating a cached timeline in place gives the same sorted events
+        // as rebuilding it from every running job, for a fraction of the cost.
+        if let Some(mut timeline) = cached {
+            self.add_releases(Rc::make_mut(&mut timeline), idx, res, now);
+            ctx.memo.record_timeline(res, timeline);
+        }
+        // Likewise for the cohort releases.
+        if let Some(releases) = ctx.memo.cohort_releases_to_update(res)
+            && let Some(job) = self.state.job(idx)
+            && let Some(run) = job.running()
+            && let Some(release) = self.cohort_release(idx, job, run, res, now)
+        {
+            crate::state::releases::insert_one(releases, release);
+        }
+    }
+
+    /// Inserts the release events of running job `idx` into `timeline` (see
+    /// `release_timeline`), keeping it sorted.
+    pub(crate) fn add_releases(
+        &self,
+        timeline: &mut Timeline,
+        idx: JobIdx,
+        res: ResIdx,
+        now: Timestamp,
+    ) {
+        let mut events = Vec::new();
+        self.state
+            .job_releases(idx, res, now, |event| events.push(event));
+        crate::state::releases::insert_sorted(timeline, &mut events);
+    }
+
+    /// Turns a plan into an admission decision and commits it.
+    pub(crate) fn admit(
+        &mut self,
+        idx: JobIdx,
+        plan: Plan,
+        now: Timestamp,
+        out: &mut CycleOutcome,
+    ) {
+        let Some(job) = self.state.job(idx) else {
+            return;
+        };
+        let Some(r) = self.state.inv.res(plan.res) else {
+            return;
+        };
+        let flavor = self.state.inv.flavors.get(r.flavor as usize);
+        let flavor_labels = flavor.map(|f| f.labels.clone()).unwrap_or_default();
+        let mut workers = Vec::new();
+        let mut zones = BTreeSet::new();
+        let mut racks = BTreeSet::new();
+        for (node_idx, count) in &plan.placement {
+            let Some(node) = self.state.inv.node(*node_idx) else {
+                continue;
+            };
+            zones.insert(node.zone);
+            racks.insert(node.rack);
+            let request = node
+                .pool(plan.res)
+                .map(|p| p.request_name.clone())
+                .unwrap_or_default();
+            for _ in 0..*count {
+                let mut selector = flavor_labels.clone();
+                selector.insert(names::HOSTNAME_LABEL.to_string(), node.info.name.clone());
+                workers.push(WorkerPlacement {
+                    index: u32::try_from(workers.len()).unwrap_or(u32::MAX),
+                    node: node.info.name.clone(),
+                    node_selector: selector,
+                    request_resource: request.clone(),
+                });
+            }
+        }
+        let single = |set: &BTreeSet<u32>| {
+            (set.len() == 1)
+                .then(|| set.iter().next().copied())
+                .flatten()
+        };
+        let topology = TopologyAssignment {
+            zone: single(&zones)
+                .and_then(|z| self.state.inv.zones.name(z))
+                .map(str::to_string),
+            rack: single(&racks)
+                .and_then(|r| self.state.inv.racks.name(r))
+                .map(str::to_string),
+            rack_label: self.state.config.rack_label.clone(),
+            nodes: u32::try_from(plan.placement.len()).unwrap_or(u32::MAX),
+        };
+        let total = job.spec.total_units();
+        let queue = self.state.queues.get(job.queue);
+        let borrowing = queue.is_some_and(|q| {
+            q.usage(plan.res) + total > q.quota(plan.res).map_or(0, |s| s.nominal)
+        });
+        let admission = Admission {
+            uid: job.spec.uid.clone(),
+            namespace: job.spec.namespace.clone(),
+            name: job.spec.name.clone(),
+            queue: queue.map(|q| q.name.to_string()).unwrap_or_default(),
+            flavor: self.state.inv.flavor_name(r.flavor).to_string(),
+            resource: self.state.inv.res_quota_name(plan.res),
+            units_per_worker: plan.per_worker,
+            capacity_type: flavor.and_then(|f| f.capacity_type),
+            workers,
+            tolerations: flavor.map(|f| f.tolerations.clone()).unwrap_or_default(),
+            topology,
+            admitted_at: now,
+            borrowing,
+            backfilled_ahead_of: plan.ahead_of.clone(),
+        };
+        out.admissions.push(admission.clone());
+        self.state
+            .commit(idx, plan.res, plan.per_worker, plan.placement, admission);
+    }
+
+    /// Records victims and the preemptor's nomination.
+    pub(crate) fn start_preemption(
+        &mut self,
+        idx: JobIdx,
+        plan: &crate::cycle::victim_search::VictimPlan,
+        now: Timestamp,
+    ) -> Option<Preemption> {
+        let evict_at = now.plus_secs(self.state.config.preemption.grace_period_secs);
+        let preemptor = self.state.job(idx)?.spec.uid.clone();
+        let mut victims = Vec::new();
+        for (victim, rule) in &plan.victims {
+            victims.push(self.victim(*victim, *rule)?);
+        }
+        // A victim search passes over jobs already being preempted.
+        self.state
+            .start_preempting(&victims, Some(&preemptor), evict_at);
+        let flavor = self.state.inv.res_flavor_name(plan.res).to_string();
+        let resource = self.state.inv.res_quota_name(plan.res);
+        let nodes: Vec<PlannedNode> = plan
+            .placement
+            .iter()
+            .filter_map(|(n, w)| {
+                self.state.inv.node(*n).map(|node| PlannedNode {
+                    node: node.info.name.clone(),
+                    workers: *w,
+                })
+            })
+            .collect();
+        if let Some(job) = self.state.job_mut(idx) {
+            job.state = JobState::Pending(Some(Box::new(Nomination {
+                victims: victims.iter().map(|v| v.uid.clone()).collect(),
+                evict_at,
+                flavor: flavor.clone(),
+                resource: resource.clone(),
+                nodes: nodes.clone(),
+            })));
+        }
+        self.state.nominated.insert(idx);
+        Some(Preemption {
+            preemptor,
+            victims,
+            flavor,
+            resource,
+            planned_nodes: nodes,
+            decided_at: now,
+            evict_at,
+        })
+    }
 }

@@ -5,11 +5,11 @@
 use crate::allocator::Allocator;
 use crate::cycle::CycleCtx;
 use crate::cycle::evaluate::estimated_end;
-use crate::decision::{CycleOutcome, Drain, PlannedNode, Preemption, PreemptionRule, Victim};
+use crate::decision::{CycleOutcome, Drain, PreemptionRule, Victim};
 use crate::ids::{FastMap, JobIdx, QueueIdx, ResIdx};
 use crate::memo::PreemptionKey;
 use crate::pending::PendingReason;
-use crate::state::jobs::{Gang, Job, JobState, Nomination};
+use crate::state::jobs::{Gang, Job, Nomination};
 use crate::types::{JobUid, ResourceKind, Timestamp};
 
 impl Allocator {
@@ -172,55 +172,6 @@ impl Allocator {
                 evict_at,
             });
         }
-    }
-
-    /// Records victims and the preemptor's nomination.
-    pub(crate) fn start_preemption(
-        &mut self,
-        idx: JobIdx,
-        plan: &crate::cycle::victim_search::VictimPlan,
-        now: Timestamp,
-    ) -> Option<Preemption> {
-        let evict_at = now.plus_secs(self.state.config.preemption.grace_period_secs);
-        let preemptor = self.state.job(idx)?.spec.uid.clone();
-        let mut victims = Vec::new();
-        for (victim, rule) in &plan.victims {
-            victims.push(self.victim(*victim, *rule)?);
-        }
-        // A victim search passes over jobs already being preempted.
-        self.state
-            .start_preempting(&victims, Some(&preemptor), evict_at);
-        let flavor = self.state.inv.res_flavor_name(plan.res).to_string();
-        let resource = self.state.inv.res_quota_name(plan.res);
-        let nodes: Vec<PlannedNode> = plan
-            .placement
-            .iter()
-            .filter_map(|(n, w)| {
-                self.state.inv.node(*n).map(|node| PlannedNode {
-                    node: node.info.name.clone(),
-                    workers: *w,
-                })
-            })
-            .collect();
-        if let Some(job) = self.state.job_mut(idx) {
-            job.state = JobState::Pending(Some(Box::new(Nomination {
-                victims: victims.iter().map(|v| v.uid.clone()).collect(),
-                evict_at,
-                flavor: flavor.clone(),
-                resource: resource.clone(),
-                nodes: nodes.clone(),
-            })));
-        }
-        self.state.nominated.insert(idx);
-        Some(Preemption {
-            preemptor,
-            victims,
-            flavor,
-            resource,
-            planned_nodes: nodes,
-            decided_at: now,
-            evict_at,
-        })
     }
 
     /// The resource a nomination planned on.
