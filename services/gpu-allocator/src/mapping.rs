@@ -25,25 +25,8 @@ use trainyard_contracts::events::{Change, NodeObserved, TrainingQueueChanged};
 use crate::config::AllocatorServiceConfig;
 use crate::error::ServiceError;
 
-/// Separates the Kubernetes uid from the attempt in an allocator job uid.
-pub const ATTEMPT_SEPARATOR: &str = "/a";
-
 /// Weight given to a queue whose `fairShare.weight` is 0: it borrows last.
 pub const ZERO_WEIGHT: f64 = 1e-6;
-
-/// The allocator uid of one attempt of a TrainingJob: `<k8s uid>/a<attempt>`.
-/// Every restart attempt is a fresh allocator job.
-pub fn attempt_uid(k8s_uid: &str, attempt: u32) -> JobUid {
-    JobUid::new(format!("{k8s_uid}{ATTEMPT_SEPARATOR}{attempt}"))
-}
-
-/// Makes `spec` the spec of attempt `attempt` of the TrainingJob `k8s_uid`:
-/// its allocator uid, and the restarts before it (victim searches count
-/// them). Every field that follows from the attempt is set here.
-pub fn set_attempt(spec: &mut JobSpec, k8s_uid: &str, attempt: u32) {
-    spec.uid = attempt_uid(k8s_uid, attempt);
-    spec.earlier_restarts = attempt;
-}
 
 /// The allocator's preemption rights for a TrainingQueue's `preemption`
 /// settings. `Any` also preempts for fair share: Kueue's fair sharing
@@ -58,12 +41,6 @@ pub fn queue_preemption(
         reclaim_lower_priority_only: reclaim == ReclaimWithinCohort::LowerPriority,
         fair_share: reclaim == ReclaimWithinCohort::Any,
     }
-}
-
-/// Splits an allocator uid into the Kubernetes uid and the attempt.
-pub fn split_uid(uid: &JobUid) -> Option<(&str, u32)> {
-    let (k8s_uid, attempt) = uid.as_str().rsplit_once(ATTEMPT_SEPARATOR)?;
-    Some((k8s_uid, attempt.parse().ok()?))
 }
 
 /// `status.restartCount` of a TrainingJob, 0 when unset.
@@ -505,7 +482,7 @@ pub fn job_spec(
         preemptible: true,
         one_worker_per_node: job.workers_one_per_node(),
     };
-    set_attempt(&mut core, k8s_uid, attempt);
+    core.set_attempt(k8s_uid, attempt);
     // CPU-only jobs (gpusPerWorker 0) are admitted by the adapter itself; the
     // core only validates GPU jobs.
     if core.gpus_per_worker > 0 {
@@ -749,7 +726,7 @@ pub fn fnv1a(hash: u64, bytes: &[u8]) -> u64 {
 /// The entity a decision about a job is published for: namespace, name and
 /// the Kubernetes uid (without the attempt).
 pub fn job_entity(namespace: &str, name: &str, uid: &JobUid) -> EntityRef {
-    let k8s_uid = split_uid(uid).map(|(u, _)| u).unwrap_or(uid.as_str());
+    let k8s_uid = uid.attempt().map(|(u, _)| u).unwrap_or(uid.as_str());
     EntityRef::new(namespace, name, k8s_uid)
 }
 
@@ -1252,7 +1229,7 @@ mod tests {
         assert_eq!(job_attempt(&job), 3);
         let spec = job_spec(&config, &job, "u-1", 3, Some(7), Timestamp(99)).expect("maps");
         assert_eq!(spec.uid.as_str(), "u-1/a3");
-        assert_eq!(split_uid(&spec.uid), Some(("u-1", 3)));
+        assert_eq!(spec.uid.attempt(), Some(("u-1", 3)));
         assert_eq!(spec.earlier_restarts, 3, "victim searches count them");
         assert_eq!(spec.priority, 1000);
         assert_eq!(spec.queue.as_deref(), Some("team-a"));

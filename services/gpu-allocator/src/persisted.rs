@@ -16,7 +16,7 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize, Serializer};
 use trainyard_contracts::EntityRef;
 
-use crate::mapping::{self, QueueInfo};
+use crate::mapping::QueueInfo;
 use crate::pending_status::PendingStatus;
 use crate::state::{JobRecord, Outgoing};
 
@@ -168,7 +168,7 @@ impl TryFrom<SavedState> for PersistedState {
             let template = match rec.template {
                 Some(template) => template,
                 None => {
-                    let uid = mapping::attempt_uid(&rec.entity.uid, rec.attempt);
+                    let uid = JobUid::for_attempt(&rec.entity.uid, rec.attempt);
                     let Some(spec) = specs.get(&uid) else {
                         return Err(format!(
                             "jobs[{key}]: no template saved, and allocator.jobs has no job \

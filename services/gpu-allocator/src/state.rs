@@ -26,7 +26,7 @@ use crate::pending_status::{PendingStatus, cause_hash};
 use crate::persisted::{PendingStatuses, PersistedState, STATE_FORMAT_VERSION};
 
 /// Flavor name of CPU-only admissions (gpusPerWorker 0): no GPU, no placement.
-pub const CPU_FLAVOR: &str = "cpu";
+pub use gpu_allocator_core::names::CPU_ONLY_FLAVOR as CPU_FLAVOR;
 
 /// What the adapter knows of one TrainingJob.
 #[derive(Debug, Clone, PartialEq)]
@@ -494,43 +494,12 @@ impl AllocatorState {
     }
 
     fn submit(&mut self, spec: JobSpec) -> Result<(), ServiceError> {
-        if spec.gpus_per_worker == 0 {
-            return self.admit_cpu_only(&spec);
+        // A CPU-only attempt admitted once stays admitted: the core forgets
+        // it (keeping its uid only for a while) once it is admitted.
+        if spec.is_cpu_only() && self.cpu_admitted.contains(spec.uid.as_str()) {
+            return Ok(());
         }
         self.apply(Event::JobSubmitted(spec))?;
-        Ok(())
-    }
-
-    /// CPU-only jobs hold no GPU: admitted at once, without placement.
-    fn admit_cpu_only(&mut self, spec: &JobSpec) -> Result<(), ServiceError> {
-        let uid = spec.uid.to_string();
-        if self.cpu_admitted.contains(&uid) {
-            return Ok(());
-        }
-        // A finished attempt stays finished.
-        if self.alloc.contains_job(&spec.uid) {
-            return Ok(());
-        }
-        let attempt = mapping::split_uid(&spec.uid).map_or(0, |(_, a)| a);
-        self.outbox.push_back(Outgoing::Admission {
-            id: mapping::admission_id(&spec.uid),
-            entity: mapping::job_entity(&spec.namespace, &spec.name, &spec.uid),
-            payload: AdmissionDecided {
-                attempt,
-                queue: spec
-                    .queue
-                    .clone()
-                    .unwrap_or_else(|| self.config.default_queue.clone()),
-                flavor: CPU_FLAVOR.to_string(),
-                node_selector: BTreeMap::new(),
-                tolerations: Vec::new(),
-                placements: Vec::new(),
-                topology: BTreeMap::new(),
-            },
-            decision: None,
-        });
-        self.cpu_admitted.insert(uid);
-        self.touch();
         Ok(())
     }
 
@@ -567,7 +536,7 @@ impl AllocatorState {
             // Never saw its spec: remember only that a finished attempt is done.
             if transition.to.is_terminal() && !entity.uid.is_empty() {
                 self.apply(Event::JobFinished {
-                    uid: mapping::attempt_uid(&entity.uid, transition.restart_count),
+                    uid: JobUid::for_attempt(&entity.uid, transition.restart_count),
                 })?;
             }
             return Ok(());
@@ -582,7 +551,7 @@ impl AllocatorState {
         if attempt > rec.attempt {
             self.finish_attempt(&rec.template.uid)?;
             rec.attempt = attempt;
-            mapping::set_attempt(&mut rec.template, &rec.entity.uid, attempt);
+            rec.template.set_attempt(&rec.entity.uid, attempt);
             self.remember(key, rec.clone());
         }
         let uid = rec.template.uid.clone();
@@ -640,7 +609,7 @@ impl AllocatorState {
     }
 
     fn record_of(&self, uid: &JobUid) -> Option<&JobRecord> {
-        let (k8s_uid, _) = mapping::split_uid(uid)?;
+        let (k8s_uid, _) = uid.attempt()?;
         self.jobs.get(self.by_uid.get(k8s_uid)?).map(|rec| &**rec)
     }
 
@@ -674,12 +643,17 @@ impl AllocatorState {
         let (fresh, status_changed) = self.explain_pending(&outcome, now, &mut report);
         decided |= status_changed;
         for admission in outcome.admissions {
-            let attempt = mapping::split_uid(&admission.uid).map_or(0, |(_, a)| a);
+            let attempt = admission.uid.attempt().map_or(0, |(_, a)| a);
+            // A CPU-only admission holds nothing in the core to replay.
+            let cpu_only = admission.flavor == CPU_FLAVOR;
+            if cpu_only {
+                self.cpu_admitted.insert(admission.uid.to_string());
+            }
             self.outbox.push_back(Outgoing::Admission {
                 id: mapping::admission_id(&admission.uid),
                 entity: mapping::job_entity(&admission.namespace, &admission.name, &admission.uid),
                 payload: mapping::admission_decided(&admission, attempt),
-                decision: Some(admission),
+                decision: (!cpu_only).then_some(admission),
             });
         }
         for preemption in outcome.preemptions {
@@ -1040,7 +1014,7 @@ mod tests {
         assert!(
             !state
                 .allocator()
-                .contains_job(&mapping::attempt_uid("uid-a", 0))
+                .contains_job(&JobUid::for_attempt("uid-a", 0))
         );
     }
 
@@ -1096,14 +1070,14 @@ mod tests {
                     .expect("job");
             }
             let template = &state.job("ml", "low").expect("record").template;
-            assert_eq!(template.uid, mapping::attempt_uid("uid-low", 1));
+            assert_eq!(template.uid, JobUid::for_attempt("uid-low", 1));
             assert_eq!(
                 template.earlier_restarts, 1,
                 "by transition: {by_transition}"
             );
             assert_eq!(
                 template.last_preemptor,
-                Some(mapping::attempt_uid("uid-urgent", 0)),
+                Some(JobUid::for_attempt("uid-urgent", 0)),
                 "by transition: {by_transition}"
             );
             let snapshot = state.allocator().snapshot();
@@ -1139,7 +1113,7 @@ mod tests {
         state
             .on_job_changed(&entity("big"), &job("big", 16, 0, true), Timestamp(11))
             .expect("suspend");
-        let uid = mapping::attempt_uid("uid-big", 0);
+        let uid = JobUid::for_attempt("uid-big", 0);
         assert!(!state.allocator().contains_job(&uid));
         state
             .on_job_changed(&entity("big"), &job("big", 16, 0, false), Timestamp(12))
@@ -1520,9 +1494,35 @@ mod tests {
         state
             .on_job_changed(&entity("cpu"), &job("cpu", 0, 0, false), Timestamp(10))
             .expect("job");
+        state.cycle(Timestamp(10));
         state
             .on_job_changed(&entity("cpu"), &job("cpu", 0, 0, false), Timestamp(11))
             .expect("again");
+        state.cycle(Timestamp(11));
+        assert_eq!(admitted(&state), [("cpu".to_string(), 0)]);
+        let Some(Outgoing::Admission {
+            payload, decision, ..
+        }) = state.outbox().front()
+        else {
+            panic!("an admission first");
+        };
+        assert_eq!(payload.flavor, CPU_FLAVOR);
+        assert!(payload.placements.is_empty());
+        assert!(decision.is_none(), "nothing of it to replay in the core");
+    }
+
+    #[test]
+    fn a_cpu_only_job_waits_while_its_queue_is_on_hold() {
+        let mut state = state();
+        set_default_queue(&mut state, "Hold");
+        state
+            .on_job_changed(&entity("cpu"), &job("cpu", 0, 0, false), Timestamp(10))
+            .expect("job");
+        let report = state.cycle(Timestamp(10));
+        assert!(admitted(&state).is_empty(), "a held queue admits nothing");
+        assert_eq!(report.pending, 1);
+        set_default_queue(&mut state, "None");
+        state.cycle(Timestamp(11));
         assert_eq!(admitted(&state), [("cpu".to_string(), 0)]);
     }
 
@@ -1590,7 +1590,7 @@ mod tests {
         assert!(
             !state
                 .allocator()
-                .contains_job(&mapping::attempt_uid("uid-a", 0))
+                .contains_job(&JobUid::for_attempt("uid-a", 0))
         );
     }
 }

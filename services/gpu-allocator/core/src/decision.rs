@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::explain::{Pending, PendingReason};
+use crate::pending::{Pending, PendingReason};
 use crate::types::{CapacityType, JobUid, Timestamp, Toleration};
 
 /// A job admitted with a concrete placement for every worker.

@@ -361,14 +361,21 @@ impl JobSpec {
                 ),
             ));
         }
-        if self.gpus_per_worker == 0 || self.gpus_per_worker > MAX_UNITS_PER_WORKER {
+        if self.gpus_per_worker > MAX_UNITS_PER_WORKER {
             return Err(job_error(
                 &self.uid,
                 "gpusPerWorker",
                 format!(
-                    "must be between 1 and {MAX_UNITS_PER_WORKER}, got {}",
+                    "must be between 0 (CPU only) and {MAX_UNITS_PER_WORKER}, got {}",
                     self.gpus_per_worker
                 ),
+            ));
+        }
+        if self.is_cpu_only() && self.gpu_slice.is_some() {
+            return Err(job_error(
+                &self.uid,
+                "gpusPerWorker",
+                "must be at least 1 with a GPU slice request: drop gpuSlice for a CPU-only job",
             ));
         }
         if let Some(queue) = &self.queue
@@ -441,6 +448,20 @@ impl JobSpec {
     /// Total units (GPUs, slices or replicas) of the gang.
     pub fn total_units(&self) -> u64 {
         u64::from(self.num_workers) * u64::from(self.gpus_per_worker)
+    }
+
+    /// Makes this the spec of attempt `attempt` of the TrainingJob
+    /// `k8s_uid`: its uid (`JobUid::for_attempt`), and the restarts before
+    /// it (victim searches count them). Every field that follows from the
+    /// attempt is set here.
+    pub fn set_attempt(&mut self, k8s_uid: &str, attempt: u32) {
+        self.uid = JobUid::for_attempt(k8s_uid, attempt);
+        self.earlier_restarts = attempt;
+    }
+
+    /// Whether the job asks for no GPU (see the CPU-only pass).
+    pub fn is_cpu_only(&self) -> bool {
+        self.gpus_per_worker == 0
     }
 }
 

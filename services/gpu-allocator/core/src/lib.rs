@@ -29,23 +29,23 @@
 //! ```
 
 mod allocator;
-mod backfill;
 mod config;
 mod cycle;
 mod decision;
 mod error;
 mod event;
 mod explain;
-mod inventory;
-mod line;
-mod placement;
-mod preemption;
-mod queues;
+mod ids;
+mod memo;
+mod pending;
 mod snapshot;
+mod state;
+#[cfg(test)]
+mod testing;
 mod types;
 mod usage;
 
-pub use allocator::{Allocator, AllocatorStats, Nomination, PreemptingState};
+pub use allocator::{Allocator, AllocatorStats};
 pub use config::{AgingPolicy, AllocatorConfig, BackfillPolicy, FlavorSpec, PreemptionPolicy};
 pub use decision::{
     Admission, CycleOutcome, CycleStats, Drain, Eviction, EvictionReason, PlannedNode, Preemption,
@@ -56,9 +56,10 @@ pub use event::{
     Applied, Event, FlavorQuota, JobSpec, MAX_UNITS_PER_WORKER, MAX_WORKERS, NodeInfo,
     QueuePreemption, QueueSpec, ResourceQuota,
 };
-pub use explain::{Pending, PendingExplanation, PendingReason};
-pub use inventory::MAX_NODE_UNITS;
-pub use snapshot::{AllocatorSnapshot, InternOrder, JobSnapshot, SNAPSHOT_FORMAT_VERSION};
+pub use pending::{Pending, PendingExplanation, PendingReason};
+pub use snapshot::{AllocatorSnapshot, JobSnapshot, SNAPSHOT_FORMAT_VERSION};
+pub use state::inventory::{InternOrder, MAX_NODE_UNITS};
+pub use state::jobs::{Nomination, PreemptingState};
 pub use types::{
     CapacityType, CpuMemory, GpuSliceRequest, JobUid, MigProfile, NodeKey, NodeOperator,
     NodeRequirement, NodeSelectorTerm, ResourceKind, Taint, TaintEffect, Timestamp, Toleration,

@@ -7,9 +7,11 @@ use crate::config::AllocatorConfig;
 use crate::decision::{Admission, Eviction};
 use crate::error::AllocatorError;
 use crate::event::{JobSpec, NodeInfo, QueueSpec};
-use crate::types::{JobUid, ResourceKind, Timestamp};
+use crate::state::inventory::InternOrder;
+use crate::state::jobs::{Job, JobState, Nomination, PreemptingState};
+use crate::types::{JobUid, Timestamp};
 
-use crate::allocator::{Allocator, Job, JobState, Nomination, PreemptingState};
+use crate::allocator::Allocator;
 
 /// Version of the snapshot format.
 pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
@@ -48,30 +50,6 @@ pub struct AllocatorSnapshot {
     pub intern_order: InternOrder,
 }
 
-/// Zone, rack, flavor and resource names in the order the allocator first
-/// met them (each one's index).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct InternOrder {
-    /// Zone label values.
-    pub zones: Vec<String>,
-    /// Rack label values, each with its zone's 1-based place in `zones`
-    /// (0: no zone label).
-    pub racks: Vec<(u32, String)>,
-    /// Flavor names.
-    pub flavors: Vec<String>,
-    /// Resource kinds.
-    pub kinds: Vec<ResourceKind>,
-    /// Resources: (place in `flavors`, place in `kinds`).
-    pub resources: Vec<(u32, u32)>,
-}
-
-impl InternOrder {
-    fn is_empty(&self) -> bool {
-        *self == InternOrder::default()
-    }
-}
-
 /// One job in a snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -103,8 +81,9 @@ impl Allocator {
 
     /// The whole state, serializable for a key-value store.
     pub fn snapshot(&self) -> AllocatorSnapshot {
-        let (nodes, free_node_slots) = self.inv.arena_layout();
+        let (nodes, free_node_slots) = self.state.inv.arena_layout();
         let queues = self
+            .state
             .queues
             .queues
             .iter()
@@ -113,7 +92,7 @@ impl Allocator {
         // Sorted as references: moving whole snapshots about while sorting
         // cost 8 % of the service's copy of its state with 10,000 jobs.
         // Uids are unique.
-        let mut live: Vec<&Job> = self.jobs.iter().flatten().collect();
+        let mut live: Vec<&Job> = self.state.jobs.iter().flatten().collect();
         live.sort_unstable_by(|a, b| a.spec.uid.cmp(&b.spec.uid));
         let jobs: Vec<JobSnapshot> = live
             .into_iter()
@@ -136,6 +115,7 @@ impl Allocator {
             })
             .collect();
         let mut tombstones: Vec<(JobUid, Timestamp)> = self
+            .state
             .tombstone_order
             .iter()
             .map(|(t, u)| (u.clone(), *t))
@@ -143,16 +123,16 @@ impl Allocator {
         tombstones.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
         AllocatorSnapshot {
             format_version: SNAPSHOT_FORMAT_VERSION,
-            config: self.config.clone(),
-            clock: self.clock,
+            config: self.state.config.clone(),
+            clock: self.state.clock,
             nodes,
             free_node_slots,
             queues,
             jobs,
             tombstones,
-            undelivered_evictions: self.undelivered_evictions.clone(),
-            reserved_jobs: self.reserved_jobs.clone(),
-            intern_order: self.inv.intern_order(),
+            undelivered_evictions: self.state.undelivered_evictions.clone(),
+            reserved_jobs: self.state.reserved_jobs.clone(),
+            intern_order: self.state.inv.intern_order(),
         }
     }
 
@@ -168,67 +148,67 @@ impl Allocator {
             });
         }
         let mut alloc = Allocator::new(snapshot.config)?;
-        alloc.clock = snapshot.clock;
-        alloc.inv.restore_intern_order(&snapshot.intern_order);
+        alloc.state.clock = snapshot.clock;
+        alloc.state.inv.restore_intern_order(&snapshot.intern_order);
         for node in snapshot.nodes {
             match node {
                 Some(info) => {
-                    alloc.inv.upsert_node(info)?;
+                    alloc.state.inv.upsert_node(info)?;
                 }
-                None => alloc.inv.push_gap(),
+                None => alloc.state.inv.push_gap(),
             }
         }
-        alloc.inv.set_free_slots(snapshot.free_node_slots);
+        alloc.state.inv.set_free_slots(snapshot.free_node_slots);
         for queue in snapshot.queues {
-            alloc.upsert_queue(queue)?;
+            alloc.state.upsert_queue(queue)?;
         }
         let mut by_arrival: Vec<&JobSnapshot> = snapshot.jobs.iter().collect();
         by_arrival.sort_by_key(|j| j.seq);
         for job in by_arrival {
             // Submitted under its own arrival number (jobs go in arrival
             // order), so its queue lists it where it was.
-            alloc.next_seq = job.seq;
-            alloc.submit(job.spec.clone())?;
-            if let Some(idx) = alloc.job_by_uid.get(&job.spec.uid).copied()
-                && let Some(j) = alloc.job_mut(idx)
+            alloc.state.next_seq = job.seq;
+            alloc.state.submit(job.spec.clone())?;
+            if let Some(idx) = alloc.state.job_by_uid.get(&job.spec.uid).copied()
+                && let Some(j) = alloc.state.job_mut(idx)
             {
                 j.preemption_retry_after = job.preemption_retry_after;
                 j.preemption_failures = job.preemption_failures;
             }
-            alloc.next_seq = alloc.next_seq.max(job.seq.saturating_add(1));
+            alloc.state.next_seq = alloc.state.next_seq.max(job.seq.saturating_add(1));
         }
         for job in snapshot.jobs {
-            let Some(idx) = alloc.job_by_uid.get(&job.spec.uid).copied() else {
+            let Some(idx) = alloc.state.job_by_uid.get(&job.spec.uid).copied() else {
                 continue;
             };
             if let Some(admission) = &job.admission {
-                alloc.replay_admission(admission)?;
+                alloc.state.replay_admission(admission)?;
             }
             let nominated = job.nomination.is_some();
             let preempting = job.preempting.is_some();
-            if let Some(j) = alloc.job_mut(idx) {
+            if let Some(j) = alloc.state.job_mut(idx) {
                 j.requeues = job.requeues;
                 j.preempted_by = job.preempted_by;
                 if let JobState::Pending(n) = &mut j.state {
                     *n = job.nomination.map(Box::new);
                 }
             }
-            alloc.update_preempting(idx, |p| *p = job.preempting);
+            alloc.state.update_preempting(idx, |p| *p = job.preempting);
             if nominated {
-                alloc.nominated.insert(idx);
+                alloc.state.nominated.insert(idx);
             }
             if preempting && job.admission.is_some() {
-                alloc.preempting.insert(idx);
+                alloc.state.preempting.insert(idx);
             }
         }
         for (uid, at) in snapshot.tombstones {
-            if alloc.tombstones.insert(uid.clone(), at).is_none() {
-                alloc.tombstone_order.push_back((at, uid));
+            if alloc.state.tombstones.insert(uid.clone(), at).is_none() {
+                alloc.state.tombstone_order.push_back((at, uid));
             }
         }
-        alloc.undelivered_evictions = snapshot.undelivered_evictions;
-        alloc.reserved_jobs = snapshot.reserved_jobs;
-        alloc.queues.recompute_all_cohorts();
+        alloc.state.undelivered_evictions = snapshot.undelivered_evictions;
+        alloc.state.reserved_jobs = snapshot.reserved_jobs;
+        alloc.state.queues.recompute_all_cohorts();
         Ok(alloc)
     }
 }

@@ -8,6 +8,11 @@ use serde::{Deserialize, Serialize};
 
 /// Well-known Kubernetes resource and label names the allocator reads or writes.
 pub mod names {
+    /// Flavor of a CPU-only job's admission: no GPU, no placement.
+    pub const CPU_ONLY_FLAVOR: &str = "cpu";
+    /// Separates the Kubernetes uid from the attempt in a job uid
+    /// (`JobUid::for_attempt`).
+    pub const ATTEMPT_SEPARATOR: &str = "/a";
     /// Whole GPUs advertised by the NVIDIA device plugin.
     pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
     /// Time-sliced GPU replicas when the device plugin runs with `renameByDefault`.
@@ -79,6 +84,18 @@ impl JobUid {
     /// The uid as text.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The uid of one attempt of a TrainingJob: `<k8s uid>/a<attempt>`.
+    /// Every restart attempt is a job of its own.
+    pub fn for_attempt(k8s_uid: &str, attempt: u32) -> Self {
+        JobUid::new(format!("{k8s_uid}{}{attempt}", names::ATTEMPT_SEPARATOR))
+    }
+
+    /// The Kubernetes uid and attempt of a uid made by `for_attempt`.
+    pub fn attempt(&self) -> Option<(&str, u32)> {
+        let (k8s_uid, attempt) = self.as_str().rsplit_once(names::ATTEMPT_SEPARATOR)?;
+        Some((k8s_uid, attempt.parse().ok()?))
     }
 }
 

@@ -2,7 +2,7 @@
 //! admitted, units used and borrowed per resource, and its weighted share.
 
 use crate::allocator::Allocator;
-use crate::inventory::ResIdx;
+use crate::ids::ResIdx;
 
 /// One queue as its status reports it.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,13 +39,24 @@ impl Allocator {
     /// Every TrainingQueue that exists, by name. Queues jobs name that do not
     /// exist have no status to write and are left out.
     pub fn queue_usage(&self) -> Vec<QueueUsage> {
-        let mut admitted = vec![0u32; self.queues.queues.len()];
-        for ((queue, _), running) in &self.running_by_queue {
+        let mut admitted = vec![0u32; self.state.queues.queues.len()];
+        for ((queue, _), running) in &self.state.running_by_queue {
             if let Some(count) = admitted.get_mut(*queue as usize) {
                 *count = count.saturating_add(u32::try_from(running.len()).unwrap_or(u32::MAX));
             }
         }
+        let mut cpu_only_waiting = vec![0usize; self.state.queues.queues.len()];
+        for (_, idx) in &self.state.cpu_only_waiting {
+            if let Some(job) = self.state.job(*idx)
+                && let Some(count) = cpu_only_waiting.get_mut(job.queue as usize)
+            {
+                *count += 1;
+            }
+        }
+        let cpu_only_waiting =
+            |queue: u32| cpu_only_waiting.get(queue as usize).copied().unwrap_or(0);
         let mut usage: Vec<QueueUsage> = self
+            .state
             .queues
             .queues
             .iter()
@@ -67,8 +78,8 @@ impl Allocator {
                         let used = queue.usage(res);
                         let nominal = queue.quota(res).map_or(0, |slot| slot.nominal);
                         ResourceUsage {
-                            flavor: self.inv.res_flavor_name(res).to_string(),
-                            resource: self.inv.res_quota_name(res),
+                            flavor: self.state.inv.res_flavor_name(res).to_string(),
+                            resource: self.state.inv.res_quota_name(res),
                             used,
                             borrowed: used.saturating_sub(nominal),
                         }
@@ -77,10 +88,11 @@ impl Allocator {
                 let idx = u32::try_from(idx).ok()?;
                 Some(QueueUsage {
                     name: queue.name.to_string(),
-                    pending: u32::try_from(queue.line.len()).unwrap_or(u32::MAX),
+                    pending: u32::try_from(queue.line.len() + cpu_only_waiting(idx))
+                        .unwrap_or(u32::MAX),
                     admitted,
                     resources,
-                    weighted_share: self.queues.share(idx, &[]),
+                    weighted_share: self.state.queues.share(idx, &[]),
                     on_hold: spec.on_hold,
                     drains: spec.drain,
                 })

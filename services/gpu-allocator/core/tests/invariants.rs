@@ -68,8 +68,6 @@ const PRODUCTS: [&str; 2] = ["A100", "H100"];
 /// MIG profiles some A100 nodes are split into, with slices per node.
 const MIG: [(&str, u64); 2] = [("1g.10gb", 14), ("3g.40gb", 4)];
 
-const GIB: u64 = 1 << 30;
-
 /// Every quota resource a queue holds per flavor.
 const RESOURCES: [&str; 4] = [
     names::GPU_RESOURCE,
@@ -373,7 +371,11 @@ impl Run {
         let mut j = self.random_job();
         match self.rng.below(3) {
             0 => j.num_workers = 0,
-            1 => j.gpus_per_worker = 0,
+            // CPU-only is valid; a GPU slice of no GPUs is not.
+            1 => {
+                j.gpus_per_worker = 0;
+                j.gpu_slice = Some(GpuSliceRequest::Profile("1g.10gb".into()));
+            }
             _ => j.num_workers = MAX_WORKERS + 1,
         }
         j

@@ -202,3 +202,26 @@ impl Harness {
 pub fn admitted_uids(out: &CycleOutcome) -> Vec<String> {
     out.admissions.iter().map(|a| a.uid.to_string()).collect()
 }
+
+pub const GIB: u64 = 1 << 30;
+
+pub fn cpu_memory(cores: u64, memory_gib: u64) -> CpuMemory {
+    CpuMemory {
+        cpu_millis: cores * 1000,
+        memory_bytes: memory_gib * GIB,
+    }
+}
+
+/// An 8-GPU node with 64 cores and 512 GiB, of which other pods request `other`.
+pub fn host(name: &str, other: CpuMemory) -> NodeInfo {
+    NodeInfo {
+        cpu_memory: Some(cpu_memory(64, 512)),
+        cpu_memory_used_by_other_pods: other,
+        ..node(name, 8)
+    }
+}
+
+pub fn asking(mut j: JobSpec, per_worker: CpuMemory) -> JobSpec {
+    j.cpu_memory_per_worker = per_worker;
+    j
+}

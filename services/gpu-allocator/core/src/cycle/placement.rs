@@ -13,43 +13,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::allocator::FastMap;
-use crate::event::JobSpec;
-use crate::inventory::NodeIdx;
-use crate::types::{CpuMemory, TopologyRequirement};
-
-/// What a gang asks of the nodes it is placed on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct Gang {
-    pub(crate) per_worker: u32,
-    pub(crate) workers: u32,
-    pub(crate) topology: TopologyRequirement,
-    pub(crate) one_per_node: bool,
-    /// What each worker requests besides GPUs (see `Node::usable_units`).
-    pub(crate) cpu_memory: CpuMemory,
-}
-
-impl Gang {
-    pub(crate) fn of(spec: &JobSpec) -> Self {
-        Gang {
-            per_worker: spec.gpus_per_worker,
-            workers: spec.num_workers,
-            topology: spec.topology,
-            one_per_node: spec.one_worker_per_node,
-            cpu_memory: spec.cpu_memory_per_worker,
-        }
-    }
-
-    /// Workers of this gang a node with `units` usable units can host.
-    pub(crate) fn slots(self, units: u32) -> u64 {
-        let slots = u64::from(units / self.per_worker.max(1));
-        if self.one_per_node {
-            slots.min(1)
-        } else {
-            slots
-        }
-    }
-}
+use crate::ids::FastMap;
+use crate::ids::NodeIdx;
+use crate::state::jobs::Gang;
+use crate::types::TopologyRequirement;
 
 /// A node that could host at least one worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -263,6 +230,7 @@ pub(crate) fn place_gang(gang: Gang, candidates: &[Candidate]) -> Option<Assignm
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::CpuMemory;
 
     fn gang(per_worker: u32, workers: u32, topology: TopologyRequirement) -> Gang {
         Gang {

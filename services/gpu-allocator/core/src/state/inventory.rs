@@ -5,21 +5,41 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use serde::{Deserialize, Serialize};
+
 use crate::config::{AllocatorConfig, FlavorSpec};
 use crate::error::AllocatorError;
 use crate::event::NodeInfo;
-use crate::placement::Gang;
-use crate::snapshot::InternOrder;
+use crate::ids::{FlavorIdx, JobIdx, KindIdx, NodeIdx, ResIdx};
+use crate::state::jobs::Gang;
 use crate::types::{
     CapacityType, CpuMemory, MigProfile, NodeSelectorTerm, ResourceKind, Taint, Toleration, names,
     tolerated_by,
 };
 
-pub(crate) type NodeIdx = u32;
-pub(crate) type FlavorIdx = u32;
-pub(crate) type KindIdx = u32;
-pub(crate) type ResIdx = u32;
-pub(crate) type JobIdx = u32;
+/// Zone, rack, flavor and resource names in the order the allocator first
+/// met them (each one's index).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InternOrder {
+    /// Zone label values.
+    pub zones: Vec<String>,
+    /// Rack label values, each with its zone's 1-based place in `zones`
+    /// (0: no zone label).
+    pub racks: Vec<(u32, String)>,
+    /// Flavor names.
+    pub flavors: Vec<String>,
+    /// Resource kinds.
+    pub kinds: Vec<ResourceKind>,
+    /// Resources: (place in `flavors`, place in `kinds`).
+    pub resources: Vec<(u32, u32)>,
+}
+
+impl InternOrder {
+    pub(crate) fn is_empty(&self) -> bool {
+        *self == InternOrder::default()
+    }
+}
 
 /// Largest count of one GPU resource a node may advertise; larger values are
 /// treated as malformed input (no real node has thousands of GPUs).

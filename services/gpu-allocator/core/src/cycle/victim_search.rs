@@ -37,12 +37,14 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::rc::Rc;
 
-use crate::allocator::{Allocator, FastMap, JobState};
-use crate::cycle::{CycleCtx, HeldFrom};
+use crate::allocator::Allocator;
+use crate::cycle::CycleCtx;
+use crate::cycle::placement::{self, Candidate, NodeTable};
+use crate::cycle::quota_holds::HeldFrom;
 use crate::decision::PreemptionRule;
-use crate::inventory::{JobIdx, NodeIdx, ResIdx};
-use crate::placement::{self, Candidate, Gang, NodeTable};
-use crate::queues::{CohortIdx, QueueIdx, UsageDelta};
+use crate::ids::{CohortIdx, FastMap, JobIdx, NodeIdx, QueueIdx, ResIdx};
+use crate::state::jobs::{Gang, JobState};
+use crate::state::queues::UsageDelta;
 use crate::types::{CpuMemory, Timestamp};
 
 /// Candidate victims examined per preemptor, lowest priority first.
@@ -262,7 +264,7 @@ impl Search<'_> {
     /// Whether the preemptor fits its quota with `deltas` applied, without
     /// what this cycle's holds keep from it.
     fn quota_fits(&self, deltas: &[UsageDelta]) -> bool {
-        let queues = &self.alloc.queues;
+        let queues = &self.alloc.state.queues;
         // Evicting its own queue's jobs may leave the preemptor within its
         // nominal quota, where only a starving borrower's hold binds it.
         let used = queues.usage_with(self.queue, self.res, deltas);
@@ -276,7 +278,7 @@ impl Search<'_> {
     /// Quota and rule validity of a victim set.
     fn rules(&self, set: &[usize]) -> Rules {
         let mut deltas = self.deltas(set);
-        let queues = &self.alloc.queues;
+        let queues = &self.alloc.state.queues;
         if !self.quota_fits(&deltas) {
             return Rules::Broken;
         }
@@ -378,7 +380,7 @@ impl Search<'_> {
                 let (free, zone, rack) = self.base.get(node)?;
                 let mut usable = free + extra;
                 if let Some(cpu_memory_freed) = &cpu_memory_freed {
-                    let n = self.alloc.inv.node(*node)?;
+                    let n = self.alloc.state.inv.node(*node)?;
                     let freed_here = cpu_memory_freed.get(node).copied().unwrap_or_default();
                     usable = n.usable_units_after(usable, self.gang, freed_here);
                 }
@@ -507,7 +509,7 @@ impl Search<'_> {
         // triples cost a third of this search.
         //
         // Per node, its count of triples, then where its run starts.
-        let mut starts = vec![0usize; self.alloc.inv.nodes.len()];
+        let mut starts = vec![0usize; self.alloc.state.inv.nodes.len()];
         for c in &self.cands {
             for (node, _) in c.nodes() {
                 if let Some(count) = starts.get_mut(node as usize) {
@@ -745,18 +747,24 @@ impl Search<'_> {
 impl Allocator {
     /// A pending job without a nomination, in an existing queue.
     pub(crate) fn may_try_preemption(&self, idx: JobIdx) -> bool {
-        let Some(job) = self.job(idx) else {
+        let Some(job) = self.state.job(idx) else {
             return false;
         };
         matches!(job.state, JobState::Pending(None))
-            && self.queues.get(job.queue).is_some_and(|q| q.spec.is_some())
+            && self
+                .state
+                .queues
+                .get(job.queue)
+                .is_some_and(|q| q.spec.is_some())
     }
 
     /// The preemptions in flight, as deltas and claims.
     pub(crate) fn inflight(&self) -> Inflight {
         let mut inflight = Inflight::default();
         for idx in self.preempting_jobs() {
-            let Some(job) = self.job(idx) else { continue };
+            let Some(job) = self.state.job(idx) else {
+                continue;
+            };
             let Some(run) = job.running() else { continue };
             inflight.deltas.push(UsageDelta {
                 queue: job.queue,
@@ -765,7 +773,9 @@ impl Allocator {
             });
         }
         for idx in self.nominated_jobs() {
-            let Some(job) = self.job(idx) else { continue };
+            let Some(job) = self.state.job(idx) else {
+                continue;
+            };
             let JobState::Pending(Some(nomination)) = &job.state else {
                 continue;
             };
@@ -781,7 +791,7 @@ impl Allocator {
                 units: i64::try_from(job.spec.total_units()).unwrap_or(i64::MAX),
             });
             for planned in &nomination.nodes {
-                let Some(node) = self.inv.node_by_name(&planned.node) else {
+                let Some(node) = self.state.inv.node_by_name(&planned.node) else {
                     continue;
                 };
                 let need = planned.workers.saturating_mul(job.spec.gpus_per_worker);
@@ -789,7 +799,7 @@ impl Allocator {
                     .victims
                     .iter()
                     .filter_map(|uid| self.job_idx(uid))
-                    .filter_map(|v| self.job(v).and_then(|j| j.running()))
+                    .filter_map(|v| self.state.job(v).and_then(|j| j.running()))
                     .filter(|run| run.res == res)
                     .flat_map(|run| {
                         run.placement
@@ -817,17 +827,17 @@ impl Allocator {
         if let Some(view) = inflight.bases.borrow().get(&key) {
             return Some(Rc::clone(view));
         }
-        let r = self.inv.res(res)?;
+        let r = self.state.inv.res(res)?;
         let mut view = BaseView {
-            nodes: NodeTable::new(self.inv.nodes.len()),
+            nodes: NodeTable::new(self.state.inv.nodes.len()),
             fitting: Vec::new(),
             slots: 0,
         };
         for (node_idx, free) in r.nodes_with_free(0) {
-            let Some(node) = self.inv.node(node_idx) else {
+            let Some(node) = self.state.inv.node(node_idx) else {
                 continue;
             };
-            if !self.admits(node, filter_id) {
+            if !self.state.admits(node, filter_id) {
                 continue;
             }
             let promised = inflight.claims.get(&(node_idx, res)).copied().unwrap_or(0);
@@ -877,24 +887,28 @@ impl Allocator {
         draining: &[(CohortIdx, ResIdx, JobIdx)],
         ctx: &CycleCtx,
     ) -> Option<VictimPlan> {
-        let job = self.job(idx)?;
+        let job = self.state.job(idx)?;
         let spec = &job.spec;
-        let queue = self.queues.get(job.queue)?;
+        let queue = self.state.queues.get(job.queue)?;
         let from_other_queues = !draining
             .iter()
             .any(|&(c, r, holder)| queue.cohort == Some(c) && r == res && holder != idx);
         let slot = queue.quota(res)?;
         let units = spec.total_units();
-        let projected_own = self.queues.usage_with(job.queue, res, &inflight.deltas);
+        let projected_own = self
+            .state
+            .queues
+            .usage_with(job.queue, res, &inflight.deltas);
         let within_nominal = projected_own.saturating_add(units) <= slot.nominal;
         // Every victim also spends its grace period checkpointing, then
         // starts again: each of its GPUs loses at least that much, and once
         // more for every earlier restart. A restarted job starts afresh, so
         // without that count it is the cheapest victim again and again.
-        let restart = self.config.preemption.grace_period_secs;
+        let restart = self.state.config.preemption.grace_period_secs;
         // Which queues are eligible victim queues (same cohort, still
         // borrowing in the projected state): once per queue, not per job.
         let borrowing_peer: Vec<bool> = self
+            .state
             .queues
             .queues
             .iter()
@@ -906,7 +920,7 @@ impl Allocator {
                     && from_other_queues
                     && queue.cohort.is_some()
                     && vq.cohort == queue.cohort
-                    && self.queues.usage_with(qi, res, &inflight.deltas) > nominal
+                    && self.state.queues.usage_with(qi, res, &inflight.deltas) > nominal
             })
             .collect();
         // By index: comparing uids with every running job was 2 % of a cycle.
@@ -918,13 +932,13 @@ impl Allocator {
             (*peer || (q == job.queue && queue.preemption.within_queue)).then_some(q)
         });
         let lists: Vec<&Vec<JobIdx>> = victim_queues
-            .filter_map(|q| self.running_by_queue.get(&(q, res)))
+            .filter_map(|q| self.state.running_by_queue.get(&(q, res)))
             .collect();
         // Room for every job listed: growing the vector as it filled was
         // half a percent of a cycle.
         let mut cands = Vec::with_capacity(lists.iter().map(|l| l.len()).sum());
         let running = lists.into_iter().flatten().filter_map(|vidx| {
-            let vjob = self.job(*vidx)?;
+            let vjob = self.state.job(*vidx)?;
             Some((*vidx, vjob, vjob.running()?))
         });
         for (vidx, vjob, run) in running {
@@ -973,7 +987,7 @@ impl Allocator {
             };
             // Admitted in this very cycle: telling it to stop before it
             // starts undoes a decision the planner is already carrying out.
-            if run.res != res || run.preempting.is_some() || run.cycle == self.cycles {
+            if run.res != res || run.preempting.is_some() || run.cycle == self.state.cycles {
                 continue;
             }
             let victim_units = run.admission.total_units();
@@ -1037,7 +1051,8 @@ impl Allocator {
             base_fitting: &view.fitting,
             base_slots: view.slots,
             cands,
-            max_victims: usize::try_from(self.config.preemption.max_victims).unwrap_or(usize::MAX),
+            max_victims: usize::try_from(self.state.config.preemption.max_victims)
+                .unwrap_or(usize::MAX),
         };
         if !search.feasible_at_all() {
             return None;

@@ -11,10 +11,8 @@
 
 use crate::config::AgingPolicy;
 use crate::event::{QueuePreemption, QueueSpec};
-use crate::inventory::{FlavorIdx, ResIdx};
-
-pub(crate) type QueueIdx = u32;
-pub(crate) type CohortIdx = u32;
+use crate::ids::{CohortIdx, QueueIdx};
+use crate::ids::{FlavorIdx, ResIdx};
 
 /// Limits of one resource for one queue.
 #[derive(Debug, Clone)]
@@ -81,7 +79,7 @@ pub(crate) struct Queue {
     /// jobs still hold them).
     pub(crate) usage: Vec<(ResIdx, u64)>,
     /// Its pending jobs, in line order.
-    pub(crate) line: crate::line::QueueLine,
+    pub(crate) line: crate::state::line::QueueLine,
     pub(crate) preemption: QueuePreemption,
     /// The queue's own aging; `None` = the configured one.
     pub(crate) aging: Option<AgingPolicy>,
@@ -99,7 +97,7 @@ impl Queue {
             plain_options: Vec::new(),
             sharing_options: Vec::new(),
             usage: Vec::new(),
-            line: crate::line::QueueLine::default(),
+            line: crate::state::line::QueueLine::default(),
             preemption: QueuePreemption::default(),
             aging: None,
         }

@@ -18,8 +18,8 @@
 //! entry is only marked, and the run drops its marked entries in one pass
 //! once they are an eighth of it.
 
-use crate::allocator::Job;
-use crate::inventory::JobIdx;
+use crate::ids::JobIdx;
+use crate::state::jobs::Job;
 use crate::types::Timestamp;
 
 /// What the cycle reads of a pending job.
@@ -271,7 +271,7 @@ mod tests {
     #[test]
     fn the_merge_gives_the_order_of_a_full_sort() {
         for seed in 1..=200u64 {
-            let mut rng = crate::cycle::tests::Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mut rng = crate::testing::Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
             let mut line = QueueLine::default();
             let mut all = Vec::new();
             let priorities = [0, 1, 5, 100, -3];

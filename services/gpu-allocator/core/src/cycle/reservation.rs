@@ -10,15 +10,17 @@
 //! So a smaller job may start ahead of a blocked bigger one, but never delays
 //! its reserved start.
 
+use crate::cycle::CycleCtx;
+use crate::ids::JobIdx;
+use crate::state::jobs::JobState;
 use std::collections::HashSet;
 
-use crate::allocator::FastMap;
+use crate::ids::FastMap;
+use crate::ids::{NodeIdx, ResIdx};
+use crate::state::jobs::Gang;
 
-use crate::allocator::{Allocator, Job, JobState, PreemptingState, Running};
-use crate::config::AllocatorConfig;
-use crate::inventory::{JobIdx, NodeIdx, ResIdx};
-use crate::placement::{self, Candidate, Gang, NodeTable, RoomiestDomain};
-use crate::queues::QueueIdx;
+use crate::allocator::Allocator;
+use crate::cycle::placement::{self, Candidate, NodeTable, RoomiestDomain};
 use crate::types::{CpuMemory, JobUid, Timestamp};
 
 /// Units a reservation needs on one node at its start time.
@@ -90,281 +92,13 @@ impl Reservations {
     }
 }
 
-/// Expected releases `(end, node, units)` of the jobs running in one
-/// resource, sorted by end.
-pub(crate) type Timeline = Vec<(Timestamp, NodeIdx, u32)>;
-
 /// A computed reservation.
 pub(crate) struct Reservation {
     pub(crate) start: Timestamp,
     pub(crate) placement: Vec<(NodeIdx, u32)>,
 }
 
-/// The expected releases of the jobs running in one resource, kept sorted
-/// from one cycle to the next as jobs start, stop and change their expected
-/// end: a cycle copies them rather than visiting every running job and
-/// sorting. Ends are kept as planned, before a cycle raises the past ones
-/// to its `now`; the copy stays in time order, and every reader takes the
-/// events of one time as a group, so their order within it does not matter.
-#[derive(Debug, Default)]
-pub(crate) struct ReleaseBook {
-    /// `(end, node, units)` per node of each running job.
-    by_node: EventBag<(Timestamp, NodeIdx, u32)>,
-    /// `(end, units, queue)` per running job.
-    by_job: EventBag<(Timestamp, u64, QueueIdx)>,
-}
-
-/// Events in order, repeats kept. A start or stop goes into a small sorted
-/// buffer of events added or removed, merged into the rest when read (every
-/// read copies anyway) and into the rest itself once the buffers reach a
-/// sixteenth of it. In one sorted vector each start or stop moved every
-/// later event (tens of thousands), dozens of times a cycle.
-#[derive(Debug)]
-struct EventBag<T> {
-    settled: Vec<T>,
-    added: Vec<T>,
-    /// Events of `settled` taken out.
-    removed: Vec<T>,
-}
-
-impl<T> Default for EventBag<T> {
-    fn default() -> Self {
-        EventBag {
-            settled: Vec::new(),
-            added: Vec::new(),
-            removed: Vec::new(),
-        }
-    }
-}
-
-/// Buffered changes that always wait for a read, however small the bag.
-const BAG_BUFFER_MIN: usize = 64;
-
-impl<T: Ord + Copy> EventBag<T> {
-    fn book(&mut self, event: T, booking: Booking) {
-        // A buffered change of the other kind is undone first: adding back
-        // an event removed since the last settling, or removing one added
-        // since. An event that is not there is not removed.
-        match booking {
-            Booking::Add => match self.removed.binary_search(&event) {
-                Ok(at) => {
-                    self.removed.remove(at);
-                }
-                Err(_) => insert_one(&mut self.added, event),
-            },
-            Booking::Remove => match self.added.binary_search(&event) {
-                Ok(at) => {
-                    self.added.remove(at);
-                }
-                Err(_) if count(&self.settled, &event) > count(&self.removed, &event) => {
-                    insert_one(&mut self.removed, event);
-                }
-                Err(_) => {}
-            },
-        }
-        if self.added.len() + self.removed.len() > BAG_BUFFER_MIN.max(self.settled.len() / 16) {
-            let mut settled = Vec::with_capacity(self.len());
-            self.merged(|e| settled.push(e));
-            self.settled = settled;
-            self.added.clear();
-            self.removed.clear();
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.settled.len() + self.added.len() - self.removed.len()
-    }
-
-    /// Calls `each` with the events in order: the settled ones a stretch
-    /// at a time, between the places of the buffered changes.
-    fn merged(&self, mut each: impl FnMut(T)) {
-        let (mut rest, mut added, mut removed) =
-            (&self.settled[..], &self.added[..], &self.removed[..]);
-        loop {
-            let added_first = match (added.first(), removed.first()) {
-                (Some(a), Some(r)) => a <= r,
-                (a, _) => a.is_some(),
-            };
-            if let (true, Some((&a, more))) = (added_first, added.split_first()) {
-                let (before, after) = rest.split_at(rest.partition_point(|e| *e <= a));
-                before.iter().copied().for_each(&mut each);
-                each(a);
-                (rest, added) = (after, more);
-            } else if let Some((&r, more)) = removed.split_first() {
-                let (before, after) = rest.split_at(rest.partition_point(|e| *e < r));
-                before.iter().copied().for_each(&mut each);
-                rest = after.strip_prefix(&[r]).unwrap_or(after);
-                removed = more;
-            } else {
-                rest.iter().copied().for_each(each);
-                return;
-            }
-        }
-    }
-
-    /// The events in order, mapped by `f`: a cycle's copy, with room for
-    /// the events its admissions add (growing a copy of every running job's
-    /// events at the cycle's first admission cost as much again as making
-    /// it).
-    fn copy_with_room<U>(&self, f: impl Fn(T) -> U) -> Vec<U> {
-        let mut copy = Vec::with_capacity(self.len() + CYCLE_ROOM);
-        self.merged(|e| copy.push(f(e)));
-        copy
-    }
-}
-
-/// Inserts `event` into `sorted`, keeping it sorted.
-pub(crate) fn insert_one<T: Ord>(sorted: &mut Vec<T>, event: T) {
-    let at = sorted.partition_point(|e| *e < event);
-    sorted.insert(at, event);
-}
-
-/// How many times `event` is in `sorted`.
-fn count<T: Ord>(sorted: &[T], event: &T) -> usize {
-    sorted.partition_point(|e| e <= event) - sorted.partition_point(|e| e < event)
-}
-
-/// Whether a job's releases join or leave its resource's book.
-#[derive(Clone, Copy)]
-pub(crate) enum Booking {
-    Add,
-    Remove,
-}
-
-/// Events a cycle's copy of a resource's releases has room for beyond the
-/// running jobs' (see `EventBag::copy_with_room`).
-const CYCLE_ROOM: usize = 1024;
-
-/// Inserts `batch` into sorted `events`, keeping them sorted. A gang's
-/// events go in with every element of `events` moved at most once: one
-/// insert per event moved the tail (tens of thousands of events) once per
-/// node of the gang.
-pub(crate) fn insert_sorted<T: Ord + Copy>(events: &mut Vec<T>, batch: &mut [T]) {
-    let Some(&first) = batch.first() else { return };
-    batch.sort_unstable();
-    let old = events.len();
-    events.resize(old + batch.len(), first);
-    // From the largest: each event's place among the old events not yet
-    // moved, the block after it moved up past the events still to insert.
-    let mut end = old;
-    for (before, &event) in batch.iter().enumerate().rev() {
-        let at = events
-            .get(..end)
-            .map_or(0, |old| old.partition_point(|e| *e < event));
-        events.copy_within(at..end, at + before + 1);
-        if let Some(slot) = events.get_mut(at + before) {
-            *slot = event;
-        }
-        end = at;
-    }
-}
-
-/// When a running job is expected to release its units, before the cycle's
-/// `now` raises an end already past.
-fn planned_end(config: &AllocatorConfig, job: &Job, run: &Running) -> Timestamp {
-    match &run.preempting {
-        Some(p) if p.checkpointed => Timestamp(0),
-        Some(p) => p.evict_at,
-        None => run.admitted_at.plus_secs(
-            job.spec
-                .runtime_estimate_secs
-                .unwrap_or(config.backfill.assumed_runtime_secs),
-        ),
-    }
-}
-
 impl Allocator {
-    /// When a running job is expected to release its units.
-    pub(crate) fn expected_end(&self, job: JobIdx, now: Timestamp) -> Timestamp {
-        let Some(j) = self.job(job) else { return now };
-        let JobState::Running(run) = &j.state else {
-            return now;
-        };
-        planned_end(&self.config, j, run).max(now)
-    }
-
-    /// Adds or removes the releases of job `idx` in its resource's book (a
-    /// no-op unless it runs). Called on every start and stop, and around
-    /// every change of its expected end.
-    pub(crate) fn book_releases(&mut self, idx: JobIdx, booking: Booking) {
-        let Some(job) = self.jobs.get(idx as usize).and_then(Option::as_ref) else {
-            return;
-        };
-        let Some(run) = job.running() else { return };
-        let end = planned_end(&self.config, job, run);
-        let releases = self.releases.entry(run.res).or_default();
-        for (node, workers) in &run.placement {
-            let units = workers.saturating_mul(run.per_worker);
-            releases.by_node.book((end, *node, units), booking);
-        }
-        releases
-            .by_job
-            .book((end, run.admission.total_units(), job.queue), booking);
-    }
-
-    /// Changes the preemption state of running job `idx`, keeping its
-    /// releases booked at its new expected end. `None` if it does not run.
-    pub(crate) fn update_preempting<R>(
-        &mut self,
-        idx: JobIdx,
-        change: impl FnOnce(&mut Option<PreemptingState>) -> R,
-    ) -> Option<R> {
-        self.book_releases(idx, Booking::Remove);
-        let changed = match self.job_mut(idx) {
-            Some(Job {
-                state: JobState::Running(run),
-                ..
-            }) => Some(change(&mut run.preempting)),
-            _ => None,
-        };
-        self.book_releases(idx, Booking::Add);
-        changed
-    }
-
-    /// Release events `(end, node, units)` of jobs running in `res`, in
-    /// time order.
-    pub(crate) fn release_timeline(&self, res: ResIdx, now: Timestamp) -> Timeline {
-        self.releases.get(&res).map_or_else(Vec::new, |r| {
-            r.by_node
-                .copy_with_room(|(end, node, units)| (end.max(now), node, units))
-        })
-    }
-
-    /// `(end, units, queue)` of each job running in `res`, in time order,
-    /// ends raised to `now`.
-    pub(crate) fn job_releases_in<U>(
-        &self,
-        res: ResIdx,
-        now: Timestamp,
-        f: impl Fn((Timestamp, u64, QueueIdx)) -> U,
-    ) -> Vec<U> {
-        self.releases.get(&res).map_or_else(Vec::new, |r| {
-            r.by_job
-                .copy_with_room(|(end, units, queue)| f((end.max(now), units, queue)))
-        })
-    }
-
-    /// Calls `each` with the release events `(end, node, units)` of one job,
-    /// if it runs in `res`.
-    pub(crate) fn job_releases(
-        &self,
-        job: JobIdx,
-        res: ResIdx,
-        now: Timestamp,
-        mut each: impl FnMut((Timestamp, NodeIdx, u32)),
-    ) {
-        let Some(run) = self.job(job).and_then(|j| j.running()) else {
-            return;
-        };
-        if run.res != res {
-            return;
-        }
-        let end = self.expected_end(job, now);
-        for (node, workers) in &run.placement {
-            each((end, *node, workers.saturating_mul(run.per_worker)));
-        }
-    }
-
     /// Earliest start and nodes for a blocked gang, not counting on units
     /// already claimed by earlier reservations. `None` when it does not fit
     /// even after every running job has ended.
@@ -378,18 +112,18 @@ impl Allocator {
         reservations: &Reservations,
         timeline: &[(Timestamp, NodeIdx, u32)],
     ) -> Option<Reservation> {
-        let r = self.inv.res(res)?;
+        let r = self.state.inv.res(res)?;
         // An eligible node's units available at `now`, zone and rack.
         let eligible = |node_idx: NodeIdx, free: u32| {
-            let node = self.inv.node(node_idx)?;
-            self.admits(node, filter).then(|| {
+            let node = self.state.inv.node(node_idx)?;
+            self.state.admits(node, filter).then(|| {
                 let claimed = reservations.claimed_total(node_idx, res);
                 (free.saturating_sub(claimed), node.zone, node.rack)
             })
         };
         // Nodes with no free units join when a release reaches them: in a
         // busy flavor they are most nodes, and most are never reached.
-        let mut avail = NodeTable::new(self.inv.nodes.len());
+        let mut avail = NodeTable::new(self.state.inv.nodes.len());
         for (node_idx, free) in r.nodes_with_free(1) {
             if let Some(e) = eligible(node_idx, free) {
                 avail.set(node_idx, e);
@@ -415,7 +149,7 @@ impl Allocator {
                         if units < gang.per_worker {
                             return None;
                         }
-                        let n = self.inv.node(node)?;
+                        let n = self.state.inv.node(node)?;
                         // CPU and memory given back by `t` only matter where
                         // what is free now caps the units (summing them walks
                         // the node's jobs).
@@ -448,6 +182,7 @@ impl Allocator {
                 }
                 if avail.get(node).is_none()
                     && let Some(e) = self
+                        .state
                         .inv
                         .indexed_free(*node, res)
                         .and_then(|free| eligible(*node, free))
@@ -468,14 +203,14 @@ impl Allocator {
     /// CPU and memory the jobs running on `node` are expected to have
     /// given back by `t`.
     fn cpu_memory_released_by(&self, node: NodeIdx, now: Timestamp, t: Timestamp) -> CpuMemory {
-        let Some(n) = self.inv.node(node) else {
+        let Some(n) = self.state.inv.node(node) else {
             return CpuMemory::default();
         };
         n.running
             .iter()
-            .filter(|job| self.expected_end(**job, now) <= t)
+            .filter(|job| self.state.expected_end(**job, now) <= t)
             .filter_map(|job| {
-                let j = self.job(*job)?;
+                let j = self.state.job(*job)?;
                 let workers: u32 = j
                     .running()?
                     .placement
@@ -503,12 +238,98 @@ impl Allocator {
     }
 }
 
+impl Allocator {
+    /// Computes and records a reservation for a blocked job.
+    pub(crate) fn reserve(
+        &mut self,
+        idx: JobIdx,
+        res: ResIdx,
+        now: Timestamp,
+        ctx: &mut CycleCtx,
+    ) -> Option<Timestamp> {
+        let timeline = ctx
+            .memo
+            .timeline(res, || self.state.release_timeline(res, now));
+        let job = self.state.job(idx)?;
+        let spec = &job.spec;
+        let reservation = self.compute_reservation(
+            res,
+            job.filter,
+            Gang::of(spec),
+            now,
+            &ctx.reservations,
+            &timeline,
+        )?;
+        for (node, workers) in &reservation.placement {
+            ctx.reservations.add(
+                *node,
+                res,
+                Claim {
+                    start: reservation.start,
+                    need: workers.saturating_mul(spec.gpus_per_worker),
+                    released_by_start: Self::released_by(&timeline, *node, reservation.start),
+                    holder: spec.uid.clone(),
+                },
+            );
+        }
+        ctx.reservations.count += 1;
+        ctx.stats.reservations += 1;
+        let uid = spec.uid.clone();
+        ctx.evaluate_first_next_cycle(&uid);
+        Some(reservation.start)
+    }
+
+    /// Keeps the nodes a waiting preemptor planned on from being taken by
+    /// jobs that would still run when its victims are evicted.
+    pub(crate) fn hold_for_waiting_preemptors(&self, now: Timestamp, ctx: &mut CycleCtx) {
+        // The first holder is named in explanations.
+        for idx in self.state.by_arrival(self.state.nominated.iter().copied()) {
+            let Some(job) = self.state.job(idx) else {
+                continue;
+            };
+            let JobState::Pending(Some(nomination)) = &job.state else {
+                continue;
+            };
+            if self.victims_left(job, nomination) == 0 || nomination.nodes.is_empty() {
+                continue;
+            }
+            let Some(res) = self.nomination_res(nomination) else {
+                continue;
+            };
+            let timeline = ctx
+                .memo
+                .timeline(res, || self.state.release_timeline(res, now));
+            let start = nomination.evict_at.max(now);
+            for planned in &nomination.nodes {
+                let workers = &planned.workers;
+                let Some(node) = self.state.inv.node_by_name(&planned.node) else {
+                    continue;
+                };
+                ctx.reservations.add(
+                    node,
+                    res,
+                    Claim {
+                        start,
+                        need: workers.saturating_mul(job.spec.gpus_per_worker),
+                        released_by_start: Self::released_by(&timeline, node, start),
+                        holder: job.spec.uid.clone(),
+                    },
+                );
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
     use crate::config::AllocatorConfig;
     use crate::event::{Event, FlavorQuota, JobSpec, NodeInfo, QueueSpec, ResourceQuota};
-    use crate::line::LineEntry;
+    use crate::ids::{JobIdx, QueueIdx};
+    use crate::state::jobs::JobState;
+    use crate::state::line::LineEntry;
+    use crate::state::releases::tests::listed;
+    use crate::state::releases::{Booking, ReleaseBook, planned_end};
     use crate::types::names;
     use std::collections::BTreeSet;
 
@@ -526,7 +347,7 @@ pub(crate) mod tests {
         Event::NodeUpserted(info)
     }
 
-    fn queue(name: &str) -> Event {
+    pub(crate) fn queue(name: &str) -> Event {
         Event::QueueUpserted(QueueSpec {
             name: name.into(),
             cohort: Some("c".into()),
@@ -542,7 +363,7 @@ pub(crate) mod tests {
         })
     }
 
-    fn job(uid: &str, queue: &str, workers: u32, estimate: Option<u64>) -> Event {
+    pub(crate) fn job(uid: &str, queue: &str, workers: u32, estimate: Option<u64>) -> Event {
         Event::JobSubmitted(JobSpec {
             uid: JobUid::new(uid),
             queue: Some(queue.into()),
@@ -554,11 +375,11 @@ pub(crate) mod tests {
     }
 
     /// The book, rebuilt from scratch out of the running jobs.
-    fn rebuilt(alloc: &Allocator) -> FastMap<ResIdx, ReleaseBook> {
+    pub(crate) fn rebuilt(alloc: &Allocator) -> FastMap<ResIdx, ReleaseBook> {
         let mut books: FastMap<ResIdx, ReleaseBook> = FastMap::default();
-        for job in alloc.jobs.iter().flatten() {
+        for job in alloc.state.jobs.iter().flatten() {
             let Some(run) = job.running() else { continue };
-            let end = planned_end(&alloc.config, job, run);
+            let end = planned_end(&alloc.state.config, job, run);
             let releases = books.entry(run.res).or_default();
             for (node, workers) in &run.placement {
                 let units = workers * run.per_worker;
@@ -570,16 +391,9 @@ pub(crate) mod tests {
         books
     }
 
-    /// A bag's events in order, checked against its count.
-    fn listed<T: Ord + Copy>(bag: &EventBag<T>) -> Vec<T> {
-        let events = bag.copy_with_room(|e| e);
-        assert_eq!(events.len(), bag.len());
-        events
-    }
-
-    fn assert_booked(alloc: &Allocator) {
+    pub(crate) fn assert_booked(alloc: &Allocator) {
         let expected = rebuilt(alloc);
-        for (res, releases) in &alloc.releases {
+        for (res, releases) in &alloc.state.releases {
             let want = expected.get(res);
             assert_eq!(
                 listed(&releases.by_node),
@@ -590,15 +404,20 @@ pub(crate) mod tests {
                 want.map(|w| listed(&w.by_job)).unwrap_or_default()
             );
         }
-        assert!(expected.keys().all(|res| alloc.releases.contains_key(res)));
+        assert!(
+            expected
+                .keys()
+                .all(|res| alloc.state.releases.contains_key(res))
+        );
         let mut by_queue: Vec<(QueueIdx, ResIdx, JobIdx)> = alloc
+            .state
             .running_by_queue
             .iter()
             .flat_map(|(&(queue, res), jobs)| jobs.iter().map(move |&j| (queue, res, j)))
             .collect();
         by_queue.sort_unstable();
         let mut running: Vec<(QueueIdx, ResIdx, JobIdx)> = (0..)
-            .zip(&alloc.jobs)
+            .zip(&alloc.state.jobs)
             .filter_map(|(idx, job)| {
                 let job = job.as_ref()?;
                 Some((job.queue, job.running()?.res, idx))
@@ -609,12 +428,12 @@ pub(crate) mod tests {
         // A job is listed by its own queue exactly while it is pending, with
         // what its spec and arrival say now.
         let mut listed: Vec<(QueueIdx, i32, LineEntry)> = (0..)
-            .zip(&alloc.queues.queues)
+            .zip(&alloc.state.queues.queues)
             .flat_map(|(queue, q)| q.line.entries().map(move |(p, e)| (queue, p, *e)))
             .collect();
         listed.sort_unstable_by_key(|(queue, _, e)| (*queue, e.idx));
         let mut pending: Vec<(QueueIdx, i32, LineEntry)> = (0..)
-            .zip(&alloc.jobs)
+            .zip(&alloc.state.jobs)
             .filter_map(|(idx, job)| {
                 let job = job.as_ref()?;
                 matches!(job.state, JobState::Pending(_))
@@ -625,16 +444,16 @@ pub(crate) mod tests {
         assert_eq!(listed, pending);
         // A job is nominated exactly while it waits for its victims.
         let waiting: BTreeSet<JobIdx> = (0..)
-            .zip(&alloc.jobs)
+            .zip(&alloc.state.jobs)
             .filter_map(|(idx, job)| {
                 matches!(job.as_ref()?.state, JobState::Pending(Some(_))).then_some(idx)
             })
             .collect();
-        assert_eq!(alloc.nominated, waiting);
+        assert_eq!(alloc.state.nominated, waiting);
     }
 
     #[test]
-    fn the_release_book_follows_starts_preemptions_checkpoints_and_ends() {
+    pub(crate) fn the_release_book_follows_starts_preemptions_checkpoints_and_ends() {
         let mut alloc = Allocator::new(AllocatorConfig::default()).expect("valid config");
         for event in [node("n1"), node("n2"), queue("a"), queue("b")] {
             alloc.apply(event).expect("accepted");
@@ -673,13 +492,13 @@ pub(crate) mod tests {
         alloc.cycle(Timestamp(40));
         assert_booked(&alloc);
         assert!(
-            alloc.releases.values().any(|r| r.by_job.len() > 0),
+            alloc.state.releases.values().any(|r| r.by_job.len() > 0),
             "jobs still run"
         );
     }
 
     #[test]
-    fn the_line_follows_edits_evictions_finishes_and_restores() {
+    pub(crate) fn the_line_follows_edits_evictions_finishes_and_restores() {
         let mut alloc = Allocator::new(AllocatorConfig::default()).expect("valid config");
         for event in [node("n1"), node("n2"), queue("a"), queue("b")] {
             alloc.apply(event).expect("accepted");
@@ -738,10 +557,10 @@ pub(crate) mod tests {
         // A restore lists every pending job again, under its own arrival.
         let restored = Allocator::restore(alloc.snapshot()).expect("restores");
         assert_booked(&restored);
-        for job in alloc.jobs.iter().flatten() {
-            let again = restored.job_by_uid.get(&job.spec.uid).copied();
+        for job in alloc.state.jobs.iter().flatten() {
+            let again = restored.state.job_by_uid.get(&job.spec.uid).copied();
             assert_eq!(
-                again.and_then(|i| restored.job(i)).map(|j| j.seq),
+                again.and_then(|i| restored.state.job(i)).map(|j| j.seq),
                 Some(job.seq),
                 "{} keeps its arrival",
                 job.spec.uid
@@ -749,14 +568,15 @@ pub(crate) mod tests {
         }
         // Slots differ after a restore: jobs are named by uid.
         let lines = |a: &Allocator| -> Vec<Vec<(i32, JobUid, LineEntry)>> {
-            a.queues
+            a.state
+                .queues
                 .queues
                 .iter()
                 .map(|q| {
                     q.line
                         .entries()
                         .map(|(p, e)| {
-                            let uid = a.job(e.idx).map(|j| j.spec.uid.clone());
+                            let uid = a.state.job(e.idx).map(|j| j.spec.uid.clone());
                             (p, uid.unwrap_or_default(), LineEntry { idx: 0, ..*e })
                         })
                         .collect()
@@ -770,76 +590,7 @@ pub(crate) mod tests {
         );
     }
 
-    #[test]
-    fn an_event_bag_holds_what_one_sorted_vector_would() {
-        // A small LCG: many batches, events with repeats among the booked ones.
-        let mut state = 7u64;
-        let mut next = |bound: u64| {
-            state = state
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (state >> 33) % bound
-        };
-        let mut bag: EventBag<(u64, u32)> = EventBag::default();
-        let mut single: Vec<(u64, u32)> = Vec::new();
-        let mut booked: Vec<Vec<(u64, u32)>> = Vec::new();
-        let mut settlings = 0;
-        for round in 0..600 {
-            if round % 3 == 2 && !booked.is_empty() {
-                let gone = booked.swap_remove(next(booked.len() as u64) as usize);
-                for e in &gone {
-                    if let Ok(at) = single.binary_search(e) {
-                        single.remove(at);
-                    }
-                    bag.book(*e, Booking::Remove);
-                }
-            } else if round % 5 == 4 && !booked.is_empty() {
-                // A new expected end: out and back in, as `update_preempting`.
-                let again = booked.get(next(booked.len() as u64) as usize).cloned();
-                for e in again.unwrap_or_default() {
-                    bag.book(e, Booking::Remove);
-                    bag.book(e, Booking::Add);
-                }
-            } else {
-                // One event per node: distinct within the batch.
-                let end = next(20);
-                let mut nodes: Vec<u32> = (0..1 + next(12)).map(|_| next(40) as u32).collect();
-                nodes.sort_unstable();
-                nodes.dedup();
-                for n in nodes {
-                    let at = single.partition_point(|x| *x < (end, n));
-                    single.insert(at, (end, n));
-                    bag.book((end, n), Booking::Add);
-                    booked.push(vec![(end, n)]);
-                }
-            }
-            if bag.added.is_empty() && bag.removed.is_empty() {
-                settlings += 1;
-            }
-            assert_eq!(listed(&bag), single, "round {round}");
-        }
-        // Removing an event that is not there changes nothing.
-        let before = listed(&bag);
-        bag.book((99, 99), Booking::Remove);
-        if let Some(&first) = before.first() {
-            for _ in 0..=count(&before, &first) {
-                bag.book(first, Booking::Remove);
-            }
-        }
-        let first_gone: Vec<_> = before
-            .iter()
-            .filter(|e| Some(*e) != before.first())
-            .copied()
-            .collect();
-        assert_eq!(listed(&bag), first_gone);
-        assert!(
-            single.windows(2).any(|w| w[0] == w[1]),
-            "repeats were booked"
-        );
-        assert!(settlings > 3, "the buffers were settled ({settlings})");
-    }
-
-    fn claim(start: u64, need: u32, released: u32) -> Claim {
+    pub(crate) fn claim(start: u64, need: u32, released: u32) -> Claim {
         Claim {
             start: Timestamp(start),
             need,
@@ -849,7 +600,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn protection_covers_the_deficit_at_each_reserved_start() {
+    pub(crate) fn protection_covers_the_deficit_at_each_reserved_start() {
         let mut r = Reservations::default();
         // Needs 8 at t=100; 4 are released by then, so 4 of today's free
         // units must stay free for jobs still running at t=100.

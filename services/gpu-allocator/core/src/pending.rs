@@ -1,0 +1,409 @@
+//! Why a job waits: the entry a cycle makes for each pending job
+//! (`Pending`), its structured reason (`PendingReason`), and the
+//! explanation a user reads (`PendingExplanation`: which quota, which
+//! flavor, how many GPUs short, position in the queue).
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{JobIdx, QueueIdx, ReasonIdx};
+use crate::types::{CpuMemory, JobUid, Timestamp, TopologyRequirement, is_zero};
+
+/// Why one pending job waits, as a cycle decided it. The job and its queue
+/// are slots in the allocator: a cycle over 10,000 pending jobs then touches
+/// no uid or queue name (cloning each job's uid was a cache miss per job,
+/// 8 % of a cycle). [`Allocator::explain`](crate::Allocator::explain) gives the full explanation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pending {
+    pub(crate) job: JobIdx,
+    /// The job's arrival number: a slot reused by a later job never
+    /// resolves to that job.
+    pub(crate) seq: u64,
+    pub(crate) queue: QueueIdx,
+    /// 1-based position in the queue's order this cycle.
+    pub position: u32,
+    /// Pending jobs in the queue.
+    pub queue_length: u32,
+    /// Base priority plus aging boost.
+    pub effective_priority: i32,
+    /// Why it waits: an index into the cycle's table of reasons, shared by
+    /// jobs that fail for the same reason. An index rather than a shared
+    /// reference: cloning one per pending job was an atomic increment on a
+    /// few hot counters, 10,000 times a cycle.
+    pub(crate) reason: ReasonIdx,
+}
+
+impl Pending {
+    /// Its reason's slot in its cycle's [`CycleOutcome::reasons`](crate::CycleOutcome::reasons): jobs
+    /// that wait for the same reason share one.
+    pub fn reason_index(&self) -> usize {
+        self.reason as usize
+    }
+}
+
+/// The reason one pending job was not admitted this cycle.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingExplanation {
+    /// Job uid.
+    pub uid: JobUid,
+    /// Queue the job waits in.
+    pub queue: Arc<str>,
+    /// 1-based position in the queue's order this cycle.
+    pub position: u32,
+    /// Pending jobs in the queue.
+    pub queue_length: u32,
+    /// Base priority plus aging boost.
+    pub effective_priority: i32,
+    /// Why it waits (shared by jobs that fail for the same reason).
+    pub reason: Arc<PendingReason>,
+}
+
+impl PendingExplanation {
+    /// One human-readable line.
+    pub fn message(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl fmt::Display for PendingExplanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "position {} of {} in queue {} (effective priority {}): {}",
+            self.position, self.queue_length, self.queue, self.effective_priority, self.reason
+        )
+    }
+}
+
+/// Why a job waits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
+pub enum PendingReason {
+    /// The job names a TrainingQueue that does not exist.
+    QueueNotFound {
+        /// The queue name.
+        queue: String,
+    },
+    /// The queue admits no job now (`stopPolicy: Hold` or `HoldAndDrain`).
+    QueueOnHold {
+        /// The queue name.
+        queue: String,
+        /// It also stops its admitted jobs (`HoldAndDrain`).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        drains: bool,
+    },
+    /// The queue admits jobs of other namespaces only.
+    NamespaceNotAdmitted {
+        /// The queue name.
+        queue: String,
+        /// The job's namespace.
+        namespace: String,
+        /// The namespaces the queue admits.
+        admitted: Vec<String>,
+    },
+    /// No flavor of the queue has quota for what the job asks for.
+    NoMatchingFlavor {
+        /// What the job asks for, e.g. `nvidia.com/mig with >= 10GB`.
+        wants: String,
+    },
+    /// The queue (or its cohort) has too little quota left.
+    QuotaExceeded {
+        /// Flavor.
+        flavor: String,
+        /// Resource.
+        resource: String,
+        /// Units the job needs.
+        requested: u64,
+        /// Units the queue could still take.
+        available: u64,
+        /// The queue's nominal quota.
+        nominal: u64,
+        /// The queue's current usage.
+        used: u64,
+        /// Quota is being kept for this job, ahead in line: cohort headroom,
+        /// or the queue's own nominal quota.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        held_for: Option<JobUid>,
+        /// This job is first in line for the cohort's headroom: what frees
+        /// up is kept for it.
+        #[serde(default)]
+        holding_cohort_quota: bool,
+    },
+    /// Quota allows it but no set of nodes can host every worker now.
+    InsufficientCapacity {
+        /// Flavor.
+        flavor: String,
+        /// Resource.
+        resource: String,
+        /// Workers in the gang.
+        workers: u32,
+        /// Units per worker (all on one node).
+        units_per_worker: u32,
+        /// Workers that would fit now.
+        placeable_workers: u32,
+        /// Units missing, counted in whole workers; workers that lack only
+        /// CPU or memory are not counted.
+        units_short: u64,
+        /// When the job is expected to start, if it holds a reservation.
+        reserved_start: Option<Timestamp>,
+        /// Whether the gang fits this flavor at all once it is empty.
+        fits_when_empty: bool,
+        /// The gang must stay in one zone or rack: the workers counted are
+        /// those the roomiest one takes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        required_topology: Option<TopologyRequirement>,
+        /// Units of the flavor's schedulable nodes that pods the allocator
+        /// does not manage hold: why a cluster that looks idle may have no room.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        held_by_other_pods: u64,
+        /// Workers the free units could host but not the CPU or memory
+        /// free beside them.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        workers_lacking_cpu_memory: u32,
+        /// What each worker requests besides GPUs.
+        #[serde(default, skip_serializing_if = "CpuMemory::is_zero")]
+        cpu_memory_per_worker: CpuMemory,
+        /// The job's node selector, node affinity, tolerations or GPU
+        /// memory floor narrow the flavor's nodes it may use.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        node_constrained: bool,
+    },
+    /// Capacity exists but is held for a job ahead in line, and this job's
+    /// runtime estimate (if any) ends after that job's reserved start.
+    HeldForReservation {
+        /// Flavor.
+        flavor: String,
+        /// Resource.
+        resource: String,
+        /// The job the capacity is held for.
+        reserved_for: JobUid,
+        /// Its reserved start.
+        until: Timestamp,
+    },
+    /// Victims were told to checkpoint; the job starts when they are evicted.
+    AwaitingPreemption {
+        /// Victims still running.
+        victims: u32,
+        /// Eviction deadline.
+        evict_at: Timestamp,
+    },
+}
+
+impl PendingReason {
+    /// Every [`PendingReason::kind`], for gauges that show each one, zero or not.
+    pub const KINDS: [&'static str; 9] = [
+        "queue_not_found",
+        "queue_on_hold",
+        "namespace_not_admitted",
+        "no_matching_flavor",
+        "quota",
+        "capacity",
+        "capacity_cpu_memory",
+        "held_for_reservation",
+        "awaiting_preemption",
+    ];
+
+    /// A short, bounded name of the reason, for metric labels. A capacity
+    /// reason where CPU or memory keep workers out is its own kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PendingReason::QueueNotFound { .. } => "queue_not_found",
+            PendingReason::QueueOnHold { .. } => "queue_on_hold",
+            PendingReason::NamespaceNotAdmitted { .. } => "namespace_not_admitted",
+            PendingReason::NoMatchingFlavor { .. } => "no_matching_flavor",
+            PendingReason::QuotaExceeded { .. } => "quota",
+            PendingReason::InsufficientCapacity {
+                workers_lacking_cpu_memory,
+                ..
+            } => {
+                if *workers_lacking_cpu_memory > 0 {
+                    "capacity_cpu_memory"
+                } else {
+                    "capacity"
+                }
+            }
+            PendingReason::HeldForReservation { .. } => "held_for_reservation",
+            PendingReason::AwaitingPreemption { .. } => "awaiting_preemption",
+        }
+    }
+
+    /// Units missing, used to pick the most useful reason across flavors.
+    pub fn shortfall(&self) -> u64 {
+        match self {
+            PendingReason::QuotaExceeded {
+                requested,
+                available,
+                ..
+            } => requested.saturating_sub(*available),
+            PendingReason::InsufficientCapacity { units_short, .. } => *units_short,
+            PendingReason::HeldForReservation { .. } | PendingReason::AwaitingPreemption { .. } => {
+                0
+            }
+            PendingReason::QueueNotFound { .. }
+            | PendingReason::QueueOnHold { .. }
+            | PendingReason::NamespaceNotAdmitted { .. }
+            | PendingReason::NoMatchingFlavor { .. } => u64::MAX,
+        }
+    }
+}
+
+impl fmt::Display for PendingReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PendingReason::QueueNotFound { queue } => {
+                write!(f, "TrainingQueue {queue} does not exist")
+            }
+            PendingReason::QueueOnHold { queue, drains } => write!(
+                f,
+                "TrainingQueue {queue} is on hold (stopPolicy: {}) and admits no job until it \
+                 is set back to None",
+                if *drains { "HoldAndDrain" } else { "Hold" }
+            ),
+            PendingReason::NamespaceNotAdmitted {
+                queue,
+                namespace,
+                admitted,
+            } => {
+                write!(
+                    f,
+                    "TrainingQueue {queue} admits jobs of namespaces {} only, not {namespace}: \
+                     name a queue open to {namespace}, or add it to the queue's spec.namespaces",
+                    admitted.join(", ")
+                )
+            }
+            PendingReason::NoMatchingFlavor { wants } => {
+                write!(f, "no flavor of the queue has quota for {wants}")
+            }
+            PendingReason::QuotaExceeded {
+                flavor,
+                resource,
+                requested,
+                available,
+                nominal,
+                used,
+                held_for,
+                holding_cohort_quota,
+            } => {
+                write!(
+                    f,
+                    "quota: flavor {flavor} {resource}: needs {requested}, queue can take {available} \
+                     (nominal {nominal}, in use {used}); {} short",
+                    requested.saturating_sub(*available)
+                )?;
+                if let Some(holder) = held_for {
+                    write!(f, "; quota is kept for job {holder}, ahead in line")?;
+                }
+                if *holding_cohort_quota {
+                    write!(
+                        f,
+                        "; first in line: cohort headroom is kept for this job as it frees up"
+                    )?;
+                }
+                Ok(())
+            }
+            PendingReason::InsufficientCapacity {
+                flavor,
+                resource,
+                workers,
+                units_per_worker,
+                placeable_workers,
+                units_short,
+                reserved_start,
+                fits_when_empty,
+                required_topology,
+                held_by_other_pods,
+                workers_lacking_cpu_memory,
+                cpu_memory_per_worker,
+                node_constrained,
+            } => {
+                let within = match required_topology {
+                    Some(TopologyRequirement::SameZone) => ", all in one zone",
+                    Some(TopologyRequirement::SameRack) => ", all in one rack",
+                    Some(TopologyRequirement::SameNode) => ", all on the same node",
+                    Some(TopologyRequirement::Preferred) | None => "",
+                };
+                write!(
+                    f,
+                    "capacity: flavor {flavor}: {workers} worker(s) x {units_per_worker} {resource} \
+                     on one node each{within}, {placeable_workers} fit now; {units_short} {resource} short"
+                )?;
+                if *held_by_other_pods > 0 {
+                    write!(
+                        f,
+                        "; {held_by_other_pods} {resource} of the flavor held by pods Trainyard does not manage"
+                    )?;
+                }
+                if *workers_lacking_cpu_memory > 0 {
+                    write!(
+                        f,
+                        "; {workers_lacking_cpu_memory} more worker(s) would fit by {resource} but not \
+                         by the CPU or memory free beside it ({cpu_memory_per_worker} per worker)"
+                    )?;
+                }
+                if !fits_when_empty && *node_constrained {
+                    write!(
+                        f,
+                        "; the gang does not fit the nodes of this flavor its node selector, \
+                         affinity, tolerations and GPU memory floor admit, even when they are empty"
+                    )?;
+                } else if !fits_when_empty {
+                    write!(
+                        f,
+                        "; the gang does not fit this flavor even when it is empty"
+                    )?;
+                }
+                if let Some(start) = reserved_start {
+                    write!(f, "; reserved to start by {start}")?;
+                }
+                Ok(())
+            }
+            PendingReason::HeldForReservation {
+                flavor,
+                resource,
+                reserved_for,
+                until,
+            } => write!(
+                f,
+                "backfill: free {resource} in flavor {flavor} is reserved for job {reserved_for} \
+                 starting by {until}; a runtime estimate ending before then would let this job run"
+            ),
+            PendingReason::AwaitingPreemption { victims, evict_at } => write!(
+                f,
+                "preempting {victims} job(s) that are checkpointing; starts after eviction at {evict_at}"
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_quota_flavor_shortfall_and_position() {
+        let e = PendingExplanation {
+            uid: JobUid::new("u"),
+            queue: "team-a".into(),
+            position: 3,
+            queue_length: 7,
+            effective_priority: 5,
+            reason: Arc::new(PendingReason::QuotaExceeded {
+                flavor: "a100".into(),
+                resource: "nvidia.com/gpu".into(),
+                requested: 16,
+                available: 4,
+                nominal: 8,
+                used: 4,
+                held_for: None,
+                holding_cohort_quota: false,
+            }),
+        };
+        let text = e.message();
+        assert!(text.contains("position 3 of 7 in queue team-a"), "{text}");
+        assert!(text.contains("flavor a100 nvidia.com/gpu"), "{text}");
+        assert!(text.contains("12 short"), "{text}");
+    }
+}
