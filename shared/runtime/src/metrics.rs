@@ -2,7 +2,10 @@
 //! registry. Labels are bounded: consumer names, outcomes and error categories,
 //! never a job name.
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::process_collector::ProcessCollector;
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 use crate::error::RuntimeError;
 
@@ -97,7 +100,69 @@ impl RuntimeMetrics {
     }
 }
 
+/// Registers `trainyard_build_info` (always 1; the labels say which service
+/// and which release runs) and the standard `process_*` metrics of this
+/// process (CPU seconds, resident memory, open file descriptors, start time).
+pub fn register_process_metrics(registry: &Registry, service: &str) -> Result<(), RuntimeError> {
+    let build_info = IntGaugeVec::new(
+        Opts::new(
+            "trainyard_build_info",
+            "Always 1; labels name the service and its release",
+        ),
+        &["service", "version"],
+    )
+    .map_err(metric_error)?;
+    build_info
+        .with_label_values(&[service, env!("CARGO_PKG_VERSION")])
+        .set(1);
+    registry
+        .register(Box::new(build_info))
+        .map_err(metric_error)?;
+    registry
+        .register(Box::new(ProcessCollector::for_self()))
+        .map_err(metric_error)?;
+    Ok(())
+}
+
 /// Maps a registration error (a programming error such as a duplicate name) into ours.
 pub fn metric_error(err: prometheus::Error) -> RuntimeError {
     RuntimeError::Telemetry(format!("metric registration: {err}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus::{Encoder, TextEncoder};
+
+    use super::*;
+
+    fn exposition(registry: &Registry) -> String {
+        let mut text = Vec::new();
+        TextEncoder::new()
+            .encode(&registry.gather(), &mut text)
+            .expect("encodes");
+        String::from_utf8(text).expect("utf-8")
+    }
+
+    #[test]
+    fn build_info_and_process_metrics_are_exposed() {
+        let registry = Registry::new();
+        register_process_metrics(&registry, "planner").expect("registers");
+        let text = exposition(&registry);
+        let build_info = format!(
+            "trainyard_build_info{{service=\"planner\",version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.contains(&build_info), "{text}");
+        for name in [
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_start_time_seconds",
+        ] {
+            assert!(
+                text.contains(&format!("\n{name} ")),
+                "{name} missing from {text}"
+            );
+        }
+    }
 }

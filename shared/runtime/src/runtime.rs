@@ -15,7 +15,7 @@ use trainyard_contracts::{Bucket, ConsumerSpec, Service};
 use crate::consumer::{self, ConsumerContext, Handler};
 use crate::error::RuntimeError;
 use crate::http::{self, Readiness};
-use crate::metrics::RuntimeMetrics;
+use crate::metrics::{RuntimeMetrics, register_process_metrics};
 use crate::nats;
 use crate::publisher::Publisher;
 use crate::settings::Settings;
@@ -45,6 +45,7 @@ impl Runtime {
     ) -> Result<Self, RuntimeError> {
         let registry = Registry::new();
         let metrics = RuntimeMetrics::register(&registry)?;
+        register_process_metrics(&registry, service.name())?;
         let readiness = Readiness::default();
         let tracker = TaskTracker::new();
         let http_addr = http::serve(
