@@ -6,7 +6,8 @@
 #      parsed by promtool;
 #   3. `kubectl kustomize` renders deploy/ (a Service per Deployment, the
 #      ServiceMonitor, rules, PriorityClasses) and deploy/ml-namespace/;
-#   4. the Dockerfile with hadolint;
+#   4. compose/: every component, restart policies, healthchecks, mounted files,
+#      its Prometheus config and rules; the Dockerfiles with hadolint;
 #   5. unless --static: a real Prometheus server scrapes the seven services
 #      running against the simulator, every metric the dashboards and alerts use
 #      exists, and a failing job makes TrainyardJobFailed fire.
@@ -106,6 +107,31 @@ for kind in ("PrometheusRule", "PriorityClass", "ResourceQuota", "LimitRange"):
 images = sorted({c["image"] for d in kinds["Deployment"] for c in d["spec"]["template"]["spec"]["containers"]})
 print(f"  {len(docs)} objects; {len(deployments)} Deployments, each with a Service; images {images}")
 PY
+
+echo "== compose/"
+prometheus_rules_file "$work/compose-rules.yaml"
+python3 - "$work/compose-rules.yaml" <<'PY'
+import os, sys, yaml
+assert yaml.safe_load(open("compose/prometheus/rules.yaml")) == yaml.safe_load(open(sys.argv[1])), \
+    "compose/prometheus/rules.yaml differs from deploy/monitoring/prometheusrule.yaml; regenerate it"
+compose = yaml.safe_load(open("compose/docker-compose.yaml"))
+services = compose["services"]
+for name in ("nats", "simulator", "prometheus", "grafana", "mlflow", "watcher", "planner", "gpu-allocator",
+             "hpo-tuner", "checkpoint-manager", "cost-optimizer", "notifier"):
+    assert name in services, f"compose lacks {name}"
+for name, service in services.items():
+    assert service.get("restart") == "unless-stopped", f"compose {name}: no restart policy"
+    for dep, cond in (service.get("depends_on") or {}).items():
+        assert dep in services, f"compose {name} depends on unknown {dep}"
+        if cond["condition"] == "service_healthy":
+            assert "healthcheck" in services[dep], f"compose {name} waits for {dep}, which has no healthcheck"
+    for volume in service.get("volumes", []):
+        source = volume.split(":")[0]
+        if source.startswith("."):
+            assert os.path.exists(os.path.join("compose", source)), f"compose {name}: {source} missing"
+print(f"  {len(services)} services, restart policies, healthchecks waited on, mounted files present")
+PY
+promtool check config compose/prometheus/prometheus.yml >/dev/null
 
 echo "== hadolint"
 hadolint deploy/Dockerfile deploy/trainer/*.Dockerfile
