@@ -88,6 +88,9 @@ open(f"{work}/metrics.txt", "w").write("\n".join(sorted(metrics)) + "\n")
 PY
 promtool check rules "$work/dashboards.rules.yaml"
 
+echo "== docs/crd-reference.md and docs/dashboards.md up to date"
+python3 scripts/lib/gen_docs.py --check
+
 echo "== kubectl kustomize deploy/ and deploy/ml-namespace/"
 { kubectl kustomize deploy/; echo ---; kubectl kustomize deploy/ml-namespace/; } >"$work/rendered.yaml"
 python3 - "$work/rendered.yaml" <<'PY'
