@@ -56,3 +56,17 @@ for alert in json.load(sys.stdin)["data"]["alerts"]:
         print(name, " ".join(f"{k}={v}" for k, v in sorted(labels.items())))
 '
 }
+
+# Alerts that fired at any time in the last $2 seconds on the Prometheus at $1,
+# one a line with its labels.
+prometheus_alerts_fired() {
+  curl -fsS --get "$1/api/v1/query" \
+    --data-urlencode "query=max_over_time(ALERTS{alertstate=\"firing\"}[${2}s])" | python3 -c '
+import json, sys
+for series in json.load(sys.stdin)["data"]["result"]:
+    labels = series["metric"]
+    name = labels.pop("alertname")
+    labels.pop("alertstate", None)
+    print(name, " ".join(f"{k}={v}" for k, v in sorted(labels.items())))
+'
+}
