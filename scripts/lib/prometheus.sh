@@ -63,10 +63,13 @@ prometheus_alerts_fired() {
   curl -fsS --get "$1/api/v1/query" \
     --data-urlencode "query=max_over_time(ALERTS{alertstate=\"firing\"}[${2}s])" | python3 -c '
 import json, sys
-for series in json.load(sys.stdin)["data"]["result"]:
+fired = json.load(sys.stdin)["data"]["result"]
+for series in fired:
     labels = series["metric"]
     name = labels.pop("alertname")
     labels.pop("alertstate", None)
     print(name, " ".join(f"{k}={v}" for k, v in sorted(labels.items())))
+if not fired:
+    print("none")
 '
 }
