@@ -124,6 +124,56 @@ pub fn register_process_metrics(registry: &Registry, service: &str) -> Result<()
     Ok(())
 }
 
+/// Size of each JetStream stream against its limits, as the server reports
+/// it. Every service reports every stream (they all provision them), so
+/// queries take `max by (stream)`.
+#[derive(Clone)]
+pub struct StreamMetrics {
+    pub bytes: IntGaugeVec,
+    pub messages: IntGaugeVec,
+    /// 0 when the stream has no byte limit.
+    pub max_bytes: IntGaugeVec,
+}
+
+impl StreamMetrics {
+    pub fn register(registry: &Registry) -> Result<Self, RuntimeError> {
+        let gauge = |name: &str, help: &str| {
+            let gauge =
+                IntGaugeVec::new(Opts::new(name, help), &["stream"]).map_err(metric_error)?;
+            registry
+                .register(Box::new(gauge.clone()))
+                .map_err(metric_error)?;
+            Ok::<_, RuntimeError>(gauge)
+        };
+        Ok(Self {
+            bytes: gauge(
+                "trainyard_stream_bytes",
+                "Bytes stored in a JetStream stream",
+            )?,
+            messages: gauge(
+                "trainyard_stream_messages",
+                "Messages stored in a JetStream stream",
+            )?,
+            max_bytes: gauge(
+                "trainyard_stream_max_bytes",
+                "Byte limit of a JetStream stream (0: none)",
+            )?,
+        })
+    }
+
+    /// Records one stream's figures.
+    pub fn observe(&self, stream: &str, bytes: u64, messages: u64, max_bytes: i64) {
+        let clamp = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+        self.bytes.with_label_values(&[stream]).set(clamp(bytes));
+        self.messages
+            .with_label_values(&[stream])
+            .set(clamp(messages));
+        self.max_bytes
+            .with_label_values(&[stream])
+            .set(max_bytes.max(0));
+    }
+}
+
 /// Maps a registration error (a programming error such as a duplicate name) into ours.
 pub fn metric_error(err: prometheus::Error) -> RuntimeError {
     RuntimeError::Telemetry(format!("metric registration: {err}"))
