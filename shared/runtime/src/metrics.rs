@@ -215,4 +215,21 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn streams_report_their_size_and_an_unlimited_stream_a_zero_limit() {
+        let registry = Registry::new();
+        let streams = StreamMetrics::register(&registry).expect("registers");
+        streams.observe("TRAINYARD_EVENTS", 2048, 10, 1 << 20);
+        streams.observe("TRAINYARD_WORKER", 512, 3, -1);
+        let text = exposition(&registry);
+        for line in [
+            "trainyard_stream_bytes{stream=\"TRAINYARD_EVENTS\"} 2048",
+            "trainyard_stream_messages{stream=\"TRAINYARD_EVENTS\"} 10",
+            "trainyard_stream_max_bytes{stream=\"TRAINYARD_EVENTS\"} 1048576",
+            "trainyard_stream_max_bytes{stream=\"TRAINYARD_WORKER\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} missing from {text}");
+        }
+    }
 }
