@@ -6,7 +6,7 @@
 # `kubectl get trainingjobs -w`) until all have finished, prints a summary, and
 # stops everything. Ctrl-C stops everything at any time.
 #
-#   scripts/demo.sh [--kubeconfig FILE] [--speed N] [--timeout SECONDS] [--keep-running]
+#   scripts/demo.sh [--kubeconfig FILE] [--speed N] [--timeout SECONDS] [--keep-running] [--observe]
 #
 # --kubeconfig FILE  run against a real cluster instead of the simulator (the CRDs in
 #                    crds/ must be installed, and its pods must reach this machine's NATS
@@ -14,6 +14,8 @@
 # --speed N          simulated seconds per real second (default: the cluster file's).
 # --timeout SECONDS  give up waiting for the jobs after this long (default 600).
 # --keep-running     after the summary, keep everything running until Ctrl-C.
+# --observe          also run Prometheus (Debian's package) with the alert rules,
+#                    scraping the services; print its URL and the alerts that fired.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/deps.sh
@@ -23,13 +25,15 @@ kubeconfig=""
 speed=""
 timeout=600
 keep_running=no
-usage="usage: scripts/demo.sh [--kubeconfig FILE] [--speed N] [--timeout SECONDS] [--keep-running]"
+observe=no
+usage="usage: scripts/demo.sh [--kubeconfig FILE] [--speed N] [--timeout SECONDS] [--keep-running] [--observe]"
 while [ $# -gt 0 ]; do
   case "$1" in
     --kubeconfig) kubeconfig="${2:?$usage}"; shift 2 ;;
     --speed) speed="${2:?$usage}"; shift 2 ;;
     --timeout) timeout="${2:?$usage}"; shift 2 ;;
     --keep-running) keep_running=yes; shift ;;
+    --observe) observe=yes; shift ;;
     -h|--help) echo "$usage"; exit 0 ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
@@ -108,6 +112,17 @@ for service in "${services[@]}"; do
   printf '%-20s %-8s %-28s %s\n' "$service" "$state" "http://127.0.0.1:$p/metrics" "$work/$service.log"
 done
 echo "NATS: $nats_url   KUBECONFIG=$kubeconfig"
+if [ "$observe" = yes ]; then
+  source scripts/lib/prometheus.sh
+  ensure_prometheus >/dev/null
+  targets=()
+  for service in "${services[@]}"; do targets+=("$service=127.0.0.1:${http_port[$service]}"); done
+  prometheus_port=${TRAINYARD_DEMO_PROMETHEUS_PORT:-9190}
+  start_prometheus "$work/prometheus" "$prometheus_port" "${targets[@]}"
+  pids+=("$(cat "$work/prometheus/prometheus.pid")")
+  observed_from=$(date +%s)
+  echo "Prometheus: http://127.0.0.1:$prometheus_port (alerts: http://127.0.0.1:$prometheus_port/alerts)"
+fi
 
 trainyard=target/release/trainyard
 echo
@@ -126,6 +141,11 @@ echo "== sweeps"
 echo
 echo "== summary"
 "$trainyard" summary -A || status=$?
+if [ "$observe" = yes ]; then
+  echo
+  echo "== alerts that fired during the run (http://127.0.0.1:$prometheus_port/alerts)"
+  prometheus_alerts_fired "http://127.0.0.1:$prometheus_port" $(( $(date +%s) - observed_from + 1 )) || status=$?
+fi
 
 if [ "$keep_running" = yes ]; then
   echo

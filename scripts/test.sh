@@ -7,6 +7,8 @@ source scripts/lib/deps.sh
 ensure_nats_server
 ensure_nats_py
 ensure_mlflow
+ensure_prometheus
+ensure_hadolint
 
 # Incremental artifacts are 40 % of a clean build's target directory (2.5 of
 # 6.1 GB) and a one-shot run never reuses them; a full disk once failed CI.
@@ -19,5 +21,7 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee target/test-output.log
+echo "== alerts, dashboards, manifests, Dockerfiles, and a real Prometheus scraping the stack"
+scripts/check-monitoring.sh
 echo "== summary"
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "%d passed, %d failed, %d skipped\n", p, f, i }' target/test-output.log

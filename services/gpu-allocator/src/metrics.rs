@@ -3,10 +3,11 @@
 //! pending reasons, message types and outcomes; never a job name.
 
 use prometheus::{
-    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 
-use gpu_allocator_core::PendingReason;
+use gpu_allocator_core::{PendingReason, QueueUsage};
 
 use crate::error::ServiceError;
 use crate::state::CycleReport;
@@ -25,6 +26,9 @@ pub struct AllocatorMetrics {
     pub queue_depth: IntGaugeVec,
     pub pending_by_reason: IntGaugeVec,
     pub gpus: IntGaugeVec,
+    pub gpu_allocation_ratio: Gauge,
+    pub queue_usage: IntGaugeVec,
+    pub queue_borrowed: IntGaugeVec,
     pub events: IntCounterVec,
     pub snapshots: IntCounterVec,
     pub snapshot_bytes: IntGauge,
@@ -115,6 +119,27 @@ impl AllocatorMetrics {
                 &["state"],
             )
             .map_err(metric_error)?,
+            gpu_allocation_ratio: Gauge::new(
+                "trainyard_allocator_gpu_allocation_ratio",
+                "Allocated whole GPUs over GPU capacity (0 without capacity)",
+            )
+            .map_err(metric_error)?,
+            queue_usage: IntGaugeVec::new(
+                Opts::new(
+                    "trainyard_queue_usage",
+                    "Units (GPUs or MIG slices) a TrainingQueue's admitted jobs hold, by flavor and resource",
+                ),
+                &["queue", "flavor", "resource"],
+            )
+            .map_err(metric_error)?,
+            queue_borrowed: IntGaugeVec::new(
+                Opts::new(
+                    "trainyard_queue_borrowed",
+                    "Of trainyard_queue_usage, units above the queue's nominal quota, borrowed from its cohort",
+                ),
+                &["queue", "flavor", "resource"],
+            )
+            .map_err(metric_error)?,
             events: IntCounterVec::new(
                 Opts::new(
                     "trainyard_allocator_events_total",
@@ -176,6 +201,15 @@ impl AllocatorMetrics {
             .register(Box::new(metrics.gpus.clone()))
             .map_err(metric_error)?;
         registry
+            .register(Box::new(metrics.gpu_allocation_ratio.clone()))
+            .map_err(metric_error)?;
+        registry
+            .register(Box::new(metrics.queue_usage.clone()))
+            .map_err(metric_error)?;
+        registry
+            .register(Box::new(metrics.queue_borrowed.clone()))
+            .map_err(metric_error)?;
+        registry
             .register(Box::new(metrics.events.clone()))
             .map_err(metric_error)?;
         registry
@@ -217,6 +251,12 @@ impl AllocatorMetrics {
         self.gpus
             .with_label_values(&["allocated"])
             .set(saturating_i64(report.totals.gpus_allocated));
+        let ratio = if report.totals.gpu_capacity == 0 {
+            0.0
+        } else {
+            report.totals.gpus_allocated as f64 / report.totals.gpu_capacity as f64
+        };
+        self.gpu_allocation_ratio.set(ratio);
         for kind in PendingReason::KINDS {
             let jobs = report.pending_by_reason.get(kind).copied().unwrap_or(0);
             self.pending_by_reason
@@ -229,5 +269,74 @@ impl AllocatorMetrics {
                 .with_label_values(&[queue.as_str()])
                 .set(i64::from(*depth));
         }
+    }
+
+    /// Records what each queue's admitted jobs hold, per flavor and resource
+    /// (deleted queues leave).
+    pub fn observe_queue_usage(&self, queues: &[QueueUsage]) {
+        self.queue_usage.reset();
+        self.queue_borrowed.reset();
+        for queue in queues {
+            for held in &queue.resources {
+                let labels = [
+                    queue.name.as_str(),
+                    held.flavor.as_str(),
+                    held.resource.as_str(),
+                ];
+                self.queue_usage
+                    .with_label_values(&labels)
+                    .set(saturating_i64(held.used));
+                self.queue_borrowed
+                    .with_label_values(&labels)
+                    .set(saturating_i64(held.borrowed));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpu_allocator_core::ResourceUsage;
+    use prometheus::core::Collector;
+
+    use super::*;
+
+    fn queue(name: &str, used: u64, borrowed: u64) -> QueueUsage {
+        QueueUsage {
+            name: name.into(),
+            pending: 0,
+            admitted: 1,
+            resources: vec![ResourceUsage {
+                flavor: "a100".into(),
+                resource: "nvidia.com/gpu".into(),
+                used,
+                borrowed,
+            }],
+            weighted_share: 0.0,
+            on_hold: false,
+            drains: false,
+        }
+    }
+
+    #[test]
+    fn queue_usage_follows_the_queues_and_the_ratio_the_gpus() {
+        let metrics = AllocatorMetrics::register(&Registry::new()).expect("registers");
+        metrics.observe_queue_usage(&[queue("research", 12, 4), queue("prod", 8, 0)]);
+        metrics.observe_queue_usage(&[queue("research", 6, 0)]);
+        let labels = ["research", "a100", "nvidia.com/gpu"];
+        assert_eq!(metrics.queue_usage.with_label_values(&labels).get(), 6);
+        assert_eq!(metrics.queue_borrowed.with_label_values(&labels).get(), 0);
+        let families = metrics.queue_usage.collect();
+        assert_eq!(families[0].get_metric().len(), 1, "a deleted queue leaves");
+
+        let mut report = CycleReport::default();
+        report.totals.gpu_capacity = 16;
+        report.totals.gpus_allocated = 12;
+        metrics.observe_cycle(&report, 0.001);
+        assert_eq!(metrics.gpu_allocation_ratio.get(), 0.75);
+        report.totals.gpu_capacity = 0;
+        report.totals.gpus_allocated = 0;
+        metrics.observe_cycle(&report, 0.001);
+        assert_eq!(metrics.gpu_allocation_ratio.get(), 0.0);
     }
 }

@@ -303,6 +303,9 @@ impl CycleLoop {
                 allocation
                     .metrics
                     .observe_cycle(&report, started.elapsed().as_secs_f64());
+                allocation
+                    .metrics
+                    .observe_queue_usage(&state.allocator().queue_usage());
             }
             let generation = state.generation();
             // Decisions wait for a save before they are published, so they are

@@ -5,6 +5,7 @@
 
 pub mod error;
 pub mod events;
+pub mod job_metrics;
 pub mod kubernetes;
 pub mod planner;
 pub mod store;

@@ -26,6 +26,7 @@ use trainyard_contracts::{EntityRef, Incoming, Payload};
 use trainyard_runtime::{Delivery, HandleError, Handler, Publisher};
 
 use crate::error::PlannerError;
+use crate::job_metrics::JobMetrics;
 use crate::kubernetes::{FINALIZER, KubeWriter, ObjectChanges};
 use crate::store::{StateStore, key};
 
@@ -36,6 +37,8 @@ pub struct PlannerMetrics {
     pub reconcile_seconds: HistogramVec,
     pub actions: IntCounterVec,
     pub jobs_in_memory: IntGauge,
+    /// TrainingJobs by state, outcomes, restarts, preemptions, admission waits.
+    pub jobs: Arc<JobMetrics>,
 }
 
 impl PlannerMetrics {
@@ -85,6 +88,7 @@ impl PlannerMetrics {
             reconcile_seconds,
             actions,
             jobs_in_memory,
+            jobs: Arc::new(JobMetrics::register(registry)?),
         })
     }
 }
@@ -346,7 +350,18 @@ impl Planner {
             }
             entry.loaded = true;
         }
+        let preemption =
+            matches!(&input, Input::Observe(o) if matches!(o.as_ref(), Observation::Preemption(_)));
         let result = self.apply(&key, entity, &mut entry, at, input).await;
+        if preemption && result.is_ok() {
+            self.metrics.jobs.preempted(&key, &entity.namespace);
+        }
+        if let Some(job) = &entry.object {
+            let state = job.status.as_ref().and_then(|status| status.state);
+            self.metrics
+                .jobs
+                .observe_state(&key, &entity.namespace, job.spec.queue_name(), state);
+        }
         let finished_or_gone = entry.object.as_ref().is_none_or(|job| {
             job.status
                 .as_ref()
@@ -472,6 +487,7 @@ impl Planner {
         let dedup = format!("finalized:{}:{}", entity.key(), entity.uid);
         self.publisher.publish_with_id(envelope, &dedup).await?;
         self.store.delete(key).await?;
+        self.metrics.jobs.forget(key);
         entry.object = None;
         entry.state = PlannerJobState::default();
         entry.observed_unsaved = false;
@@ -548,12 +564,16 @@ impl Planner {
                     transition,
                     dedup_key,
                 } => {
+                    // Counted once published: a failed publish is retried with the message.
                     self.publisher
                         .publish_with_id(
-                            self.publisher.envelope(entity.clone(), transition),
+                            self.publisher.envelope(entity.clone(), transition.clone()),
                             &dedup_key,
                         )
                         .await?;
+                    self.metrics
+                        .jobs
+                        .transitioned(&key(entity), &namespace, &transition);
                 }
                 PlannerAction::UpdateStatus(status) => {
                     let interval = Duration::from_millis(self.config.min_status_interval_ms);

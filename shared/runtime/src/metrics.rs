@@ -2,7 +2,10 @@
 //! registry. Labels are bounded: consumer names, outcomes and error categories,
 //! never a job name.
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::process_collector::ProcessCollector;
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 use crate::error::RuntimeError;
 
@@ -97,7 +100,136 @@ impl RuntimeMetrics {
     }
 }
 
+/// Registers `trainyard_build_info` (always 1; the labels say which service
+/// and which release runs) and the standard `process_*` metrics of this
+/// process (CPU seconds, resident memory, open file descriptors, start time).
+pub fn register_process_metrics(registry: &Registry, service: &str) -> Result<(), RuntimeError> {
+    let build_info = IntGaugeVec::new(
+        Opts::new(
+            "trainyard_build_info",
+            "Always 1; labels name the service and its release",
+        ),
+        &["service", "version"],
+    )
+    .map_err(metric_error)?;
+    build_info
+        .with_label_values(&[service, env!("CARGO_PKG_VERSION")])
+        .set(1);
+    registry
+        .register(Box::new(build_info))
+        .map_err(metric_error)?;
+    registry
+        .register(Box::new(ProcessCollector::for_self()))
+        .map_err(metric_error)?;
+    Ok(())
+}
+
+/// Size of each JetStream stream against its limits, as the server reports
+/// it. Every service reports every stream (they all provision them), so
+/// queries take `max by (stream)`.
+#[derive(Clone)]
+pub struct StreamMetrics {
+    pub bytes: IntGaugeVec,
+    pub messages: IntGaugeVec,
+    /// 0 when the stream has no byte limit.
+    pub max_bytes: IntGaugeVec,
+}
+
+impl StreamMetrics {
+    pub fn register(registry: &Registry) -> Result<Self, RuntimeError> {
+        let gauge = |name: &str, help: &str| {
+            let gauge =
+                IntGaugeVec::new(Opts::new(name, help), &["stream"]).map_err(metric_error)?;
+            registry
+                .register(Box::new(gauge.clone()))
+                .map_err(metric_error)?;
+            Ok::<_, RuntimeError>(gauge)
+        };
+        Ok(Self {
+            bytes: gauge(
+                "trainyard_stream_bytes",
+                "Bytes stored in a JetStream stream",
+            )?,
+            messages: gauge(
+                "trainyard_stream_messages",
+                "Messages stored in a JetStream stream",
+            )?,
+            max_bytes: gauge(
+                "trainyard_stream_max_bytes",
+                "Byte limit of a JetStream stream (0: none)",
+            )?,
+        })
+    }
+
+    /// Records one stream's figures.
+    pub fn observe(&self, stream: &str, bytes: u64, messages: u64, max_bytes: i64) {
+        let clamp = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+        self.bytes.with_label_values(&[stream]).set(clamp(bytes));
+        self.messages
+            .with_label_values(&[stream])
+            .set(clamp(messages));
+        self.max_bytes
+            .with_label_values(&[stream])
+            .set(max_bytes.max(0));
+    }
+}
+
 /// Maps a registration error (a programming error such as a duplicate name) into ours.
 pub fn metric_error(err: prometheus::Error) -> RuntimeError {
     RuntimeError::Telemetry(format!("metric registration: {err}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus::{Encoder, TextEncoder};
+
+    use super::*;
+
+    fn exposition(registry: &Registry) -> String {
+        let mut text = Vec::new();
+        TextEncoder::new()
+            .encode(&registry.gather(), &mut text)
+            .expect("encodes");
+        String::from_utf8(text).expect("utf-8")
+    }
+
+    #[test]
+    fn build_info_and_process_metrics_are_exposed() {
+        let registry = Registry::new();
+        register_process_metrics(&registry, "planner").expect("registers");
+        let text = exposition(&registry);
+        let build_info = format!(
+            "trainyard_build_info{{service=\"planner\",version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.contains(&build_info), "{text}");
+        for name in [
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_start_time_seconds",
+        ] {
+            assert!(
+                text.contains(&format!("\n{name} ")),
+                "{name} missing from {text}"
+            );
+        }
+    }
+
+    #[test]
+    fn streams_report_their_size_and_an_unlimited_stream_a_zero_limit() {
+        let registry = Registry::new();
+        let streams = StreamMetrics::register(&registry).expect("registers");
+        streams.observe("TRAINYARD_EVENTS", 2048, 10, 1 << 20);
+        streams.observe("TRAINYARD_WORKER", 512, 3, -1);
+        let text = exposition(&registry);
+        for line in [
+            "trainyard_stream_bytes{stream=\"TRAINYARD_EVENTS\"} 2048",
+            "trainyard_stream_messages{stream=\"TRAINYARD_EVENTS\"} 10",
+            "trainyard_stream_max_bytes{stream=\"TRAINYARD_EVENTS\"} 1048576",
+            "trainyard_stream_max_bytes{stream=\"TRAINYARD_WORKER\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} missing from {text}");
+        }
+    }
 }

@@ -15,7 +15,7 @@ use trainyard_contracts::{Bucket, ConsumerSpec, Service};
 use crate::consumer::{self, ConsumerContext, Handler};
 use crate::error::RuntimeError;
 use crate::http::{self, Readiness};
-use crate::metrics::RuntimeMetrics;
+use crate::metrics::{RuntimeMetrics, StreamMetrics, register_process_metrics};
 use crate::nats;
 use crate::publisher::Publisher;
 use crate::settings::Settings;
@@ -45,6 +45,7 @@ impl Runtime {
     ) -> Result<Self, RuntimeError> {
         let registry = Registry::new();
         let metrics = RuntimeMetrics::register(&registry)?;
+        register_process_metrics(&registry, service.name())?;
         let readiness = Readiness::default();
         let tracker = TaskTracker::new();
         let http_addr = http::serve(
@@ -62,6 +63,8 @@ impl Runtime {
         let buckets = provision_until_done(service, &settings, &jetstream, &shutdown).await?;
         readiness.set_provisioned(true);
         tracing::info!(service = service.name(), "ready");
+        let streams = StreamMetrics::register(&registry)?;
+        tracker.spawn(watch_streams(jetstream.clone(), streams, shutdown.clone()));
         Ok(Self {
             service,
             publisher: Publisher::new(jetstream.clone(), service, metrics.clone()),
@@ -148,6 +151,43 @@ async fn provision_until_done(
                     _ = shutdown.cancelled() => return Err(err),
                     _ = tokio::time::sleep(nats::reconnect_delay(attempt)) => {}
                 }
+            }
+        }
+    }
+}
+
+/// How often the streams' sizes are read: they change slowly, and each
+/// read is one request per stream to the server.
+const STREAM_POLL: Duration = Duration::from_secs(30);
+
+/// Reads every stream's size and limit until shutdown.
+async fn watch_streams(
+    jetstream: jetstream::Context,
+    metrics: StreamMetrics,
+    shutdown: CancellationToken,
+) {
+    let mut every = tokio::time::interval(STREAM_POLL);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        for spec in &trainyard_contracts::streams::ALL {
+            let info = match jetstream.get_stream(spec.name).await {
+                Ok(mut stream) => stream.info().await.cloned(),
+                Err(err) => {
+                    tracing::debug!(stream = spec.name, error = %err, "stream not readable");
+                    continue;
+                }
+            };
+            match info {
+                Ok(info) => metrics.observe(
+                    spec.name,
+                    info.state.bytes,
+                    info.state.messages,
+                    info.config.max_bytes,
+                ),
+                Err(err) => tracing::debug!(stream = spec.name, error = %err, "stream info failed"),
             }
         }
     }
