@@ -30,8 +30,9 @@ pub async fn setup(runtime: &Runtime, sources: &ConfigSources) -> Result<(), Pla
     start(runtime, sources.section("planner")?, client)
 }
 
-/// Starts the planner's consumers on `runtime` against `client`, then reconciles
-/// every existing TrainingJob once.
+/// Competes for the planner's lease; once this replica holds it, starts the
+/// consumers on `runtime` against `client` and reconciles every existing
+/// TrainingJob once. A standby replica reads and writes nothing until then.
 pub fn start(
     runtime: &Runtime,
     config: PlannerConfig,
@@ -41,20 +42,31 @@ pub fn start(
         PlannerError::Store("bucket trainyard_planner was not provisioned".into())
     })?;
     let metrics = PlannerMetrics::register(&runtime.registry)?;
+    let lease = runtime.lease()?;
     let planner = Planner::new(
         KubeWriter::new(client, &config.field_manager),
         runtime.publisher.clone(),
         StateStore::new(bucket),
         config,
         metrics,
+        lease.clone(),
         runtime.shutdown.clone(),
     );
     planner.spawn_release();
     let handler = Arc::new(PlannerHandler(planner.clone()));
+    let consumers = runtime.consumers();
     for consumer in Service::Planner.consumers() {
-        runtime.spawn_consumer(consumer, handler.clone());
+        consumers.spawn_when_leading(consumer, handler.clone(), &lease);
     }
+    let shutdown = runtime.shutdown.clone();
     runtime.spawn(async move {
+        let leading = tokio::select! {
+            _ = shutdown.cancelled() => None,
+            token = lease.acquired() => token,
+        };
+        if leading.is_none() {
+            return;
+        }
         match planner.resync().await {
             Ok(count) => tracing::info!(count, "resynced existing TrainingJobs"),
             Err(err) => {
