@@ -20,13 +20,25 @@ pub use kubernetes::KubeWriter;
 pub use planner::{Planner, PlannerHandler, PlannerMetrics};
 pub use store::StateStore;
 
+/// Longest wait for a connection to the Kubernetes API server.
+const API_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Longest wait for one Kubernetes API request or response.
+const API_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Service setup with a Kubernetes client from the environment (in-cluster or kubeconfig).
 pub async fn setup(runtime: &Runtime, sources: &ConfigSources) -> Result<(), PlannerError> {
     // Tests link a second TLS backend; name the one in use so rustls need not guess.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = kube::Client::try_default()
+    let mut config = kube::Config::infer()
         .await
-        .map_err(PlannerError::Client)?;
+        .map_err(|err| PlannerError::Client(kube::Error::InferConfig(err)))?;
+    // Every call ends: a stalled API server fails the message, which is
+    // retried, rather than hanging its lane for ever. The planner never
+    // watches, so no call legitimately outlasts these.
+    config.connect_timeout = Some(API_CONNECT_TIMEOUT);
+    config.read_timeout = Some(API_CALL_TIMEOUT);
+    config.write_timeout = Some(API_CALL_TIMEOUT);
+    let client = kube::Client::try_from(config).map_err(PlannerError::Client)?;
     start(runtime, sources.section("planner")?, client)
 }
 
