@@ -32,6 +32,9 @@ pub enum ServiceError {
     /// A metric could not be registered.
     #[error("metrics: {0}")]
     Metrics(String),
+    /// Another replica holds the allocator lease now: this one must stop.
+    #[error("fenced out: {0}")]
+    Fenced(String),
 }
 
 impl ServiceError {
@@ -56,6 +59,7 @@ impl ServiceError {
             ServiceError::Runtime(err) => err.category(),
             ServiceError::Store(_) => "store",
             ServiceError::Metrics(_) => "metrics",
+            ServiceError::Fenced(_) => "fenced",
         }
     }
 }
@@ -70,9 +74,10 @@ impl From<ServiceError> for HandleError {
                 category: err.category(),
                 reason: err.to_string(),
             },
-            ServiceError::Runtime(_) | ServiceError::Store(_) | ServiceError::Metrics(_) => {
-                HandleError::Retry(err.to_string())
-            }
+            ServiceError::Runtime(_)
+            | ServiceError::Store(_)
+            | ServiceError::Metrics(_)
+            | ServiceError::Fenced(_) => HandleError::Retry(err.to_string()),
         }
     }
 }

@@ -32,7 +32,7 @@ use trainyard_contracts::events::{NodeObserved, TrainingJobChanged, TrainingQueu
 use trainyard_contracts::lifecycle::{TrainingJobFinalized, TrainingJobTransitioned};
 use trainyard_contracts::streams::ConsumerSpec;
 use trainyard_contracts::{EntityRef, Incoming, Payload};
-use trainyard_runtime::{Delivery, HandleError, Handler, Publisher};
+use trainyard_runtime::{Delivery, HandleError, Handler, Lease, Publisher};
 
 use crate::config::AllocatorServiceConfig;
 use crate::error::ServiceError;
@@ -75,8 +75,8 @@ pub fn apply_message(state: &mut AllocatorState, message: &Incoming) -> Result<(
 }
 
 /// Replays the messages `consumer` reads that come after the last one the
-/// snapshot recorded for its stream, in stream order, up to the end of the
-/// stream at call time (later ones reach the durable consumer as usual).
+/// snapshot recorded for its stream, in stream order, up to the last one its
+/// durable consumer acked (later ones reach the durable consumer as usual).
 /// Run before the consumers start. A message the state rejects is skipped:
 /// the consumer dead-lettered it when it first arrived. Returns how many
 /// messages were read.
@@ -90,16 +90,18 @@ pub async fn replay(
         ServiceError::Store(format!("replaying {stream_name}: {what}: {err}"))
     };
     let after = state.applied_sequence(stream_name);
-    let mut stream = jetstream
+    let stream = jetstream
         .get_stream(stream_name)
         .await
         .map_err(|e| store_error("get stream", &e))?;
-    let last = stream
-        .info()
-        .await
-        .map_err(|e| store_error("stream info", &e))?
-        .state
-        .last_sequence;
+    // Up to the durable consumer's ack floor: what it handled (applied or
+    // dead-lettered). Later messages reach it as usual, so a bad one is
+    // dead-lettered rather than skipped here as already applied.
+    let last = match stream.consumer_info(&consumer.durable).await {
+        Ok(info) => info.ack_floor.stream_sequence,
+        Err(err) if err.kind() == jetstream::context::ConsumerInfoErrorKind::NotFound => 0,
+        Err(err) => return Err(store_error("consumer info", &err)),
+    };
     if last <= after {
         return Ok(0);
     }
@@ -255,6 +257,9 @@ pub struct CycleLoop {
     pub allocation: Arc<Allocation>,
     pub snapshots: SnapshotStore,
     pub publisher: Publisher,
+    /// Held while this replica is the active allocator; checked before every
+    /// save and publish.
+    pub lease: Lease,
 }
 
 impl CycleLoop {
@@ -329,6 +334,10 @@ impl CycleLoop {
                 state.outbox().iter().cloned().collect::<Vec<_>>(),
             )
         };
+        if let Err(err) = self.lease.fence() {
+            tracing::warn!(error = %err, "not saving or publishing");
+            return;
+        }
         if let Some(snapshot) = snapshot {
             let bytes = match serde_json::to_vec(&snapshot) {
                 Ok(bytes) => bytes,
@@ -352,6 +361,11 @@ impl CycleLoop {
                         .snapshot_bytes
                         .set(i64::try_from(stored).unwrap_or(i64::MAX));
                 }
+                Err(err @ ServiceError::Fenced(_)) => {
+                    tracing::error!(error = %err, "another allocator took over; shutting down");
+                    allocation.shutdown.cancel();
+                    return;
+                }
                 Err(err) => {
                     allocation
                         .metrics
@@ -367,6 +381,9 @@ impl CycleLoop {
         for outgoing in outbox {
             if !saved && outgoing.is_decision() {
                 continue;
+            }
+            if self.lease.fence().is_err() {
+                break;
             }
             match publish(&self.publisher, &outgoing).await {
                 Ok(()) => allocation.lock().published(outgoing.id()),

@@ -6,6 +6,14 @@
 //! names the save: a crash between the two leaves the previous manifest and its
 //! chunks intact. The previous save's chunks are purged after the manifest moves.
 //!
+//! Only the replica holding the allocator's lease writes, and the manifest
+//! carries that lease's fencing token: a replica taking over claims the
+//! manifest with its token (a compare-and-set on the manifest's revision),
+//! and every later manifest write is a compare-and-set too, so a replica that
+//! lost the lease cannot replace a snapshot, and its decisions are either in
+//! the snapshot the new holder loaded or never published. Chunk keys carry
+//! the token as well, so two holders never write the same chunk.
+//!
 //! The chunks hold the JSON compressed with LZ4 (block format, size first):
 //! the state repeats its field names and labels, so a save is about a tenth
 //! of its JSON, and nats-server stores and the allocator sends that much less
@@ -29,6 +37,13 @@ pub const CHUNK_BYTES: usize = 256 * 1024;
 struct Manifest {
     /// Counter of saves; names the chunk keys.
     chunked_save: u64,
+    /// The lease token of the replica that last wrote the manifest (0:
+    /// written before leases).
+    #[serde(default)]
+    fencing_token: u64,
+    /// The lease token the chunks were written under, part of their keys.
+    #[serde(default)]
+    chunks_token: u64,
     parts: u32,
     /// Bytes stored in the chunks.
     size: usize,
@@ -46,8 +61,19 @@ enum Encoding {
     Lz4Json,
 }
 
-fn chunk_key(save: u64, part: u32) -> String {
-    format!("{SNAPSHOT_KEY}.{save}.{part}")
+impl Manifest {
+    /// The middle of its chunk keys: `<save>`, or `<token>-<save>` once
+    /// written under a lease.
+    fn save_name(&self) -> String {
+        match self.chunks_token {
+            0 => self.chunked_save.to_string(),
+            token => format!("{token}-{}", self.chunked_save),
+        }
+    }
+
+    fn chunk_key(&self, part: u32) -> String {
+        format!("{SNAPSHOT_KEY}.{}.{part}", self.save_name())
+    }
 }
 
 fn store_error(action: &str, error: impl std::fmt::Display) -> ServiceError {
@@ -62,48 +88,110 @@ fn unreadable(detail: String) -> ServiceError {
     ))
 }
 
+fn fenced(token: u64) -> ServiceError {
+    ServiceError::Fenced(format!(
+        "the snapshot was written by a newer holder of the allocator lease than token {token}"
+    ))
+}
+
 /// Reads and writes the snapshot.
 pub struct SnapshotStore {
     bucket: kv::Store,
     current: Option<Manifest>,
+    /// Revision of the manifest key as this store last read or wrote it
+    /// (0: no snapshot yet); every manifest write expects it.
+    revision: u64,
+    /// The lease token this store writes under.
+    token: u64,
 }
 
 impl SnapshotStore {
-    /// Opens the store and loads the saved state, if any.
-    pub async fn open(bucket: kv::Store) -> Result<(Self, Option<PersistedState>), ServiceError> {
+    /// Opens the store as the holder of lease token `token`, loads the saved
+    /// state, if any, and claims the manifest with the token, so that a
+    /// previous holder's later saves fail. Fails with `Fenced` when a newer
+    /// holder wrote the snapshot.
+    pub async fn open(
+        bucket: kv::Store,
+        token: u64,
+    ) -> Result<(Self, Option<PersistedState>), ServiceError> {
         let mut store = Self {
             bucket,
             current: None,
+            revision: 0,
+            token,
         };
-        let Some(head) = store
-            .bucket
-            .get(SNAPSHOT_KEY)
-            .await
-            .map_err(|e| store_error(&format!("get {SNAPSHOT_KEY}"), e))?
-        else {
-            return Ok((store, None));
-        };
-        let bytes = match serde_json::from_slice::<Manifest>(&head) {
-            Ok(manifest) => {
-                let stored = store.read_chunks(manifest).await?;
-                store.current = Some(manifest);
-                match manifest.encoding {
-                    Encoding::Json => stored,
-                    Encoding::Lz4Json => lz4_flex::decompress_size_prepended(&stored)
-                        .map_err(|e| unreadable(format!("LZ4: {e}")))?,
+        loop {
+            let Some(head) = store
+                .bucket
+                .entry(SNAPSHOT_KEY)
+                .await
+                .map_err(|e| store_error(&format!("get {SNAPSHOT_KEY}"), e))?
+                .filter(|entry| entry.operation == kv::Operation::Put)
+            else {
+                return Ok((store, None));
+            };
+            store.revision = head.revision;
+            let (bytes, manifest) = match serde_json::from_slice::<Manifest>(&head.value) {
+                Ok(manifest) => {
+                    if manifest.fencing_token > token {
+                        return Err(fenced(token));
+                    }
+                    let stored = store.read_chunks(manifest).await?;
+                    let bytes = match manifest.encoding {
+                        Encoding::Json => stored,
+                        Encoding::Lz4Json => lz4_flex::decompress_size_prepended(&stored)
+                            .map_err(|e| unreadable(format!("LZ4: {e}")))?,
+                    };
+                    (bytes, Some(manifest))
                 }
+                // A snapshot saved whole, before chunking.
+                Err(_) => (head.value.to_vec(), None),
+            };
+            let state = serde_json::from_slice(&bytes).map_err(|e| unreadable(e.to_string()))?;
+            store.current = manifest;
+            match manifest {
+                Some(manifest) if manifest.fencing_token < token => {
+                    let claimed = Manifest {
+                        fencing_token: token,
+                        ..manifest
+                    };
+                    match store.write_manifest(claimed).await {
+                        Ok(()) => store.current = Some(claimed),
+                        // A previous holder saved meanwhile: load its save.
+                        Err(ServiceError::Fenced(_)) => continue,
+                        Err(err) => return Err(err),
+                    }
+                }
+                _ => {}
             }
-            // A snapshot saved whole, before chunking.
-            Err(_) => head.to_vec(),
-        };
-        let state = serde_json::from_slice(&bytes).map_err(|e| unreadable(e.to_string()))?;
-        Ok((store, Some(state)))
+            return Ok((store, Some(state)));
+        }
+    }
+
+    /// Writes the manifest if the key is still at the revision this store
+    /// knows; `Fenced` if another writer moved it.
+    async fn write_manifest(&mut self, manifest: Manifest) -> Result<(), ServiceError> {
+        let head = serde_json::to_vec(&manifest).map_err(|e| ServiceError::Store(e.to_string()))?;
+        match self
+            .bucket
+            .update(SNAPSHOT_KEY, head.into(), self.revision)
+            .await
+        {
+            Ok(revision) => {
+                self.revision = revision;
+                Ok(())
+            }
+            Err(err) if err.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                Err(fenced(self.token))
+            }
+            Err(err) => Err(store_error(&format!("put {SNAPSHOT_KEY}"), err)),
+        }
     }
 
     async fn read_chunks(&self, manifest: Manifest) -> Result<Vec<u8>, ServiceError> {
         let mut bytes = Vec::with_capacity(manifest.size);
         for part in 0..manifest.parts {
-            let key = chunk_key(manifest.chunked_save, part);
+            let key = manifest.chunk_key(part);
             let chunk = self
                 .bucket
                 .get(&key)
@@ -124,30 +212,27 @@ impl SnapshotStore {
     }
 
     /// Saves `json` as the new snapshot: chunks, then the manifest, then the
-    /// old chunks go. Returns the bytes stored.
+    /// old chunks go. Returns the bytes stored. Fails with `Fenced`, writing
+    /// no manifest, when another holder wrote the manifest since.
     pub async fn save(&mut self, json: &[u8]) -> Result<usize, ServiceError> {
         let bytes = lz4_flex::compress_prepend_size(json);
-        let save = self.current.map_or(1, |m| m.chunked_save + 1);
-        let mut parts = 0u32;
+        let mut manifest = Manifest {
+            chunked_save: self.current.map_or(1, |m| m.chunked_save + 1),
+            fencing_token: self.token,
+            chunks_token: self.token,
+            parts: 0,
+            size: bytes.len(),
+            encoding: Encoding::Lz4Json,
+        };
         for chunk in bytes.chunks(CHUNK_BYTES) {
-            let key = chunk_key(save, parts);
+            let key = manifest.chunk_key(manifest.parts);
             self.bucket
                 .put(&key, chunk.to_vec().into())
                 .await
                 .map_err(|e| store_error(&format!("put {key}"), e))?;
-            parts += 1;
+            manifest.parts += 1;
         }
-        let manifest = Manifest {
-            chunked_save: save,
-            parts,
-            size: bytes.len(),
-            encoding: Encoding::Lz4Json,
-        };
-        let head = serde_json::to_vec(&manifest).map_err(|e| ServiceError::Store(e.to_string()))?;
-        self.bucket
-            .put(SNAPSHOT_KEY, head.into())
-            .await
-            .map_err(|e| store_error(&format!("put {SNAPSHOT_KEY}"), e))?;
+        self.write_manifest(manifest).await?;
         if let Some(previous) = self.current.replace(manifest) {
             self.purge(previous).await;
         }
@@ -158,7 +243,7 @@ impl SnapshotStore {
     /// which the next start cleans up.
     async fn purge(&self, old: Manifest) {
         for part in 0..old.parts {
-            let key = chunk_key(old.chunked_save, part);
+            let key = old.chunk_key(part);
             if let Err(err) = self.bucket.purge(&key).await {
                 tracing::warn!(%key, error = %err, "cannot purge an old snapshot chunk");
             }
@@ -167,7 +252,7 @@ impl SnapshotStore {
 
     /// Purges chunks no manifest names (left by a crash mid-save or a failed purge).
     pub async fn purge_orphans(&self) -> Result<usize, ServiceError> {
-        let current = self.current.map(|m| m.chunked_save);
+        let current = self.current.map(|m| m.save_name());
         let mut keys = self
             .bucket
             .keys()
@@ -180,8 +265,8 @@ impl SnapshotStore {
             let save = key
                 .strip_prefix(&prefix)
                 .and_then(|rest| rest.split_once('.'))
-                .and_then(|(save, _)| save.parse::<u64>().ok());
-            if save.is_some_and(|save| Some(save) != current) {
+                .map(|(save, _)| save);
+            if save.is_some_and(|save| current.as_deref() != Some(save)) {
                 orphans.push(key);
             }
         }

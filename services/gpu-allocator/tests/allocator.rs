@@ -204,6 +204,39 @@ async fn a_restart_never_admits_twice_and_new_jobs_still_get_admitted() {
     stop(second).await;
 }
 
+/// Acks every message waiting for the allocator's durable consumers, as the
+/// service would once it handled them.
+async fn ack_all(runtime: &Runtime, consumers: &[trainyard_contracts::ConsumerSpec]) {
+    use async_nats::jetstream::consumer::{AckPolicy, pull};
+    use futures::StreamExt;
+    for spec in consumers {
+        let stream = runtime
+            .jetstream
+            .get_stream(spec.stream.name)
+            .await
+            .expect("stream");
+        let consumer = stream
+            .create_consumer(pull::Config {
+                durable_name: Some(spec.durable.clone()),
+                filter_subjects: spec.filter_subjects.clone(),
+                ack_policy: AckPolicy::Explicit,
+                ..Default::default()
+            })
+            .await
+            .expect("consumer");
+        let mut batch = consumer
+            .fetch()
+            .max_messages(100)
+            .expires(Duration::from_millis(300))
+            .messages()
+            .await
+            .expect("fetch");
+        while let Some(message) = batch.next().await {
+            message.expect("message").double_ack().await.expect("ack");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_acked_after_the_last_snapshot_are_replayed_from_the_streams() {
     let nats = NatsServer::start();
@@ -230,8 +263,9 @@ async fn messages_acked_after_the_last_snapshot_are_replayed_from_the_streams() 
         }
     };
 
-    // Before the snapshot: the node was applied.
+    // Before the snapshot: the node was applied (and acked).
     node(&runtime, "n1", 8).await;
+    ack_all(&runtime, &consumers).await;
     let (state, read) = replay_all(AllocatorState::new(config()).expect("state")).await;
     assert_eq!(read, 1);
     let snapshot = state.persisted();
@@ -245,6 +279,12 @@ async fn messages_acked_after_the_last_snapshot_are_replayed_from_the_streams() 
     default_queue(&runtime, 8).await;
     job(&runtime, "late", 1, 8, None).await;
     let restored = AllocatorState::restore(config(), snapshot).expect("restores");
+    let (restored, read) = replay_all(restored).await;
+    assert_eq!(
+        read, 0,
+        "messages the consumer has not acked reach it, not the replay"
+    );
+    ack_all(&runtime, &consumers).await;
     let (mut restored, read) = replay_all(restored).await;
     assert_eq!(
         read, 2,
@@ -497,4 +537,53 @@ async fn bad_nodes_and_queues_are_dead_lettered_with_the_field() {
     })
     .await;
     stop(runtime).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_admit_each_job_once_and_the_standby_takes_over_on_a_rolling_restart() {
+    let nats = NatsServer::start();
+    let active = start(&nats, config()).await;
+    let standby = start(&nats, config()).await;
+    node(&active, "n1", 8).await;
+    node(&active, "n2", 8).await;
+    default_queue(&active, 32).await;
+    job(&active, "a", 1, 8, None).await;
+    eventually("a admitted", || async {
+        (admissions(&active).await.len() == 1).then_some(())
+    })
+    .await;
+    // The active replica decided; the standby neither consumed nor decided.
+    assert_eq!(admissions_counter(&active), 1.0);
+    assert_eq!(admissions_counter(&standby), 0.0);
+
+    // A rolling restart: the active one stops, the standby takes over with
+    // its snapshot and admits only what is new.
+    stop(active).await;
+    job(&standby, "a", 1, 8, None).await;
+    job(&standby, "b", 1, 8, None).await;
+    job(&standby, "c", 1, 8, None).await;
+    eventually("b admitted by the new active replica", || async {
+        admissions(&standby)
+            .await
+            .iter()
+            .any(|(name, _)| name == "b")
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let all = admissions(&standby).await;
+    for name in ["a", "b"] {
+        let count = all.iter().filter(|(n, _)| n == name).count();
+        assert_eq!(count, 1, "{name} admitted {count} times: {all:?}");
+    }
+    assert!(
+        all.iter().all(|(name, _)| name != "c"),
+        "two 8-GPU nodes hold two 8-GPU jobs, not three: {all:?}"
+    );
+    assert_eq!(
+        admissions_counter(&standby),
+        1.0,
+        "the new active decided b only"
+    );
+    stop(standby).await;
 }

@@ -1,7 +1,8 @@
 //! The snapshot in chunks, against a real nats-server with its default 1 MiB
 //! message limit: a state far bigger than one message saves and loads whole, a
 //! crash between chunks and manifest keeps the previous save, saves are
-//! compressed, and snapshots from before chunking or compression still load.
+//! compressed, snapshots from before chunking or compression still load, and
+//! a replica whose lease passed to another cannot replace the snapshot.
 
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -12,6 +13,9 @@ use trainyard_gpu_allocator::{
 };
 use trainyard_runtime::{Runtime, Settings};
 use trainyard_testkit::NatsServer;
+
+/// The lease token the tests' stores write under.
+const TOKEN: u64 = 7;
 
 async fn bucket(nats: &NatsServer) -> (Runtime, async_nats::jetstream::kv::Store) {
     let mut settings = Settings::default();
@@ -60,7 +64,9 @@ fn encoded(state: &AllocatorState) -> Vec<u8> {
 
 /// Opens the store and checks that it loads exactly `json`.
 async fn assert_loads(bucket: &async_nats::jetstream::kv::Store, json: &[u8]) -> SnapshotStore {
-    let (store, loaded) = SnapshotStore::open(bucket.clone()).await.expect("opens");
+    let (store, loaded) = SnapshotStore::open(bucket.clone(), TOKEN)
+        .await
+        .expect("opens");
     assert_eq!(
         serde_json::to_vec(&loaded.expect("a snapshot")).expect("encodes"),
         json
@@ -76,7 +82,9 @@ async fn a_snapshot_bigger_than_a_nats_message_saves_and_loads_whole() {
     let bytes = encoded(&state);
     assert!(bytes.len() > 2 * 1024 * 1024, "{} bytes", bytes.len());
 
-    let (mut store, nothing) = SnapshotStore::open(bucket.clone()).await.expect("opens");
+    let (mut store, nothing) = SnapshotStore::open(bucket.clone(), TOKEN)
+        .await
+        .expect("opens");
     assert!(nothing.is_none());
     let stored = store.save(&bytes).await.expect("saves in chunks");
     assert!(
@@ -85,7 +93,7 @@ async fn a_snapshot_bigger_than_a_nats_message_saves_and_loads_whole() {
     );
     assert!(
         bucket
-            .get(format!("{SNAPSHOT_KEY}.1.2"))
+            .get(format!("{SNAPSHOT_KEY}.7-1.2"))
             .await
             .expect("get")
             .is_some(),
@@ -107,11 +115,13 @@ async fn chunks_without_a_manifest_leave_the_previous_save_in_force() {
     let nats = NatsServer::start();
     let (_runtime, bucket) = bucket(&nats).await;
     let first = encoded(&big_state(5));
-    let (mut store, _) = SnapshotStore::open(bucket.clone()).await.expect("opens");
+    let (mut store, _) = SnapshotStore::open(bucket.clone(), TOKEN)
+        .await
+        .expect("opens");
     store.save(&first).await.expect("saves");
     // A crash mid-save: chunks of the next save exist, its manifest does not.
     bucket
-        .put(format!("{SNAPSHOT_KEY}.2.0"), "{\"half\":".into())
+        .put(format!("{SNAPSHOT_KEY}.7-2.0"), "{\"half\":".into())
         .await
         .expect("put");
 
@@ -119,7 +129,7 @@ async fn chunks_without_a_manifest_leave_the_previous_save_in_force() {
     assert_eq!(reopened.purge_orphans().await.expect("purges"), 1);
     assert!(
         bucket
-            .get(format!("{SNAPSHOT_KEY}.2.0"))
+            .get(format!("{SNAPSHOT_KEY}.7-2.0"))
             .await
             .expect("get")
             .is_none()
@@ -142,18 +152,20 @@ async fn a_whole_snapshot_from_before_chunking_still_loads() {
 async fn a_missing_chunk_is_refused_with_what_to_do() {
     let nats = NatsServer::start();
     let (_runtime, bucket) = bucket(&nats).await;
-    let (mut store, _) = SnapshotStore::open(bucket.clone()).await.expect("opens");
+    let (mut store, _) = SnapshotStore::open(bucket.clone(), TOKEN)
+        .await
+        .expect("opens");
     store.save(&encoded(&big_state(3))).await.expect("saves");
     bucket
-        .purge(format!("{SNAPSHOT_KEY}.1.0"))
+        .purge(format!("{SNAPSHOT_KEY}.7-1.0"))
         .await
         .expect("purge");
-    let err = match SnapshotStore::open(bucket).await {
+    let err = match SnapshotStore::open(bucket, TOKEN).await {
         Err(err) => err.to_string(),
         Ok(_) => panic!("a snapshot with a missing chunk must not load"),
     };
     assert!(
-        err.contains("snapshot.1.0 is missing") && err.contains("refusing to start"),
+        err.contains("snapshot.7-1.0 is missing") && err.contains("refusing to start"),
         "{err}"
     );
 }
@@ -175,7 +187,9 @@ async fn a_save_stores_compressed_json() {
             .expect("node applies");
     }
     let json = encoded(&state);
-    let (mut store, _) = SnapshotStore::open(bucket.clone()).await.expect("opens");
+    let (mut store, _) = SnapshotStore::open(bucket.clone(), TOKEN)
+        .await
+        .expect("opens");
     let stored = store.save(&json).await.expect("saves");
     assert!(
         stored * 4 < json.len(),
@@ -203,4 +217,56 @@ async fn a_chunked_snapshot_from_before_compression_still_loads() {
         .await
         .expect("put manifest");
     assert_loads(&bucket, &json).await;
+}
+
+#[tokio::test]
+async fn a_new_lease_holder_fences_out_the_previous_one() {
+    let nats = NatsServer::start();
+    let (_runtime, bucket) = bucket(&nats).await;
+    let (mut old, _) = SnapshotStore::open(bucket.clone(), TOKEN)
+        .await
+        .expect("opens");
+    let before = encoded(&big_state(2));
+    old.save(&before).await.expect("the holder saves");
+
+    // A standby takes the lease over (a larger token) and claims the snapshot.
+    let (mut new, loaded) = SnapshotStore::open(bucket.clone(), TOKEN + 3)
+        .await
+        .expect("the new holder opens");
+    assert_eq!(
+        serde_json::to_vec(&loaded.expect("the old holder's save")).expect("encodes"),
+        before
+    );
+    let err = old
+        .save(&encoded(&big_state(4)))
+        .await
+        .expect_err("the old holder is fenced out");
+    assert!(err.to_string().contains("fenced"), "{err}");
+    let after = encoded(&big_state(3));
+    new.save(&after).await.expect("the new holder saves");
+    let reopened = assert_loads_with(&bucket, TOKEN + 3, &after).await;
+    assert_eq!(
+        reopened.purge_orphans().await.expect("purges"),
+        1,
+        "the old holder's fenced chunk"
+    );
+    assert!(
+        SnapshotStore::open(bucket, TOKEN).await.is_err(),
+        "an older token never opens a newer holder's snapshot"
+    );
+}
+
+async fn assert_loads_with(
+    bucket: &async_nats::jetstream::kv::Store,
+    token: u64,
+    json: &[u8],
+) -> SnapshotStore {
+    let (store, loaded) = SnapshotStore::open(bucket.clone(), token)
+        .await
+        .expect("opens");
+    assert_eq!(
+        serde_json::to_vec(&loaded.expect("a snapshot")).expect("encodes"),
+        json
+    );
+    store
 }

@@ -23,6 +23,10 @@ pub enum PlannerError {
     /// Saving or loading job state in the KV bucket failed.
     #[error("state store: {0}")]
     Store(String),
+    /// Another writer changed the job's stored state since this replica read
+    /// it: the state is read again and the message retried.
+    #[error("state conflict: {0}")]
+    StateConflict(String),
     /// A metric could not be registered.
     #[error("metrics: {0}")]
     Metrics(String),
@@ -48,6 +52,7 @@ impl PlannerError {
             PlannerError::Client(_) => "client",
             PlannerError::Runtime(_) => "runtime",
             PlannerError::Store(_) => "store",
+            PlannerError::StateConflict(_) => "state_conflict",
             PlannerError::Metrics(_) => "metrics",
             PlannerError::Encode(_) => "encode",
         }

@@ -21,18 +21,31 @@ pub use kubernetes::KubeWriter;
 pub use planner::{Planner, PlannerHandler, PlannerMetrics};
 pub use store::StateStore;
 
+/// Longest wait for a connection to the Kubernetes API server.
+const API_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Longest wait for one Kubernetes API request or response.
+const API_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Service setup with a Kubernetes client from the environment (in-cluster or kubeconfig).
 pub async fn setup(runtime: &Runtime, sources: &ConfigSources) -> Result<(), PlannerError> {
     // Tests link a second TLS backend; name the one in use so rustls need not guess.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = kube::Client::try_default()
+    let mut config = kube::Config::infer()
         .await
-        .map_err(PlannerError::Client)?;
+        .map_err(|err| PlannerError::Client(kube::Error::InferConfig(err)))?;
+    // Every call ends: a stalled API server fails the message, which is
+    // retried, rather than hanging its lane for ever. The planner never
+    // watches, so no call legitimately outlasts these.
+    config.connect_timeout = Some(API_CONNECT_TIMEOUT);
+    config.read_timeout = Some(API_CALL_TIMEOUT);
+    config.write_timeout = Some(API_CALL_TIMEOUT);
+    let client = kube::Client::try_from(config).map_err(PlannerError::Client)?;
     start(runtime, sources.section("planner")?, client)
 }
 
-/// Starts the planner's consumers on `runtime` against `client`, then reconciles
-/// every existing TrainingJob once.
+/// Competes for the planner's lease; once this replica holds it, starts the
+/// consumers on `runtime` against `client` and reconciles every existing
+/// TrainingJob once. A standby replica reads and writes nothing until then.
 pub fn start(
     runtime: &Runtime,
     config: PlannerConfig,
@@ -42,20 +55,31 @@ pub fn start(
         PlannerError::Store("bucket trainyard_planner was not provisioned".into())
     })?;
     let metrics = PlannerMetrics::register(&runtime.registry)?;
+    let lease = runtime.lease()?;
     let planner = Planner::new(
         KubeWriter::new(client, &config.field_manager),
         runtime.publisher.clone(),
         StateStore::new(bucket),
         config,
         metrics,
+        lease.clone(),
         runtime.shutdown.clone(),
     );
     planner.spawn_release();
     let handler = Arc::new(PlannerHandler(planner.clone()));
+    let consumers = runtime.consumers();
     for consumer in Service::Planner.consumers() {
-        runtime.spawn_consumer(consumer, handler.clone());
+        consumers.spawn_when_leading(consumer, handler.clone(), &lease);
     }
+    let shutdown = runtime.shutdown.clone();
     runtime.spawn(async move {
+        let leading = tokio::select! {
+            _ = shutdown.cancelled() => None,
+            token = lease.acquired() => token,
+        };
+        if leading.is_none() {
+            return;
+        }
         match planner.resync().await {
             Ok(count) => tracing::info!(count, "resynced existing TrainingJobs"),
             Err(err) => {

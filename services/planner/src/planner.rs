@@ -23,7 +23,7 @@ use trainyard_contracts::lifecycle::TrainingJobFinalized;
 use trainyard_contracts::submit::TrainingJobSubmitted;
 use trainyard_contracts::worker::{CheckpointReported, ProgressReported};
 use trainyard_contracts::{EntityRef, Incoming, Payload};
-use trainyard_runtime::{Delivery, HandleError, Handler, Publisher};
+use trainyard_runtime::{Delivery, HandleError, Handler, Lease, Publisher};
 
 use crate::error::PlannerError;
 use crate::job_metrics::JobMetrics;
@@ -109,6 +109,9 @@ struct Entry {
     ungated: HashSet<String>,
     /// Fingerprint of the state as last saved to (or loaded from) the KV bucket.
     saved: Option<u64>,
+    /// The state's revision in the KV bucket as last read or written (0:
+    /// none): the next save expects it.
+    revision: u64,
     /// An observation changed the state since it was last saved: only
     /// observations change it (the core decides from it, never into it), so
     /// the many other inputs skip encoding it.
@@ -149,6 +152,8 @@ pub struct Planner {
     store: StateStore,
     config: PlannerConfig,
     metrics: PlannerMetrics,
+    /// Held while this replica is the active planner; checked before every write.
+    lease: Lease,
     shutdown: CancellationToken,
     entries: Mutex<Entries>,
 }
@@ -227,6 +232,7 @@ impl Planner {
         store: StateStore,
         config: PlannerConfig,
         metrics: PlannerMetrics,
+        lease: Lease,
         shutdown: CancellationToken,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -235,9 +241,16 @@ impl Planner {
             store,
             config,
             metrics,
+            lease,
             shutdown,
             entries: Mutex::default(),
         })
+    }
+
+    /// Fails unless this replica holds the lease: call before every write.
+    fn fence(&self) -> Result<(), PlannerError> {
+        self.lease.fence()?;
+        Ok(())
     }
 
     fn entries(&self) -> std::sync::MutexGuard<'_, Entries> {
@@ -334,12 +347,13 @@ impl Planner {
         let entry = self.entry(&key);
         let mut entry = entry.lock().await;
         if !entry.loaded {
-            let stored = match &input {
+            let (stored, revision) = match &input {
                 // No planner has reconciled it (that adds the finalizer and
                 // writes a status before any state is saved): nothing stored.
-                Input::Object(change) if untouched(&change.object) => None,
+                Input::Object(change) if untouched(&change.object) => (None, 0),
                 _ => self.store.load(&key).await?,
             };
+            entry.revision = revision;
             // A job seen before (released when it finished, or before a restart)
             // is read from the API: a message may carry an older copy of it.
             let seen_before = stored.is_some();
@@ -361,6 +375,12 @@ impl Planner {
             self.metrics
                 .jobs
                 .observe_state(&key, &entity.namespace, job.spec.queue_name(), state);
+        }
+        if let Err(PlannerError::StateConflict(_)) = &result {
+            // Another writer's state is newer than ours: read it (and the
+            // object) again when the message is retried.
+            entry.loaded = false;
+            entry.object = None;
         }
         let finished_or_gone = entry.object.as_ref().is_none_or(|job| {
             job.status
@@ -428,6 +448,7 @@ impl Planner {
             return Ok(());
         };
         if job.metadata.deletion_timestamp.is_some() {
+            self.fence()?;
             let finalize = self.writer.finalize(&job).await;
             let last_state = job.status.as_ref().and_then(|s| s.state);
             entry.object = Some(job);
@@ -457,6 +478,7 @@ impl Planner {
         entry: &mut Entry,
         job: &TrainingJob,
     ) -> Result<(), PlannerError> {
+        self.fence()?;
         if let Some(stored) = self.writer.ensure_finalizer(job).await? {
             entry.object = Some(stored);
         }
@@ -466,7 +488,20 @@ impl Planner {
             let bytes = StateStore::encode(key, &entry.state)?;
             let print = fingerprint(&[&bytes]);
             if entry.saved != Some(print) {
-                self.store.put(key, bytes).await?;
+                self.fence()?;
+                let put = self.store.put(key, bytes.clone(), entry.revision).await;
+                entry.revision = match put {
+                    Err(PlannerError::StateConflict(_))
+                        if entry.revision == 0 && untouched(job) =>
+                    {
+                        // State left by an earlier TrainingJob of this name that
+                        // was never finalized: this one was not reconciled before,
+                        // so that state is not its own.
+                        let (_, revision) = self.store.load(key).await?;
+                        self.store.put(key, bytes, revision).await?
+                    }
+                    put => put?,
+                };
                 entry.saved = Some(print);
             }
             entry.observed_unsaved = false;
@@ -485,6 +520,7 @@ impl Planner {
             .publisher
             .envelope(entity.clone(), TrainingJobFinalized { last_state });
         let dedup = format!("finalized:{}:{}", entity.key(), entity.uid);
+        self.fence()?;
         self.publisher.publish_with_id(envelope, &dedup).await?;
         self.store.delete(key).await?;
         self.metrics.jobs.forget(key);
@@ -505,6 +541,7 @@ impl Planner {
     ) -> Result<(), PlannerError> {
         let namespace = job.namespace().unwrap_or_default();
         for action in actions {
+            self.fence()?;
             let mut label = match &action {
                 PlannerAction::ApplyObjects(_) => "apply",
                 PlannerAction::DeleteJob { .. } => "delete_job",
@@ -660,6 +697,8 @@ impl Planner {
         // Decoded again from the raw JSON so every problem names its field.
         let spec = trainyard_api::TrainingJobSpec::from_json(message.raw_payload()["spec"].clone())
             .map_err(|errors| reject(trainyard_api::format_field_errors(&errors)))?;
+        self.fence()
+            .map_err(|err| HandleError::Retry(err.to_string()))?;
         self.writer
             .submit(
                 &entity.namespace,
@@ -691,6 +730,7 @@ impl Planner {
                 category: "invalid_trial",
                 reason: format!("trial {}: {err}", request.trial_name),
             })?;
+        self.fence().map_err(retry)?;
         self.writer
             .apply_trial(&object, &request.trial_name, request.trial_index, spec)
             .await
@@ -719,6 +759,7 @@ impl Planner {
             object.metadata.generation,
             now,
         );
+        self.fence().map_err(retry)?;
         self.writer
             .write_sweep_status(&object, &status)
             .await
@@ -746,6 +787,7 @@ impl Planner {
         if object.status.as_ref() == Some(&status) {
             return Ok(());
         }
+        self.fence().map_err(retry)?;
         self.writer
             .write_queue_status(&queue.name, &status)
             .await

@@ -1,5 +1,8 @@
 //! Per-job planner state in the `trainyard_planner` KV bucket, so a restarted planner
-//! (or another replica) continues where the last one stopped.
+//! (or another replica) continues where the last one stopped. Every write is a
+//! compare-and-set on the revision last read or written: a replica that lost
+//! the lease cannot overwrite state the new active replica wrote, and the new
+//! one re-reads rather than overwrite what it has not seen.
 
 use async_nats::jetstream::kv;
 use planner_core::PlannerJobState;
@@ -22,22 +25,27 @@ impl StateStore {
         Self { bucket }
     }
 
-    pub async fn load(&self, key: &str) -> Result<Option<PlannerJobState>, PlannerError> {
-        let Some(bytes) = self
+    /// The stored state and its revision (0: never stored, or purged with
+    /// no marker left).
+    pub async fn load(&self, key: &str) -> Result<(Option<PlannerJobState>, u64), PlannerError> {
+        let Some(entry) = self
             .bucket
-            .get(key)
+            .entry(key)
             .await
             .map_err(|e| PlannerError::Store(format!("get {key}: {e}")))?
         else {
-            return Ok(None);
+            return Ok((None, 0));
         };
-        match serde_json::from_slice(&bytes) {
-            Ok(state) => Ok(Some(state)),
+        if entry.operation != kv::Operation::Put {
+            return Ok((None, entry.revision));
+        }
+        match serde_json::from_slice(&entry.value) {
+            Ok(state) => Ok((Some(state), entry.revision)),
             Err(err) => {
                 // A state written by an incompatible build: start over from the
                 // cluster's facts rather than wedge the job.
                 tracing::warn!(%key, error = %err, "discarding unreadable planner state");
-                Ok(None)
+                Ok((None, entry.revision))
             }
         }
     }
@@ -46,13 +54,35 @@ impl StateStore {
         serde_json::to_vec(state).map_err(|e| PlannerError::Store(format!("encode {key}: {e}")))
     }
 
-    /// Stores an encoded state (see `encode`).
-    pub async fn put(&self, key: &str, bytes: Vec<u8>) -> Result<(), PlannerError> {
+    /// Stores an encoded state (see `encode`) if the key is still at
+    /// `revision` (0: absent or deleted); returns the new revision, or
+    /// `StateConflict` when someone else wrote it since.
+    pub async fn put(&self, key: &str, bytes: Vec<u8>, revision: u64) -> Result<u64, PlannerError> {
+        let conflict = || {
+            PlannerError::StateConflict(format!(
+                "{key} changed since revision {revision}; reloading"
+            ))
+        };
+        if revision == 0 {
+            // `create` also succeeds over a delete or purge marker.
+            return self.bucket.create(key, bytes.into()).await.map_err(|e| {
+                if e.kind() == kv::CreateErrorKind::AlreadyExists {
+                    conflict()
+                } else {
+                    PlannerError::Store(format!("put {key}: {e}"))
+                }
+            });
+        }
         self.bucket
-            .put(key, bytes.into())
+            .update(key, bytes.into(), revision)
             .await
-            .map(|_| ())
-            .map_err(|e| PlannerError::Store(format!("put {key}: {e}")))
+            .map_err(|e| {
+                if e.kind() == kv::UpdateErrorKind::WrongLastRevision {
+                    conflict()
+                } else {
+                    PlannerError::Store(format!("put {key}: {e}"))
+                }
+            })
     }
 
     pub async fn delete(&self, key: &str) -> Result<(), PlannerError> {

@@ -186,11 +186,23 @@ impl Service {
     pub fn buckets(self) -> Vec<Bucket> {
         match self {
             Service::Watcher | Service::Notifier => vec![],
-            Service::Planner => vec![Bucket::Planner],
-            Service::GpuAllocator => vec![Bucket::Allocator],
+            Service::Planner => vec![Bucket::Planner, Bucket::Leases],
+            Service::GpuAllocator => vec![Bucket::Allocator, Bucket::Leases],
             Service::HpoTuner => vec![Bucket::Tuner],
             Service::CheckpointManager => vec![Bucket::Checkpoints],
             Service::CostOptimizer => vec![Bucket::Cost],
+        }
+    }
+}
+
+impl Service {
+    /// The key of the lease in [`Bucket::Leases`] that picks this service's one
+    /// active replica, for services whose decisions need one view of the world;
+    /// None for services whose replicas share the work.
+    pub fn lease_key(self) -> Option<&'static str> {
+        match self {
+            Service::Planner | Service::GpuAllocator => Some(self.name()),
+            _ => None,
         }
     }
 }
@@ -239,7 +251,14 @@ pub enum Bucket {
     Checkpoints,
     /// cost-optimizer: spend per job and budget.
     Cost,
+    /// Leases that pick the active replica of the planner and the
+    /// gpu-allocator; an entry not renewed expires after [`LEASE_TTL`].
+    Leases,
 }
+
+/// How long a lease outlives its last renewal: a standby takes over within
+/// this plus its polling interval after the active replica dies.
+pub const LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(6);
 
 impl Bucket {
     pub fn name(self) -> &'static str {
@@ -249,6 +268,15 @@ impl Bucket {
             Bucket::Tuner => "trainyard_tuner",
             Bucket::Checkpoints => "trainyard_checkpoints",
             Bucket::Cost => "trainyard_cost",
+            Bucket::Leases => "trainyard_leases",
+        }
+    }
+
+    /// How long an entry lives without being written again; None: for ever.
+    pub fn max_age(self) -> Option<std::time::Duration> {
+        match self {
+            Bucket::Leases => Some(LEASE_TTL),
+            _ => None,
         }
     }
 }

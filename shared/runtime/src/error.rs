@@ -25,6 +25,10 @@ pub enum RuntimeError {
     /// A publish was not acknowledged by JetStream.
     #[error("publish to {subject} failed: {message}")]
     Publish { subject: String, message: String },
+    /// This replica does not hold the lease (never did, lost it, or released
+    /// it): another replica may be active, so it must not write.
+    #[error("not the active replica: lease {lease} is not held")]
+    NotLeader { lease: String },
     /// The command line is wrong.
     #[error("usage: {0}")]
     Usage(String),
@@ -46,6 +50,7 @@ impl RuntimeError {
             RuntimeError::Connect { .. } => "connect",
             RuntimeError::Provision { .. } => "provision",
             RuntimeError::Publish { .. } => "publish",
+            RuntimeError::NotLeader { .. } => "not_leader",
             RuntimeError::Usage(_) => "usage",
             RuntimeError::Setup(_) => "setup",
             RuntimeError::Contract(_) => "contract",

@@ -25,6 +25,10 @@ pub struct RuntimeMetrics {
     pub published: IntCounterVec,
     /// 1 while connected to NATS.
     pub nats_connected: IntGauge,
+    /// 1 while this replica holds the lease, by lease.
+    pub lease_held: IntGaugeVec,
+    /// Lease changes, by lease and transition (`acquired`, `lost`, `released`).
+    pub lease_transitions: IntCounterVec,
 }
 
 impl RuntimeMetrics {
@@ -70,6 +74,20 @@ impl RuntimeMetrics {
             &["type"],
         );
         let nats_connected = IntGauge::new("trainyard_nats_connected", "1 while connected to NATS");
+        let lease_held = IntGaugeVec::new(
+            Opts::new(
+                "trainyard_lease_held",
+                "1 while this replica holds the lease and is the active one",
+            ),
+            &["lease"],
+        );
+        let lease_transitions = IntCounterVec::new(
+            Opts::new(
+                "trainyard_lease_transitions_total",
+                "Lease changes of this replica, by transition (acquired, lost, released)",
+            ),
+            &["lease", "transition"],
+        );
         let metrics = Self {
             messages: messages.map_err(metric_error)?,
             dead_letters: dead_letters.map_err(metric_error)?,
@@ -77,6 +95,8 @@ impl RuntimeMetrics {
             message_age_seconds: message_age_seconds.map_err(metric_error)?,
             published: published.map_err(metric_error)?,
             nats_connected: nats_connected.map_err(metric_error)?,
+            lease_held: lease_held.map_err(metric_error)?,
+            lease_transitions: lease_transitions.map_err(metric_error)?,
         };
         registry
             .register(Box::new(metrics.messages.clone()))
@@ -95,6 +115,12 @@ impl RuntimeMetrics {
             .map_err(metric_error)?;
         registry
             .register(Box::new(metrics.nats_connected.clone()))
+            .map_err(metric_error)?;
+        registry
+            .register(Box::new(metrics.lease_held.clone()))
+            .map_err(metric_error)?;
+        registry
+            .register(Box::new(metrics.lease_transitions.clone()))
             .map_err(metric_error)?;
         Ok(metrics)
     }

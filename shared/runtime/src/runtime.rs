@@ -12,6 +12,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use trainyard_contracts::{Bucket, ConsumerSpec, Service};
 
+use crate::lease::Lease;
+
 use crate::consumer::{self, ConsumerContext, Handler};
 use crate::error::RuntimeError;
 use crate::http::{self, Readiness};
@@ -33,6 +35,52 @@ pub struct Runtime {
     pub http_addr: SocketAddr,
     buckets: HashMap<&'static str, kv::Store>,
     tracker: TaskTracker,
+    /// Released once in-flight work is done, so a standby takes over at once.
+    leases: std::sync::Mutex<Vec<Lease>>,
+}
+
+/// Starts durable consumers on a running service; cheap to clone, so a task
+/// can start them later (once it holds a lease).
+#[derive(Clone)]
+pub struct Consumers {
+    context: ConsumerContext,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl Consumers {
+    /// Runs a durable consumer in the background until shutdown.
+    pub fn spawn<H: Handler>(&self, spec: ConsumerSpec, handler: Arc<H>) {
+        let context = self.context.clone();
+        let shutdown = self.shutdown.clone();
+        let durable = spec.durable.clone();
+        self.tracker.spawn(async move {
+            if let Err(err) = consumer::run(context, spec, handler, shutdown.clone()).await {
+                tracing::error!(consumer = %durable, error = %err, "consumer stopped; shutting the service down");
+                shutdown.cancel();
+            }
+        });
+    }
+
+    /// Runs a durable consumer once `lease` is held: a standby replica does
+    /// not pull, so one active replica handles every message.
+    pub fn spawn_when_leading<H: Handler>(
+        &self,
+        spec: ConsumerSpec,
+        handler: Arc<H>,
+        lease: &Lease,
+    ) {
+        let lease = lease.clone();
+        let consumers = self.clone();
+        self.tracker.spawn(async move {
+            tokio::select! {
+                _ = consumers.shutdown.cancelled() => {}
+                token = lease.acquired() => if token.is_some() {
+                    consumers.spawn(spec, handler);
+                },
+            }
+        });
+    }
 }
 
 impl Runtime {
@@ -77,7 +125,53 @@ impl Runtime {
             http_addr,
             buckets,
             tracker,
+            leases: std::sync::Mutex::default(),
         })
+    }
+
+    /// Competes for this service's lease ([`Service::lease_key`]); losing it
+    /// after holding it shuts the service down. Released at shutdown.
+    pub fn lease(&self) -> Result<Lease, RuntimeError> {
+        let key = self.service.lease_key().ok_or_else(|| {
+            RuntimeError::Setup(format!("{} runs without a lease", self.service.name()).into())
+        })?;
+        let bucket = self.bucket(Bucket::Leases).cloned().ok_or_else(|| {
+            RuntimeError::Setup(
+                format!("bucket {} was not provisioned", Bucket::Leases.name()).into(),
+            )
+        })?;
+        let holder = format!(
+            "{}-{}-{}",
+            self.service.name(),
+            std::process::id(),
+            uuid::Uuid::now_v7()
+        );
+        let lease = Lease::keep(
+            bucket,
+            key,
+            holder,
+            self.metrics.clone(),
+            self.shutdown.clone(),
+        );
+        self.leases
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(lease.clone());
+        Ok(lease)
+    }
+
+    /// Starts consumers now or later (see [`Consumers`]).
+    pub fn consumers(&self) -> Consumers {
+        Consumers {
+            context: ConsumerContext {
+                jetstream: self.jetstream.clone(),
+                publisher: self.publisher.clone(),
+                metrics: self.metrics.clone(),
+                settings: self.settings.nats.clone(),
+            },
+            shutdown: self.shutdown.clone(),
+            tracker: self.tracker.clone(),
+        }
     }
 
     /// Key-value bucket provisioned for this service.
@@ -87,20 +181,7 @@ impl Runtime {
 
     /// Runs a durable consumer in the background until shutdown.
     pub fn spawn_consumer<H: Handler>(&self, spec: ConsumerSpec, handler: Arc<H>) {
-        let context = ConsumerContext {
-            jetstream: self.jetstream.clone(),
-            publisher: self.publisher.clone(),
-            metrics: self.metrics.clone(),
-            settings: self.settings.nats.clone(),
-        };
-        let shutdown = self.shutdown.clone();
-        let durable = spec.durable.clone();
-        self.tracker.spawn(async move {
-            if let Err(err) = consumer::run(context, spec, handler, shutdown.clone()).await {
-                tracing::error!(consumer = %durable, error = %err, "consumer stopped; shutting the service down");
-                shutdown.cancel();
-            }
-        });
+        self.consumers().spawn(spec, handler);
     }
 
     /// Spawns any other background task that must finish before exit.
@@ -111,8 +192,8 @@ impl Runtime {
         self.tracker.spawn(task);
     }
 
-    /// Waits for shutdown, lets in-flight work finish (up to the grace period) and
-    /// flushes outgoing messages.
+    /// Waits for shutdown, lets in-flight work finish (up to the grace period),
+    /// releases the leases held and flushes outgoing messages.
     pub async fn run_until_shutdown(self) -> Result<(), RuntimeError> {
         self.shutdown.cancelled().await;
         self.tracker.close();
@@ -125,6 +206,15 @@ impl Runtime {
                 ?grace,
                 "in-flight work did not finish within the grace period"
             );
+        }
+        let leases = std::mem::take(
+            &mut *self
+                .leases
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
+        for lease in leases {
+            lease.release().await;
         }
         if let Err(err) = tokio::time::timeout(Duration::from_secs(1), self.client.flush()).await {
             tracing::warn!(error = %err, "flush timed out");
