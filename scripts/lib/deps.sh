@@ -31,3 +31,10 @@ ensure_mlflow() {
     python3 -m pip install --quiet --disable-pip-version-check mlflow
   fi
 }
+
+ensure_openssl() {
+  if ! command -v openssl >/dev/null 2>&1; then
+    echo "== installing openssl (the NATS TLS tests make their certificates with it)"
+    apt-get install -y -qq openssl >/dev/null
+  fi
+}
