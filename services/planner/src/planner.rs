@@ -20,7 +20,7 @@ use trainyard_contracts::decisions::{
 };
 use trainyard_contracts::events::{Change, JobObserved, PodObserved, TrainingJobChanged};
 use trainyard_contracts::lifecycle::TrainingJobFinalized;
-use trainyard_contracts::submit::TrainingJobSubmitted;
+use trainyard_contracts::submit::{SubmissionResult, TrainingJobSubmitted};
 use trainyard_contracts::worker::{CheckpointReported, ProgressReported};
 use trainyard_contracts::{EntityRef, Incoming, Payload};
 use trainyard_runtime::{Delivery, HandleError, Handler, Lease, Publisher};
@@ -677,37 +677,87 @@ impl Planner {
         });
     }
 
-    async fn submit(&self, entity: &EntityRef, message: &Incoming) -> Result<(), HandleError> {
-        let submitted: TrainingJobSubmitted = message.payload()?;
-        let reject = |reason: String| HandleError::Reject {
-            category: "invalid_spec",
-            reason,
+    /// Checks a submission's tenancy and spec, creates or updates the
+    /// TrainingJob, and tells the submitter on its result subject. A rejection
+    /// is also dead-lettered with its category.
+    async fn submit(
+        &self,
+        entity: &EntityRef,
+        message: &Incoming,
+        delivery: &Delivery,
+    ) -> Result<(), HandleError> {
+        let subject = trainyard_contracts::subject::parse(&delivery.subject);
+        let checked = planner_core::check_submission(
+            subject.as_ref(),
+            entity,
+            &message.raw_payload(),
+            &self.config.submit_namespaces,
+        );
+        let answer = format!("submit-result:{}", message.header.id);
+        let accepted = match checked {
+            Ok(accepted) => accepted,
+            Err(rejection) => return self.reject_submission(entity, &answer, rejection).await,
         };
-        if entity.namespace.is_empty() {
-            return Err(reject(
-                "entity.namespace is empty; name the namespace the TrainingJob belongs in".into(),
-            ));
+        let labels = self
+            .writer
+            .training_job_labels(&accepted.namespace, &accepted.name)
+            .await
+            .map_err(|err| HandleError::Retry(err.to_string()))?;
+        if let Some(labels) = &labels
+            && let Err(rejection) = planner_core::check_overwrite(&accepted, labels)
+        {
+            return self.reject_submission(entity, &answer, rejection).await;
         }
-        if !is_dns_label(&entity.name) {
-            return Err(reject(format!(
-                "entity.name {:?} is not a valid name: use lowercase letters, digits and '-', at most 63 characters",
-                entity.name
-            )));
-        }
-        // Decoded again from the raw JSON so every problem names its field.
-        let spec = trainyard_api::TrainingJobSpec::from_json(message.raw_payload()["spec"].clone())
-            .map_err(|errors| reject(trainyard_api::format_field_errors(&errors)))?;
         self.fence()
             .map_err(|err| HandleError::Retry(err.to_string()))?;
         self.writer
-            .submit(
-                &entity.namespace,
-                &entity.name,
-                &spec,
-                &submitted.labels,
-                &submitted.annotations,
-            )
+            .submit(&accepted, labels.is_some())
             .await
+            .map_err(|err| HandleError::Retry(err.to_string()))?;
+        self.submission_result(
+            entity,
+            &answer,
+            SubmissionResult {
+                accepted: true,
+                category: None,
+                errors: Vec::new(),
+            },
+        )
+        .await
+    }
+
+    async fn reject_submission(
+        &self,
+        entity: &EntityRef,
+        answer: &str,
+        rejection: planner_core::Rejection,
+    ) -> Result<(), HandleError> {
+        tracing::info!(job = %entity.key(), category = rejection.category, "submission rejected");
+        self.submission_result(entity, answer, rejection.result())
+            .await?;
+        Err(HandleError::Reject {
+            category: rejection.category,
+            reason: rejection.reason(),
+        })
+    }
+
+    /// Publishes the answer on the submission's own result subject; the id
+    /// derives from the submission, so a redelivery answers once.
+    async fn submission_result(
+        &self,
+        entity: &EntityRef,
+        answer: &str,
+        result: SubmissionResult,
+    ) -> Result<(), HandleError> {
+        self.fence()
+            .map_err(|err| HandleError::Retry(err.to_string()))?;
+        let envelope = self
+            .publisher
+            .envelope(EntityRef::new(&entity.namespace, &entity.name, ""), result);
+        self.publisher
+            .publish_with_id(envelope, answer)
+            .await
+            .map(|_| ())
             .map_err(|err| HandleError::Retry(err.to_string()))
     }
 }
@@ -800,16 +850,6 @@ fn api_now() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
     k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now())
 }
 
-fn is_dns_label(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !name.starts_with('-')
-        && !name.ends_with('-')
-}
-
 /// Routes each message type the planner reads to its effect.
 fn input_of(message: &Incoming) -> Result<Option<Input>, HandleError> {
     let observation = match message.header.message_type.as_str() {
@@ -835,10 +875,10 @@ impl Handler for PlannerHandler {
         self.0.config.parallel_jobs
     }
 
-    async fn handle(&self, message: Incoming, _delivery: Delivery) -> Result<(), HandleError> {
+    async fn handle(&self, message: Incoming, delivery: Delivery) -> Result<(), HandleError> {
         let entity = message.header.entity.clone();
         if message.is::<TrainingJobSubmitted>() {
-            return self.0.submit(&entity, &message).await;
+            return self.0.submit(&entity, &message, &delivery).await;
         }
         if message.is::<TrialRequested>() {
             return self.0.trial(&entity, message.payload()?).await;

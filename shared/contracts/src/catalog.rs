@@ -309,6 +309,14 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
             json!({"labels": {"team": "nlp"},
                    "spec": {"model": "bert-base", "dataset": "wikitext", "numWorkers": 2, "gpusPerWorker": 1}}),
         )?,
+        entry::<submit::SubmissionResult>(
+            "planner",
+            "the submitter (external)",
+            "The planner's answer to a submission: accepted, or rejected with the category and every problem, each naming its field (`spec.framework`, `entity.namespace`) and the fix. A submitter subscribes to its own namespace's results; it never needs the dead-letter stream.",
+            EntityRef::new("ml-training", "nightly-bert", ""),
+            json!({"accepted": false, "category": "invalid_spec",
+                   "errors": [{"field": "spec.framework", "message": "unknown variant `mxnet`, expected one of `pytorch`, `tensorflow`, `jax`"}]}),
+        )?,
         entry::<lifecycle::TrainingJobTransitioned>(
             "planner",
             "gpu-allocator, hpo-tuner, checkpoint-manager, cost-optimizer, notifier, external subscribers",

@@ -30,6 +30,14 @@ pub enum ContractError {
         #[source]
         source: serde_json::Error,
     },
+    /// A catalogue entry names a publisher no NATS identity stands for.
+    #[error(
+        "{message_type} is published by {publisher:?}, which is no service, submitter or worker; name the publishing service in the catalogue"
+    )]
+    UnknownPublisher {
+        message_type: &'static str,
+        publisher: &'static str,
+    },
     /// Serialising a message failed.
     #[error("cannot encode message: {0}")]
     Encode(#[source] serde_json::Error),
@@ -43,6 +51,7 @@ impl ContractError {
             ContractError::WrongType { .. } => "wrong_type",
             ContractError::UnsupportedVersion { .. } => "unsupported_version",
             ContractError::InvalidPayload { .. } => "invalid_payload",
+            ContractError::UnknownPublisher { .. } => "unknown_publisher",
             ContractError::Encode(_) => "encode",
         }
     }

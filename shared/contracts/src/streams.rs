@@ -148,7 +148,12 @@ impl Service {
                 ConsumerSpec::new(self, EVENTS, events(&["job", "pod"])),
                 ConsumerSpec::new(self, DECISIONS, vec![family_filter(Family::Decisions)]),
                 ConsumerSpec::new(self, WORKER, vec![family_filter(Family::Worker)]),
-                ConsumerSpec::new(self, SUBMIT, vec![family_filter(Family::Submit)]),
+                // Submissions only: the planner's own results share the stream.
+                ConsumerSpec::new(
+                    self,
+                    SUBMIT,
+                    vec![kind_filter(Family::Submit, "trainingjob")],
+                ),
             ],
             Service::GpuAllocator => vec![
                 ConsumerSpec::new(

@@ -1,23 +1,29 @@
 //! Connecting to NATS and provisioning streams and buckets idempotently.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, kv, stream};
-use trainyard_contracts::{Bucket, StreamSpec};
+use trainyard_contracts::permissions::Identity;
+use trainyard_contracts::{Bucket, Service, StreamSpec};
 
 use crate::error::RuntimeError;
 use crate::metrics::RuntimeMetrics;
 use crate::settings::NatsSettings;
 
-/// Connects with reconnects forever, backing off exponentially to 5 s.
+/// Connects as `service`'s own identity with reconnects forever, backing off
+/// exponentially to 5 s.
 pub async fn connect(
-    service: &str,
+    service: Service,
     settings: &NatsSettings,
     metrics: &RuntimeMetrics,
 ) -> Result<async_nats::Client, RuntimeError> {
     let connected = metrics.nats_connected.clone();
-    let mut options = async_nats::ConnectOptions::new()
-        .name(format!("trainyard-{service}"))
+    let options = async_nats::ConnectOptions::new()
+        .name(format!("trainyard-{}", service.name()))
+        // Replies come back under the identity's own prefix, the only inbox its
+        // permissions let it subscribe to.
+        .custom_inbox_prefix(Identity::Service(service).inbox_prefix())
         .retry_on_initial_connect()
         .connection_timeout(Duration::from_secs(5))
         .reconnect_delay_callback(reconnect_delay)
@@ -34,16 +40,8 @@ pub async fn connect(
                 }
             }
         });
-    if let Some(path) = &settings.credentials_file {
-        options = options
-            .credentials_file(path)
-            .await
-            .map_err(|err| RuntimeError::Connect {
-                url: settings.url.clone(),
-                message: format!("nats.credentials_file {path}: {err}"),
-            })?;
-    }
-    let client = options
+    let client = authenticate(options, settings)
+        .await?
         .connect(settings.url.as_str())
         .await
         .map_err(|err| RuntimeError::Connect {
@@ -52,6 +50,58 @@ pub async fn connect(
         })?;
     metrics.nats_connected.set(1);
     Ok(client)
+}
+
+/// Adds the credentials and TLS settings to `options`.
+pub async fn authenticate(
+    mut options: async_nats::ConnectOptions,
+    settings: &NatsSettings,
+) -> Result<async_nats::ConnectOptions, RuntimeError> {
+    let failed = |key: &str, path: &str, err: std::io::Error| RuntimeError::Connect {
+        url: settings.url.clone(),
+        message: format!("nats.{key} {path}: {err}"),
+    };
+    if let Some(path) = &settings.credentials_file {
+        options = options
+            .credentials_file(path)
+            .await
+            .map_err(|err| failed("credentials_file", path, err))?;
+    }
+    match (&settings.user, &settings.password_file) {
+        (Some(user), Some(path)) => {
+            let password =
+                std::fs::read_to_string(path).map_err(|err| failed("password_file", path, err))?;
+            options = options.user_and_password(user.clone(), password.trim_end().to_string());
+        }
+        (None, None) => {}
+        _ => {
+            return Err(RuntimeError::Connect {
+                url: settings.url.clone(),
+                message: "nats.user and nats.password_file go together: set both or neither"
+                    .to_string(),
+            });
+        }
+    }
+    if let Some(ca) = &settings.tls_ca_file {
+        options = options
+            .require_tls(true)
+            .add_root_certificates(PathBuf::from(ca));
+    }
+    match (&settings.tls_cert_file, &settings.tls_key_file) {
+        (Some(cert), Some(key)) => {
+            options = options.add_client_certificate(PathBuf::from(cert), PathBuf::from(key));
+        }
+        (None, None) => {}
+        _ => {
+            return Err(RuntimeError::Connect {
+                url: settings.url.clone(),
+                message:
+                    "nats.tls_cert_file and nats.tls_key_file go together: set both or neither"
+                        .to_string(),
+            });
+        }
+    }
+    Ok(options)
 }
 
 /// Delay before reconnect attempt `attempts`: 100 ms doubling, capped at 5 s.

@@ -105,7 +105,7 @@ impl Runtime {
         )
         .await?;
         tracing::info!(service = service.name(), %http_addr, nats = %settings.nats.url, "starting");
-        let client = nats::connect(service.name(), &settings.nats, &metrics).await?;
+        let client = nats::connect(service, &settings.nats, &metrics).await?;
         readiness.connected(client.clone());
         let jetstream = jetstream::new(client.clone());
         let buckets = provision_until_done(service, &settings, &jetstream, &shutdown).await?;

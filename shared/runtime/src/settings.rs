@@ -41,6 +41,15 @@ pub struct NatsSettings {
     pub url: String,
     /// Path of a NATS credentials file, if the server requires one.
     pub credentials_file: Option<String>,
+    /// NATS user name (the service's own identity in `deploy/nats/auth.conf`).
+    pub user: Option<String>,
+    /// Path of a file holding the user's password (a mounted Secret).
+    pub password_file: Option<String>,
+    /// CA bundle the server's certificate must chain to; setting it requires TLS.
+    pub tls_ca_file: Option<String>,
+    /// Client certificate and key, for servers that verify clients.
+    pub tls_cert_file: Option<String>,
+    pub tls_key_file: Option<String>,
     /// Stream replicas: 1 on a laptop, 3 in production clusters.
     pub replicas: usize,
     /// How long streams keep messages.
@@ -60,6 +69,11 @@ impl Default for NatsSettings {
         Self {
             url: "nats://127.0.0.1:4222".to_string(),
             credentials_file: None,
+            user: None,
+            password_file: None,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
             replicas: 1,
             max_age_seconds: 7 * 24 * 3600,
             duplicate_window_seconds: 120,

@@ -18,6 +18,16 @@ pub struct NatsServer {
     store: tempfile::TempDir,
     /// Where the server writes its ports file once it listens.
     ports: tempfile::TempDir,
+    /// Configuration file (accounts, users, TLS) and the environment it reads.
+    config: Option<ServerConfig>,
+}
+
+/// A configuration file for the server and the environment variables it
+/// refers to (the generated auth config takes passwords from the environment).
+struct ServerConfig {
+    path: PathBuf,
+    env: Vec<(String, String)>,
+    _dir: tempfile::TempDir,
 }
 
 impl NatsServer {
@@ -26,6 +36,24 @@ impl NatsServer {
     /// Panics with install instructions when `nats-server` is missing: a test
     /// without its server cannot mean anything.
     pub fn start() -> Self {
+        Self::start_server(None)
+    }
+
+    /// Starts a server that also reads `config` (nats-server configuration
+    /// text: accounts, users, `tls { ... }`), with `env` set for its `$VARIABLE`s.
+    /// Paths in `config` must be absolute.
+    pub fn start_with_config(config: &str, env: &[(String, String)]) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir for the server config");
+        let path = dir.path().join("nats.conf");
+        std::fs::write(&path, config).expect("write the server config");
+        Self::start_server(Some(ServerConfig {
+            path,
+            env: env.to_vec(),
+            _dir: dir,
+        }))
+    }
+
+    fn start_server(config: Option<ServerConfig>) -> Self {
         let store = tempfile::tempdir().expect("temp dir for the JetStream store");
         let ports = tempfile::tempdir().expect("temp dir for the ports file");
         let mut server = Self {
@@ -33,6 +61,7 @@ impl NatsServer {
             port: free_port(),
             store,
             ports,
+            config,
         };
         // A port free a moment ago can be taken by a test starting its own
         // server at the same time; then this one exits, and a connect would
@@ -50,7 +79,14 @@ impl NatsServer {
     /// It is up once it wrote its ports file: a connect alone could reach
     /// another test's server on the same port.
     fn spawn(&mut self) -> bool {
-        let mut child = Command::new("nats-server")
+        let mut command = Command::new("nats-server");
+        if let Some(config) = &self.config {
+            command
+                .arg("-c")
+                .arg(&config.path)
+                .envs(config.env.iter().map(|(k, v)| (k, v)));
+        }
+        let mut child = command
             .args([
                 "-js",
                 "-a",
@@ -198,6 +234,7 @@ mod tests {
             port: first.port(),
             store: tempfile::tempdir().expect("store"),
             ports: tempfile::tempdir().expect("ports"),
+            config: None,
         };
         assert!(!second.spawn(), "the port belongs to the first server");
         let third = NatsServer::start();

@@ -57,6 +57,14 @@ pub struct PlannerConfig {
     /// admission back and queues again, as Kueue's `waitForPodsReady` does;
     /// only time without a node counts, not image pulls. 0: never.
     pub unschedulable_timeout_seconds: u32,
+    /// Namespaces TrainingJobs may be submitted into over NATS. Empty: any but
+    /// the system namespaces (kube-system, kube-public, kube-node-lease,
+    /// trainyard-system), which are always refused.
+    pub submit_namespaces: Vec<String>,
+    /// Worker pods must run as a non-root user (`runAsNonRoot`). Off by default
+    /// because the common framework images run as root; turn it on when the
+    /// installation's images set a non-root user.
+    pub worker_run_as_non_root: bool,
 }
 
 impl Default for PlannerConfig {
@@ -76,6 +84,8 @@ impl Default for PlannerConfig {
             finished_entry_ttl_seconds: 30,
             min_status_interval_ms: 1_000,
             unschedulable_timeout_seconds: 300,
+            submit_namespaces: Vec::new(),
+            worker_run_as_non_root: false,
         }
     }
 }

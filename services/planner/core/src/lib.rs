@@ -25,6 +25,7 @@ mod queue_status;
 mod resources;
 mod state;
 mod status;
+mod submission;
 mod sweep;
 
 pub use config::{FrameworkImages, PlannerConfig};
@@ -55,4 +56,5 @@ pub use state::{
     PreemptionSeen, ProgressSeen, TrialStopSeen, observe,
 };
 pub use status::{MetricGoal, changes_state_or_conditions, format_duration};
+pub use submission::{Accepted, LABEL_SUBMITTED, Rejection, check_overwrite, check_submission};
 pub use sweep::{WELL_KNOWN_HYPERPARAMETERS, sweep_status, trial_spec};

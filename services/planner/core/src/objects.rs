@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Affinity, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
-    KeyToPath, NFSVolumeSource, NodeAffinity, NodeSelector, NodeSelectorRequirement,
-    NodeSelectorTerm, PersistentVolumeClaimVolumeSource, PodSchedulingGate, PodSpec,
-    PodTemplateSpec, Service, ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
+    Affinity, Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort,
+    EmptyDirVolumeSource, KeyToPath, NFSVolumeSource, NodeAffinity, NodeSelector,
+    NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeClaimVolumeSource,
+    PodSchedulingGate, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile,
+    SecurityContext, Service, ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::Serialize;
@@ -329,6 +330,15 @@ fn worker_pod_spec(
         ports: Some(ports),
         resources: worker_resources(spec)?,
         volume_mounts: Some(volume_mounts),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_owned()]),
+                ..Capabilities::default()
+            }),
+            ..SecurityContext::default()
+        }),
         ..Container::default()
     };
 
@@ -347,6 +357,16 @@ fn worker_pod_spec(
             plan.config.termination_grace_period_seconds,
         )),
         volumes: Some(volumes),
+        // Workers talk to NATS, never to the Kubernetes API.
+        automount_service_account_token: Some(false),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: plan.config.worker_run_as_non_root.then_some(true),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_owned(),
+                ..SeccompProfile::default()
+            }),
+            ..PodSecurityContext::default()
+        }),
         ..PodSpec::default()
     })
 }

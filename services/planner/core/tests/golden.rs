@@ -447,3 +447,39 @@ fn same_inputs_render_byte_identical_manifests() {
         assert_eq!(first, again, "{stem}");
     }
 }
+
+#[test]
+fn worker_pods_get_a_restricted_security_context_and_no_api_token() {
+    let job = pytorch_job();
+    let config = PlannerConfig {
+        worker_run_as_non_root: true,
+        ..PlannerConfig::default()
+    };
+    let objects = desired_objects(&job, &plan(0, None, &config)).unwrap();
+    let pod = objects
+        .job
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.template.spec.as_ref())
+        .expect("pod spec");
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let pod_security = pod.security_context.as_ref().expect("pod securityContext");
+    assert_eq!(pod_security.run_as_non_root, Some(true));
+    assert_eq!(
+        pod_security
+            .seccomp_profile
+            .as_ref()
+            .map(|p| p.type_.as_str()),
+        Some("RuntimeDefault")
+    );
+    let container = pod.containers[0]
+        .security_context
+        .as_ref()
+        .expect("container securityContext");
+    assert_eq!(container.allow_privilege_escalation, Some(false));
+    assert_eq!(container.privileged, Some(false));
+    assert_eq!(
+        container.capabilities.as_ref().and_then(|c| c.drop.clone()),
+        Some(vec!["ALL".to_string()])
+    );
+}
