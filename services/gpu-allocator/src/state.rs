@@ -998,6 +998,7 @@ mod tests {
             restart_count,
             gpus: 0,
             queue: None,
+            context: Default::default(),
         }
     }
 

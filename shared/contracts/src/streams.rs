@@ -178,6 +178,14 @@ impl Service {
             Service::Notifier => vec![
                 ConsumerSpec::new(self, ALERTS, vec![family_filter(Family::Alerts)]),
                 ConsumerSpec::new(self, LIFECYCLE, vec![family_filter(Family::Lifecycle)]),
+                ConsumerSpec::new(
+                    self,
+                    DECISIONS,
+                    vec![
+                        kind_filter(Family::Decisions, "sweep"),
+                        kind_filter(Family::Decisions, "budget"),
+                    ],
+                ),
             ],
         }
     }
@@ -185,7 +193,8 @@ impl Service {
     /// Key-value buckets this service keeps state in.
     pub fn buckets(self) -> Vec<Bucket> {
         match self {
-            Service::Watcher | Service::Notifier => vec![],
+            Service::Watcher => vec![],
+            Service::Notifier => vec![Bucket::NotifierOutbox, Bucket::Notifications],
             Service::Planner => vec![Bucket::Planner],
             Service::GpuAllocator => vec![Bucket::Allocator],
             Service::HpoTuner => vec![Bucket::Tuner],
@@ -239,6 +248,12 @@ pub enum Bucket {
     Checkpoints,
     /// cost-optimizer: spend per job and budget.
     Cost,
+    /// notifier: each routed event per destination until it is delivered, and
+    /// the replicas' heartbeats.
+    NotifierOutbox,
+    /// notifier: delivery status per notification
+    /// ([`crate::notifications::DeliveryStatus`]).
+    Notifications,
 }
 
 impl Bucket {
@@ -249,6 +264,18 @@ impl Bucket {
             Bucket::Tuner => "trainyard_tuner",
             Bucket::Checkpoints => "trainyard_checkpoints",
             Bucket::Cost => "trainyard_cost",
+            Bucket::NotifierOutbox => "trainyard_notifier_outbox",
+            Bucket::Notifications => "trainyard_notifications",
+        }
+    }
+
+    /// How long an entry lives after its last write; `None` keeps it until deleted.
+    pub fn max_age(self) -> Option<std::time::Duration> {
+        match self {
+            Bucket::NotifierOutbox | Bucket::Notifications => {
+                Some(std::time::Duration::from_secs(7 * 24 * 3600))
+            }
+            _ => None,
         }
     }
 }

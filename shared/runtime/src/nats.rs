@@ -110,6 +110,7 @@ pub async fn provision_bucket(
             history: 1,
             storage: stream::StorageType::File,
             num_replicas: settings.replicas,
+            max_age: bucket.max_age().unwrap_or_default(),
             ..Default::default()
         })
         .await

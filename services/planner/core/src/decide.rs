@@ -1170,6 +1170,7 @@ impl Context<'_> {
                     restart_count: attempt,
                     gpus,
                     queue: Some(queue),
+                    context: Default::default(),
                 },
                 dedup_key: format!("{uid}/a{attempt}/{from}-{}", verdict.state.as_str()),
             });
