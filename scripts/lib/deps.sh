@@ -31,3 +31,10 @@ ensure_mlflow() {
     python3 -m pip install --quiet --disable-pip-version-check mlflow
   fi
 }
+
+ensure_standardwebhooks() {
+  python3 -c 'import standardwebhooks' 2>/dev/null || {
+    echo "== installing standardwebhooks (verifies the notifier's webhook signatures)"
+    python3 -m pip install --quiet --disable-pip-version-check standardwebhooks
+  }
+}

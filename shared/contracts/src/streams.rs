@@ -272,9 +272,10 @@ impl Bucket {
     /// How long an entry lives after its last write; `None` keeps it until deleted.
     pub fn max_age(self) -> Option<std::time::Duration> {
         match self {
-            Bucket::NotifierOutbox | Bucket::Notifications => {
-                Some(std::time::Duration::from_secs(7 * 24 * 3600))
-            }
+            // Long enough that a redelivered message finds its event already
+            // delivered; short enough to stay small.
+            Bucket::NotifierOutbox => Some(std::time::Duration::from_secs(24 * 3600)),
+            Bucket::Notifications => Some(std::time::Duration::from_secs(7 * 24 * 3600)),
             _ => None,
         }
     }
