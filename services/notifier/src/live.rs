@@ -113,3 +113,39 @@ impl LiveConfig {
         Ok(true)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ROUTES: &str = "route: {receiver: slack}\nreceivers:\n  - name: slack\n    slack: {channel: \"#training\", webhook_url_file: URL}\n";
+
+    #[test]
+    fn a_bad_reload_keeps_the_last_good_config() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = dir.path().join("url");
+        std::fs::write(&url, "https://hooks.example/T000/B000/secret-part\n").expect("secret");
+        let routes = dir.path().join("routes.yaml");
+        let good = ROUTES.replace("URL", &url.display().to_string());
+        std::fs::write(&routes, &good).expect("routes");
+        let live = LiveConfig::new(Live::load(&routes).expect("valid"));
+        assert!(!live.reload(&routes).expect("unchanged"), "nothing changed");
+
+        std::fs::write(&routes, good.replace("receiver: slack}", "receiver: slak}")).expect("routes");
+        let err = live.reload(&routes).expect_err("unknown receiver").to_string();
+        assert!(err.contains("route.receiver") && err.contains("slak"), "{err}");
+        assert!(live.get().routing.receiver("slack").is_some(), "the last good config stays");
+
+        std::fs::write(&routes, &good).expect("routes");
+        std::fs::write(&url, "https://hooks.example/T000/B000/rotated\n").expect("rotated");
+        assert!(live.reload(&routes).expect("valid"), "a rotated secret is a change");
+        assert!(matches!(
+            live.get().secrets.get("slack"),
+            Some(Secret::SlackWebhookUrl(u)) if u.ends_with("rotated")
+        ));
+
+        std::fs::remove_file(&url).expect("remove");
+        let err = live.reload(&routes).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains(&url.display().to_string()) && !err.contains("rotated"), "{err}");
+    }
+}

@@ -561,3 +561,26 @@ fn unknown_types_and_bad_payloads_are_errors() {
     assert_eq!(err.category(), "unknown_event_type");
     assert!(err.to_string().contains("worker.progress"));
 }
+
+#[test]
+fn the_shipped_routing_config_is_valid() {
+    let manifest = include_str!("../../../../deploy/notifier.yaml");
+    let docs: serde_yaml::Value = serde_yaml::from_str(manifest).expect("YAML");
+    let routes = docs["data"]["routes.yaml"]
+        .as_str()
+        .expect("routes.yaml key");
+    let routing = Routing::from_yaml(routes).expect("valid");
+    let mut running = transition(
+        "ml",
+        "bert",
+        TrainingJobState::Running,
+        "AllWorkersRunning",
+        TransitionContext::default(),
+    );
+    running.time = Utc::now();
+    assert!(
+        routing.route(&running).routed.is_empty(),
+        "starts are muted"
+    );
+    assert_eq!(receivers(&routing, &failed("ml", "bert")), ["slack"]);
+}
