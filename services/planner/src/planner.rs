@@ -550,7 +550,7 @@ impl Planner {
                 } => {
                     self.publisher
                         .publish_with_id(
-                            self.publisher.envelope(entity.clone(), transition),
+                            self.publisher.envelope(entity.clone(), *transition),
                             &dedup_key,
                         )
                         .await?;
