@@ -11,16 +11,26 @@ use trainyard_contracts::notifications::DeliveryStatus;
 use crate::error::CliError;
 use crate::format::{human_duration, table};
 
-/// The rows, newest first, at most `limit`, only `state` when given.
-pub fn rows(
+/// Newest first, at most `limit`, only `state` when given.
+pub fn select(
     mut statuses: Vec<DeliveryStatus>,
+    state: Option<&str>,
+    limit: usize,
+) -> Vec<DeliveryStatus> {
+    statuses.retain(|s| state.is_none_or(|wanted| s.state.as_str() == wanted));
+    statuses.sort_by_key(|s| std::cmp::Reverse(s.updated_at));
+    statuses.truncate(limit);
+    statuses
+}
+
+/// The table of [`select`]ed statuses.
+pub fn rows(
+    statuses: Vec<DeliveryStatus>,
     state: Option<&str>,
     limit: usize,
     now: DateTime<Utc>,
 ) -> String {
-    statuses.retain(|s| state.is_none_or(|wanted| s.state.as_str() == wanted));
-    statuses.sort_by(|a, b| b.updated_at.cmp(&a.updated_at));
-    statuses.truncate(limit);
+    let statuses = select(statuses, state, limit);
     let mut rows = vec![
         [
             "AGE",
@@ -92,10 +102,8 @@ pub async fn list(
             .map_err(|e| CliError::Usage(format!("cannot write: {e}")))
     };
     if json {
-        statuses.sort_by(|a, b| b.updated_at.cmp(&a.updated_at));
-        statuses.retain(|s| state.is_none_or(|wanted| s.state.as_str() == wanted));
-        statuses.truncate(limit);
-        let text = serde_json::to_string_pretty(&statuses).unwrap_or_default();
+        let text =
+            serde_json::to_string_pretty(&select(statuses, state, limit)).unwrap_or_default();
         return write(out, text + "\n");
     }
     write(out, rows(statuses, state, limit, Utc::now()))
