@@ -66,6 +66,35 @@ stop_all() {
 trap stop_all EXIT
 trap 'exit 130' INT TERM
 
+# Notifications: a local receiver stands in for Slack; the notifier posts there,
+# each message is printed as it would read in Slack, and the summary counts
+# messages and events by type.
+notifications_start() {
+  local port=${TRAINYARD_DEMO_SLACK_PORT:-9130}
+  notifications_log="$work/notifications.types"
+  : >"$notifications_log"
+  echo "http://127.0.0.1:$port/slack" >"$work/slack-webhook-url"
+  cat >"$work/notifier-routes.yaml" <<ROUTES
+route:
+  receiver: slack
+  group_by: [event, namespace, owner]
+  group_wait: 2s
+  group_interval: 5s
+receivers:
+  - name: slack
+    slack: {channel: "#training", webhook_url_file: $work/slack-webhook-url}
+ROUTES
+  python3 scripts/lib/slack_receiver.py "$port" "$notifications_log" &
+  pids+=($!)
+  export TRAINYARD_NOTIFIER__ROUTES_FILE="$work/notifier-routes.yaml"
+}
+notifications_summary() {
+  echo
+  echo "== notifications (messages, events by type)"
+  awk '{m[$1]++; e[$1]+=$2} END {for (t in m) printf "%-20s %3d messages %4d events\n", t, m[t], e[t]}' \
+    "$notifications_log" | sort
+}
+
 nats-server -js -a 127.0.0.1 -p "$nats_port" -sd "$work/jetstream" >"$work/nats.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/"$nats_port") 2>/dev/null && break; sleep 0.1; done
@@ -88,6 +117,7 @@ else
 fi
 export KUBECONFIG="$kubeconfig"
 
+notifications_start
 port=9101
 declare -A http_port
 for service in "${services[@]}"; do
@@ -141,6 +171,7 @@ echo "== sweeps"
 echo
 echo "== summary"
 "$trainyard" summary -A || status=$?
+notifications_summary
 if [ "$observe" = yes ]; then
   echo
   echo "== alerts that fired during the run (http://127.0.0.1:$prometheus_port/alerts)"

@@ -25,6 +25,49 @@ pub enum Command {
     Get(GetArgs),
     /// Outcome counts, queueing delay, durations and GPU utilisation of TrainingJobs.
     Summary(SummaryArgs),
+    /// Recent notifications the notifier delivered (or is retrying, or gave up
+    /// on), newest first, from its delivery-status bucket in NATS.
+    Notifications(NotificationsArgs),
+}
+
+/// `trainyard notifications`.
+#[derive(Debug, Args)]
+pub struct NotificationsArgs {
+    /// The NATS server the notifier uses.
+    #[arg(long, value_name = "URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+
+    /// Only notifications in this state.
+    #[arg(long, value_enum)]
+    pub state: Option<DeliveryStateArg>,
+
+    /// At most this many.
+    #[arg(long, default_value_t = 50)]
+    pub limit: usize,
+
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `--state` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DeliveryStateArg {
+    Pending,
+    Sent,
+    Retrying,
+    Failed,
+}
+
+impl DeliveryStateArg {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Sent => "sent",
+            Self::Retrying => "retrying",
+            Self::Failed => "failed",
+        }
+    }
 }
 
 /// `trainyard apply`.

@@ -10,6 +10,7 @@ pub mod error;
 pub mod format;
 pub mod get;
 pub mod manifest;
+pub mod notifications;
 pub mod queue_position;
 pub mod resources;
 pub mod summary;
@@ -117,6 +118,16 @@ where
         Command::Summary(args) => {
             let (client, scope) = connect_in_scope(&args.scope, connect).await?;
             get::summary(client, &scope, args.json, out).await
+        }
+        Command::Notifications(args) => {
+            notifications::list(
+                &args.nats_url,
+                args.state.map(|s| s.as_str()),
+                args.limit,
+                args.json,
+                out,
+            )
+            .await
         }
     }
 }

@@ -67,3 +67,10 @@ ensure_openssl() {
     apt-get install -y -qq openssl >/dev/null
   fi
 }
+
+ensure_standardwebhooks() {
+  python3 -c 'import standardwebhooks' 2>/dev/null || {
+    echo "== installing standardwebhooks (verifies the notifier's webhook signatures)"
+    python3 -m pip install --quiet --disable-pip-version-check standardwebhooks
+  }
+}

@@ -332,6 +332,7 @@ fn completed() -> TrainingJobTransitioned {
         restart_count: 0,
         gpus: 0,
         queue: None,
+        context: Default::default(),
     }
 }
 

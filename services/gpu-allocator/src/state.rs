@@ -972,6 +972,7 @@ mod tests {
             restart_count,
             gpus: 0,
             queue: None,
+            context: Default::default(),
         }
     }
 

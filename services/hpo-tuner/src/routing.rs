@@ -409,6 +409,9 @@ pub fn progress_of(core: &SweepCore, codec: &ParamCodec) -> SweepProgressed {
         rungs,
         finished_reason: status.finished.as_ref().map(|r| finish_name(r).to_string()),
         message: status.finished.as_ref().map(|r| finish_message(core, r)),
+        objective_metric: None,
+        labels: BTreeMap::new(),
+        annotations: BTreeMap::new(),
     }
 }
 
@@ -457,6 +460,7 @@ mod tests {
             restart_count: 0,
             gpus: 0,
             queue: None,
+            context: Default::default(),
         }
     }
 

@@ -604,7 +604,7 @@ impl Planner {
                     // Counted once published: a failed publish is retried with the message.
                     self.publisher
                         .publish_with_id(
-                            self.publisher.envelope(entity.clone(), transition.clone()),
+                            self.publisher.envelope(entity.clone(), *transition),
                             &dedup_key,
                         )
                         .await?;

@@ -83,6 +83,9 @@ async fn trials_become_owned_training_jobs_and_the_sweep_gets_its_status() {
                 rungs: BTreeMap::from([(1, 4), (3, 1)]),
                 finished_reason: None,
                 message: None,
+                objective_metric: None,
+                labels: BTreeMap::new(),
+                annotations: BTreeMap::new(),
             },
         )
         .await;

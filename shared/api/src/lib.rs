@@ -44,3 +44,15 @@ pub const API_GROUP: &str = "trainyard.dev";
 pub const API_VERSION: &str = "v1";
 /// `apiVersion` value of Trainyard objects.
 pub const API_GROUP_VERSION: &str = "trainyard.dev/v1";
+
+/// Annotation on a TrainingJob or Sweep naming extra notification destinations,
+/// comma-separated: `slack:#team-a`, `webhook:ci`. The notifier sends only to
+/// destinations its operator allowed.
+pub const ANNOTATION_NOTIFY: &str = "trainyard.dev/notify";
+/// Annotation restricting which events the `trainyard.dev/notify` destinations
+/// hear, comma-separated event types (e.g. `job.failed,job.completed`).
+pub const ANNOTATION_NOTIFY_ON: &str = "trainyard.dev/notify-on";
+/// Prefix every notification annotation starts with; the planner forwards these to the notifier.
+pub const ANNOTATION_NOTIFY_PREFIX: &str = "trainyard.dev/notify";
+/// Annotation holding the job's experiment-tracking run URL (e.g. its MLflow run).
+pub const ANNOTATION_RUN_URL: &str = "trainyard.dev/run-url";

@@ -175,6 +175,15 @@ pub struct SweepProgressed {
     pub finished_reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Name of the objective metric `bestTrial.objectiveValue` measures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objective_metric: Option<String>,
+    /// The Sweep's labels, for subscribers that route on them (the notifier).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// The Sweep's `trainyard.dev/notify*` annotations.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
 }
 
 /// Where the next attempt of a job resumes from.

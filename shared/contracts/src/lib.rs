@@ -26,6 +26,7 @@ pub mod envelope;
 pub mod error;
 pub mod events;
 pub mod lifecycle;
+pub mod notifications;
 pub mod permissions;
 pub mod streams;
 pub mod subject;

@@ -183,6 +183,14 @@ impl Service {
             Service::Notifier => vec![
                 ConsumerSpec::new(self, ALERTS, vec![family_filter(Family::Alerts)]),
                 ConsumerSpec::new(self, LIFECYCLE, vec![family_filter(Family::Lifecycle)]),
+                ConsumerSpec::new(
+                    self,
+                    DECISIONS,
+                    vec![
+                        kind_filter(Family::Decisions, "sweep"),
+                        kind_filter(Family::Decisions, "budget"),
+                    ],
+                ),
             ],
         }
     }
@@ -190,7 +198,8 @@ impl Service {
     /// Key-value buckets this service keeps state in.
     pub fn buckets(self) -> Vec<Bucket> {
         match self {
-            Service::Watcher | Service::Notifier => vec![],
+            Service::Watcher => vec![],
+            Service::Notifier => vec![Bucket::NotifierOutbox, Bucket::Notifications],
             Service::Planner => vec![Bucket::Planner, Bucket::Leases],
             Service::GpuAllocator => vec![Bucket::Allocator, Bucket::Leases],
             Service::HpoTuner => vec![Bucket::Tuner],
@@ -259,6 +268,12 @@ pub enum Bucket {
     /// Leases that pick the active replica of the planner and the
     /// gpu-allocator; an entry not renewed expires after [`LEASE_TTL`].
     Leases,
+    /// notifier: each routed event per destination until it is delivered, and
+    /// the replicas' heartbeats.
+    NotifierOutbox,
+    /// notifier: delivery status per notification
+    /// ([`crate::notifications::DeliveryStatus`]).
+    Notifications,
 }
 
 /// How long a lease outlives its last renewal: a standby takes over within
@@ -274,13 +289,19 @@ impl Bucket {
             Bucket::Checkpoints => "trainyard_checkpoints",
             Bucket::Cost => "trainyard_cost",
             Bucket::Leases => "trainyard_leases",
+            Bucket::NotifierOutbox => "trainyard_notifier_outbox",
+            Bucket::Notifications => "trainyard_notifications",
         }
     }
 
-    /// How long an entry lives without being written again; None: for ever.
+    /// How long an entry lives after its last write; `None` keeps it until deleted.
     pub fn max_age(self) -> Option<std::time::Duration> {
         match self {
             Bucket::Leases => Some(LEASE_TTL),
+            // Long enough that a redelivered message finds its event already
+            // delivered; short enough to stay small.
+            Bucket::NotifierOutbox => Some(std::time::Duration::from_secs(24 * 3600)),
+            Bucket::Notifications => Some(std::time::Duration::from_secs(7 * 24 * 3600)),
             _ => None,
         }
     }

@@ -161,6 +161,7 @@ pub async fn provision_bucket(
             max_age: bucket.max_age().unwrap_or_default(),
             storage: stream::StorageType::File,
             num_replicas: settings.replicas,
+            max_age: bucket.max_age().unwrap_or_default(),
             ..Default::default()
         })
         .await

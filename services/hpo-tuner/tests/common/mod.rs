@@ -181,6 +181,7 @@ impl Driver {
                 restart_count: 0,
                 gpus: 0,
                 queue: None,
+                context: Default::default(),
             },
         )
         .await

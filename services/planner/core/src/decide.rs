@@ -99,7 +99,7 @@ pub enum PlannerAction {
     },
     /// Publish the lifecycle transition, with `dedup_key` as `Nats-Msg-Id`.
     PublishTransition {
-        transition: TrainingJobTransitioned,
+        transition: Box<TrainingJobTransitioned>,
         dedup_key: String,
     },
     /// Write the TrainingJob's status subresource.
@@ -1162,7 +1162,7 @@ impl Context<'_> {
                 .unwrap_or_else(|| self.spec().queue_name().to_owned());
             let from = self.previous.state.map_or("None", |s| s.as_str());
             actions.push(PlannerAction::PublishTransition {
-                transition: TrainingJobTransitioned {
+                transition: Box::new(TrainingJobTransitioned {
                     from: self.previous.state,
                     to: verdict.state,
                     reason: verdict.reason.clone(),
@@ -1170,7 +1170,22 @@ impl Context<'_> {
                     restart_count: attempt,
                     gpus,
                     queue: Some(queue),
-                },
+                    context: crate::context::transition_context(
+                        self.job,
+                        verdict.state,
+                        &verdict.reason,
+                        self.record().failure.as_ref().filter(|_| {
+                            verdict.state == TrainingJobState::Failed
+                                || matches!(
+                                    verdict.reason.as_str(),
+                                    "Restarting" | "RestartBackoff"
+                                )
+                        }),
+                        &status.metrics,
+                        self.state.first_started_at,
+                        verdict.completion_time,
+                    ),
+                }),
                 dedup_key: format!("{uid}/a{attempt}/{from}-{}", verdict.state.as_str()),
             });
         }

@@ -14,6 +14,7 @@
 //! See the crate's README for the state machine and the failure policy.
 
 mod config;
+mod context;
 mod decide;
 mod env;
 mod error;

@@ -248,6 +248,9 @@ mod tests {
             rungs: BTreeMap::from([(1, 7), (3, 2)]),
             finished_reason: None,
             message: None,
+            objective_metric: None,
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
         };
         let running = sweep_status(&progress, None, Some(2), now.clone());
         assert_eq!(running.state, Some(SweepState::Running));

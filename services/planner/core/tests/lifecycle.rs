@@ -287,6 +287,62 @@ fn permanent_failure_under_exit_code_policy_fails_at_once() {
 }
 
 #[test]
+fn transitions_carry_what_the_notifier_needs() {
+    let mut job = training_job(
+        "bert",
+        with_failure_policy(RestartPolicy::ExitCode, Some(3)),
+    );
+    job.metadata.labels = Some([("team".to_string(), "nlp".to_string())].into());
+    job.metadata.annotations = Some(
+        [
+            (
+                "trainyard.dev/notify".to_string(),
+                "slack:#team-nlp".to_string(),
+            ),
+            (
+                "trainyard.dev/run-url".to_string(),
+                "http://mlflow.example/#/runs/7".to_string(),
+            ),
+            (
+                "kubectl.kubernetes.io/last-applied-configuration".to_string(),
+                "{}".to_string(),
+            ),
+        ]
+        .into(),
+    );
+    let mut h = Harness::new(job);
+    h.run_attempt_until_running(0);
+    fail_worker_one(&mut h, 0, 1);
+    let failed = h.transitions.last().unwrap();
+    assert_eq!(failed.to, TrainingJobState::Failed);
+    let context = &failed.context;
+    assert_eq!(context.labels.get("team").map(String::as_str), Some("nlp"));
+    assert_eq!(
+        context.annotations.keys().collect::<Vec<_>>(),
+        ["trainyard.dev/notify"],
+        "only the notification annotations travel"
+    );
+    assert_eq!(
+        context.links.get("run").map(String::as_str),
+        Some("http://mlflow.example/#/runs/7")
+    );
+    assert_eq!(context.exit_code, Some(1));
+    assert_eq!(context.exit_class.as_deref(), Some("permanent"));
+    assert!(
+        context
+            .fix
+            .as_deref()
+            .unwrap_or_default()
+            .contains("kubectl logs")
+    );
+    let running = &h.transitions[h.transitions.len() - 2];
+    assert_eq!(
+        running.context.exit_code, None,
+        "no failure before the failure"
+    );
+}
+
+#[test]
 fn on_failure_policy_retries_program_errors_and_never_policy_retries_nothing() {
     let mut on_failure = Harness::new(training_job(
         "a",

@@ -281,7 +281,7 @@ impl Harness {
                     dedup_key,
                 } => {
                     if self.published_keys.insert(dedup_key.clone()) {
-                        self.transitions.push(transition.clone());
+                        self.transitions.push(transition.as_ref().clone());
                     }
                 }
                 PlannerAction::UpdateStatus(status) => self.job.status = Some((**status).clone()),
