@@ -666,6 +666,7 @@ mod tests {
                     uri: "x".into(),
                     epoch: 1,
                     step: 1,
+                    ..Default::default()
                 },
             ),
         ];

@@ -205,6 +205,7 @@ fn golden_pytorch_third_attempt_resumes_from_chosen_checkpoint() {
         uri: "/ckpt/epoch-4".into(),
         epoch: 4,
         step: 4000,
+        ..ResumePointChosen::default()
     };
     let objects = desired_objects(
         &job,

@@ -1124,6 +1124,7 @@ fn the_checkpoint_managers_choice_beats_the_spec_resume_point() {
         uri: "s3://bucket/new/checkpoint-epoch-7".into(),
         epoch: 7,
         step: 700,
+        ..ResumePointChosen::default()
     }));
     let actions = h.decide();
     let objects = applied(&actions);
