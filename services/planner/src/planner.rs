@@ -15,8 +15,9 @@ use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Reg
 use tokio_util::sync::CancellationToken;
 use trainyard_api::TrainingJob;
 use trainyard_contracts::decisions::{
-    AdmissionDecided, PendingExplained, PreemptionDecided, QueueStatusReported, ResumePointChosen,
-    SweepProgressed, TrialRequested, TrialStopped,
+    AdmissionDecided, CheckpointIntervalAdvised, CheckpointVerified, ModelRegistered,
+    PendingExplained, PreemptionDecided, QueueStatusReported, ResumePointChosen, SweepProgressed,
+    TrialRequested, TrialStopped,
 };
 use trainyard_contracts::events::{Change, JobObserved, PodObserved, TrainingJobChanged};
 use trainyard_contracts::lifecycle::TrainingJobFinalized;
@@ -118,6 +119,9 @@ struct Entry {
     /// A status change waits for `min_status_interval_ms`, and a reconcile
     /// that writes it is scheduled.
     status_deferred: bool,
+    /// Events an observation records by itself (the checkpoint-manager's
+    /// findings), carried out with the next decisions.
+    observed_events: Vec<PlannerAction>,
 }
 
 /// Fingerprints of one job's objects as last applied; None: not applied by
@@ -401,6 +405,9 @@ impl Planner {
                     // Whoever deleted it, a Job asked for again must be created again.
                     entry.applied = AppliedObjects::default();
                 }
+                entry
+                    .observed_events
+                    .extend(planner_core::checkpoint_events(&observation));
                 planner_core::observe(&mut entry.state, at, *observation);
                 entry.observed_unsaved = true;
             }
@@ -445,7 +452,13 @@ impl Planner {
         if let Some(stored) = self.writer.ensure_finalizer(job).await? {
             entry.object = Some(stored);
         }
-        let actions = planner_core::decide(job, &entry.state, Utc::now(), &self.config);
+        let mut actions = std::mem::take(&mut entry.observed_events);
+        actions.extend(planner_core::decide(
+            job,
+            &entry.state,
+            Utc::now(),
+            &self.config,
+        ));
         self.carry_out(entity, entry, job, actions).await?;
         if entry.observed_unsaved {
             let bytes = StateStore::encode(key, &entry.state)?;
@@ -760,6 +773,9 @@ fn input_of(message: &Incoming) -> Result<Option<Input>, HandleError> {
         PendingExplained::TYPE => Observation::Pending(message.payload()?),
         PreemptionDecided::TYPE => Observation::Preemption(message.payload()?),
         ResumePointChosen::TYPE => Observation::ResumePoint(message.payload()?),
+        CheckpointVerified::TYPE => Observation::CheckpointVerified(message.payload()?),
+        CheckpointIntervalAdvised::TYPE => Observation::IntervalAdvised(message.payload()?),
+        ModelRegistered::TYPE => Observation::ModelRegistered(message.payload()?),
         _ => return Ok(None),
     };
     Ok(Some(Input::Observe(Box::new(observation))))

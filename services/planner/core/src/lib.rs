@@ -13,6 +13,7 @@
 //!
 //! See the crate's README for the state machine and the failure policy.
 
+mod checkpoints;
 mod config;
 mod decide;
 mod env;
@@ -27,6 +28,10 @@ mod state;
 mod status;
 mod sweep;
 
+pub use checkpoints::{
+    EVENT_CHECKPOINT_INCOMPLETE, EVENT_CHECKPOINT_SKIPPED, EVENT_MODEL_REGISTERED,
+    checkpoint_events, resume_reason,
+};
 pub use config::{FrameworkImages, PlannerConfig};
 pub use decide::{
     CONDITION_ADMITTED, CONDITION_FAILED, CONDITION_PREEMPTED, CONDITION_RUNNING,

@@ -171,7 +171,10 @@ fn pytorch_job() -> TrainingJob {
             checkpoint: Some(CheckpointSpec {
                 enabled: Some(true),
                 frequency: Some(2),
-                retention: Some(3),
+                retention: Some(trainyard_api::RetentionPolicySpec {
+                    keep_last: Some(3),
+                    ..Default::default()
+                }),
                 storage: Some(CheckpointStorage {
                     storage_type: StorageType::Pvc,
                     claim_name: Some("llama-checkpoints".into()),

@@ -16,7 +16,8 @@ use planner_core::{
 use trainyard_api::{TrainingJob, TrainingJobSpec, TrainingJobState, TrainingJobStatus};
 use trainyard_contracts::EntityRef;
 use trainyard_contracts::decisions::{
-    AdmissionDecided, PendingExplained, PreemptionDecided, TolerationSpec, WorkerPlacement,
+    AdmissionDecided, PendingExplained, PreemptionDecided, ResumePointChosen, TolerationSpec,
+    WorkerPlacement,
 };
 use trainyard_contracts::events::{
     Change, ContainerTermination, JobObserved, ObservedCondition, PodObserved,
@@ -187,6 +188,18 @@ pub fn progress(
         total_epochs: None,
         step: u64::from(epoch) * 100,
         metrics: metrics.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
+    }
+}
+
+/// The checkpoint-manager's resume point once it verified `report`.
+pub fn verified_resume_point(report: &CheckpointReported) -> ResumePointChosen {
+    ResumePointChosen {
+        uri: report.uri.clone(),
+        epoch: report.epoch,
+        step: report.step,
+        reason: "Verified".into(),
+        verified_by: Some(trainyard_contracts::worker::VerificationMethod::TrainyardManifest),
+        skipped: Vec::new(),
     }
 }
 
