@@ -7,6 +7,7 @@ source scripts/lib/deps.sh
 ensure_nats_server
 ensure_nats_py
 ensure_mlflow
+ensure_moto
 
 # Incremental artifacts are 40 % of a clean build's target directory (2.5 of
 # 6.1 GB) and a one-shot run never reuses them; a full disk once failed CI.

@@ -31,3 +31,11 @@ ensure_mlflow() {
     python3 -m pip install --quiet --disable-pip-version-check mlflow
   fi
 }
+
+ensure_moto() {
+  python_bin_on_path
+  if ! command -v moto_server >/dev/null 2>&1; then
+    echo "== installing moto[server] (an S3-compatible server for the checkpoint-manager's tests)"
+    python3 -m pip install --quiet --disable-pip-version-check 'moto[server]'
+  fi
+}

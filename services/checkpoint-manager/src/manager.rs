@@ -446,18 +446,23 @@ impl Manager {
             Ok(_) => {}
             Err(err) => return Ok(vec![rejected(err.to_string())]),
         }
-        let verification = if self.storage.readable(&report.uri) {
+        let expected = Expected {
+            step: report.step,
+            epoch: report.epoch,
+        };
+        let missing_volume_dir = is_volume_path(&report.uri)
+            && self.storage.readable(&report.uri)
+            && !tokio::fs::try_exists(report.uri.strip_prefix("file://").unwrap_or(&report.uri))
+                .await
+                .unwrap_or(false);
+        let verification = if missing_volume_dir {
+            verify::judge("", &verify::Listing::new(), None, None, expected)
+        } else if self.storage.readable(&report.uri) {
             let location = self
                 .storage
                 .open(&report.uri, settings.s3_endpoint.as_deref())?;
             location
-                .verify(
-                    Expected {
-                        step: report.step,
-                        epoch: report.epoch,
-                    },
-                    self.config.verify_checksums,
-                )
+                .verify(expected, self.config.verify_checksums)
                 .await?
         } else {
             verify::reported_by_worker(
