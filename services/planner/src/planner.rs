@@ -128,6 +128,7 @@ struct Entry {
 /// this process, or to be applied again.
 #[derive(Default, Clone, Copy, PartialEq, Eq)]
 struct AppliedObjects {
+    checkpoint_claim: Option<u64>,
     config_map: Option<u64>,
     service: Option<u64>,
     job: Option<u64>,
@@ -204,6 +205,11 @@ fn objects_fingerprints(
 ) -> Result<AppliedObjects, PlannerError> {
     let manager = objects.field_manager.as_str();
     Ok(AppliedObjects {
+        checkpoint_claim: objects
+            .checkpoint_claim
+            .as_ref()
+            .map(|claim| object_fingerprint(manager, claim))
+            .transpose()?,
         config_map: Some(object_fingerprint(manager, &objects.config_map)?),
         service: Some(object_fingerprint(manager, &objects.service)?),
         job: Some(object_fingerprint(manager, &objects.job)?),
@@ -520,6 +526,7 @@ impl Planner {
                         label = "apply_unchanged";
                     } else {
                         let changes = ObjectChanges {
+                            checkpoint_claim: applied.checkpoint_claim != prints.checkpoint_claim,
                             config_map: applied.config_map != prints.config_map,
                             service: applied.service != prints.service,
                             job: applied.job != prints.job,

@@ -57,6 +57,11 @@ pub struct PlannerConfig {
     /// admission back and queues again, as Kueue's `waitForPodsReady` does;
     /// only time without a node counts, not image pulls. 0: never.
     pub unschedulable_timeout_seconds: u32,
+    /// Storage class of the checkpoint claim made for jobs that name no
+    /// checkpoint storage. Unset: the cluster's default class.
+    pub checkpoint_storage_class: Option<String>,
+    /// Size of that claim, a Kubernetes quantity.
+    pub checkpoint_volume_size: String,
 }
 
 impl Default for PlannerConfig {
@@ -76,6 +81,8 @@ impl Default for PlannerConfig {
             finished_entry_ttl_seconds: 30,
             min_status_interval_ms: 1_000,
             unschedulable_timeout_seconds: 300,
+            checkpoint_storage_class: None,
+            checkpoint_volume_size: "100Gi".to_owned(),
         }
     }
 }

@@ -45,8 +45,8 @@ pub use error::PlanError;
 pub use failure::{FailureCause, WorkerFailure, classify_pod};
 pub use names::{
     COMPLETION_INDEX_ANNOTATION, LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED_BY, LABEL_ROLE,
-    LABEL_TRAINING_JOB, MANAGED_BY, PLACEMENT_GATE, Role, config_map_name, job_name, service_name,
-    worker_host,
+    LABEL_TRAINING_JOB, MANAGED_BY, PLACEMENT_GATE, Role, checkpoint_claim_name, config_map_name,
+    job_name, service_name, worker_host,
 };
 pub use objects::{
     DesiredObjects, JobPlan, METRICS_PORT_NAME, RENDEZVOUS_PORT_NAME, WORKER_CONTAINER,
