@@ -149,11 +149,13 @@ impl Driver {
             .collect()
     }
 
-    /// Polls until `count` decisions of type `P` about `job` exist.
+    /// Polls until `count` decisions of type `P` about `job` exist (allowing
+    /// a quarter second per message for long fault-injection runs).
     pub async fn wait_for<P: Payload>(&self, job: &str, count: usize) -> Vec<P> {
         trainyard_testkit::eventually_within(
             &format!("{count} {} for {job}", P::TYPE),
-            Duration::from_secs(30),
+            Duration::from_secs(30)
+                + Duration::from_millis(250) * u32::try_from(count).unwrap_or(u32::MAX),
             || async {
                 let found = self.decisions::<P>(job).await;
                 (found.len() >= count).then_some(found)
