@@ -11,6 +11,7 @@ ensure_prometheus
 ensure_hadolint
 ensure_openssl
 ensure_standardwebhooks
+ensure_moto
 
 # Incremental artifacts are 40 % of a clean build's target directory (2.5 of
 # 6.1 GB) and a one-shot run never reuses them; a full disk once failed CI.

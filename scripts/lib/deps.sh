@@ -74,3 +74,11 @@ ensure_standardwebhooks() {
     python3 -m pip install --quiet --disable-pip-version-check standardwebhooks
   }
 }
+
+ensure_moto() {
+  python_bin_on_path
+  if ! command -v moto_server >/dev/null 2>&1; then
+    echo "== installing moto[server] (an S3-compatible server for the checkpoint-manager's tests)"
+    python3 -m pip install --quiet --disable-pip-version-check 'moto[server]'
+  fi
+}

@@ -1616,6 +1616,7 @@ impl Cluster {
                 uri: format!("{}/checkpoint-epoch-{epoch}", dir.trim_end_matches('/')),
                 size_bytes: u64::from(run.gpus.max(1)) * 512 * 1024 * 1024,
                 metrics: BTreeMap::new(),
+                ..CheckpointReported::default()
             },
         }
     }

@@ -58,11 +58,19 @@ const fn builtin(
     }
 }
 
-const BUILTIN: [ResourceType; 8] = [
+const BUILTIN: [ResourceType; 9] = [
     builtin("pods", "", "pods", "Pod", true, true),
     builtin("nodes", "", "nodes", "Node", false, true),
     builtin("services", "", "services", "Service", true, true),
     builtin("configmaps", "", "configmaps", "ConfigMap", true, false),
+    builtin(
+        "persistentvolumeclaims",
+        "",
+        "persistentvolumeclaims",
+        "PersistentVolumeClaim",
+        true,
+        true,
+    ),
     builtin("namespaces", "", "namespaces", "Namespace", false, true),
     builtin("events", "", "events", "Event", true, false),
     builtin(

@@ -81,7 +81,12 @@ async fn train_py_reports_checkpoints_and_resumes() {
         .map(|m| m.payload().expect("checkpoint payload"))
         .collect();
     assert_eq!(saved.iter().map(|c| c.epoch).collect::<Vec<_>>(), [2, 4]);
-    assert!(Path::new(&saved[0].uri).exists());
+    assert!(Path::new(&saved[0].uri).join("trainyard-manifest.json").exists());
+    assert_eq!(
+        saved[0].verified_by,
+        Some(trainyard_contracts::worker::VerificationMethod::TrainyardManifest)
+    );
+    assert!(saved[0].save_seconds.is_some());
 
     // A new attempt resumes after epoch 2 instead of starting over.
     run_worker(

@@ -670,6 +670,7 @@ mod tests {
                     uri: "x".into(),
                     epoch: 1,
                     step: 1,
+                    ..Default::default()
                 },
             ),
         ];

@@ -78,6 +78,7 @@ impl<'a, S> StatusApply<'a, S> {
 /// Which of a job's desired objects differ from what was last applied.
 #[derive(Debug, Clone, Copy)]
 pub struct ObjectChanges {
+    pub checkpoint_claim: bool,
     pub config_map: bool,
     pub service: bool,
     pub job: bool,
@@ -144,6 +145,11 @@ impl KubeWriter {
         changes: ObjectChanges,
     ) -> Result<(), PlannerError> {
         let params = PatchParams::apply(&objects.field_manager).force();
+        // The claim first: the workers mount it, and it outlives every attempt.
+        if let Some(claim) = &objects.checkpoint_claim {
+            self.apply_if(changes.checkpoint_claim, namespace, &params, claim)
+                .await?;
+        }
         let config_map = self.apply_if(changes.config_map, namespace, &params, &objects.config_map);
         let service = self.apply_if(changes.service, namespace, &params, &objects.service);
         let job = self.apply_if(changes.job, namespace, &params, &objects.job);

@@ -15,8 +15,9 @@ use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Reg
 use tokio_util::sync::CancellationToken;
 use trainyard_api::TrainingJob;
 use trainyard_contracts::decisions::{
-    AdmissionDecided, PendingExplained, PreemptionDecided, QueueStatusReported, ResumePointChosen,
-    SweepProgressed, TrialRequested, TrialStopped,
+    AdmissionDecided, CheckpointIntervalAdvised, CheckpointVerified, ModelRegistered,
+    PendingExplained, PreemptionDecided, QueueStatusReported, ResumePointChosen, SweepProgressed,
+    TrialRequested, TrialStopped,
 };
 use trainyard_contracts::events::{Change, JobObserved, PodObserved, TrainingJobChanged};
 use trainyard_contracts::lifecycle::TrainingJobFinalized;
@@ -125,12 +126,16 @@ struct Entry {
     /// A status change waits for `min_status_interval_ms`, and a reconcile
     /// that writes it is scheduled.
     status_deferred: bool,
+    /// Events an observation records by itself (the checkpoint-manager's
+    /// findings), carried out with the next decisions.
+    observed_events: Vec<PlannerAction>,
 }
 
 /// Fingerprints of one job's objects as last applied; None: not applied by
 /// this process, or to be applied again.
 #[derive(Default, Clone, Copy, PartialEq, Eq)]
 struct AppliedObjects {
+    checkpoint_claim: Option<u64>,
     config_map: Option<u64>,
     service: Option<u64>,
     job: Option<u64>,
@@ -209,6 +214,11 @@ fn objects_fingerprints(
 ) -> Result<AppliedObjects, PlannerError> {
     let manager = objects.field_manager.as_str();
     Ok(AppliedObjects {
+        checkpoint_claim: objects
+            .checkpoint_claim
+            .as_ref()
+            .map(|claim| object_fingerprint(manager, claim))
+            .transpose()?,
         config_map: Some(object_fingerprint(manager, &objects.config_map)?),
         service: Some(object_fingerprint(manager, &objects.service)?),
         job: Some(object_fingerprint(manager, &objects.job)?),
@@ -436,6 +446,9 @@ impl Planner {
                     // Whoever deleted it, a Job asked for again must be created again.
                     entry.applied = AppliedObjects::default();
                 }
+                entry
+                    .observed_events
+                    .extend(planner_core::checkpoint_events(&observation));
                 planner_core::observe(&mut entry.state, at, *observation);
                 entry.observed_unsaved = true;
             }
@@ -482,7 +495,13 @@ impl Planner {
         if let Some(stored) = self.writer.ensure_finalizer(job).await? {
             entry.object = Some(stored);
         }
-        let actions = planner_core::decide(job, &entry.state, Utc::now(), &self.config);
+        let mut actions = std::mem::take(&mut entry.observed_events);
+        actions.extend(planner_core::decide(
+            job,
+            &entry.state,
+            Utc::now(),
+            &self.config,
+        ));
         self.carry_out(entity, entry, job, actions).await?;
         if entry.observed_unsaved {
             let bytes = StateStore::encode(key, &entry.state)?;
@@ -560,6 +579,7 @@ impl Planner {
                         label = "apply_unchanged";
                     } else {
                         let changes = ObjectChanges {
+                            checkpoint_claim: applied.checkpoint_claim != prints.checkpoint_claim,
                             config_map: applied.config_map != prints.config_map,
                             service: applied.service != prints.service,
                             job: applied.job != prints.job,
@@ -862,6 +882,9 @@ fn input_of(message: &Incoming) -> Result<Option<Input>, HandleError> {
         PendingExplained::TYPE => Observation::Pending(message.payload()?),
         PreemptionDecided::TYPE => Observation::Preemption(message.payload()?),
         ResumePointChosen::TYPE => Observation::ResumePoint(message.payload()?),
+        CheckpointVerified::TYPE => Observation::CheckpointVerified(message.payload()?),
+        CheckpointIntervalAdvised::TYPE => Observation::IntervalAdvised(message.payload()?),
+        ModelRegistered::TYPE => Observation::ModelRegistered(message.payload()?),
         _ => return Ok(None),
     };
     Ok(Some(Input::Observe(Box::new(observation))))

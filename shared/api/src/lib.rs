@@ -32,9 +32,10 @@ pub use sweep::{
 };
 pub use trainingjob::{
     AllocatedResources, CapacityType, CheckpointSpec, CheckpointStatus, CheckpointStorage,
-    CommunicationBackend, FailurePolicy, Framework, Hyperparameters, MonitoringSpec,
-    NetworkingSpec, Optimizer, RestartPolicy, SchedulingSpec, StorageType, SuccessPolicy,
-    TrainingJob, TrainingJobSpec, TrainingJobState, TrainingJobStatus, WorkerCounts,
+    CommunicationBackend, FailurePolicy, Framework, Hyperparameters, KeepBestSpec, MetricMode,
+    MonitoringSpec, NetworkingSpec, Optimizer, RestartPolicy, RetentionPolicySpec, SchedulingSpec,
+    StorageType, SuccessPolicy, TrainingJob, TrainingJobSpec, TrainingJobState, TrainingJobStatus,
+    WorkerCounts,
 };
 pub use validation::{FieldError, FieldErrorKind, format_field_errors};
 

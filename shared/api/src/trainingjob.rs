@@ -391,10 +391,90 @@ pub struct CheckpointSpec {
     #[schemars(length(min = 1, max = MAX_REFERENCE_LENGTH))]
     pub resume_from: Option<String>,
 
-    /// Number of most recent checkpoints to keep, at least 1. Default: keep all.
+    /// Which checkpoints to keep; the rest are deleted by the checkpoint-manager (object stores) or the worker-side reporter (volumes). Never deleted: the newest verified checkpoint, the best one, pinned ones, the registered model version's, and the one a pending resume names. Default: keep all. The earlier form, a whole number N, is read as keepLast: N by Trainyard's services; the schema takes the object form, so write retention: {keepLast: N}.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "retention_either_form"
+    )]
+    pub retention: Option<RetentionPolicySpec>,
+}
+
+const RULE_RETENTION_KEEPS_SOMETHING: &str = "(has(self.keepLast) && self.keepLast > 0) || has(self.keepBest) || has(self.keepEveryNSteps) || (has(self.pinnedSteps) && size(self.pinnedSteps) > 0)";
+const MSG_RETENTION_KEEPS_SOMETHING: &str = "checkpoint.retention keeps nothing: keepLast is 0 or unset and no keepBest, keepEveryNSteps or pinnedSteps is set; set keepLast to at least 1 or add keepBest";
+
+/// A declarative checkpoint retention policy: a checkpoint is kept when any rule keeps it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new(RULE_RETENTION_KEEPS_SOMETHING).message(MSG_RETENTION_KEEPS_SOMETHING).field_path(".keepLast")
+)]
+pub struct RetentionPolicySpec {
+    /// Keep the newest N verified checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 100000))]
+    pub keep_last: Option<u32>,
+
+    /// Keep the best checkpoints by a reported metric.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_best: Option<KeepBestSpec>,
+
+    /// Keep every checkpoint whose step is a multiple of this, at least 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
-    pub retention: Option<u32>,
+    pub keep_every_n_steps: Option<u64>,
+
+    /// Steps whose checkpoints are never deleted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1000))]
+    pub pinned_steps: Vec<u64>,
+}
+
+/// Keep the best checkpoints by a metric the workers report with each checkpoint.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeepBestSpec {
+    /// Metric to rank by, e.g. loss or accuracy.
+    #[schemars(length(min = 1, max = 256))]
+    pub metric: String,
+
+    /// min (lower is better, e.g. loss) or max (higher is better, e.g. accuracy). Default min.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<MetricMode>,
+
+    /// How many of the best to keep, at least 1. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub count: Option<u32>,
+}
+
+wire_enum! {
+    /// Whether lower (min) or higher (max) metric values are better.
+    pub enum MetricMode {
+        Min => "min",
+        Max => "max",
+    }
+}
+
+/// Reads `retention` as a policy, or as the earlier whole number N (keep the last N).
+fn retention_either_form<'de, D>(deserializer: D) -> Result<Option<RetentionPolicySpec>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum EitherForm {
+        KeepLast(u32),
+        Policy(RetentionPolicySpec),
+    }
+    Ok(match Option::<EitherForm>::deserialize(deserializer)? {
+        None => None,
+        Some(EitherForm::KeepLast(keep_last)) => Some(RetentionPolicySpec {
+            keep_last: Some(keep_last),
+            ..RetentionPolicySpec::default()
+        }),
+        Some(EitherForm::Policy(policy)) => Some(policy),
+    })
 }
 
 /// Checkpoint storage backend and its location.
@@ -703,6 +783,30 @@ pub struct CheckpointStatus {
     /// Checkpoints currently kept.
     #[serde(default)]
     pub count: u32,
+    /// Newest checkpoint verified complete: where the next attempt resumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest_verified_path: Option<String>,
+    /// Step of the newest verified checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest_verified_step: Option<u64>,
+    /// Best verified checkpoint by retention.keepBest's metric.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_path: Option<String>,
+    /// Value of that metric at the best checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_metric_value: Option<f64>,
+    /// Why the current attempt resumes where it does, e.g. "Restarting: resumed from step 1200 (trainyard-manifest); skipped 1 incomplete newer checkpoint".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_reason: Option<String>,
+    /// Recommended seconds between saves (Young/Daly), followed when frequency is auto.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advised_interval_seconds: Option<f64>,
+    /// Registered model the best checkpoint became, in the MLflow model registry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_name: Option<String>,
+    /// Version of that registered model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_version: Option<String>,
 }
 
 /// Resources allocated to a job.
@@ -994,8 +1098,8 @@ impl CheckpointSpec {
         if let Some(frequency) = self.frequency {
             errors.at_least(&format!("{path}.frequency"), frequency, 1);
         }
-        if let Some(retention) = self.retention {
-            errors.at_least(&format!("{path}.retention"), retention, 1);
+        if let Some(retention) = &self.retention {
+            retention.check(&format!("{path}.retention"), errors);
         }
         if let Some(resume_from) = &self.resume_from {
             errors.length(
@@ -1010,6 +1114,27 @@ impl CheckpointSpec {
         }
         if let Some(storage) = &self.storage {
             storage.check(&format!("{path}.storage"), errors);
+        }
+    }
+}
+
+impl RetentionPolicySpec {
+    fn check(&self, path: &str, errors: &mut FieldErrors) {
+        let keeps_something = self.keep_last.is_some_and(|n| n > 0)
+            || self.keep_best.is_some()
+            || self.keep_every_n_steps.is_some()
+            || !self.pinned_steps.is_empty();
+        if !keeps_something {
+            errors.invalid(format!("{path}.keepLast"), MSG_RETENTION_KEEPS_SOMETHING);
+        }
+        if let Some(every) = self.keep_every_n_steps {
+            errors.at_least(&format!("{path}.keepEveryNSteps"), every, 1);
+        }
+        if let Some(best) = &self.keep_best {
+            errors.length(&format!("{path}.keepBest.metric"), &best.metric, 1, 256);
+            if let Some(count) = best.count {
+                errors.at_least(&format!("{path}.keepBest.count"), count, 1);
+            }
         }
     }
 }

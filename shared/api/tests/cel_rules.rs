@@ -180,6 +180,11 @@ fn trainingjob_bad_cases() -> Vec<Bad> {
             "spec.checkpoint.frequency",
         ),
         bad(
+            "retention that keeps nothing",
+            json!({"spec": {"checkpoint": {"retention": {"keepLast": 0}}}}),
+            "spec.checkpoint.retention.keepLast",
+        ),
+        bad(
             "backoff limit with restartPolicy Never",
             json!({"spec": {"failurePolicy": {"restartPolicy": "Never", "backoffLimit": 2}}}),
             "spec.failurePolicy.backoffLimit",
@@ -288,6 +293,11 @@ fn sweep_bad_cases() -> Vec<Bad> {
             "trial template resuming without checkpointing",
             json!({"spec": {"trialTemplate": {"checkpoint": {"resumeFrom": "s3://c/x"}}}}),
             "spec.trialTemplate.checkpoint.resumeFrom",
+        ),
+        bad(
+            "trial template retention that keeps nothing",
+            json!({"spec": {"trialTemplate": {"checkpoint": {"retention": {"keepLast": 0}}}}}),
+            "spec.trialTemplate.checkpoint.retention.keepLast",
         ),
         bad(
             "trial template NCCL on CPU",

@@ -209,7 +209,7 @@ fn trainingjob_ranges_enums_and_formats() {
             case(
                 "checkpoint retention 0",
                 json!({"spec": {"checkpoint": {"retention": 0}}}),
-                "spec.checkpoint.retention",
+                "spec.checkpoint.retention.keepLast",
             ),
             case(
                 "unknown storage type",

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::envelope::EntityRef;
 use crate::subject::Family;
+use crate::worker::VerificationMethod;
 
 /// A toleration for the planner to add to the worker pods.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -186,21 +187,125 @@ pub struct SweepProgressed {
     pub annotations: BTreeMap<String, String>,
 }
 
-/// Where the next attempt of a job resumes from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Where the next attempt of a job resumes from: the newest verified checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ResumePointChosen {
     pub uri: String,
     pub epoch: u32,
     pub step: u64,
+    /// Why this point was (re)published, e.g. `Verified` (a newer checkpoint
+    /// was verified) or the job's transition reason (`Restarting`, `Preempted`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified_by: Option<VerificationMethod>,
+    /// Newer checkpoints passed over because they are not verified.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<SkippedCheckpoint>,
 }
 
-/// Checkpoints to delete under the job's retention setting.
+/// A checkpoint a resume decision passed over.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SkippedCheckpoint {
+    pub uri: String,
+    pub epoch: u32,
+    pub step: u64,
+    pub reason: String,
+}
+
+/// Who carries out a retention decision.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RetentionExecutor {
+    /// Object stores: the checkpoint-manager has deleted them already.
+    #[default]
+    CheckpointManager,
+    /// Volumes it cannot reach: the job's worker-side reporter deletes them
+    /// (it subscribes to this subject).
+    Worker,
+}
+
+/// Checkpoints to delete under the job's retention policy. Never lists the
+/// newest verified, the best, a pinned or registered checkpoint, or one a
+/// pending resume names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RetentionApplied {
     pub delete: Vec<String>,
     pub keep: Vec<String>,
+    #[serde(default)]
+    pub executor: RetentionExecutor,
+}
+
+/// A checkpoint identified for status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointRef {
+    pub uri: String,
+    pub epoch: u32,
+    pub step: u64,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metrics: BTreeMap<String, f64>,
+}
+
+/// What verification of a reported checkpoint found, with the job's
+/// checkpoint summary for status. A checkpoint that is not verified is never
+/// resumed from; `reason` says why (for an Event on the job).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointVerified {
+    pub uri: String,
+    pub epoch: u32,
+    pub step: u64,
+    pub verified: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<VerificationMethod>,
+    /// `checkpoint-manager` (it read the storage) or `worker` (the worker-side
+    /// reporter verified a volume the manager cannot read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verifier: Option<String>,
+    #[serde(default)]
+    pub checksums: bool,
+    /// Why it is not verified, naming the file or field at fault.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest_verified: Option<CheckpointRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best: Option<CheckpointRef>,
+    /// Checkpoints tracked, verified or not, that retention has not deleted.
+    pub count: u32,
+}
+
+/// The recommended save interval for a job (Young/Daly).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointIntervalAdvised {
+    pub interval_seconds: f64,
+    /// Mean save duration the workers reported.
+    pub save_seconds: f64,
+    /// Mean time between interruptions on the job's node pool.
+    pub mean_seconds_between_interruptions: f64,
+    /// True when `checkpoint.frequency` is `auto`: the worker-side reporter
+    /// saves at this interval. Otherwise the advice is shown in status only.
+    pub applied: bool,
+}
+
+/// The job's best verified checkpoint, registered as a model version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelRegistered {
+    pub model_name: String,
+    pub version: String,
+    /// The checkpoint URI, the version's `source`.
+    pub source: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    /// The alias moved to this version, e.g. `best`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
 }
 
 /// Spot or on-demand.
@@ -316,6 +421,27 @@ crate::payload!(
     1,
     Family::Decisions,
     "retention"
+);
+crate::payload!(
+    CheckpointVerified,
+    "checkpoint.verified",
+    1,
+    Family::Decisions,
+    "verified"
+);
+crate::payload!(
+    CheckpointIntervalAdvised,
+    "checkpoint.interval",
+    1,
+    Family::Decisions,
+    "interval"
+);
+crate::payload!(
+    ModelRegistered,
+    "checkpoint.registered",
+    1,
+    Family::Decisions,
+    "model"
 );
 crate::payload!(
     CapacityChosen,

@@ -169,6 +169,7 @@ impl Service {
                 ConsumerSpec::new(self, LIFECYCLE, vec![family_filter(Family::Lifecycle)]),
             ],
             Service::CheckpointManager => vec![
+                ConsumerSpec::new(self, EVENTS, events(&["trainingjob"])),
                 ConsumerSpec::new(
                     self,
                     WORKER,

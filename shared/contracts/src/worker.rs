@@ -28,7 +28,7 @@ pub struct ProgressReported {
 }
 
 /// A checkpoint a worker has written.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CheckpointReported {
     pub worker_index: u32,
@@ -43,6 +43,31 @@ pub struct CheckpointReported {
     pub size_bytes: u64,
     #[serde(default)]
     pub metrics: BTreeMap<String, f64>,
+    /// Seconds the save took, from its start to the manifest's write; feeds the
+    /// checkpoint-manager's interval advice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub save_seconds: Option<f64>,
+    /// How the worker verified the checkpoint complete before reporting it. Only
+    /// counted for volumes the checkpoint-manager cannot read; on object stores
+    /// (and volumes it reads) it checks the checkpoint itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified_by: Option<VerificationMethod>,
+    /// Whether that verification compared file checksums, not only sizes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub checksums_verified: bool,
+}
+
+/// The completion marker that shows a checkpoint complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VerificationMethod {
+    /// `trainyard-manifest.json` (format `trainyard.checkpoint/v1`) with every
+    /// listed file at its size and SHA-256.
+    TrainyardManifest,
+    /// PyTorch Distributed Checkpoint's `.metadata`.
+    PytorchDcp,
+    /// Orbax's `commit_success.txt` or its final (renamed) directory.
+    Orbax,
 }
 
 crate::payload!(

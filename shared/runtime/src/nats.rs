@@ -158,7 +158,6 @@ pub async fn provision_bucket(
         .create_or_update_key_value(kv::Config {
             bucket: bucket.name().to_string(),
             history: 1,
-            max_age: bucket.max_age().unwrap_or_default(),
             storage: stream::StorageType::File,
             num_replicas: settings.replicas,
             max_age: bucket.max_age().unwrap_or_default(),

@@ -62,6 +62,7 @@ async fn handler_span_continues_the_publishers_trace() {
             uri: "/ckpt/2".to_string(),
             size_bytes: 1,
             metrics: Default::default(),
+            ..Default::default()
         },
     );
     runtime

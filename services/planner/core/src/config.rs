@@ -65,6 +65,11 @@ pub struct PlannerConfig {
     /// because the common framework images run as root; turn it on when the
     /// installation's images set a non-root user.
     pub worker_run_as_non_root: bool,
+    /// Storage class of the checkpoint claim made for jobs that name no
+    /// checkpoint storage. Unset: the cluster's default class.
+    pub checkpoint_storage_class: Option<String>,
+    /// Size of that claim, a Kubernetes quantity.
+    pub checkpoint_volume_size: String,
 }
 
 impl Default for PlannerConfig {
@@ -86,6 +91,8 @@ impl Default for PlannerConfig {
             unschedulable_timeout_seconds: 300,
             submit_namespaces: Vec::new(),
             worker_run_as_non_root: false,
+            checkpoint_storage_class: None,
+            checkpoint_volume_size: "100Gi".to_owned(),
         }
     }
 }

@@ -25,6 +25,7 @@ use trainyard_contracts::commands::{CheckpointRequested, StopRequested};
 use trainyard_contracts::decisions::AdmissionDecided;
 use trainyard_contracts::lifecycle::TrainingJobTransitioned;
 
+use crate::checkpoints::resume_reason;
 use crate::config::PlannerConfig;
 use crate::error::PlanError;
 use crate::failure::{FailureCause, WorkerFailure};
@@ -1211,17 +1212,38 @@ impl Context<'_> {
             status.progress = Some("100%".to_owned());
         }
         if let Some(checkpoint) = &self.state.latest_checkpoint {
-            let distinct = u32::try_from(self.state.checkpoint_uris.len()).unwrap_or(u32::MAX);
-            let retention = spec
+            let summary = self.state.checkpoint_summary.as_ref();
+            let best_metric = spec
                 .checkpoint
                 .as_ref()
-                .and_then(|c| c.retention)
-                .unwrap_or(u32::MAX);
+                .and_then(|c| c.retention.as_ref())
+                .and_then(|r| r.keep_best.as_ref())
+                .map(|b| b.metric.as_str());
+            let best = summary.and_then(|s| s.best.as_ref());
+            let latest_verified = summary.and_then(|s| s.latest_verified.as_ref());
             status.checkpoint = Some(CheckpointStatus {
                 latest_path: Some(checkpoint.uri.clone()),
                 latest_epoch: Some(checkpoint.epoch),
                 last_checkpoint_time: Some(to_time(checkpoint.at)),
-                count: distinct.min(retention),
+                // The manager's count leaves out what retention deleted.
+                count: summary.map_or_else(
+                    || u32::try_from(self.state.checkpoint_uris.len()).unwrap_or(u32::MAX),
+                    |s| s.count,
+                ),
+                latest_verified_path: latest_verified.map(|c| c.uri.clone()),
+                latest_verified_step: latest_verified.map(|c| c.step),
+                best_path: best.map(|c| c.uri.clone()),
+                best_metric_value: best
+                    .zip(best_metric)
+                    .and_then(|(c, metric)| c.metrics.get(metric).copied()),
+                resume_reason: self.state.resume_point.as_ref().map(resume_reason),
+                advised_interval_seconds: self
+                    .state
+                    .interval_advice
+                    .as_ref()
+                    .map(|a| a.interval_seconds),
+                model_name: self.state.model.as_ref().map(|m| m.model_name.clone()),
+                model_version: self.state.model.as_ref().map(|m| m.version.clone()),
             });
         }
     }

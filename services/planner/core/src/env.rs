@@ -224,9 +224,6 @@ fn checkpoint_env(spec: &TrainingJobSpec, ctx: &WorkerContext<'_>) -> Vec<EnvVar
             spec.checkpoint_frequency().to_string(),
         ),
     ];
-    if let Some(retention) = checkpoint.and_then(|c| c.retention) {
-        env.push(literal("CHECKPOINT_RETENTION", retention.to_string()));
-    }
     if let Some(endpoint) = checkpoint
         .and_then(|c| c.storage.as_ref())
         .and_then(|s| s.s3_endpoint.as_deref())

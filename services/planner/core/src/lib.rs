@@ -13,6 +13,7 @@
 //!
 //! See the crate's README for the state machine and the failure policy.
 
+mod checkpoints;
 mod config;
 mod context;
 mod decide;
@@ -29,6 +30,10 @@ mod status;
 mod submission;
 mod sweep;
 
+pub use checkpoints::{
+    EVENT_CHECKPOINT_INCOMPLETE, EVENT_CHECKPOINT_SKIPPED, EVENT_MODEL_REGISTERED,
+    checkpoint_events, resume_reason,
+};
 pub use config::{FrameworkImages, PlannerConfig};
 pub use decide::{
     CONDITION_ADMITTED, CONDITION_FAILED, CONDITION_PREEMPTED, CONDITION_RUNNING,
@@ -42,8 +47,8 @@ pub use error::PlanError;
 pub use failure::{FailureCause, WorkerFailure, classify_pod};
 pub use names::{
     COMPLETION_INDEX_ANNOTATION, LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED_BY, LABEL_ROLE,
-    LABEL_TRAINING_JOB, MANAGED_BY, PLACEMENT_GATE, Role, config_map_name, job_name, service_name,
-    worker_host,
+    LABEL_TRAINING_JOB, MANAGED_BY, PLACEMENT_GATE, Role, checkpoint_claim_name, config_map_name,
+    job_name, service_name, worker_host,
 };
 pub use objects::{
     DesiredObjects, JobPlan, METRICS_PORT_NAME, RENDEZVOUS_PORT_NAME, WORKER_CONTAINER,

@@ -33,6 +33,7 @@ pub enum Role {
     Worker,
     Config,
     Service,
+    Checkpoints,
 }
 
 impl Role {
@@ -42,6 +43,7 @@ impl Role {
             Self::Worker => trainyard_api::placement::ROLE_WORKER,
             Self::Config => "config",
             Self::Service => "service",
+            Self::Checkpoints => "checkpoints",
         }
     }
 }
@@ -56,6 +58,12 @@ pub fn job_name(training_job: &str, attempt: u32) -> String {
 /// Name of the headless worker Service (also the pods' `subdomain`).
 pub fn service_name(training_job: &str) -> String {
     format!("{training_job}{SERVICE_SUFFIX}")
+}
+
+/// Name of the PersistentVolumeClaim holding a job's checkpoints when its spec
+/// names no storage: it lives as long as the TrainingJob, across attempts.
+pub fn checkpoint_claim_name(training_job: &str) -> String {
+    format!("{training_job}-checkpoints")
 }
 
 /// Name of the ConfigMap with hyperparameters and training configuration.

@@ -8,10 +8,12 @@ use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort,
     EmptyDirVolumeSource, KeyToPath, NFSVolumeSource, NodeAffinity, NodeSelector,
-    NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeClaimVolumeSource,
-    PodSchedulingGate, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile,
-    SecurityContext, Service, ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
+    NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, PodSchedulingGate, PodSecurityContext, PodSpec,
+    PodTemplateSpec, SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec,
+    Toleration, Volume, VolumeMount, VolumeResourceRequirements,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::Serialize;
 use serde_json::json;
@@ -26,8 +28,8 @@ use crate::env::{
 };
 use crate::error::PlanError;
 use crate::names::{
-    LABEL_HOSTNAME, PLACEMENT_GATE, Role, common_labels, config_map_name, job_name, service_name,
-    worker_host, worker_selector,
+    LABEL_HOSTNAME, PLACEMENT_GATE, Role, checkpoint_claim_name, common_labels, config_map_name,
+    job_name, service_name, worker_host, worker_selector,
 };
 use crate::preflight::{job_identity, preflight};
 use crate::resources::worker_resources;
@@ -61,6 +63,9 @@ pub struct JobPlan<'a> {
 #[serde(rename_all = "camelCase")]
 pub struct DesiredObjects {
     pub field_manager: String,
+    /// The job's checkpoint volume, when checkpointing is on and the spec names
+    /// no storage; owned by the TrainingJob, so it outlives every attempt.
+    pub checkpoint_claim: Option<PersistentVolumeClaim>,
     pub config_map: ConfigMap,
     pub service: Service,
     pub job: Job,
@@ -198,8 +203,29 @@ pub fn desired_objects(job: &TrainingJob, plan: &JobPlan<'_>) -> Result<DesiredO
         ..Job::default()
     };
 
+    let checkpoint_claim = (spec.checkpointing_enabled()
+        && spec.checkpoint.as_ref().is_none_or(|c| c.storage.is_none()))
+    .then(|| PersistentVolumeClaim {
+        metadata: meta(checkpoint_claim_name(identity.name), Role::Checkpoints),
+        spec: Some(PersistentVolumeClaimSpec {
+            // Every worker of every attempt mounts it.
+            access_modes: Some(vec!["ReadWriteMany".to_owned()]),
+            storage_class_name: plan.config.checkpoint_storage_class.clone(),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_owned(),
+                    Quantity(plan.config.checkpoint_volume_size.clone()),
+                )])),
+                ..VolumeResourceRequirements::default()
+            }),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        ..PersistentVolumeClaim::default()
+    });
+
     Ok(DesiredObjects {
         field_manager: plan.config.field_manager.clone(),
+        checkpoint_claim,
         config_map,
         service,
         job,
@@ -533,13 +559,13 @@ fn worker_volumes(
             }),
             // Object stores are written through their URI; nothing to mount.
             Some(_) => None,
-            // No storage configured: a scratch directory that lives as long as the pod,
-            // so these checkpoints do not survive a restart (a new attempt is new pods).
-            // The API promises a volume that lives as long as the job; that needs a
-            // PersistentVolumeClaim owned by the TrainingJob, which is not built yet.
+            // No storage configured: the claim the planner makes for the job.
             None => Some(Volume {
                 name: "checkpoints".to_owned(),
-                empty_dir: Some(EmptyDirVolumeSource::default()),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: checkpoint_claim_name(context.training_job),
+                    read_only: None,
+                }),
                 ..Volume::default()
             }),
         };

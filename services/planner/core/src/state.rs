@@ -17,7 +17,8 @@ use serde::{Deserialize, Serialize};
 
 use chrono::{DateTime, Utc};
 use trainyard_contracts::decisions::{
-    AdmissionDecided, PendingExplained, PreemptionDecided, ResumePointChosen, TrialStopped,
+    AdmissionDecided, CheckpointIntervalAdvised, CheckpointVerified, ModelRegistered,
+    PendingExplained, PreemptionDecided, ResumePointChosen, TrialStopped,
 };
 use trainyard_contracts::events::{Change, JobObserved, PodObserved};
 use trainyard_contracts::worker::{CheckpointReported, ProgressReported};
@@ -50,6 +51,12 @@ pub enum Observation {
     Preemption(PreemptionDecided),
     /// The checkpoint-manager chose where the next attempt resumes.
     ResumePoint(ResumePointChosen),
+    /// The checkpoint-manager checked a reported checkpoint.
+    CheckpointVerified(CheckpointVerified),
+    /// The checkpoint-manager advised a save interval.
+    IntervalAdvised(CheckpointIntervalAdvised),
+    /// The checkpoint-manager registered the best checkpoint as a model version.
+    ModelRegistered(ModelRegistered),
     /// The hpo-tuner stopped this trial early.
     TrialStopped(TrialStopped),
 }
@@ -205,10 +212,19 @@ pub struct PlannerJobState {
     pub first_started_at: Option<DateTime<Utc>>,
     /// Why the current attempt still waits for admission.
     pub pending: Option<PendingExplained>,
-    /// Where the next attempt resumes: the later of the checkpoint-manager's choice and
-    /// the newest reported checkpoint, by arrival (the manager may deliberately pick an
-    /// older checkpoint after seeing a newer one; without it, the newest report counts).
+    /// Where the next attempt resumes: the checkpoint-manager's latest choice, the
+    /// newest verified checkpoint. A reported checkpoint is never resumed from
+    /// until the manager has verified it.
     pub resume_point: Option<ResumePointChosen>,
+    /// The checkpoint-manager's latest verification, with the job's checkpoint summary.
+    #[serde(default)]
+    pub checkpoint_summary: Option<CheckpointVerified>,
+    /// The checkpoint-manager's advised save interval.
+    #[serde(default)]
+    pub interval_advice: Option<CheckpointIntervalAdvised>,
+    /// The model version the best checkpoint was registered as.
+    #[serde(default)]
+    pub model: Option<ModelRegistered>,
     /// Newest checkpoint reported.
     pub latest_checkpoint: Option<CheckpointSeen>,
     /// Distinct checkpoint locations reported.
@@ -399,15 +415,10 @@ impl PlannerJobState {
             .is_none_or(|seen| (seen.epoch, seen.step) <= (report.epoch, report.step));
         if newer {
             self.latest_checkpoint = Some(CheckpointSeen {
-                uri: report.uri.clone(),
-                epoch: report.epoch,
-                step: report.step,
-                at,
-            });
-            self.resume_point = Some(ResumePointChosen {
                 uri: report.uri,
                 epoch: report.epoch,
                 step: report.step,
+                at,
             });
         }
         Observed::Recorded
@@ -475,6 +486,18 @@ pub fn observe(
         Observation::Preemption(decision) => state.observe_preemption(decision, at),
         Observation::ResumePoint(point) => {
             state.resume_point = Some(point);
+            Observed::Recorded
+        }
+        Observation::CheckpointVerified(verified) => {
+            state.checkpoint_summary = Some(verified);
+            Observed::Recorded
+        }
+        Observation::IntervalAdvised(advice) => {
+            state.interval_advice = Some(advice);
+            Observed::Recorded
+        }
+        Observation::ModelRegistered(model) => {
+            state.model = Some(model);
             Observed::Recorded
         }
         Observation::TrialStopped(decision) => {

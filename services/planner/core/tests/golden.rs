@@ -171,7 +171,10 @@ fn pytorch_job() -> TrainingJob {
             checkpoint: Some(CheckpointSpec {
                 enabled: Some(true),
                 frequency: Some(2),
-                retention: Some(3),
+                retention: Some(trainyard_api::RetentionPolicySpec {
+                    keep_last: Some(3),
+                    ..Default::default()
+                }),
                 storage: Some(CheckpointStorage {
                     storage_type: StorageType::Pvc,
                     claim_name: Some("llama-checkpoints".into()),
@@ -205,6 +208,7 @@ fn golden_pytorch_third_attempt_resumes_from_chosen_checkpoint() {
         uri: "/ckpt/epoch-4".into(),
         epoch: 4,
         step: 4000,
+        ..ResumePointChosen::default()
     };
     let objects = desired_objects(
         &job,
@@ -264,6 +268,57 @@ fn golden_pytorch_third_attempt_resumes_from_chosen_checkpoint() {
         Some("/ckpt/epoch-4")
     );
     assert_index_defined_before_use(&objects);
+}
+
+#[test]
+fn checkpointing_without_storage_gets_a_claim_owned_by_the_trainingjob() {
+    let mut job = pytorch_job();
+    if let Some(checkpoint) = job.spec.checkpoint.as_mut() {
+        checkpoint.storage = None;
+    }
+    let config = PlannerConfig {
+        checkpoint_storage_class: Some("fast-rwx".into()),
+        checkpoint_volume_size: "50Gi".into(),
+        ..PlannerConfig::default()
+    };
+    for attempt in [0, 1] {
+        let admitted = admission(attempt, 3);
+        let objects = desired_objects(&job, &plan(attempt, Some(&admitted), &config)).unwrap();
+        let claim = objects.checkpoint_claim.as_ref().expect("a claim");
+        assert_eq!(
+            claim.metadata.name.as_deref(),
+            Some("llama-finetune-checkpoints"),
+            "one claim for every attempt"
+        );
+        let owner = &claim.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(owner.kind, "TrainingJob");
+        let spec = claim.spec.as_ref().unwrap();
+        assert_eq!(spec.storage_class_name.as_deref(), Some("fast-rwx"));
+        let size = &spec.resources.as_ref().unwrap().requests.as_ref().unwrap()["storage"];
+        assert_eq!(size.0, "50Gi");
+        let pod = worker_pod(&objects).unwrap();
+        let volume = pod
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|v| v.name == "checkpoints")
+            .expect("checkpoint volume");
+        assert!(volume.empty_dir.is_none(), "no emptyDir for checkpoints");
+        assert_eq!(
+            volume
+                .persistent_volume_claim
+                .as_ref()
+                .map(|c| c.claim_name.as_str()),
+            Some("llama-finetune-checkpoints")
+        );
+    }
+    let admitted = admission(0, 3);
+    let stored = desired_objects(&pytorch_job(), &plan(0, Some(&admitted), &config)).unwrap();
+    assert!(
+        stored.checkpoint_claim.is_none(),
+        "the spec's own claim is used"
+    );
 }
 
 /// Kubernetes expands `$(VAR)` only from earlier entries.

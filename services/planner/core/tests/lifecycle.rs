@@ -8,7 +8,8 @@ mod common;
 
 use common::{
     Harness, admission, applied, checkpoint, condition, deleted, job_event, pending, pod_event,
-    pod_failed, preemption, progress, spec, training_job, ungated, worker_pod,
+    pod_failed, preemption, progress, spec, training_job, ungated, verified_resume_point,
+    worker_pod,
 };
 use planner_core::{
     CONDITION_ADMITTED, CONDITION_FAILED, CONDITION_PREEMPTED, CONDITION_RUNNING,
@@ -209,13 +210,18 @@ fn happy_path_goes_pending_queued_initializing_running_completed() {
 }
 
 #[test]
-fn retryable_failure_restarts_after_backoff_from_the_latest_checkpoint() {
+fn retryable_failure_restarts_after_backoff_from_the_newest_verified_checkpoint() {
     let mut h = Harness::new(training_job(
         "bert",
         with_failure_policy(RestartPolicy::ExitCode, Some(3)),
     ));
     h.run_attempt_until_running(0);
     h.observe(Observation::Checkpoint(checkpoint(0, 4)));
+    h.observe(Observation::ResumePoint(verified_resume_point(
+        &checkpoint(0, 4),
+    )));
+    // Reported but not (yet) verified by the checkpoint-manager: never resumed from.
+    h.observe(Observation::Checkpoint(checkpoint(0, 5)));
 
     let actions = fail_worker_one(&mut h, 0, 137);
     assert!(
@@ -1180,6 +1186,7 @@ fn the_checkpoint_managers_choice_beats_the_spec_resume_point() {
         uri: "s3://bucket/new/checkpoint-epoch-7".into(),
         epoch: 7,
         step: 700,
+        ..ResumePointChosen::default()
     }));
     let actions = h.decide();
     let objects = applied(&actions);

@@ -16,7 +16,8 @@ use planner_core::{
 use trainyard_api::{TrainingJob, TrainingJobSpec, TrainingJobState, TrainingJobStatus};
 use trainyard_contracts::EntityRef;
 use trainyard_contracts::decisions::{
-    AdmissionDecided, PendingExplained, PreemptionDecided, TolerationSpec, WorkerPlacement,
+    AdmissionDecided, PendingExplained, PreemptionDecided, ResumePointChosen, TolerationSpec,
+    WorkerPlacement,
 };
 use trainyard_contracts::events::{
     Change, ContainerTermination, JobObserved, ObservedCondition, PodObserved,
@@ -190,6 +191,18 @@ pub fn progress(
     }
 }
 
+/// The checkpoint-manager's resume point once it verified `report`.
+pub fn verified_resume_point(report: &CheckpointReported) -> ResumePointChosen {
+    ResumePointChosen {
+        uri: report.uri.clone(),
+        epoch: report.epoch,
+        step: report.step,
+        reason: "Verified".into(),
+        verified_by: Some(trainyard_contracts::worker::VerificationMethod::TrainyardManifest),
+        skipped: Vec::new(),
+    }
+}
+
 pub fn checkpoint(attempt: u32, epoch: u32) -> CheckpointReported {
     CheckpointReported {
         worker_index: 0,
@@ -199,6 +212,7 @@ pub fn checkpoint(attempt: u32, epoch: u32) -> CheckpointReported {
         uri: format!("s3://ml-checkpoints/run/checkpoint-epoch-{epoch}"),
         size_bytes: 1 << 20,
         metrics: BTreeMap::new(),
+        ..CheckpointReported::default()
     }
 }
 

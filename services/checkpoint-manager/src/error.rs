@@ -1,0 +1,60 @@
+use thiserror::Error;
+
+/// What can go wrong in the checkpoint-manager adapter.
+#[derive(Debug, Error)]
+pub enum CheckpointError {
+    /// A report names a job whose TrainingJob has not been seen (yet).
+    #[error(
+        "no TrainingJob {0} with checkpoint.enabled has been seen; the report is retried until it arrives, then dead-lettered"
+    )]
+    UnknownJob(String),
+    /// A job's stored state cannot be read by this build.
+    #[error(
+        "stored state of {key} is unreadable ({message}); inspect or purge key {key} in bucket trainyard_checkpoints"
+    )]
+    CorruptState { key: String, message: String },
+    /// Reading or writing the `trainyard_checkpoints` bucket failed.
+    #[error("state store: {0}")]
+    Store(String),
+    /// Checkpoint storage could not be reached or read.
+    #[error("checkpoint storage: {0}")]
+    Storage(String),
+    /// Publishing a decision failed.
+    #[error(transparent)]
+    Runtime(#[from] trainyard_runtime::RuntimeError),
+    /// A metric could not be registered.
+    #[error("metrics: {0}")]
+    Metrics(String),
+    /// The `checkpoint_manager` configuration section is unusable.
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+impl CheckpointError {
+    /// A bounded label for metrics and dead letters.
+    pub fn category(&self) -> &'static str {
+        match self {
+            CheckpointError::UnknownJob(_) => "unknown_job",
+            CheckpointError::CorruptState { .. } => "corrupt_state",
+            CheckpointError::Store(_) => "store",
+            CheckpointError::Storage(_) => "storage",
+            CheckpointError::Runtime(err) => err.category(),
+            CheckpointError::Metrics(_) => "metrics",
+            CheckpointError::Config(_) => "config",
+        }
+    }
+}
+
+impl From<CheckpointError> for trainyard_runtime::HandleError {
+    /// Unreadable state is dead-lettered at once; everything else is retried
+    /// (an unknown job's TrainingJob event may still be on its way).
+    fn from(err: CheckpointError) -> Self {
+        match err {
+            CheckpointError::CorruptState { .. } => trainyard_runtime::HandleError::Reject {
+                category: err.category(),
+                reason: err.to_string(),
+            },
+            other => trainyard_runtime::HandleError::Retry(other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! The checkpoint-manager: reads checkpoint reports, TrainingJob specs and
+//! lifecycle transitions; verifies each reported checkpoint where it is stored;
+//! publishes the resume point (the newest verified checkpoint), retention
+//! deletions, the Young/Daly interval advice and the job's checkpoint summary.
+//! Each job's catalogue lives in the `trainyard_checkpoints` KV bucket.
+
+pub mod error;
+pub mod manager;
+pub mod metrics;
+pub mod storage;
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use trainyard_contracts::{Bucket, Service};
+use trainyard_runtime::{ConfigSources, Runtime};
+
+pub use error::CheckpointError;
+pub use manager::{Manager, ManagerHandler};
+pub use metrics::CheckpointMetrics;
+
+/// How the manager reaches checkpoint storage (part of [`ManagerConfig`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "snake_case")]
+pub struct StorageSettings {
+    /// Read volume paths (`/checkpoints/...`) itself: set when the manager
+    /// mounts the same volumes as the workers (the simulator, a shared RWX
+    /// claim). Otherwise volume checkpoints count as verified on the worker-side
+    /// reporter's word, and their deletion is left to it.
+    pub read_volumes: bool,
+    /// S3 endpoint for jobs that name none (`storage.s3Endpoint` wins).
+    pub s3_endpoint: Option<String>,
+    pub s3_region: Option<String>,
+    /// S3 credentials, e.g. from a Secret through `TRAINYARD_CHECKPOINT_MANAGER__S3_*`;
+    /// without them the AWS environment and the pod's service account are used.
+    pub s3_access_key_id: Option<String>,
+    pub s3_secret_access_key: Option<String>,
+}
+
+/// The `checkpoint_manager` configuration section (`TRAINYARD_CHECKPOINT_MANAGER__*`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "snake_case")]
+pub struct ManagerConfig {
+    #[serde(flatten)]
+    pub storage: StorageSettings,
+    /// Compare SHA-256 checksums of the files a manifest lists, not only sizes.
+    pub verify_checksums: bool,
+    /// Mean seconds between interruptions assumed for a node pool before it
+    /// has history (counted as one interval already seen).
+    pub prior_seconds_between_interruptions: f64,
+    /// A new interval advice is published when it moves by more than this fraction.
+    pub advice_change_fraction: f64,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        Self {
+            storage: StorageSettings::default(),
+            verify_checksums: true,
+            prior_seconds_between_interruptions: 86_400.0,
+            advice_change_fraction: 0.1,
+        }
+    }
+}
+
+/// Service setup: reads the `checkpoint_manager` section and starts the manager.
+pub async fn setup(runtime: &Runtime, sources: &ConfigSources) -> Result<(), CheckpointError> {
+    let config = sources
+        .section("checkpoint_manager")
+        .map_err(|err| CheckpointError::Config(err.to_string()))?;
+    start(runtime, config).await?;
+    Ok(())
+}
+
+/// Starts the manager's consumers on `runtime`.
+pub async fn start(
+    runtime: &Runtime,
+    config: ManagerConfig,
+) -> Result<Arc<Manager>, CheckpointError> {
+    let bucket = runtime
+        .bucket(Bucket::Checkpoints)
+        .cloned()
+        .ok_or_else(|| {
+            CheckpointError::Store("bucket trainyard_checkpoints was not provisioned".into())
+        })?;
+    let metrics = CheckpointMetrics::register(&runtime.registry)?;
+    let manager = Arc::new(Manager::new(
+        runtime.publisher.clone(),
+        bucket,
+        metrics,
+        config,
+    ));
+    let handler = Arc::new(ManagerHandler(manager.clone()));
+    for consumer in Service::CheckpointManager.consumers() {
+        runtime.spawn_consumer(consumer, handler.clone());
+    }
+    Ok(manager)
+}

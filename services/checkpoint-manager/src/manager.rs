@@ -1,0 +1,711 @@
+//! The adapter: messages in, the core's decisions out.
+//!
+//! Messages about one job are handled one at a time, in stream order (the
+//! runtime's lanes); each job's record is cached and written back to the
+//! `trainyard_checkpoints` bucket after every message that changed it.
+//! Published messages carry ids derived from the message that caused them, so
+//! a redelivery publishes nothing twice.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+
+use async_nats::jetstream::kv;
+use bytes::Bytes;
+use checkpoint_manager_core::retention::{self, Protected};
+use checkpoint_manager_core::verify::{self, Expected};
+use checkpoint_manager_core::{
+    Checkpoint, InterruptionStats, JobCheckpoints, KeepBest, Method, MetricMode, RetentionPolicy,
+    SaveStats, Verification, Verifier, interval,
+};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use trainyard_api::{StorageType, TrainingJob, TrainingJobState};
+use trainyard_contracts::decisions::{
+    CheckpointIntervalAdvised, CheckpointRef, CheckpointVerified, ResumePointChosen,
+    RetentionApplied, RetentionExecutor, SkippedCheckpoint,
+};
+use trainyard_contracts::events::{Change, TrainingJobChanged};
+use trainyard_contracts::lifecycle::{TrainingJobFinalized, TrainingJobTransitioned};
+use trainyard_contracts::worker::{CheckpointReported, VerificationMethod};
+use trainyard_contracts::{EntityRef, Incoming, Payload};
+use trainyard_runtime::{Delivery, HandleError, Handler, Publisher};
+
+use crate::ManagerConfig;
+use crate::error::CheckpointError;
+use crate::metrics::CheckpointMetrics;
+use crate::storage::{Storage, is_volume_path};
+
+/// Version of [`JobRecord`]'s stored form.
+pub const RECORD_VERSION: u32 = 1;
+/// Resume reason when a newer checkpoint was verified.
+pub const REASON_VERIFIED: &str = "Verified";
+
+/// What the manager keeps from a TrainingJob's spec.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobSettings {
+    /// Every checkpoint of the job lives under this directory or URI prefix.
+    pub base: String,
+    #[serde(default)]
+    pub s3_endpoint: Option<String>,
+    #[serde(default)]
+    pub policy: Option<RetentionPolicy>,
+    /// Why the policy is not applied (it failed its checks); nothing is deleted then.
+    #[serde(default)]
+    pub policy_error: Option<String>,
+    /// `checkpoint.frequency: auto`.
+    #[serde(default)]
+    pub auto_interval: bool,
+    #[serde(default)]
+    pub queue: Option<String>,
+}
+
+/// Everything the manager keeps about one job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobRecord {
+    pub version: u32,
+    pub job: EntityRef,
+    #[serde(default)]
+    pub settings: Option<JobSettings>,
+    #[serde(default)]
+    pub checkpoints: JobCheckpoints,
+    #[serde(default)]
+    pub saves: SaveStats,
+    /// The URI of the last resume point published: protected from retention.
+    #[serde(default)]
+    pub resume_uri: Option<String>,
+    /// Checkpoints registered as model versions: protected from retention.
+    #[serde(default)]
+    pub registered: BTreeSet<String>,
+    #[serde(default)]
+    pub running_since: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub advised_interval_seconds: Option<f64>,
+}
+
+impl JobRecord {
+    fn new(job: EntityRef) -> Self {
+        Self {
+            version: RECORD_VERSION,
+            job,
+            settings: None,
+            checkpoints: JobCheckpoints::default(),
+            saves: SaveStats::default(),
+            resume_uri: None,
+            registered: BTreeSet::new(),
+            running_since: None,
+            advised_interval_seconds: None,
+        }
+    }
+}
+
+/// The directory or URI prefix a job's checkpoints go to, as the planner
+/// tells the workers (`CHECKPOINT_DIR`); None when checkpointing is off.
+pub fn checkpoint_base(job: &TrainingJob) -> Option<String> {
+    let spec = &job.spec;
+    if !spec.checkpointing_enabled() {
+        return None;
+    }
+    let namespace = job.metadata.namespace.as_deref().unwrap_or_default();
+    let name = job.metadata.name.as_deref().unwrap_or_default();
+    let storage = spec.checkpoint.as_ref().and_then(|c| c.storage.as_ref());
+    let Some(storage) = storage else {
+        return Some(trainyard_api::trainingjob::DEFAULT_CHECKPOINT_MOUNT_PATH.to_string());
+    };
+    let object = |scheme: &str, bucket: &Option<String>, prefix: Option<&str>| {
+        let default_prefix = format!("{namespace}/{name}");
+        let prefix = prefix.unwrap_or(&default_prefix).trim_matches('/');
+        let bucket = bucket.as_deref().unwrap_or_default();
+        if prefix.is_empty() {
+            format!("{scheme}://{bucket}")
+        } else {
+            format!("{scheme}://{bucket}/{prefix}")
+        }
+    };
+    Some(match storage.storage_type {
+        StorageType::Pvc | StorageType::Nfs => storage.mount_path().to_string(),
+        StorageType::S3 => object("s3", &storage.s3_bucket, storage.s3_prefix.as_deref()),
+        StorageType::Gcs => object("gs", &storage.gcs_bucket, None),
+    })
+}
+
+fn settings_of(job: &TrainingJob) -> Option<JobSettings> {
+    let base = checkpoint_base(job)?;
+    let checkpoint = job.spec.checkpoint.as_ref();
+    let policy = checkpoint
+        .and_then(|c| c.retention.as_ref())
+        .map(|r| RetentionPolicy {
+            keep_last: r.keep_last,
+            keep_best: r.keep_best.as_ref().map(|b| KeepBest {
+                metric: b.metric.clone(),
+                mode: match b.mode {
+                    Some(trainyard_api::MetricMode::Max) => MetricMode::Max,
+                    _ => MetricMode::Min,
+                },
+                count: b.count.unwrap_or(1),
+            }),
+            keep_every_n_steps: r.keep_every_n_steps,
+            pinned_steps: r.pinned_steps.clone(),
+        });
+    let policy_error = policy
+        .as_ref()
+        .and_then(|p| p.check().err())
+        .map(|e| e.to_string());
+    Some(JobSettings {
+        base,
+        s3_endpoint: checkpoint
+            .and_then(|c| c.storage.as_ref())
+            .and_then(|s| s.s3_endpoint.clone()),
+        policy: if policy_error.is_some() { None } else { policy },
+        policy_error,
+        auto_interval: false,
+        queue: job.spec.scheduling.as_ref().and_then(|s| s.queue.clone()),
+    })
+}
+
+/// True when `uri` lies under `base` (the same path, or below it).
+pub fn within(base: &str, uri: &str) -> bool {
+    let base = base.trim_end_matches('/');
+    uri.strip_prefix(base)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+fn method_of(method: Method) -> VerificationMethod {
+    match method {
+        Method::TrainyardManifest => VerificationMethod::TrainyardManifest,
+        Method::PytorchDcp => VerificationMethod::PytorchDcp,
+        Method::Orbax => VerificationMethod::Orbax,
+    }
+}
+
+fn method_from(method: VerificationMethod) -> Method {
+    match method {
+        VerificationMethod::TrainyardManifest => Method::TrainyardManifest,
+        VerificationMethod::PytorchDcp => Method::PytorchDcp,
+        VerificationMethod::Orbax => Method::Orbax,
+    }
+}
+
+fn reference(checkpoint: &Checkpoint) -> CheckpointRef {
+    CheckpointRef {
+        uri: checkpoint.uri.clone(),
+        epoch: checkpoint.epoch,
+        step: checkpoint.step,
+        metrics: checkpoint.metrics.clone(),
+    }
+}
+
+/// A message to publish, with its deduplication id.
+enum Outgoing {
+    Verified(CheckpointVerified),
+    Resume(ResumePointChosen),
+    Retention(RetentionApplied),
+    Interval(CheckpointIntervalAdvised),
+}
+
+pub struct Manager {
+    publisher: Publisher,
+    bucket: kv::Store,
+    metrics: CheckpointMetrics,
+    config: ManagerConfig,
+    storage: Storage,
+    records: Mutex<HashMap<String, JobRecord>>,
+    /// Interruptions per node pool (the job's queue), from lifecycle transitions.
+    pools: Mutex<HashMap<String, InterruptionStats>>,
+}
+
+fn key(job: &EntityRef) -> String {
+    format!("{}/{}", job.namespace, job.name)
+}
+
+impl Manager {
+    pub fn new(
+        publisher: Publisher,
+        bucket: kv::Store,
+        metrics: CheckpointMetrics,
+        config: ManagerConfig,
+    ) -> Self {
+        Self {
+            publisher,
+            bucket,
+            metrics,
+            storage: Storage::new(config.storage.clone()),
+            config,
+            records: Mutex::default(),
+            pools: Mutex::default(),
+        }
+    }
+
+    /// Checkpoints tracked over every job held in memory.
+    pub fn tracked(&self) -> usize {
+        self.records
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|r| r.checkpoints.len())
+            .sum()
+    }
+
+    async fn load(&self, job: &EntityRef) -> Result<JobRecord, CheckpointError> {
+        let key = key(job);
+        let cached = self
+            .records
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key);
+        if let Some(record) = cached {
+            return Ok(record);
+        }
+        let stored = self
+            .bucket
+            .get(&key)
+            .await
+            .map_err(|err| CheckpointError::Store(format!("get {key}: {err}")))?;
+        match stored {
+            None => Ok(JobRecord::new(job.clone())),
+            Some(bytes) => {
+                let record: JobRecord = serde_json::from_slice(&bytes).map_err(|err| {
+                    CheckpointError::CorruptState {
+                        key: key.clone(),
+                        message: err.to_string(),
+                    }
+                })?;
+                if record.version != RECORD_VERSION {
+                    return Err(CheckpointError::CorruptState {
+                        key,
+                        message: format!(
+                            "record version {} is not {RECORD_VERSION}",
+                            record.version
+                        ),
+                    });
+                }
+                Ok(record)
+            }
+        }
+    }
+
+    async fn save(&self, record: JobRecord) -> Result<(), CheckpointError> {
+        let key = key(&record.job);
+        let bytes = serde_json::to_vec(&record)
+            .map_err(|err| CheckpointError::Store(format!("encode {key}: {err}")))?;
+        self.bucket
+            .put(&key, Bytes::from(bytes))
+            .await
+            .map_err(|err| CheckpointError::Store(format!("put {key}: {err}")))?;
+        self.records
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, record);
+        Ok(())
+    }
+
+    async fn publish(
+        &self,
+        job: &EntityRef,
+        cause: &Incoming,
+        outgoing: Vec<Outgoing>,
+    ) -> Result<(), CheckpointError> {
+        for (index, message) in outgoing.into_iter().enumerate() {
+            let id = format!("{}/{index}", cause.header.id);
+            match message {
+                Outgoing::Verified(p) => self.publish_one(job, cause, &id, p).await?,
+                Outgoing::Resume(p) => {
+                    self.metrics.resume_points.inc();
+                    self.publish_one(job, cause, &id, p).await?
+                }
+                Outgoing::Retention(p) => self.publish_one(job, cause, &id, p).await?,
+                Outgoing::Interval(p) => self.publish_one(job, cause, &id, p).await?,
+            }
+        }
+        Ok(())
+    }
+
+    async fn publish_one<P: Payload>(
+        &self,
+        job: &EntityRef,
+        cause: &Incoming,
+        id: &str,
+        payload: P,
+    ) -> Result<(), CheckpointError> {
+        let envelope = self
+            .publisher
+            .envelope(job.clone(), payload)
+            .caused_by_incoming(cause);
+        self.publisher.publish_with_id(envelope, id).await?;
+        Ok(())
+    }
+
+    /// Handles one message.
+    pub async fn handle(&self, message: &Incoming) -> Result<(), CheckpointError> {
+        let job = message.header.entity.clone();
+        let span = tracing::info_span!("checkpoints", namespace = %job.namespace, name = %job.name);
+        let _entered = span.enter();
+        let kind = message.header.message_type.as_str();
+        if kind == TrainingJobFinalized::TYPE {
+            let key = key(&job);
+            self.records
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&key);
+            return self
+                .bucket
+                .purge(&key)
+                .await
+                .map_err(|err| CheckpointError::Store(format!("purge {key}: {err}")));
+        }
+        let mut record = self.load(&job).await?;
+        let outgoing = match kind {
+            TrainingJobChanged::TYPE => {
+                let changed: TrainingJobChanged = message
+                    .payload()
+                    .map_err(|err| CheckpointError::Config(err.to_string()))?;
+                if changed.change == Change::Applied {
+                    record.settings = settings_of(&changed.object);
+                    if let Some(problem) = record
+                        .settings
+                        .as_ref()
+                        .and_then(|s| s.policy_error.clone())
+                    {
+                        tracing::warn!(%problem, "retention policy refused; nothing is deleted");
+                    }
+                }
+                Vec::new()
+            }
+            CheckpointReported::TYPE => {
+                let report: CheckpointReported = message
+                    .payload()
+                    .map_err(|err| CheckpointError::Config(err.to_string()))?;
+                self.on_report(&mut record, report).await?
+            }
+            TrainingJobTransitioned::TYPE => {
+                let transition: TrainingJobTransitioned = message
+                    .payload()
+                    .map_err(|err| CheckpointError::Config(err.to_string()))?;
+                self.on_transition(&mut record, &transition, message.header.time)
+            }
+            _ => Vec::new(),
+        };
+        // The record first: a crash before publishing is redelivered, and
+        // deciding again from the stored record publishes the same ids.
+        self.save(record).await?;
+        self.publish(&job, message, outgoing).await
+    }
+
+    async fn on_report(
+        &self,
+        record: &mut JobRecord,
+        report: CheckpointReported,
+    ) -> Result<Vec<Outgoing>, CheckpointError> {
+        let job_key = key(&record.job);
+        let Some(settings) = record.settings.clone() else {
+            return Err(CheckpointError::UnknownJob(job_key));
+        };
+        let tracked = u32::try_from(record.checkpoints.len()).unwrap_or(u32::MAX);
+        let rejected = |reason: String| {
+            self.metrics
+                .verifications
+                .with_label_values(&["rejected"])
+                .inc();
+            tracing::warn!(uri = %report.uri, %reason, "checkpoint report refused");
+            Outgoing::Verified(CheckpointVerified {
+                uri: report.uri.clone(),
+                epoch: report.epoch,
+                step: report.step,
+                verified: false,
+                method: None,
+                verifier: None,
+                checksums: false,
+                reason: Some(reason),
+                latest_verified: None,
+                best: None,
+                count: tracked,
+            })
+        };
+        if !within(&settings.base, &report.uri) {
+            return Ok(vec![rejected(format!(
+                "uri {} is outside the job's checkpoint storage {}; write checkpoints under it (checkpoint.storage)",
+                report.uri, settings.base
+            ))]);
+        }
+        if let Some(seconds) = report.save_seconds {
+            record.saves.observe(seconds);
+        }
+        let checkpoint = Checkpoint {
+            uri: report.uri.clone(),
+            epoch: report.epoch,
+            step: report.step,
+            attempt: report.attempt,
+            metrics: report.metrics.clone(),
+            size_bytes: report.size_bytes,
+            save_seconds: report.save_seconds,
+            verification: Verification::Pending,
+        };
+        let previous_resume = record.checkpoints.latest_verified().map(|c| c.uri.clone());
+        match record.checkpoints.record(checkpoint) {
+            Ok(_) => {}
+            Err(err) => return Ok(vec![rejected(err.to_string())]),
+        }
+        let expected = Expected {
+            step: report.step,
+            epoch: report.epoch,
+        };
+        let missing_volume_dir = is_volume_path(&report.uri)
+            && self.storage.readable(&report.uri)
+            && !tokio::fs::try_exists(report.uri.strip_prefix("file://").unwrap_or(&report.uri))
+                .await
+                .unwrap_or(false);
+        let verification = if missing_volume_dir {
+            verify::judge("", &verify::Listing::new(), None, None, expected)
+        } else if self.storage.readable(&report.uri) {
+            let location = self
+                .storage
+                .open(&report.uri, settings.s3_endpoint.as_deref())?;
+            location
+                .verify(expected, self.config.verify_checksums)
+                .await?
+        } else {
+            verify::reported_by_worker(
+                report.verified_by.map(method_from),
+                report.checksums_verified,
+            )
+        };
+        let outcome = if verification.is_verified() {
+            "verified"
+        } else {
+            "incomplete"
+        };
+        self.metrics
+            .verifications
+            .with_label_values(&[outcome])
+            .inc();
+        record
+            .checkpoints
+            .set_verification(&report.uri, verification.clone());
+
+        let mut outgoing = Vec::new();
+        let (method, verifier, checksums, reason) = match &verification {
+            Verification::Verified {
+                method,
+                verifier,
+                checksums,
+            } => (
+                Some(method_of(*method)),
+                Some(match verifier {
+                    Verifier::Manager => "checkpoint-manager",
+                    Verifier::Worker => "worker",
+                }),
+                *checksums,
+                None,
+            ),
+            Verification::Incomplete { reason } => (None, None, false, Some(reason.clone())),
+            Verification::Pending => (None, None, false, Some("not verified yet".to_string())),
+        };
+        if let Some(reason) = &reason {
+            tracing::warn!(uri = %report.uri, %reason, "checkpoint is not verified");
+        }
+
+        let newest = record.checkpoints.latest_verified().map(|c| c.uri.clone());
+        if newest.is_some() && newest != previous_resume {
+            outgoing.extend(self.resume_point(record, REASON_VERIFIED));
+        }
+        outgoing.extend(self.apply_retention(record, &settings).await?);
+        let summary = record.checkpoints.summary(settings.policy.as_ref());
+        outgoing.insert(
+            0,
+            Outgoing::Verified(CheckpointVerified {
+                uri: report.uri.clone(),
+                epoch: report.epoch,
+                step: report.step,
+                verified: verification.is_verified(),
+                method,
+                verifier: verifier.map(str::to_string),
+                checksums,
+                reason,
+                latest_verified: summary.latest_verified.map(reference),
+                best: summary.best.map(reference),
+                count: u32::try_from(summary.count).unwrap_or(u32::MAX),
+            }),
+        );
+        outgoing.extend(self.advice(record, &settings));
+        Ok(outgoing)
+    }
+
+    /// The resume point message for the job's newest verified checkpoint.
+    fn resume_point(&self, record: &mut JobRecord, reason: &str) -> Option<Outgoing> {
+        let choice = record.checkpoints.resume();
+        let chosen = choice.checkpoint?;
+        let point = ResumePointChosen {
+            uri: chosen.uri.clone(),
+            epoch: chosen.epoch,
+            step: chosen.step,
+            reason: reason.to_string(),
+            verified_by: match &chosen.verification {
+                Verification::Verified { method, .. } => Some(method_of(*method)),
+                _ => None,
+            },
+            skipped: choice
+                .skipped
+                .iter()
+                .map(|s| SkippedCheckpoint {
+                    uri: s.checkpoint.uri.clone(),
+                    epoch: s.checkpoint.epoch,
+                    step: s.checkpoint.step,
+                    reason: s.reason.clone(),
+                })
+                .collect(),
+        };
+        record.resume_uri = Some(point.uri.clone());
+        Some(Outgoing::Resume(point))
+    }
+
+    async fn apply_retention(
+        &self,
+        record: &mut JobRecord,
+        settings: &JobSettings,
+    ) -> Result<Option<Outgoing>, CheckpointError> {
+        let Some(policy) = settings.policy.as_ref() else {
+            return Ok(None);
+        };
+        let decision = retention::decide(
+            record.checkpoints.all(),
+            Some(policy),
+            Protected {
+                pending_resume: record.resume_uri.as_deref(),
+                registered: Some(&record.registered),
+            },
+        );
+        if decision.delete.is_empty() {
+            return Ok(None);
+        }
+        let mut executor = RetentionExecutor::CheckpointManager;
+        for uri in &decision.delete {
+            if !self.storage.readable(uri) {
+                executor = RetentionExecutor::Worker;
+                continue;
+            }
+            let location = self.storage.open(uri, settings.s3_endpoint.as_deref())?;
+            location.delete_all().await?;
+            if is_volume_path(uri) {
+                match tokio::fs::remove_dir_all(uri.strip_prefix("file://").unwrap_or(uri)).await {
+                    Ok(()) => {}
+                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(err) => {
+                        return Err(CheckpointError::Storage(format!("delete {uri}: {err}")));
+                    }
+                }
+            }
+            self.metrics.deleted.inc();
+        }
+        record.checkpoints.remove(&decision.delete);
+        tracing::info!(deleted = decision.delete.len(), "retention applied");
+        Ok(Some(Outgoing::Retention(RetentionApplied {
+            delete: decision.delete,
+            keep: decision.keep.into_iter().map(|(uri, _)| uri).collect(),
+            executor,
+        })))
+    }
+
+    fn advice(&self, record: &mut JobRecord, settings: &JobSettings) -> Option<Outgoing> {
+        let pool = settings
+            .queue
+            .as_ref()
+            .and_then(|q| {
+                self.pools
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(q)
+                    .copied()
+            })
+            .unwrap_or_default();
+        let advice = interval::advise(
+            &record.saves,
+            &pool,
+            self.config.prior_seconds_between_interruptions,
+        )?;
+        let moved = record.advised_interval_seconds.is_none_or(|last| {
+            (advice.interval_seconds - last).abs() > self.config.advice_change_fraction * last
+        });
+        if !moved {
+            return None;
+        }
+        record.advised_interval_seconds = Some(advice.interval_seconds);
+        Some(Outgoing::Interval(CheckpointIntervalAdvised {
+            interval_seconds: advice.interval_seconds,
+            save_seconds: advice.save_seconds,
+            mean_seconds_between_interruptions: advice.mean_seconds_between_interruptions,
+            applied: settings.auto_interval,
+        }))
+    }
+
+    fn on_transition(
+        &self,
+        record: &mut JobRecord,
+        transition: &TrainingJobTransitioned,
+        at: DateTime<Utc>,
+    ) -> Vec<Outgoing> {
+        let queue = transition
+            .queue
+            .clone()
+            .or_else(|| record.settings.as_ref().and_then(|s| s.queue.clone()));
+        if transition.from == Some(TrainingJobState::Running)
+            && transition.to != TrainingJobState::Running
+            && let Some(since) = record.running_since.take()
+            && let Some(queue) = &queue
+        {
+            let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+            let pool = pools.entry(queue.clone()).or_default();
+            pool.exposure_seconds += (at - since).num_milliseconds().max(0) as f64 / 1000.0;
+            if matches!(transition.reason.as_str(), "Restarting" | "Preempted") {
+                pool.interruptions += 1;
+            }
+        }
+        if transition.to == TrainingJobState::Running {
+            record.running_since = Some(at);
+        }
+        let next_attempt_ahead = matches!(
+            transition.to,
+            TrainingJobState::Pending
+                | TrainingJobState::Queued
+                | TrainingJobState::Initializing
+                | TrainingJobState::Suspended
+        ) && transition.from == Some(TrainingJobState::Running);
+        if next_attempt_ahead {
+            return self
+                .resume_point(record, &transition.reason)
+                .into_iter()
+                .collect();
+        }
+        Vec::new()
+    }
+}
+
+/// The manager as a consumer.
+pub struct ManagerHandler(pub std::sync::Arc<Manager>);
+
+impl Handler for ManagerHandler {
+    fn lanes(&self) -> usize {
+        // Jobs are independent; one job's messages stay in order within a lane.
+        8
+    }
+
+    async fn handle(&self, message: Incoming, _delivery: Delivery) -> Result<(), HandleError> {
+        self.0.handle(&message).await.map_err(|err| {
+            tracing::warn!(category = err.category(), error = %err, "message not handled");
+            HandleError::from(err)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkpoint_must_lie_under_the_jobs_storage() {
+        assert!(within("s3://b/ml/bert", "s3://b/ml/bert/step-10"));
+        assert!(within("/checkpoints/", "/checkpoints/step-10"));
+        assert!(!within("s3://b/ml/bert", "s3://b/ml/bert-2/step-10"));
+        assert!(!within("/checkpoints", "/tmp/step-10"));
+    }
+}

@@ -1,0 +1,51 @@
+//! The checkpoint-manager's Prometheus metrics; labels are bounded (outcomes, never job names).
+
+use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+
+use crate::error::CheckpointError;
+
+#[derive(Clone)]
+pub struct CheckpointMetrics {
+    /// Checkpoints checked, by outcome (`verified`, `incomplete`, `rejected`).
+    pub verifications: IntCounterVec,
+    /// Checkpoints deleted under retention policies.
+    pub deleted: IntCounter,
+    /// Resume points published.
+    pub resume_points: IntCounter,
+}
+
+impl CheckpointMetrics {
+    pub fn register(registry: &Registry) -> Result<Self, CheckpointError> {
+        let err = |e: prometheus::Error| CheckpointError::Metrics(e.to_string());
+        let metrics = Self {
+            verifications: IntCounterVec::new(
+                Opts::new(
+                    "trainyard_checkpoint_verifications_total",
+                    "Reported checkpoints checked, by outcome",
+                ),
+                &["outcome"],
+            )
+            .map_err(err)?,
+            deleted: IntCounter::new(
+                "trainyard_checkpoint_retention_deleted_total",
+                "Checkpoints deleted under retention policies",
+            )
+            .map_err(err)?,
+            resume_points: IntCounter::new(
+                "trainyard_checkpoint_resume_points_total",
+                "Resume points published",
+            )
+            .map_err(err)?,
+        };
+        registry
+            .register(Box::new(metrics.verifications.clone()))
+            .map_err(err)?;
+        registry
+            .register(Box::new(metrics.deleted.clone()))
+            .map_err(err)?;
+        registry
+            .register(Box::new(metrics.resume_points.clone()))
+            .map_err(err)?;
+        Ok(metrics)
+    }
+}
