@@ -61,7 +61,8 @@ pub struct Ledger {
     /// When idle cost was accrued up to.
     idle_since: Option<DateTime<Utc>>,
     by_job: BTreeMap<String, f64>,
-    by_queue: BTreeMap<(String, String), f64>,
+    /// Namespace → queue → cost (nested: JSON keys are strings).
+    by_queue: BTreeMap<String, BTreeMap<String, f64>>,
     idle_total: f64,
     /// GPU-hours held on nodes the catalog has no price for.
     unpriced_gpu_hours: f64,
@@ -190,7 +191,9 @@ impl Ledger {
                 *self.by_job.entry(job.to_string()).or_default() += cost;
                 *self
                     .by_queue
-                    .entry((run.namespace.clone(), run.queue.clone()))
+                    .entry(run.namespace.clone())
+                    .or_default()
+                    .entry(run.queue.clone())
                     .or_default() += cost;
                 lines.push(CostLine {
                     job: Some(job.to_string()),
@@ -218,8 +221,8 @@ impl Ledger {
         self.by_job.remove(job);
     }
 
-    /// Cost so far per (namespace, queue).
-    pub fn by_queue(&self) -> &BTreeMap<(String, String), f64> {
+    /// Cost so far per namespace and queue.
+    pub fn by_queue(&self) -> &BTreeMap<String, BTreeMap<String, f64>> {
         &self.by_queue
     }
 
@@ -329,7 +332,7 @@ prices:
         assert!((l.job_total("ml/bert") - 6.0).abs() < 1e-9);
         // 8 idle on-demand GPUs at $4 and 2 idle spot GPUs at $1.
         assert!((l.idle_total() - 34.0).abs() < 1e-9);
-        assert!((l.by_queue()[&("ml".to_string(), "team-a".to_string())] - 6.0).abs() < 1e-9);
+        assert!((l.by_queue()["ml"]["team-a"] - 6.0).abs() < 1e-9);
     }
 
     #[test]

@@ -13,6 +13,13 @@ pub struct PoolKey {
     pub location: String,
 }
 
+impl PoolKey {
+    /// `<product>@<location>`.
+    pub fn name(&self) -> String {
+        format!("{}@{}", self.product, self.location)
+    }
+}
+
 /// What has been observed of one pool.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PoolObservations {
@@ -23,24 +30,25 @@ pub struct PoolObservations {
 /// Observed reclaims and exposure per pool.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct InterruptionModel {
-    pools: BTreeMap<PoolKey, PoolObservations>,
+    /// By [`PoolKey::name`] (JSON keys are strings).
+    pools: BTreeMap<String, PoolObservations>,
 }
 
 impl InterruptionModel {
     /// `node_hours` of spot nodes of `pool` were up.
     pub fn observe_exposure(&mut self, pool: &PoolKey, node_hours: f64) {
         if node_hours.is_finite() && node_hours > 0.0 {
-            self.pools.entry(pool.clone()).or_default().node_hours += node_hours;
+            self.pools.entry(pool.name()).or_default().node_hours += node_hours;
         }
     }
 
     /// A spot node of `pool` was reclaimed (or lost).
     pub fn observe_reclaim(&mut self, pool: &PoolKey) {
-        self.pools.entry(pool.clone()).or_default().reclaims += 1;
+        self.pools.entry(pool.name()).or_default().reclaims += 1;
     }
 
     pub fn observations(&self, pool: &PoolKey) -> PoolObservations {
-        self.pools.get(pool).cloned().unwrap_or_default()
+        self.pools.get(&pool.name()).cloned().unwrap_or_default()
     }
 
     /// Reclaims per node-hour: `(prior_rate · prior_hours + reclaims) /
