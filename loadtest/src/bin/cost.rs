@@ -147,9 +147,12 @@ fn jobs_of(trace: &[TraceJob], seed: u64) -> Vec<Job> {
         .collect()
 }
 
+/// How a job is run, start to end.
+type Strategy = Box<dyn Fn(&Job) -> Outcome>;
+
 fn report(name: &str, trace: &[TraceJob]) {
     let jobs = jobs_of(trace, 42);
-    let strategies: [(&str, Box<dyn Fn(&Job) -> Outcome>); 4] = [
+    let strategies: [(&str, Strategy); 4] = [
         (
             "all on-demand",
             Box::new(|j| run(j, Choice::OnDemand, |_, _| Choice::OnDemand)),
@@ -196,7 +199,7 @@ fn report(name: &str, trace: &[TraceJob]) {
     );
     let mut costs = Vec::new();
     for (label, strategy) in &strategies {
-        let outcomes: Vec<Outcome> = jobs.iter().map(|j| strategy(j)).collect();
+        let outcomes: Vec<Outcome> = jobs.iter().map(strategy).collect();
         let cost: f64 = outcomes.iter().map(|o| o.cost).sum();
         costs.push(cost);
         println!(
