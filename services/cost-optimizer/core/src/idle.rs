@@ -229,6 +229,57 @@ mod tests {
         assert_eq!(d.observe(&p, t(1390), 0.0, WorkerPhase::Training), None);
     }
 
+    /// A corpus of jobs sampled every `INTERVAL` s: busy phases with low
+    /// utilisation (start-up, data loading, checkpointing) get no action;
+    /// jobs idle from a random moment are caught within window + interval.
+    #[test]
+    fn corpus_busy_phases_get_no_action_and_idle_jobs_are_caught_in_time() {
+        const INTERVAL: i64 = 60;
+        let mut p = policy();
+        p.suspend_after_seconds = None;
+        let window = p.window_seconds as i64;
+        for job in 0..200i64 {
+            // Busy: start-up, loading, training, checkpointing, training...
+            let mut d = IdleDetector::default();
+            let mut t0 = 0;
+            for (phase, minutes, util) in [
+                (WorkerPhase::Starting, 15 + job % 20, 0.0),
+                (WorkerPhase::LoadingData, 20 + job % 30, 0.02),
+                (WorkerPhase::Training, 30, 0.9),
+                (WorkerPhase::Checkpointing, 12 + job % 10, 0.01),
+                (WorkerPhase::Training, 30, 0.6),
+            ] {
+                for m in 0..minutes {
+                    let at = t(t0 + m * INTERVAL);
+                    assert_eq!(d.observe(&p, at, util, phase), None, "job {job} {phase:?}");
+                }
+                t0 += minutes * INTERVAL;
+            }
+            // Truly idle from a moment between two samples.
+            let mut d = IdleDetector::default();
+            let idle_from = 1800 + (job * 37) % INTERVAL;
+            let mut caught = None;
+            let mut s = 0;
+            while s <= idle_from + window + 2 * INTERVAL {
+                let util = if s < idle_from { 0.8 } else { 0.0 };
+                if d.observe(&p, t(s), util, WorkerPhase::Training).is_some() {
+                    caught = Some(s);
+                    break;
+                }
+                s += INTERVAL;
+            }
+            let caught = caught.expect("idle job caught");
+            assert!(
+                caught >= idle_from + window - INTERVAL,
+                "job {job} caught early at {caught}"
+            );
+            assert!(
+                caught <= idle_from + window + INTERVAL,
+                "job {job} caught late at {caught}"
+            );
+        }
+    }
+
     #[test]
     fn a_bad_policy_names_the_field() {
         let mut p = policy();
