@@ -38,6 +38,29 @@ impl From<&FlavorConfig> for FlavorSpec {
     }
 }
 
+/// A node label that marks spot capacity when it has one of `spot_values`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub struct CapacityLabel {
+    pub label: String,
+    pub spot_values: Vec<String>,
+}
+
+/// The spot label conventions of Karpenter (the simulator's nodes), EKS, GKE and AKS.
+pub fn default_capacity_type_labels() -> Vec<CapacityLabel> {
+    let label = |label: &str, value: &str| CapacityLabel {
+        label: label.into(),
+        spot_values: vec![value.into()],
+    };
+    vec![
+        label("karpenter.sh/capacity-type", "spot"),
+        label("eks.amazonaws.com/capacityType", "SPOT"),
+        label("cloud.google.com/gke-spot", "true"),
+        label("cloud.google.com/gke-preemptible", "true"),
+        label("kubernetes.azure.com/scalesetpriority", "spot"),
+    ]
+}
+
 /// The service's own settings (section `gpu_allocator`; environment
 /// `TRAINYARD_GPU_ALLOCATOR__<KEY>`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -71,6 +94,12 @@ pub struct AllocatorServiceConfig {
     /// Node label that carries the capacity type; when set, jobs with
     /// `scheduling.capacityType` spot / on-demand select it.
     pub capacity_type_label: Option<String>,
+    /// Node labels that mark spot nodes. Jobs with `scheduling.capacityType`
+    /// spot or on-demand (unless `capacity_type_label` is set), and jobs with
+    /// `any` once the cost-optimizer chose, are admitted on nodes of that
+    /// type only: spot is any of these labels with a spot value, on-demand
+    /// none of them.
+    pub capacity_type_labels: Vec<CapacityLabel>,
     /// Seconds of waiting per priority step (0 disables aging).
     pub aging_interval_seconds: u64,
     /// Largest aging boost, also the ceiling of a TrainingQueue's own aging
@@ -118,6 +147,7 @@ impl Default for AllocatorServiceConfig {
             auto_flavors: core.auto_flavors,
             priority_classes: BTreeMap::new(),
             capacity_type_label: None,
+            capacity_type_labels: default_capacity_type_labels(),
             aging_interval_seconds: core.aging.interval_secs,
             aging_max_boost: core.aging.max_boost,
             backfill_enabled: core.backfill.enabled,

@@ -5,10 +5,11 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use gpu_allocator_core::{
-    Admission, AgingPolicy, CpuMemory, Event, FlavorQuota, FlavorSpec, GpuSliceRequest, JobSpec,
-    JobUid, NodeInfo, NodeKey, NodeOperator, NodeRequirement, NodeSelectorTerm, PendingReason,
-    Preemption, PreemptionRule, QueuePreemption, QueueSpec, QueueUsage, ResourceQuota, Taint,
-    TaintEffect, Timestamp, Toleration, TolerationOperator, TopologyRequirement, Victim, names,
+    Admission, AgingPolicy, CapacityType, CpuMemory, Event, FlavorQuota, FlavorSpec,
+    GpuSliceRequest, JobSpec, JobUid, NodeInfo, NodeKey, NodeOperator, NodeRequirement,
+    NodeSelectorTerm, PendingReason, Preemption, PreemptionRule, QueuePreemption, QueueSpec,
+    QueueUsage, ResourceQuota, Taint, TaintEffect, Timestamp, Toleration, TolerationOperator,
+    TopologyRequirement, Victim, names,
 };
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use trainyard_api::quantity::{self, QuantityError};
@@ -22,7 +23,7 @@ use trainyard_contracts::decisions::{
 };
 use trainyard_contracts::events::{Change, NodeObserved, TrainingQueueChanged};
 
-use crate::config::AllocatorServiceConfig;
+use crate::config::{AllocatorServiceConfig, CapacityLabel};
 use crate::error::ServiceError;
 
 /// Weight given to a queue whose `fairShare.weight` is 0: it borrows last.
@@ -434,6 +435,11 @@ pub fn job_spec(
         })
         .collect::<Result<Vec<_>, ServiceError>>()?;
     let mut node_selector = scheduling.node_selector.clone();
+    let explicit = match spec.capacity_type() {
+        trainyard_api::CapacityType::Spot => Some(CapacityType::Spot),
+        trainyard_api::CapacityType::OnDemand => Some(CapacityType::OnDemand),
+        trainyard_api::CapacityType::Any => None,
+    };
     if let Some(label) = &config.capacity_type_label {
         match spec.capacity_type() {
             trainyard_api::CapacityType::Spot => {
@@ -482,6 +488,11 @@ pub fn job_spec(
         preemptible: true,
         one_worker_per_node: job.workers_one_per_node(),
     };
+    if config.capacity_type_label.is_none()
+        && let Some(capacity) = explicit
+    {
+        restrict_capacity(&mut core, &config.capacity_type_labels, capacity);
+    }
     core.set_attempt(k8s_uid, attempt);
     // CPU-only jobs (gpusPerWorker 0) are admitted by the adapter itself; the
     // core only validates GPU jobs.
@@ -489,6 +500,47 @@ pub fn job_spec(
         core.validate()?;
     }
     Ok(core)
+}
+
+/// Keeps `spec` to nodes of `capacity`: spot is any of `labels` with a spot
+/// value, on-demand none of them. ANDed into every term of the job's own
+/// required node affinity.
+pub fn restrict_capacity(spec: &mut JobSpec, labels: &[CapacityLabel], capacity: CapacityType) {
+    if labels.is_empty() {
+        return;
+    }
+    let requirement = |label: &CapacityLabel, operator| NodeRequirement {
+        key: NodeKey::Label(label.label.clone()),
+        operator,
+        values: label.spot_values.clone(),
+    };
+    let capacity_terms: Vec<Vec<NodeRequirement>> = match capacity {
+        CapacityType::Spot => labels
+            .iter()
+            .map(|l| vec![requirement(l, NodeOperator::In)])
+            .collect(),
+        CapacityType::OnDemand => vec![
+            labels
+                .iter()
+                .map(|l| requirement(l, NodeOperator::NotIn))
+                .collect(),
+        ],
+    };
+    let own = std::mem::take(&mut spec.node_affinity);
+    spec.node_affinity = if own.is_empty() {
+        capacity_terms
+            .into_iter()
+            .map(|requirements| NodeSelectorTerm { requirements })
+            .collect()
+    } else {
+        own.iter()
+            .flat_map(|term| {
+                capacity_terms.iter().map(move |extra| NodeSelectorTerm {
+                    requirements: term.requirements.iter().chain(extra).cloned().collect(),
+                })
+            })
+            .collect()
+    };
 }
 
 /// The domain a required pod affinity among the job's own workers keeps

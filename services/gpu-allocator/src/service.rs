@@ -66,6 +66,9 @@ pub fn apply_message(state: &mut AllocatorState, message: &Incoming) -> Result<(
     } else if message.is::<TrainingJobTransitioned>() {
         let payload = message.payload::<TrainingJobTransitioned>()?;
         state.on_transition(entity, &payload)
+    } else if message.is::<trainyard_contracts::cost::CapacityChosen>() {
+        let payload = message.payload::<trainyard_contracts::cost::CapacityChosen>()?;
+        state.on_capacity(entity, &payload)
     } else if message.is::<TrainingJobFinalized>() {
         message.payload::<TrainingJobFinalized>()?;
         state.on_finalized(entity)

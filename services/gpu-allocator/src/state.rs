@@ -157,6 +157,10 @@ pub struct AllocatorState {
     queue_status: BTreeMap<String, QueueStatusReported>,
     /// When queue reports were last worked out.
     queue_status_at: Option<Timestamp>,
+    /// The cost-optimizer's capacity choice per job (`namespace/name` → the
+    /// TrainingJob's uid and the type). Not saved: choices published after
+    /// the snapshot are replayed at start, earlier ones are not.
+    capacity_chosen: BTreeMap<String, (String, gpu_allocator_core::CapacityType)>,
 }
 
 fn entity_key(namespace: &str, name: &str) -> String {
@@ -185,6 +189,7 @@ impl AllocatorState {
             generation: 0,
             queue_status: BTreeMap::new(),
             queue_status_at: None,
+            capacity_chosen: BTreeMap::new(),
         })
     }
 
@@ -231,6 +236,7 @@ impl AllocatorState {
             generation: 0,
             queue_status: BTreeMap::new(),
             queue_status_at: None,
+            capacity_chosen: BTreeMap::new(),
         })
     }
 
@@ -468,14 +474,58 @@ impl AllocatorState {
             template: spec.clone(),
             suspended,
         };
-        self.remember(key, record);
+        self.remember(key.clone(), record);
         if terminal {
             self.finish_attempt(&spec.uid)
         } else if suspended {
             self.suspend_attempt(&spec.uid)
         } else {
+            let spec = self.with_chosen_capacity(&key, &k8s_uid, spec);
             self.submit(spec)
         }
+    }
+
+    /// `spec` kept to the capacity type the cost-optimizer chose for the job, if any.
+    fn with_chosen_capacity(&self, key: &str, k8s_uid: &str, mut spec: JobSpec) -> JobSpec {
+        if let Some((uid, capacity)) = self.capacity_chosen.get(key)
+            && uid == k8s_uid
+        {
+            mapping::restrict_capacity(&mut spec, &self.config.capacity_type_labels, *capacity);
+        }
+        spec
+    }
+
+    /// `cost.capacity`: a pending job is admitted on the chosen type only
+    /// from now (an admitted one keeps its nodes; its next attempt follows
+    /// the choice).
+    pub fn on_capacity(
+        &mut self,
+        entity: &EntityRef,
+        chosen: &trainyard_contracts::cost::CapacityChosen,
+    ) -> Result<(), ServiceError> {
+        let key = entity_key(&entity.namespace, &entity.name);
+        let capacity = match chosen.capacity_type {
+            trainyard_contracts::cost::CapacityType::Spot => gpu_allocator_core::CapacityType::Spot,
+            trainyard_contracts::cost::CapacityType::OnDemand => {
+                gpu_allocator_core::CapacityType::OnDemand
+            }
+        };
+        let Some(rec) = self.jobs.get(&key).cloned() else {
+            self.capacity_chosen
+                .insert(key, (entity.uid.clone(), capacity));
+            return Ok(());
+        };
+        if !entity.uid.is_empty() && entity.uid != rec.entity.uid {
+            return Ok(());
+        }
+        self.capacity_chosen
+            .insert(key.clone(), (rec.entity.uid.clone(), capacity));
+        self.touch();
+        if rec.suspended || rec.template.gpus_per_worker == 0 {
+            return Ok(());
+        }
+        let spec = self.with_chosen_capacity(&key, &rec.entity.uid, rec.template.clone());
+        self.submit(spec)
     }
 
     fn remember(&mut self, key: String, record: JobRecord) {
@@ -552,7 +602,7 @@ impl AllocatorState {
             self.finish_attempt(&rec.template.uid)?;
             rec.attempt = attempt;
             rec.template.set_attempt(&rec.entity.uid, attempt);
-            self.remember(key, rec.clone());
+            self.remember(key.clone(), rec.clone());
         }
         let uid = rec.template.uid.clone();
         match transition.to {
@@ -565,7 +615,8 @@ impl AllocatorState {
                 if rec.suspended {
                     Ok(())
                 } else {
-                    self.submit(rec.template)
+                    let spec = self.with_chosen_capacity(&key, &rec.entity.uid, rec.template);
+                    self.submit(spec)
                 }
             }
         }
@@ -974,6 +1025,48 @@ mod tests {
             queue: None,
             context: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_job_with_any_capacity_is_admitted_on_the_type_the_cost_optimizer_chose() {
+        let mut state = state();
+        // n1 (from `state`) is on-demand: it carries no spot label.
+        let spot: NodeObserved = serde_json::from_value(json!({
+            "change": "Applied", "allocatableGpus": 8,
+            "labels": {"nvidia.com/gpu.product": "A100", "karpenter.sh/capacity-type": "spot"},
+            "unschedulable": false, "ready": true
+        }))
+        .expect("node");
+        state
+            .on_node(&EntityRef::new("", "s1", ""), &spot)
+            .expect("node applies");
+        let chosen: trainyard_contracts::cost::CapacityChosen = serde_json::from_value(json!({
+            "capacityType": "spot", "reason": "spot: saves 57%", "currency": "USD",
+            "spotExpectedCost": 1.0, "onDemandExpectedCost": 2.0, "expectedCost": 1.0,
+            "inputs": {"workHours": 1.0, "runtimeSource": "default", "gpus": 4, "nodes": 1,
+                       "checkpointSaveSeconds": 60.0, "restartSeconds": 360.0,
+                       "spotPricePerGpuHour": 1.5, "onDemandPricePerGpuHour": 4.0,
+                       "spotReclaimsPerNodeHour": 0.01, "pool": "A100@", "spotInterruptions": 0}
+        }))
+        .expect("decision");
+        state
+            .on_capacity(&entity("cheap"), &chosen)
+            .expect("decision applies");
+        state
+            .on_job_changed(&entity("cheap"), &job("cheap", 4, 0, false), Timestamp(0))
+            .expect("job applies");
+        state.cycle(Timestamp(1));
+        let nodes: Vec<String> = state
+            .outbox()
+            .iter()
+            .filter_map(|o| match o {
+                Outgoing::Admission { payload, .. } => {
+                    Some(payload.placements.first()?.node.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(nodes, vec!["s1".to_string()]);
     }
 
     #[test]

@@ -21,9 +21,12 @@ pub mod validation;
 pub use condition::{Condition, ConditionStatus, find_condition, set_condition};
 pub use crdgen::{CRDGEN_COMMAND, CrdFile, all_crds, generate_crd_files};
 pub use queue::{
-    DEFAULT_AGING_STEP, FairShare, FairSharingStatus, FlavorQuota, FlavorUsage, MigQuota, MigUsage,
-    PreemptionPolicy, QUEUE_ACTIVE, QueuePriorityPolicy, ReclaimWithinCohort, StopPolicy,
-    TrainingQueue, TrainingQueueSpec, TrainingQueueStatus, WithinQueuePreemption,
+    BudgetAction, BudgetPeriod, BudgetStatus, DEFAULT_AGING_STEP, DEFAULT_BUDGET_THRESHOLDS,
+    DEFAULT_IDLE_RESUME_PERCENT, DEFAULT_IDLE_SUSPEND_AFTER_SECONDS,
+    DEFAULT_IDLE_THRESHOLD_PERCENT, DEFAULT_IDLE_WINDOW_SECONDS, FairShare, FairSharingStatus,
+    FlavorQuota, FlavorUsage, IdleAction, IdlePolicy, MigQuota, MigUsage, PreemptionPolicy,
+    QUEUE_ACTIVE, QueueBudget, QueuePriorityPolicy, ReclaimWithinCohort, StopPolicy, TrainingQueue,
+    TrainingQueueSpec, TrainingQueueStatus, WithinQueuePreemption,
 };
 pub use sweep::{
     AlgorithmName, BestTrial, EarlyStoppingAlgorithm, EarlyStoppingSpec, Objective,
@@ -32,10 +35,10 @@ pub use sweep::{
 };
 pub use trainingjob::{
     AllocatedResources, CapacityType, CheckpointSpec, CheckpointStatus, CheckpointStorage,
-    CommunicationBackend, FailurePolicy, Framework, Hyperparameters, KeepBestSpec, MetricMode,
-    MonitoringSpec, NetworkingSpec, Optimizer, RestartPolicy, RetentionPolicySpec, SchedulingSpec,
-    StorageType, SuccessPolicy, TrainingJob, TrainingJobSpec, TrainingJobState, TrainingJobStatus,
-    WorkerCounts,
+    CommunicationBackend, CostStatus, FailurePolicy, Framework, Hyperparameters, KeepBestSpec,
+    MetricMode, MonitoringSpec, NetworkingSpec, Optimizer, RestartPolicy, RetentionPolicySpec,
+    SchedulingSpec, StorageType, SuccessPolicy, TrainingJob, TrainingJobSpec, TrainingJobState,
+    TrainingJobStatus, WorkerCounts,
 };
 pub use validation::{FieldError, FieldErrorKind, format_field_errors};
 

@@ -149,6 +149,106 @@ pub struct TrainingQueueSpec {
     /// None admits jobs; Hold admits none until it is set back, e.g. during maintenance: admitted jobs run on, waiting jobs keep their place in line and say the queue is on hold, and its unused quota is still lent to its cohort. HoldAndDrain holds the queue and also stops its admitted jobs: each is told to checkpoint, stopped after the gpu-allocator's grace period (or once its checkpoint is reported), and waits in line to resume from it. Default None.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_policy: Option<StopPolicy>,
+
+    /// Spending limit of the queue's jobs per period. Unset: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<QueueBudget>,
+
+    /// What happens to jobs whose GPUs sit idle. Unset: idle jobs are alerted on, never suspended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_policy: Option<IdlePolicy>,
+}
+
+wire_enum! {
+    /// Calendar period of a budget, in UTC: Daily, Weekly (from Monday) or Monthly (from the 1st).
+    pub enum BudgetPeriod {
+        Daily => "Daily",
+        Weekly => "Weekly",
+        Monthly => "Monthly",
+    }
+}
+
+wire_enum! {
+    /// What happens when a budget is spent: Hold (no new admissions; running jobs go on) or
+    /// SuspendWithCheckpoint (running jobs are also checkpointed and suspended).
+    pub enum BudgetAction {
+        Hold => "Hold",
+        SuspendWithCheckpoint => "SuspendWithCheckpoint",
+    }
+}
+
+wire_enum! {
+    /// What happens to an idle job: Alert (its owner is told) or AlertThenSuspend (also
+    /// checkpointed and suspended after suspendAfterSeconds; never killed).
+    pub enum IdleAction {
+        Alert => "Alert",
+        AlertThenSuspend => "AlertThenSuspend",
+    }
+}
+
+/// Idle threshold when `idlePolicy.thresholdPercent` is unset.
+pub const DEFAULT_IDLE_THRESHOLD_PERCENT: u32 = 5;
+/// Resume threshold when `idlePolicy.resumeThresholdPercent` is unset.
+pub const DEFAULT_IDLE_RESUME_PERCENT: u32 = 15;
+/// Idle window when `idlePolicy.windowSeconds` is unset.
+pub const DEFAULT_IDLE_WINDOW_SECONDS: u64 = 1800;
+/// Grace from alert to suspension when `idlePolicy.suspendAfterSeconds` is unset.
+pub const DEFAULT_IDLE_SUSPEND_AFTER_SECONDS: u64 = 600;
+
+/// Default warning thresholds of a budget, in percent.
+pub const DEFAULT_BUDGET_THRESHOLDS: [u32; 3] = [50, 80, 100];
+
+/// A spending limit per period.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueBudget {
+    /// Amount per period in the price catalog's currency, at least 0.01.
+    #[schemars(range(min = 0.01))]
+    pub amount: f64,
+
+    /// Daily, Weekly or Monthly (UTC). Required.
+    pub period: BudgetPeriod,
+
+    /// Percentages of the amount that raise an alert, 1 to 1000 each. Default 50, 80, 100.
+    #[serde(default = "default_budget_thresholds")]
+    #[schemars(length(max = 10), inner(range(min = 1, max = 1000)))]
+    pub thresholds_percent: Vec<u32>,
+
+    /// Hold or SuspendWithCheckpoint. Default Hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<BudgetAction>,
+}
+
+fn default_budget_thresholds() -> Vec<u32> {
+    DEFAULT_BUDGET_THRESHOLDS.to_vec()
+}
+
+/// Idle GPU detection for the queue's jobs.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IdlePolicy {
+    /// GPU utilisation below which a job is idle, 0 to 99 percent. Default 5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 99))]
+    pub threshold_percent: Option<u32>,
+
+    /// Utilisation above which an idle job is busy again, at least thresholdPercent. Default 15.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 100))]
+    pub resume_threshold_percent: Option<u32>,
+
+    /// Seconds below the threshold before a job is idle, at least 60. Default 1800.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 60))]
+    pub window_seconds: Option<u64>,
+
+    /// Alert or AlertThenSuspend. Default Alert.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<IdleAction>,
+
+    /// Seconds from the alert to the checkpoint and suspension (AlertThenSuspend). Default 600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspend_after_seconds: Option<u64>,
 }
 
 /// GPU quota of one flavor.
@@ -296,6 +396,10 @@ pub struct TrainingQueueStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fair_sharing: Option<FairSharingStatus>,
 
+    /// Spend in the current budget period, written from the cost-optimizer's reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetStatus>,
+
     /// Conditions: Active is True while the queue admits jobs, False with reason Stopped while its stopPolicy is Hold.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
@@ -304,6 +408,22 @@ pub struct TrainingQueueStatus {
     /// metadata.generation this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// Spend of a queue in its current budget period.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetStatus {
+    /// Start of the current period, RFC 3339.
+    pub period_start: String,
+    /// Spent so far in the period.
+    pub spent: f64,
+    /// The budget's amount.
+    pub amount: f64,
+    /// Currency of the price catalog, e.g. USD.
+    pub currency: String,
+    /// Open, Held or Suspended.
+    pub state: String,
 }
 
 /// GPUs in use of one flavor.
@@ -466,6 +586,39 @@ impl TrainingQueueSpec {
                 );
             }
         }
+        if let Some(budget) = &self.budget {
+            if !(budget.amount.is_finite() && budget.amount >= 0.01) {
+                errors.invalid(
+                    "spec.budget.amount",
+                    format!("must be at least 0.01, got {}", budget.amount),
+                );
+            }
+            for (i, percent) in budget.thresholds_percent.iter().enumerate() {
+                errors.in_range(
+                    &format!("spec.budget.thresholdsPercent[{i}]"),
+                    *percent,
+                    1,
+                    1000,
+                );
+            }
+        }
+        if let Some(idle) = &self.idle_policy {
+            let threshold = idle
+                .threshold_percent
+                .unwrap_or(DEFAULT_IDLE_THRESHOLD_PERCENT);
+            errors.in_range("spec.idlePolicy.thresholdPercent", threshold, 0, 99);
+            if let Some(resume) = idle.resume_threshold_percent {
+                errors.in_range(
+                    "spec.idlePolicy.resumeThresholdPercent",
+                    resume,
+                    threshold,
+                    100,
+                );
+            }
+            if let Some(window) = idle.window_seconds {
+                errors.at_least("spec.idlePolicy.windowSeconds", window, 60);
+            }
+        }
         if let Some(priority) = &self.priority {
             if let Some(seconds) = priority.aging_seconds {
                 errors.at_least("spec.priority.agingSeconds", seconds, 1);
@@ -573,6 +726,8 @@ mod tests {
             }),
             namespaces: Vec::new(),
             stop_policy: None,
+            budget: None,
+            idle_policy: None,
         }
     }
 

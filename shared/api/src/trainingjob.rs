@@ -582,6 +582,10 @@ pub struct SchedulingSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub estimated_runtime_seconds: Option<u64>,
+
+    /// When the job should be finished, RFC 3339, e.g. 2026-12-01T08:00:00Z. With capacityType any, the cost optimizer prefers the capacity type less likely to miss it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<Time>,
 }
 
 /// Monitoring configuration.
@@ -747,9 +751,34 @@ pub struct TrainingJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_count: Option<u32>,
 
+    /// Money spent and expected, from the cost-optimizer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<CostStatus>,
+
     /// metadata.generation this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// What a job has cost and is expected to cost.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CostStatus {
+    /// Spent so far, at the prices in force when the GPUs were used.
+    #[serde(default)]
+    pub accrued: f64,
+    /// Accrued plus the expected cost of the work left, when the runtime is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated: Option<f64>,
+    /// Currency of the price catalog, e.g. USD.
+    #[serde(default)]
+    pub currency: String,
+    /// Capacity type chosen for capacityType any: spot or on-demand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_type: Option<String>,
+    /// Why that capacity type, with the expected cost of each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<String>,
 }
 
 /// Worker pods by outcome.

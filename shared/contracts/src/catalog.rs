@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use crate::envelope::{EntityRef, Envelope, Payload};
 use crate::error::ContractError;
-use crate::{alerts, commands, decisions, events, lifecycle, submit, worker};
+use crate::{alerts, commands, cost, decisions, events, lifecycle, submit, worker};
 
 /// One message type, documented.
 #[derive(Debug, Clone)]
@@ -120,7 +120,7 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
         )?,
         entry::<events::TrainingQueueChanged>(
             "watcher",
-            "gpu-allocator",
+            "gpu-allocator, cost-optimizer",
             "A TrainingQueue (cluster-scoped) was created, changed or deleted.",
             EntityRef::new("", "team-a", "0c9a3b1e-55aa-4f0e-b6d1-2e3f4a5b6c7d"),
             json!({"change": "Applied", "object": {
@@ -163,7 +163,7 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
         )?,
         entry::<decisions::AdmissionDecided>(
             "gpu-allocator",
-            "planner",
+            "planner, cost-optimizer",
             "The job is admitted: every worker fits now, inside quota, on the nodes in `placements`. The planner injects the selector and tolerations, pins the workers to those nodes (each to the node of its index, through a scheduling gate, when there are several), and unsuspends the Job.",
             job(),
             json!({"attempt": 0, "queue": "team-a", "flavor": "a100-spot",
@@ -270,28 +270,61 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
                    "source": "s3://ml-checkpoints/ml-training/bert-distributed/checkpoint-epoch-3",
                    "runId": "5d1c8a0e2f7b4c1e9a3b6d8f0e2c4a6b", "alias": "best"}),
         )?,
-        entry::<decisions::CapacityChosen>(
+        entry::<cost::CapacityChosen>(
             "cost-optimizer",
-            "planner, gpu-allocator",
-            "The capacity type (spot or on-demand) the job should run on.",
+            "gpu-allocator, planner",
+            "The capacity type the job runs on, chosen on the expected cost of finishing it (runtime, rework after interruptions at the pool's rate, restarts) and its deadline risk, with every input. The gpu-allocator admits the job on nodes of that type only; the planner writes `reason` into the job's status. Published for `scheduling.capacityType: any` when the job is created and again after repeated interruptions on spot.",
             job(),
-            json!({"capacityType": "spot", "reason": "checkpointing enabled; spot saves 64%", "hourlyCost": 11.8, "currency": "USD"}),
+            json!({"capacityType": "spot",
+                   "reason": "spot: saves 57%. spot $20.51 (10.69 h at 0.0500 reclaims/h over 1 node(s)) vs on-demand $41.60 (10.40 h); 10.00 h of work (estimate), checkpoint every 0.50 h",
+                   "currency": "USD", "spotExpectedCost": 20.51, "onDemandExpectedCost": 41.6, "expectedCost": 20.51,
+                   "inputs": {"workHours": 10.0, "runtimeSource": "estimate", "gpus": 4, "nodes": 1,
+                              "checkpointIntervalSeconds": 1800.0, "checkpointSaveSeconds": 72.0, "restartSeconds": 360.0,
+                              "spotPricePerGpuHour": 0.48, "onDemandPricePerGpuHour": 1.0,
+                              "spotReclaimsPerNodeHour": 0.05, "pool": "A100-SXM4-80GB@us-east-1a", "spotInterruptions": 0}}),
         )?,
-        entry::<decisions::CostRecorded>(
+        entry::<cost::CostRecorded>(
             "cost-optimizer",
-            "planner, notifier",
-            "Money the job spent over a period.",
+            "planner, external subscribers",
+            "Money the job spent over one accounting interval: one line per node and price in force (a later catalog change does not reprice it), its accrued cost and, when its runtime is known, the estimated cost at completion. GPUs are charged on max(request, usage).",
             job(),
-            json!({"periodStart": "2026-11-21T10:00:00Z", "periodEnd": "2026-11-21T11:00:00Z",
-                   "gpuHours": 4.0, "cost": 11.8, "currency": "USD", "capacityType": "spot"}),
+            json!({"queue": "team-a", "periodStart": "2026-11-21T10:00:00Z", "periodEnd": "2026-11-21T10:01:00Z",
+                   "currency": "USD",
+                   "lines": [{"node": "gpu-node-7", "capacityType": "spot", "gpuHours": 0.0667, "pricePerGpuHour": 1.64, "cost": 0.1093}],
+                   "accruedCost": 12.4, "estimatedCost": 20.5}),
         )?,
-        entry::<decisions::BudgetDecided>(
+        entry::<cost::BudgetStatusReported>(
             "cost-optimizer",
-            "planner, notifier",
-            "A budget check on the job's or namespace's spend.",
+            "gpu-allocator, planner",
+            "A TrainingQueue's spend in its current budget period. `Held`: the gpu-allocator admits no new job of the queue; `Suspended`: it also has the queue's running jobs checkpointed and suspended. Published when the state changes and every accounting interval while the spend moves.",
+            EntityRef::new("", "team-a", ""),
+            json!({"state": "Open", "periodStart": "2026-11-01T00:00:00Z", "spent": 810.0, "amount": 1000.0,
+                   "currency": "USD", "message": "81% of the Monthly budget spent"}),
+        )?,
+        entry::<cost::IdleSuspendRequested>(
+            "cost-optimizer",
+            "planner",
+            "The job's GPUs stayed idle past its queue's idle window and grace: the planner checkpoints it, verifies the checkpoint and suspends it (never kills it). Resuming is setting `spec.suspend: false`.",
             job(),
-            json!({"action": "Warn", "spent": 810.0, "budget": 1000.0, "currency": "USD",
-                   "message": "81% of the namespace budget spent"}),
+            json!({"attempt": 0, "idleSince": "2026-11-21T10:02:00Z", "utilization": 0.01,
+                   "message": "GPUs idle (1% < 5%) since 2026-11-21T10:02:00Z"}),
+        )?,
+        entry::<cost::BudgetThresholdCrossed>(
+            "cost-optimizer",
+            "notifier",
+            "A TrainingQueue's spend crossed a warning threshold of its budget (within one accounting interval); the subject carries the severity (`warning` below 100 %, `critical` at the limit).",
+            EntityRef::new("", "team-a", ""),
+            json!({"severity": "warning", "thresholdPercent": 80, "spent": 810.0, "amount": 1000.0, "currency": "USD",
+                   "periodStart": "2026-11-01T00:00:00Z", "summary": "queue team-a spent 81% of its Monthly budget (810.00 of 1000.00 USD)"}),
+        )?,
+        entry::<cost::IdleGpusDetected>(
+            "cost-optimizer",
+            "notifier",
+            "The job's GPUs are idle (below the queue's threshold for its window, never while starting, loading data or checkpointing). `action` is `alert`, or `suspend` when the queue's policy suspends it next.",
+            job(),
+            json!({"severity": "warning", "queue": "team-a", "gpus": 4, "idleSince": "2026-11-21T10:02:00Z",
+                   "utilization": 0.01, "action": "alert",
+                   "summary": "ml-training/bert-distributed: 4 GPUs idle (1% < 5%) since 2026-11-21T10:02:00Z"}),
         )?,
         entry::<worker::ProgressReported>(
             "training workers (any framework; external)",
@@ -303,13 +336,20 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
         )?,
         entry::<worker::CheckpointReported>(
             "training workers (any framework; external)",
-            "checkpoint-manager, planner",
+            "checkpoint-manager, cost-optimizer, planner",
             "A worker committed a checkpoint (its completion marker written last). `saveSeconds` feeds the interval advice; `verifiedBy` says how the worker checked it complete, which counts only for volumes the checkpoint-manager cannot read.",
             job(),
             json!({"workerIndex": 0, "attempt": 0, "epoch": 4, "step": 12000,
                    "uri": "s3://ml-checkpoints/ml-training/bert-distributed/checkpoint-epoch-4",
                    "sizeBytes": 1_340_000_000u64, "metrics": {"loss": 0.41},
                    "saveSeconds": 42.5, "verifiedBy": "trainyard-manifest", "checksumsVerified": true}),
+        )?,
+        entry::<cost::UtilizationReported>(
+            "training workers (any framework; external)",
+            "cost-optimizer",
+            "GPU utilisation of one worker (0..1, mean over its GPUs, from NVML) and what it is doing (`starting`, `loadingData`, `training`, `checkpointing`), for idle detection.",
+            job(),
+            json!({"workerIndex": 0, "attempt": 0, "gpuUtilization": 0.87, "phase": "training"}),
         )?,
         entry::<commands::CheckpointRequested>(
             "planner",

@@ -1,4 +1,5 @@
-//! Decisions of the gpu-allocator, hpo-tuner, checkpoint-manager and cost-optimizer,
+//! Decisions of the gpu-allocator, hpo-tuner and checkpoint-manager (the
+//! cost-optimizer's are in [`crate::cost`]),
 //! published on `trainyard.decisions.<kind>.<ns>.<name>`. The planner turns them
 //! into Kubernetes writes; nothing else does.
 
@@ -308,57 +309,6 @@ pub struct ModelRegistered {
     pub alias: Option<String>,
 }
 
-/// Spot or on-demand.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum CapacityType {
-    Spot,
-    OnDemand,
-}
-
-/// The capacity type a job should run on.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CapacityChosen {
-    pub capacity_type: CapacityType,
-    pub reason: String,
-    /// Expected cost per hour of the whole job, in `currency`.
-    pub hourly_cost: f64,
-    pub currency: String,
-}
-
-/// Money a job spent over a period.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CostRecorded {
-    pub period_start: DateTime<Utc>,
-    pub period_end: DateTime<Utc>,
-    pub gpu_hours: f64,
-    pub cost: f64,
-    pub currency: String,
-    pub capacity_type: CapacityType,
-}
-
-/// What to do about a budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "PascalCase")]
-pub enum BudgetAction {
-    Allow,
-    Warn,
-    Suspend,
-}
-
-/// A budget check on the entity's spend.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BudgetDecided {
-    pub action: BudgetAction,
-    pub spent: f64,
-    pub budget: f64,
-    pub currency: String,
-    pub message: String,
-}
-
 crate::payload!(
     AdmissionDecided,
     "admission.decided",
@@ -443,12 +393,3 @@ crate::payload!(
     Family::Decisions,
     "model"
 );
-crate::payload!(
-    CapacityChosen,
-    "cost.capacity",
-    1,
-    Family::Decisions,
-    "capacity"
-);
-crate::payload!(CostRecorded, "cost.recorded", 1, Family::Decisions, "cost");
-crate::payload!(BudgetDecided, "cost.budget", 1, Family::Decisions, "budget");

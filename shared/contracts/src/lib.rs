@@ -20,6 +20,7 @@ pub(crate) use payload;
 pub mod alerts;
 pub mod catalog;
 pub mod commands;
+pub mod cost;
 pub mod dead_letter;
 pub mod decisions;
 pub mod envelope;

@@ -162,6 +162,14 @@ impl Service {
                     events(&["trainingjob", "trainingqueue", "node"]),
                 ),
                 ConsumerSpec::new(self, LIFECYCLE, vec![family_filter(Family::Lifecycle)]),
+                ConsumerSpec::new(
+                    self,
+                    DECISIONS,
+                    vec![
+                        kind_filter(Family::Decisions, "capacity"),
+                        kind_filter(Family::Decisions, "budget"),
+                    ],
+                ),
             ],
             Service::HpoTuner => vec![
                 ConsumerSpec::new(self, EVENTS, events(&["sweep"])),
@@ -178,8 +186,25 @@ impl Service {
                 ConsumerSpec::new(self, LIFECYCLE, vec![family_filter(Family::Lifecycle)]),
             ],
             Service::CostOptimizer => vec![
-                ConsumerSpec::new(self, EVENTS, events(&["trainingjob", "node"])),
+                ConsumerSpec::new(
+                    self,
+                    EVENTS,
+                    events(&["trainingjob", "trainingqueue", "node"]),
+                ),
                 ConsumerSpec::new(self, LIFECYCLE, vec![family_filter(Family::Lifecycle)]),
+                ConsumerSpec::new(
+                    self,
+                    DECISIONS,
+                    vec![kind_filter(Family::Decisions, "admission")],
+                ),
+                ConsumerSpec::new(
+                    self,
+                    WORKER,
+                    vec![
+                        kind_filter(Family::Worker, "utilization"),
+                        kind_filter(Family::Worker, "checkpoint"),
+                    ],
+                ),
             ],
             Service::Notifier => vec![
                 ConsumerSpec::new(self, ALERTS, vec![family_filter(Family::Alerts)]),

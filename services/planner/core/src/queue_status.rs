@@ -69,6 +69,7 @@ pub fn queue_status(
         fair_sharing: Some(FairSharingStatus {
             weighted_share: report.weighted_share,
         }),
+        budget: None,
         conditions,
         observed_generation: generation,
     }

@@ -1,0 +1,271 @@
+//! The cost-optimizer: chooses spot or on-demand for `capacityType: any`
+//! jobs on the expected cost of finishing them, prices every GPU-second at
+//! the price in force, tracks TrainingQueue budgets and catches idle GPUs.
+//! The decisions are made by [`state::CostState`] on top of
+//! `cost-optimizer-core`; this crate feeds it messages and the clock and
+//! publishes what it returns. The state is saved in the `trainyard_cost`
+//! bucket after every change.
+
+pub mod config;
+pub mod error;
+pub mod state;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_nats::jetstream::kv;
+use chrono::Utc;
+use cost_optimizer_core::PriceCatalog;
+use prometheus::{CounterVec, Opts};
+use tokio::sync::Mutex;
+use trainyard_contracts::cost::UtilizationReported;
+use trainyard_contracts::decisions::AdmissionDecided;
+use trainyard_contracts::events::{Change, NodeObserved, TrainingJobChanged, TrainingQueueChanged};
+use trainyard_contracts::lifecycle::{TrainingJobFinalized, TrainingJobTransitioned};
+use trainyard_contracts::worker::CheckpointReported;
+use trainyard_contracts::{Bucket, Incoming, Service};
+use trainyard_runtime::{ConfigSources, Delivery, HandleError, Handler, Publisher, Runtime};
+
+pub use config::CostConfig;
+pub use error::CostServiceError;
+use state::{CostState, Outgoing};
+
+/// Key of the saved state in the bucket.
+const STATE_KEY: &str = "state";
+
+/// The running service.
+pub struct CostOptimizer {
+    state: Mutex<CostState>,
+    publisher: Publisher,
+    bucket: kv::Store,
+    dollars: CounterVec,
+    /// Spend already counted into `dollars`, per (namespace, queue).
+    counted: Mutex<std::collections::BTreeMap<(String, String), f64>>,
+}
+
+fn load_catalog(path: &str) -> Result<PriceCatalog, CostServiceError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CostServiceError::Catalog(format!("price catalog {path}: {e}")))?;
+    PriceCatalog::parse(&text).map_err(|e| CostServiceError::Catalog(format!("{path}: {e}")))
+}
+
+/// Service setup: reads the `cost_optimizer` section and starts the service.
+pub async fn setup(runtime: &Runtime, sources: &ConfigSources) -> Result<(), CostServiceError> {
+    start(runtime, sources.section("cost_optimizer")?).await?;
+    Ok(())
+}
+
+/// Loads the catalog and the saved state, then starts the consumers, the
+/// accounting loop and the catalog watcher.
+pub async fn start(
+    runtime: &Runtime,
+    config: CostConfig,
+) -> Result<Arc<CostOptimizer>, CostServiceError> {
+    let bucket = runtime.bucket(Bucket::Cost).cloned().ok_or_else(|| {
+        CostServiceError::Store("bucket trainyard_cost was not provisioned".into())
+    })?;
+    let saved = bucket
+        .get(STATE_KEY)
+        .await
+        .map_err(|e| CostServiceError::Store(e.to_string()))?;
+    let mut state = match saved {
+        Some(bytes) => CostState::restore(
+            serde_json::from_slice(&bytes).map_err(|e| CostServiceError::Store(e.to_string()))?,
+            config.clone(),
+        ),
+        None => CostState::new(config.clone()),
+    };
+    // Without a catalog nothing can be priced or chosen; the service still
+    // starts and picks the catalog up as soon as the file appears.
+    match load_catalog(&config.catalog_path) {
+        Ok(catalog) => state.set_catalog(catalog),
+        Err(err) => {
+            tracing::error!(error = %err, "no price catalog: nothing is priced until it is readable");
+        }
+    }
+    let dollars = CounterVec::new(
+        Opts::new(
+            "trainyard_cost_dollars_total",
+            "Money spent on GPUs by TrainingJobs, by namespace and queue, in the catalog's currency",
+        ),
+        &["namespace", "queue"],
+    )
+    .map_err(trainyard_runtime::metrics::metric_error)?;
+    runtime
+        .registry
+        .register(Box::new(dollars.clone()))
+        .map_err(trainyard_runtime::metrics::metric_error)?;
+    let service = Arc::new(CostOptimizer {
+        state: Mutex::new(state),
+        publisher: runtime.publisher.clone(),
+        bucket,
+        dollars,
+        counted: Mutex::new(Default::default()),
+    });
+    for spec in Service::CostOptimizer.consumers() {
+        runtime.spawn_consumer(spec, service.clone());
+    }
+    let interval = Duration::from_secs(config.accounting_interval_seconds.max(1));
+    let ticking = service.clone();
+    let shutdown = runtime.shutdown.clone();
+    runtime.spawn(async move {
+        let mut timer = tokio::time::interval(interval);
+        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = timer.tick() => {
+                    if let Err(err) = ticking.tick().await {
+                        tracing::warn!(error = %err, "accounting run failed; retried next interval");
+                    }
+                }
+            }
+        }
+    });
+    let watching = service.clone();
+    let shutdown = runtime.shutdown.clone();
+    let path = config.catalog_path.clone();
+    let every = Duration::from_secs(config.catalog_reload_seconds.max(1));
+    runtime.spawn(async move {
+        let modified = |p: &str| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        let mut seen: Option<SystemTime> = modified(&path);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(every) => {}
+            }
+            let now = modified(&path);
+            if now == seen {
+                continue;
+            }
+            seen = now;
+            match load_catalog(&path) {
+                Ok(catalog) => {
+                    tracing::info!(path, "price catalog reloaded");
+                    watching.state.lock().await.set_catalog(catalog);
+                }
+                Err(err) => {
+                    tracing::error!(error = %err, "price catalog not reloaded; the last good one stays in force");
+                }
+            }
+        }
+    });
+    Ok(service)
+}
+
+impl CostOptimizer {
+    /// One accounting run now.
+    pub async fn tick(&self) -> Result<(), CostServiceError> {
+        let out = {
+            let mut state = self.state.lock().await;
+            state.tick(Utc::now())
+        };
+        self.finish(out).await
+    }
+
+    async fn finish(&self, out: Vec<Outgoing>) -> Result<(), CostServiceError> {
+        let (saved, spend) = {
+            let state = self.state.lock().await;
+            (
+                serde_json::to_vec(&*state).map_err(|e| CostServiceError::Store(e.to_string()))?,
+                state.spend_by_queue().clone(),
+            )
+        };
+        self.bucket
+            .put(STATE_KEY, saved.into())
+            .await
+            .map_err(|e| CostServiceError::Store(e.to_string()))?;
+        {
+            let mut counted = self.counted.lock().await;
+            for (namespace, queue, total) in spend
+                .into_iter()
+                .flat_map(|(ns, queues)| queues.into_iter().map(move |(q, t)| (ns.clone(), q, t)))
+            {
+                let before = counted
+                    .entry((namespace.clone(), queue.clone()))
+                    .or_default();
+                if total > *before {
+                    self.dollars
+                        .with_label_values(&[namespace.as_str(), queue.as_str()])
+                        .inc_by(total - *before);
+                    *before = total;
+                }
+            }
+        }
+        for message in out {
+            self.publish(message).await?;
+        }
+        Ok(())
+    }
+
+    async fn publish(&self, message: Outgoing) -> Result<(), CostServiceError> {
+        let p = &self.publisher;
+        match message {
+            Outgoing::Capacity(e, m) => p.publish(p.envelope(e, m)).await?,
+            Outgoing::Cost(e, m) => p.publish(p.envelope(e, m)).await?,
+            Outgoing::Budget(e, m) => p.publish(p.envelope(e, m)).await?,
+            Outgoing::BudgetAlert(e, m) => p.publish(p.envelope(e, m)).await?,
+            Outgoing::Idle(e, m) => p.publish(p.envelope(e, m)).await?,
+            Outgoing::IdleSuspend(e, m) => p.publish(p.envelope(e, m)).await?,
+        };
+        Ok(())
+    }
+
+    async fn apply(&self, message: &Incoming) -> Result<Vec<Outgoing>, HandleError> {
+        let entity = &message.header.entity;
+        let at = message.header.time;
+        let mut state = self.state.lock().await;
+        Ok(if message.is::<NodeObserved>() {
+            let node: NodeObserved = message.payload()?;
+            state.on_node(&entity.name, &node, at)
+        } else if message.is::<TrainingQueueChanged>() {
+            let queue: TrainingQueueChanged = message.payload()?;
+            let object = (queue.change == Change::Applied).then_some(&queue.object);
+            state.on_queue(&entity.name, object);
+            Vec::new()
+        } else if message.is::<TrainingJobChanged>() {
+            let job: TrainingJobChanged = message.payload()?;
+            let object = (job.change == Change::Applied).then_some(&job.object);
+            state.on_job(entity, object, at)
+        } else if message.is::<AdmissionDecided>() {
+            let admission: AdmissionDecided = message.payload()?;
+            state.on_admission(entity, &admission, at);
+            Vec::new()
+        } else if message.is::<TrainingJobTransitioned>() {
+            let t: TrainingJobTransitioned = message.payload()?;
+            let released = t.to.is_terminal() || t.to == trainyard_api::TrainingJobState::Suspended;
+            if released {
+                state.on_released(entity, t.to.is_terminal(), at)
+            } else {
+                Vec::new()
+            }
+        } else if message.is::<TrainingJobFinalized>() {
+            state.on_job(entity, None, at)
+        } else if message.is::<CheckpointReported>() {
+            state.on_checkpoint(entity, at);
+            Vec::new()
+        } else if message.is::<UtilizationReported>() {
+            let report: UtilizationReported = message.payload()?;
+            state.on_utilization(entity, &report);
+            Vec::new()
+        } else {
+            Vec::new()
+        })
+    }
+}
+
+impl Handler for CostOptimizer {
+    async fn handle(&self, message: Incoming, _delivery: Delivery) -> Result<(), HandleError> {
+        let span = tracing::info_span!(
+            "cost",
+            namespace = %message.header.entity.namespace,
+            name = %message.header.entity.name,
+            message_type = %message.header.message_type
+        );
+        let _entered = span.enter();
+        let out = self.apply(&message).await?;
+        self.finish(out)
+            .await
+            .map_err(|e| HandleError::Retry(e.to_string()))
+    }
+}

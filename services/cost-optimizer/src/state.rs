@@ -1,0 +1,869 @@
+//! What the cost-optimizer knows, and what each message or accounting run
+//! makes it publish. No I/O: the service feeds it messages and the time, and
+//! publishes the [`Outgoing`] messages it returns. Saved whole in the
+//! `trainyard_cost` bucket.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use cost_optimizer_core::budget::{Budget, BudgetEvent, BudgetPeriod, BudgetTracker, LimitAction};
+use cost_optimizer_core::catalog::{CapacityKind, PriceCatalog, PriceKey};
+use cost_optimizer_core::decision::{
+    Choice, DecisionInputs, RuntimeHistory, RuntimeSource, decide,
+};
+use cost_optimizer_core::idle::{IdleAction, IdleDetector, IdlePolicy, WorkerPhase};
+use cost_optimizer_core::interruption::{InterruptionModel, PoolKey};
+use cost_optimizer_core::{Holding, Ledger, PricedNode, Running};
+use serde::{Deserialize, Serialize};
+use trainyard_api::{CapacityType as SpecCapacity, TrainingJob, TrainingQueue};
+use trainyard_contracts::EntityRef;
+use trainyard_contracts::cost::{
+    AlertSeverity, BudgetState, BudgetStatusReported, BudgetThresholdCrossed, CapacityChosen,
+    CapacityInputs, CapacityType, CostLine, CostRecorded, IdleGpusDetected, IdleSuspendRequested,
+    UtilizationReported, WorkerPhase as WirePhase,
+};
+use trainyard_contracts::decisions::AdmissionDecided;
+use trainyard_contracts::events::{Change, NodeObserved};
+
+use crate::config::CostConfig;
+
+/// A message to publish.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outgoing {
+    Capacity(EntityRef, CapacityChosen),
+    Cost(EntityRef, CostRecorded),
+    Budget(EntityRef, BudgetStatusReported),
+    BudgetAlert(EntityRef, BudgetThresholdCrossed),
+    Idle(EntityRef, IdleGpusDetected),
+    IdleSuspend(EntityRef, IdleSuspendRequested),
+}
+
+/// A node's place, price key and GPUs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeFacts {
+    pub key: PriceKey,
+    pub pool: PoolKey,
+    pub gpus: u32,
+    pub ready: bool,
+}
+
+/// What a TrainingJob asks for and how it went so far.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobFacts {
+    pub entity: EntityRef,
+    pub model: String,
+    pub queue: String,
+    pub gpus: u32,
+    pub workers: u32,
+    pub any_capacity: bool,
+    pub runtime_seconds: Option<u64>,
+    pub deadline: Option<DateTime<Utc>>,
+    pub checkpoints: bool,
+    pub product: Option<String>,
+    pub chosen: Option<CapacityType>,
+    pub spot_interruptions: u32,
+    /// Hours trained so far (charged on a running attempt).
+    pub trained_hours: f64,
+    pub last_checkpoint: Option<DateTime<Utc>>,
+    pub checkpoint_gaps_seconds: Vec<f64>,
+    pub attempt: u32,
+    pub utilization: BTreeMap<u32, (f64, WorkerPhase)>,
+    pub idle: IdleDetector,
+    pub suspend_requested: bool,
+}
+
+/// A queue's budget and idle policy, and its spend.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueFacts {
+    pub budget: Option<Budget>,
+    pub idle: IdlePolicy,
+    pub tracker: BudgetTracker,
+    pub state: Option<BudgetState>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CostState {
+    #[serde(skip)]
+    catalog: Option<PriceCatalog>,
+    config: CostConfig,
+    nodes: BTreeMap<String, NodeFacts>,
+    jobs: BTreeMap<String, JobFacts>,
+    queues: BTreeMap<String, QueueFacts>,
+    ledger: Ledger,
+    interruptions: InterruptionModel,
+    history: RuntimeHistory,
+    last_accrual: Option<DateTime<Utc>>,
+    /// Spend per queue not yet added to its budget.
+    #[serde(default)]
+    unbudgeted: BTreeMap<String, f64>,
+}
+
+fn key_of(entity: &EntityRef) -> String {
+    format!("{}/{}", entity.namespace, entity.name)
+}
+
+fn phase_of(phase: WirePhase) -> WorkerPhase {
+    match phase {
+        WirePhase::Starting => WorkerPhase::Starting,
+        WirePhase::LoadingData => WorkerPhase::LoadingData,
+        WirePhase::Training => WorkerPhase::Training,
+        WirePhase::Checkpointing => WorkerPhase::Checkpointing,
+    }
+}
+
+impl CostState {
+    pub fn new(config: CostConfig) -> Self {
+        CostState {
+            catalog: None,
+            config,
+            nodes: BTreeMap::new(),
+            jobs: BTreeMap::new(),
+            queues: BTreeMap::new(),
+            ledger: Ledger::default(),
+            interruptions: InterruptionModel::default(),
+            history: RuntimeHistory::default(),
+            last_accrual: None,
+            unbudgeted: BTreeMap::new(),
+        }
+    }
+
+    /// A state restored from the store, under the current configuration.
+    pub fn restore(mut saved: CostState, config: CostConfig) -> Self {
+        saved.config = config;
+        saved
+    }
+
+    pub fn set_catalog(&mut self, catalog: PriceCatalog) {
+        self.catalog = Some(catalog);
+    }
+
+    pub fn catalog(&self) -> Option<&PriceCatalog> {
+        self.catalog.as_ref()
+    }
+
+    pub fn job(&self, namespace: &str, name: &str) -> Option<&JobFacts> {
+        self.jobs.get(&format!("{namespace}/{name}"))
+    }
+
+    fn currency(&self) -> String {
+        self.catalog
+            .as_ref()
+            .map_or_else(|| "USD".to_string(), |c| c.currency().to_string())
+    }
+
+    fn capacity_of(&self, labels: &BTreeMap<String, String>) -> CapacityKind {
+        let spot = self.config.capacity_type_labels.iter().any(|l| {
+            labels
+                .get(&l.label)
+                .is_some_and(|v| l.spot_values.iter().any(|s| s.eq_ignore_ascii_case(v)))
+        });
+        if spot {
+            CapacityKind::Spot
+        } else {
+            CapacityKind::OnDemand
+        }
+    }
+
+    // ------------------------------------------------------------- nodes
+
+    /// `node.observed`. A spot node that goes away or turns not-ready counts
+    /// as a reclaim of its pool and an interruption of the jobs on it.
+    pub fn on_node(&mut self, name: &str, node: &NodeObserved, at: DateTime<Utc>) -> Vec<Outgoing> {
+        self.accrue_until(at);
+        let before = self.nodes.get(name).cloned();
+        let lost = node.change == Change::Deleted || !node.ready;
+        if let Some(old) = &before
+            && old.ready
+            && lost
+            && old.key.capacity == CapacityKind::Spot
+        {
+            self.interruptions.observe_reclaim(&old.pool);
+        }
+        let mut out = Vec::new();
+        if lost && before.as_ref().is_some_and(|b| b.ready) {
+            let hit: Vec<String> = self
+                .jobs
+                .keys()
+                .filter(|k| {
+                    self.ledger
+                        .running(k)
+                        .is_some_and(|r| r.holdings.iter().any(|h| h.node == name))
+                })
+                .cloned()
+                .collect();
+            for key in hit {
+                if let Some(job) = self.jobs.get_mut(&key)
+                    && before
+                        .as_ref()
+                        .is_some_and(|b| b.key.capacity == CapacityKind::Spot)
+                {
+                    job.spot_interruptions += 1;
+                }
+                if let Some(catalog) = self.catalog.clone() {
+                    self.ledger.stop(&key, at, &catalog);
+                }
+                out.extend(self.decide_job(&key, at, true));
+            }
+        }
+        if node.change == Change::Deleted {
+            self.nodes.remove(name);
+            self.ledger.remove_node(name);
+            return out;
+        }
+        let labels = &node.labels;
+        let product = labels
+            .get(&self.config.product_label)
+            .cloned()
+            .unwrap_or_default();
+        let zone = labels.get(&self.config.zone_label).cloned();
+        let region = labels.get(&self.config.region_label).cloned();
+        let capacity = self.capacity_of(labels);
+        let facts = NodeFacts {
+            pool: PoolKey {
+                product: product.clone(),
+                location: zone.clone().or(region.clone()).unwrap_or_default(),
+            },
+            key: PriceKey {
+                product,
+                mig_profile: None,
+                zone,
+                region,
+                capacity,
+            },
+            gpus: node.allocatable_gpus,
+            ready: node.ready,
+        };
+        if facts.ready {
+            self.ledger.set_node(
+                name,
+                PricedNode {
+                    key: facts.key.clone(),
+                    gpus: facts.gpus,
+                },
+            );
+        } else {
+            self.ledger.remove_node(name);
+        }
+        self.nodes.insert(name.to_string(), facts);
+        out
+    }
+
+    // -------------------------------------------------------------- queues
+
+    /// `trainingqueue.changed`: its budget and idle policy. A budget that
+    /// does not validate is logged and not enforced.
+    pub fn on_queue(&mut self, name: &str, queue: Option<&TrainingQueue>) {
+        let Some(queue) = queue else {
+            self.queues.remove(name);
+            return;
+        };
+        let facts = self.queues.entry(name.to_string()).or_default();
+        facts.budget = queue.spec.budget.as_ref().map(|b| Budget {
+            amount: b.amount,
+            period: Some(match b.period {
+                trainyard_api::BudgetPeriod::Daily => BudgetPeriod::Daily,
+                trainyard_api::BudgetPeriod::Weekly => BudgetPeriod::Weekly,
+                trainyard_api::BudgetPeriod::Monthly => BudgetPeriod::Monthly,
+            }),
+            thresholds_percent: b.thresholds_percent.clone(),
+            action: match b.action {
+                Some(trainyard_api::BudgetAction::SuspendWithCheckpoint) => {
+                    LimitAction::SuspendWithCheckpoint
+                }
+                _ => LimitAction::Hold,
+            },
+        });
+        if let Some(budget) = &facts.budget
+            && let Err(err) = budget.validate(&format!("TrainingQueue {name} spec.budget"))
+        {
+            tracing::warn!(queue = name, error = %err, "budget not enforced");
+            facts.budget = None;
+        }
+        let spec = queue.spec.idle_policy.clone().unwrap_or_default();
+        let threshold = spec
+            .threshold_percent
+            .unwrap_or(trainyard_api::DEFAULT_IDLE_THRESHOLD_PERCENT);
+        facts.idle = IdlePolicy {
+            threshold: f64::from(threshold) / 100.0,
+            resume_threshold: f64::from(
+                spec.resume_threshold_percent
+                    .unwrap_or(trainyard_api::DEFAULT_IDLE_RESUME_PERCENT)
+                    .max(threshold),
+            ) / 100.0,
+            window_seconds: spec
+                .window_seconds
+                .unwrap_or(trainyard_api::DEFAULT_IDLE_WINDOW_SECONDS),
+            suspend_after_seconds: (spec.action
+                == Some(trainyard_api::IdleAction::AlertThenSuspend))
+            .then(|| {
+                spec.suspend_after_seconds
+                    .unwrap_or(trainyard_api::DEFAULT_IDLE_SUSPEND_AFTER_SECONDS)
+            }),
+        };
+    }
+
+    // ---------------------------------------------------------------- jobs
+
+    /// `trainingjob.changed`: a new job with `capacityType: any` gets its
+    /// capacity chosen.
+    pub fn on_job(
+        &mut self,
+        entity: &EntityRef,
+        job: Option<&TrainingJob>,
+        at: DateTime<Utc>,
+    ) -> Vec<Outgoing> {
+        let key = key_of(entity);
+        let Some(job) = job else {
+            self.forget(&key, at);
+            return Vec::new();
+        };
+        let spec = &job.spec;
+        let scheduling = spec.scheduling.clone().unwrap_or_default();
+        let terminal = job
+            .status
+            .as_ref()
+            .and_then(|s| s.state)
+            .is_some_and(|s| s.is_terminal());
+        let previous = self.jobs.remove(&key);
+        let facts = JobFacts {
+            entity: entity.clone(),
+            model: spec.model.clone(),
+            queue: scheduling.queue.clone().unwrap_or_else(|| "default".into()),
+            gpus: spec.total_gpus(),
+            workers: spec.num_workers.max(1),
+            any_capacity: spec.capacity_type() == SpecCapacity::Any,
+            runtime_seconds: scheduling.estimated_runtime_seconds,
+            deadline: scheduling
+                .deadline
+                .as_ref()
+                .and_then(|t| DateTime::<Utc>::from_timestamp(t.0.as_second(), 0)),
+            checkpoints: spec
+                .checkpoint
+                .as_ref()
+                .and_then(|c| c.enabled)
+                .unwrap_or(false),
+            product: scheduling
+                .node_selector
+                .get(&self.config.product_label)
+                .cloned(),
+            ..previous.clone().unwrap_or_else(|| JobFacts {
+                entity: entity.clone(),
+                model: String::new(),
+                queue: String::new(),
+                gpus: 0,
+                workers: 0,
+                any_capacity: false,
+                runtime_seconds: None,
+                deadline: None,
+                checkpoints: false,
+                product: None,
+                chosen: None,
+                spot_interruptions: 0,
+                trained_hours: 0.0,
+                last_checkpoint: None,
+                checkpoint_gaps_seconds: Vec::new(),
+                attempt: 0,
+                utilization: BTreeMap::new(),
+                idle: IdleDetector::default(),
+                suspend_requested: false,
+            })
+        };
+        self.jobs.insert(key.clone(), facts);
+        if terminal {
+            return Vec::new();
+        }
+        let decided = previous.is_some_and(|p| p.chosen.is_some());
+        if decided {
+            Vec::new()
+        } else {
+            self.decide_job(&key, at, false)
+        }
+    }
+
+    /// Chooses (again) for a job with `capacityType: any`; published when it
+    /// is the first choice or a change.
+    fn decide_job(&mut self, key: &str, at: DateTime<Utc>, redecide: bool) -> Vec<Outgoing> {
+        let Some(catalog) = self.catalog.clone() else {
+            return Vec::new();
+        };
+        let Some(job) = self.jobs.get(key).cloned() else {
+            return Vec::new();
+        };
+        if !job.any_capacity || job.gpus == 0 {
+            return Vec::new();
+        }
+        let Some((spot_node, od_node)) = self.cheapest_nodes(&catalog, job.product.as_deref(), at)
+        else {
+            return Vec::new();
+        };
+        let (runtime_hours, source) =
+            match (job.runtime_seconds, self.history.mean_hours(&job.model)) {
+                (Some(s), _) => (s as f64 / 3600.0, RuntimeSource::Estimate),
+                (None, Some(h)) => (h, RuntimeSource::History),
+                (None, None) => (
+                    self.config.default_runtime_seconds as f64 / 3600.0,
+                    RuntimeSource::Default,
+                ),
+            };
+        let work_hours = (runtime_hours - job.trained_hours).max(runtime_hours * 0.05);
+        let interval_seconds = job.checkpoints.then(|| {
+            if job.checkpoint_gaps_seconds.is_empty() {
+                self.config.assumed_checkpoint_interval_seconds as f64
+            } else {
+                job.checkpoint_gaps_seconds.iter().sum::<f64>()
+                    / job.checkpoint_gaps_seconds.len() as f64
+            }
+        });
+        let spot_facts = &self.nodes[&spot_node];
+        let prior = catalog.interruption_prior(
+            &spot_facts.key.product,
+            spot_facts.key.zone.as_deref(),
+            spot_facts.key.region.as_deref(),
+            self.config.fallback_reclaims_per_node_hour,
+        );
+        let rate = self
+            .interruptions
+            .rate(&spot_facts.pool, prior, catalog.prior_node_hours());
+        let per_node = spot_facts.gpus.max(1);
+        let nodes = job.gpus.div_ceil(per_node).max(1).min(job.workers.max(1));
+        let spot_price = catalog.price_at(&spot_facts.key, at).unwrap_or(0.0);
+        let od_price = catalog
+            .price_at(&self.nodes[&od_node].key, at)
+            .unwrap_or(0.0);
+        let inputs = DecisionInputs {
+            work_hours,
+            runtime_source: source,
+            gpus: job.gpus,
+            nodes,
+            checkpoint_interval_hours: interval_seconds.map(|s| s / 3600.0),
+            checkpoint_save_hours: self.config.checkpoint_save_seconds as f64 / 3600.0,
+            restart_hours: self.config.restart_seconds as f64 / 3600.0,
+            spot_price_per_gpu_hour: spot_price,
+            on_demand_price_per_gpu_hour: od_price,
+            spot_reclaims_per_node_hour: rate,
+            hours_to_deadline: job
+                .deadline
+                .map(|d| (d - at).num_seconds().max(0) as f64 / 3600.0),
+            spot_interruptions: job.spot_interruptions,
+            max_spot_interruptions: self.config.max_spot_interruptions,
+            deadline_risk_tolerance: self.config.deadline_risk_tolerance,
+        };
+        let choice = decide(&inputs);
+        let capacity_type = match choice.choice {
+            Choice::Spot => CapacityType::Spot,
+            Choice::OnDemand => CapacityType::OnDemand,
+        };
+        if redecide && job.chosen == Some(capacity_type) {
+            return Vec::new();
+        }
+        if let Some(j) = self.jobs.get_mut(key) {
+            j.chosen = Some(capacity_type);
+        }
+        let expected_cost = match choice.choice {
+            Choice::Spot => choice.spot.expected_cost,
+            Choice::OnDemand => choice.on_demand.expected_cost,
+        };
+        vec![Outgoing::Capacity(
+            job.entity.clone(),
+            CapacityChosen {
+                capacity_type,
+                reason: choice.reason.clone(),
+                currency: catalog.currency().to_string(),
+                spot_expected_cost: choice.spot.expected_cost,
+                on_demand_expected_cost: choice.on_demand.expected_cost,
+                expected_cost,
+                spot_miss_probability: choice.spot.miss_probability,
+                on_demand_miss_probability: choice.on_demand.miss_probability,
+                inputs: CapacityInputs {
+                    work_hours,
+                    runtime_source: match source {
+                        RuntimeSource::Estimate => "estimate",
+                        RuntimeSource::History => "history",
+                        RuntimeSource::Default => "default",
+                    }
+                    .into(),
+                    gpus: job.gpus,
+                    nodes,
+                    checkpoint_interval_seconds: interval_seconds,
+                    checkpoint_save_seconds: self.config.checkpoint_save_seconds as f64,
+                    restart_seconds: self.config.restart_seconds as f64,
+                    spot_price_per_gpu_hour: spot_price,
+                    on_demand_price_per_gpu_hour: od_price,
+                    spot_reclaims_per_node_hour: rate,
+                    pool: spot_facts.pool.name(),
+                    deadline: job.deadline,
+                    spot_interruptions: job.spot_interruptions,
+                },
+            },
+        )]
+    }
+
+    /// The cheapest priced spot and on-demand nodes (of `product` if given).
+    fn cheapest_nodes(
+        &self,
+        catalog: &PriceCatalog,
+        product: Option<&str>,
+        at: DateTime<Utc>,
+    ) -> Option<(String, String)> {
+        let cheapest = |capacity: CapacityKind| {
+            self.nodes
+                .iter()
+                .filter(|(_, n)| {
+                    n.key.capacity == capacity && product.is_none_or(|p| n.key.product == p)
+                })
+                .filter_map(|(name, n)| Some((catalog.price_at(&n.key, at)?, name)))
+                .min_by(|a, b| a.0.total_cmp(&b.0))
+                .map(|(_, name)| name.clone())
+        };
+        Some((
+            cheapest(CapacityKind::Spot)?,
+            cheapest(CapacityKind::OnDemand)?,
+        ))
+    }
+
+    /// `admission.decided`: the job holds GPUs on these nodes from now.
+    pub fn on_admission(
+        &mut self,
+        entity: &EntityRef,
+        admission: &AdmissionDecided,
+        at: DateTime<Utc>,
+    ) {
+        self.accrue_until(at);
+        let key = key_of(entity);
+        if let Some(catalog) = self.catalog.clone() {
+            self.ledger.stop(&key, at, &catalog);
+        }
+        let queue = admission.queue.clone();
+        let mut holdings: BTreeMap<String, u32> = BTreeMap::new();
+        for p in &admission.placements {
+            *holdings.entry(p.node.clone()).or_default() += p.gpus;
+        }
+        if holdings.is_empty() {
+            return;
+        }
+        if let Some(job) = self.jobs.get_mut(&key) {
+            job.attempt = admission.attempt;
+            job.utilization.clear();
+            job.idle = IdleDetector::default();
+            job.suspend_requested = false;
+        }
+        self.ledger.start(
+            &key,
+            Running {
+                namespace: entity.namespace.clone(),
+                queue,
+                holdings: holdings
+                    .into_iter()
+                    .map(|(node, gpus)| Holding { node, gpus })
+                    .collect(),
+                usage_ratio: None,
+                since: at,
+            },
+        );
+    }
+
+    /// `trainingjob.transitioned` out of holding GPUs (suspended, finished).
+    pub fn on_released(
+        &mut self,
+        entity: &EntityRef,
+        finished: bool,
+        at: DateTime<Utc>,
+    ) -> Vec<Outgoing> {
+        self.accrue_until(at);
+        let key = key_of(entity);
+        let lines = match self.catalog.clone() {
+            Some(catalog) => self.ledger.stop(&key, at, &catalog),
+            None => Vec::new(),
+        };
+        let mut out = self.records(lines, at, at);
+        if finished && let Some(job) = self.jobs.get(&key) {
+            self.history.record(&job.model, job.trained_hours);
+        }
+        if finished {
+            self.ledger.forget_job(&key);
+        }
+        out.extend(self.check_budgets(at));
+        out
+    }
+
+    fn forget(&mut self, key: &str, at: DateTime<Utc>) {
+        if let Some(catalog) = self.catalog.clone() {
+            self.ledger.stop(key, at, &catalog);
+        }
+        self.ledger.forget_job(key);
+        self.jobs.remove(key);
+    }
+
+    /// `worker.checkpoint`: the gap between checkpoints is the interval.
+    pub fn on_checkpoint(&mut self, entity: &EntityRef, at: DateTime<Utc>) {
+        if let Some(job) = self.jobs.get_mut(&key_of(entity)) {
+            if let Some(last) = job.last_checkpoint {
+                let gap = (at - last).num_seconds() as f64;
+                if gap > 0.0 {
+                    job.checkpoint_gaps_seconds.push(gap);
+                    if job.checkpoint_gaps_seconds.len() > 8 {
+                        job.checkpoint_gaps_seconds.remove(0);
+                    }
+                }
+            }
+            job.last_checkpoint = Some(at);
+        }
+    }
+
+    /// `worker.utilization`.
+    pub fn on_utilization(&mut self, entity: &EntityRef, report: &UtilizationReported) {
+        let key = key_of(entity);
+        if let Some(job) = self.jobs.get_mut(&key)
+            && report.attempt >= job.attempt
+        {
+            job.utilization.insert(
+                report.worker_index,
+                (report.gpu_utilization, phase_of(report.phase)),
+            );
+        }
+        let ratio = self.jobs.get(&key).and_then(|j| {
+            (!j.utilization.is_empty()).then(|| {
+                j.utilization.values().map(|(u, _)| *u).sum::<f64>() / j.utilization.len() as f64
+            })
+        });
+        if let Some(run) = self.ledger.running_mut(&key) {
+            run.usage_ratio = ratio;
+        }
+    }
+
+    fn accrue_until(&mut self, at: DateTime<Utc>) {
+        if let Some(last) = self.last_accrual
+            && at > last
+        {
+            let hours = (at - last).num_milliseconds() as f64 / 3_600_000.0;
+            for node in self.nodes.values() {
+                if node.ready && node.key.capacity == CapacityKind::Spot {
+                    self.interruptions.observe_exposure(&node.pool, hours);
+                }
+            }
+            for (key, job) in self.jobs.iter_mut() {
+                if self.ledger.running(key).is_some() {
+                    job.trained_hours += hours;
+                }
+            }
+        }
+        self.last_accrual = Some(self.last_accrual.map_or(at, |l| l.max(at)));
+    }
+
+    // ---------------------------------------------------------- accounting
+
+    /// An accounting run at `at`: cost records per running job, budget
+    /// checks, idle checks.
+    pub fn tick(&mut self, at: DateTime<Utc>) -> Vec<Outgoing> {
+        let start = self.last_accrual.unwrap_or(at);
+        self.accrue_until(at);
+        let Some(catalog) = self.catalog.clone() else {
+            return Vec::new();
+        };
+        let lines = self.ledger.accrue(at, &catalog);
+        let mut out = self.records(lines, start, at);
+        out.extend(self.check_budgets(at));
+        out.extend(self.check_idle(at));
+        out
+    }
+
+    fn records(
+        &mut self,
+        lines: Vec<cost_optimizer_core::CostLine>,
+        start: DateTime<Utc>,
+        end: DateTime<Utc>,
+    ) -> Vec<Outgoing> {
+        let mut by_job: BTreeMap<String, Vec<cost_optimizer_core::CostLine>> = BTreeMap::new();
+        let mut by_queue: BTreeMap<String, f64> = BTreeMap::new();
+        for line in lines {
+            if let Some(job) = line.job.clone() {
+                *by_queue.entry(line.queue.clone()).or_default() += line.cost;
+                by_job.entry(job).or_default().push(line);
+            }
+        }
+        for (queue, spend) in by_queue {
+            *self.unbudgeted.entry(queue).or_default() += spend;
+        }
+        let currency = self.currency();
+        let mut out = Vec::new();
+        for (key, lines) in by_job {
+            let Some(job) = self.jobs.get(&key) else {
+                continue;
+            };
+            let accrued = self.ledger.job_total(&key);
+            let runtime_hours = job
+                .runtime_seconds
+                .map(|s| s as f64 / 3600.0)
+                .or_else(|| self.history.mean_hours(&job.model));
+            let estimated = runtime_hours.and_then(|total| {
+                let rate = self.ledger.running(&key).map(|r| {
+                    self.catalog
+                        .as_ref()
+                        .map_or(0.0, |c| self.ledger.hourly_rate(r, end, c))
+                })?;
+                Some(accrued + (total - job.trained_hours).max(0.0) * rate)
+            });
+            out.push(Outgoing::Cost(
+                job.entity.clone(),
+                CostRecorded {
+                    queue: lines.first().map(|l| l.queue.clone()).unwrap_or_default(),
+                    period_start: start,
+                    period_end: end,
+                    currency: currency.clone(),
+                    lines: lines
+                        .iter()
+                        .map(|l| CostLine {
+                            node: l.node.clone(),
+                            capacity_type: l.capacity.as_str().into(),
+                            gpu_hours: l.gpu_hours,
+                            price_per_gpu_hour: l.per_gpu_hour,
+                            cost: l.cost,
+                        })
+                        .collect(),
+                    accrued_cost: accrued,
+                    estimated_cost: estimated,
+                },
+            ));
+        }
+        out
+    }
+
+    /// Threshold alerts and state changes of every budget; the queue's
+    /// status is published every run while it has a budget.
+    fn check_budgets(&mut self, at: DateTime<Utc>) -> Vec<Outgoing> {
+        let currency = self.currency();
+        let mut out = Vec::new();
+        for (name, facts) in self.queues.iter_mut() {
+            let Some(budget) = facts.budget.clone() else {
+                continue;
+            };
+            let entity = EntityRef::new("", name, "");
+            let spend = self.unbudgeted.remove(name).unwrap_or(0.0);
+            for event in facts.tracker.add(&budget, spend, at) {
+                if let BudgetEvent::ThresholdCrossed {
+                    percent,
+                    spent,
+                    amount,
+                } = event
+                {
+                    let period = budget.period.map_or("", |p| match p {
+                        BudgetPeriod::Daily => "Daily",
+                        BudgetPeriod::Weekly => "Weekly",
+                        BudgetPeriod::Monthly => "Monthly",
+                    });
+                    out.push(Outgoing::BudgetAlert(
+                        entity.clone(),
+                        BudgetThresholdCrossed {
+                            severity: if percent >= 100 {
+                                AlertSeverity::Critical
+                            } else {
+                                AlertSeverity::Warning
+                            },
+                            threshold_percent: percent,
+                            spent,
+                            amount,
+                            currency: currency.clone(),
+                            period_start: facts.tracker.period_start.unwrap_or(at),
+                            summary: format!(
+                                "queue {name} spent {:.0}% of its {period} budget ({spent:.2} of {amount:.2} {currency})",
+                                spent / amount * 100.0
+                            ),
+                        },
+                    ));
+                }
+            }
+            let state = match (facts.tracker.at_limit, budget.action) {
+                (false, _) => BudgetState::Open,
+                (true, LimitAction::Hold) => BudgetState::Held,
+                (true, LimitAction::SuspendWithCheckpoint) => BudgetState::Suspended,
+            };
+            facts.state = Some(state);
+            out.push(Outgoing::Budget(
+                entity,
+                BudgetStatusReported {
+                    state,
+                    period_start: facts.tracker.period_start.unwrap_or(at),
+                    spent: facts.tracker.spent,
+                    amount: budget.amount,
+                    currency: currency.clone(),
+                    message: format!(
+                        "{:.0}% of the budget spent ({:.2} of {:.2} {currency})",
+                        facts.tracker.spent / budget.amount * 100.0,
+                        facts.tracker.spent,
+                        budget.amount
+                    ),
+                },
+            ));
+        }
+        out
+    }
+
+    fn check_idle(&mut self, at: DateTime<Utc>) -> Vec<Outgoing> {
+        let mut out = Vec::new();
+        for (key, job) in self.jobs.iter_mut() {
+            if self.ledger.running(key).is_none() || job.utilization.is_empty() {
+                continue;
+            }
+            let policy = self
+                .queues
+                .get(&job.queue)
+                .map(|q| q.idle.clone())
+                .unwrap_or_default();
+            let samples = job.utilization.values();
+            let mean = samples.clone().map(|(u, _)| *u).sum::<f64>() / job.utilization.len() as f64;
+            let phase = samples
+                .map(|(_, p)| *p)
+                .find(|p| p.is_busy_without_gpu())
+                .unwrap_or(WorkerPhase::Training);
+            let Some(action) = job.idle.observe(&policy, at, mean, phase) else {
+                continue;
+            };
+            let threshold = policy.threshold * 100.0;
+            let (since, utilization, suspend) = match action {
+                IdleAction::Alert {
+                    idle_since,
+                    utilization,
+                } => (idle_since, utilization, false),
+                IdleAction::Suspend {
+                    idle_since,
+                    utilization,
+                } => (idle_since, utilization, true),
+            };
+            let text = format!(
+                "GPUs idle ({:.0}% < {threshold:.0}%) since {}",
+                utilization * 100.0,
+                since.to_rfc3339()
+            );
+            out.push(Outgoing::Idle(
+                job.entity.clone(),
+                IdleGpusDetected {
+                    severity: AlertSeverity::Warning,
+                    queue: job.queue.clone(),
+                    gpus: job.gpus,
+                    idle_since: since,
+                    utilization,
+                    action: if suspend { "suspend" } else { "alert" }.into(),
+                    summary: format!("{key}: {} {text}", job.gpus),
+                },
+            ));
+            if suspend && !job.suspend_requested {
+                job.suspend_requested = true;
+                out.push(Outgoing::IdleSuspend(
+                    job.entity.clone(),
+                    IdleSuspendRequested {
+                        attempt: job.attempt,
+                        idle_since: since,
+                        utilization,
+                        message: text,
+                    },
+                ));
+            }
+        }
+        out
+    }
+
+    /// Cost so far per (namespace, queue), for the metric.
+    pub fn spend_by_queue(&self) -> &BTreeMap<String, BTreeMap<String, f64>> {
+        self.ledger.by_queue()
+    }
+}

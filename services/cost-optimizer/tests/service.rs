@@ -1,0 +1,203 @@
+//! The cost-optimizer against a real nats-server: capacity chosen for a job
+//! with `capacityType: any`, cost recorded once it holds GPUs, the metric,
+//! budget alerts, and the state kept across a restart.
+
+use std::time::Duration;
+
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use trainyard_contracts::cost::{
+    BudgetThresholdCrossed, CapacityChosen, CapacityType, CostRecorded,
+};
+use trainyard_contracts::decisions::{AdmissionDecided, WorkerPlacement};
+use trainyard_contracts::events::{NodeObserved, TrainingJobChanged, TrainingQueueChanged};
+use trainyard_contracts::{EntityRef, Incoming, Payload, Service, streams};
+use trainyard_cost_optimizer::CostConfig;
+use trainyard_runtime::{Publisher, Runtime, Settings};
+use trainyard_testkit::NatsServer;
+use trainyard_testkit::stream_messages;
+
+const CATALOG: &str = r#"
+currency: USD
+products: [A100-SXM4-80GB]
+prices:
+  - {product: A100-SXM4-80GB, capacityType: on-demand, pricePerGpuHour: 4.0, effectiveFrom: "2020-01-01T00:00:00Z"}
+  - {product: A100-SXM4-80GB, capacityType: spot, pricePerGpuHour: 1.5, effectiveFrom: "2020-01-01T00:00:00Z"}
+interruption:
+  - {bucket: "5-10%"}
+"#;
+
+async fn start(nats: &NatsServer, catalog: &std::path::Path) -> Runtime {
+    let mut settings = Settings::default();
+    settings.nats.url = nats.url();
+    settings.http.listen = "127.0.0.1:0".to_string();
+    settings.shutdown_grace_seconds = 5;
+    let runtime = Runtime::start(Service::CostOptimizer, settings, CancellationToken::new())
+        .await
+        .expect("runtime starts");
+    let config = CostConfig {
+        catalog_path: catalog.display().to_string(),
+        accounting_interval_seconds: 1,
+        ..CostConfig::default()
+    };
+    trainyard_cost_optimizer::start(&runtime, config)
+        .await
+        .expect("cost-optimizer starts");
+    runtime
+}
+
+fn publisher(runtime: &Runtime, as_service: Service) -> Publisher {
+    Publisher::new(
+        runtime.jetstream.clone(),
+        as_service,
+        runtime.metrics.clone(),
+    )
+}
+
+fn node(name: &str, capacity: &str) -> NodeObserved {
+    serde_json::from_value(json!({
+        "change": "Applied", "allocatableGpus": 8,
+        "labels": {"nvidia.com/gpu.product": "A100-SXM4-80GB", "karpenter.sh/capacity-type": capacity,
+                   "topology.kubernetes.io/zone": "zone-a", "kubernetes.io/hostname": name},
+        "taints": [], "unschedulable": false, "ready": true
+    }))
+    .expect("node")
+}
+
+async fn payloads<P: Payload>(runtime: &Runtime, stream: &str) -> Vec<(EntityRef, P)> {
+    stream_messages(&runtime.jetstream, stream, None)
+        .await
+        .into_iter()
+        .filter_map(|m| Incoming::decode(&m.payload).ok())
+        .filter(|m| m.is::<P>())
+        .filter_map(|m| Some((m.header.entity.clone(), m.payload::<P>().ok()?)))
+        .collect()
+}
+
+async fn eventually<T, F, Fut>(what: &str, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    trainyard_testkit::eventually_within(what, Duration::from_secs(20), check).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chooses_capacity_records_cost_and_alerts_on_budget() {
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let catalog = dir.path().join("price-catalog.yaml");
+    std::fs::write(&catalog, CATALOG).expect("catalog written");
+    let runtime = start(&nats, &catalog).await;
+    let watcher = publisher(&runtime, Service::Watcher);
+    for (name, capacity) in [("spot-1", "spot"), ("od-1", "on-demand")] {
+        let entity = EntityRef::new("", name, "");
+        watcher
+            .publish(watcher.envelope(entity, node(name, capacity)))
+            .await
+            .expect("node published");
+    }
+    let queue: TrainingQueueChanged = serde_json::from_value(json!({
+        "change": "Applied",
+        "object": {"apiVersion": "trainyard.dev/v1", "kind": "TrainingQueue",
+                   "metadata": {"name": "team-a"},
+                   "spec": {"flavors": [{"name": "a100", "nominalQuota": 16}],
+                            "budget": {"amount": 0.01, "period": "Monthly", "thresholdsPercent": [50, 100]}}}
+    }))
+    .expect("queue");
+    watcher
+        .publish(watcher.envelope(EntityRef::new("", "team-a", "q1"), queue))
+        .await
+        .expect("queue published");
+    let job: TrainingJobChanged = serde_json::from_value(json!({
+        "change": "Applied",
+        "object": {"apiVersion": "trainyard.dev/v1", "kind": "TrainingJob",
+                   "metadata": {"name": "bert", "namespace": "ml", "uid": "u1", "generation": 1},
+                   "spec": {"model": "bert-base", "dataset": "wikitext", "numWorkers": 1, "gpusPerWorker": 4,
+                            "checkpoint": {"enabled": true},
+                            "scheduling": {"queue": "team-a", "capacityType": "any", "estimatedRuntimeSeconds": 36000}}}
+    }))
+    .expect("job");
+    let entity = EntityRef::new("ml", "bert", "u1");
+    watcher
+        .publish(watcher.envelope(entity.clone(), job))
+        .await
+        .expect("job published");
+
+    let chosen = eventually("a capacity decision", || async {
+        payloads::<CapacityChosen>(&runtime, streams::DECISIONS.name)
+            .await
+            .into_iter()
+            .next()
+    })
+    .await;
+    assert_eq!(chosen.0.name, "bert");
+    assert_eq!(chosen.1.capacity_type, CapacityType::Spot);
+    assert!(
+        chosen.1.reason.starts_with("spot: saves"),
+        "{}",
+        chosen.1.reason
+    );
+    assert_eq!(chosen.1.inputs.gpus, 4);
+    assert_eq!(chosen.1.inputs.pool, "A100-SXM4-80GB@zone-a");
+
+    let allocator = publisher(&runtime, Service::GpuAllocator);
+    let admission = AdmissionDecided {
+        attempt: 0,
+        queue: "team-a".into(),
+        flavor: "a100".into(),
+        node_selector: Default::default(),
+        tolerations: Vec::new(),
+        placements: vec![WorkerPlacement {
+            index: 0,
+            node: "spot-1".into(),
+            gpus: 4,
+        }],
+        topology: Default::default(),
+    };
+    allocator
+        .publish(allocator.envelope(entity.clone(), admission))
+        .await
+        .expect("admission published");
+    let record = eventually("a cost record", || async {
+        payloads::<CostRecorded>(&runtime, streams::DECISIONS.name)
+            .await
+            .into_iter()
+            .find(|(_, r)| r.accrued_cost > 0.0)
+    })
+    .await;
+    assert_eq!(record.1.queue, "team-a");
+    assert_eq!(record.1.lines[0].capacity_type, "spot");
+    assert_eq!(record.1.lines[0].price_per_gpu_hour, 1.5);
+    assert!(record.1.estimated_cost.expect("runtime known") > record.1.accrued_cost);
+
+    let alerts = eventually("budget alerts at 50 and 100%", || async {
+        let alerts = payloads::<BudgetThresholdCrossed>(&runtime, streams::ALERTS.name).await;
+        (alerts.len() >= 2).then_some(alerts)
+    })
+    .await;
+    assert_eq!(alerts[0].1.threshold_percent, 50);
+    assert_eq!(alerts[1].1.threshold_percent, 100);
+    assert!(
+        trainyard_testkit::metric(
+            &runtime.registry,
+            "trainyard_cost_dollars_total",
+            &[("namespace", "ml"), ("queue", "team-a")]
+        ) > 0.0
+    );
+    runtime.shutdown.cancel();
+    runtime.run_until_shutdown().await.expect("stops");
+
+    // After a restart the job is still known: its spend goes on from the saved total.
+    let runtime = start(&nats, &catalog).await;
+    let before = record.1.accrued_cost;
+    eventually("cost accrued on after the restart", || async {
+        payloads::<CostRecorded>(&runtime, streams::DECISIONS.name)
+            .await
+            .into_iter()
+            .find(|(_, r)| r.accrued_cost > before * 1.5)
+    })
+    .await;
+    runtime.shutdown.cancel();
+    runtime.run_until_shutdown().await.expect("stops");
+}
