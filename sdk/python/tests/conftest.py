@@ -83,6 +83,9 @@ class NatsServer:
             js = nc.jetstream()
             info = await js.stream_info(WORKER_STREAM)
             reports = []
+            if info.state.messages == 0:
+                await nc.close()
+                return reports
             for seq in range(info.state.first_seq, info.state.last_seq + 1):
                 msg = await js.get_msg(WORKER_STREAM, seq)
                 reports.append(json.loads(msg.data))
