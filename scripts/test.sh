@@ -7,6 +7,7 @@ source scripts/lib/deps.sh
 ensure_nats_server
 ensure_nats_py
 ensure_mlflow
+ensure_python_sdk
 
 # Incremental artifacts are 40 % of a clean build's target directory (2.5 of
 # 6.1 GB) and a one-shot run never reuses them; a full disk once failed CI.
@@ -19,5 +20,7 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee target/test-output.log
+echo "== pytest sdk/python"
+python3 -m pytest -q sdk/python
 echo "== summary"
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "%d passed, %d failed, %d skipped\n", p, f, i }' target/test-output.log

@@ -31,3 +31,10 @@ ensure_mlflow() {
     python3 -m pip install --quiet --disable-pip-version-check mlflow
   fi
 }
+
+# The Python worker library and pytest, for the library's tests.
+ensure_python_sdk() {
+  python_bin_on_path
+  python3 -c 'import pytest' 2>/dev/null || python3 -m pip install --quiet --disable-pip-version-check pytest
+  python3 -m pip install --quiet --disable-pip-version-check -e sdk/python
+}
