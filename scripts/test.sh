@@ -8,6 +8,7 @@ ensure_nats_server
 ensure_nats_py
 ensure_mlflow
 ensure_python_sdk
+ensure_kubectl
 
 # Incremental artifacts are 40 % of a clean build's target directory (2.5 of
 # 6.1 GB) and a one-shot run never reuses them; a full disk once failed CI.
