@@ -10,7 +10,6 @@ pub mod error;
 pub mod format;
 pub mod get;
 pub mod manifest;
-pub mod queue_position;
 pub mod resources;
 pub mod summary;
 pub mod watch;

@@ -331,7 +331,7 @@ async fn get_prints_tables_and_json() {
         json!({"state": "Queued", "conditions": [{
             "type": "Admitted", "status": "False", "reason": "WaitingForQuota",
             "message": "position 2 in queue default: 16 of 16 GPUs in use"
-        }]}),
+        }], "queue": {"name": "default", "position": 2, "reason": "16 of 16 GPUs in use"}}),
     )
     .await;
 

@@ -154,7 +154,9 @@ async fn discovery_and_tables_serve_kubectl_get_with_printer_columns() {
     let wide = cluster.ok(&["get", "trainingjobs", "-o", "wide"]).await;
     assert_eq!(
         header(&wide),
-        ["NAME", "STATE", "PROGRESS", "EPOCH", "AGE", "GPUS", "QUEUE"]
+        [
+            "NAME", "STATE", "PROGRESS", "EPOCH", "AGE", "RESTARTS", "POSITION", "GPUS", "QUEUE"
+        ]
     );
 
     let all = cluster.ok(&["get", "trainingjob", "-A"]).await;

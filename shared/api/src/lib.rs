@@ -33,8 +33,8 @@ pub use sweep::{
 pub use trainingjob::{
     AllocatedResources, CapacityType, CheckpointSpec, CheckpointStatus, CheckpointStorage,
     CommunicationBackend, FailurePolicy, Framework, Hyperparameters, MonitoringSpec,
-    NetworkingSpec, Optimizer, RestartPolicy, SchedulingSpec, StorageType, SuccessPolicy,
-    TrainingJob, TrainingJobSpec, TrainingJobState, TrainingJobStatus, WorkerCounts,
+    NetworkingSpec, Optimizer, QueueStatus, RestartPolicy, SchedulingSpec, StorageType,
+    SuccessPolicy, TrainingJob, TrainingJobSpec, TrainingJobState, TrainingJobStatus, WorkerCounts,
 };
 pub use validation::{FieldError, FieldErrorKind, format_field_errors};
 

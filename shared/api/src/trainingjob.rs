@@ -215,6 +215,20 @@ impl TrainingJobState {
         json_path = ".metadata.creationTimestamp"
     ),
     printcolumn(
+        name = "Restarts",
+        type_ = "integer",
+        json_path = ".status.restartCount",
+        description = "Restarts after failures or preemptions",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Position",
+        type_ = "integer",
+        json_path = ".status.queue.position",
+        description = "Position in the TrainingQueue while waiting",
+        priority = 1
+    ),
+    printcolumn(
         name = "GPUs",
         type_ = "integer",
         json_path = ".status.resources.gpus",
@@ -667,9 +681,30 @@ pub struct TrainingJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_count: Option<u32>,
 
+    /// Where the job waits while it is Queued: its TrainingQueue, its position and why,
+    /// from the gpu-allocator's latest decision. Absent once admitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueStatus>,
+
     /// metadata.generation this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// A waiting job's place in its TrainingQueue.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueStatus {
+    /// TrainingQueue the job waits in.
+    pub name: String,
+    /// 1-based position among the queue's waiting jobs; absent until the gpu-allocator
+    /// has ranked the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<u32>,
+    /// Why the job waits, e.g. `quota: flavor a100-spot nvidia.com/gpu: needs 8, queue can
+    /// take 0 (nominal 16, in use 16); 8 short`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// Worker pods by outcome.

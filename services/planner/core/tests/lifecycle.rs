@@ -98,6 +98,9 @@ fn happy_path_goes_pending_queued_initializing_running_completed() {
     let message = waiting.message.unwrap_or_default();
     assert!(message.contains("position 3 in queue default"), "{message}");
     assert!(message.contains("needs 2 more"), "{message}");
+    let queue = h.status().queue.unwrap();
+    assert_eq!((queue.name.as_str(), queue.position), ("default", Some(3)));
+    assert!(queue.reason.unwrap_or_default().contains("needs 2 more"));
 
     h.observe(Observation::Admission(admission(0, 2)));
     let actions = h.decide();
@@ -114,6 +117,7 @@ fn happy_path_goes_pending_queued_initializing_running_completed() {
         Some("A100-SXM4-80GB")
     );
     assert_eq!(h.state_now(), Some(TrainingJobState::Initializing));
+    assert_eq!(h.status().queue, None, "an admitted job no longer waits");
 
     h.advance(5);
     let mut started = job_event("mnist", 0, false, 2);
