@@ -1282,7 +1282,11 @@ impl Context<'_> {
             _ => {}
         }
 
-        self.fold_reports(&mut status, verdict.state == TrainingJobState::Completed);
+        // A job stopped early (trial stopped, success policy) keeps the progress it
+        // reached: "100%" at epoch 1 of 9 would say it ran to the end.
+        let ran_to_the_end =
+            verdict.state == TrainingJobState::Completed && verdict.stop_reason.is_none();
+        self.fold_reports(&mut status, ran_to_the_end);
         if let Some(job) = &record.job {
             status.workers = Some(WorkerCounts {
                 active: job.active,

@@ -518,6 +518,7 @@ fn success_policy_patience_stops_training_that_no_longer_improves() {
 fn trial_stopped_by_the_tuner_completes_early() {
     let mut h = Harness::new(training_job("sweep-t3", spec(1)));
     h.run_attempt_until_running(0);
+    h.observe(Observation::Progress(progress(0, 0, 3, &[("loss", 0.7)])));
     h.observe(Observation::TrialStopped(TrialStopped {
         trial_name: "sweep-t3".into(),
         reason: "below the median at rung 3".into(),
@@ -526,6 +527,14 @@ fn trial_stopped_by_the_tuner_completes_early() {
     h.decide();
     assert_eq!(h.state_now(), Some(TrainingJobState::Completed));
     assert!(matches!(h.commands.as_slice(), [PlannerCommand::Stop(_)]));
+    let status = h.status();
+    assert_eq!(
+        (status.progress.as_deref(), status.current_epoch),
+        (Some("30%"), Some(3)),
+        "an early-stopped trial keeps the progress it reached"
+    );
+    let succeeded = h.condition(CONDITION_SUCCEEDED).unwrap();
+    assert_eq!(succeeded.reason.as_deref(), Some("TrialEarlyStopped"));
 }
 
 #[test]
