@@ -90,7 +90,11 @@ async fn train_py_reports_checkpoints_and_resumes() {
         .collect();
     assert_eq!(saved.iter().map(|c| c.epoch).collect::<Vec<_>>(), [2, 4]);
     // Each checkpoint is a directory whose manifest was written last.
-    assert!(Path::new(&saved[0].uri).join("trainyard-manifest.json").exists());
+    assert!(
+        Path::new(&saved[0].uri)
+            .join("trainyard-manifest.json")
+            .exists()
+    );
 
     // A new attempt resumes after epoch 2 instead of starting over.
     run_worker(
