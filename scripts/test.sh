@@ -12,6 +12,8 @@ ensure_hadolint
 ensure_openssl
 ensure_standardwebhooks
 ensure_moto
+ensure_python_sdk
+ensure_kubectl
 
 # Incremental artifacts are 40 % of a clean build's target directory (2.5 of
 # 6.1 GB) and a one-shot run never reuses them; a full disk once failed CI.
@@ -26,5 +28,7 @@ echo "== cargo test"
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee target/test-output.log
 echo "== alerts, dashboards, manifests, Dockerfiles, and a real Prometheus scraping the stack"
 scripts/check-monitoring.sh
+echo "== pytest sdk/python"
+python3 -m pytest -q sdk/python
 echo "== summary"
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "%d passed, %d failed, %d skipped\n", p, f, i }' target/test-output.log

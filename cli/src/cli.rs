@@ -25,9 +25,56 @@ pub enum Command {
     Get(GetArgs),
     /// Outcome counts, queueing delay, durations and GPU utilisation of TrainingJobs.
     Summary(SummaryArgs),
+    /// Delete TrainingJobs, Sweeps or TrainingQueues by name.
+    Delete(DeleteArgs),
+    /// Suspend TrainingJobs (spec.suspend: true): checkpoint, stop the workers and
+    /// give their GPUs back.
+    Suspend(JobNamesArgs),
+    /// Resume suspended TrainingJobs (spec.suspend: false): queue them again; they
+    /// continue from their latest checkpoint.
+    Resume(JobNamesArgs),
+    /// Print a shell completion script, e.g. `source <(trainyard completion bash)`.
+    Completion(CompletionArgs),
     /// Recent notifications the notifier delivered (or is retrying, or gave up
     /// on), newest first, from its delivery-status bucket in NATS.
     Notifications(NotificationsArgs),
+}
+
+/// `trainyard delete`.
+#[derive(Debug, Args)]
+pub struct DeleteArgs {
+    /// What to delete.
+    #[arg(value_enum)]
+    pub resource: ResourceKind,
+
+    /// Names of the objects.
+    #[arg(required = true, value_name = "NAME")]
+    pub names: Vec<String>,
+
+    /// Namespace (default: the kubeconfig context's, else "default"; ignored for
+    /// trainingqueues).
+    #[arg(short = 'n', long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+}
+
+/// `trainyard suspend` / `resume`.
+#[derive(Debug, Args)]
+pub struct JobNamesArgs {
+    /// Names of the TrainingJobs.
+    #[arg(required = true, value_name = "NAME")]
+    pub names: Vec<String>,
+
+    /// Namespace (default: the kubeconfig context's, else "default").
+    #[arg(short = 'n', long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+}
+
+/// `trainyard completion`.
+#[derive(Debug, Args)]
+pub struct CompletionArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 /// `trainyard notifications`.

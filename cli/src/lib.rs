@@ -6,12 +6,12 @@
 
 pub mod apply;
 pub mod cli;
+pub mod control;
 pub mod error;
 pub mod format;
 pub mod get;
 pub mod manifest;
 pub mod notifications;
-pub mod queue_position;
 pub mod resources;
 pub mod summary;
 pub mod watch;
@@ -64,6 +64,24 @@ where
         (false, None) => Scope::Namespace(checked_namespace(client.default_namespace())?),
     };
     Ok((client, scope))
+}
+
+/// The program: parse the arguments, run the command, print an error and exit 1 on
+/// failure (both binaries, `trainyard` and `kubectl-trainyard`, are this).
+pub async fn main() -> std::process::ExitCode {
+    let cli = <Cli as clap::Parser>::parse();
+    // kube's rustls needs a process-wide crypto provider; an Err only means one is
+    // installed already, which is just as good.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let stdout = std::io::stdout();
+    let stderr = std::io::stderr();
+    match run(cli, connect, &mut stdout.lock(), &mut stderr.lock()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 /// Runs one parsed command, writing results to `out` and notices (such as "No
@@ -129,5 +147,52 @@ where
             )
             .await
         }
+        Command::Delete(args) => {
+            let (client, namespace) =
+                connect_in_namespace(args.namespace.as_deref(), connect).await?;
+            match args.resource {
+                ResourceKind::TrainingJobs => {
+                    control::delete::<TrainingJob>(client, &namespace, &args.names, out).await
+                }
+                ResourceKind::Sweeps => {
+                    control::delete::<Sweep>(client, &namespace, &args.names, out).await
+                }
+                ResourceKind::TrainingQueues => {
+                    control::delete::<TrainingQueue>(client, &namespace, &args.names, out).await
+                }
+            }
+        }
+        Command::Suspend(args) => {
+            let (client, namespace) =
+                connect_in_namespace(args.namespace.as_deref(), connect).await?;
+            control::set_suspended(client, &namespace, &args.names, true, out).await
+        }
+        Command::Resume(args) => {
+            let (client, namespace) =
+                connect_in_namespace(args.namespace.as_deref(), connect).await?;
+            control::set_suspended(client, &namespace, &args.names, false, out).await
+        }
+        Command::Completion(args) => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(args.shell, &mut command, "trainyard", out);
+            Ok(())
+        }
     }
+}
+
+/// `-n`, else the client's namespace; a bad `-n` is refused before connecting.
+async fn connect_in_namespace<C>(
+    namespace: Option<&str>,
+    connect: C,
+) -> Result<(Client, String), CliError>
+where
+    C: AsyncFnOnce() -> Result<Client, CliError>,
+{
+    let flag_namespace = namespace.map(checked_namespace).transpose()?;
+    let client = connect().await?;
+    let namespace = match flag_namespace {
+        Some(namespace) => namespace,
+        None => checked_namespace(client.default_namespace())?,
+    };
+    Ok((client, namespace))
 }

@@ -9,7 +9,6 @@ use serde::de::DeserializeOwned;
 use trainyard_api::{StopPolicy, Sweep, SweepState, TrainingJob, TrainingJobState, TrainingQueue};
 
 use crate::format::{NONE, age, number};
-use crate::queue_position::waiting_position;
 
 /// Which objects a command looks at.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -212,8 +211,9 @@ impl Listed for TrainingJob {
     }
 }
 
-/// QUEUE: `<queue> #<position>` while the job waits and the planner told its place,
-/// the queue name alone while it waits without one, `-` once it is past the queue.
+/// QUEUE: `<queue> #<position>` while the job waits and the planner told its place
+/// (`status.queue`), the queue name alone while it waits without one, `-` once it is
+/// past the queue.
 fn queue_cell(job: &TrainingJob, state: Option<TrainingJobState>) -> String {
     let waiting = matches!(
         state,
@@ -222,8 +222,11 @@ fn queue_cell(job: &TrainingJob, state: Option<TrainingJobState>) -> String {
     if !waiting {
         return NONE.to_owned();
     }
-    match waiting_position(job) {
-        Some(place) => format!("{} #{}", place.queue, place.position),
+    match job.status.as_ref().and_then(|s| s.queue.as_ref()) {
+        Some(queue) => match queue.position {
+            Some(position) => format!("{} #{position}", queue.name),
+            None => queue.name.clone(),
+        },
         None => job.spec.queue_name().to_owned(),
     }
 }
@@ -370,8 +373,8 @@ pub(crate) mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use trainyard_api::{
-        AllocatedResources, BestTrial, Condition, ConditionStatus, SweepStatus, TrainingJobSpec,
-        TrainingJobStatus, TrialCounts,
+        AllocatedResources, BestTrial, Condition, ConditionStatus, QueueStatus, SweepStatus,
+        TrainingJobSpec, TrainingJobStatus, TrialCounts,
     };
 
     pub(crate) fn job(name: &str, workers: u32, gpus: u32) -> TrainingJob {
@@ -438,22 +441,26 @@ pub(crate) mod tests {
         let mut waiting = job("w", 1, 1);
         waiting.status = Some(TrainingJobStatus {
             state: Some(TrainingJobState::Queued),
-            conditions: vec![Condition::new(
-                "Admitted",
-                ConditionStatus::False,
-                "WaitingForQuota",
-                "position 4 in queue team-a: 8 of 8 GPUs in use",
-            )],
+            queue: Some(QueueStatus {
+                name: "team-a".into(),
+                position: Some(4),
+                reason: Some("8 of 8 GPUs in use".into()),
+            }),
             ..TrainingJobStatus::default()
         });
         assert_eq!(waiting.cells()[4], "team-a #4");
 
-        // Still queued but the planner has not placed it: the queue it waits for.
-        let mut unplaced = waiting.clone();
-        if let Some(status) = unplaced.status.as_mut() {
-            status.conditions.clear();
+        // Still queued but the planner has not ranked it: the queue it waits in.
+        let mut unranked = waiting.clone();
+        if let Some(queue) = unranked.status.as_mut().and_then(|s| s.queue.as_mut()) {
+            queue.position = None;
         }
-        assert_eq!(unplaced.cells()[4], "default");
+        assert_eq!(unranked.cells()[4], "team-a");
+        let mut untold = waiting.clone();
+        if let Some(status) = untold.status.as_mut() {
+            status.queue = None;
+        }
+        assert_eq!(untold.cells()[4], "default");
 
         // Running: the stale waiting message is not shown.
         if let Some(status) = waiting.status.as_mut() {

@@ -195,9 +195,7 @@ impl WatchPrinter {
 mod tests {
     use super::*;
     use crate::resources::tests::job;
-    use trainyard_api::{
-        Condition, ConditionStatus, TrainingJob, TrainingJobState, TrainingJobStatus,
-    };
+    use trainyard_api::{QueueStatus, TrainingJob, TrainingJobState, TrainingJobStatus};
 
     fn with_state(mut job: TrainingJob, state: TrainingJobState, epoch: u32) -> TrainingJob {
         job.status = Some(TrainingJobStatus {
@@ -343,12 +341,11 @@ mod tests {
         let waiting = |position: u32| {
             let mut j = with_state(job("w", 1, 1), TrainingJobState::Queued, 0);
             if let Some(status) = j.status.as_mut() {
-                status.conditions = vec![Condition::new(
-                    "Admitted",
-                    ConditionStatus::False,
-                    "WaitingForQuota",
-                    format!("position {position} in queue default: 8 of 8 GPUs in use"),
-                )];
+                status.queue = Some(QueueStatus {
+                    name: "default".into(),
+                    position: Some(position),
+                    reason: Some("8 of 8 GPUs in use".into()),
+                });
             }
             j
         };

@@ -331,7 +331,7 @@ async fn get_prints_tables_and_json() {
         json!({"state": "Queued", "conditions": [{
             "type": "Admitted", "status": "False", "reason": "WaitingForQuota",
             "message": "position 2 in queue default: 16 of 16 GPUs in use"
-        }]}),
+        }], "queue": {"name": "default", "position": 2, "reason": "16 of 16 GPUs in use"}}),
     )
     .await;
 
@@ -558,4 +558,72 @@ async fn manifests_are_checked_before_connecting() {
         matches!(&result, Err(CliError::InvalidManifests(errors)) if errors.len() == 1),
         "{result:?}"
     );
+}
+
+#[tokio::test]
+async fn suspend_resume_and_delete_change_jobs_by_name() {
+    let client = applied_examples(Vec::new()).await;
+    let jobs = Api::<TrainingJob>::namespaced(client.clone(), "ml-training");
+    let suspended = |job: TrainingJob| job.spec.suspend;
+
+    let (out, _, result) = trainyard(
+        &client,
+        &[
+            "suspend",
+            "mnist-training",
+            "bert-distributed",
+            "-n",
+            "ml-training",
+        ],
+    )
+    .await;
+    result.expect("suspend");
+    assert_eq!(
+        out,
+        "trainingjob.trainyard.dev/mnist-training suspended\ntrainingjob.trainyard.dev/bert-distributed suspended\n"
+    );
+    let job = jobs.get("mnist-training").await.expect("still there");
+    assert_eq!(suspended(job), Some(true));
+
+    let (out, _, result) =
+        trainyard(&client, &["resume", "mnist-training", "-n", "ml-training"]).await;
+    result.expect("resume");
+    assert_eq!(out, "trainingjob.trainyard.dev/mnist-training resumed\n");
+    let job = jobs.get("mnist-training").await.expect("still there");
+    assert_eq!(suspended(job), Some(false));
+
+    let (out, _, result) = trainyard(
+        &client,
+        &["delete", "tj", "mnist-training", "-n", "ml-training"],
+    )
+    .await;
+    result.expect("delete");
+    assert_eq!(out, "trainingjob.trainyard.dev/mnist-training deleted\n");
+    assert!(jobs.get_opt("mnist-training").await.expect("get").is_none());
+
+    let (_, _, result) = trainyard(
+        &client,
+        &["delete", "tj", "mnist-training", "-n", "ml-training"],
+    )
+    .await;
+    let error = result.expect_err("already gone").to_string();
+    assert!(
+        error.starts_with("delete trainingjob.trainyard.dev/mnist-training:"),
+        "{error}"
+    );
+
+    let (_, _, result) = trainyard(&client, &["suspend", "x", "-n", "Not_A_Namespace"]).await;
+    assert!(result.is_err(), "a bad namespace is refused");
+}
+
+#[tokio::test]
+async fn completion_scripts_name_the_subcommands() {
+    let (client, _) = cluster(Vec::new()).await;
+    for shell in ["bash", "zsh", "fish"] {
+        let (out, _, result) = trainyard(&client, &["completion", shell]).await;
+        result.expect("completion");
+        for verb in ["apply", "get", "delete", "suspend", "resume"] {
+            assert!(out.contains(verb), "{shell} completion lacks {verb}");
+        }
+    }
 }

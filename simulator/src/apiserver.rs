@@ -1,8 +1,11 @@
 //! The HTTP face of the simulated cluster: the subset of the Kubernetes REST API
 //! that kube-rs clients (the watcher, the planner, the `trainyard` CLI) use — get,
 //! list, watch with resume and bookmarks, create, replace, merge and apply patches,
-//! delete with propagation, and the status subresource. Plain HTTP on loopback, no
-//! authentication: it is a simulator.
+//! delete with propagation, and the status subresource — and what `kubectl` needs on
+//! top: discovery, server-side `Table` printing (lists, gets and watches), and core
+//! `v1` Events that include the `events.k8s.io` Events the planner records, so
+//! `kubectl describe` shows them. Plain HTTP on loopback, no authentication: it is a
+//! simulator.
 
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
@@ -14,6 +17,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
+use chrono::Utc;
 use futures::StreamExt;
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -24,6 +28,8 @@ use crate::error::ApiError;
 use crate::resources::{self, ResourceType};
 use crate::selector::Selector;
 use crate::store::{Change, ChangeKind, PatchKind, Propagation, Store, Subresource};
+use crate::table::{self, IncludeObject};
+use crate::{discovery, events, openapi};
 
 /// Longest a watch stays open before the client re-watches, as on a real apiserver.
 const MAX_WATCH_SECONDS: u64 = 290;
@@ -175,7 +181,14 @@ fn parse_body(body: &Bytes, headers: &HeaderMap) -> Result<Value, ApiError> {
     if body.is_empty() {
         return Ok(Value::Null);
     }
-    let yaml = content_type(headers).contains("yaml");
+    let media = content_type(headers);
+    if media.contains("protobuf") || media.contains("cbor") {
+        // 415 is what makes clients that tried a binary encoding retry in JSON.
+        return Err(ApiError::unsupported_media_type(format!(
+            "{media} is not simulated; send JSON or YAML"
+        )));
+    }
+    let yaml = media.contains("yaml");
     match serde_json::from_slice(body) {
         Ok(value) => Ok(value),
         Err(json) if !yaml => Err(ApiError::bad_request(format!(
@@ -214,6 +227,12 @@ async fn handle(
             &json!({"major": "1", "minor": "36", "gitVersion": "v1.36.0-trainyard-simulator", "platform": "simulated"}),
         );
     }
+    if method == Method::GET
+        && let Some(document) =
+            discovery::document(uri.path()).or_else(|| openapi::document(uri.path()))
+    {
+        return reply(StatusCode::OK, &document);
+    }
     let target = match parse_path(uri.path()) {
         Ok(target) => target,
         Err(err) => return error_reply(&err),
@@ -245,20 +264,42 @@ fn serve(
             "dryRun is not simulated; the simulated cluster would perform the write",
         ));
     }
+    let as_table = table::wanted(headers)
+        .then(|| IncludeObject::parse(query.get("includeObject").map(String::as_str)));
     match (method, name) {
-        (&Method::GET, Some(name)) => Ok(object_reply(
-            store,
-            rt,
-            store.get(rt, ns, &name),
-            StatusCode::OK,
-        )),
+        (&Method::GET, Some(name)) => match as_table {
+            Some(include) => {
+                let object = store.get(rt, ns, &name)?;
+                let table = table::table(rt, [object.as_ref()], None, include, Utc::now());
+                Ok(reply(StatusCode::OK, &table))
+            }
+            None => Ok(object_reply(
+                store,
+                rt,
+                store.get(rt, ns, &name),
+                StatusCode::OK,
+            )),
+        },
         (&Method::GET, None) => {
             let labels = Selector::parse(query.get("labelSelector").map_or("", String::as_str))?;
             let fields = Selector::parse(query.get("fieldSelector").map_or("", String::as_str))?;
             if flag(query, "watch") {
-                return watch(state, rt, namespace, labels, fields, query);
+                return watch(state, rt, namespace, labels, fields, query, as_table);
             }
-            let (items, revision) = store.list(rt, ns, &labels, &fields);
+            let (mut items, revision) = store.list(rt, ns, &labels, &fields);
+            if rt.name == "events" {
+                items.extend(events::recorded_as_core(store, ns, &labels, &fields));
+            }
+            if let Some(include) = as_table {
+                let table = table::table(
+                    rt,
+                    items.iter().map(AsRef::as_ref),
+                    Some(revision.to_string()),
+                    include,
+                    Utc::now(),
+                );
+                return Ok(reply(StatusCode::OK, &table));
+            }
             Ok(reply(
                 StatusCode::OK,
                 &List {
@@ -374,6 +415,8 @@ struct Watch {
     deadline: tokio::time::Instant,
     shutdown: CancellationToken,
     bookmarks: bool,
+    /// Send each object as a one-row `Table` (`kubectl get -w`).
+    table: Option<IncludeObject>,
     /// The resourceVersion of the last change this watch has passed (sent or not):
     /// a bookmark must not point past changes still queued for it.
     last: u64,
@@ -403,7 +446,17 @@ impl Watch {
             (false, Some(true)) => ChangeKind::Deleted,
             (false, _) => return None,
         };
-        Some(event_line(kind, &change.json))
+        match self.table {
+            Some(include) => {
+                let table =
+                    table::table(self.rt, [change.object.as_ref()], None, include, Utc::now());
+                Some(event_line(
+                    kind,
+                    &serde_json::to_vec(&table).unwrap_or_default(),
+                ))
+            }
+            None => Some(event_line(kind, &change.json)),
+        }
     }
 
     fn line(value: &impl Serialize) -> Bytes {
@@ -478,6 +531,7 @@ fn watch(
     labels: Selector,
     fields: Selector,
     query: &HashMap<String, String>,
+    table: Option<IncludeObject>,
 ) -> Result<Response, ApiError> {
     let from = match query.get("resourceVersion").map(String::as_str) {
         None | Some("") | Some("0") => state.store.revision(),
@@ -506,6 +560,7 @@ fn watch(
         deadline: tokio::time::Instant::now() + Duration::from_secs(seconds),
         shutdown: state.shutdown.clone(),
         bookmarks: flag(query, "allowWatchBookmarks"),
+        table,
         last: from,
     };
     let stream = futures::stream::unfold(watch, |mut watch| async move {

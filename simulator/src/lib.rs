@@ -5,11 +5,15 @@
 //! configured speed on a virtual clock and report over NATS like real workers.
 
 pub mod apiserver;
+mod discovery;
 pub mod error;
+mod events;
+mod openapi;
 mod pod_update;
 pub mod resources;
 pub mod selector;
 pub mod store;
+mod table;
 
 pub use error::{ApiError, SimulatorError};
 pub use store::Store;

@@ -18,7 +18,83 @@ pub struct ResourceType {
     pub namespaced: bool,
     /// Writes to the main resource leave `status` alone; `/status` changes only it.
     pub status_subresource: bool,
+    /// What kubectl also accepts for the plural (`tj`, `po`), from discovery.
+    pub short_names: &'static [&'static str],
+    /// Columns of `kubectl get` after NAME: a CRD's printer columns, or the
+    /// simulator's choice for a built-in kind.
+    pub columns: &'static [PrinterColumn],
 }
+
+/// A column of the server-side table `kubectl get` prints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrinterColumn {
+    pub name: &'static str,
+    /// `string`, `integer`, `number`, `boolean` or `date` (printed as an age).
+    pub column_type: &'static str,
+    /// A simple JSONPath, `.status.state`.
+    pub json_path: &'static str,
+    /// 0: always shown; 1: only with `-o wide`.
+    pub priority: i32,
+    pub description: &'static str,
+}
+
+const fn column(
+    name: &'static str,
+    column_type: &'static str,
+    json_path: &'static str,
+    priority: i32,
+) -> PrinterColumn {
+    PrinterColumn {
+        name,
+        column_type,
+        json_path,
+        priority,
+        description: "",
+    }
+}
+
+const AGE: PrinterColumn = column("Age", "date", ".metadata.creationTimestamp", 0);
+const AGE_ONLY: &[PrinterColumn] = &[AGE];
+const POD_COLUMNS: &[PrinterColumn] = &[
+    column("Status", "string", ".status.phase", 0),
+    AGE,
+    column("Node", "string", ".spec.nodeName", 1),
+    column("IP", "string", ".status.podIP", 1),
+];
+const NODE_COLUMNS: &[PrinterColumn] = &[
+    column(
+        "GPU",
+        "string",
+        ".metadata.labels.nvidia\\.com/gpu\\.product",
+        0,
+    ),
+    AGE,
+    column(
+        "Capacity-Type",
+        "string",
+        ".metadata.labels.karpenter\\.sh/capacity-type",
+        1,
+    ),
+    column(
+        "Zone",
+        "string",
+        ".metadata.labels.topology\\.kubernetes\\.io/zone",
+        1,
+    ),
+];
+const JOB_COLUMNS: &[PrinterColumn] = &[
+    column("Active", "integer", ".status.active", 0),
+    column("Succeeded", "integer", ".status.succeeded", 0),
+    column("Failed", "integer", ".status.failed", 0),
+    AGE,
+    column("Suspended", "boolean", ".spec.suspend", 1),
+];
+const EVENT_COLUMNS: &[PrinterColumn] = &[
+    column("Type", "string", ".type", 0),
+    column("Reason", "string", ".reason", 0),
+    column("Message", "string", ".message", 0),
+    AGE,
+];
 
 impl ResourceType {
     pub fn api_version(&self) -> String {
@@ -39,49 +115,141 @@ impl ResourceType {
     }
 }
 
-const fn builtin(
+struct Builtin {
     name: &'static str,
     group: &'static str,
     plural: &'static str,
     kind: &'static str,
     namespaced: bool,
     status_subresource: bool,
-) -> ResourceType {
+    short_names: &'static [&'static str],
+    columns: &'static [PrinterColumn],
+}
+
+const fn builtin(b: Builtin) -> ResourceType {
     ResourceType {
-        name,
-        group,
+        name: b.name,
+        group: b.group,
         version: "v1",
-        plural,
-        kind,
-        namespaced,
-        status_subresource,
+        plural: b.plural,
+        kind: b.kind,
+        namespaced: b.namespaced,
+        status_subresource: b.status_subresource,
+        short_names: b.short_names,
+        columns: b.columns,
     }
 }
 
-const BUILTIN: [ResourceType; 9] = [
-    builtin("pods", "", "pods", "Pod", true, true),
-    builtin("nodes", "", "nodes", "Node", false, true),
-    builtin("services", "", "services", "Service", true, true),
-    builtin("configmaps", "", "configmaps", "ConfigMap", true, false),
-    builtin(
-        "persistentvolumeclaims",
-        "",
-        "persistentvolumeclaims",
-        "PersistentVolumeClaim",
-        true,
-        true,
-    ),
-    builtin("namespaces", "", "namespaces", "Namespace", false, true),
-    builtin("events", "", "events", "Event", true, false),
-    builtin(
-        "events.events.k8s.io",
-        "events.k8s.io",
-        "events",
-        "Event",
-        true,
-        false,
-    ),
-    builtin("jobs.batch", "batch", "jobs", "Job", true, true),
+const BUILTIN: [ResourceType; 10] = [
+    builtin(Builtin {
+        name: "pods",
+        group: "",
+        plural: "pods",
+        kind: "Pod",
+        namespaced: true,
+        status_subresource: true,
+        short_names: &["po"],
+        columns: POD_COLUMNS,
+    }),
+    builtin(Builtin {
+        name: "nodes",
+        group: "",
+        plural: "nodes",
+        kind: "Node",
+        namespaced: false,
+        status_subresource: true,
+        short_names: &["no"],
+        columns: NODE_COLUMNS,
+    }),
+    builtin(Builtin {
+        name: "services",
+        group: "",
+        plural: "services",
+        kind: "Service",
+        namespaced: true,
+        status_subresource: true,
+        short_names: &["svc"],
+        columns: AGE_ONLY,
+    }),
+    builtin(Builtin {
+        name: "configmaps",
+        group: "",
+        plural: "configmaps",
+        kind: "ConfigMap",
+        namespaced: true,
+        status_subresource: false,
+        short_names: &["cm"],
+        columns: AGE_ONLY,
+    }),
+    builtin(Builtin {
+        name: "namespaces",
+        group: "",
+        plural: "namespaces",
+        kind: "Namespace",
+        namespaced: false,
+        status_subresource: true,
+        short_names: &["ns"],
+        columns: AGE_ONLY,
+    }),
+    builtin(Builtin {
+        name: "events",
+        group: "",
+        plural: "events",
+        kind: "Event",
+        namespaced: true,
+        status_subresource: false,
+        short_names: &["ev"],
+        columns: EVENT_COLUMNS,
+    }),
+    builtin(Builtin {
+        name: "events.events.k8s.io",
+        group: "events.k8s.io",
+        plural: "events",
+        kind: "Event",
+        namespaced: true,
+        status_subresource: false,
+        short_names: &["ev"],
+        columns: &[
+            column("Type", "string", ".type", 0),
+            column("Reason", "string", ".reason", 0),
+            column("Note", "string", ".note", 0),
+            AGE,
+        ],
+    }),
+    builtin(Builtin {
+        name: "persistentvolumeclaims",
+        group: "",
+        plural: "persistentvolumeclaims",
+        kind: "PersistentVolumeClaim",
+        namespaced: true,
+        status_subresource: true,
+        short_names: &["pvc"],
+        columns: &[
+            column("Status", "string", ".status.phase", 0),
+            column("Capacity", "string", ".spec.resources.requests.storage", 0),
+            AGE,
+        ],
+    }),
+    builtin(Builtin {
+        name: "secrets",
+        group: "",
+        plural: "secrets",
+        kind: "Secret",
+        namespaced: true,
+        status_subresource: false,
+        short_names: &[],
+        columns: &[column("Type", "string", ".type", 0), AGE],
+    }),
+    builtin(Builtin {
+        name: "jobs.batch",
+        group: "batch",
+        plural: "jobs",
+        kind: "Job",
+        namespaced: true,
+        status_subresource: true,
+        short_names: &[],
+        columns: JOB_COLUMNS,
+    }),
 ];
 
 fn leak(value: String) -> &'static str {
@@ -107,6 +275,28 @@ fn from_crd(
         status_subresource: version
             .and_then(|v| v.subresources.as_ref())
             .is_some_and(|s| s.status.is_some()),
+        short_names: Box::leak(
+            spec.names
+                .short_names
+                .unwrap_or_default()
+                .into_iter()
+                .map(leak)
+                .collect(),
+        ),
+        columns: Box::leak(
+            version
+                .and_then(|v| v.additional_printer_columns.clone())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| PrinterColumn {
+                    name: leak(c.name),
+                    column_type: leak(c.type_),
+                    json_path: leak(c.json_path),
+                    priority: c.priority.unwrap_or(0),
+                    description: leak(c.description.unwrap_or_default()),
+                })
+                .collect(),
+        ),
     }
 }
 

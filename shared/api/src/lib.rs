@@ -36,9 +36,9 @@ pub use sweep::{
 pub use trainingjob::{
     AllocatedResources, CapacityType, CheckpointSpec, CheckpointStatus, CheckpointStorage,
     CommunicationBackend, CostStatus, FailurePolicy, Framework, Hyperparameters, KeepBestSpec,
-    MetricMode, MonitoringSpec, NetworkingSpec, Optimizer, RestartPolicy, RetentionPolicySpec,
-    SchedulingSpec, StorageType, SuccessPolicy, TrainingJob, TrainingJobSpec, TrainingJobState,
-    TrainingJobStatus, WorkerCounts,
+    MetricMode, MonitoringSpec, NetworkingSpec, Optimizer, QueueStatus, RestartPolicy,
+    RetentionPolicySpec, SchedulingSpec, StorageType, SuccessPolicy, TrainingJob, TrainingJobSpec,
+    TrainingJobState, TrainingJobStatus, WorkerCounts,
 };
 pub use validation::{FieldError, FieldErrorKind, format_field_errors};
 

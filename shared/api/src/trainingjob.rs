@@ -6,7 +6,10 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Affinity, EnvVar, ResourceRequirements, Toleration};
+use k8s_openapi::api::core::v1::{
+    Affinity, EnvVar, LocalObjectReference, PodSecurityContext, ResourceRequirements, Toleration,
+    Volume, VolumeMount,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -67,6 +70,17 @@ const MSG_NCCL_NEEDS_GPUS: &str = "networking.backend nccl needs GPUs: set gpusP
 // 29500 is DEFAULT_MASTER_PORT; a unit test keeps the two in step.
 const RULE_METRICS_PORT_FREE: &str = "!has(self.monitoring) || !has(self.monitoring.metricsPort) || self.monitoring.metricsPort != (has(self.networking) && has(self.networking.masterPort) ? self.networking.masterPort : 29500)";
 const MSG_METRICS_PORT_FREE: &str = "monitoring.metricsPort must differ from networking.masterPort (default 29500): both are opened in the same worker pod";
+/// Most user volumes (and mounts) per worker pod; bounds the CEL rules' cost.
+pub const MAX_POD_VOLUMES: usize = 16;
+/// Volume names the planner gives its own volumes; a user volume must not take one.
+pub const RESERVED_VOLUME_NAMES: [&str; 3] = ["trainyard-config", "dshm", "checkpoints"];
+const RULE_VOLUME_NAMES_FREE: &str = "!has(self.volumes) || self.volumes.all(v, !(v.name in ['trainyard-config', 'dshm', 'checkpoints']))";
+const MSG_VOLUME_NAMES_FREE: &str = "volumes must not be named trainyard-config, dshm or checkpoints: Trainyard mounts its own volumes under those names";
+// No CEL rule for this one: Volume names have no maxLength in the Kubernetes schema, so
+// matching every mount against every volume exceeds the apiserver's CEL cost budget.
+// The CLI and the planner's pre-flight check it; the apiserver refuses such a pod too.
+const MSG_MOUNTS_NAME_VOLUMES: &str =
+    "every volumeMounts[].name must be the name of one of spec.volumes";
 const RULE_PATIENCE_BELOW_EPOCHS: &str = "!has(self.successPolicy) || !has(self.successPolicy.earlyStoppingPatience) || !has(self.hyperparameters) || !has(self.hyperparameters.epochs) || self.successPolicy.earlyStoppingPatience < self.hyperparameters.epochs";
 const MSG_PATIENCE_BELOW_EPOCHS: &str = "successPolicy.earlyStoppingPatience must be less than hyperparameters.epochs, otherwise early stopping can never trigger";
 const RULE_CHECKPOINT_WITHIN_EPOCHS: &str = "!has(self.checkpoint) || !has(self.checkpoint.enabled) || !self.checkpoint.enabled || !has(self.checkpoint.frequency) || !has(self.hyperparameters) || !has(self.hyperparameters.epochs) || self.checkpoint.frequency <= self.hyperparameters.epochs";
@@ -215,6 +229,20 @@ impl TrainingJobState {
         json_path = ".metadata.creationTimestamp"
     ),
     printcolumn(
+        name = "Restarts",
+        type_ = "integer",
+        json_path = ".status.restartCount",
+        description = "Restarts after failures or preemptions",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Position",
+        type_ = "integer",
+        json_path = ".status.queue.position",
+        description = "Position in the TrainingQueue while waiting",
+        priority = 1
+    ),
+    printcolumn(
         name = "GPUs",
         type_ = "integer",
         json_path = ".status.resources.gpus",
@@ -236,6 +264,7 @@ impl TrainingJobState {
     validation = Rule::new(RULE_METRICS_PORT_FREE).message(MSG_METRICS_PORT_FREE).field_path(".monitoring.metricsPort"),
     validation = Rule::new(RULE_PATIENCE_BELOW_EPOCHS).message(MSG_PATIENCE_BELOW_EPOCHS).field_path(".successPolicy.earlyStoppingPatience"),
     validation = Rule::new(RULE_CHECKPOINT_WITHIN_EPOCHS).message(MSG_CHECKPOINT_WITHIN_EPOCHS).field_path(".checkpoint.frequency"),
+    validation = Rule::new(RULE_VOLUME_NAMES_FREE).message(MSG_VOLUME_NAMES_FREE).field_path(".volumes"),
 )]
 pub struct TrainingJobSpec {
     /// Model architecture to train, e.g. resnet50 or bert-base. Passed to the workers as MODEL_NAME.
@@ -282,6 +311,37 @@ pub struct TrainingJobSpec {
     /// CPU, memory and other resource requests and limits of each worker. The GPU resource is set from gpusPerWorker.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+
+    /// ServiceAccount the worker pods run as, e.g. one bound to a cloud role (IRSA, Workload Identity) that may read the dataset and write the checkpoint bucket. The namespace's default when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub service_account_name: Option<String>,
+
+    /// Secrets holding credentials for pulling the worker image from a private registry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+
+    /// Extra volumes of every worker pod (datasets, caches, credentials); mounted with volumeMounts. The names trainyard-config, dshm and checkpoints are Trainyard's own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_POD_VOLUMES))]
+    pub volumes: Vec<Volume>,
+
+    /// Where the worker container mounts spec.volumes; each names one of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_POD_VOLUMES))]
+    pub volume_mounts: Vec<VolumeMount>,
+
+    /// Labels added to every worker pod, e.g. for cost allocation or network policies. Trainyard's own labels (trainyard.dev/...) take precedence.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pod_labels: BTreeMap<String, String>,
+
+    /// Annotations added to every worker pod, e.g. for a service mesh or a secrets injector. Trainyard's own annotations take precedence.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pod_annotations: BTreeMap<String, String>,
+
+    /// Pod-level security context of the workers: runAsUser, runAsNonRoot, fsGroup (so a mounted volume is writable), seccompProfile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_context: Option<PodSecurityContext>,
 
     /// Training hyperparameters, passed to the workers as environment variables and a config file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -754,6 +814,10 @@ pub struct TrainingJobStatus {
     /// Money spent and expected, from the cost-optimizer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<CostStatus>,
+    /// Where the job waits while it is Queued: its TrainingQueue, its position and why,
+    /// from the gpu-allocator's latest decision. Absent once admitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueStatus>,
 
     /// metadata.generation this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -779,6 +843,22 @@ pub struct CostStatus {
     /// Why that capacity type, with the expected cost of each.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision: Option<String>,
+}
+
+/// A waiting job's place in its TrainingQueue.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueStatus {
+    /// TrainingQueue the job waits in.
+    pub name: String,
+    /// 1-based position among the queue's waiting jobs; absent until the gpu-allocator
+    /// has ranked the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<u32>,
+    /// Why the job waits, e.g. `quota: flavor a100-spot nvidia.com/gpu: needs 8, queue can
+    /// take 0 (nominal 16, in use 16); 8 short`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// Worker pods by outcome.
@@ -955,6 +1035,41 @@ impl TrainingJobSpec {
                 format!("{root}.monitoring.metricsPort"),
                 MSG_METRICS_PORT_FREE,
             );
+        }
+        if self
+            .volumes
+            .iter()
+            .any(|v| RESERVED_VOLUME_NAMES.contains(&v.name.as_str()))
+        {
+            errors.invalid(format!("{root}.volumes"), MSG_VOLUME_NAMES_FREE);
+        }
+        if self.volumes.len() > MAX_POD_VOLUMES {
+            errors.invalid(
+                format!("{root}.volumes"),
+                format!(
+                    "at most {MAX_POD_VOLUMES} volumes, got {}",
+                    self.volumes.len()
+                ),
+            );
+        }
+        if self.volume_mounts.len() > MAX_POD_VOLUMES {
+            errors.invalid(
+                format!("{root}.volumeMounts"),
+                format!(
+                    "at most {MAX_POD_VOLUMES} volume mounts, got {}",
+                    self.volume_mounts.len()
+                ),
+            );
+        }
+        if self
+            .volume_mounts
+            .iter()
+            .any(|m| !self.volumes.iter().any(|v| v.name == m.name))
+        {
+            errors.invalid(format!("{root}.volumeMounts"), MSG_MOUNTS_NAME_VOLUMES);
+        }
+        if let Some(account) = &self.service_account_name {
+            errors.length(&format!("{root}.serviceAccountName"), account, 1, 253);
         }
         let explicit_epochs = self.hyperparameters.as_ref().and_then(|h| h.epochs);
         let patience = self
@@ -1389,5 +1504,52 @@ mod tests {
         assert_eq!(spec.communication_backend(), CommunicationBackend::Gloo);
         assert_eq!(spec.total_gpus(), 0);
         assert_eq!(spec.backoff_limit(), 0);
+    }
+
+    #[test]
+    fn volume_mounts_must_name_a_user_volume_that_is_not_trainyards() {
+        let volume = |name: &str| Volume {
+            name: name.into(),
+            ..Volume::default()
+        };
+        let mount = |name: &str| VolumeMount {
+            name: name.into(),
+            mount_path: "/data".into(),
+            ..VolumeMount::default()
+        };
+        let spec = |volumes: Vec<Volume>, volume_mounts: Vec<VolumeMount>| TrainingJobSpec {
+            model: "m".into(),
+            dataset: "d".into(),
+            num_workers: 1,
+            volumes,
+            volume_mounts,
+            ..TrainingJobSpec::default()
+        };
+        assert!(
+            spec(vec![volume("data")], vec![mount("data")])
+                .validate()
+                .is_ok()
+        );
+        let paths = |spec: TrainingJobSpec| -> Vec<String> {
+            spec.validate()
+                .err()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|e| e.path)
+                .collect()
+        };
+        assert_eq!(
+            paths(spec(vec![], vec![mount("data")])),
+            ["spec.volumeMounts"]
+        );
+        assert_eq!(
+            paths(spec(vec![volume("checkpoints")], vec![])),
+            ["spec.volumes"]
+        );
+        // The CEL rules say the same as the Rust checks.
+        for name in RESERVED_VOLUME_NAMES {
+            assert!(RULE_VOLUME_NAMES_FREE.contains(&format!("'{name}'")));
+            assert!(MSG_VOLUME_NAMES_FREE.contains(name));
+        }
     }
 }

@@ -189,6 +189,11 @@ fn trainingjob_bad_cases() -> Vec<Bad> {
             json!({"spec": {"failurePolicy": {"restartPolicy": "Never", "backoffLimit": 2}}}),
             "spec.failurePolicy.backoffLimit",
         ),
+        bad(
+            "a user volume named like Trainyard's checkpoint volume",
+            json!({"spec": {"volumes": [{"name": "checkpoints", "emptyDir": {}}]}}),
+            "spec.volumes",
+        ),
     ]
 }
 
@@ -288,6 +293,11 @@ fn sweep_bad_cases() -> Vec<Bad> {
             "more parallel trials than trials",
             json!({"spec": {"parallelTrialCount": 11}}),
             "spec.parallelTrialCount",
+        ),
+        bad(
+            "trial template volume named like Trainyard's config volume",
+            json!({"spec": {"trialTemplate": {"volumes": [{"name": "trainyard-config", "emptyDir": {}}]}}}),
+            "spec.trialTemplate.volumes",
         ),
         bad(
             "trial template resuming without checkpointing",

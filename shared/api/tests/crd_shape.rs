@@ -54,7 +54,7 @@ fn trainingjob_names_scope_and_columns_match_the_reference() {
         .filter(|c| c.priority == Some(1))
         .map(|c| c.name.to_uppercase())
         .collect();
-    assert_eq!(wide, ["GPUS", "QUEUE"]);
+    assert_eq!(wide, ["RESTARTS", "POSITION", "GPUS", "QUEUE"]);
 }
 
 #[test]

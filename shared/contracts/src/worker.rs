@@ -1,5 +1,5 @@
 //! Reports from training workers, on `trainyard.worker.<kind>.<ns>.<trainingjob>`.
-//! Any framework can publish these; `examples/train.py` shows how with nats-py.
+//! Any framework can publish these; the Python worker library (`sdk/python`) does.
 
 use std::collections::BTreeMap;
 

@@ -119,3 +119,19 @@ fn message_reference_page_is_current() {
         "docs/messages.md is out of date: run `cargo run -p trainyard-contracts --bin messages-doc`"
     );
 }
+
+/// The Python worker library's encoding of non-finite metrics (sdk/python's golden
+/// file, which its own tests compare with what it writes): NaN left out, ±Infinity
+/// as ±f64::MAX, a plain JSON number every service decodes.
+#[test]
+fn python_library_envelope_with_non_finite_metrics_decodes() {
+    let golden = include_str!("../../../sdk/python/tests/golden/worker-progress-non-finite.json");
+    let envelope: Envelope<ProgressReported> = decode(golden.as_bytes()).expect("decodes");
+    assert_eq!(envelope.payload.metrics.get("grad_norm"), Some(&f64::MAX));
+    assert_eq!(envelope.payload.metrics.get("neg"), Some(&f64::MIN));
+    assert!(!envelope.payload.metrics.contains_key("loss"));
+    assert_eq!(envelope.subject(), "trainyard.worker.progress.ml.bert");
+    // What `json.dumps` writes by default, and why the library does not.
+    let nan = golden.replace("1.7976931348623157e+308", "NaN");
+    assert!(decode::<ProgressReported>(nan.as_bytes()).is_err());
+}

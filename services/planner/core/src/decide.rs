@@ -17,9 +17,9 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::Serialize;
 use trainyard_api::{
-    AllocatedResources, CheckpointStatus, Condition, ConditionStatus, RestartPolicy, TrainingJob,
-    TrainingJobSpec, TrainingJobState, TrainingJobStatus, WorkerCounts, find_condition,
-    set_condition,
+    AllocatedResources, CheckpointStatus, Condition, ConditionStatus, QueueStatus, RestartPolicy,
+    TrainingJob, TrainingJobSpec, TrainingJobState, TrainingJobStatus, WorkerCounts,
+    find_condition, set_condition,
 };
 use trainyard_contracts::commands::{CheckpointRequested, StopRequested};
 use trainyard_contracts::decisions::AdmissionDecided;
@@ -1319,7 +1319,11 @@ impl Context<'_> {
             _ => {}
         }
 
-        self.fold_reports(&mut status, verdict.state == TrainingJobState::Completed);
+        // A job stopped early (trial stopped, success policy) keeps the progress it
+        // reached: "100%" at epoch 1 of 9 would say it ran to the end.
+        let ran_to_the_end =
+            verdict.state == TrainingJobState::Completed && verdict.stop_reason.is_none();
+        self.fold_reports(&mut status, ran_to_the_end);
         if let Some(job) = &record.job {
             status.workers = Some(WorkerCounts {
                 active: job.active,
@@ -1355,6 +1359,23 @@ impl Context<'_> {
                 .map(|start| format_duration(elapsed(from_time(start), completed_at)));
         }
         status.failure_reason = verdict.failure_reason.clone();
+        status.queue = (verdict.state == TrainingJobState::Queued).then(|| self.queue_status());
         status
+    }
+
+    /// The typed twin of the waiting condition, so clients need not parse its message.
+    fn queue_status(&self) -> QueueStatus {
+        match &self.state.pending {
+            Some(pending) => QueueStatus {
+                name: pending.queue.clone(),
+                position: Some(pending.position),
+                reason: Some(pending.message.clone()),
+            },
+            None => QueueStatus {
+                name: self.spec().queue_name().to_owned(),
+                position: None,
+                reason: None,
+            },
+        }
     }
 }

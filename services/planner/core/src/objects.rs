@@ -161,6 +161,9 @@ pub fn desired_objects(job: &TrainingJob, plan: &JobPlan<'_>) -> Result<DesiredO
         &plan.config.extra_labels,
     );
     pod_labels.extend(worker_pod_labels(identity.name));
+    // The user's labels first, so Trainyard's own (selectors, placement) win a clash.
+    let mut labels = spec.pod_labels.clone();
+    labels.extend(pod_labels);
     let job = Job {
         metadata: meta(job_name, Role::Worker),
         spec: Some(JobSpec {
@@ -184,7 +187,7 @@ pub fn desired_objects(job: &TrainingJob, plan: &JobPlan<'_>) -> Result<DesiredO
                 .map(|seconds| i32::try_from(seconds).unwrap_or(i32::MAX)),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(pod_labels),
+                    labels: Some(labels),
                     annotations: pod_annotations(spec),
                     ..ObjectMeta::default()
                 }),
@@ -248,16 +251,19 @@ fn monitoring_enabled(spec: &TrainingJobSpec) -> bool {
         .unwrap_or(false)
 }
 
+/// The user's pod annotations, then Trainyard's scrape annotations over them.
 fn pod_annotations(spec: &TrainingJobSpec) -> Option<BTreeMap<String, String>> {
-    monitoring_enabled(spec).then(|| {
-        BTreeMap::from([
+    let mut annotations = spec.pod_annotations.clone();
+    if monitoring_enabled(spec) {
+        annotations.extend([
             ("prometheus.io/scrape".to_owned(), "true".to_owned()),
             (
                 "prometheus.io/port".to_owned(),
                 spec.metrics_port().to_string(),
             ),
-        ])
-    })
+        ]);
+    }
+    (!annotations.is_empty()).then_some(annotations)
 }
 
 fn worker_service_spec(spec: &TrainingJobSpec, training_job: &str, attempt: u32) -> ServiceSpec {
@@ -376,6 +382,10 @@ fn worker_pod_spec(
         subdomain: Some(service_name.to_owned()),
         priority_class_name: scheduling.priority.clone(),
         node_selector: (!node_selector.is_empty()).then_some(node_selector),
+        service_account_name: spec.service_account_name.clone(),
+        image_pull_secrets: (!spec.image_pull_secrets.is_empty())
+            .then(|| spec.image_pull_secrets.clone()),
+        security_context: spec.security_context.clone(),
         affinity: pinned_to_planned_nodes(scheduling.affinity, &planned),
         scheduling_gates: gated_for_placement(&planned),
         tolerations: (!tolerations.is_empty()).then_some(tolerations),
@@ -580,6 +590,9 @@ fn worker_volumes(
             volumes.push(volume);
         }
     }
+    // The schema keeps user volume names off Trainyard's and every mount on a volume.
+    volumes.extend(spec.volumes.iter().cloned());
+    mounts.extend(spec.volume_mounts.iter().cloned());
     (volumes, mounts)
 }
 

@@ -538,3 +538,102 @@ fn worker_pods_get_a_restricted_security_context_and_no_api_token() {
         Some(vec!["ALL".to_string()])
     );
 }
+
+/// What a real training pod needs besides training: an identity for the checkpoint
+/// bucket, a private image, a dataset volume, labels and annotations for the cluster's
+/// other tools, and a security context. Trainyard's own labels and annotations win a clash.
+#[test]
+fn golden_pod_settings_reach_every_worker() {
+    let job = parse_training_job(
+        r#"
+apiVersion: trainyard.dev/v1
+kind: TrainingJob
+metadata:
+  name: secured
+  namespace: ml-training
+spec:
+  model: resnet50
+  dataset: imagenet
+  numWorkers: 2
+  gpusPerWorker: 1
+  image: registry.example.com/ml/trainer:1.4
+  serviceAccountName: trainer-s3
+  imagePullSecrets:
+  - name: registry-credentials
+  volumes:
+  - name: datasets
+    persistentVolumeClaim:
+      claimName: imagenet
+      readOnly: true
+  volumeMounts:
+  - name: datasets
+    mountPath: /data
+    readOnly: true
+  podLabels:
+    cost-center: vision
+    trainyard.dev/job: not-this-one
+  podAnnotations:
+    sidecar.istio.io/inject: "false"
+    prometheus.io/port: "1"
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: 1000
+    fsGroup: 1000
+  monitoring:
+    enabled: true
+    metricsPort: 9090
+"#,
+    );
+    job.spec.validate().unwrap();
+    let config = PlannerConfig::default();
+    let admitted = admission(0, job.spec.num_workers);
+    let objects = desired_objects(&job, &plan(0, Some(&admitted), &config)).unwrap();
+
+    let pod = worker_pod(&objects).unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some("trainer-s3"));
+    assert_eq!(
+        pod.image_pull_secrets.as_ref().unwrap()[0].name,
+        "registry-credentials"
+    );
+    assert_eq!(
+        pod.security_context.as_ref().unwrap().run_as_user,
+        Some(1000)
+    );
+    let volumes: Vec<&str> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| v.name.as_str())
+        .collect();
+    assert!(volumes.contains(&"datasets"), "{volumes:?}");
+    let container = &pod.containers[0];
+    assert!(
+        container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.name == "datasets" && m.mount_path == "/data")
+    );
+    let metadata = objects
+        .job
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .metadata
+        .as_ref()
+        .unwrap();
+    let labels = metadata.labels.as_ref().unwrap();
+    assert_eq!(labels["cost-center"], "vision");
+    assert_eq!(
+        labels["trainyard.dev/job"], "secured",
+        "Trainyard's label wins"
+    );
+    let annotations = metadata.annotations.as_ref().unwrap();
+    assert_eq!(annotations["sidecar.istio.io/inject"], "false");
+    assert_eq!(
+        annotations["prometheus.io/port"], "9090",
+        "Trainyard's annotation wins"
+    );
+    check_golden("pod-settings", &objects);
+}

