@@ -34,9 +34,9 @@ use serde_json::Value;
 use trainyard_api::TrainingJobState;
 use trainyard_contracts::lifecycle::{TrainingJobTransitioned, TransitionContext};
 use trainyard_contracts::{EntityRef, Envelope};
-use trainyard_loadtest::percentile::SortedSamples;
 use trainyard_loadtest::procstats;
 use trainyard_loadtest::stack::{Stack, default_bin_dir, free_port};
+use trainyard_stats::SortedSamples;
 
 #[derive(Parser)]
 struct Args {

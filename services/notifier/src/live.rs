@@ -131,21 +131,41 @@ mod tests {
         let live = LiveConfig::new(Live::load(&routes).expect("valid"));
         assert!(!live.reload(&routes).expect("unchanged"), "nothing changed");
 
-        std::fs::write(&routes, good.replace("receiver: slack}", "receiver: slak}")).expect("routes");
-        let err = live.reload(&routes).expect_err("unknown receiver").to_string();
-        assert!(err.contains("route.receiver") && err.contains("slak"), "{err}");
-        assert!(live.get().routing.receiver("slack").is_some(), "the last good config stays");
+        std::fs::write(&routes, good.replace("receiver: slack}", "receiver: slak}"))
+            .expect("routes");
+        let err = live
+            .reload(&routes)
+            .expect_err("unknown receiver")
+            .to_string();
+        assert!(
+            err.contains("route.receiver") && err.contains("slak"),
+            "{err}"
+        );
+        assert!(
+            live.get().routing.receiver("slack").is_some(),
+            "the last good config stays"
+        );
 
         std::fs::write(&routes, &good).expect("routes");
         std::fs::write(&url, "https://hooks.example/T000/B000/rotated\n").expect("rotated");
-        assert!(live.reload(&routes).expect("valid"), "a rotated secret is a change");
+        assert!(
+            live.reload(&routes).expect("valid"),
+            "a rotated secret is a change"
+        );
         assert!(matches!(
             live.get().secrets.get("slack"),
             Some(Secret::SlackWebhookUrl(u)) if u.ends_with("rotated")
         ));
 
         std::fs::remove_file(&url).expect("remove");
-        let err = live.reload(&routes).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(err.contains(&url.display().to_string()) && !err.contains("rotated"), "{err}");
+        let err = live
+            .reload(&routes)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains(&url.display().to_string()) && !err.contains("rotated"),
+            "{err}"
+        );
     }
 }

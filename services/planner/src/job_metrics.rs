@@ -244,6 +244,7 @@ mod tests {
             restart_count,
             gpus: 0,
             queue: Some("research".into()),
+            context: Default::default(),
         }
     }
 

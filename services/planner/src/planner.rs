@@ -624,7 +624,8 @@ impl Planner {
                     // Counted once published: a failed publish is retried with the message.
                     self.publisher
                         .publish_with_id(
-                            self.publisher.envelope(entity.clone(), *transition),
+                            self.publisher
+                                .envelope(entity.clone(), (*transition).clone()),
                             &dedup_key,
                         )
                         .await?;

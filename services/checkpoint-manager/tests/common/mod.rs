@@ -133,6 +133,7 @@ impl Driver {
                 restart_count: 0,
                 gpus: 1,
                 queue: Some("team-a".to_string()),
+                context: Default::default(),
             },
         )
         .await;

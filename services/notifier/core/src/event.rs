@@ -10,7 +10,8 @@ use trainyard_contracts::alerts::{
     AlertRaised, BudgetThresholdCrossed, CheckpointProblem, GpusIdle, MessagesDeadLettered,
     Severity, WebhookEndpointDisabled,
 };
-use trainyard_contracts::decisions::{BudgetAction, BudgetDecided, SweepProgressed};
+use trainyard_contracts::cost::{BudgetState, BudgetStatusReported};
+use trainyard_contracts::decisions::SweepProgressed;
 use trainyard_contracts::lifecycle::{TrainingJobFinalized, TrainingJobTransitioned};
 use trainyard_contracts::{EntityRef, Incoming, Payload};
 use uuid::Uuid;
@@ -29,7 +30,7 @@ pub const EVENT_TYPES: &[&str] = &[
     "job.preempted",
     "sweep.best_trial",
     "sweep.finished",
-    "budget.warn",
+    "budget.hold",
     "budget.suspend",
     AlertRaised::TYPE,
     BudgetThresholdCrossed::TYPE,
@@ -157,7 +158,7 @@ pub fn events_of(incoming: &Incoming) -> Result<Vec<Event>, CoreError> {
             .collect(),
         TrainingJobFinalized::TYPE => Vec::new(),
         SweepProgressed::TYPE => sweep(incoming, &incoming.payload()?),
-        BudgetDecided::TYPE => budget(incoming, id, &incoming.payload()?)
+        BudgetStatusReported::TYPE => budget(incoming, id, &incoming.payload()?)
             .into_iter()
             .collect(),
         AlertRaised::TYPE => {
@@ -440,28 +441,28 @@ fn parameter_text(value: &trainyard_contracts::decisions::ParameterValue) -> Str
     }
 }
 
-fn budget(incoming: &Incoming, id: String, b: &BudgetDecided) -> Option<Event> {
-    let (kind, severity) = match b.action {
-        BudgetAction::Allow => return None,
-        BudgetAction::Warn => ("budget.warn", Severity::Warning),
-        BudgetAction::Suspend => ("budget.suspend", Severity::Critical),
+fn budget(incoming: &Incoming, id: String, b: &BudgetStatusReported) -> Option<Event> {
+    let (kind, severity) = match b.state {
+        BudgetState::Open => return None,
+        BudgetState::Held => ("budget.hold", Severity::Warning),
+        BudgetState::Suspended => ("budget.suspend", Severity::Critical),
     };
     let mut event = base(incoming, id, kind, severity);
     event.fingerprint = format!("{kind}/{}", event.entity.key());
     event.title = format!(
         "{}: {:.0}% of budget spent",
         event.entity.key(),
-        if b.budget > 0.0 {
-            100.0 * b.spent / b.budget
+        if b.amount > 0.0 {
+            100.0 * b.spent / b.amount
         } else {
             100.0
         }
     );
-    event.reason = format!("{:?}", b.action);
+    event.reason = format!("{:?}", b.state);
     event.text = b.message.clone();
     event.fields = vec![
         ("Spent".into(), format!("{:.2} {}", b.spent, b.currency)),
-        ("Budget".into(), format!("{:.2} {}", b.budget, b.currency)),
+        ("Budget".into(), format!("{:.2} {}", b.amount, b.currency)),
     ];
     Some(event)
 }

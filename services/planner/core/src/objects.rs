@@ -385,7 +385,6 @@ fn worker_pod_spec(
         service_account_name: spec.service_account_name.clone(),
         image_pull_secrets: (!spec.image_pull_secrets.is_empty())
             .then(|| spec.image_pull_secrets.clone()),
-        security_context: spec.security_context.clone(),
         affinity: pinned_to_planned_nodes(scheduling.affinity, &planned),
         scheduling_gates: gated_for_placement(&planned),
         tolerations: (!tolerations.is_empty()).then_some(tolerations),
@@ -395,16 +394,26 @@ fn worker_pod_spec(
         volumes: Some(volumes),
         // Workers talk to NATS, never to the Kubernetes API.
         automount_service_account_token: Some(false),
-        security_context: Some(PodSecurityContext {
-            run_as_non_root: plan.config.worker_run_as_non_root.then_some(true),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".to_owned(),
-                ..SeccompProfile::default()
-            }),
-            ..PodSecurityContext::default()
-        }),
+        security_context: Some(pod_security_context(spec, plan.config)),
         ..PodSpec::default()
     })
+}
+
+/// The spec's pod securityContext, with the defaults every worker gets where it
+/// says nothing: seccomp RuntimeDefault, and non-root when the installation's
+/// images allow it.
+fn pod_security_context(spec: &TrainingJobSpec, config: &PlannerConfig) -> PodSecurityContext {
+    let mut context = spec.security_context.clone().unwrap_or_default();
+    if context.run_as_non_root.is_none() && config.worker_run_as_non_root {
+        context.run_as_non_root = Some(true);
+    }
+    context
+        .seccomp_profile
+        .get_or_insert_with(|| SeccompProfile {
+            type_: "RuntimeDefault".to_owned(),
+            ..SeccompProfile::default()
+        });
+    context
 }
 
 /// Whether `admission` placed every worker in one domain of the topology
