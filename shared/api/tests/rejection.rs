@@ -208,7 +208,7 @@ fn trainingjob_ranges_enums_and_formats() {
             ),
             case(
                 "checkpoint retention 0",
-                json!({"spec": {"checkpoint": {"retention": 0}}}),
+                json!({"spec": {"checkpoint": {"retention": {"keepLast": 0}}}}),
                 "spec.checkpoint.retention.keepLast",
             ),
             case(

@@ -321,6 +321,7 @@ mod tests {
             BTreeSet::from([
                 "trainyard.worker.checkpoint.ml.bert_v2".to_string(),
                 "trainyard.worker.progress.ml.bert_v2".to_string(),
+                "trainyard.worker.utilization.ml.bert_v2".to_string(),
             ])
         );
         assert!(
