@@ -207,11 +207,6 @@ fn trainingjob_ranges_enums_and_formats() {
                 "spec.checkpoint.frequency",
             ),
             case(
-                "checkpoint retention 0",
-                json!({"spec": {"checkpoint": {"retention": {"keepLast": 0}}}}),
-                "spec.checkpoint.retention.keepLast",
-            ),
-            case(
                 "unknown storage type",
                 json!({"spec": {"checkpoint": {"storage": {"type": "azure"}}}}),
                 "spec.checkpoint.storage.type",

@@ -82,6 +82,12 @@ pub async fn authenticate(
             });
         }
     }
+    if settings.tls_ca_file.is_some() || settings.tls_cert_file.is_some() {
+        // Several rustls crypto providers can be linked into one binary (kube
+        // brings aws-lc-rs); without a process default, rustls refuses to choose.
+        // An error only means a default is already installed.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
     if let Some(ca) = &settings.tls_ca_file {
         options = options
             .require_tls(true)

@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use trainyard_contracts::worker::CheckpointReported;
-use trainyard_contracts::{EntityRef, Incoming, Service};
+use trainyard_contracts::{EntityRef, Incoming, Service, streams};
 use trainyard_runtime::settings::{LogFormat, TelemetrySettings};
 use trainyard_runtime::{Delivery, HandleError, Handler, Runtime, Settings, telemetry};
 use trainyard_testkit::NatsServer;
@@ -73,7 +73,11 @@ async fn handler_span_continues_the_publishers_trace() {
         .expect("publish");
 
     let recorder = Arc::new(TraceRecorder::default());
-    let spec = Service::CheckpointManager.consumers().remove(0);
+    let spec = Service::CheckpointManager
+        .consumers()
+        .into_iter()
+        .find(|c| c.stream == streams::WORKER)
+        .expect("the checkpoint-manager reads worker reports");
     runtime.spawn_consumer(spec, recorder.clone());
     let deadline = Instant::now() + Duration::from_secs(10);
     while recorder.trace_ids.lock().expect("lock").is_empty() && Instant::now() < deadline {
