@@ -580,15 +580,20 @@ async fn a_queue_on_hold_keeps_its_jobs_waiting_until_it_is_released() {
     let mut queue: TrainingQueue = manifest("simulator/clusters/demo-queue.yaml");
     queue.spec.stop_policy = Some(StopPolicy::Hold);
     apply(&queues, &queue).await;
+    // The queue and the job reach the gpu-allocator through separate
+    // watches; a job it sees before the hold is admitted, as in Kueue.
+    queue_status(&stack.kube, "the queue to say it is stopped", |s| {
+        find_condition(&s.conditions, QUEUE_ACTIVE)
+            .is_some_and(|c| c.reason.as_deref() == Some("Stopped"))
+    })
+    .await;
 
     let jobs = Api::<TrainingJob>::namespaced(stack.kube.clone(), "ml");
     apply(&jobs, &training_job("held", 1, 4)).await;
     let message = waiting(&jobs, "held", "on hold").await;
     assert!(message.contains("stopPolicy: Hold"), "{message}");
-    let held = queue_status(&stack.kube, "the queue to say it is stopped", |s| {
+    let held = queue_status(&stack.kube, "the queue to count the held job", |s| {
         s.pending == 1
-            && find_condition(&s.conditions, QUEUE_ACTIVE)
-                .is_some_and(|c| c.reason.as_deref() == Some("Stopped"))
     })
     .await;
     assert_eq!(held.admitted, 0);
