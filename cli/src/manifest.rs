@@ -182,7 +182,7 @@ impl fmt::Display for DocumentError {
 pub fn parse_file(file: &str, text: &str) -> Result<Vec<Manifest>, Vec<DocumentError>> {
     let mut manifests = Vec::new();
     let mut errors = Vec::new();
-    for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+    for (index, document) in yaml_serde::Deserializer::from_str(text).enumerate() {
         let number = index + 1;
         let value = match Value::deserialize(document) {
             Ok(value) => value,

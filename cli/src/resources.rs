@@ -551,7 +551,7 @@ pub(crate) mod tests {
             "/../examples/sweep.yaml"
         ))
         .expect("example exists");
-        serde_yaml::from_str(&text).expect("example parses")
+        yaml_serde::from_str(&text).expect("example parses")
     }
 
     #[test]
@@ -604,7 +604,7 @@ pub(crate) mod tests {
             "/../examples/trainingqueue-default.yaml"
         ))
         .expect("example exists");
-        let mut queue: TrainingQueue = serde_yaml::from_str(&text).expect("example parses");
+        let mut queue: TrainingQueue = yaml_serde::from_str(&text).expect("example parses");
         assert_eq!(queue.cells(), ["research", "0", "0", "0/24"]);
         queue.status = Some(trainyard_api::TrainingQueueStatus {
             pending: 2,

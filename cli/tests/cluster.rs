@@ -104,7 +104,7 @@ async fn cluster(nodes: Vec<Node>) -> (Client, Server) {
 fn seeded_queue() -> TrainingQueue {
     let text = std::fs::read_to_string(examples().join("trainingqueue-default.yaml"))
         .expect("example exists");
-    let mut queue: TrainingQueue = serde_yaml::from_str(&text).expect("example parses");
+    let mut queue: TrainingQueue = yaml_serde::from_str(&text).expect("example parses");
     queue.metadata.name = Some("seeded-queue".into());
     queue
 }

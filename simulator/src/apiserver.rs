@@ -194,7 +194,7 @@ fn parse_body(body: &Bytes, headers: &HeaderMap) -> Result<Value, ApiError> {
         Err(json) if !yaml => Err(ApiError::bad_request(format!(
             "the request body is not valid JSON: {json}"
         ))),
-        Err(json) => serde_yaml::from_slice(body).map_err(|yaml| {
+        Err(json) => yaml_serde::from_slice(body).map_err(|yaml| {
             ApiError::bad_request(format!(
                 "the request body is neither valid JSON ({json}) nor valid YAML ({yaml})"
             ))

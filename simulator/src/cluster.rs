@@ -22,6 +22,8 @@ use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::TryRecvError;
 use trainyard_api::placement::{LABEL_ATTEMPT, LABEL_JOB};
 use trainyard_api::quantity::{QuantityError, bytes, cpu_millis};
+use trainyard_contracts::hash::fnv1a_of;
+use trainyard_contracts::object_key;
 use trainyard_contracts::worker::{CheckpointReported, ProgressReported};
 
 use crate::clock::SimClock;
@@ -160,10 +162,6 @@ pub struct Cluster {
     history: BTreeMap<String, JobHistory>,
     usage: Vec<UsageSample>,
     last_step: f64,
-}
-
-fn key(namespace: &str, name: &str) -> String {
-    format!("{namespace}/{name}")
 }
 
 /// Where the store keeps an object: its namespace (empty if cluster-scoped) and name.
@@ -1376,14 +1374,14 @@ impl Cluster {
             )
         });
         self.history
-            .entry(key(&ns, &training_job))
+            .entry(object_key(&ns, &training_job))
             .or_default()
             .gpus = gpus;
         tracing::debug!(job = %name, workers, gpus, start_epoch, total_epochs, "pods created");
         Some(Run {
             namespace: ns,
             job: name,
-            model_key: hash(&model),
+            model_key: fnv1a_of(model.as_bytes()),
             quality: quality(&hyperparameters),
             training_job,
             attempt,
@@ -1501,7 +1499,7 @@ impl Cluster {
                             p["status"]["conditions"] =
                                 json!([{"type": "PodScheduled", "status": "True"}]);
                         });
-                    self.bound_at.insert(key(ns, pod_name), now);
+                    self.bound_at.insert(object_key(ns, pod_name), now);
                 }
                 None => {
                     let detail = reasons
@@ -1534,7 +1532,7 @@ impl Cluster {
             }
             let ns = pod.namespace.as_str();
             let name = pod.name.as_str();
-            let bound = *self.bound_at.entry(key(ns, name)).or_insert(now);
+            let bound = *self.bound_at.entry(object_key(ns, name)).or_insert(now);
             if now < bound + delay {
                 continue;
             }
@@ -1556,7 +1554,7 @@ impl Cluster {
                     "state": {"running": {"startedAt": wall_clock()}},
                 }]);
             });
-            self.bound_at.remove(&key(ns, name));
+            self.bound_at.remove(&object_key(ns, name));
         }
     }
 
@@ -1645,7 +1643,7 @@ impl Cluster {
                 if all_running {
                     run.started = Some(now);
                     self.history
-                        .entry(key(&run.namespace, &run.training_job))
+                        .entry(object_key(&run.namespace, &run.training_job))
                         .or_default()
                         .started
                         .push(now);
@@ -1704,7 +1702,7 @@ impl Cluster {
         };
         if run.started.is_some() || !succeeded {
             self.history
-                .entry(key(&run.namespace, &run.training_job))
+                .entry(object_key(&run.namespace, &run.training_job))
                 .or_default()
                 .ended
                 .push((now, outcome));
@@ -1817,12 +1815,6 @@ pub fn resume_epoch(uri: &str) -> u32 {
         })
         .and_then(|digits| digits.parse().ok())
         .unwrap_or(0)
-}
-
-fn hash(text: &str) -> u64 {
-    text.bytes().fold(1469598103934665603u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(1099511628211)
-    })
 }
 
 #[cfg(test)]

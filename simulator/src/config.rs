@@ -267,7 +267,7 @@ impl ClusterConfig {
     }
 
     pub fn parse(text: &str) -> Result<Self, String> {
-        let config: Self = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+        let config: Self = yaml_serde::from_str(text).map_err(|e| e.to_string())?;
         config.check()?;
         Ok(config)
     }

@@ -122,7 +122,7 @@ impl Server {
 }
 
 fn example<K: serde::de::DeserializeOwned>(yaml: &str) -> K {
-    serde_yaml::from_str(yaml).expect("the example parses")
+    yaml_serde::from_str(yaml).expect("the example parses")
 }
 
 fn training_job(name: &str) -> TrainingJob {

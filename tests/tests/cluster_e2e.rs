@@ -148,7 +148,7 @@ async fn a_training_job_on_a_real_cluster() {
         "/../examples/trainingjob-simple.yaml"
     ))
     .expect("example");
-    let mut tj: TrainingJob = serde_yaml::from_str(&text).expect("example parses");
+    let mut tj: TrainingJob = yaml_serde::from_str(&text).expect("example parses");
     tj.metadata.namespace = Some(NS.into());
     jobs_api
         .patch("mnist-training", &apply, &Patch::Apply(&tj))

@@ -5,9 +5,9 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use serde::Deserialize;
-use serde_yaml::Value;
 use trainyard_contracts::Service;
 use trainyard_runtime::Settings;
+use yaml_serde::Value;
 
 fn root() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
@@ -15,7 +15,7 @@ fn root() -> &'static Path {
 
 fn documents(path: &str) -> Vec<Value> {
     let text = std::fs::read_to_string(root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
-    serde_yaml::Deserializer::from_str(&text)
+    yaml_serde::Deserializer::from_str(&text)
         .map(|doc| {
             Value::deserialize(doc).unwrap_or_else(|e| panic!("{path} is not valid YAML: {e}"))
         })

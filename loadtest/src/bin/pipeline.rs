@@ -186,7 +186,7 @@ async fn run(args: &Args, stack: &mut Stack) -> anyhow::Result<PipelineReport> {
     let cluster = workload::cluster_config(args.nodes, args.gpus_per_node, args.speed);
     let total_gpus = args.nodes * args.gpus_per_node;
     let kubeconfig = stack
-        .start_simulator(&serde_yaml::to_string(&cluster)?)
+        .start_simulator(&yaml_serde::to_string(&cluster)?)
         .await?;
     let kubeconfig_path = kubeconfig.to_string_lossy().into_owned();
     stack.start_services(&kubeconfig_path, args.cycle_ms)?;

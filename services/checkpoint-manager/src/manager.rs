@@ -215,10 +215,6 @@ pub struct Manager {
     pools: Mutex<HashMap<String, InterruptionStats>>,
 }
 
-fn key(job: &EntityRef) -> String {
-    format!("{}/{}", job.namespace, job.name)
-}
-
 impl Manager {
     pub fn new(
         publisher: Publisher,
@@ -248,7 +244,7 @@ impl Manager {
     }
 
     async fn load(&self, job: &EntityRef) -> Result<JobRecord, CheckpointError> {
-        let key = key(job);
+        let key = job.key();
         let cached = self
             .records
             .lock()
@@ -286,7 +282,7 @@ impl Manager {
     }
 
     async fn save(&self, record: JobRecord) -> Result<(), CheckpointError> {
-        let key = key(&record.job);
+        let key = record.job.key();
         let bytes = serde_json::to_vec(&record)
             .map_err(|err| CheckpointError::Store(format!("encode {key}: {err}")))?;
         self.bucket
@@ -343,7 +339,7 @@ impl Manager {
         let _entered = span.enter();
         let kind = message.header.message_type.as_str();
         if kind == TrainingJobFinalized::TYPE {
-            let key = key(&job);
+            let key = job.key();
             self.records
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -397,7 +393,7 @@ impl Manager {
         record: &mut JobRecord,
         report: CheckpointReported,
     ) -> Result<Vec<Outgoing>, CheckpointError> {
-        let job_key = key(&record.job);
+        let job_key = record.job.key();
         let Some(settings) = record.settings.clone() else {
             return Err(CheckpointError::UnknownJob(job_key));
         };

@@ -24,6 +24,7 @@ use trainyard_contracts::cost::{
 };
 use trainyard_contracts::decisions::AdmissionDecided;
 use trainyard_contracts::events::{Change, NodeObserved};
+use trainyard_contracts::object_key;
 
 use crate::config::CostConfig;
 
@@ -98,10 +99,6 @@ pub struct CostState {
     unbudgeted: BTreeMap<String, f64>,
 }
 
-fn key_of(entity: &EntityRef) -> String {
-    format!("{}/{}", entity.namespace, entity.name)
-}
-
 fn phase_of(phase: WirePhase) -> WorkerPhase {
     match phase {
         WirePhase::Starting => WorkerPhase::Starting,
@@ -142,7 +139,7 @@ impl CostState {
     }
 
     pub fn job(&self, namespace: &str, name: &str) -> Option<&JobFacts> {
-        self.jobs.get(&format!("{namespace}/{name}"))
+        self.jobs.get(&object_key(namespace, name))
     }
 
     fn currency(&self) -> String {
@@ -312,7 +309,7 @@ impl CostState {
         job: Option<&TrainingJob>,
         at: DateTime<Utc>,
     ) -> Vec<Outgoing> {
-        let key = key_of(entity);
+        let key = entity.key();
         let Some(job) = job else {
             self.forget(&key, at);
             return Vec::new();
@@ -529,7 +526,7 @@ impl CostState {
         at: DateTime<Utc>,
     ) {
         self.accrue_until(at);
-        let key = key_of(entity);
+        let key = entity.key();
         if let Some(catalog) = self.catalog.clone() {
             self.ledger.stop(&key, at, &catalog);
         }
@@ -570,7 +567,7 @@ impl CostState {
         at: DateTime<Utc>,
     ) -> Vec<Outgoing> {
         self.accrue_until(at);
-        let key = key_of(entity);
+        let key = entity.key();
         let lines = match self.catalog.clone() {
             Some(catalog) => self.ledger.stop(&key, at, &catalog),
             None => Vec::new(),
@@ -596,7 +593,7 @@ impl CostState {
 
     /// `worker.checkpoint`: the gap between checkpoints is the interval.
     pub fn on_checkpoint(&mut self, entity: &EntityRef, at: DateTime<Utc>) {
-        if let Some(job) = self.jobs.get_mut(&key_of(entity)) {
+        if let Some(job) = self.jobs.get_mut(&entity.key()) {
             if let Some(last) = job.last_checkpoint {
                 let gap = (at - last).num_seconds() as f64;
                 if gap > 0.0 {
@@ -612,7 +609,7 @@ impl CostState {
 
     /// `worker.utilization`.
     pub fn on_utilization(&mut self, entity: &EntityRef, report: &UtilizationReported) {
-        let key = key_of(entity);
+        let key = entity.key();
         if let Some(job) = self.jobs.get_mut(&key)
             && report.attempt >= job.attempt
         {

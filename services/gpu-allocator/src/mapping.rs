@@ -22,6 +22,7 @@ use trainyard_contracts::decisions::{
     TolerationSpec, WorkerPlacement,
 };
 use trainyard_contracts::events::{Change, NodeObserved, TrainingQueueChanged};
+use trainyard_contracts::hash::fnv1a_parts;
 
 use crate::config::{AllocatorServiceConfig, CapacityLabel};
 use crate::error::ServiceError;
@@ -755,25 +756,6 @@ pub fn queue_status_reported(usage: &QueueUsage, cpu_admitted: u32) -> QueueStat
 pub const QUEUE_READY: &str = "Ready";
 /// Reason of a queue whose `stopPolicy` is Hold.
 pub const QUEUE_STOPPED: &str = "Stopped";
-
-/// FNV-1a (stable across builds and platforms, unlike `DefaultHasher`) of
-/// `parts`, each followed by a byte no UTF-8 text contains, which keeps
-/// ("ab", "c") apart from ("a", "bc").
-pub fn fnv1a_parts(parts: &[&[u8]]) -> u64 {
-    parts
-        .iter()
-        .fold(FNV_OFFSET, |hash, part| fnv1a(fnv1a(hash, part), &[0xff]))
-}
-
-/// Where an FNV-1a hash starts.
-pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-
-/// FNV-1a continued over `bytes` from `hash`.
-pub fn fnv1a(hash: u64, bytes: &[u8]) -> u64 {
-    bytes.iter().fold(hash, |hash, byte| {
-        (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
 
 /// The entity a decision about a job is published for: namespace, name and
 /// the Kubernetes uid (without the attempt).
@@ -1566,7 +1548,5 @@ mod tests {
             id,
             pending_id(&JobUid::new("u-2/a0"), &pending, Timestamp(7))
         );
-        assert_eq!(fnv1a(FNV_OFFSET, b""), 0xcbf2_9ce4_8422_2325);
-        assert_ne!(fnv1a_parts(&[b"ab", b"c"]), fnv1a_parts(&[b"a", b"bc"]));
     }
 }

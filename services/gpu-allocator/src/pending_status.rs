@@ -14,7 +14,7 @@
 use gpu_allocator_core::PendingReason;
 use serde::{Deserialize, Serialize};
 
-use crate::mapping::{fnv1a, fnv1a_parts};
+use trainyard_contracts::hash::{fnv1a, fnv1a_parts};
 
 /// What the last published explanation of a job said, as far as deciding to
 /// publish again goes.

@@ -18,6 +18,7 @@ use trainyard_contracts::decisions::{
 };
 use trainyard_contracts::events::{Change, NodeObserved, TrainingJobChanged, TrainingQueueChanged};
 use trainyard_contracts::lifecycle::TrainingJobTransitioned;
+use trainyard_contracts::object_key;
 
 use crate::config::AllocatorServiceConfig;
 use crate::error::ServiceError;
@@ -163,10 +164,6 @@ pub struct AllocatorState {
     capacity_chosen: BTreeMap<String, (String, gpu_allocator_core::CapacityType)>,
 }
 
-fn entity_key(namespace: &str, name: &str) -> String {
-    format!("{namespace}/{name}")
-}
-
 fn changed(applied: Applied) -> bool {
     applied == Applied::Changed
 }
@@ -293,7 +290,7 @@ impl AllocatorState {
     /// The record of a TrainingJob.
     pub fn job(&self, namespace: &str, name: &str) -> Option<&JobRecord> {
         self.jobs
-            .get(&entity_key(namespace, name))
+            .get(&object_key(namespace, name))
             .map(|rec| &**rec)
     }
 
@@ -413,7 +410,7 @@ impl AllocatorState {
             .name
             .clone()
             .unwrap_or_else(|| entity.name.clone());
-        let key = entity_key(&namespace, &name);
+        let key = object_key(&namespace, &name);
         let k8s_uid = job
             .metadata
             .uid
@@ -503,7 +500,7 @@ impl AllocatorState {
         entity: &EntityRef,
         chosen: &trainyard_contracts::cost::CapacityChosen,
     ) -> Result<(), ServiceError> {
-        let key = entity_key(&entity.namespace, &entity.name);
+        let key = object_key(&entity.namespace, &entity.name);
         let capacity = match chosen.capacity_type {
             trainyard_contracts::cost::CapacityType::Spot => gpu_allocator_core::CapacityType::Spot,
             trainyard_contracts::cost::CapacityType::OnDemand => {
@@ -581,7 +578,7 @@ impl AllocatorState {
         entity: &EntityRef,
         transition: &TrainingJobTransitioned,
     ) -> Result<(), ServiceError> {
-        let key = entity_key(&entity.namespace, &entity.name);
+        let key = object_key(&entity.namespace, &entity.name);
         let Some(mut rec) = self.jobs.get(&key).map(|rec| JobRecord::clone(rec)) else {
             // Never saw its spec: remember only that a finished attempt is done.
             if transition.to.is_terminal() && !entity.uid.is_empty() {
@@ -624,7 +621,7 @@ impl AllocatorState {
 
     /// `trainingjob.finalized`: the job and everything it owned are gone.
     pub fn on_finalized(&mut self, entity: &EntityRef) -> Result<(), ServiceError> {
-        let key = entity_key(&entity.namespace, &entity.name);
+        let key = object_key(&entity.namespace, &entity.name);
         let Some(rec) = self.jobs.get(&key).cloned() else {
             return Ok(());
         };
@@ -655,7 +652,7 @@ impl AllocatorState {
         };
         let mut rec = rec.clone();
         rec.template.last_preemptor = Some(by.clone());
-        let key = entity_key(&rec.entity.namespace, &rec.entity.name);
+        let key = object_key(&rec.entity.namespace, &rec.entity.name);
         self.remember(key, rec);
     }
 

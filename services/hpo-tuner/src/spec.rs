@@ -21,6 +21,7 @@ use trainyard_api::sweep::{
 use trainyard_api::{FieldError, Sweep};
 use trainyard_contracts::EntityRef;
 use trainyard_contracts::decisions::ParameterValue;
+use trainyard_contracts::hash::fnv1a_of;
 
 /// Trials the median rule waits for before it stops anything (the core's default,
 /// Optuna's `n_startup_trials`); the CRD does not expose it.
@@ -160,13 +161,7 @@ pub fn seed_of(sweep: &Sweep, entity: &EntityRef) -> u64 {
     } else {
         entity.uid.clone()
     };
-    fnv1a(basis.as_bytes())
-}
-
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, b| {
-        (hash ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    fnv1a_of(basis.as_bytes())
 }
 
 /// Validates the Sweep (every CRD rule, then what the tuner needs on top) and
@@ -514,7 +509,7 @@ mod tests {
             "/../../examples/sweep.yaml"
         ))
         .expect("example");
-        let sweep: Sweep = serde_yaml::from_str(&text).expect("example parses");
+        let sweep: Sweep = yaml_serde::from_str(&text).expect("example parses");
         let entity = EntityRef::new("ml-training", "bert-finetune-sweep", "uid");
         let mapped = map_sweep(&entity, &sweep).expect("example is valid");
         let spec = mapped.core.spec();
@@ -597,7 +592,7 @@ mod tests {
         assert_eq!(spec.parallel_trial_count, 1);
         assert_eq!(spec.early_stopping, None);
         assert_eq!(spec.max_failed_trial_count, None);
-        assert_eq!(spec.seed, fnv1a(b"u-1"), "seed from the uid");
+        assert_eq!(spec.seed, fnv1a_of(b"u-1"), "seed from the uid");
     }
 
     #[test]

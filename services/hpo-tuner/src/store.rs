@@ -93,11 +93,6 @@ impl SweepState {
     }
 }
 
-/// KV key of a sweep: `<namespace>/<name>`.
-pub fn key(sweep: &EntityRef) -> String {
-    format!("{}/{}", sweep.namespace, sweep.name)
-}
-
 /// A key as last read: its revision (0 when it never existed; a delete marker's
 /// revision when deleted) and its value, if it holds one.
 #[derive(Debug, Clone, Default)]

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use trainyard_api::TrainingJobState;
 use trainyard_contracts::EntityRef;
+use trainyard_contracts::object_key;
 
 use crate::metrics::TunerMetrics;
 use crate::mlflow::{Batch, Metric, MlflowClient, MlflowError, RunStatus, filter_literal};
@@ -58,7 +59,7 @@ pub struct SweepInfo {
 impl SweepInfo {
     /// The experiment name: `<namespace>/<name>`.
     pub fn experiment_name(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+        object_key(&self.namespace, &self.name)
     }
 }
 
@@ -87,7 +88,7 @@ pub struct JobInfo {
 impl JobInfo {
     /// The run name: `<namespace>/<name>`.
     pub fn run_name(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+        object_key(&self.namespace, &self.name)
     }
 
     /// The tags that identify the job's run (and find it again after a restart).

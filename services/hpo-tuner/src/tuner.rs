@@ -29,7 +29,7 @@ use crate::metrics::TunerMetrics;
 use crate::mlflow::RunStatus;
 use crate::routing::{self, Outgoing, OutgoingPayload, Route, TrialChange, TrialInput, TrialRef};
 use crate::spec::{self, parameter_text};
-use crate::store::{self, StateStore, SweepState};
+use crate::store::{StateStore, SweepState};
 use crate::tracking::{SweepInfo, TrackerHandle, TrackingCommand, TrialInfo};
 
 /// Deliveries of a trial's completion that wait for its final progress report
@@ -202,7 +202,7 @@ impl Tuner {
         header: &Header,
         delivered: i64,
     ) -> Result<(), TunerError> {
-        let key = store::key(sweep);
+        let key = sweep.key();
         let cell = self.cell(&key);
         let mut guard = cell.lock().await;
         let result = self

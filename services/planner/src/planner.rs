@@ -29,7 +29,7 @@ use trainyard_runtime::{Delivery, HandleError, Handler, Lease, Publisher};
 use crate::error::PlannerError;
 use crate::job_metrics::JobMetrics;
 use crate::kubernetes::{FINALIZER, KubeWriter, ObjectChanges};
-use crate::store::{StateStore, key};
+use crate::store::StateStore;
 
 /// The planner's metrics.
 #[derive(Clone)]
@@ -353,7 +353,7 @@ impl Planner {
         input: Input,
     ) -> Result<(), PlannerError> {
         let started = Instant::now();
-        let key = key(entity);
+        let key = entity.key();
         let entry = self.entry(&key);
         let mut entry = entry.lock().await;
         if !entry.loaded {
@@ -631,7 +631,7 @@ impl Planner {
                         .await?;
                     self.metrics
                         .jobs
-                        .transitioned(&key(entity), &namespace, &transition);
+                        .transitioned(&entity.key(), &namespace, &transition);
                 }
                 PlannerAction::UpdateStatus(status) => {
                     let interval = Duration::from_millis(self.config.min_status_interval_ms);

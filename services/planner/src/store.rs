@@ -6,18 +6,12 @@
 
 use async_nats::jetstream::kv;
 use planner_core::PlannerJobState;
-use trainyard_contracts::EntityRef;
 
 use crate::error::PlannerError;
 
 #[derive(Clone)]
 pub struct StateStore {
     bucket: kv::Store,
-}
-
-/// KV key of a job: `<namespace>/<name>` (both are valid key characters).
-pub fn key(entity: &EntityRef) -> String {
-    format!("{}/{}", entity.namespace, entity.name)
 }
 
 impl StateStore {

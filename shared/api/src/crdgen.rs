@@ -12,7 +12,7 @@ pub type CrdFile = (&'static str, String);
 pub const CRDGEN_COMMAND: &str = "cargo run -p trainyard-api --bin crdgen";
 
 /// The YAML of every Trainyard CRD, as `(file name, YAML)` pairs in a fixed order.
-pub fn generate_crd_files() -> Result<Vec<CrdFile>, serde_yaml::Error> {
+pub fn generate_crd_files() -> Result<Vec<CrdFile>, yaml_serde::Error> {
     Ok(vec![
         ("trainingjob.yaml", render(&TrainingJob::crd())?),
         ("sweep.yaml", render(&Sweep::crd())?),
@@ -25,8 +25,8 @@ pub fn all_crds() -> Vec<CustomResourceDefinition> {
     vec![TrainingJob::crd(), Sweep::crd(), TrainingQueue::crd()]
 }
 
-fn render(crd: &CustomResourceDefinition) -> Result<String, serde_yaml::Error> {
-    let body = serde_yaml::to_string(crd)?;
+fn render(crd: &CustomResourceDefinition) -> Result<String, yaml_serde::Error> {
+    let body = yaml_serde::to_string(crd)?;
     Ok(format!(
         "# Generated from the Rust types in shared/api by `{CRDGEN_COMMAND}`. Do not edit.\n{body}"
     ))

@@ -34,7 +34,7 @@ fn generated_yaml_parses_back_into_the_same_crds() {
         .zip(trainyard_api::all_crds())
     {
         let parsed: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
-            serde_yaml::from_str(yaml).unwrap_or_else(|e| panic!("{file_name} does not parse: {e}"));
+            yaml_serde::from_str(yaml).unwrap_or_else(|e| panic!("{file_name} does not parse: {e}"));
         assert_eq!(parsed, crd, "{file_name}");
     }
 }

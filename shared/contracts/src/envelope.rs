@@ -36,11 +36,18 @@ impl EntityRef {
 
     /// `namespace/name`, or `name` for cluster-scoped objects.
     pub fn key(&self) -> String {
-        if self.namespace.is_empty() {
-            self.name.clone()
-        } else {
-            format!("{}/{}", self.namespace, self.name)
-        }
+        object_key(&self.namespace, &self.name)
+    }
+}
+
+/// The key of a Kubernetes object in every map, KV bucket and log line:
+/// `namespace/name`, or `name` for cluster-scoped objects (kube-rs's
+/// `ObjectRef` and client-go's cache keys read the same).
+pub fn object_key(namespace: &str, name: &str) -> String {
+    if namespace.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{namespace}/{name}")
     }
 }
 

@@ -26,6 +26,7 @@ pub mod decisions;
 pub mod envelope;
 pub mod error;
 pub mod events;
+pub mod hash;
 pub mod lifecycle;
 pub mod notifications;
 pub mod permissions;
@@ -34,6 +35,8 @@ pub mod subject;
 pub mod submit;
 pub mod worker;
 
-pub use envelope::{EntityRef, Envelope, Header, Incoming, Payload, TraceContext, decode};
+pub use envelope::{
+    EntityRef, Envelope, Header, Incoming, Payload, TraceContext, decode, object_key,
+};
 pub use error::ContractError;
 pub use streams::{Bucket, ConsumerSpec, Service, StreamSpec};

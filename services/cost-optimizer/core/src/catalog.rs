@@ -206,7 +206,7 @@ impl PriceCatalog {
     /// Parses and validates a catalog.
     pub fn parse(yaml: &str) -> Result<Self, CostError> {
         let file: CatalogFile =
-            serde_yaml::from_str(yaml).map_err(|e| CostError::CatalogSyntax(e.to_string()))?;
+            yaml_serde::from_str(yaml).map_err(|e| CostError::CatalogSyntax(e.to_string()))?;
         let catalog = PriceCatalog { file };
         catalog.validate()?;
         Ok(catalog)

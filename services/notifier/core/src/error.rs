@@ -9,7 +9,7 @@ pub enum CoreError {
     Config { field: String, message: String },
     /// The routing config is not YAML of the right shape.
     #[error("routing config: {0}")]
-    ConfigSyntax(#[from] serde_yaml::Error),
+    ConfigSyntax(#[from] yaml_serde::Error),
     /// A message the notifier consumes but whose type it does not know.
     #[error(
         "unknown event type {0:?}: the notifier handles lifecycle transitions, sweep progress, budget decisions and the alert types of shared/contracts"

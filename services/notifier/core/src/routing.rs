@@ -289,7 +289,7 @@ pub struct RouteOutcome {
 impl Routing {
     /// Parses and validates a routing file; every error names the field.
     pub fn from_yaml(text: &str) -> Result<Self, CoreError> {
-        let file: RoutingFile = serde_yaml::from_str(text)?;
+        let file: RoutingFile = yaml_serde::from_str(text)?;
         Self::new(file)
     }
 

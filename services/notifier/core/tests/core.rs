@@ -565,7 +565,7 @@ fn unknown_types_and_bad_payloads_are_errors() {
 #[test]
 fn the_shipped_routing_config_is_valid() {
     let manifest = include_str!("../../../../deploy/notifier.yaml");
-    let docs: serde_yaml::Value = serde_yaml::from_str(manifest).expect("YAML");
+    let docs: yaml_serde::Value = yaml_serde::from_str(manifest).expect("YAML");
     let routes = docs["data"]["routes.yaml"]
         .as_str()
         .expect("routes.yaml key");

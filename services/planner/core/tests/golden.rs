@@ -39,9 +39,9 @@ fn examples_dir() -> PathBuf {
 
 fn render(objects: &DesiredObjects) -> String {
     let documents = [
-        serde_yaml::to_string(&objects.config_map).unwrap(),
-        serde_yaml::to_string(&objects.service).unwrap(),
-        serde_yaml::to_string(&objects.job).unwrap(),
+        yaml_serde::to_string(&objects.config_map).unwrap(),
+        yaml_serde::to_string(&objects.service).unwrap(),
+        yaml_serde::to_string(&objects.job).unwrap(),
     ];
     let mut rendered = HEADER.to_owned();
     for document in documents {

@@ -120,7 +120,7 @@ impl Cluster {
     pub async fn create_example(&self, file: &str) -> TrainingJob {
         let path = format!("{}/../../examples/{file}", env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(&path).expect("example exists");
-        let mut job: TrainingJob = serde_yaml::from_str(&text).expect("example parses");
+        let mut job: TrainingJob = yaml_serde::from_str(&text).expect("example parses");
         job.metadata.namespace = Some(NS.to_string());
         self.training_jobs()
             .create(&PostParams::default(), &job)
@@ -132,7 +132,7 @@ impl Cluster {
     pub async fn create_sweep(&self, file: &str) -> trainyard_api::Sweep {
         let path = format!("{}/../../examples/{file}", env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(&path).expect("example exists");
-        let mut sweep: trainyard_api::Sweep = serde_yaml::from_str(&text).expect("example parses");
+        let mut sweep: trainyard_api::Sweep = yaml_serde::from_str(&text).expect("example parses");
         sweep.metadata.namespace = Some(NS.to_string());
         self.sweeps()
             .create(&PostParams::default(), &sweep)

@@ -140,7 +140,7 @@ pub fn example_documents() -> Vec<ExampleDocument> {
     for file in files {
         let text = std::fs::read_to_string(&file)
             .unwrap_or_else(|e| panic!("reading {}: {e}", file.display()));
-        for document in serde_yaml::Deserializer::from_str(&text) {
+        for document in yaml_serde::Deserializer::from_str(&text) {
             let object = Value::deserialize(document)
                 .unwrap_or_else(|e| panic!("{} is not valid YAML: {e}", file.display()));
             if !object.is_null() {

@@ -71,7 +71,7 @@ pub fn spec(workers: u32) -> TrainingJobSpec {
 
 /// Reads a YAML TrainingJob.
 pub fn parse_training_job(yaml: &str) -> TrainingJob {
-    as_stored(serde_yaml::from_str(yaml).unwrap())
+    as_stored(yaml_serde::from_str(yaml).unwrap())
 }
 
 /// An admission of `attempt` onto A100 nodes.
