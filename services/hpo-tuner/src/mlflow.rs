@@ -3,6 +3,7 @@
 //! and exponential backoff on 5xx, 429 and connection errors.
 
 use std::time::Duration;
+use trainyard_contracts::backoff::capped_doubling;
 
 use reqwest::{Method, StatusCode, Url};
 use serde::Deserialize;
@@ -96,10 +97,11 @@ impl Default for RetryPolicy {
 impl RetryPolicy {
     /// Wait before attempt `attempt + 1` (attempt counts from 1): doubling, capped.
     pub fn backoff(&self, attempt: u32) -> Duration {
-        let factor = 2u32.saturating_pow(attempt.saturating_sub(1).min(16));
-        self.initial_backoff
-            .saturating_mul(factor)
-            .min(self.max_backoff)
+        capped_doubling(
+            self.initial_backoff,
+            attempt.saturating_sub(1),
+            self.max_backoff,
+        )
     }
 }
 

@@ -18,6 +18,7 @@ macro_rules! payload {
 pub(crate) use payload;
 
 pub mod alerts;
+pub mod backoff;
 pub mod catalog;
 pub mod commands;
 pub mod cost;

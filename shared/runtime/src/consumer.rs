@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use trainyard_contracts::backoff::capped_doubling;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, AckKind, consumer::pull};
@@ -323,8 +324,8 @@ async fn process<H: Handler>(
 
 /// Backoff before redelivery `delivered` + 1: 1 s doubling, capped at 60 s.
 pub fn retry_delay(delivered: i64) -> Duration {
-    let exponent = delivered.clamp(1, 7) as u32 - 1;
-    Duration::from_secs(2u64.pow(exponent)).min(Duration::from_secs(60))
+    let retry = u32::try_from(delivered.max(1) - 1).unwrap_or(u32::MAX);
+    capped_doubling(Duration::from_secs(1), retry, Duration::from_secs(60))
 }
 
 async fn nak(message: &jetstream::Message, delay: Option<Duration>) {

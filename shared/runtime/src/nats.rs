@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::time::Duration;
+use trainyard_contracts::backoff::capped_doubling;
 
 use async_nats::jetstream::{self, kv, stream};
 use trainyard_contracts::permissions::Identity;
@@ -112,8 +113,11 @@ pub async fn authenticate(
 
 /// Delay before reconnect attempt `attempts`: 100 ms doubling, capped at 5 s.
 pub fn reconnect_delay(attempts: usize) -> Duration {
-    let exponent = attempts.min(6) as u32;
-    Duration::from_millis(100 * 2u64.pow(exponent)).min(Duration::from_secs(5))
+    capped_doubling(
+        Duration::from_millis(100),
+        u32::try_from(attempts).unwrap_or(u32::MAX),
+        Duration::from_secs(5),
+    )
 }
 
 /// The JetStream configuration of a contract stream under these settings.

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::time::Duration;
+use trainyard_contracts::backoff::capped_doubling;
 
 use serde::{Deserialize, Serialize};
 use trainyard_api::Framework;
@@ -102,13 +103,11 @@ impl PlannerConfig {
     /// restarted: initial, 2×initial, 4×initial, ... capped at the maximum
     /// (10s, 20s, 40s, ... 5m with the defaults).
     pub fn restart_backoff(&self, previous_failures: u32) -> Duration {
-        let initial = u64::from(self.restart_backoff_initial_seconds);
-        let max = u64::from(self.restart_backoff_max_seconds);
-        // 2^31 seconds is far beyond any sane cap; saturate instead of overflowing.
-        let factor = 1u64
-            .checked_shl(previous_failures.min(31))
-            .unwrap_or(u64::MAX);
-        Duration::from_secs(initial.saturating_mul(factor).min(max))
+        capped_doubling(
+            Duration::from_secs(u64::from(self.restart_backoff_initial_seconds)),
+            previous_failures,
+            Duration::from_secs(u64::from(self.restart_backoff_max_seconds)),
+        )
     }
 }
 
