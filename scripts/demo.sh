@@ -172,6 +172,9 @@ echo
 echo "== summary"
 "$trainyard" summary -A || status=$?
 notifications_summary
+echo
+echo "== one finished job in full (trainyard describe tj mnist-training -n ml-training)"
+"$trainyard" describe tj mnist-training -n ml-training || status=$?
 if [ "$observe" = yes ]; then
   echo
   echo "== alerts that fired during the run (http://127.0.0.1:$prometheus_port/alerts)"

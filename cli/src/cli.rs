@@ -13,6 +13,22 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+
+    /// Which cluster to talk to.
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+/// kubectl's `--kubeconfig` and `--context`, accepted by every subcommand.
+#[derive(Debug, Default, Clone, Args)]
+pub struct ClusterArgs {
+    /// Kubeconfig file to use instead of KUBECONFIG or ~/.kube/config.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Kubeconfig context to use instead of its current-context.
+    #[arg(long, global = true, value_name = "CONTEXT")]
+    pub context: Option<String>,
 }
 
 /// The subcommands.
@@ -21,8 +37,13 @@ pub enum Command {
     /// Create or update TrainingJobs, Sweeps and TrainingQueues from YAML files
     /// (server-side apply); nothing is applied if any document is invalid.
     Apply(ApplyArgs),
-    /// List TrainingJobs, Sweeps or TrainingQueues as a table, or watch them change.
+    /// List TrainingJobs, Sweeps or TrainingQueues (all, by name or by label) as a
+    /// table, JSON, YAML or names, or watch them change.
     Get(GetArgs),
+    /// One object in full: spec, status, conditions, checkpoints, cost and its Events.
+    Describe(DescribeArgs),
+    /// Why a TrainingJob waits: its queue, position and the gpu-allocator's reason.
+    Explain(ExplainArgs),
     /// Outcome counts, queueing delay, durations and GPU utilisation of TrainingJobs.
     Summary(SummaryArgs),
     /// Delete TrainingJobs, Sweeps or TrainingQueues by name.
@@ -53,6 +74,35 @@ pub struct DeleteArgs {
 
     /// Namespace (default: the kubeconfig context's, else "default"; ignored for
     /// trainingqueues).
+    #[arg(short = 'n', long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+}
+
+/// `trainyard describe`.
+#[derive(Debug, Args)]
+pub struct DescribeArgs {
+    /// What to describe.
+    #[arg(value_enum)]
+    pub resource: ResourceKind,
+
+    /// Name of the object.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+
+    /// Namespace (default: the kubeconfig context's, else "default"; ignored for
+    /// trainingqueues).
+    #[arg(short = 'n', long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+}
+
+/// `trainyard explain`.
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// Name of the TrainingJob.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+
+    /// Namespace (default: the kubeconfig context's, else "default").
     #[arg(short = 'n', long, value_name = "NAMESPACE")]
     pub namespace: Option<String>,
 }
@@ -155,6 +205,14 @@ pub struct GetArgs {
     #[arg(value_enum)]
     pub resource: ResourceKind,
 
+    /// Only these objects (by name); all when none is given.
+    #[arg(value_name = "NAME")]
+    pub names: Vec<String>,
+
+    /// Only objects whose labels match this selector, e.g. `team=nlp,tier!=dev`.
+    #[arg(short = 'l', long, value_name = "SELECTOR")]
+    pub selector: Option<String>,
+
     /// Which namespaces (ignored for cluster-scoped trainingqueues).
     #[command(flatten)]
     pub scope: ScopeArgs,
@@ -172,7 +230,7 @@ pub struct GetArgs {
     #[arg(long, value_name = "SECONDS")]
     pub timeout: Option<u64>,
 
-    /// Output format: wide (extra columns) or json.
+    /// Output format: wide (extra columns), json, yaml or name.
     #[arg(short = 'o', long, value_enum, value_name = "FORMAT")]
     pub output: Option<OutputFormat>,
 }
@@ -201,8 +259,12 @@ pub enum ResourceKind {
 pub enum OutputFormat {
     /// The table with extra columns after AGE.
     Wide,
-    /// JSON: a kubectl-style List, or one object per line while watching.
+    /// JSON: the object, a kubectl-style List, or one object per line while watching.
     Json,
+    /// YAML: the object, a kubectl-style List, or one document per change while watching.
+    Yaml,
+    /// `<kind>.<group>/<name>`, one per line, as kubectl prints for scripts.
+    Name,
 }
 
 /// `trainyard summary`.
@@ -283,7 +345,8 @@ mod tests {
             parse(&["get", "tj", "-n", "ml", "-A"]).is_err(),
             "-n and -A conflict"
         );
-        assert!(parse(&["get", "tj", "-o", "yaml"]).is_err());
+        assert!(parse(&["get", "tj", "-o", "yaml"]).is_ok());
+        assert!(parse(&["get", "tj", "-o", "xml"]).is_err());
         assert!(parse(&["get", "tj", "--timeout", "soon"]).is_err());
     }
 

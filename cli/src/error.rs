@@ -100,9 +100,40 @@ pub enum CliError {
     /// An object could not be rendered as JSON.
     #[error("cannot render JSON: {0}")]
     Json(#[from] serde_json::Error),
+
+    /// An object could not be written as YAML.
+    #[error("cannot write YAML: {0}")]
+    Yaml(#[from] yaml_serde::Error),
+
+    /// A named object does not exist.
+    #[error("{resource} {name:?} not found{scope}")]
+    NotFound {
+        /// e.g. "trainingjobs".
+        resource: String,
+        /// The name asked for.
+        name: String,
+        /// " in namespace ml", or empty for cluster-scoped kinds.
+        scope: String,
+    },
+
+    /// The kubeconfig named by `--kubeconfig` or `--context` cannot be used.
+    #[error("cannot use the kubeconfig: {0}")]
+    Kubeconfig(#[source] Box<kube::config::KubeconfigError>),
 }
 
 impl CliError {
+    /// The process exit code: 2 for a command used wrongly (as clap exits for
+    /// bad flags), 3 when a named object does not exist, 4 when `--timeout`
+    /// ran out, 1 for everything else.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Usage(_) => 2,
+            CliError::NotFound { .. } => 3,
+            CliError::Timeout { .. } => 4,
+            _ => 1,
+        }
+    }
+
     /// Wraps a kube error with what the command was doing; for `map_err`.
     pub fn kube(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Self {
         let action = action.into();

@@ -16,7 +16,7 @@ use trainyard_api::TrainingJob;
 use crate::cli::OutputFormat;
 use crate::error::CliError;
 use crate::format::table;
-use crate::resources::{Listed, Scope, View, header_row, row};
+use crate::resources::{Listed, Scope, View, header_row, qualified_name, row};
 use crate::summary::{ClusterGpuLookup, cluster_gpus, render, summarise};
 use crate::watch::{WatchPrinter, WatchState};
 
@@ -28,6 +28,10 @@ const NAMED_IN_TIMEOUT: usize = 10;
 pub struct GetOptions {
     /// Namespaces to look in (ignored for cluster-scoped kinds).
     pub scope: Scope,
+    /// Only these names; all when empty.
+    pub names: Vec<String>,
+    /// `-l`: a label selector.
+    pub selector: Option<String>,
     /// `-o`.
     pub output: Option<OutputFormat>,
     /// `-w`, or implied by `--until-done`.
@@ -76,12 +80,13 @@ pub async fn get<K: Listed>(
         )));
     }
     let scope = scope_for::<K>(&options.scope);
+    check_names::<K>(&scope, options)?;
     let api = K::api(client, &scope);
     let deadline = options.timeout.map(|t| Instant::now() + t);
     if options.watch || options.until_done {
         watch::<K>(api, &scope, options, deadline, out, err).await
     } else {
-        let listing = list_once(&api, &scope, options.output, out, err);
+        let listing = list_once(&api, &scope, options, out, err);
         match deadline {
             Some(deadline) => tokio::time::timeout_at(deadline, listing)
                 .await
@@ -91,27 +96,109 @@ pub async fn get<K: Listed>(
     }
 }
 
+/// kubectl's rules for names: not with a selector, not across namespaces, and
+/// one at a time while watching.
+fn check_names<K: Listed>(scope: &Scope, options: &GetOptions) -> Result<(), CliError> {
+    if options.names.is_empty() {
+        return Ok(());
+    }
+    if options.selector.is_some() {
+        return Err(CliError::Usage(
+            "give names or a selector (-l), not both".to_owned(),
+        ));
+    }
+    if K::NAMESPACED && *scope == Scope::AllNamespaces {
+        return Err(CliError::Usage(format!(
+            "{} are looked up by name in one namespace: drop -A or give -n",
+            K::PLURAL
+        )));
+    }
+    if (options.watch || options.until_done) && options.names.len() > 1 {
+        return Err(CliError::Usage(
+            "watch one name, or all (optionally with -l), not several names".to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// The named objects, in the order given, or every object the selector matches.
+async fn fetch<K: Listed>(
+    api: &Api<K>,
+    scope: &Scope,
+    options: &GetOptions,
+) -> Result<Vec<K>, CliError> {
+    if options.names.is_empty() {
+        let params = ListParams {
+            label_selector: options.selector.clone(),
+            ..ListParams::default()
+        };
+        let mut items = api
+            .list(&params)
+            .await
+            .map_err(CliError::kube(format!(
+                "list {} {}",
+                K::PLURAL,
+                scope.describe()
+            )))?
+            .items;
+        items.sort_by_key(|o| (o.namespace(), o.name_any()));
+        return Ok(items);
+    }
+    let mut items = Vec::with_capacity(options.names.len());
+    for name in &options.names {
+        let object = api
+            .get_opt(name)
+            .await
+            .map_err(CliError::kube(format!("get {} {name}", K::PLURAL)))?
+            .ok_or_else(|| CliError::NotFound {
+                resource: K::PLURAL.to_owned(),
+                name: name.clone(),
+                scope: if K::NAMESPACED {
+                    format!(" {}", scope.describe())
+                } else {
+                    String::new()
+                },
+            })?;
+        items.push(object);
+    }
+    Ok(items)
+}
+
+/// One object alone when one name was asked for, else a kubectl-style List.
+fn document<K: Listed>(items: &[K], single: bool) -> Result<serde_json::Value, CliError> {
+    Ok(match items {
+        [one] if single => serde_json::to_value(one)?,
+        _ => serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}),
+    })
+}
+
 async fn list_once<K: Listed>(
     api: &Api<K>,
     scope: &Scope,
-    output: Option<OutputFormat>,
+    options: &GetOptions,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<(), CliError> {
-    let mut items = api
-        .list(&ListParams::default())
-        .await
-        .map_err(CliError::kube(format!(
-            "list {} {}",
-            K::PLURAL,
-            scope.describe()
-        )))?
-        .items;
-    items.sort_by_key(|o| (o.namespace(), o.name_any()));
-    if output == Some(OutputFormat::Json) {
-        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
-        writeln!(out, "{}", serde_json::to_string_pretty(&list)?)?;
-        return Ok(());
+    let output = options.output;
+    let items = fetch(api, scope, options).await?;
+    let single = options.names.len() == 1;
+    match output {
+        Some(OutputFormat::Json) => {
+            let document = document(&items, single)?;
+            writeln!(out, "{}", serde_json::to_string_pretty(&document)?)?;
+            return Ok(());
+        }
+        Some(OutputFormat::Yaml) => {
+            out.write_all(yaml_serde::to_string(&document(&items, single)?)?.as_bytes())?;
+            return Ok(());
+        }
+        Some(OutputFormat::Name) => {
+            for item in &items {
+                writeln!(out, "{}", qualified_name(item))?;
+            }
+            return Ok(());
+        }
+        Some(OutputFormat::Wide) | None => {}
     }
     if items.is_empty() {
         writeln!(err, "{}", nothing_found::<K>(scope))?;
@@ -136,9 +223,14 @@ async fn watch<K: Listed>(
     let view = view_for::<K>(scope, options.output);
     let mut state = WatchState::<K>::new(view);
     let mut printer = WatchPrinter::new(view, options.output);
-    let mut events = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
+    let mut config = watcher::Config::default();
+    if let Some(selector) = &options.selector {
+        config = config.labels(selector);
+    }
+    if let [name] = options.names.as_slice() {
+        config = config.fields(&format!("metadata.name={name}"));
+    }
+    let mut events = watcher(api, config).default_backoff().boxed();
     loop {
         let next = match deadline {
             Some(deadline) => match tokio::time::timeout_at(deadline, events.next()).await {

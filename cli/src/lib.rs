@@ -7,6 +7,7 @@
 pub mod apply;
 pub mod cli;
 pub mod control;
+pub mod describe;
 pub mod error;
 pub mod format;
 pub mod get;
@@ -23,17 +24,34 @@ use kube::Client;
 use trainyard_api::validation::is_dns_label;
 use trainyard_api::{Sweep, TrainingJob, TrainingQueue};
 
-use crate::cli::{Cli, Command, ResourceKind, ScopeArgs};
+use crate::cli::{Cli, ClusterArgs, Command, ResourceKind, ScopeArgs};
 use crate::error::CliError;
 use crate::get::GetOptions;
 use crate::resources::Scope;
 
-/// Connects the way kubectl does: KUBECONFIG, then ~/.kube/config, then the
-/// in-cluster service account.
-pub async fn connect() -> Result<Client, CliError> {
-    Client::try_default()
-        .await
-        .map_err(|error| CliError::Connect(Box::new(error)))
+/// Connects the way kubectl does: `--kubeconfig`, else KUBECONFIG, then
+/// ~/.kube/config, then the in-cluster service account; `--context` picks a
+/// context other than the kubeconfig's current one.
+pub async fn connect(cluster: &ClusterArgs) -> Result<Client, CliError> {
+    if cluster.kubeconfig.is_none() && cluster.context.is_none() {
+        return Client::try_default()
+            .await
+            .map_err(|error| CliError::Connect(Box::new(error)));
+    }
+    let options = kube::config::KubeConfigOptions {
+        context: cluster.context.clone(),
+        ..Default::default()
+    };
+    let config = match &cluster.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|error| CliError::Kubeconfig(Box::new(error)))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options).await
+        }
+        None => kube::Config::from_kubeconfig(&options).await,
+    }
+    .map_err(|error| CliError::Kubeconfig(Box::new(error)))?;
+    Client::try_from(config).map_err(|error| CliError::Connect(Box::new(error)))
 }
 
 fn checked_namespace(namespace: &str) -> Result<String, CliError> {
@@ -75,11 +93,13 @@ pub async fn main() -> std::process::ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
+    let cluster = cli.cluster.clone();
+    let connect = async || connect(&cluster).await;
     match run(cli, connect, &mut stdout.lock(), &mut stderr.lock()).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error}");
-            std::process::ExitCode::FAILURE
+            std::process::ExitCode::from(error.exit_code())
         }
     }
 }
@@ -118,6 +138,8 @@ where
             let (client, scope) = connect_in_scope(&args.scope, connect).await?;
             let options = GetOptions {
                 scope,
+                names: args.names,
+                selector: args.selector,
                 output: args.output,
                 watch: args.watch,
                 until_done: args.until_done,
@@ -171,6 +193,26 @@ where
             let (client, namespace) =
                 connect_in_namespace(args.namespace.as_deref(), connect).await?;
             control::set_suspended(client, &namespace, &args.names, false, out).await
+        }
+        Command::Describe(args) => {
+            let (client, namespace) =
+                connect_in_namespace(args.namespace.as_deref(), connect).await?;
+            match args.resource {
+                ResourceKind::TrainingJobs => {
+                    describe::describe::<TrainingJob>(client, &namespace, &args.name, out).await
+                }
+                ResourceKind::Sweeps => {
+                    describe::describe::<Sweep>(client, &namespace, &args.name, out).await
+                }
+                ResourceKind::TrainingQueues => {
+                    describe::describe::<TrainingQueue>(client, &namespace, &args.name, out).await
+                }
+            }
+        }
+        Command::Explain(args) => {
+            let (client, namespace) =
+                connect_in_namespace(args.namespace.as_deref(), connect).await?;
+            describe::explain(client, &namespace, &args.name, out).await
         }
         Command::Completion(args) => {
             let mut command = <Cli as clap::CommandFactory>::command();

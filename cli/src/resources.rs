@@ -86,6 +86,17 @@ pub trait Listed:
     fn api(client: Client, scope: &Scope) -> Api<Self>;
 }
 
+/// `<kind>.<group>/<name>`, what `-o name` prints (e.g.
+/// `trainingjob.trainyard.dev/bert`).
+pub fn qualified_name<K: Listed>(object: &K) -> String {
+    format!(
+        "{}.{}/{}",
+        K::kind(&()).to_lowercase(),
+        K::group(&()),
+        object.name_any()
+    )
+}
+
 /// Header row for `view`.
 pub fn header_row<K: Listed>(view: View) -> Vec<String> {
     let mut header = Vec::new();

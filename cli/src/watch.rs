@@ -14,7 +14,7 @@ use kube::runtime::watcher::Event;
 use crate::cli::OutputFormat;
 use crate::error::CliError;
 use crate::format::{column_widths, table_line};
-use crate::resources::{Listed, RowCells, View, header_row, row, row_cells};
+use crate::resources::{Listed, RowCells, View, header_row, qualified_name, row, row_cells};
 
 /// Namespace ("" when cluster-scoped) and name.
 type Key = (String, String);
@@ -138,7 +138,7 @@ impl<K: Listed> WatchState<K> {
 #[derive(Debug)]
 pub struct WatchPrinter {
     view: View,
-    json: bool,
+    output: Option<OutputFormat>,
     /// Column widths, fixed by the first rows printed so later rows line up under them.
     widths: Option<Vec<usize>>,
 }
@@ -148,7 +148,7 @@ impl WatchPrinter {
     pub fn new(view: View, output: Option<OutputFormat>) -> Self {
         Self {
             view,
-            json: output == Some(OutputFormat::Json),
+            output,
             widths: None,
         }
     }
@@ -160,11 +160,26 @@ impl WatchPrinter {
         objects: &[K],
         now: Timestamp,
     ) -> Result<Vec<String>, CliError> {
-        if self.json {
-            return objects
-                .iter()
-                .map(|object| serde_json::to_string(object).map_err(CliError::from))
-                .collect();
+        match self.output {
+            Some(OutputFormat::Json) => {
+                return objects
+                    .iter()
+                    .map(|object| serde_json::to_string(object).map_err(CliError::from))
+                    .collect();
+            }
+            Some(OutputFormat::Yaml) => {
+                return objects
+                    .iter()
+                    .map(|object| {
+                        let document = yaml_serde::to_string(object)?;
+                        Ok(format!("---\n{}", document.trim_end()))
+                    })
+                    .collect();
+            }
+            Some(OutputFormat::Name) => {
+                return Ok(objects.iter().map(qualified_name).collect());
+            }
+            Some(OutputFormat::Wide) | None => {}
         }
         let rows: Vec<Vec<String>> = objects
             .iter()

@@ -627,3 +627,165 @@ async fn completion_scripts_name_the_subcommands() {
         }
     }
 }
+
+#[tokio::test]
+async fn get_by_name_prints_one_object_as_yaml_or_its_name_and_names_what_is_missing() {
+    let client = applied_examples(vec![]).await;
+    let (out, _, result) = trainyard(
+        &client,
+        &[
+            "get",
+            "tj",
+            "mnist-training",
+            "-n",
+            "ml-training",
+            "-o",
+            "yaml",
+        ],
+    )
+    .await;
+    result.expect("get yaml");
+    let object: Value = yaml_serde::from_str(&out).expect("yaml");
+    assert_eq!(
+        object["kind"], "TrainingJob",
+        "one object, not a List: {out}"
+    );
+    assert_eq!(object["metadata"]["name"], "mnist-training");
+
+    let (out, _, result) = trainyard(
+        &client,
+        &[
+            "get",
+            "tj",
+            "gpt-resume",
+            "mnist-training",
+            "-n",
+            "ml-training",
+            "-o",
+            "name",
+        ],
+    )
+    .await;
+    result.expect("get names");
+    assert_eq!(
+        out,
+        "trainingjob.trainyard.dev/gpt-resume\ntrainingjob.trainyard.dev/mnist-training\n"
+    );
+
+    let (_, _, result) = trainyard(&client, &["get", "tj", "nope", "-n", "ml-training"]).await;
+    let error = result.expect_err("missing");
+    assert_eq!(error.exit_code(), 3);
+    assert_eq!(
+        error.to_string(),
+        "trainingjobs \"nope\" not found in namespace ml-training"
+    );
+
+    let (_, _, result) = trainyard(&client, &["get", "tj", "mnist-training", "-A"]).await;
+    let error = result.expect_err("names need one namespace");
+    assert_eq!(error.exit_code(), 2, "{error}");
+    let (_, _, result) =
+        trainyard(&client, &["get", "tj", "a", "b", "-w", "-n", "ml-training"]).await;
+    assert!(matches!(result, Err(CliError::Usage(m)) if m.contains("watch one name")));
+}
+
+#[tokio::test]
+async fn a_label_selector_keeps_only_the_jobs_it_matches() {
+    let client = applied_examples(vec![]).await;
+    let jobs = Api::<TrainingJob>::namespaced(client.clone(), "ml-training");
+    let labelled = json!({"metadata": {"labels": {"team": "nlp"}}});
+    jobs.patch(
+        "gpt-resume",
+        &PatchParams::default(),
+        &Patch::Merge(&labelled),
+    )
+    .await
+    .expect("labelled");
+    let (out, _, result) = trainyard(
+        &client,
+        &[
+            "get",
+            "tj",
+            "-n",
+            "ml-training",
+            "-l",
+            "team=nlp",
+            "-o",
+            "name",
+        ],
+    )
+    .await;
+    result.expect("get by label");
+    assert_eq!(out, "trainingjob.trainyard.dev/gpt-resume\n");
+}
+
+#[tokio::test]
+async fn describe_and_explain_say_why_a_job_waits() {
+    let client = applied_examples(vec![]).await;
+    set_status(
+        &client,
+        "ml-training",
+        "gpt-resume",
+        json!({"state": "Queued", "conditions": [{
+            "type": "Admitted", "status": "False", "reason": "WaitingForQuota",
+            "message": "position 2 in queue default: 16 of 16 GPUs in use"
+        }], "queue": {"name": "default", "position": 2, "reason": "16 of 16 GPUs in use"}}),
+    )
+    .await;
+    let (out, _, result) =
+        trainyard(&client, &["explain", "gpt-resume", "-n", "ml-training"]).await;
+    result.expect("explain");
+    assert_eq!(
+        out,
+        "gpt-resume waits in TrainingQueue default, position 2: 16 of 16 GPUs in use\n"
+    );
+
+    let (out, _, result) = trainyard(
+        &client,
+        &["describe", "tj", "gpt-resume", "-n", "ml-training"],
+    )
+    .await;
+    result.expect("describe");
+    for expected in [
+        "Name:         gpt-resume\n",
+        "Namespace:    ml-training\n",
+        "State:        Queued\n",
+        "Queue:        default, position 2: 16 of 16 GPUs in use\n",
+        "Spec:\n",
+        "WaitingForQuota",
+        "Events:\n",
+    ] {
+        assert!(out.contains(expected), "{expected:?} missing:\n{out}");
+    }
+    let (_, _, result) = trainyard(&client, &["describe", "tj", "nope", "-n", "ml-training"]).await;
+    assert_eq!(result.expect_err("missing").exit_code(), 3);
+}
+
+#[tokio::test]
+async fn kubeconfig_and_context_flags_choose_the_cluster_and_its_namespace() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("config");
+    std::fs::write(
+        &path,
+        "apiVersion: v1\nkind: Config\ncurrent-context: first\n\
+         clusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n\
+         users:\n- name: u\n  user:\n    token: t\n\
+         contexts:\n- name: first\n  context: {cluster: c, user: u, namespace: one}\n\
+         - name: second\n  context: {cluster: c, user: u, namespace: two}\n",
+    )
+    .expect("kubeconfig written");
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let args = |context: Option<&str>| trainyard_cli::cli::ClusterArgs {
+        kubeconfig: Some(path.clone()),
+        context: context.map(str::to_owned),
+    };
+    let current = trainyard_cli::connect(&args(None)).await.expect("current");
+    assert_eq!(current.default_namespace(), "one");
+    let second = trainyard_cli::connect(&args(Some("second")))
+        .await
+        .expect("second");
+    assert_eq!(second.default_namespace(), "two");
+    let Err(error) = trainyard_cli::connect(&args(Some("third"))).await else {
+        panic!("a context the kubeconfig lacks is refused");
+    };
+    assert!(error.to_string().contains("third"), "{error}");
+}
