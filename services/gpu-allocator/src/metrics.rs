@@ -27,6 +27,7 @@ pub struct AllocatorMetrics {
     pub pending_by_reason: IntGaugeVec,
     pub gpus: IntGaugeVec,
     pub gpu_allocation_ratio: Gauge,
+    pub queue_nominal_quota: IntGaugeVec,
     pub queue_usage: IntGaugeVec,
     pub queue_borrowed: IntGaugeVec,
     pub events: IntCounterVec,
@@ -124,6 +125,14 @@ impl AllocatorMetrics {
                 "Allocated whole GPUs over GPU capacity (0 without capacity)",
             )
             .map_err(metric_error)?,
+            queue_nominal_quota: IntGaugeVec::new(
+                Opts::new(
+                    "trainyard_queue_nominal_quota",
+                    "Units (GPUs or MIG slices) a TrainingQueue is guaranteed, by flavor and resource",
+                ),
+                &["queue", "flavor", "resource"],
+            )
+            .map_err(metric_error)?,
             queue_usage: IntGaugeVec::new(
                 Opts::new(
                     "trainyard_queue_usage",
@@ -204,6 +213,9 @@ impl AllocatorMetrics {
             .register(Box::new(metrics.gpu_allocation_ratio.clone()))
             .map_err(metric_error)?;
         registry
+            .register(Box::new(metrics.queue_nominal_quota.clone()))
+            .map_err(metric_error)?;
+        registry
             .register(Box::new(metrics.queue_usage.clone()))
             .map_err(metric_error)?;
         registry
@@ -274,6 +286,7 @@ impl AllocatorMetrics {
     /// Records what each queue's admitted jobs hold, per flavor and resource
     /// (deleted queues leave).
     pub fn observe_queue_usage(&self, queues: &[QueueUsage]) {
+        self.queue_nominal_quota.reset();
         self.queue_usage.reset();
         self.queue_borrowed.reset();
         for queue in queues {
@@ -283,6 +296,9 @@ impl AllocatorMetrics {
                     held.flavor.as_str(),
                     held.resource.as_str(),
                 ];
+                self.queue_nominal_quota
+                    .with_label_values(&labels)
+                    .set(saturating_i64(held.nominal));
                 self.queue_usage
                     .with_label_values(&labels)
                     .set(saturating_i64(held.used));
@@ -309,6 +325,7 @@ mod tests {
             resources: vec![ResourceUsage {
                 flavor: "a100".into(),
                 resource: "nvidia.com/gpu".into(),
+                nominal: 8,
                 used,
                 borrowed,
             }],
@@ -326,6 +343,10 @@ mod tests {
         let labels = ["research", "a100", "nvidia.com/gpu"];
         assert_eq!(metrics.queue_usage.with_label_values(&labels).get(), 6);
         assert_eq!(metrics.queue_borrowed.with_label_values(&labels).get(), 0);
+        assert_eq!(
+            metrics.queue_nominal_quota.with_label_values(&labels).get(),
+            8
+        );
         let families = metrics.queue_usage.collect();
         assert_eq!(families[0].get_metric().len(), 1, "a deleted queue leaves");
 

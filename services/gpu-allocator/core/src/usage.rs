@@ -29,6 +29,8 @@ pub struct ResourceUsage {
     pub flavor: String,
     /// `nvidia.com/gpu`, `nvidia.com/gpu.shared` or `nvidia.com/mig-<profile>`.
     pub resource: String,
+    /// The queue's nominal quota (0 for a resource it only still uses).
+    pub nominal: u64,
     /// Units its admitted jobs hold.
     pub used: u64,
     /// Of those, units above its nominal quota, borrowed from its cohort.
@@ -80,6 +82,7 @@ impl Allocator {
                         ResourceUsage {
                             flavor: self.state.inv.res_flavor_name(res).to_string(),
                             resource: self.state.inv.res_quota_name(res),
+                            nominal,
                             used,
                             borrowed: used.saturating_sub(nominal),
                         }

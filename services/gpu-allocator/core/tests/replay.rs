@@ -210,6 +210,7 @@ fn each_queue_reports_its_jobs_its_gpus_and_what_it_borrows() {
         vec![ResourceUsage {
             flavor: A100.into(),
             resource: names::GPU_RESOURCE.into(),
+            nominal: 4,
             used: 8,
             borrowed: 4,
         }]
