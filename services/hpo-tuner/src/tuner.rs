@@ -29,7 +29,7 @@ use crate::metrics::TunerMetrics;
 use crate::mlflow::RunStatus;
 use crate::routing::{self, Outgoing, OutgoingPayload, Route, TrialChange, TrialInput, TrialRef};
 use crate::spec::{self, parameter_text};
-use crate::store::{self, StateStore, SweepState};
+use crate::store::{self, StateStore, SweepMetadata, SweepState};
 use crate::tracking::{SweepInfo, TrackerHandle, TrackingCommand, TrialInfo};
 
 /// Deliveries of a trial's completion that wait for its final progress report
@@ -286,6 +286,11 @@ impl Tuner {
                     created = true;
                     tracing::info!(sweep = %key, uid = %sweep.uid, "sweep created");
                 }
+                // Labels and annotations may change while the sweep runs; the
+                // next progress carries the current ones.
+                if let Some(state) = cell.state.as_mut() {
+                    state.metadata = SweepMetadata::of(&object);
+                }
                 vec![SweepEvent::Start]
             }
             Input::Deleted => {
@@ -343,7 +348,7 @@ impl Tuner {
         }
         let mut outbox =
             routing::decision_messages(&state.sweep, &state.core, &state.codec, &decisions);
-        let progress = routing::progress_of(&state.core, &state.codec);
+        let progress = routing::progress_of(&state.core, &state.codec, &state.metadata);
         if state.last_progress.as_ref() != Some(&progress) {
             state.progress_seq += 1;
             outbox.push(Outgoing {
