@@ -281,6 +281,7 @@ pub fn decision_messages(
                     trial_name: trial_id.clone(),
                     trial_index: *index,
                     parameters: codec.decode(params),
+                    tracking: None,
                 }),
             }),
             SweepDecision::StopTrial { trial_id, reason } => Some(Outgoing {

@@ -280,6 +280,14 @@ async fn an_unreachable_mlflow_never_holds_a_sweep_up() {
         Some("MaxTrialsReached")
     );
     assert_eq!(finished.succeeded, 4);
+    assert!(
+        driver
+            .trial_requests("untracked")
+            .await
+            .iter()
+            .all(|t| t.tracking.is_none()),
+        "without a run the trials are requested without one"
+    );
     eventually("tracking errors to be counted", 30, || async {
         (metric(&tuner, "trainyard_tuner_mlflow_errors_total") >= 1.0).then_some(())
     })

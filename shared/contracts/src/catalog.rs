@@ -202,10 +202,12 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
         entry::<decisions::TrialRequested>(
             "hpo-tuner",
             "planner",
-            "Create a trial: a child TrainingJob of the Sweep with these hyperparameters.",
+            "Create a trial: a child TrainingJob of the Sweep with these hyperparameters. With experiment tracking on, `tracking` names the MLflow run made for the trial; the planner sets it as the trial's `monitoring.mlflowRunId` (and `mlflowTrackingUri` when the template has none), so its workers log into that run.",
             sweep(),
             json!({"trialName": "resnet-sweep-t0003", "trialIndex": 3,
-                   "parameters": {"learningRate": 0.0031, "batchSize": 64, "optimizer": "adamw"}}),
+                   "parameters": {"learningRate": 0.0031, "batchSize": 64, "optimizer": "adamw"},
+                   "tracking": {"mlflowTrackingUri": "http://mlflow.mlflow:5000",
+                                "mlflowRunId": "5c2a0f7e9b4d4e0c8a1f3b6d2e9c7a10"}}),
         )?,
         entry::<decisions::TrialStopped>(
             "hpo-tuner",
