@@ -152,6 +152,10 @@ impl Waits {
             }
             let routing = live.get().routing.clone();
             let now = Utc::now();
+            // The bucket drops a closed wait after a day without telling watchers.
+            waits.retain(|_, (wait, _, written)| {
+                wait.is_waiting() || now.timestamp() - *written < 2 * REFRESH_AFTER_SECONDS
+            });
             for (key, (wait, revision, written)) in &waits {
                 if !wait.is_waiting() {
                     continue;
