@@ -97,6 +97,7 @@ pub async fn start(runtime: &Runtime, config: TunerConfig) -> Result<Arc<Tuner>,
         .ok_or_else(|| TunerError::Store("bucket trainyard_tuner was not provisioned".into()))?;
     let metrics = TunerMetrics::register(&runtime.registry)?;
     let standalone = config.standalone_experiment()?.map(str::to_string);
+    let mut trial_runs = None;
     let tracker = match config.tracking_uri() {
         None => None,
         Some(uri) => {
@@ -110,6 +111,7 @@ pub async fn start(runtime: &Runtime, config: TunerConfig) -> Result<Arc<Tuner>,
                 runtime.shutdown.clone(),
             )
             .map_err(|err| TunerError::Config(format!("hpo_tuner.mlflow_tracking_uri: {err}")))?;
+            trial_runs = Some(tracking::TrialRuns::new(client.clone(), uri));
             let (handle, tracker, receiver) =
                 tracking::tracker(client, metrics.clone(), config.mlflow_queue_capacity);
             runtime.spawn(tracker.run(receiver, runtime.shutdown.clone()));
@@ -125,12 +127,16 @@ pub async fn start(runtime: &Runtime, config: TunerConfig) -> Result<Arc<Tuner>,
             }
         }
     };
-    let tuner = Arc::new(Tuner::new(
+    let mut tuner = Tuner::new(
         runtime.publisher.clone(),
         store::StateStore::new(bucket),
         metrics,
         tracker,
-    ));
+    );
+    if let Some(runs) = trial_runs {
+        tuner = tuner.with_trial_runs(runs);
+    }
+    let tuner = Arc::new(tuner);
     match tuner.warm_up().await {
         Ok(count) => tracing::info!(count, "loaded stored sweeps"),
         Err(err) => {

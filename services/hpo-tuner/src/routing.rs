@@ -17,6 +17,7 @@ use trainyard_runtime::HandleError;
 use uuid::Uuid;
 
 use crate::spec::ParamCodec;
+use crate::store::SweepMetadata;
 
 /// What one message means to the tuner.
 #[derive(Debug, Clone, PartialEq)]
@@ -280,6 +281,7 @@ pub fn decision_messages(
                     trial_name: trial_id.clone(),
                     trial_index: *index,
                     parameters: codec.decode(params),
+                    tracking: None,
                 }),
             }),
             SweepDecision::StopTrial { trial_id, reason } => Some(Outgoing {
@@ -387,8 +389,13 @@ fn finish_message(core: &SweepCore, reason: &FinishReason) -> String {
     }
 }
 
-/// The sweep's progress for the planner to write into its status.
-pub fn progress_of(core: &SweepCore, codec: &ParamCodec) -> SweepProgressed {
+/// The sweep's progress for the planner to write into its status, with what
+/// the notifier routes on (objective, labels, notification annotations).
+pub fn progress_of(
+    core: &SweepCore,
+    codec: &ParamCodec,
+    metadata: &SweepMetadata,
+) -> SweepProgressed {
     let status = core.status();
     let mut rungs: BTreeMap<u32, u32> = BTreeMap::new();
     for rung in &status.rungs {
@@ -409,9 +416,9 @@ pub fn progress_of(core: &SweepCore, codec: &ParamCodec) -> SweepProgressed {
         rungs,
         finished_reason: status.finished.as_ref().map(|r| finish_name(r).to_string()),
         message: status.finished.as_ref().map(|r| finish_message(core, r)),
-        objective_metric: None,
-        labels: BTreeMap::new(),
-        annotations: BTreeMap::new(),
+        objective_metric: Some(core.spec().objective.metric.clone()),
+        labels: metadata.labels.clone(),
+        annotations: metadata.annotations.clone(),
     }
 }
 
@@ -791,7 +798,7 @@ mod tests {
             trial_id: "s-t0000".into(),
         })
         .expect("started");
-        let p = progress_of(&core, &ParamCodec::default());
+        let p = progress_of(&core, &ParamCodec::default(), &SweepMetadata::default());
         assert_eq!((p.pending, p.running, p.succeeded), (1, 1, 0));
         assert_eq!(p.finished_reason, None);
         for (id, value) in [("s-t0000", 0.7), ("s-t0001", 0.9)] {
@@ -801,7 +808,7 @@ mod tests {
             })
             .expect("completed");
         }
-        let p = progress_of(&core, &ParamCodec::default());
+        let p = progress_of(&core, &ParamCodec::default(), &SweepMetadata::default());
         assert_eq!(p.succeeded, 2);
         assert_eq!(p.finished_reason.as_deref(), Some("MaxTrialsReached"));
         let best = p.best_trial.expect("best");

@@ -5,8 +5,11 @@
 use async_nats::jetstream::kv::{self, Operation, UpdateErrorKind};
 use bytes::Bytes;
 use futures::TryStreamExt;
+use std::collections::BTreeMap;
+
 use hpo_tuner_core::{ParamValue, SweepCore};
 use serde::{Deserialize, Serialize};
+use trainyard_api::{ANNOTATION_NOTIFY_PREFIX, Sweep};
 use trainyard_contracts::EntityRef;
 use trainyard_contracts::decisions::SweepProgressed;
 
@@ -42,6 +45,36 @@ pub struct SweepState {
     /// Decided messages not yet acknowledged by JetStream.
     #[serde(default)]
     pub outbox: Vec<Outgoing>,
+    /// The Sweep's labels and notification annotations, as last applied.
+    #[serde(default)]
+    pub metadata: SweepMetadata,
+}
+
+/// What subscribers of the sweep's progress route on (the notifier): the
+/// Sweep's labels and its `trainyard.dev/notify*` annotations (no others).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SweepMetadata {
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl SweepMetadata {
+    pub fn of(sweep: &Sweep) -> Self {
+        let meta = &sweep.metadata;
+        Self {
+            labels: meta.labels.clone().unwrap_or_default(),
+            annotations: meta
+                .annotations
+                .iter()
+                .flatten()
+                .filter(|(key, _)| key.starts_with(ANNOTATION_NOTIFY_PREFIX))
+                .map(|(key, value)| (key.clone(), value.clone()))
+                .collect(),
+        }
+    }
 }
 
 impl SweepState {
@@ -55,6 +88,7 @@ impl SweepState {
             progress_seq: 0,
             last_progress: None,
             outbox: Vec::new(),
+            metadata: SweepMetadata::default(),
         }
     }
 

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use trainyard_api::TrainingJobState;
 use trainyard_contracts::EntityRef;
+use trainyard_contracts::decisions::TrialTracking;
 use trainyard_contracts::object_key;
 
 use crate::metrics::TunerMetrics;
@@ -581,12 +582,10 @@ impl Tracker {
         if let Some(id) = self.experiments.get(&name) {
             return Ok(id.clone());
         }
-        let tags = vec![
-            (tags::NAMESPACE.to_string(), sweep.namespace.clone()),
-            (tags::NAME.to_string(), sweep.name.clone()),
-            (tags::SWEEP_UID.to_string(), sweep.uid.clone()),
-        ];
-        let id = self.client.get_or_create_experiment(&name, &tags).await?;
+        let id = self
+            .client
+            .get_or_create_experiment(&name, &experiment_tags(sweep))
+            .await?;
         self.experiments.insert(name, id.clone());
         Ok(id)
     }
@@ -603,15 +602,8 @@ impl Tracker {
             return Ok(id.clone());
         }
         let experiment = self.experiment(sweep).await?;
-        let filter = format!(
-            "tags.`{}` = {} and tags.`{}` = {}",
-            tags::NAME,
-            filter_literal(&trial.name),
-            tags::SWEEP_UID,
-            filter_literal(&sweep.uid)
-        );
-        let found = match self.client.search_runs(&experiment, &filter).await {
-            Ok(runs) => runs.into_iter().next().map(|r| r.run_id),
+        let id = match find_or_create_run(&self.client, &experiment, sweep, trial, at_ms).await {
+            Ok(id) => id,
             Err(err) if err.error_code() == Some("RESOURCE_DOES_NOT_EXIST") => {
                 // The experiment was removed under us: look it up again next time.
                 self.experiments.remove(&sweep.experiment_name());
@@ -619,35 +611,104 @@ impl Tracker {
             }
             Err(err) => return Err(err),
         };
-        let id = match found {
-            Some(id) => id,
-            None => {
-                let mut run_tags = vec![
-                    (tags::NAMESPACE.to_string(), sweep.namespace.clone()),
-                    (tags::NAME.to_string(), trial.name.clone()),
-                    (tags::SWEEP.to_string(), sweep.name.clone()),
-                    (tags::SWEEP_UID.to_string(), sweep.uid.clone()),
-                    (tags::TRIAL_INDEX.to_string(), trial.index.to_string()),
-                ];
-                run_tags.extend(uid_tag(trial));
-                self.client
-                    .create_run(&experiment, &trial.name, at_ms, &run_tags)
-                    .await?
-            }
-        };
-        // Params are immutable in MLflow and identical on every replay, so logging
-        // them again (after a restart) is accepted.
-        let batch = Batch {
-            params: trial
-                .params
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            ..Batch::default()
-        };
-        self.client.log_batch(&id, batch).await?;
         self.runs.insert(key, id.clone());
         Ok(id)
+    }
+}
+
+fn experiment_tags(sweep: &SweepInfo) -> Vec<(String, String)> {
+    vec![
+        (tags::NAMESPACE.to_string(), sweep.namespace.clone()),
+        (tags::NAME.to_string(), sweep.name.clone()),
+        (tags::SWEEP_UID.to_string(), sweep.uid.clone()),
+    ]
+}
+
+/// The trial's run in `experiment`: found by its name and sweep-uid tags, else
+/// created with its tags; either way with its params logged (identical on
+/// every replay, which MLflow accepts).
+async fn find_or_create_run(
+    client: &MlflowClient,
+    experiment: &str,
+    sweep: &SweepInfo,
+    trial: &TrialInfo,
+    at_ms: i64,
+) -> Result<String, MlflowError> {
+    let filter = format!(
+        "tags.`{}` = {} and tags.`{}` = {}",
+        tags::NAME,
+        filter_literal(&trial.name),
+        tags::SWEEP_UID,
+        filter_literal(&sweep.uid)
+    );
+    let found = client
+        .search_runs(experiment, &filter)
+        .await?
+        .into_iter()
+        .next()
+        .map(|r| r.run_id);
+    let id = match found {
+        Some(id) => id,
+        None => {
+            let mut run_tags = vec![
+                (tags::NAMESPACE.to_string(), sweep.namespace.clone()),
+                (tags::NAME.to_string(), trial.name.clone()),
+                (tags::SWEEP.to_string(), sweep.name.clone()),
+                (tags::SWEEP_UID.to_string(), sweep.uid.clone()),
+                (tags::TRIAL_INDEX.to_string(), trial.index.to_string()),
+            ];
+            run_tags.extend(uid_tag(trial));
+            client
+                .create_run(experiment, &trial.name, at_ms, &run_tags)
+                .await?
+        }
+    };
+    let batch = Batch {
+        params: trial
+            .params
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        ..Batch::default()
+    };
+    client.log_batch(&id, batch).await?;
+    Ok(id)
+}
+
+/// Makes a trial's run before the trial is asked for, so the run id can
+/// travel with the request to the trial's workers (`MLFLOW_RUN_ID`): MLflow
+/// chooses run ids itself, so the run must exist first. The tracker finds
+/// the same run by its tags later.
+#[derive(Clone)]
+pub struct TrialRuns {
+    client: MlflowClient,
+    tracking_uri: String,
+}
+
+impl TrialRuns {
+    pub fn new(client: MlflowClient, tracking_uri: impl Into<String>) -> Self {
+        Self {
+            client,
+            tracking_uri: tracking_uri.into(),
+        }
+    }
+
+    /// The trial's run (found or created) with the server the workers log to.
+    pub async fn ensure(
+        &self,
+        sweep: &SweepInfo,
+        trial: &TrialInfo,
+        at_ms: i64,
+    ) -> Result<TrialTracking, MlflowError> {
+        let experiment = self
+            .client
+            .get_or_create_experiment(&sweep.experiment_name(), &experiment_tags(sweep))
+            .await?;
+        let run = find_or_create_run(&self.client, &experiment, sweep, trial, at_ms).await?;
+        Ok(TrialTracking {
+            mlflow_tracking_uri: self.tracking_uri.clone(),
+            mlflow_run_id: run,
+        })
     }
 }
 

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use hpo_tuner_core::{StopReason, SweepDecision, SweepError, SweepEvent, TrialState};
 use trainyard_api::Sweep;
+use trainyard_contracts::decisions::{TrialRequested, TrialTracking};
 use trainyard_contracts::{EntityRef, Header, Incoming, Payload};
 use trainyard_runtime::{Delivery, HandleError, Handler, Publisher};
 
@@ -29,8 +30,8 @@ use crate::metrics::TunerMetrics;
 use crate::mlflow::RunStatus;
 use crate::routing::{self, Outgoing, OutgoingPayload, Route, TrialChange, TrialInput, TrialRef};
 use crate::spec::{self, parameter_text};
-use crate::store::{StateStore, SweepState};
-use crate::tracking::{SweepInfo, TrackerHandle, TrackingCommand, TrialInfo};
+use crate::store::{StateStore, SweepMetadata, SweepState};
+use crate::tracking::{SweepInfo, TrackerHandle, TrackingCommand, TrialInfo, TrialRuns};
 
 /// Deliveries of a trial's completion that wait for its final progress report
 /// (progress and lifecycle travel on different streams, so after a backlog the
@@ -80,6 +81,8 @@ pub struct Tuner {
     store: StateStore,
     metrics: TunerMetrics,
     tracker: Option<TrackerHandle>,
+    /// Makes each trial's MLflow run before the trial is asked for.
+    trial_runs: Option<TrialRuns>,
     cells: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Cell>>>>,
     /// Keys of sweeps that have state and have not finished.
     active: Mutex<HashSet<String>>,
@@ -97,8 +100,52 @@ impl Tuner {
             store,
             metrics,
             tracker,
+            trial_runs: None,
             cells: Mutex::default(),
             active: Mutex::default(),
+        }
+    }
+
+    /// Trial requests carry the MLflow run made for the trial.
+    pub fn with_trial_runs(mut self, runs: TrialRuns) -> Self {
+        self.trial_runs = Some(runs);
+        self
+    }
+
+    /// The trial's run, made (or found) now; None when MLflow fails, logged
+    /// and counted: the trial goes ahead without a run id rather than wait.
+    async fn trial_run(
+        &self,
+        runs: &TrialRuns,
+        sweep: &EntityRef,
+        request: &TrialRequested,
+        at_ms: i64,
+    ) -> Option<TrialTracking> {
+        let sweep_info = SweepInfo {
+            namespace: sweep.namespace.clone(),
+            name: sweep.name.clone(),
+            uid: sweep.uid.clone(),
+        };
+        let trial = TrialInfo {
+            name: request.trial_name.clone(),
+            index: request.trial_index,
+            params: request
+                .parameters
+                .iter()
+                .map(|(k, v)| (k.clone(), parameter_text(v)))
+                .collect(),
+            uid: String::new(),
+        };
+        match runs.ensure(&sweep_info, &trial, at_ms).await {
+            Ok(tracking) => Some(tracking),
+            Err(err) => {
+                tracing::warn!(sweep = %sweep.key(), trial = %request.trial_name, error = %err, "cannot make the trial's MLflow run; the trial is requested without it");
+                self.metrics
+                    .mlflow_errors
+                    .with_label_values(&[err.operation()])
+                    .inc();
+                None
+            }
         }
     }
 
@@ -286,6 +333,11 @@ impl Tuner {
                     created = true;
                     tracing::info!(sweep = %key, uid = %sweep.uid, "sweep created");
                 }
+                // Labels and annotations may change while the sweep runs; the
+                // next progress carries the current ones.
+                if let Some(state) = cell.state.as_mut() {
+                    state.metadata = SweepMetadata::of(&object);
+                }
                 vec![SweepEvent::Start]
             }
             Input::Deleted => {
@@ -343,7 +395,15 @@ impl Tuner {
         }
         let mut outbox =
             routing::decision_messages(&state.sweep, &state.core, &state.codec, &decisions);
-        let progress = routing::progress_of(&state.core, &state.codec);
+        if let Some(runs) = &self.trial_runs {
+            let at_ms = header.time.timestamp_millis();
+            for message in &mut outbox {
+                if let OutgoingPayload::TrialRequested(request) = &mut message.payload {
+                    request.tracking = self.trial_run(runs, &state.sweep, request, at_ms).await;
+                }
+            }
+        }
+        let progress = routing::progress_of(&state.core, &state.codec, &state.metadata);
         if state.last_progress.as_ref() != Some(&progress) {
             state.progress_seq += 1;
             outbox.push(Outgoing {

@@ -398,6 +398,20 @@ async fn tuner_records_a_sweep(server: &MlflowServer, reader: &Reader) {
         assert_eq!(tags["trainyard.sweep"], "tracked");
         assert_eq!(tags["trainyard.uid"], format!("job-{i}"));
         assert!(run["info"]["end_time"].as_i64().is_some(), "ended");
+        // The run existed before the trial was asked for, and the request
+        // names it: the trial's workers log into it (MLFLOW_RUN_ID), and the
+        // tracker recorded into the same run rather than a second one.
+        let tracking = request
+            .tracking
+            .as_ref()
+            .expect("the request names the run");
+        assert_eq!(tracking.mlflow_tracking_uri, server.url());
+        assert_eq!(
+            tracking.mlflow_run_id,
+            run["info"]["run_id"].as_str().unwrap_or_default(),
+            "{}",
+            request.trial_name
+        );
     }
     let t0 = runs[&names[0]]["info"]["run_id"]
         .as_str()

@@ -280,6 +280,14 @@ async fn an_unreachable_mlflow_never_holds_a_sweep_up() {
         Some("MaxTrialsReached")
     );
     assert_eq!(finished.succeeded, 4);
+    assert!(
+        driver
+            .trial_requests("untracked")
+            .await
+            .iter()
+            .all(|t| t.tracking.is_none()),
+        "without a run the trials are requested without one"
+    );
     eventually("tracking errors to be counted", 30, || async {
         (metric(&tuner, "trainyard_tuner_mlflow_errors_total") >= 1.0).then_some(())
     })
@@ -388,4 +396,50 @@ async fn mlflow_calls_retry_server_errors_with_backoff_then_give_up() {
         .await
         .expect_err("nothing listens");
     assert!(matches!(err, MlflowError::Transport { .. }), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_progress_carries_the_objective_labels_and_notify_annotations() {
+    let nats = NatsServer::start();
+    let tuner = start_tuner(&nats, TunerConfig::default()).await;
+    let driver = Driver::connect(&nats).await;
+
+    let mut sweep = sweep_object(
+        "annotated",
+        "uid-annotated",
+        spec(json!([{"name": "lr", "type": "float", "min": 0.001, "max": 0.1, "log": true}])),
+    );
+    sweep.metadata.labels = Some([("team".to_string(), "nlp".to_string())].into());
+    sweep.metadata.annotations = Some(
+        [
+            ("trainyard.dev/notify", "slack:#team-nlp"),
+            ("trainyard.dev/notify-on", "sweep.best_trial,sweep.finished"),
+            ("kubectl.kubernetes.io/last-applied-configuration", "{}"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .into(),
+    );
+    driver.apply_sweep(&sweep).await;
+
+    let progress = eventually("the sweep's first progress", 20, || async {
+        driver
+            .progress_reports("annotated")
+            .await
+            .into_iter()
+            .next()
+    })
+    .await;
+    assert_eq!(progress.objective_metric.as_deref(), Some("accuracy"));
+    assert_eq!(progress.labels.get("team").map(String::as_str), Some("nlp"));
+    assert_eq!(
+        progress.annotations,
+        [
+            ("trainyard.dev/notify", "slack:#team-nlp"),
+            ("trainyard.dev/notify-on", "sweep.best_trial,sweep.finished"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .into(),
+        "only the notification annotations travel"
+    );
+    stop_tuner(tuner).await;
 }

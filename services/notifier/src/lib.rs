@@ -11,6 +11,7 @@ pub mod ingest;
 pub mod live;
 pub mod metrics;
 pub mod outbox;
+pub mod queued;
 pub mod send;
 
 use std::path::PathBuf;
@@ -44,6 +45,8 @@ pub struct NotifierConfig {
     /// Delays before each retry, e.g. `["5s", "5m", "30m"]`; default: the
     /// Standard Webhooks schedule (5s 5m 30m 2h 5h 10h 10h).
     pub retry_schedule: Vec<String>,
+    /// How often queued jobs' waits are checked against their thresholds.
+    pub queued_check_millis: u64,
 }
 
 impl Default for NotifierConfig {
@@ -56,6 +59,7 @@ impl Default for NotifierConfig {
             channel_interval_millis: 1000,
             request_timeout_seconds: 15,
             retry_schedule: Vec::new(),
+            queued_check_millis: 1000,
         }
     }
 }
@@ -134,10 +138,19 @@ pub async fn start(runtime: &Runtime, config: NotifierConfig) -> Result<(), Noti
         disabled,
         runtime.shutdown.clone(),
     ));
+    let waits = queued::Waits {
+        outbox: outbox.clone(),
+    };
+    runtime.spawn(waits.clone().run(
+        live.clone(),
+        Duration::from_millis(config.queued_check_millis.max(10)),
+        runtime.shutdown.clone(),
+    ));
     let handler = Arc::new(ingest::Ingest {
         config: live,
         outbox,
         metrics,
+        waits,
     });
     for consumer in Service::Notifier.consumers() {
         runtime.spawn_consumer(consumer, handler.clone());

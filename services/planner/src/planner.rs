@@ -796,11 +796,15 @@ impl Planner {
             tracing::info!(sweep = %sweep.key(), trial = %request.trial_name, "sweep is gone; trial not created");
             return Ok(());
         };
-        let spec = planner_core::trial_spec(&object.spec.trial_template, &request.parameters)
-            .map_err(|err| HandleError::Reject {
-                category: "invalid_trial",
-                reason: format!("trial {}: {err}", request.trial_name),
-            })?;
+        let spec = planner_core::trial_spec(
+            &object.spec.trial_template,
+            &request.parameters,
+            request.tracking.as_ref(),
+        )
+        .map_err(|err| HandleError::Reject {
+            category: "invalid_trial",
+            reason: format!("trial {}: {err}", request.trial_name),
+        })?;
         self.fence().map_err(retry)?;
         self.writer
             .apply_trial(&object, &request.trial_name, request.trial_index, spec)

@@ -25,6 +25,7 @@ fn request(index: u32, learning_rate: f64) -> TrialRequested {
             ),
             ("batchSize".to_string(), ParameterValue::Int(32)),
         ]),
+        tracking: None,
     }
 }
 

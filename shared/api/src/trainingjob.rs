@@ -670,6 +670,11 @@ pub struct MonitoringSpec {
     #[schemars(length(min = 1, max = MAX_REFERENCE_LENGTH))]
     pub mlflow_tracking_uri: Option<String>,
 
+    /// MLflow run the workers log into (their MLFLOW_RUN_ID), 1 to 128 characters. The hpo-tuner sets it on each trial to the run it made for the trial, so mlflow.autolog() does not make a second one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128))]
+    pub mlflow_run_id: Option<String>,
+
     /// Weights & Biases project name; runs are logged there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 128))]
@@ -1380,6 +1385,9 @@ impl MonitoringSpec {
                 1,
                 MAX_REFERENCE_LENGTH,
             );
+        }
+        if let Some(run) = &self.mlflow_run_id {
+            errors.length(&format!("{path}.mlflowRunId"), run, 1, 128);
         }
         if let Some(project) = &self.wandb_project {
             errors.length(&format!("{path}.wandbProject"), project, 1, 128);

@@ -163,7 +163,7 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
         )?,
         entry::<decisions::AdmissionDecided>(
             "gpu-allocator",
-            "planner, cost-optimizer",
+            "planner, cost-optimizer, notifier",
             "The job is admitted: every worker fits now, inside quota, on the nodes in `placements`. The planner injects the selector and tolerations, pins the workers to those nodes (each to the node of its index, through a scheduling gate, when there are several), and unsuspends the Job.",
             job(),
             json!({"attempt": 0, "queue": "team-a", "flavor": "a100-spot",
@@ -174,7 +174,7 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
         )?,
         entry::<decisions::PendingExplained>(
             "gpu-allocator",
-            "planner",
+            "planner, notifier",
             "Why the job is still waiting; the planner writes it into status and events as `position <position> in queue <queue>: <message>`. Published again when the cause changes or the position or shortfall moved by a step (gpu-allocator README).",
             job(),
             json!({"queue": "team-a", "position": 3, "flavor": "a100-spot", "gpusRequested": 4, "gpusShort": 2,
@@ -202,10 +202,12 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
         entry::<decisions::TrialRequested>(
             "hpo-tuner",
             "planner",
-            "Create a trial: a child TrainingJob of the Sweep with these hyperparameters.",
+            "Create a trial: a child TrainingJob of the Sweep with these hyperparameters. With experiment tracking on, `tracking` names the MLflow run made for the trial; the planner sets it as the trial's `monitoring.mlflowRunId` (and `mlflowTrackingUri` when the template has none), so its workers log into that run.",
             sweep(),
             json!({"trialName": "resnet-sweep-t0003", "trialIndex": 3,
-                   "parameters": {"learningRate": 0.0031, "batchSize": 64, "optimizer": "adamw"}}),
+                   "parameters": {"learningRate": 0.0031, "batchSize": 64, "optimizer": "adamw"},
+                   "tracking": {"mlflowTrackingUri": "http://mlflow.mlflow:5000",
+                                "mlflowRunId": "5c2a0f7e9b4d4e0c8a1f3b6d2e9c7a10"}}),
         )?,
         entry::<decisions::TrialStopped>(
             "hpo-tuner",

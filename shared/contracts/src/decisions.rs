@@ -136,6 +136,20 @@ pub struct TrialRequested {
     pub trial_name: String,
     pub trial_index: u32,
     pub parameters: BTreeMap<String, ParameterValue>,
+    /// The experiment-tracking run the hpo-tuner made for the trial before
+    /// asking for it; the planner hands it to the trial's workers
+    /// (`MLFLOW_TRACKING_URI`, `MLFLOW_RUN_ID`). Absent when tracking is off
+    /// or the server could not be reached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracking: Option<TrialTracking>,
+}
+
+/// An MLflow run made for a trial.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TrialTracking {
+    pub mlflow_tracking_uri: String,
+    pub mlflow_run_id: String,
 }
 
 /// The hpo-tuner stops a trial early (the entity is the Sweep).

@@ -215,6 +215,9 @@ impl Service {
                     vec![
                         kind_filter(Family::Decisions, "sweep"),
                         kind_filter(Family::Decisions, "budget"),
+                        // How long a queued job waits, and why.
+                        kind_filter(Family::Decisions, "pending"),
+                        kind_filter(Family::Decisions, "admission"),
                     ],
                 ),
             ],
@@ -294,8 +297,8 @@ pub enum Bucket {
     /// Leases that pick the active replica of the planner and the
     /// gpu-allocator; an entry not renewed expires after [`LEASE_TTL`].
     Leases,
-    /// notifier: each routed event per destination until it is delivered, and
-    /// the replicas' heartbeats.
+    /// notifier: each routed event per destination until it is delivered, the
+    /// replicas' heartbeats, and each queued job's wait for admission.
     NotifierOutbox,
     /// notifier: delivery status per notification
     /// ([`crate::notifications::DeliveryStatus`]).

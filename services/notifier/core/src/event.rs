@@ -11,7 +11,7 @@ use trainyard_contracts::alerts::{
     Severity, WebhookEndpointDisabled,
 };
 use trainyard_contracts::cost::{BudgetState, BudgetStatusReported};
-use trainyard_contracts::decisions::SweepProgressed;
+use trainyard_contracts::decisions::{AdmissionDecided, PendingExplained, SweepProgressed};
 use trainyard_contracts::lifecycle::{TrainingJobFinalized, TrainingJobTransitioned};
 use trainyard_contracts::{EntityRef, Incoming, Payload};
 use uuid::Uuid;
@@ -28,6 +28,7 @@ pub const EVENT_TYPES: &[&str] = &[
     "job.suspended",
     "job.resumed",
     "job.preempted",
+    crate::queued::QUEUED_TOO_LONG,
     "sweep.best_trial",
     "sweep.finished",
     "budget.hold",
@@ -103,11 +104,11 @@ impl Event {
     }
 }
 
-fn derived_id(parts: &[&str]) -> String {
+pub(crate) fn derived_id(parts: &[&str]) -> String {
     Uuid::new_v5(&Uuid::NAMESPACE_OID, parts.join("\u{1f}").as_bytes()).to_string()
 }
 
-fn subscriptions(annotations: &BTreeMap<String, String>) -> (Vec<String>, Vec<String>) {
+pub(crate) fn subscriptions(annotations: &BTreeMap<String, String>) -> (Vec<String>, Vec<String>) {
     let split = |key: &str| -> Vec<String> {
         annotations
             .get(key)
@@ -156,7 +157,8 @@ pub fn events_of(incoming: &Incoming) -> Result<Vec<Event>, CoreError> {
         TrainingJobTransitioned::TYPE => transition(incoming, id, &incoming.payload()?)
             .into_iter()
             .collect(),
-        TrainingJobFinalized::TYPE => Vec::new(),
+        // What the queued-too-long watch observes; nothing is told at once.
+        TrainingJobFinalized::TYPE | PendingExplained::TYPE | AdmissionDecided::TYPE => Vec::new(),
         SweepProgressed::TYPE => sweep(incoming, &incoming.payload()?),
         BudgetStatusReported::TYPE => budget(incoming, id, &incoming.payload()?)
             .into_iter()

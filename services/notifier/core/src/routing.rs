@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::duration;
 use crate::error::CoreError;
 use crate::event::{EVENT_TYPES, Event};
+use crate::queued::QueuedThresholds;
 
 /// The routing config file as written (YAML).
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -25,6 +26,19 @@ pub struct RoutingFile {
     pub time_intervals: Vec<TimeIntervalSpec>,
     #[serde(default)]
     pub subscriptions: SubscriptionSpec,
+    #[serde(default)]
+    pub queued_too_long: QueuedTooLongSpec,
+}
+
+/// When a job waiting in `Queued` becomes `job.queued_too_long`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueuedTooLongSpec {
+    /// Default threshold (1h when unset).
+    pub after: Option<String>,
+    /// Thresholds of particular TrainingQueues, by queue name.
+    #[serde(default)]
+    pub queues: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -39,6 +53,9 @@ pub struct RouteSpec {
     pub group_wait: Option<String>,
     pub group_interval: Option<String>,
     pub repeat_interval: Option<String>,
+    /// This route's `job.queued_too_long` threshold, inherited by its children;
+    /// beats the queue's and the default.
+    pub queued_too_long_after: Option<String>,
     #[serde(default)]
     pub mute_time_intervals: Vec<String>,
     #[serde(default)]
@@ -237,6 +254,7 @@ struct Route {
     matchers: Vec<Matcher>,
     continue_matching: bool,
     policy: GroupPolicy,
+    queued_after: Option<Duration>,
     mute: Vec<String>,
     routes: Vec<Route>,
 }
@@ -274,6 +292,7 @@ pub struct Routing {
     intervals: BTreeMap<String, TimeInterval>,
     subscriptions: SubscriptionSpec,
     default_events: Vec<String>,
+    queued: QueuedThresholds,
 }
 
 /// What routing decided for one event.
@@ -379,10 +398,11 @@ impl Routing {
             "route",
             "0",
             &root_receiver,
-            &GroupPolicy::default(),
+            (&GroupPolicy::default(), None),
             &receivers,
             &intervals,
         )?;
+        let queued = queued_thresholds(&file.queued_too_long)?;
         let subs = &file.subscriptions;
         if let Some(name) = &subs.slack_receiver {
             match receivers.get(name) {
@@ -439,6 +459,7 @@ impl Routing {
             intervals,
             subscriptions: file.subscriptions,
             default_events,
+            queued,
         })
     }
 
@@ -454,7 +475,27 @@ impl Routing {
     /// the first match at a level unless it has `continue`), then the
     /// subscriptions its object asked for. One destination hears an event once.
     pub fn route(&self, event: &Event) -> RouteOutcome {
+        self.route_with_thresholds(event).0
+    }
+
+    /// Where a `job.queued_too_long` event goes, each destination with the
+    /// wait after which it is told: its route's `queued_too_long_after`, else
+    /// the queue's threshold, else the default.
+    pub fn route_queued(&self, event: &Event) -> Vec<(Routed, Duration)> {
+        let (outcome, overrides) = self.route_with_thresholds(event);
+        let fallback = self.queued.for_queue(event.queue.as_deref());
+        outcome
+            .routed
+            .into_iter()
+            .zip(overrides)
+            .map(|(routed, threshold)| (routed, threshold.unwrap_or(fallback)))
+            .collect()
+    }
+
+    /// The outcome, and per routed destination its route's own queued threshold.
+    fn route_with_thresholds(&self, event: &Event) -> (RouteOutcome, Vec<Option<Duration>>) {
         let labels = event.route_labels();
+        let mut thresholds = Vec::new();
         let mut outcome = RouteOutcome::default();
         let mut matched = Vec::new();
         if !walk(&self.root, &labels, &mut matched) {
@@ -478,10 +519,12 @@ impl Routing {
                 outcome
                     .routed
                     .push(routed(destination, &route.path, &route.policy, &labels));
+                thresholds.push(route.queued_after);
             }
         }
         self.subscribe(event, &labels, &mut seen, &mut outcome);
-        outcome
+        thresholds.resize(outcome.routed.len(), None);
+        (outcome, thresholds)
     }
 
     fn subscribe(
@@ -604,7 +647,7 @@ fn build_route(
     field: &str,
     path: &str,
     parent_receiver: &str,
-    parent: &GroupPolicy,
+    (parent, parent_queued_after): (&GroupPolicy, Option<Duration>),
     receivers: &BTreeMap<String, ReceiverSpec>,
     intervals: &BTreeMap<String, TimeInterval>,
 ) -> Result<Route, CoreError> {
@@ -660,6 +703,13 @@ fn build_route(
             parent.repeat_interval,
         )?,
     };
+    let queued_after = match &spec.queued_too_long_after {
+        None => parent_queued_after,
+        Some(text) => Some(
+            duration::parse(text)
+                .map_err(|m| CoreError::config(format!("{field}.queued_too_long_after"), m))?,
+        ),
+    };
     if policy.group_interval.is_zero() {
         return Err(CoreError::config(
             format!("{field}.group_interval"),
@@ -676,7 +726,7 @@ fn build_route(
                 &format!("{field}.routes[{i}]"),
                 &format!("{path}.{i}"),
                 &receiver,
-                &policy,
+                (&policy, queued_after),
                 receivers,
                 intervals,
             )
@@ -688,9 +738,24 @@ fn build_route(
         matchers,
         continue_matching: spec.continue_matching,
         policy,
+        queued_after,
         mute: spec.mute_time_intervals.clone(),
         routes,
     })
+}
+
+fn queued_thresholds(spec: &QueuedTooLongSpec) -> Result<QueuedThresholds, CoreError> {
+    let mut thresholds = QueuedThresholds::default();
+    if let Some(text) = &spec.after {
+        thresholds.after =
+            duration::parse(text).map_err(|m| CoreError::config("queued_too_long.after", m))?;
+    }
+    for (queue, text) in &spec.queues {
+        let after = duration::parse(text)
+            .map_err(|m| CoreError::config(format!("queued_too_long.queues.{queue}"), m))?;
+        thresholds.queues.insert(queue.clone(), after);
+    }
+    Ok(thresholds)
 }
 
 fn weekday(name: &str) -> Option<u32> {

@@ -263,6 +263,10 @@ fn monitoring_env(spec: &TrainingJobSpec) -> Vec<EnvVar> {
     if let Some(uri) = &monitoring.mlflow_tracking_uri {
         env.push(literal("MLFLOW_TRACKING_URI", uri.clone()));
     }
+    // MLflow's own variable: `mlflow.start_run()` and `mlflow.autolog()` resume it.
+    if let Some(run) = &monitoring.mlflow_run_id {
+        env.push(literal("MLFLOW_RUN_ID", run.clone()));
+    }
     if let Some(project) = &monitoring.wandb_project {
         env.push(literal("WANDB_PROJECT", project.clone()));
     }

@@ -8,7 +8,7 @@ use trainyard_api::{
     BestTrial, Condition, ConditionStatus, RungStatus, SweepState, SweepStatus, TrainingJobSpec,
     TrialCounts,
 };
-use trainyard_contracts::decisions::{ParameterValue, SweepProgressed};
+use trainyard_contracts::decisions::{ParameterValue, SweepProgressed, TrialTracking};
 
 use crate::error::PlanError;
 
@@ -41,11 +41,13 @@ fn text(value: &ParameterValue) -> String {
 }
 
 /// The trial's spec: the template with the suggested parameters filled into its
-/// hyperparameters. A value the field cannot hold (e.g. `optimizer: lion`) is an
-/// error naming the parameter.
+/// hyperparameters, and the MLflow run the tuner made for it as
+/// `monitoring.mlflowRunId`. A value the field cannot hold (e.g. `optimizer:
+/// lion`) is an error naming the parameter.
 pub fn trial_spec(
     template: &TrainingJobSpec,
     parameters: &BTreeMap<String, ParameterValue>,
+    tracking: Option<&TrialTracking>,
 ) -> Result<TrainingJobSpec, PlanError> {
     let invalid = |name: &str, problem: String| PlanError::InvalidSpec {
         errors: vec![trainyard_api::FieldError::new(
@@ -89,9 +91,23 @@ pub fn trial_spec(
     }
     // Decoding names the offending path (e.g. spec.hyperparameters.optimizer) and
     // validates the result, as for any spec that does not come through the apiserver.
-    let filled =
+    let mut filled =
         TrainingJobSpec::from_json(spec).map_err(|errors| PlanError::InvalidSpec { errors })?;
+    if let Some(tracking) = tracking {
+        let monitoring = filled.monitoring.get_or_insert_default();
+        let server = monitoring
+            .mlflow_tracking_uri
+            .get_or_insert_with(|| tracking.mlflow_tracking_uri.clone());
+        // A template that logs to another server has no such run there.
+        if same_server(server, &tracking.mlflow_tracking_uri) {
+            monitoring.mlflow_run_id = Some(tracking.mlflow_run_id.clone());
+        }
+    }
     Ok(filled)
+}
+
+fn same_server(a: &str, b: &str) -> bool {
+    a.trim_end_matches('/') == b.trim_end_matches('/')
 }
 
 /// Reasons the tuner ends a sweep that count as success.
@@ -211,7 +227,7 @@ mod tests {
             ("optimizer".to_string(), ParameterValue::Text("sgd".into())),
             ("dropout".to_string(), ParameterValue::Float(0.25)),
         ]);
-        let spec = trial_spec(&template(), &parameters).expect("fills");
+        let spec = trial_spec(&template(), &parameters, None).expect("fills");
         let hp = spec.hyperparameters.expect("hyperparameters");
         assert_eq!(hp.learning_rate, Some(0.003));
         assert_eq!(hp.batch_size, Some(64));
@@ -227,7 +243,7 @@ mod tests {
     fn a_value_the_field_cannot_hold_names_the_parameter() {
         let parameters =
             BTreeMap::from([("optimizer".to_string(), ParameterValue::Text("lion".into()))]);
-        let err = trial_spec(&template(), &parameters)
+        let err = trial_spec(&template(), &parameters, None)
             .expect_err("lion is no optimizer")
             .to_string();
         assert!(err.contains("optimizer"), "{err}");

@@ -637,3 +637,54 @@ spec:
     );
     check_golden("pod-settings", &objects);
 }
+
+#[test]
+fn a_trial_gets_the_mlflow_run_the_tuner_made_for_it() {
+    use trainyard_contracts::decisions::{ParameterValue, TrialTracking};
+    let template = TrainingJobSpec {
+        model: "resnet50".into(),
+        dataset: "cifar10".into(),
+        num_workers: 2,
+        ..TrainingJobSpec::default()
+    };
+    let parameters = BTreeMap::from([("learningRate".to_string(), ParameterValue::Float(0.01))]);
+    let tracking = TrialTracking {
+        mlflow_tracking_uri: "http://mlflow.mlflow:5000".into(),
+        mlflow_run_id: "5c2a0f7e9b4d4e0c8a1f3b6d2e9c7a10".into(),
+    };
+    let config = PlannerConfig::default();
+    let env_of = |spec: TrainingJobSpec| {
+        let job = as_stored(training_job("sweep-t0001", spec));
+        let admitted = admission(0, job.spec.num_workers);
+        let objects = desired_objects(&job, &plan(0, Some(&admitted), &config)).unwrap();
+        (
+            env_value(&objects, "MLFLOW_TRACKING_URI"),
+            env_value(&objects, "MLFLOW_RUN_ID"),
+        )
+    };
+
+    let spec = planner_core::trial_spec(&template, &parameters, Some(&tracking)).unwrap();
+    assert_eq!(
+        env_of(spec),
+        (
+            Some("http://mlflow.mlflow:5000".to_string()),
+            Some("5c2a0f7e9b4d4e0c8a1f3b6d2e9c7a10".to_string())
+        ),
+        "the template names no server: the tuner's, with its run"
+    );
+
+    let mut elsewhere = template.clone();
+    elsewhere.monitoring = Some(MonitoringSpec {
+        mlflow_tracking_uri: Some("http://other-mlflow:5000".into()),
+        ..MonitoringSpec::default()
+    });
+    let spec = planner_core::trial_spec(&elsewhere, &parameters, Some(&tracking)).unwrap();
+    assert_eq!(
+        env_of(spec),
+        (Some("http://other-mlflow:5000".to_string()), None),
+        "a run of the tuner's server does not exist on the template's"
+    );
+
+    let spec = planner_core::trial_spec(&template, &parameters, None).unwrap();
+    assert_eq!(env_of(spec), (None, None), "tracking off: nothing set");
+}
