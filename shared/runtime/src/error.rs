@@ -6,6 +6,9 @@ pub enum RuntimeError {
     /// A configuration source is unreadable or a key has the wrong type.
     #[error("configuration: {0}")]
     Config(#[source] config::ConfigError),
+    /// A setting has a value that cannot work.
+    #[error("configuration: {0}")]
+    Settings(String),
     /// Telemetry (logs, traces) could not be set up.
     #[error("telemetry: {0}")]
     Telemetry(String),
@@ -44,7 +47,7 @@ impl RuntimeError {
     /// A bounded label for metrics.
     pub fn category(&self) -> &'static str {
         match self {
-            RuntimeError::Config(_) => "config",
+            RuntimeError::Config(_) | RuntimeError::Settings(_) => "config",
             RuntimeError::Telemetry(_) => "telemetry",
             RuntimeError::Listen { .. } => "listen",
             RuntimeError::Connect { .. } => "connect",
