@@ -25,6 +25,16 @@ pub enum RuntimeError {
     /// A stream, consumer or bucket could not be created or updated.
     #[error("cannot provision {what}: {message}")]
     Provision { what: String, message: String },
+    /// A message larger than the server's max payload: it can never be
+    /// published as it is.
+    #[error(
+        "publish to {subject} refused: {bytes} bytes exceed the NATS server's max_payload of {max_payload} bytes"
+    )]
+    TooLarge {
+        subject: String,
+        bytes: usize,
+        max_payload: usize,
+    },
     /// A publish was not acknowledged by JetStream.
     #[error("publish to {subject} failed: {message}")]
     Publish { subject: String, message: String },
@@ -53,6 +63,7 @@ impl RuntimeError {
             RuntimeError::Connect { .. } => "connect",
             RuntimeError::Provision { .. } => "provision",
             RuntimeError::Publish { .. } => "publish",
+            RuntimeError::TooLarge { .. } => "too_large",
             RuntimeError::NotLeader { .. } => "not_leader",
             RuntimeError::Usage(_) => "usage",
             RuntimeError::Setup(_) => "setup",
