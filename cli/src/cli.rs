@@ -59,6 +59,105 @@ pub enum Command {
     /// Recent notifications the notifier delivered (or is retrying, or gave up
     /// on), newest first, from its delivery-status bucket in NATS.
     Notifications(NotificationsArgs),
+    /// Messages a consumer gave up on: list them, show one whole, or replay
+    /// them (publish the original again, then remove the dead letter) once
+    /// their cause is fixed.
+    #[command(name = "deadletter", alias = "deadletters", alias = "dl")]
+    DeadLetter(DeadLetterArgs),
+}
+
+/// `trainyard deadletter`.
+#[derive(Debug, Args)]
+pub struct DeadLetterArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub action: DeadLetterAction,
+
+    /// Where NATS is and who to be there.
+    #[command(flatten)]
+    pub nats: NatsArgs,
+}
+
+/// `trainyard deadletter list|show|replay`.
+#[derive(Debug, Subcommand)]
+pub enum DeadLetterAction {
+    /// Dead letters, oldest first: sequence, time, original subject, consumer,
+    /// category and reason.
+    List {
+        #[command(flatten)]
+        filter: DeadLetterFilter,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, value_name = "FORMAT")]
+        output: Option<JsonOutput>,
+    },
+    /// One dead letter whole: where it came from, the reason, the original
+    /// headers and payload.
+    Show {
+        /// Sequence in the dead-letter stream (the SEQ column of `list`).
+        sequence: u64,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, value_name = "FORMAT")]
+        output: Option<JsonOutput>,
+    },
+    /// Publishes originals again on their own subjects with their own headers
+    /// (the envelope, and its id, unchanged), then deletes their dead letters.
+    Replay {
+        /// Sequences in the dead-letter stream.
+        #[arg(
+            value_name = "SEQ",
+            required_unless_present = "all",
+            conflicts_with = "all"
+        )]
+        sequences: Vec<u64>,
+        /// Every dead letter matching the filters.
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        filter: DeadLetterFilter,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, value_name = "FORMAT")]
+        output: Option<JsonOutput>,
+    },
+}
+
+/// Which dead letters.
+#[derive(Debug, Clone, Default, Args)]
+pub struct DeadLetterFilter {
+    /// Only those of this durable consumer, e.g. planner-events.
+    #[arg(long, value_name = "CONSUMER")]
+    pub consumer: Option<String>,
+    /// Only those from this stream, e.g. TRAINYARD_EVENTS.
+    #[arg(long, value_name = "STREAM")]
+    pub stream: Option<String>,
+    /// Only those of this category, e.g. retries_exhausted.
+    #[arg(long, value_name = "CATEGORY")]
+    pub category: Option<String>,
+}
+
+/// `-o json`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum JsonOutput {
+    /// JSON.
+    Json,
+}
+
+/// How to reach NATS.
+#[derive(Debug, Clone, Args)]
+pub struct NatsArgs {
+    /// The NATS server the services use.
+    #[arg(
+        long,
+        value_name = "URL",
+        default_value = "nats://127.0.0.1:4222",
+        global = true
+    )]
+    pub nats_url: String,
+    /// NATS user (the operator identity of deploy/nats/auth.conf).
+    #[arg(long, value_name = "USER", global = true)]
+    pub nats_user: Option<String>,
+    /// File holding the NATS user's password.
+    #[arg(long, value_name = "FILE", global = true)]
+    pub nats_password_file: Option<PathBuf>,
 }
 
 /// `trainyard delete`.
@@ -348,6 +447,48 @@ mod tests {
         assert!(parse(&["get", "tj", "-o", "yaml"]).is_ok());
         assert!(parse(&["get", "tj", "-o", "xml"]).is_err());
         assert!(parse(&["get", "tj", "--timeout", "soon"]).is_err());
+    }
+
+    #[test]
+    fn deadletter_replay_takes_sequences_or_all_with_filters() {
+        let Command::DeadLetter(args) = parse(&["deadletter", "replay", "3", "9"])
+            .expect("parses")
+            .command
+        else {
+            panic!("not deadletter");
+        };
+        let DeadLetterAction::Replay { sequences, all, .. } = args.action else {
+            panic!("not replay");
+        };
+        assert_eq!(sequences, [3, 9]);
+        assert!(!all);
+        let Command::DeadLetter(args) = parse(&[
+            "deadletter",
+            "replay",
+            "--all",
+            "--consumer",
+            "planner-events",
+            "--nats-url",
+            "nats://nats:4222",
+        ])
+        .expect("parses")
+        .command
+        else {
+            panic!("not deadletter");
+        };
+        assert_eq!(args.nats.nats_url, "nats://nats:4222");
+        let DeadLetterAction::Replay { filter, all, .. } = args.action else {
+            panic!("not replay");
+        };
+        assert!(all);
+        assert_eq!(filter.consumer.as_deref(), Some("planner-events"));
+        assert!(
+            parse(&["deadletter", "replay"]).is_err(),
+            "sequences or --all"
+        );
+        assert!(parse(&["deadletter", "replay", "3", "--all"]).is_err());
+        assert!(parse(&["deadletter", "show"]).is_err(), "a sequence");
+        assert!(parse(&["deadletter", "list", "-o", "json"]).is_ok());
     }
 
     #[test]

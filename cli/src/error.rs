@@ -78,6 +78,11 @@ pub enum CliError {
         detail: String,
     },
 
+    /// NATS could not be reached or read, or what it holds is not what
+    /// Trainyard wrote.
+    #[error("{0}")]
+    Nats(String),
+
     /// A flag combination that cannot work, e.g. `--until-done` on queues.
     #[error("{0}")]
     Usage(String),

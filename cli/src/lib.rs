@@ -7,6 +7,7 @@
 pub mod apply;
 pub mod cli;
 pub mod control;
+pub mod deadletter;
 pub mod describe;
 pub mod error;
 pub mod format;
@@ -168,6 +169,27 @@ where
                 out,
             )
             .await
+        }
+        Command::DeadLetter(args) => {
+            use crate::cli::{DeadLetterAction, JsonOutput};
+            let json = |output: Option<JsonOutput>| output == Some(JsonOutput::Json);
+            match args.action {
+                DeadLetterAction::List { filter, output } => {
+                    deadletter::list(&args.nats, &filter, json(output), out, err).await
+                }
+                DeadLetterAction::Show { sequence, output } => {
+                    deadletter::show(&args.nats, sequence, json(output), out).await
+                }
+                DeadLetterAction::Replay {
+                    sequences,
+                    filter,
+                    output,
+                    ..
+                } => {
+                    deadletter::replay(&args.nats, &filter, &sequences, json(output), out, err)
+                        .await
+                }
+            }
         }
         Command::Delete(args) => {
             let (client, namespace) =

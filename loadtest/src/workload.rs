@@ -51,6 +51,7 @@ pub fn cluster_config(nodes: u32, gpus_per_node: u32, speed: f64) -> ClusterConf
         failures: Default::default(),
         disruptions: Default::default(),
         scoring: Default::default(),
+        api_faults: Default::default(),
     }
 }
 

@@ -25,6 +25,7 @@ use tokio::sync::broadcast::{self, error::RecvError};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::ApiError;
+use crate::faults::{ApiFaultConfig, ApiFaults, Fault};
 use crate::resources::{self, ResourceType};
 use crate::selector::Selector;
 use crate::store::{Change, ChangeKind, PatchKind, Propagation, Store, Subresource};
@@ -38,13 +39,44 @@ const MAX_WATCH_SECONDS: u64 = 290;
 struct ApiState {
     store: Arc<Store>,
     shutdown: CancellationToken,
+    faults: Arc<ApiFaults>,
 }
 
 /// The router serving the API from `store`; open watches end on `shutdown`.
 pub fn router(store: Arc<Store>, shutdown: CancellationToken) -> Router {
-    Router::new()
-        .fallback(handle)
-        .with_state(ApiState { store, shutdown })
+    router_with_faults(store, shutdown, ApiFaultConfig::default())
+}
+
+/// [`router`] whose write requests fail or stall as `faults` says.
+pub fn router_with_faults(
+    store: Arc<Store>,
+    shutdown: CancellationToken,
+    faults: ApiFaultConfig,
+) -> Router {
+    Router::new().fallback(handle).with_state(ApiState {
+        store,
+        shutdown,
+        faults: Arc::new(ApiFaults::new(faults)),
+    })
+}
+
+/// The reply to a faulted request, as a real API server words it.
+async fn fault_reply(fault: Fault, method: &Method, path: &str) -> Response {
+    let (status, retry_after) = match fault {
+        Fault::Fail(status) => (status, status == 429),
+        Fault::Stall(duration) => {
+            tokio::time::sleep(duration).await;
+            (504, false)
+        }
+    };
+    let err = ApiError::fault(status, &format!("{method} {path}"));
+    let mut response = error_reply(&err);
+    if retry_after {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    }
+    response
 }
 
 /// A request path, taken apart.
@@ -237,6 +269,10 @@ async fn handle(
         Ok(target) => target,
         Err(err) => return error_reply(&err),
     };
+    if let Some(fault) = state.faults.draw(&method, flag(&query, "watch")) {
+        tracing::info!(%method, path = uri.path(), ?fault, "simulated API fault");
+        return fault_reply(fault, &method, uri.path()).await;
+    }
     match serve(&state, &method, target, &query, &headers, &body) {
         Ok(response) => response,
         Err(err) => error_reply(&err),

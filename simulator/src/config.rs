@@ -230,6 +230,9 @@ pub struct ClusterConfig {
     /// Which of the nodes that fit a pod the scheduler binds it to.
     #[serde(default)]
     pub scoring: NodeScoring,
+    /// Errors and stalls of the API server's write requests.
+    #[serde(default)]
+    pub api_faults: crate::faults::ApiFaultConfig,
 }
 
 /// The scheduler's choice among the nodes that fit a pod, by free GPUs, as
@@ -317,6 +320,7 @@ impl ClusterConfig {
                 "failures.exitCodes: give at least one exit code when failures.rate > 0".into(),
             );
         }
+        self.api_faults.check()?;
         let speeds = std::iter::once((
             "workers.secondsPerEpoch".to_owned(),
             self.workers.seconds_per_epoch,

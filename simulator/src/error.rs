@@ -54,6 +54,39 @@ impl ApiError {
         )
     }
 
+    /// A simulated failure of the API server itself (`apiFaults`).
+    pub fn fault(code: u16, request: &str) -> Self {
+        let (reason, message) = match code {
+            409 => (
+                "Conflict",
+                format!(
+                    "Operation cannot be fulfilled ({request}): the object has been modified; please apply your changes to the latest version and try again"
+                ),
+            ),
+            429 => (
+                "TooManyRequests",
+                format!("too many requests ({request}), please try again later"),
+            ),
+            503 => (
+                "ServiceUnavailable",
+                format!("the server is currently unable to handle the request ({request})"),
+            ),
+            504 => (
+                "Timeout",
+                format!(
+                    "the server was unable to return a response in the time allotted ({request})"
+                ),
+            ),
+            _ => (
+                "InternalError",
+                format!(
+                    "an error on the server ({request}) has prevented the request from succeeding"
+                ),
+            ),
+        };
+        Self::new(code, reason, message)
+    }
+
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(400, "BadRequest", message)
     }

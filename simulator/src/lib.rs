@@ -8,6 +8,7 @@ pub mod apiserver;
 mod discovery;
 pub mod error;
 mod events;
+pub mod faults;
 mod openapi;
 mod pod_update;
 pub mod resources;

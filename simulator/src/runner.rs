@@ -48,6 +48,7 @@ impl Simulator {
         let store = Arc::new(Store::default());
         let tick = Duration::from_millis(config.tick_milliseconds);
         let clock = SimClock::new(config.speed);
+        let api_faults = config.api_faults.clone();
         let cluster = Arc::new(Mutex::new(Cluster::new(store.clone(), config, clock)));
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -61,7 +62,7 @@ impl Simulator {
                 address: listen.to_owned(),
                 source,
             })?;
-        let router = apiserver::router(store.clone(), shutdown.clone());
+        let router = apiserver::router_with_faults(store.clone(), shutdown.clone(), api_faults);
         let api_shutdown = shutdown.clone();
         let mut tasks = vec![tokio::spawn(async move {
             // As Go's net package (and so the real API server) does: without it

@@ -99,6 +99,9 @@ impl PlannerMetrics {
 struct Entry {
     loaded: bool,
     object: Option<TrainingJob>,
+    /// The API answered 409: the next load reads the object from the API
+    /// even when the message carries a copy.
+    reread_object: bool,
     state: PlannerJobState,
     /// Fingerprints of the objects this process last applied: the core asks for
     /// the same objects on every event while a job waits, and re-applying one
@@ -369,8 +372,11 @@ impl Planner {
             let seen_before = stored.is_some();
             entry.state = stored.unwrap_or_default();
             entry.saved = Some(fingerprint(&[&StateStore::encode(&key, &entry.state)?]));
-            if entry.object.is_none() && (seen_before || !matches!(input, Input::Object(_))) {
+            if entry.object.is_none()
+                && (seen_before || entry.reread_object || !matches!(input, Input::Object(_)))
+            {
                 entry.object = self.writer.get(&entity.namespace, &entity.name).await?;
+                entry.reread_object = false;
             }
             entry.loaded = true;
         }
@@ -386,11 +392,13 @@ impl Planner {
                 .jobs
                 .observe_state(&key, &entity.namespace, job.spec.queue_name(), state);
         }
-        if let Err(PlannerError::StateConflict(_)) = &result {
-            // Another writer's state is newer than ours: read it (and the
-            // object) again when the message is retried.
+        if result.as_ref().is_err_and(PlannerError::is_conflict) {
+            // Another writer's state or object is newer than ours: read both
+            // again (the object from the API, not the message's copy) when
+            // the message is handled again.
             entry.loaded = false;
             entry.object = None;
+            entry.reread_object = true;
         }
         let finished_or_gone = entry.object.as_ref().is_none_or(|job| {
             job.status
@@ -723,18 +731,17 @@ impl Planner {
             .writer
             .training_job_labels(&accepted.namespace, &accepted.name)
             .await
-            .map_err(|err| HandleError::Retry(err.to_string()))?;
+            .map_err(HandleError::from)?;
         if let Some(labels) = &labels
             && let Err(rejection) = planner_core::check_overwrite(&accepted, labels)
         {
             return self.reject_submission(entity, &answer, rejection).await;
         }
-        self.fence()
-            .map_err(|err| HandleError::Retry(err.to_string()))?;
+        self.fence().map_err(HandleError::from)?;
         self.writer
             .submit(&accepted, labels.is_some())
             .await
-            .map_err(|err| HandleError::Retry(err.to_string()))?;
+            .map_err(HandleError::from)?;
         self.submission_result(
             entity,
             &answer,
@@ -770,8 +777,7 @@ impl Planner {
         answer: &str,
         result: SubmissionResult,
     ) -> Result<(), HandleError> {
-        self.fence()
-            .map_err(|err| HandleError::Retry(err.to_string()))?;
+        self.fence().map_err(HandleError::from)?;
         let envelope = self
             .publisher
             .envelope(EntityRef::new(&entity.namespace, &entity.name, ""), result);
@@ -786,7 +792,7 @@ impl Planner {
 impl Planner {
     /// Creates the trial the tuner asked for, from the Sweep's template.
     async fn trial(&self, sweep: &EntityRef, request: TrialRequested) -> Result<(), HandleError> {
-        let retry = |err: PlannerError| HandleError::Retry(err.to_string());
+        let retry = HandleError::from;
         let Some(object) = self
             .writer
             .get_sweep(&sweep.namespace, &sweep.name)
@@ -818,7 +824,7 @@ impl Planner {
         sweep: &EntityRef,
         progress: SweepProgressed,
     ) -> Result<(), HandleError> {
-        let retry = |err: PlannerError| HandleError::Retry(err.to_string());
+        let retry = HandleError::from;
         let Some(object) = self
             .writer
             .get_sweep(&sweep.namespace, &sweep.name)
@@ -847,7 +853,7 @@ impl Planner {
         queue: &EntityRef,
         report: QueueStatusReported,
     ) -> Result<(), HandleError> {
-        let retry = |err: PlannerError| HandleError::Retry(err.to_string());
+        let retry = HandleError::from;
         let Some(object) = self.writer.get_queue(&queue.name).await.map_err(retry)? else {
             tracing::debug!(queue = %queue.name, "queue is gone; status not written");
             return Ok(());
@@ -929,7 +935,7 @@ impl Handler for PlannerHandler {
                     Input::Observe(Box::new(Observation::TrialStopped(stop))),
                 )
                 .await
-                .map_err(|err| HandleError::Retry(err.to_string()));
+                .map_err(HandleError::from);
         }
         let Some(input) = input_of(&message)? else {
             // Sweep events, trial requests and cost decisions are other issues' work.
@@ -939,7 +945,7 @@ impl Handler for PlannerHandler {
         self.0
             .handle_input(&entity, message.header.time, input)
             .await
-            .map_err(|err| HandleError::Retry(err.to_string()))
+            .map_err(HandleError::from)
     }
 }
 

@@ -50,7 +50,7 @@ impl WatcherMetrics {
         let events = IntCounterVec::new(
             Opts::new(
                 "trainyard_watcher_events_total",
-                "Changes, by kind and outcome (stored; duplicate: JetStream had it; unchanged: nothing consumers act on changed, not published)",
+                "Changes, by kind and outcome (stored; duplicate: JetStream had it; unchanged: nothing consumers act on changed, not published; oversized: above the NATS max payload, skipped)",
             ),
             &["kind", "outcome"],
         )
@@ -307,12 +307,35 @@ async fn send(
                 .acks
                 .push_back(Box::pin(async move { (change, pending.stored().await) }));
         }
+        Err(RuntimeError::TooLarge {
+            bytes, max_payload, ..
+        }) => skip_oversized(metrics, &change, bytes, max_payload),
         Err(err) => {
             tracing::warn!(kind = change.kind(), entity = %change.entity.key(), error = %err, "publish failed; retrying");
             settle_all(publisher, metrics, in_flight, shutdown).await;
             publish_until_stored(publisher, metrics, change, shutdown).await;
         }
     }
+}
+
+/// A change too large for one NATS message can never be published: it is
+/// left out (consumers see the object's next change that fits), so the watch
+/// goes on instead of retrying it for ever.
+fn skip_oversized(
+    metrics: &WatcherMetrics,
+    change: &ChangeEvent,
+    bytes: usize,
+    max_payload: usize,
+) {
+    let kind = change.kind();
+    tracing::warn!(
+        kind,
+        entity = %change.entity.key(),
+        bytes,
+        max_payload,
+        "object too large to publish ({bytes} bytes, NATS max_payload {max_payload}); skipped, the watch goes on"
+    );
+    metrics.events.with_label_values(&[kind, "oversized"]).inc();
 }
 
 /// Waits for every change in flight, oldest first.
@@ -373,6 +396,9 @@ async fn publish_until_stored(
         };
         match stored {
             Ok(published) => return count(metrics, &change, published),
+            Err(RuntimeError::TooLarge {
+                bytes, max_payload, ..
+            }) => return skip_oversized(metrics, &change, bytes, max_payload),
             Err(err) => {
                 attempt += 1;
                 tracing::warn!(kind = change.kind(), entity = %change.entity.key(), error = %err, attempt, "publish failed; retrying");

@@ -468,13 +468,15 @@ pub fn markdown() -> Result<String, ContractError> {
          (`trainyard.events.pod.7.ml-training.bert`), computed by the NATS server from namespace and name, so\n\
          publishers never compute it; filter with `trainyard.events.pod.*.<namespace>.<name>` or `trainyard.events.pod.>`.\n\n",
     );
-    out.push_str("## Streams\n\n| stream | subjects | partitioned | holds |\n|---|---|---|---|\n");
+    out.push_str("## Streams\n\nEach stream holds at most its byte limit (the default below, or `nats.stream_max_bytes.<family>` in the runtime configuration). When full, a stream that discards `old` drops its oldest messages; one that discards `new` refuses the publish, and the publisher gets an error and retries, so nothing stored is lost.\n\n| stream | subjects | partitioned | default max bytes | when full, discard | holds |\n|---|---|---|---|---|---|\n");
     for stream in crate::streams::ALL {
         out.push_str(&format!(
-            "| `{}` | `{}` | {} | {} |\n",
+            "| `{}` | `{}` | {} | {} MiB | {} | {} |\n",
             stream.name,
             stream.subjects().join("`, `"),
             if stream.partitioned { "yes" } else { "no" },
+            stream.default_max_bytes / (1024 * 1024),
+            stream.discard.as_str(),
             stream.description
         ));
     }

@@ -1,6 +1,7 @@
 //! Dead letters: messages a consumer gave up on, with the reason, on
 //! `trainyard.deadletter.<stream>.<consumer>`. The original bytes are kept so an
-//! operator can fix and republish them; nothing is lost.
+//! operator can fix the cause and replay them (`trainyard deadletter replay`);
+//! nothing is lost.
 
 use std::collections::BTreeMap;
 
@@ -36,5 +37,19 @@ impl DeadLetter {
     /// Deduplication id: one dead letter per original stored message.
     pub fn message_id(&self) -> String {
         format!("deadletter:{}:{}", self.stream, self.stream_sequence)
+    }
+
+    /// `Nats-Msg-Id` of the original when it is published again: not the
+    /// original's own (JetStream would drop it as a duplicate within its
+    /// window), but one per original, so replaying a dead letter twice stores
+    /// it once. The envelope inside, and its id, are unchanged.
+    pub fn replay_message_id(&self) -> String {
+        format!("replay:{}:{}", self.stream, self.stream_sequence)
+    }
+
+    /// The subject the original was published on (without the partition
+    /// token its stream inserted).
+    pub fn original_subject(&self) -> String {
+        crate::subject::published(&self.subject)
     }
 }

@@ -10,7 +10,35 @@ pub struct StreamSpec {
     pub description: &'static str,
     /// Per-job subjects are rewritten on ingest to carry a partition token.
     pub partitioned: bool,
+    /// Byte limit unless the runtime configuration sets another
+    /// (`nats.stream_max_bytes.<family>`).
+    pub default_max_bytes: i64,
+    /// What the stream does with a message once it holds its byte limit.
+    pub discard: Discard,
 }
+
+/// What a full stream gives up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Discard {
+    /// The oldest messages make room for the new one: for reports whose newer
+    /// copies supersede the old ones.
+    Old,
+    /// The new message is refused and its publisher gets an error (and
+    /// retries): for messages no one may lose.
+    New,
+}
+
+impl Discard {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Discard::Old => "old",
+            Discard::New => "new",
+        }
+    }
+}
+
+const MIB: i64 = 1024 * 1024;
+const GIB: i64 = 1024 * MIB;
 
 impl StreamSpec {
     pub fn subjects(&self) -> Vec<String> {
@@ -38,48 +66,64 @@ pub const EVENTS: StreamSpec = StreamSpec {
     family: Family::Events,
     description: "Kubernetes change events published by the watcher",
     partitioned: true,
+    default_max_bytes: 2 * GIB,
+    discard: Discard::New,
 };
 pub const DECISIONS: StreamSpec = StreamSpec {
     name: "TRAINYARD_DECISIONS",
     family: Family::Decisions,
     description: "Admission, trial, checkpoint and cost decisions",
     partitioned: true,
+    default_max_bytes: GIB,
+    discard: Discard::New,
 };
 pub const WORKER: StreamSpec = StreamSpec {
     name: "TRAINYARD_WORKER",
     family: Family::Worker,
     description: "Progress and checkpoint reports from training workers",
     partitioned: true,
+    default_max_bytes: 2 * GIB,
+    discard: Discard::Old,
 };
 pub const COMMANDS: StreamSpec = StreamSpec {
     name: "TRAINYARD_COMMANDS",
     family: Family::Commands,
     description: "Commands to running training: checkpoint now, stop",
     partitioned: true,
+    default_max_bytes: 64 * MIB,
+    discard: Discard::New,
 };
 pub const ALERTS: StreamSpec = StreamSpec {
     name: "TRAINYARD_ALERTS",
     family: Family::Alerts,
     description: "Alerts for people, delivered by the notifier",
     partitioned: false,
+    default_max_bytes: 256 * MIB,
+    discard: Discard::New,
 };
 pub const SUBMIT: StreamSpec = StreamSpec {
     name: "TRAINYARD_SUBMIT",
     family: Family::Submit,
     description: "TrainingJob submissions from external systems",
     partitioned: true,
+    default_max_bytes: 256 * MIB,
+    discard: Discard::New,
 };
 pub const LIFECYCLE: StreamSpec = StreamSpec {
     name: "TRAINYARD_LIFECYCLE",
     family: Family::Lifecycle,
     description: "TrainingJob lifecycle transitions published by the planner",
     partitioned: true,
+    default_max_bytes: GIB,
+    discard: Discard::New,
 };
 pub const DEAD_LETTER: StreamSpec = StreamSpec {
     name: "TRAINYARD_DEADLETTER",
     family: Family::DeadLetter,
     description: "Messages a consumer gave up on, with the reason",
     partitioned: false,
+    default_max_bytes: GIB,
+    discard: Discard::New,
 };
 
 /// Every stream. Each service provisions all of them at start-up (idempotently), so
@@ -366,6 +410,19 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn only_worker_reports_may_be_discarded_when_a_stream_is_full() {
+        for stream in ALL {
+            let expected = if stream.name == WORKER.name {
+                Discard::Old
+            } else {
+                Discard::New
+            };
+            assert_eq!(stream.discard, expected, "{}", stream.name);
+            assert!(stream.default_max_bytes >= 64 * MIB, "{}", stream.name);
         }
     }
 

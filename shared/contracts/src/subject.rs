@@ -69,6 +69,31 @@ pub fn dead_letter(stream: &str, consumer: &str) -> String {
     )
 }
 
+/// Filter matching the dead letters of one stream, one consumer, both, or all.
+pub fn dead_letter_filter(stream: Option<&str>, consumer: Option<&str>) -> String {
+    format!(
+        "{ROOT}.{}.{}.{}",
+        Family::DeadLetter.as_str(),
+        stream.map(token).unwrap_or_else(|| "*".to_string()),
+        consumer.map(token).unwrap_or_else(|| "*".to_string())
+    )
+}
+
+/// The subject a message was published on, from the subject it was stored
+/// under: the partition token a partitioned stream inserted is removed, so a
+/// message published again is partitioned by the server as the first time.
+pub fn published(stored: &str) -> String {
+    let tokens: Vec<&str> = stored.split('.').collect();
+    match tokens.as_slice() {
+        [root, family, kind, partition, ns, name]
+            if *root == ROOT && partition.parse::<u32>().is_ok() =>
+        {
+            format!("{root}.{family}.{kind}.{ns}.{name}")
+        }
+        _ => stored.to_string(),
+    }
+}
+
 /// The families of subjects; each is stored in its own stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Family {
@@ -178,5 +203,38 @@ mod tests {
         assert_eq!(parsed.kind, "pod");
         assert!(parse("trainyard.events.pod.x.ml.bert").is_none());
         assert!(parse("other.events.pod.ml.bert").is_none());
+    }
+
+    #[test]
+    fn the_published_subject_drops_the_partition_token() {
+        assert_eq!(
+            published("trainyard.events.pod.7.ml.bert_v2"),
+            "trainyard.events.pod.ml.bert_v2"
+        );
+        assert_eq!(
+            published("trainyard.alerts.job.ml.bert"),
+            "trainyard.alerts.job.ml.bert"
+        );
+        assert_eq!(
+            published("trainyard.deadletter.TRAINYARD_EVENTS.planner-events"),
+            "trainyard.deadletter.TRAINYARD_EVENTS.planner-events"
+        );
+    }
+
+    #[test]
+    fn dead_letter_filters_narrow_by_stream_and_consumer() {
+        assert_eq!(dead_letter_filter(None, None), "trainyard.deadletter.*.*");
+        assert_eq!(
+            dead_letter_filter(Some("TRAINYARD_WORKER"), None),
+            "trainyard.deadletter.TRAINYARD_WORKER.*"
+        );
+        assert_eq!(
+            dead_letter_filter(None, Some("planner-events")),
+            "trainyard.deadletter.*.planner-events"
+        );
+        assert!(
+            dead_letter_filter(Some("TRAINYARD_WORKER"), Some("hpo-tuner-worker"))
+                == dead_letter("TRAINYARD_WORKER", "hpo-tuner-worker")
+        );
     }
 }

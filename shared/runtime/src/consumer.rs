@@ -1,6 +1,8 @@
 //! Durable pull consumers: ack after the effect, retry with backoff, and after the
 //! last allowed delivery (or at once for a message that can never succeed) move
-//! the message to the dead-letter subject with the reason. Nothing panics on input.
+//! the message to the dead-letter subject with the reason. A passing failure
+//! (see [`HandleError::Transient`]) is handled again in place for as long as it
+//! lasts and never dead-lettered. Nothing panics on input.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -30,6 +32,13 @@ pub enum HandleError {
     /// Might work later (a dependency is down); redelivered with backoff until
     /// `max_deliver`, then dead-lettered.
     Retry(String),
+    /// Passing by nature (a dependency throttles, times out, answers 5xx, or
+    /// another writer changed the object meanwhile): handled again, in place,
+    /// with backoff and jitter for as long as it lasts. The message stays this
+    /// consumer's (its ack deadline is extended), its delivery count does not
+    /// grow, and it is never dead-lettered for it; messages after it about the
+    /// same entity wait, so their order holds.
+    Transient(String),
     /// Can never work (bad content); dead-lettered now.
     Reject {
         category: &'static str,
@@ -173,7 +182,7 @@ pub async fn run<H: Handler>(
             };
             failures = 0;
             if lanes == 1 {
-                process(&context, &spec, handler.as_ref(), message).await;
+                process(&context, &spec, handler.as_ref(), message, &shutdown).await;
                 continue;
             }
             let permit = tokio::select! {
@@ -185,14 +194,19 @@ pub async fn run<H: Handler>(
             };
             let slot = &mut chains[lane(&message.subject, lanes)];
             let previous = slot.take();
-            let (context, spec, handler) = (context.clone(), spec.clone(), handler.clone());
+            let (context, spec, handler, shutdown) = (
+                context.clone(),
+                spec.clone(),
+                handler.clone(),
+                shutdown.clone(),
+            );
             *slot = Some(tokio::spawn(async move {
                 if let Some(previous) = previous
                     && let Err(err) = previous.await
                 {
                     tracing::error!(consumer = %spec.durable, error = %err, "a handler task failed");
                 }
-                process(&context, &spec, handler.as_ref(), message).await;
+                process(&context, &spec, handler.as_ref(), message, &shutdown).await;
                 drop(permit);
             }));
         }
@@ -236,6 +250,7 @@ async fn process<H: Handler>(
     spec: &ConsumerSpec,
     handler: &H,
     message: jetstream::Message,
+    shutdown: &CancellationToken,
 ) {
     let started = Instant::now();
     let (stream_sequence, delivered) = match message.info() {
@@ -250,36 +265,31 @@ async fn process<H: Handler>(
         stream_sequence,
         delivered,
     };
-    let outcome = match Incoming::decode(&message.payload) {
-        Err(err) => Err(HandleError::from(err)),
-        Ok(incoming) => {
-            // A publisher's clock ahead of ours reads as no wait, not a negative one.
-            let age = (Utc::now() - incoming.header.time)
-                .to_std()
-                .unwrap_or_default();
-            context
-                .metrics
-                .message_age_seconds
-                .with_label_values(&[spec.durable.as_str()])
-                .observe(age.as_secs_f64());
-            let entity = incoming.header.entity.clone();
-            let span = tracing::info_span!(
-                "handle",
-                consumer = %spec.durable,
-                message_type = %incoming.header.message_type,
-                namespace = %entity.namespace,
-                name = %entity.name,
-                delivered,
-            );
-            telemetry::link_parent(
-                &span,
-                message.headers.as_ref(),
-                Some(&incoming.header.trace_context),
-            );
-            handler
-                .handle(incoming, delivery.clone())
-                .instrument(span)
-                .await
+    let mut transient_failures = 0u32;
+    let outcome = loop {
+        match handle_once(context, spec, handler, &message, &delivery).await {
+            Err(HandleError::Transient(reason)) => {
+                transient_failures += 1;
+                context
+                    .metrics
+                    .messages
+                    .with_label_values(&[spec.durable.as_str(), "transient"])
+                    .inc();
+                let wait = transient_delay(transient_failures, context.settings.ack_wait());
+                tracing::warn!(consumer = %spec.durable, subject = %delivery.subject, attempt = transient_failures, wait_ms = wait.as_millis() as u64, %reason, "passing failure; handling again");
+                if !hold(&message, wait, context.settings.ack_wait(), shutdown).await {
+                    // Shutting down: another replica (or this one restarted)
+                    // takes the message at once.
+                    nak(&message, None).await;
+                    context
+                        .metrics
+                        .messages
+                        .with_label_values(&[spec.durable.as_str(), "retry"])
+                        .inc();
+                    return;
+                }
+            }
+            outcome => break outcome,
         }
     };
     let label = match outcome {
@@ -304,7 +314,9 @@ async fn process<H: Handler>(
             )
             .await
         }
-        Err(HandleError::Retry(reason)) => {
+        // A passing failure never leaves the loop above; redelivery is what
+        // it would get.
+        Err(HandleError::Retry(reason) | HandleError::Transient(reason)) => {
             tracing::warn!(consumer = %spec.durable, delivered, %reason, "handler failed; will retry");
             nak(&message, Some(retry_delay(delivered))).await;
             "retry"
@@ -320,6 +332,81 @@ async fn process<H: Handler>(
         .handle_seconds
         .with_label_values(&[spec.durable.as_str()])
         .observe(started.elapsed().as_secs_f64());
+}
+
+/// Decodes the message and runs the handler on it once.
+async fn handle_once<H: Handler>(
+    context: &ConsumerContext,
+    spec: &ConsumerSpec,
+    handler: &H,
+    message: &jetstream::Message,
+    delivery: &Delivery,
+) -> Result<(), HandleError> {
+    let delivered = delivery.delivered;
+    let incoming = Incoming::decode(&message.payload)?;
+    // A publisher's clock ahead of ours reads as no wait, not a negative one.
+    let age = (Utc::now() - incoming.header.time)
+        .to_std()
+        .unwrap_or_default();
+    context
+        .metrics
+        .message_age_seconds
+        .with_label_values(&[spec.durable.as_str()])
+        .observe(age.as_secs_f64());
+    let entity = incoming.header.entity.clone();
+    let span = tracing::info_span!(
+        "handle",
+        consumer = %spec.durable,
+        message_type = %incoming.header.message_type,
+        namespace = %entity.namespace,
+        name = %entity.name,
+        delivered,
+    );
+    telemetry::link_parent(
+        &span,
+        message.headers.as_ref(),
+        Some(&incoming.header.trace_context),
+    );
+    handler
+        .handle(incoming, delivery.clone())
+        .instrument(span)
+        .await
+}
+
+/// Keeps `message` this consumer's for `wait` (its ack deadline extended in
+/// steps shorter than `ack_wait`); false when shutdown came first.
+async fn hold(
+    message: &jetstream::Message,
+    wait: Duration,
+    ack_wait: Duration,
+    shutdown: &CancellationToken,
+) -> bool {
+    let step = (ack_wait / 3).max(Duration::from_millis(100));
+    let until = tokio::time::Instant::now() + wait;
+    loop {
+        if let Err(err) = message.ack_with(AckKind::Progress).await {
+            tracing::warn!(error = %err, "in-progress ack failed; the message may be redelivered");
+        }
+        let now = tokio::time::Instant::now();
+        if now >= until {
+            return true;
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return false,
+            _ = tokio::time::sleep((until - now).min(step)) => {}
+        }
+    }
+}
+
+/// Wait before handling a message again after its `failures`-th passing
+/// failure: 500 ms doubling to 30 s (at most half the ack wait), each drawn
+/// between half and all of that, so replicas that failed together do not
+/// return together.
+pub fn transient_delay(failures: u32, ack_wait: Duration) -> Duration {
+    let cap = Duration::from_secs(30).min(ack_wait / 2);
+    let exponent = failures.clamp(1, 10) - 1;
+    let ceiling = (Duration::from_millis(500) * 2u32.pow(exponent)).min(cap);
+    ceiling.mul_f64(rand::random_range(0.5..=1.0))
 }
 
 /// Backoff before redelivery `delivered` + 1: 1 s doubling, capped at 60 s.
@@ -417,6 +504,23 @@ mod tests {
         assert_eq!(retry_delay(2), Duration::from_secs(2));
         assert_eq!(retry_delay(4), Duration::from_secs(8));
         assert_eq!(retry_delay(100), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn transient_waits_grow_with_jitter_and_stay_under_the_ack_wait() {
+        let ack_wait = Duration::from_secs(30);
+        for failures in 1..20 {
+            let wait = transient_delay(failures, ack_wait);
+            let ceiling = (Duration::from_millis(500) * 2u32.pow(failures.min(10) - 1))
+                .min(Duration::from_secs(15));
+            assert!(
+                wait >= ceiling / 2 && wait <= ceiling,
+                "{failures}: {wait:?}"
+            );
+        }
+        let draws: std::collections::BTreeSet<Duration> =
+            (0..20).map(|_| transient_delay(6, ack_wait)).collect();
+        assert!(draws.len() > 1, "jittered");
     }
 
     #[test]

@@ -6,6 +6,9 @@ pub enum RuntimeError {
     /// A configuration source is unreadable or a key has the wrong type.
     #[error("configuration: {0}")]
     Config(#[source] config::ConfigError),
+    /// A setting has a value that cannot work.
+    #[error("configuration: {0}")]
+    Settings(String),
     /// Telemetry (logs, traces) could not be set up.
     #[error("telemetry: {0}")]
     Telemetry(String),
@@ -22,6 +25,16 @@ pub enum RuntimeError {
     /// A stream, consumer or bucket could not be created or updated.
     #[error("cannot provision {what}: {message}")]
     Provision { what: String, message: String },
+    /// A message larger than the server's max payload: it can never be
+    /// published as it is.
+    #[error(
+        "publish to {subject} refused: {bytes} bytes exceed the NATS server's max_payload of {max_payload} bytes"
+    )]
+    TooLarge {
+        subject: String,
+        bytes: usize,
+        max_payload: usize,
+    },
     /// A publish was not acknowledged by JetStream.
     #[error("publish to {subject} failed: {message}")]
     Publish { subject: String, message: String },
@@ -44,12 +57,13 @@ impl RuntimeError {
     /// A bounded label for metrics.
     pub fn category(&self) -> &'static str {
         match self {
-            RuntimeError::Config(_) => "config",
+            RuntimeError::Config(_) | RuntimeError::Settings(_) => "config",
             RuntimeError::Telemetry(_) => "telemetry",
             RuntimeError::Listen { .. } => "listen",
             RuntimeError::Connect { .. } => "connect",
             RuntimeError::Provision { .. } => "provision",
             RuntimeError::Publish { .. } => "publish",
+            RuntimeError::TooLarge { .. } => "too_large",
             RuntimeError::NotLeader { .. } => "not_leader",
             RuntimeError::Usage(_) => "usage",
             RuntimeError::Setup(_) => "setup",

@@ -12,7 +12,8 @@ use crate::error::RuntimeError;
 /// Handles for the runtime's metrics, registered once.
 #[derive(Clone)]
 pub struct RuntimeMetrics {
-    /// Messages handled, by consumer and outcome (`ack`, `retry`, `dead_letter`).
+    /// Messages handled, by consumer and outcome (`ack`, `retry`, `dead_letter`;
+    /// `transient` once per passing failure handled again in place).
     pub messages: IntCounterVec,
     /// Messages sent to the dead-letter subject, by consumer and category.
     pub dead_letters: IntCounterVec,

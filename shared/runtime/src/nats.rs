@@ -6,6 +6,7 @@ use trainyard_contracts::backoff::capped_doubling;
 
 use async_nats::jetstream::{self, kv, stream};
 use trainyard_contracts::permissions::Identity;
+use trainyard_contracts::streams::Discard;
 use trainyard_contracts::{Bucket, Service, StreamSpec};
 
 use crate::error::RuntimeError;
@@ -121,8 +122,11 @@ pub fn reconnect_delay(attempts: usize) -> Duration {
 }
 
 /// The JetStream configuration of a contract stream under these settings.
-pub fn stream_config(spec: &StreamSpec, settings: &NatsSettings) -> stream::Config {
-    stream::Config {
+pub fn stream_config(
+    spec: &StreamSpec,
+    settings: &NatsSettings,
+) -> Result<stream::Config, RuntimeError> {
+    Ok(stream::Config {
         name: spec.name.to_string(),
         description: Some(spec.description.to_string()),
         subjects: spec.subjects(),
@@ -130,6 +134,11 @@ pub fn stream_config(spec: &StreamSpec, settings: &NatsSettings) -> stream::Conf
         num_replicas: settings.replicas,
         max_age: settings.max_age(),
         duplicate_window: settings.duplicate_window(),
+        max_bytes: settings.max_bytes(spec)?,
+        discard: match spec.discard {
+            Discard::Old => stream::DiscardPolicy::Old,
+            Discard::New => stream::DiscardPolicy::New,
+        },
         subject_transform: spec.partition_transform().map(|(source, destination)| {
             stream::SubjectTransform {
                 source,
@@ -137,10 +146,11 @@ pub fn stream_config(spec: &StreamSpec, settings: &NatsSettings) -> stream::Conf
             }
         }),
         ..Default::default()
-    }
+    })
 }
 
-/// Creates each stream, or updates it to this configuration; safe to run on every start.
+/// Creates each stream, or updates it to this configuration (limits and
+/// discard policy included); safe to run on every start.
 pub async fn provision_streams(
     jetstream: &jetstream::Context,
     specs: &[StreamSpec],
@@ -148,7 +158,7 @@ pub async fn provision_streams(
 ) -> Result<(), RuntimeError> {
     for spec in specs {
         jetstream
-            .create_or_update_stream(stream_config(spec, settings))
+            .create_or_update_stream(stream_config(spec, settings)?)
             .await
             .map_err(|err| RuntimeError::Provision {
                 what: format!("stream {}", spec.name),
@@ -198,8 +208,14 @@ mod tests {
             duplicate_window_seconds: 60,
             ..Default::default()
         };
-        let config = stream_config(&trainyard_contracts::streams::EVENTS, &settings);
+        let config =
+            stream_config(&trainyard_contracts::streams::EVENTS, &settings).expect("valid");
         assert_eq!(config.num_replicas, 3);
+        assert_eq!(config.discard, stream::DiscardPolicy::New);
+        assert_eq!(
+            config.max_bytes,
+            trainyard_contracts::streams::EVENTS.default_max_bytes
+        );
         assert_eq!(config.duplicate_window, Duration::from_secs(60));
         assert_eq!(config.storage, stream::StorageType::File);
         assert!(config.subject_transform.is_some());

@@ -1,7 +1,8 @@
 //! Publishing envelopes to JetStream with `Nats-Msg-Id` and trace context.
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::{self, context::PublishAckFuture};
+use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
+use async_nats::jetstream::{self};
 use bytes::Bytes;
 use trainyard_contracts::{EntityRef, Envelope, Payload, Service};
 
@@ -100,6 +101,7 @@ impl Publisher {
         headers: HeaderMap,
         body: Bytes,
     ) -> Result<PendingPublish, RuntimeError> {
+        let bytes = body.len();
         match self
             .jetstream
             .publish_with_headers(subject.clone(), headers, body)
@@ -110,6 +112,13 @@ impl Publisher {
                 ack,
                 counted_as: None,
             }),
+            Err(err) if err.kind() == PublishErrorKind::MaxPayloadExceeded => {
+                Err(RuntimeError::TooLarge {
+                    subject,
+                    bytes,
+                    max_payload: self.jetstream.client().server_info().max_payload,
+                })
+            }
             Err(err) => Err(RuntimeError::Publish {
                 subject,
                 message: err.to_string(),

@@ -91,6 +91,11 @@ impl Runtime {
         settings: Settings,
         shutdown: CancellationToken,
     ) -> Result<Self, RuntimeError> {
+        // A bad limit is a configuration error, not a provisioning failure
+        // to retry for ever.
+        for spec in trainyard_contracts::streams::ALL {
+            settings.nats.max_bytes(&spec)?;
+        }
         let registry = Registry::new();
         let metrics = RuntimeMetrics::register(&registry)?;
         register_process_metrics(&registry, service.name())?;

@@ -3,12 +3,15 @@
 //! separates sections). Binaries pass the environment in, so the library never
 //! reads it itself.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+
+use trainyard_contracts::StreamSpec;
+use trainyard_contracts::subject::Family;
 
 use crate::error::RuntimeError;
 
@@ -62,6 +65,10 @@ pub struct NatsSettings {
     pub ack_wait_seconds: u64,
     /// Messages a pull requests at a time (and at most in flight with lanes).
     pub batch_size: usize,
+    /// Byte limit per stream, keyed by subject family (`events`, `decisions`,
+    /// `worker`, `commands`, `alerts`, `submit`, `lifecycle`, `deadletter`);
+    /// a stream not named keeps its contract default.
+    pub stream_max_bytes: BTreeMap<String, i64>,
 }
 
 impl Default for NatsSettings {
@@ -80,6 +87,7 @@ impl Default for NatsSettings {
             max_deliver: 5,
             ack_wait_seconds: 30,
             batch_size: 64,
+            stream_max_bytes: BTreeMap::new(),
         }
     }
 }
@@ -93,6 +101,32 @@ impl NatsSettings {
     }
     pub fn ack_wait(&self) -> Duration {
         Duration::from_secs(self.ack_wait_seconds)
+    }
+
+    /// The byte limit of `spec`: configured, else the contract's default.
+    /// A key that names no stream family, or a limit that is not positive, is
+    /// refused with the key.
+    pub fn max_bytes(&self, spec: &StreamSpec) -> Result<i64, RuntimeError> {
+        for (family, bytes) in &self.stream_max_bytes {
+            let key = format!("nats.stream_max_bytes.{family}");
+            if !Family::ALL.iter().any(|f| f.as_str() == family) {
+                let families: Vec<&str> = Family::ALL.iter().map(|f| f.as_str()).collect();
+                return Err(RuntimeError::Settings(format!(
+                    "{key}: no such stream family; use one of {}",
+                    families.join(", ")
+                )));
+            }
+            if *bytes <= 0 {
+                return Err(RuntimeError::Settings(format!(
+                    "{key}: {bytes} is not a byte limit; give a positive number of bytes"
+                )));
+            }
+        }
+        Ok(self
+            .stream_max_bytes
+            .get(spec.family.as_str())
+            .copied()
+            .unwrap_or(spec.default_max_bytes))
     }
 }
 
@@ -220,6 +254,42 @@ mod tests {
         assert_eq!(settings.nats.replicas, 3, "file wins over defaults");
         assert_eq!(settings.nats.max_deliver, 5, "defaults fill the rest");
         std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn stream_limits_come_from_the_environment_or_the_contract() {
+        let sources = ConfigSources::load(
+            None,
+            env(&[("TRAINYARD_NATS__STREAM_MAX_BYTES__WORKER", "1048576")]),
+        )
+        .expect("loads");
+        let settings = sources.settings().expect("settings").nats;
+        let worker = trainyard_contracts::streams::WORKER;
+        let events = trainyard_contracts::streams::EVENTS;
+        assert_eq!(settings.max_bytes(&worker).expect("valid"), 1048576);
+        assert_eq!(
+            settings.max_bytes(&events).expect("valid"),
+            events.default_max_bytes
+        );
+    }
+
+    #[test]
+    fn a_limit_for_an_unknown_stream_or_of_no_bytes_names_its_key() {
+        let mut settings = NatsSettings::default();
+        settings.stream_max_bytes.insert("progress".into(), 10);
+        let err = settings
+            .max_bytes(&trainyard_contracts::streams::WORKER)
+            .expect_err("no such family")
+            .to_string();
+        assert!(err.contains("nats.stream_max_bytes.progress"), "{err}");
+        assert!(err.contains("worker"), "{err}");
+        let mut settings = NatsSettings::default();
+        settings.stream_max_bytes.insert("events".into(), 0);
+        let err = settings
+            .max_bytes(&trainyard_contracts::streams::WORKER)
+            .expect_err("no bytes")
+            .to_string();
+        assert!(err.contains("nats.stream_max_bytes.events"), "{err}");
     }
 
     #[test]
