@@ -38,6 +38,37 @@ pub enum Command {
     /// Recent notifications the notifier delivered (or is retrying, or gave up
     /// on), newest first, from its delivery-status bucket in NATS.
     Notifications(NotificationsArgs),
+    /// What jobs have cost, by job, queue or namespace (from the TrainingJobs'
+    /// status.cost), with each queue's spend in its current budget period.
+    Cost(CostArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CostArgs {
+    /// Group by job, queue or namespace.
+    #[arg(long, value_enum, default_value = "job")]
+    pub by: CostBy,
+
+    #[command(flatten)]
+    pub scope: ScopeArgs,
+
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    pub output: CostFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CostBy {
+    Job,
+    Queue,
+    Namespace,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CostFormat {
+    Table,
+    Json,
+    Csv,
 }
 
 /// `trainyard delete`.

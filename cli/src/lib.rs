@@ -7,6 +7,7 @@
 pub mod apply;
 pub mod cli;
 pub mod control;
+pub mod cost;
 pub mod error;
 pub mod format;
 pub mod get;
@@ -136,6 +137,10 @@ where
         Command::Summary(args) => {
             let (client, scope) = connect_in_scope(&args.scope, connect).await?;
             get::summary(client, &scope, args.json, out).await
+        }
+        Command::Cost(args) => {
+            let (client, scope) = connect_in_scope(&args.scope, connect).await?;
+            cost::report(client, &scope, args.by, args.output, out).await
         }
         Command::Notifications(args) => {
             notifications::list(
