@@ -315,6 +315,7 @@ mod tests {
             weighted_share: 0.0,
             on_hold: false,
             drains: false,
+            budget_hold: None,
         }
     }
 
