@@ -64,6 +64,9 @@ pub enum Command {
     /// their cause is fixed.
     #[command(name = "deadletter", alias = "deadletters", alias = "dl")]
     DeadLetter(DeadLetterArgs),
+    /// What jobs have cost, by job, queue or namespace (from the TrainingJobs'
+    /// status.cost), with each queue's spend in its current budget period.
+    Cost(CostArgs),
 }
 
 /// `trainyard deadletter`.
@@ -158,6 +161,68 @@ pub struct NatsArgs {
     /// File holding the NATS user's password.
     #[arg(long, value_name = "FILE", global = true)]
     pub nats_password_file: Option<PathBuf>,
+
+#[derive(Debug, Args)]
+pub struct CostArgs {
+    /// Group by job, queue or namespace.
+    #[arg(long, value_enum, default_value = "job")]
+    pub by: CostBy,
+
+    #[command(flatten)]
+    pub scope: ScopeArgs,
+
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    pub output: CostFormat,
+
+    /// Only what was spent in this period before now, e.g. 30m, 24h or 7d,
+    /// read from the cost-optimizer's cost.recorded messages in NATS (as far
+    /// back as the stream keeps them) instead of the jobs' status.
+    #[arg(long, value_name = "DURATION", value_parser = parse_period)]
+    pub since: Option<std::time::Duration>,
+
+    /// NATS server to read the cost records from, with --since.
+    #[arg(long, value_name = "URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+}
+
+/// A period such as `90s`, `30m`, `24h` or `7d`.
+pub fn parse_period(text: &str) -> Result<std::time::Duration, String> {
+    let unit_at = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{text:?} has no unit: use s, m, h or d, e.g. 24h"))?;
+    let (number, unit) = text.split_at(unit_at);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} does not start with a whole number, e.g. 24h"))?;
+    let seconds = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?}: use s, m, h or d"
+            ));
+        }
+    };
+    Ok(std::time::Duration::from_secs(
+        number.saturating_mul(seconds),
+    ))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CostBy {
+    Job,
+    Queue,
+    Namespace,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CostFormat {
+    Table,
+    Json,
+    Csv,
 }
 
 /// `trainyard delete`.
@@ -390,6 +455,26 @@ mod tests {
     #[test]
     fn the_command_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn cost_takes_a_grouping_a_format_and_a_period() {
+        let cli =
+            parse(&["cost", "--by", "queue", "-A", "-o", "csv", "--since", "7d"]).expect("parses");
+        let Command::Cost(args) = cli.command else {
+            panic!("not cost: {cli:?}");
+        };
+        assert_eq!((args.by, args.output), (CostBy::Queue, CostFormat::Csv));
+        assert_eq!(args.since, Some(std::time::Duration::from_secs(7 * 86_400)));
+        assert!(args.scope.all_namespaces);
+        assert_eq!(parse_period("90s"), Ok(std::time::Duration::from_secs(90)));
+        assert_eq!(
+            parse_period("30m"),
+            Ok(std::time::Duration::from_secs(1800))
+        );
+        assert!(parse_period("24").is_err(), "a unit is required");
+        assert!(parse_period("2w").is_err());
+        assert!(parse(&["cost", "--by", "team"]).is_err());
     }
 
     #[test]

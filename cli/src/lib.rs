@@ -7,6 +7,7 @@
 pub mod apply;
 pub mod cli;
 pub mod control;
+pub mod cost;
 pub mod deadletter;
 pub mod describe;
 pub mod error;
@@ -160,6 +161,21 @@ where
             let (client, scope) = connect_in_scope(&args.scope, connect).await?;
             get::summary(client, &scope, args.json, out).await
         }
+        Command::Cost(args) => match args.since {
+            Some(since) => {
+                let scope = match (args.scope.all_namespaces, &args.scope.namespace) {
+                    (false, Some(namespace)) => {
+                        resources::Scope::Namespace(checked_namespace(namespace)?)
+                    }
+                    _ => resources::Scope::AllNamespaces,
+                };
+                cost::report_since(&args.nats_url, since, &scope, args.by, args.output, out).await
+            }
+            None => {
+                let (client, scope) = connect_in_scope(&args.scope, connect).await?;
+                cost::report(client, &scope, args.by, args.output, out).await
+            }
+        },
         Command::Notifications(args) => {
             notifications::list(
                 &args.nats_url,

@@ -789,3 +789,66 @@ async fn kubeconfig_and_context_flags_choose_the_cluster_and_its_namespace() {
     };
     assert!(error.to_string().contains("third"), "{error}");
 }
+
+#[tokio::test]
+async fn cost_reports_what_the_jobs_status_says_they_cost() {
+    let client = applied_examples(vec![]).await;
+    set_status(
+        &client,
+        "ml-training",
+        "mnist-training",
+        json!({"state": "Running", "cost": {"accrued": 3.25, "estimated": 9.0, "currency": "USD",
+                                            "gpuSeconds": 7200.0, "capacityType": "spot"}}),
+    )
+    .await;
+    set_status(
+        &client,
+        "ml-training",
+        "gpt-resume",
+        json!({"state": "Running", "cost": {"accrued": 1.75, "currency": "USD", "gpuSeconds": 3600.0}}),
+    )
+    .await;
+
+    let (out, _, result) = trainyard(
+        &client,
+        &[
+            "cost",
+            "--by",
+            "namespace",
+            "-n",
+            "ml-training",
+            "-o",
+            "csv",
+        ],
+    )
+    .await;
+    result.expect("cost");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[0],
+        "NAMESPACE,JOBS,GPU-HOURS,ACCRUED,ESTIMATED,CURRENCY"
+    );
+    let expected_jobs = Api::<TrainingJob>::namespaced(client.clone(), "ml-training")
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+        .len();
+    assert_eq!(
+        lines[1],
+        format!("ml-training,{expected_jobs},3.00,5.00,10.75,USD")
+    );
+
+    let (out, _, result) = trainyard(&client, &["cost", "-n", "ml-training", "-o", "json"]).await;
+    result.expect("cost by job");
+    let rows: Value = serde_json::from_str(&out).expect("JSON");
+    let mnist = rows
+        .as_array()
+        .and_then(|rows| {
+            rows.iter()
+                .find(|r| r["group"] == "ml-training/mnist-training")
+        })
+        .expect("a row for the job");
+    assert_eq!(mnist["accrued"], json!(3.25));
+    assert_eq!(mnist["gpuHours"], json!(2.0));
+}

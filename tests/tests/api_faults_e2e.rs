@@ -25,7 +25,7 @@ fn repo() -> PathBuf {
 
 fn manifest<K: serde::de::DeserializeOwned>(path: &str) -> K {
     let text = std::fs::read_to_string(repo().join(path)).expect("manifest readable");
-    serde_yaml::from_str(&text).expect("manifest parses")
+    yaml_serde::from_str(&text).expect("manifest parses")
 }
 
 async fn runtime(service: Service, nats: &NatsServer, shutdown: &CancellationToken) -> Runtime {

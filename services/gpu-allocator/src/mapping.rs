@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use gpu_allocator_core::{
-    Admission, AgingPolicy, CapacityType, CpuMemory, Event, FlavorQuota, FlavorSpec,
+    Admission, AgingPolicy, BudgetHold, CapacityType, CpuMemory, Event, FlavorQuota, FlavorSpec,
     GpuSliceRequest, JobSpec, JobUid, NodeInfo, NodeKey, NodeOperator, NodeRequirement,
     NodeSelectorTerm, PendingReason, Preemption, PreemptionRule, QueuePreemption, QueueSpec,
     QueueUsage, ResourceQuota, Taint, TaintEffect, Timestamp, Toleration, TolerationOperator,
@@ -220,6 +220,8 @@ pub fn queue_event(
         namespaces: spec.namespaces.clone(),
         on_hold: spec.on_hold(),
         drain: spec.drains(),
+        // Set from the cost-optimizer's reports (`AllocatorState::on_budget`).
+        budget_hold: None,
     };
     core.validate()?;
     let info = QueueInfo {
@@ -727,6 +729,17 @@ pub fn queue_status_reported(usage: &QueueUsage, cpu_admitted: u32) -> QueueStat
             QUEUE_STOPPED,
             "stopPolicy is Hold: the queue admits no job until it is set back to None; admitted jobs run on",
         )
+    } else if let Some(budget) = &usage.budget_hold {
+        (
+            QUEUE_BUDGET_SPENT,
+            if budget.drains {
+                "the budget is spent (action SuspendWithCheckpoint): the queue admits no job and its \
+                 admitted jobs checkpoint, stop and wait in line until the next period or a raised spec.budget.amount"
+            } else {
+                "the budget is spent (action Hold): the queue admits no job until the next period or a \
+                 raised spec.budget.amount; admitted jobs run on"
+            },
+        )
     } else {
         (QUEUE_READY, "the queue admits jobs")
     };
@@ -746,7 +759,7 @@ pub fn queue_status_reported(usage: &QueueUsage, cpu_admitted: u32) -> QueueStat
             })
             .collect(),
         weighted_share,
-        active: !usage.on_hold,
+        active: !usage.on_hold && usage.budget_hold.is_none(),
         reason: reason.to_string(),
         message: message.to_string(),
     }
@@ -756,6 +769,8 @@ pub fn queue_status_reported(usage: &QueueUsage, cpu_admitted: u32) -> QueueStat
 pub const QUEUE_READY: &str = "Ready";
 /// Reason of a queue whose `stopPolicy` is Hold.
 pub const QUEUE_STOPPED: &str = "Stopped";
+/// Reason of a queue whose budget is spent.
+pub const QUEUE_BUDGET_SPENT: &str = "BudgetSpent";
 
 /// The entity a decision about a job is published for: namespace, name and
 /// the Kubernetes uid (without the attempt).
@@ -782,7 +797,9 @@ pub fn preemption_decided(
         PreemptionRule::LowerPriority => ("priority", "a higher-priority job of the same queue"),
         PreemptionRule::ReclaimQuota => ("reclaim", "its queue reclaims quota lent to the cohort"),
         PreemptionRule::FairShare => ("reclaim", "the cohort's fair share moves GPUs to its queue"),
-        PreemptionRule::Drain => return drain_decided(preemption.evict_at, victim, grace_seconds),
+        PreemptionRule::Drain => {
+            return drain_decided(preemption.evict_at, victim, grace_seconds, None);
+        }
     };
     PreemptionDecided {
         message: format!(
@@ -799,17 +816,26 @@ pub fn preemption_decided(
     }
 }
 
-/// One victim's notice that its queue drains (`stopPolicy: HoldAndDrain`).
-/// The preemptor named is the TrainingQueue (cluster-scoped, no namespace).
+/// One victim's notice that its queue drains (`stopPolicy: HoldAndDrain`,
+/// or a spent budget's `budget` hold that suspends). The preemptor named is
+/// the TrainingQueue (cluster-scoped, no namespace).
 pub fn drain_decided(
     evict_at: Timestamp,
     victim: &Victim,
     grace_seconds: u64,
+    budget: Option<&BudgetHold>,
 ) -> PreemptionDecided {
+    let cause = match budget.filter(|b| b.drains) {
+        Some(budget) => format!(
+            "has spent its budget ({}, action SuspendWithCheckpoint)",
+            budget.spend
+        ),
+        None => "is set to stopPolicy HoldAndDrain".to_owned(),
+    };
     PreemptionDecided {
         message: format!(
-            "TrainingQueue {} is set to stopPolicy HoldAndDrain; checkpoint now, workers are \
-             evicted after the grace period and the job waits in line until the queue admits jobs again",
+            "TrainingQueue {} {cause}; checkpoint now, workers are evicted after the grace period \
+             and the job waits in line until the queue admits jobs again",
             victim.queue
         ),
         preemptor: EntityRef::new("", &victim.queue, ""),
@@ -831,6 +857,7 @@ fn reason_flavor(reason: &PendingReason) -> Option<String> {
         | PendingReason::HeldForReservation { flavor, .. } => Some(flavor.clone()),
         PendingReason::QueueNotFound { .. }
         | PendingReason::QueueOnHold { .. }
+        | PendingReason::BudgetSpent { .. }
         | PendingReason::NamespaceNotAdmitted { .. }
         | PendingReason::NoMatchingFlavor { .. }
         | PendingReason::AwaitingPreemption { .. } => None,

@@ -332,6 +332,7 @@ mod tests {
             weighted_share: 0.0,
             on_hold: false,
             drains: false,
+            budget_hold: None,
         }
     }
 

@@ -78,6 +78,15 @@ pub fn cause_hash(reason: &PendingReason) -> u64 {
             queue.as_bytes(),
             b"",
         ],
+        PendingReason::BudgetSpent { queue, drains, .. } => [
+            if *drains {
+                b"budget-spent-draining"
+            } else {
+                b"budget-spent"
+            },
+            queue.as_bytes(),
+            b"",
+        ],
         PendingReason::NamespaceNotAdmitted {
             queue, namespace, ..
         } => [

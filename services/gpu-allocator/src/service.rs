@@ -69,6 +69,9 @@ pub fn apply_message(state: &mut AllocatorState, message: &Incoming) -> Result<(
     } else if message.is::<trainyard_contracts::cost::CapacityChosen>() {
         let payload = message.payload::<trainyard_contracts::cost::CapacityChosen>()?;
         state.on_capacity(entity, &payload)
+    } else if message.is::<trainyard_contracts::cost::BudgetStatusReported>() {
+        let payload = message.payload::<trainyard_contracts::cost::BudgetStatusReported>()?;
+        state.on_budget(entity, &payload)
     } else if message.is::<TrainingJobFinalized>() {
         message.payload::<TrainingJobFinalized>()?;
         state.on_finalized(entity)

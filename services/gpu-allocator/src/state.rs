@@ -324,8 +324,12 @@ impl AllocatorState {
         entity: &EntityRef,
         change: &TrainingQueueChanged,
     ) -> Result<(), ServiceError> {
-        let (event, info) = mapping::queue_event(&self.config, entity, change)?;
+        let (mut event, info) = mapping::queue_event(&self.config, entity, change)?;
         let name = queue_name(entity, &change.object);
+        // The budget's hold is the cost-optimizer's, not the spec's: kept.
+        if let Event::QueueUpserted(spec) = &mut event {
+            spec.budget_hold = self.alloc.queue_budget_hold(&name).cloned();
+        }
         match info {
             Some(info) => {
                 self.learn_flavors(&name, &info.flavors);
@@ -495,6 +499,36 @@ impl AllocatorState {
     /// `cost.capacity`: a pending job is admitted on the chosen type only
     /// from now (an admitted one keeps its nodes; its next attempt follows
     /// the choice).
+    /// The cost-optimizer's budget report: a spent budget holds the queue
+    /// (`Held`), or also drains it (`Suspended`); `Open` releases it. A
+    /// report about a queue not known yet changes nothing (the next one,
+    /// every accounting interval while the spend moves, applies).
+    pub fn on_budget(
+        &mut self,
+        entity: &EntityRef,
+        report: &trainyard_contracts::cost::BudgetStatusReported,
+    ) -> Result<(), ServiceError> {
+        use trainyard_contracts::cost::BudgetState;
+        let hold = match report.state {
+            BudgetState::Open => None,
+            BudgetState::Held | BudgetState::Suspended => Some(gpu_allocator_core::BudgetHold {
+                drains: report.state == BudgetState::Suspended,
+                spend: format!(
+                    "spent {:.2} of {:.2} {} in the period from {}",
+                    report.spent,
+                    report.amount,
+                    report.currency,
+                    report.period_start.to_rfc3339()
+                ),
+            }),
+        };
+        self.apply(Event::QueueBudgetChanged {
+            name: entity.name.clone(),
+            hold,
+        })?;
+        Ok(())
+    }
+
     pub fn on_capacity(
         &mut self,
         entity: &EntityRef,
@@ -731,6 +765,7 @@ impl AllocatorState {
                         drain.evict_at,
                         victim,
                         self.config.grace_seconds,
+                        self.alloc.queue_budget_hold(&drain.queue),
                     ),
                     decision: drain.clone(),
                 });
@@ -943,6 +978,7 @@ fn queue_name(entity: &EntityRef, queue: &TrainingQueue) -> String {
 #[cfg(test)]
 mod tests {
     use serde_json::json;
+    use trainyard_contracts::cost::BudgetState;
     use trainyard_contracts::events::Change;
 
     use super::*;
@@ -1371,6 +1407,115 @@ mod tests {
                 .as_deref()
                 .is_some_and(|m| m.contains("on hold (stopPolicy: HoldAndDrain)")),
             "{waits:?}"
+        );
+    }
+
+    fn budget(state: BudgetState) -> trainyard_contracts::cost::BudgetStatusReported {
+        trainyard_contracts::cost::BudgetStatusReported {
+            state,
+            period_start: chrono::DateTime::from_timestamp(1_795_000_000, 0).unwrap_or_default(),
+            spent: 1012.5,
+            amount: 1000.0,
+            currency: "USD".into(),
+            message: "101% of the Monthly budget spent".into(),
+        }
+    }
+
+    fn pending_messages(state: &AllocatorState) -> Vec<String> {
+        state
+            .outbox()
+            .iter()
+            .filter_map(|o| match o {
+                Outgoing::Pending { payload, .. } => Some(payload.message.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_held_budget_admits_no_new_job_lets_running_ones_run_and_is_released_when_open() {
+        let mut state = state();
+        state
+            .on_job_changed(&entity("runs"), &job("runs", 4, 0, false), Timestamp(10))
+            .expect("job");
+        state.cycle(Timestamp(10));
+        publish_all(&mut state);
+        let queue = EntityRef::new("", "default", "");
+        state
+            .on_budget(&queue, &budget(BudgetState::Held))
+            .expect("budget");
+        state
+            .on_job_changed(&entity("waits"), &job("waits", 4, 0, false), Timestamp(20))
+            .expect("job");
+        let report = state.cycle(Timestamp(20));
+        assert_eq!(
+            (report.drained_victims, report.evictions_drained),
+            (0, 0),
+            "running jobs go on"
+        );
+        assert!(admitted(&state).is_empty(), "no new admission");
+        let messages = pending_messages(&state);
+        assert!(
+            messages.iter().any(|m| m
+                .contains("has spent its budget (spent 1012.50 of 1000.00 USD")
+                && m.contains("kubectl patch trainingqueue default")
+                && m.contains("admitted jobs run on")),
+            "{messages:?}"
+        );
+        publish_all(&mut state);
+
+        // A new spec of the queue keeps the cost-optimizer's hold.
+        set_default_queue(&mut state, "None");
+        state.cycle(Timestamp(30));
+        assert!(admitted(&state).is_empty(), "still held");
+
+        state
+            .on_budget(&queue, &budget(BudgetState::Open))
+            .expect("budget");
+        state.cycle(Timestamp(40));
+        assert_eq!(
+            admitted(&state),
+            [("waits".to_string(), 0)],
+            "released when the budget is open again"
+        );
+    }
+
+    #[test]
+    fn a_suspending_budget_drains_the_queue_with_a_checkpoint_first() {
+        let mut state = state();
+        state
+            .on_job_changed(&entity("runs"), &job("runs", 8, 0, false), Timestamp(10))
+            .expect("job");
+        state.cycle(Timestamp(10));
+        publish_all(&mut state);
+        state
+            .on_budget(
+                &EntityRef::new("", "default", ""),
+                &budget(BudgetState::Suspended),
+            )
+            .expect("budget");
+        let report = state.cycle(Timestamp(20));
+        assert_eq!(report.drained_victims, 1);
+        let notice = state.outbox().iter().find_map(|o| match o {
+            Outgoing::Drain { payload, .. } => Some(payload.clone()),
+            _ => None,
+        });
+        let Some(notice) = notice else {
+            panic!("a drain notice: {:?}", state.outbox());
+        };
+        assert_eq!(notice.reason, "drain");
+        assert!(
+            notice.message.contains("has spent its budget")
+                && notice.message.contains("checkpoint now"),
+            "{}",
+            notice.message
+        );
+        let reports = queue_reports(&state);
+        assert!(
+            reports
+                .iter()
+                .any(|(name, r)| name == "default" && !r.active && r.reason == "BudgetSpent"),
+            "{reports:?}"
         );
     }
 

@@ -5,8 +5,11 @@ use std::time::Duration;
 
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+use trainyard_contracts::cost::{BudgetState, BudgetStatusReported};
 use trainyard_contracts::dead_letter::DeadLetter;
-use trainyard_contracts::decisions::{AdmissionDecided, PendingExplained, PreemptionDecided};
+use trainyard_contracts::decisions::{
+    AdmissionDecided, PendingExplained, PreemptionDecided, QueueStatusReported,
+};
 use trainyard_contracts::events::{NodeObserved, TrainingJobChanged, TrainingQueueChanged};
 use trainyard_contracts::{EntityRef, Envelope, Incoming, Payload, Service, streams};
 use trainyard_gpu_allocator::{AllocatorServiceConfig, AllocatorState, Outgoing, replay};
@@ -586,4 +589,77 @@ async fn two_replicas_admit_each_job_once_and_the_standby_takes_over_on_a_rollin
         "the new active decided b only"
     );
     stop(standby).await;
+}
+
+async fn budget(runtime: &Runtime, queue: &str, state: BudgetState) {
+    let report = BudgetStatusReported {
+        state,
+        period_start: chrono::DateTime::from_timestamp(1_795_000_000, 0).unwrap_or_default(),
+        spent: 1012.5,
+        amount: 1000.0,
+        currency: "USD".into(),
+        message: "101% of the Monthly budget spent".into(),
+    };
+    publish(runtime, EntityRef::new("", queue, ""), report).await;
+}
+
+#[tokio::test]
+async fn a_spent_budget_holds_new_jobs_until_the_budget_is_open_again() {
+    let nats = NatsServer::start();
+    let runtime = start(&nats, config()).await;
+    node(&runtime, "n1", 8).await;
+    default_queue(&runtime, 8).await;
+    job(&runtime, "runs", 1, 4, None).await;
+    eventually("the first job admitted", || async {
+        admissions(&runtime)
+            .await
+            .into_iter()
+            .find(|(name, _)| name == "runs")
+    })
+    .await;
+
+    budget(&runtime, "default", BudgetState::Held).await;
+    // The queue's report says it stopped before the next job arrives, so the
+    // job meets the hold.
+    eventually("the queue reported held", || async {
+        decisions::<QueueStatusReported>(&runtime)
+            .await
+            .into_iter()
+            .find(|(e, r)| e.name == "default" && r.reason == "BudgetSpent")
+    })
+    .await;
+    job(&runtime, "waits", 1, 4, None).await;
+    let (_, pending) = eventually("the new job told why it waits", || async {
+        decisions::<PendingExplained>(&runtime)
+            .await
+            .into_iter()
+            .find(|(e, _)| e.name == "waits")
+    })
+    .await;
+    assert!(
+        pending.message.contains("has spent its budget")
+            && pending.message.contains("raise spec.budget.amount"),
+        "{}",
+        pending.message
+    );
+    assert!(
+        decisions::<PreemptionDecided>(&runtime).await.is_empty(),
+        "running jobs go on"
+    );
+    assert!(
+        !admissions(&runtime)
+            .await
+            .iter()
+            .any(|(name, _)| name == "waits")
+    );
+
+    budget(&runtime, "default", BudgetState::Open).await;
+    eventually("the held job admitted once the budget is open", || async {
+        admissions(&runtime)
+            .await
+            .into_iter()
+            .find(|(name, _)| name == "waits")
+    })
+    .await;
+    stop(runtime).await;
 }

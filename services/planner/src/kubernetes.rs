@@ -254,6 +254,19 @@ impl KubeWriter {
             .map_err(training_job_write(namespace, name, "write status"))
     }
 
+    /// Sets `spec.suspend: true` (an idle job, its checkpoint verified);
+    /// returns the TrainingJob as stored. A merge patch, so that the user's
+    /// `kubectl patch ... suspend:false` takes the field back without a conflict.
+    pub async fn suspend(&self, job: &TrainingJob) -> Result<TrainingJob, PlannerError> {
+        let namespace = job.namespace().unwrap_or_default();
+        let name = job.name_any();
+        let patch = json!({"spec": {"suspend": true}});
+        self.jobs(&namespace)
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(training_job_write(namespace, name, "suspend"))
+    }
+
     /// Records a Kubernetes Event on the TrainingJob (`kubectl describe` shows
     /// them) in the background, as client-go's recorder does: an Event is for
     /// people, and the job's next message need not wait for it, nor fail

@@ -14,6 +14,9 @@ use planner_core::{
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
 use tokio_util::sync::CancellationToken;
 use trainyard_api::TrainingJob;
+use trainyard_contracts::cost::{
+    BudgetStatusReported, CapacityChosen, CostRecorded, IdleSuspendRequested,
+};
 use trainyard_contracts::decisions::{
     AdmissionDecided, CheckpointIntervalAdvised, CheckpointVerified, ModelRegistered,
     PendingExplained, PreemptionDecided, QueueStatusReported, ResumePointChosen, SweepProgressed,
@@ -578,6 +581,7 @@ impl Planner {
                 PlannerAction::RecordEvent { .. } => "event",
                 PlannerAction::PublishTransition { .. } => "transition",
                 PlannerAction::UpdateStatus(_) => "status",
+                PlannerAction::SuspendJob { .. } => "suspend_idle",
             };
             match action {
                 PlannerAction::ApplyObjects(objects) => {
@@ -640,6 +644,10 @@ impl Planner {
                     self.metrics
                         .jobs
                         .transitioned(&entity.key(), &namespace, &transition);
+                }
+                PlannerAction::SuspendJob { reason } => {
+                    tracing::info!(job = %entity.key(), %reason, "suspending idle job");
+                    entry.object = Some(self.writer.suspend(job).await?);
                 }
                 PlannerAction::UpdateStatus(status) => {
                     let interval = Duration::from_millis(self.config.min_status_interval_ms);
@@ -876,6 +884,36 @@ impl Planner {
     }
 }
 
+impl Planner {
+    /// Writes the cost-optimizer's budget report into the TrainingQueue's
+    /// status (the rest of the status as it is); an unchanged one is not written.
+    async fn queue_budget(
+        &self,
+        queue: &EntityRef,
+        report: BudgetStatusReported,
+    ) -> Result<(), HandleError> {
+        let retry = |err: PlannerError| HandleError::Retry(err.to_string());
+        let Some(object) = self.writer.get_queue(&queue.name).await.map_err(retry)? else {
+            tracing::debug!(queue = %queue.name, "queue is gone; budget not written");
+            return Ok(());
+        };
+        let status = planner_core::budget_status(
+            &queue.name,
+            &report,
+            object.spec.budget.as_ref(),
+            object.status.as_ref(),
+        );
+        if object.status.as_ref() == Some(&status) {
+            return Ok(());
+        }
+        self.fence().map_err(retry)?;
+        self.writer
+            .write_queue_status(&queue.name, &status)
+            .await
+            .map_err(retry)
+    }
+}
+
 /// Now, as a status condition's transition time.
 fn api_now() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
     k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now())
@@ -896,6 +934,9 @@ fn input_of(message: &Incoming) -> Result<Option<Input>, HandleError> {
         CheckpointVerified::TYPE => Observation::CheckpointVerified(message.payload()?),
         CheckpointIntervalAdvised::TYPE => Observation::IntervalAdvised(message.payload()?),
         ModelRegistered::TYPE => Observation::ModelRegistered(message.payload()?),
+        CapacityChosen::TYPE => Observation::Capacity(message.payload()?),
+        CostRecorded::TYPE => Observation::Cost(message.payload()?),
+        IdleSuspendRequested::TYPE => Observation::IdleSuspend(message.payload()?),
         _ => return Ok(None),
     };
     Ok(Some(Input::Observe(Box::new(observation))))
@@ -923,6 +964,9 @@ impl Handler for PlannerHandler {
         if message.is::<QueueStatusReported>() {
             return self.0.queue_status(&entity, message.payload()?).await;
         }
+        if message.is::<BudgetStatusReported>() {
+            return self.0.queue_budget(&entity, message.payload()?).await;
+        }
         if message.is::<TrialStopped>() {
             // The tuner names the Sweep; the stop is about one of its trials.
             let stop: TrialStopped = message.payload()?;
@@ -938,7 +982,6 @@ impl Handler for PlannerHandler {
                 .map_err(HandleError::from);
         }
         let Some(input) = input_of(&message)? else {
-            // Sweep events, trial requests and cost decisions are other issues' work.
             tracing::debug!(message_type = %message.header.message_type, "not for the planner");
             return Ok(());
         };

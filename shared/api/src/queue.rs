@@ -424,6 +424,12 @@ pub struct BudgetStatus {
     pub currency: String,
     /// Open, Held or Suspended.
     pub state: String,
+    /// Warning thresholds (percent of the amount) the spend has reached this period.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub thresholds_crossed: Vec<u32>,
+    /// What the state means for the queue's jobs, and how to lift a hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// GPUs in use of one flavor.

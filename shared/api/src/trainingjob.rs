@@ -842,6 +842,9 @@ pub struct CostStatus {
     /// Currency of the price catalog, e.g. USD.
     #[serde(default)]
     pub currency: String,
+    /// GPU-seconds charged so far (max of requested and used GPUs, over time).
+    #[serde(default)]
+    pub gpu_seconds: f64,
     /// Capacity type chosen for capacityType any: spot or on-demand.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity_type: Option<String>,

@@ -64,6 +64,19 @@ impl Allocator {
         self.state.job(*idx)?.running().map(|r| &r.admission)
     }
 
+    /// The budget hold of a queue, if its budget is spent (see
+    /// [`Event::QueueBudgetChanged`]): a queue's new spec keeps it.
+    pub fn queue_budget_hold(&self, name: &str) -> Option<&crate::event::BudgetHold> {
+        let idx = self.state.queues.by_name(name)?;
+        self.state
+            .queues
+            .get(idx)?
+            .spec
+            .as_ref()?
+            .budget_hold
+            .as_ref()
+    }
+
     /// Whether a job is pending (known and not admitted).
     pub fn is_pending(&self, uid: &JobUid) -> bool {
         self.state

@@ -37,6 +37,15 @@ pub enum Event {
         /// Queue name.
         name: String,
     },
+    /// A TrainingQueue's budget was spent (`hold`) or is open again (`None`),
+    /// as the cost-optimizer reports it. Ignored for a queue not known yet:
+    /// the adapter sets the hold on the queue's spec when it arrives.
+    QueueBudgetChanged {
+        /// Queue name.
+        name: String,
+        /// The hold, while the budget is spent.
+        hold: Option<BudgetHold>,
+    },
     /// A TrainingJob was submitted (or re-delivered).
     JobSubmitted(JobSpec),
     /// A job completed or failed; its GPUs are free again.
@@ -74,6 +83,7 @@ impl Event {
             Event::NodeRemoved { .. } => "NodeRemoved",
             Event::QueueUpserted(_) => "QueueUpserted",
             Event::QueueRemoved { .. } => "QueueRemoved",
+            Event::QueueBudgetChanged { .. } => "QueueBudgetChanged",
             Event::JobSubmitted(_) => "JobSubmitted",
             Event::JobFinished { .. } => "JobFinished",
             Event::JobRemoved { .. } => "JobRemoved",
@@ -155,6 +165,24 @@ pub struct QueueSpec {
     /// given the grace period (`stopPolicy: HoldAndDrain`); needs `on_hold`.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub drain: bool,
+    /// The queue's budget is spent: it admits no job, as on hold, and with
+    /// `drains` stops its admitted jobs as a drain does. Apart from
+    /// `on_hold` and `drain`, which are the queue's `stopPolicy`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget_hold: Option<BudgetHold>,
+}
+
+/// A spent budget's hold on a queue (TrainingQueue `spec.budget`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct BudgetHold {
+    /// Its jobs are checkpointed and stopped too (`action:
+    /// SuspendWithCheckpoint`); otherwise they run on (`Hold`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub drains: bool,
+    /// The spend, e.g. `spent 1012.50 of 1000.00 USD in the Monthly period
+    /// from 2026-12-01T00:00:00Z`.
+    pub spend: String,
 }
 
 impl Default for QueueSpec {
@@ -169,6 +197,7 @@ impl Default for QueueSpec {
             namespaces: Vec::new(),
             on_hold: false,
             drain: false,
+            budget_hold: None,
         }
     }
 }
@@ -182,13 +211,23 @@ impl QueueSpec {
     /// Whether the queue refuses jobs of `namespace` now: on hold, or
     /// closed to it.
     pub(crate) fn refuses(&self, namespace: &str) -> bool {
-        self.on_hold || !self.admits_namespace(namespace)
+        self.held() || !self.admits_namespace(namespace)
+    }
+
+    /// Whether it admits no job now: its `stopPolicy`, or its budget.
+    pub fn held(&self) -> bool {
+        self.on_hold || self.budget_hold.is_some()
+    }
+
+    /// Whether it stops its admitted jobs now: its `stopPolicy`, or its budget.
+    pub fn drains(&self) -> bool {
+        self.drain || self.budget_hold.as_ref().is_some_and(|b| b.drains)
     }
 
     /// Whether some of the jobs in its line may not be admitted now, for
     /// the queue (on hold) or their namespace.
     pub(crate) fn refuses_some(&self) -> bool {
-        self.on_hold || !self.namespaces.is_empty()
+        self.held() || !self.namespaces.is_empty()
     }
 }
 

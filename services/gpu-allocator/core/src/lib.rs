@@ -53,7 +53,7 @@ pub use decision::{
 };
 pub use error::AllocatorError;
 pub use event::{
-    Applied, Event, FlavorQuota, JobSpec, MAX_UNITS_PER_WORKER, MAX_WORKERS, NodeInfo,
+    Applied, BudgetHold, Event, FlavorQuota, JobSpec, MAX_UNITS_PER_WORKER, MAX_WORKERS, NodeInfo,
     QueuePreemption, QueueSpec, ResourceQuota,
 };
 pub use pending::{Pending, PendingExplanation, PendingReason};

@@ -95,6 +95,17 @@ pub enum PendingReason {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         drains: bool,
     },
+    /// The queue's budget is spent (TrainingQueue `spec.budget`): it admits
+    /// no job until the next period or a raised amount.
+    BudgetSpent {
+        /// The queue name.
+        queue: String,
+        /// The spend, as the cost-optimizer reported it.
+        spend: String,
+        /// Its admitted jobs are checkpointed and stopped too.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        drains: bool,
+    },
     /// The queue admits jobs of other namespaces only.
     NamespaceNotAdmitted {
         /// The queue name.
@@ -194,9 +205,10 @@ pub enum PendingReason {
 
 impl PendingReason {
     /// Every [`PendingReason::kind`], for gauges that show each one, zero or not.
-    pub const KINDS: [&'static str; 9] = [
+    pub const KINDS: [&'static str; 10] = [
         "queue_not_found",
         "queue_on_hold",
+        "budget_spent",
         "namespace_not_admitted",
         "no_matching_flavor",
         "quota",
@@ -212,6 +224,7 @@ impl PendingReason {
         match self {
             PendingReason::QueueNotFound { .. } => "queue_not_found",
             PendingReason::QueueOnHold { .. } => "queue_on_hold",
+            PendingReason::BudgetSpent { .. } => "budget_spent",
             PendingReason::NamespaceNotAdmitted { .. } => "namespace_not_admitted",
             PendingReason::NoMatchingFlavor { .. } => "no_matching_flavor",
             PendingReason::QuotaExceeded { .. } => "quota",
@@ -244,6 +257,7 @@ impl PendingReason {
             }
             PendingReason::QueueNotFound { .. }
             | PendingReason::QueueOnHold { .. }
+            | PendingReason::BudgetSpent { .. }
             | PendingReason::NamespaceNotAdmitted { .. }
             | PendingReason::NoMatchingFlavor { .. } => u64::MAX,
         }
@@ -261,6 +275,21 @@ impl fmt::Display for PendingReason {
                 "TrainingQueue {queue} is on hold (stopPolicy: {}) and admits no job until it \
                  is set back to None",
                 if *drains { "HoldAndDrain" } else { "Hold" }
+            ),
+            PendingReason::BudgetSpent {
+                queue,
+                spend,
+                drains,
+            } => write!(
+                f,
+                "TrainingQueue {queue} has spent its budget ({spend}) and admits no job{}; to lift \
+                 the hold raise spec.budget.amount (kubectl patch trainingqueue {queue} --type merge \
+                 -p '{{\"spec\":{{\"budget\":{{\"amount\":<new amount>}}}}}}') or wait for the next budget period",
+                if *drains {
+                    " and its admitted jobs are checkpointed and suspended (action: SuspendWithCheckpoint)"
+                } else {
+                    " (action: Hold; admitted jobs run on)"
+                }
             ),
             PendingReason::NamespaceNotAdmitted {
                 queue,

@@ -21,6 +21,8 @@ pub struct QueueUsage {
     pub on_hold: bool,
     /// `stopPolicy: HoldAndDrain`: it also stops its admitted jobs.
     pub drains: bool,
+    /// Its budget is spent: it admits no job (and may stop its jobs).
+    pub budget_hold: Option<crate::event::BudgetHold>,
 }
 
 /// Units of one resource (e.g. `nvidia.com/gpu`) of one flavor.
@@ -98,6 +100,7 @@ impl Allocator {
                     weighted_share: self.state.queues.share(idx, &[]),
                     on_hold: spec.on_hold,
                     drains: spec.drain,
+                    budget_hold: spec.budget_hold.clone(),
                 })
             })
             .collect();

@@ -276,6 +276,10 @@ impl Run {
             },
             on_hold: held,
             drain: held && self.rng.chance(50),
+            budget_hold: self.rng.chance(10).then(|| BudgetHold {
+                drains: self.rng.chance(50),
+                spend: "spent 10.00 of 5.00 USD".into(),
+            }),
         }
     }
 
@@ -554,7 +558,7 @@ impl Run {
     fn check_drains(&self, out: &CycleOutcome) {
         for d in &out.drains {
             assert!(
-                self.queues.get(&d.queue).is_some_and(|q| q.drain),
+                self.queues.get(&d.queue).is_some_and(|q| q.drains()),
                 "{}: {} drains",
                 self.at(),
                 d.queue
@@ -568,7 +572,7 @@ impl Run {
             let Some(a) = self.alloc.admission(&uid(&u)) else {
                 continue;
             };
-            if !self.queues.get(&a.queue).is_some_and(|q| q.drain) {
+            if !self.queues.get(&a.queue).is_some_and(|q| q.drains()) {
                 continue;
             }
             let told = self.log.iter().any(|event| match event {
@@ -1003,7 +1007,7 @@ impl Run {
             assert!(
                 self.queues
                     .get(&a.queue)
-                    .is_some_and(|q| !q.on_hold && q.admits_namespace(&spec.namespace)),
+                    .is_some_and(|q| !q.held() && q.admits_namespace(&spec.namespace)),
                 "{}: {} of namespace {} admitted by {}, on hold or closed to it",
                 self.at(),
                 a.uid,
@@ -1382,6 +1386,18 @@ impl Run {
                 assert!(
                     self.queues.get(queue).is_some_and(|q| q.on_hold),
                     "{at}: {queue} is not on hold"
+                );
+            }
+            PendingReason::BudgetSpent { queue, drains, .. } => {
+                let hold = self.queues.get(queue).and_then(|q| q.budget_hold.as_ref());
+                assert_eq!(
+                    hold.map(|h| h.drains),
+                    Some(*drains),
+                    "{at}: {queue} has no such budget hold"
+                );
+                assert!(
+                    self.queues.get(queue).is_some_and(|q| !q.on_hold),
+                    "{at}: {queue}'s stopPolicy hold is named first"
                 );
             }
             PendingReason::QueueNotFound { .. } | PendingReason::NoMatchingFlavor { .. } => {}

@@ -315,6 +315,48 @@ fn a_queue_on_hold_admits_nothing_runs_on_and_still_lends() {
 }
 
 #[test]
+fn a_spent_budget_holds_the_queue_with_its_own_reason_until_it_is_open() {
+    let mut h = Harness::default_config();
+    h.nodes([node("n1", 8), node("n2", 8)]);
+    h.queue(queue("a", Some("c"), 8));
+    h.submit_at(job("running", "a", 1, 4), 0);
+    assert_eq!(admitted_uids(&h.cycle(10)), vec!["running"]);
+
+    h.apply(Event::QueueBudgetChanged {
+        name: "a".into(),
+        hold: Some(BudgetHold {
+            drains: false,
+            spend: "spent 1012.50 of 1000.00 USD".into(),
+        }),
+    });
+    h.submit_at(job("waits", "a", 1, 4), 1);
+    let out = h.cycle(20);
+    assert!(admitted_uids(&out).is_empty());
+    assert!(out.drains.is_empty(), "action Hold: admitted jobs run on");
+    assert!(h.admitted("running").is_some());
+    let why = h.reason_of(&out, "waits");
+    assert_eq!(
+        *why.reason,
+        PendingReason::BudgetSpent {
+            queue: "a".into(),
+            spend: "spent 1012.50 of 1000.00 USD".into(),
+            drains: false
+        }
+    );
+    assert!(
+        why.message().contains("raise spec.budget.amount"),
+        "{}",
+        why.message()
+    );
+
+    h.apply(Event::QueueBudgetChanged {
+        name: "a".into(),
+        hold: None,
+    });
+    assert_eq!(admitted_uids(&h.cycle(30)), vec!["waits"]);
+}
+
+#[test]
 fn a_draining_queue_stops_its_jobs_after_the_grace_period_and_holds_them() {
     let mut h = Harness::without_preemption();
     h.nodes([node("n1", 8), node("n2", 8)]);

@@ -105,7 +105,12 @@ pub enum PlannerAction {
     },
     /// Write the TrainingJob's status subresource.
     UpdateStatus(Box<TrainingJobStatus>),
+    /// Set the TrainingJob's `spec.suspend` to true: its GPUs sat idle and a
+    /// checkpoint written since was verified (see `decide/idle.rs`).
+    SuspendJob { reason: String },
 }
+
+pub(crate) mod idle;
 
 /// Decides what to do next for `job`; see the module documentation.
 pub fn decide(
@@ -141,7 +146,7 @@ pub fn decide(
         }
         return actions;
     }
-    let verdict = context.judge();
+    let verdict = context.idle_suspension(context.judge());
     context.finish(verdict)
 }
 
@@ -254,6 +259,9 @@ struct Verdict {
     admission_warning: bool,
     /// Record the state change as a Warning event.
     warning: bool,
+    /// The Suspended condition when something other than the state says
+    /// what it is (an idle suspension under way or done); None: from the state.
+    suspended: Option<ConditionUpdate>,
 }
 
 impl Verdict {
@@ -279,6 +287,7 @@ impl Verdict {
             checkpoint_now: None,
             admission_warning: false,
             warning: false,
+            suspended: None,
         }
     }
 
@@ -1246,6 +1255,9 @@ impl Context<'_> {
                 model_version: self.state.model.as_ref().map(|m| m.version.clone()),
             });
         }
+        if let Some(cost) = crate::cost::cost_status(self.state) {
+            status.cost = Some(cost);
+        }
     }
 
     fn status_for(&self, verdict: &Verdict) -> TrainingJobStatus {
@@ -1285,7 +1297,9 @@ impl Context<'_> {
         };
         set(CONDITION_RUNNING, &running);
         let suspended = verdict.state == TrainingJobState::Suspended;
-        if suspended {
+        if let Some(update) = &verdict.suspended {
+            set(CONDITION_SUSPENDED, update);
+        } else if suspended {
             set(
                 CONDITION_SUSPENDED,
                 &ConditionUpdate::new(ConditionStatus::True, "Suspended", verdict.message.clone()),

@@ -16,6 +16,7 @@
 mod checkpoints;
 mod config;
 mod context;
+mod cost;
 mod decide;
 mod env;
 mod error;
@@ -35,6 +36,11 @@ pub use checkpoints::{
     checkpoint_events, resume_reason,
 };
 pub use config::{FrameworkImages, PlannerConfig};
+pub use cost::{CostSeen, IdleSuspendSeen, budget_lift_hint, budget_status, cost_status};
+pub use decide::idle::{
+    REASON_IDLE_CHECKPOINTING, REASON_IDLE_SUSPEND_SKIPPED, REASON_IDLE_SUSPENDED,
+    REASON_IDLE_SUSPENDING,
+};
 pub use decide::{
     CONDITION_ADMITTED, CONDITION_FAILED, CONDITION_PREEMPTED, CONDITION_RUNNING,
     CONDITION_SUCCEEDED, CONDITION_SUSPENDED, EventType, PlannerAction, PlannerCommand, decide,

@@ -69,7 +69,8 @@ pub fn queue_status(
         fair_sharing: Some(FairSharingStatus {
             weighted_share: report.weighted_share,
         }),
-        budget: None,
+        // Written from the cost-optimizer's reports (`budget_status`).
+        budget: previous.and_then(|s| s.budget.clone()),
         conditions,
         observed_generation: generation,
     }

@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use chrono::{DateTime, Utc};
+use trainyard_contracts::cost::{CapacityChosen, CostRecorded, IdleSuspendRequested};
 use trainyard_contracts::decisions::{
     AdmissionDecided, CheckpointIntervalAdvised, CheckpointVerified, ModelRegistered,
     PendingExplained, PreemptionDecided, ResumePointChosen, TrialStopped,
@@ -23,6 +24,7 @@ use trainyard_contracts::decisions::{
 use trainyard_contracts::events::{Change, JobObserved, PodObserved};
 use trainyard_contracts::worker::{CheckpointReported, ProgressReported};
 
+use crate::cost::{CostSeen, IdleSuspendSeen};
 use crate::failure::{FailureCause, WorkerFailure};
 
 /// Job condition types that mean the Job finished successfully.
@@ -59,6 +61,12 @@ pub enum Observation {
     ModelRegistered(ModelRegistered),
     /// The hpo-tuner stopped this trial early.
     TrialStopped(TrialStopped),
+    /// The cost-optimizer chose the capacity type (`capacityType: any`).
+    Capacity(CapacityChosen),
+    /// The cost-optimizer recorded an accounting interval's cost.
+    Cost(CostRecorded),
+    /// The cost-optimizer found the job's GPUs idle and asks for its suspension.
+    IdleSuspend(IdleSuspendRequested),
 }
 
 /// What [`observe`] did with an observation.
@@ -235,6 +243,12 @@ pub struct PlannerJobState {
     pub epoch_metrics: BTreeMap<u32, EpochMetrics>,
     /// The hpo-tuner stopped this trial.
     pub trial_stop: Option<TrialStopSeen>,
+    /// Money spent and the capacity choice, from the cost-optimizer.
+    #[serde(default)]
+    pub cost: Option<CostSeen>,
+    /// The cost-optimizer's request to suspend the job for idle GPUs.
+    #[serde(default)]
+    pub idle_suspend: Option<IdleSuspendSeen>,
 }
 
 impl PlannerJobState {
@@ -489,6 +503,7 @@ pub fn observe(
             Observed::Recorded
         }
         Observation::CheckpointVerified(verified) => {
+            state.note_verified_for_idle_suspend(&verified, at);
             state.checkpoint_summary = Some(verified);
             Observed::Recorded
         }
@@ -506,5 +521,8 @@ pub fn observe(
             }
             Observed::Recorded
         }
+        Observation::Capacity(chosen) => state.observe_capacity(chosen),
+        Observation::Cost(record) => state.observe_cost(record),
+        Observation::IdleSuspend(request) => state.observe_idle_suspend(request, at),
     }
 }

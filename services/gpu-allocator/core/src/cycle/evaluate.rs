@@ -144,7 +144,7 @@ impl Allocator {
         if !spec.refuses(&job.spec.namespace) {
             return None;
         }
-        let namespace = if spec.on_hold {
+        let namespace = if spec.held() {
             ""
         } else {
             job.spec.namespace.as_str()
@@ -157,6 +157,12 @@ impl Allocator {
             PendingReason::QueueOnHold {
                 queue: name,
                 drains: spec.drain,
+            }
+        } else if let Some(budget) = &spec.budget_hold {
+            PendingReason::BudgetSpent {
+                queue: name,
+                spend: budget.spend.clone(),
+                drains: budget.drains,
             }
         } else {
             PendingReason::NamespaceNotAdmitted {

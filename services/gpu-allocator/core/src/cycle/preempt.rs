@@ -137,7 +137,7 @@ impl Allocator {
                     .queues
                     .get(*q)
                     .and_then(|q| q.spec.as_ref())
-                    .is_some_and(|spec| spec.drain)
+                    .is_some_and(|spec| spec.drains())
             })
             .collect();
         let evict_at = now.plus_secs(self.state.config.preemption.grace_period_secs);

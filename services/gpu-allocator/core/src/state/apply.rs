@@ -23,6 +23,20 @@ impl State {
             } else {
                 Applied::Unchanged
             }),
+            Event::QueueBudgetChanged { name, hold } => {
+                let spec = self
+                    .queues
+                    .by_name(&name)
+                    .and_then(|idx| self.queues.get(idx))
+                    .and_then(|q| q.spec.clone());
+                match spec {
+                    Some(mut spec) if spec.budget_hold != hold => {
+                        spec.budget_hold = hold;
+                        self.upsert_queue(spec)
+                    }
+                    _ => Ok(Applied::Unchanged),
+                }
+            }
             Event::JobSubmitted(spec) => self.submit(spec),
             Event::JobFinished { uid } | Event::JobRemoved { uid } => Ok(self.finish(&uid)),
             Event::JobCheckpointed { uid } => Ok(self.checkpointed(&uid)),

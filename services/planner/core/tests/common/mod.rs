@@ -299,6 +299,10 @@ impl Harness {
                     }
                 }
                 PlannerAction::UpdateStatus(status) => self.job.status = Some((**status).clone()),
+                PlannerAction::SuspendJob { .. } => {
+                    self.job.spec.suspend = Some(true);
+                    self.job.metadata.generation = self.job.metadata.generation.map(|g| g + 1);
+                }
                 PlannerAction::RecordEvent {
                     event_type,
                     reason,
