@@ -161,7 +161,9 @@ pub struct NatsArgs {
     /// File holding the NATS user's password.
     #[arg(long, value_name = "FILE", global = true)]
     pub nats_password_file: Option<PathBuf>,
+}
 
+/// `trainyard cost`.
 #[derive(Debug, Args)]
 pub struct CostArgs {
     /// Group by job, queue or namespace.

@@ -404,8 +404,7 @@ async fn hold(
 /// return together.
 pub fn transient_delay(failures: u32, ack_wait: Duration) -> Duration {
     let cap = Duration::from_secs(30).min(ack_wait / 2);
-    let exponent = failures.clamp(1, 10) - 1;
-    let ceiling = (Duration::from_millis(500) * 2u32.pow(exponent)).min(cap);
+    let ceiling = capped_doubling(Duration::from_millis(500), failures.max(1) - 1, cap);
     ceiling.mul_f64(rand::random_range(0.5..=1.0))
 }
 
