@@ -481,7 +481,7 @@ async fn dead_letter(
             context
                 .metrics
                 .dead_letters
-                .with_label_values(&[spec.durable.as_str(), category])
+                .with_label_values(&[spec.stream.name, spec.durable.as_str(), category])
                 .inc();
             "dead_letter"
         }

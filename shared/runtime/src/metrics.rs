@@ -15,7 +15,7 @@ pub struct RuntimeMetrics {
     /// Messages handled, by consumer and outcome (`ack`, `retry`, `dead_letter`;
     /// `transient` once per passing failure handled again in place).
     pub messages: IntCounterVec,
-    /// Messages sent to the dead-letter subject, by consumer and category.
+    /// Messages sent to the dead-letter subject, by stream, consumer and category.
     pub dead_letters: IntCounterVec,
     /// Handler time, by consumer.
     pub handle_seconds: HistogramVec,
@@ -44,9 +44,9 @@ impl RuntimeMetrics {
         let dead_letters = IntCounterVec::new(
             Opts::new(
                 "trainyard_dead_letters_total",
-                "Messages sent to the dead-letter subject",
+                "Messages sent to the dead-letter subject, by the stream they came from, consumer and category",
             ),
-            &["consumer", "category"],
+            &["stream", "consumer", "category"],
         );
         let handle_seconds = HistogramVec::new(
             HistogramOpts::new("trainyard_handle_seconds", "Time to handle one message").buckets(

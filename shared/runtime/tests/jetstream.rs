@@ -292,7 +292,7 @@ async fn bad_messages_are_dead_lettered_and_the_consumer_keeps_going() {
         .expect("encode");
     assert!(
         metrics.contains(
-            "trainyard_dead_letters_total{category=\"malformed\",consumer=\"hpo-tuner-worker\"} 1"
+            "trainyard_dead_letters_total{category=\"malformed\",consumer=\"hpo-tuner-worker\",stream=\"TRAINYARD_WORKER\"} 1"
         ),
         "{metrics}"
     );
