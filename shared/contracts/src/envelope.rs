@@ -187,9 +187,20 @@ pub struct Incoming {
 impl Incoming {
     /// Decodes the header. Fails on anything that is not a Trainyard envelope.
     pub fn decode(bytes: &[u8]) -> Result<Self, ContractError> {
-        let raw: RawEnvelope<'_> =
-            serde_json::from_slice(bytes).map_err(ContractError::Malformed)?;
-        Ok(Self {
+        match serde_json::from_slice::<RawEnvelope<'_>>(bytes) {
+            Ok(raw) => Ok(Self::from_raw(raw)),
+            Err(error) => match crate::non_finite::quote_literals(bytes) {
+                // NaN/Infinity written as bare literals: kept, as strings.
+                Some(quoted) => serde_json::from_slice::<RawEnvelope<'_>>(&quoted)
+                    .map(Self::from_raw)
+                    .map_err(|_| ContractError::Malformed(error)),
+                None => Err(ContractError::Malformed(error)),
+            },
+        }
+    }
+
+    fn from_raw(raw: RawEnvelope<'_>) -> Self {
+        Self {
             header: Header {
                 id: raw.id,
                 message_type: raw.message_type,
@@ -202,7 +213,7 @@ impl Incoming {
                 trace_context: raw.trace_context,
             },
             payload: raw.payload.to_owned(),
-        })
+        }
     }
 
     /// The payload as generic JSON (for tools that forward messages unchanged).

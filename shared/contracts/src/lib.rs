@@ -29,6 +29,7 @@ pub mod error;
 pub mod events;
 pub mod hash;
 pub mod lifecycle;
+pub mod non_finite;
 pub mod notifications;
 pub mod permissions;
 pub mod streams;

@@ -22,8 +22,13 @@ pub struct ProgressReported {
     pub total_epochs: Option<u32>,
     #[serde(default)]
     pub step: u64,
-    /// Metric name → value, e.g. `loss`, `accuracy`.
-    #[serde(default)]
+    /// Metric name → value, e.g. `loss`, `accuracy`; NaN and ±Infinity travel
+    /// as the strings `"NaN"`, `"Infinity"`, `"-Infinity"`.
+    #[serde(
+        default,
+        deserialize_with = "crate::non_finite::deserialize_metrics",
+        serialize_with = "crate::non_finite::serialize_metrics"
+    )]
     pub metrics: BTreeMap<String, f64>,
 }
 
@@ -41,7 +46,11 @@ pub struct CheckpointReported {
     pub uri: String,
     #[serde(default)]
     pub size_bytes: u64,
-    #[serde(default)]
+    #[serde(
+        default,
+        deserialize_with = "crate::non_finite::deserialize_metrics",
+        serialize_with = "crate::non_finite::serialize_metrics"
+    )]
     pub metrics: BTreeMap<String, f64>,
     /// Seconds the save took, from its start to the manifest's write; feeds the
     /// checkpoint-manager's interval advice.

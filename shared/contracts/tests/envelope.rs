@@ -135,3 +135,33 @@ fn python_library_envelope_with_non_finite_metrics_decodes() {
     let nan = golden.replace("1.7976931348623157e+308", "NaN");
     assert!(decode::<ProgressReported>(nan.as_bytes()).is_err());
 }
+
+/// Python's `json.dumps` writes NaN and Infinity as bare literals, which are
+/// not JSON: such a worker report is read (the literals as non-finite
+/// metrics), not dead-lettered, and nothing else in it is lost.
+#[test]
+fn a_report_with_bare_nan_and_infinity_is_read_with_everything_else_in_it() {
+    let mut sent = progress();
+    sent.payload.metrics = [
+        ("accuracy".to_string(), 0.5),
+        ("grad_norm".to_string(), 1.0),
+        ("loss".to_string(), 2.0),
+        ("lr".to_string(), 3.0),
+    ]
+    .into();
+    let text = String::from_utf8(sent.to_json().expect("encodes"))
+        .expect("utf-8")
+        .replace("\"grad_norm\":1.0", "\"grad_norm\":Infinity")
+        .replace("\"loss\":2.0", "\"loss\":NaN")
+        .replace("\"lr\":3.0", "\"lr\":-Infinity");
+    assert!(text.contains(":NaN"), "{text}");
+    let back: Envelope<ProgressReported> =
+        decode(text.as_bytes()).expect("read, not dead-lettered");
+    let report = back.payload;
+    assert_eq!((report.epoch, report.step), (3, 300));
+    assert!(report.metrics["loss"].is_nan());
+    assert_eq!(report.metrics["grad_norm"], f64::INFINITY);
+    assert_eq!(report.metrics["lr"], f64::NEG_INFINITY);
+    assert_eq!(report.metrics["accuracy"], 0.5);
+    assert_eq!(back.id, sent.id);
+}

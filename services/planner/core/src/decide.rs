@@ -1213,7 +1213,14 @@ impl Context<'_> {
         if let Some(progress) = &self.state.progress {
             status.current_epoch = Some(progress.epoch);
             status.progress = Some(progress_percent(progress.epoch, total));
-            status.metrics = progress.metrics.clone();
+            // A Kubernetes number cannot be NaN or infinite; a diverged metric
+            // stays in the planner's state and leaves the status.
+            status.metrics = progress
+                .metrics
+                .iter()
+                .filter(|(_, value)| value.is_finite())
+                .map(|(name, value)| (name.clone(), *value))
+                .collect();
         } else if status.progress.is_none() {
             status.progress = Some(progress_percent(0, total));
         }

@@ -100,6 +100,10 @@ pub struct ProgressSeen {
     pub epoch: u32,
     pub total_epochs: Option<u32>,
     pub step: u64,
+    #[serde(
+        deserialize_with = "trainyard_contracts::non_finite::deserialize_metrics",
+        serialize_with = "trainyard_contracts::non_finite::serialize_metrics"
+    )]
     pub metrics: BTreeMap<String, f64>,
     pub at: DateTime<Utc>,
 }
@@ -107,6 +111,10 @@ pub struct ProgressSeen {
 /// Worker 0's metrics of one epoch, for the success policy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EpochMetrics {
+    #[serde(
+        deserialize_with = "trainyard_contracts::non_finite::deserialize_metrics",
+        serialize_with = "trainyard_contracts::non_finite::serialize_metrics"
+    )]
     pub metrics: BTreeMap<String, f64>,
     pub at: DateTime<Utc>,
 }

@@ -1328,3 +1328,40 @@ fn preflight_guards_new_objects_but_never_fails_a_running_attempt() {
     assert!(deleted(&actions).is_empty());
     assert_eq!(h.state_now(), Some(TrainingJobState::Running));
 }
+
+/// A diverged run reports NaN and infinite metrics: the report is kept (its
+/// epoch and finite metrics reach the status), the non-finite values stay in
+/// the planner's saved state, which reads back unchanged, and never reach the
+/// TrainingJob's status, where Kubernetes numbers cannot hold them.
+#[test]
+fn non_finite_metrics_keep_the_report_and_stay_out_of_the_status() {
+    let mut h = Harness::new(training_job("diverged", spec(1)));
+    h.run_attempt_until_running(0);
+    h.advance(60);
+    h.observe(Observation::Progress(progress(
+        0,
+        0,
+        3,
+        &[
+            ("loss", f64::NAN),
+            ("grad_norm", f64::INFINITY),
+            ("accuracy", 0.4),
+        ],
+    )));
+    h.decide();
+    let status = h.status();
+    assert_eq!(status.current_epoch, Some(3));
+    assert_eq!(
+        status.metrics.keys().collect::<Vec<_>>(),
+        ["accuracy"],
+        "{:?}",
+        status.metrics
+    );
+
+    let saved = serde_json::to_string(&h.state).expect("state saves");
+    let restored: PlannerJobState = serde_json::from_str(&saved).expect("state reads back");
+    let seen = restored.progress.expect("progress kept");
+    assert!(seen.metrics["loss"].is_nan());
+    assert_eq!(seen.metrics["grad_norm"], f64::INFINITY);
+    assert_eq!(seen.metrics["accuracy"], 0.4);
+}
