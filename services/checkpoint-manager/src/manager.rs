@@ -432,7 +432,14 @@ impl Manager {
             epoch: report.epoch,
             step: report.step,
             attempt: report.attempt,
-            metrics: report.metrics.clone(),
+            // A diverged metric ranks nothing (keepBest) and cannot be saved
+            // as a JSON number in the catalog.
+            metrics: report
+                .metrics
+                .iter()
+                .filter(|(_, value)| value.is_finite())
+                .map(|(name, value)| (name.clone(), *value))
+                .collect(),
             size_bytes: report.size_bytes,
             save_seconds: report.save_seconds,
             verification: Verification::Pending,

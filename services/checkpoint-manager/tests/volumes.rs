@@ -184,3 +184,55 @@ async fn reports_outside_the_storage_or_contradicting_earlier_ones_are_refused()
     );
     stop_manager(manager).await;
 }
+
+/// A diverged run reports its checkpoint with a NaN loss: the checkpoint is
+/// verified and kept, the NaN ranks nothing, and the manager's saved state
+/// still reads back after a restart (retention then deletes it in turn).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_reported_with_a_nan_metric_is_kept_across_a_restart() {
+    let nats = NatsServer::start();
+    let manager = start_manager(&nats, reading_volumes()).await;
+    let driver = Driver::connect(&nats).await;
+    let volume = tempfile::tempdir().expect("tempdir");
+    let base = volume.path().to_str().expect("utf-8").to_string();
+    driver
+        .apply(&training_job(
+            "diverged",
+            json!({"enabled": true,
+                   "storage": {"type": "pvc", "claimName": "d-ckpt", "mountPath": base},
+                   "retention": {"keepLast": 1}}),
+        ))
+        .await;
+    let first = volume.path().join("step-100");
+    write_volume_checkpoint(&first, 100, 0.1, true);
+    driver
+        .report(
+            "diverged",
+            first.to_str().expect("utf-8"),
+            100,
+            f64::NAN,
+            2.0,
+        )
+        .await;
+    let verified = driver.wait_for::<CheckpointVerified>("diverged", 1).await;
+    assert!(verified[0].verified, "{:?}", verified[0].reason);
+    assert_eq!(
+        verified[0].latest_verified.as_ref().map(|c| c.step),
+        Some(100)
+    );
+
+    stop_manager(manager).await;
+    let manager = start_manager(&nats, reading_volumes()).await;
+    let second = volume.path().join("step-200");
+    write_volume_checkpoint(&second, 200, 0.3, true);
+    driver
+        .report("diverged", second.to_str().expect("utf-8"), 200, 0.3, 2.0)
+        .await;
+    let retention = driver.wait_for::<RetentionApplied>("diverged", 1).await;
+    assert_eq!(
+        retention[0].delete,
+        vec![format!("{base}/step-100")],
+        "the restarted manager still knows the first checkpoint"
+    );
+    stop_manager(manager).await;
+}
