@@ -185,9 +185,9 @@ if [ "$keep_running" = yes ]; then
   echo
   echo "everything is still running (KUBECONFIG=$kubeconfig); Ctrl-C stops it"
   echo "kubectl works against it too: KUBECONFIG=$kubeconfig kubectl get tj -A -w"
+  wait "${pids[0]}"
 else
   echo
   echo "rerun with --keep-running to explore the cluster with kubectl: kubectl get tj -A -w, kubectl describe tj NAME"
-  wait "${pids[0]}"
 fi
 exit "$status"
