@@ -22,7 +22,7 @@ use trainyard_api::{TrainingJob, TrainingQueue};
 use crate::cli::{CostBy, CostFormat};
 use crate::error::CliError;
 use crate::format::table;
-use crate::resources::{Listed, Scope};
+use crate::resources::Scope;
 
 /// One group's cost.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -339,14 +339,7 @@ pub async fn report(
     format: CostFormat,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
-    let jobs = TrainingJob::api(client.clone(), scope)
-        .list(&ListParams::default())
-        .await
-        .map_err(CliError::kube(format!(
-            "list trainingjobs {}",
-            scope.describe()
-        )))?
-        .items;
+    let jobs = crate::get::list_jobs(client.clone(), scope).await?;
     let queues = if by == CostBy::Queue {
         Api::<TrainingQueue>::all(client)
             .list(&ListParams::default())

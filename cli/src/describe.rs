@@ -49,19 +49,7 @@ pub async fn explain(
 
 async fn fetch<K: Listed>(client: Client, namespace: &str, name: &str) -> Result<K, CliError> {
     let scope = Scope::Namespace(namespace.to_owned());
-    K::api(client, &scope)
-        .get_opt(name)
-        .await
-        .map_err(CliError::kube(format!("get {} {name}", K::PLURAL)))?
-        .ok_or_else(|| CliError::NotFound {
-            resource: K::PLURAL.to_owned(),
-            name: name.to_owned(),
-            scope: if K::NAMESPACED {
-                format!(" {}", scope.describe())
-            } else {
-                String::new()
-            },
-        })
+    crate::get::named(&K::api(client, &scope), &scope, name).await
 }
 
 /// The Events whose involved object is this one; a user who may not list

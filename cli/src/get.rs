@@ -146,22 +146,37 @@ async fn fetch<K: Listed>(
     }
     let mut items = Vec::with_capacity(options.names.len());
     for name in &options.names {
-        let object = api
-            .get_opt(name)
-            .await
-            .map_err(CliError::kube(format!("get {} {name}", K::PLURAL)))?
-            .ok_or_else(|| CliError::NotFound {
-                resource: K::PLURAL.to_owned(),
-                name: name.clone(),
-                scope: if K::NAMESPACED {
-                    format!(" {}", scope.describe())
-                } else {
-                    String::new()
-                },
-            })?;
-        items.push(object);
+        items.push(named(api, scope, name).await?);
     }
     Ok(items)
+}
+
+/// The object `name` in `scope`, or a NotFound error naming where it was looked for.
+pub async fn named<K: Listed>(api: &Api<K>, scope: &Scope, name: &str) -> Result<K, CliError> {
+    api.get_opt(name)
+        .await
+        .map_err(CliError::kube(format!("get {} {name}", K::PLURAL)))?
+        .ok_or_else(|| CliError::NotFound {
+            resource: K::PLURAL.to_owned(),
+            name: name.to_owned(),
+            scope: if K::NAMESPACED {
+                format!(" {}", scope.describe())
+            } else {
+                String::new()
+            },
+        })
+}
+
+/// Every TrainingJob in `scope`.
+pub async fn list_jobs(client: Client, scope: &Scope) -> Result<Vec<TrainingJob>, CliError> {
+    Ok(TrainingJob::api(client, scope)
+        .list(&ListParams::default())
+        .await
+        .map_err(CliError::kube(format!(
+            "list trainingjobs {}",
+            scope.describe()
+        )))?
+        .items)
 }
 
 /// One object alone when one name was asked for, else a kubectl-style List.
@@ -316,14 +331,7 @@ pub async fn summary(
     json: bool,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
-    let jobs = TrainingJob::api(client.clone(), scope)
-        .list(&ListParams::default())
-        .await
-        .map_err(CliError::kube(format!(
-            "list trainingjobs {}",
-            scope.describe()
-        )))?
-        .items;
+    let jobs = list_jobs(client.clone(), scope).await?;
     let cluster = node_gpus(client).await?;
     let summary = summarise(scope.describe(), &jobs, cluster);
     if json {

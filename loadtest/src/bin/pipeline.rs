@@ -2,7 +2,7 @@
 //! a separate release process, against a simulated cluster of M nodes (also a
 //! process). Prints submit→Job-applied and submit→Running latency, messages/s
 //! through JetStream, and each process's CPU seconds and peak RSS, beside the
-//! targets of issue 5; asserts nothing.
+//! pipeline's latency and footprint targets; asserts nothing.
 //!
 //! ```text
 //! pipeline [--jobs 1000] [--nodes 500] [--gpus-per-node 8] [--epochs 3]
@@ -718,7 +718,7 @@ fn print_report(r: &PipelineReport) {
             mib(p.peak_rss_bytes)
         );
     }
-    println!("\ntargets (issue 5):");
+    println!("\ntargets:");
     if let Some(s) = &r.job_applied {
         println!(
             "  p99 submit → Job applied ≤ {TARGET_P99_MS} ms: {:.1} ms, {}",
