@@ -303,11 +303,21 @@ async fn the_finalizer_removes_every_owned_object_then_releases_the_job() {
 
     // The in-memory API server deletes at once instead of honouring finalizers, so
     // the finalizer step runs here directly, as the planner does when it sees
-    // metadata.deletionTimestamp.
-    KubeWriter::new(cluster.client.clone(), "trainyard-planner")
-        .finalize(&tj)
-        .await
-        .expect("finalize");
+    // metadata.deletionTimestamp. Its patches are read-modify-write, not atomic:
+    // a status write of the still running planner can put an old finalizer list
+    // back (a real API server refuses new finalizers on an object being
+    // deleted), so the step runs again on what is stored until it holds.
+    let writer = KubeWriter::new(cluster.client.clone(), "trainyard-planner");
+    writer.finalize(&tj).await.expect("finalize");
+    eventually("the job released", || async {
+        let stored = cluster.training_jobs().get(&name).await.ok()?;
+        if !stored.finalizers().iter().any(|f| f == FINALIZER) {
+            return Some(());
+        }
+        writer.finalize(&stored).await.expect("finalize");
+        None
+    })
+    .await;
     assert!(
         cluster
             .jobs()
@@ -332,6 +342,4 @@ async fn the_finalizer_removes_every_owned_object_then_releases_the_job() {
             .expect("get")
             .is_none()
     );
-    let released = cluster.training_jobs().get(&name).await.expect("get");
-    assert!(!released.finalizers().iter().any(|f| f == FINALIZER));
 }
