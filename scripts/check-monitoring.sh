@@ -120,7 +120,7 @@ assert yaml.safe_load(open("compose/prometheus/rules.yaml")) == yaml.safe_load(o
 compose = yaml.safe_load(open("compose/docker-compose.yaml"))
 services = compose["services"]
 for name in ("nats", "simulator", "prometheus", "grafana", "mlflow", "watcher", "planner", "gpu-allocator",
-             "hpo-tuner", "checkpoint-manager", "cost-optimizer", "notifier"):
+             "hpo-tuner", "checkpoint-manager", "cost-optimizer", "notifier", "webhook-sink"):
     assert name in services, f"compose lacks {name}"
 for name, service in services.items():
     assert service.get("restart") == "unless-stopped", f"compose {name}: no restart policy"

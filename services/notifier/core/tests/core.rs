@@ -584,3 +584,16 @@ fn the_shipped_routing_config_is_valid() {
     );
     assert_eq!(receivers(&routing, &failed("ml", "bert")), ["slack"]);
 }
+
+#[test]
+fn the_compose_stacks_routing_config_and_signing_secret_are_valid() {
+    let routing = Routing::from_yaml(include_str!("../../../../compose/notifier/routes.yaml"))
+        .expect("valid");
+    assert_eq!(receivers(&routing, &failed("ml", "bert")), ["webhook-sink"]);
+    let keys = SigningKey::parse_file(
+        "webhook-signing",
+        include_str!("../../../../compose/notifier/webhook-signing"),
+    )
+    .expect("a whsec_ secret");
+    assert_eq!(keys.len(), 1);
+}
