@@ -13,8 +13,11 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
+use futures::StreamExt;
+use kube::runtime::{WatchStreamExt, watcher};
 use serde::Serialize;
 use tokio::process::{Child, Command};
+use tokio_util::sync::CancellationToken;
 use trainyard_contracts::Service;
 use trainyard_contracts::streams;
 
@@ -62,6 +65,10 @@ struct Process {
     log: PathBuf,
     /// The service's `/metrics` `/healthz` `/readyz` listener.
     http: Option<SocketAddr>,
+    /// How it was started, so that it can be started again the same way.
+    program: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 /// CPU time and peak memory of one process of the stack.
@@ -138,10 +145,15 @@ impl Stack {
         http: Option<SocketAddr>,
     ) -> Result<(), StackError> {
         let log = self.work.path().join(format!("{name}.log"));
-        let file = std::fs::File::create(&log).map_err(|source| StackError::Io {
-            path: log.clone(),
-            source,
-        })?;
+        // Appended to: a restarted process's log follows its predecessor's.
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|source| StackError::Io {
+                path: log.clone(),
+                source,
+            })?;
         let err_file = file.try_clone().map_err(|source| StackError::Io {
             path: log.clone(),
             source,
@@ -155,14 +167,59 @@ impl Stack {
             .process_group(0)
             .kill_on_drop(true)
             .spawn()
-            .map_err(|source| StackError::Spawn { program, source })?;
+            .map_err(|source| StackError::Spawn {
+                program: program.clone(),
+                source,
+            })?;
         self.processes.push(Process {
             name: name.to_owned(),
             child,
             log,
             http,
+            program,
+            args: args.to_vec(),
+            env: env.to_vec(),
         });
         Ok(())
+    }
+
+    /// Kills `name` with SIGKILL (no drain, no goodbye: a crash or an OOM
+    /// kill), waits `pause`, then starts it again as it was started, with its
+    /// HTTP listener on a fresh port. Returns when the new process answers
+    /// `/readyz`, with the time from its start until then.
+    pub async fn kill_and_restart(
+        &mut self,
+        name: &str,
+        pause: Duration,
+        ready_limit: Duration,
+    ) -> Result<Duration, StackError> {
+        let index = self
+            .processes
+            .iter()
+            .position(|p| p.name == name)
+            .ok_or_else(|| StackError::Http(format!("{name} is not running")))?;
+        let mut killed = self.processes.remove(index);
+        let _ = killed.child.start_kill();
+        let _ = killed.child.wait().await;
+        tokio::time::sleep(pause).await;
+        let mut env = killed.env;
+        let http = match killed.http {
+            Some(_) => {
+                let http = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+                for (key, value) in &mut env {
+                    if key == "TRAINYARD_HTTP__LISTEN" {
+                        *value = http.to_string();
+                    }
+                }
+                Some(http)
+            }
+            None => None,
+        };
+        let started = Instant::now();
+        self.spawn(name, killed.program, &killed.args, &env, http)?;
+        self.wait_process_ready(self.processes.len() - 1, started + ready_limit, ready_limit)
+            .await?;
+        Ok(started.elapsed())
     }
 
     /// Fails if the last started process has already exited.
@@ -299,77 +356,97 @@ impl Stack {
         self.spawn(name, program, &[], &all, Some(http))
     }
 
-    /// Starts all seven services: the watcher and planner against `kubeconfig`,
-    /// workers told to report to this stack's NATS, the allocator cycling every
-    /// `allocator_cycle_ms`.
+    /// Starts all seven services, each with [`Stack::service_env`].
     pub fn start_services(
         &mut self,
         kubeconfig: &str,
         allocator_cycle_ms: u64,
     ) -> Result<(), StackError> {
-        let nats = self
-            .nats_url
-            .clone()
-            .ok_or_else(|| StackError::Nats("start NATS before the services".into()))?;
         for service in Service::ALL {
-            let mut env = Vec::new();
-            if matches!(service, Service::Watcher | Service::Planner) {
-                env.push(("KUBECONFIG".to_owned(), kubeconfig.to_owned()));
-            }
-            if service == Service::Planner {
-                env.push((
-                    "TRAINYARD_PLANNER__WORKER_NATS_URL".to_owned(),
-                    nats.clone(),
-                ));
-            }
-            if service == Service::GpuAllocator {
-                env.push((
-                    "TRAINYARD_GPU_ALLOCATOR__CYCLE_INTERVAL_MS".to_owned(),
-                    allocator_cycle_ms.to_string(),
-                ));
-            }
+            let env = self.service_env(service, kubeconfig, allocator_cycle_ms)?;
             self.start_service(service, &env)?;
         }
         Ok(())
     }
 
+    /// What a service of this stack is started with beyond NATS and its
+    /// listener: the watcher and planner get `kubeconfig`, workers are told to
+    /// report to this stack's NATS, the allocator cycles every
+    /// `allocator_cycle_ms`.
+    pub fn service_env(
+        &self,
+        service: Service,
+        kubeconfig: &str,
+        allocator_cycle_ms: u64,
+    ) -> Result<Vec<(String, String)>, StackError> {
+        let nats = self
+            .nats_url
+            .clone()
+            .ok_or_else(|| StackError::Nats("start NATS before the services".into()))?;
+        let mut env = Vec::new();
+        if matches!(service, Service::Watcher | Service::Planner) {
+            env.push(("KUBECONFIG".to_owned(), kubeconfig.to_owned()));
+        }
+        if service == Service::Planner {
+            env.push(("TRAINYARD_PLANNER__WORKER_NATS_URL".to_owned(), nats));
+        }
+        if service == Service::GpuAllocator {
+            env.push((
+                "TRAINYARD_GPU_ALLOCATOR__CYCLE_INTERVAL_MS".to_owned(),
+                allocator_cycle_ms.to_string(),
+            ));
+        }
+        Ok(env)
+    }
+
     /// Waits until every service answers `/readyz` with 200, at most `limit`.
     pub async fn wait_ready(&mut self, limit: Duration) -> Result<(), StackError> {
+        let deadline = Instant::now() + limit;
+        for i in 0..self.processes.len() {
+            self.wait_process_ready(i, deadline, limit).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until process `i` answers `/readyz` with 200 (at once if it
+    /// has no HTTP listener); an error once `deadline` passes.
+    async fn wait_process_ready(
+        &mut self,
+        i: usize,
+        deadline: Instant,
+        limit: Duration,
+    ) -> Result<(), StackError> {
+        let Some(http) = self.processes[i].http else {
+            return Ok(());
+        };
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(2))
             .build()
             .map_err(|e| StackError::Http(e.to_string()))?;
-        let deadline = Instant::now() + limit;
-        for i in 0..self.processes.len() {
-            let Some(http) = self.processes[i].http else {
-                continue;
-            };
-            let url = format!("http://{http}/readyz");
-            loop {
-                let process = &mut self.processes[i];
-                if let Ok(Some(status)) = process.child.try_wait() {
-                    return Err(StackError::Exited {
-                        name: process.name.clone(),
-                        status: status.to_string(),
-                        log: process.log.clone(),
-                    });
-                }
-                let ready = client
-                    .get(&url)
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success());
-                if ready {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    let name = process.name.clone();
-                    return Err(self.not_ready(&name, limit.as_secs()));
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+        let url = format!("http://{http}/readyz");
+        loop {
+            let process = &mut self.processes[i];
+            if let Ok(Some(status)) = process.child.try_wait() {
+                return Err(StackError::Exited {
+                    name: process.name.clone(),
+                    status: status.to_string(),
+                    log: process.log.clone(),
+                });
             }
+            let ready = client
+                .get(&url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            if ready {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let name = process.name.clone();
+                return Err(self.not_ready(&name, limit.as_secs()));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Ok(())
     }
 
     /// The Prometheus text a service serves on `/metrics`.
@@ -548,6 +625,68 @@ pub async fn consumers_idle(js: &jetstream::Context, services: &[Service]) -> bo
         }
     }
     true
+}
+
+/// Waits (at most `limit`) until every service has handled what the start-up
+/// published (node events, the queue), so a measurement starts idle.
+pub async fn settle(js: &jetstream::Context, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let mut idle_since: Option<Instant> = None;
+    while Instant::now() < deadline {
+        if consumers_idle(js, &Service::ALL).await {
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= Duration::from_secs(1) {
+                return;
+            }
+        } else {
+            idle_since = None;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    eprintln!("warning: the stack was still busy after {limit:?}; measuring anyway");
+}
+
+/// Watches `api` and calls `on_change` with each object seen, whether it was
+/// deleted, and when; resolves the returned receiver once the initial list
+/// is done.
+pub fn watch_objects<K>(
+    api: kube::Api<K>,
+    config: watcher::Config,
+    stop: CancellationToken,
+    mut on_change: impl FnMut(K, bool, Instant) + Send + 'static,
+) -> tokio::sync::oneshot::Receiver<()>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    let (ready, ready_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let kind = std::any::type_name::<K>();
+        let stream = watcher(api, config).default_backoff();
+        futures::pin_mut!(stream);
+        let mut ready = Some(ready);
+        loop {
+            let event = tokio::select! {
+                _ = stop.cancelled() => return,
+                event = stream.next() => event,
+            };
+            let now = Instant::now();
+            match event {
+                None => return,
+                Some(Ok(watcher::Event::InitDone)) => {
+                    if let Some(ready) = ready.take() {
+                        let _ = ready.send(());
+                    }
+                }
+                Some(Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object))) => {
+                    on_change(object, false, now)
+                }
+                Some(Ok(watcher::Event::Delete(object))) => on_change(object, true, now),
+                Some(Ok(watcher::Event::Init)) => {}
+                Some(Err(err)) => eprintln!("{kind} watch: {err}"),
+            }
+        }
+    });
+    ready_rx
 }
 
 /// The value of the first sample of Prometheus text `metrics` whose series

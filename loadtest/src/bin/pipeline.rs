@@ -22,7 +22,7 @@ use clap::Parser;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -208,7 +208,7 @@ async fn run(args: &Args, stack: &mut Stack) -> anyhow::Result<PipelineReport> {
         )
         .await
         .context("applying the TrainingQueue")?;
-    settle(&js, Duration::from_secs(60)).await;
+    stack::settle(&js, Duration::from_secs(60)).await;
 
     let seen = Arc::new(Mutex::new(Seen::default()));
     let stop = CancellationToken::new();
@@ -363,66 +363,6 @@ fn lock(seen: &Mutex<Seen>) -> std::sync::MutexGuard<'_, Seen> {
     seen.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Waits (at most `limit`) until every service has handled what the start-up
-/// published (node events, the queue), so the measurement starts idle.
-async fn settle(js: &jetstream::Context, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    let mut idle_since: Option<Instant> = None;
-    while Instant::now() < deadline {
-        if stack::consumers_idle(js, &Service::ALL).await {
-            let since = *idle_since.get_or_insert_with(Instant::now);
-            if since.elapsed() >= Duration::from_secs(1) {
-                return;
-            }
-        } else {
-            idle_since = None;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    eprintln!("warning: the stack was still busy after {limit:?}; measuring anyway");
-}
-
-/// Watches `api` and calls `on_apply` with each object seen and when; resolves
-/// the returned receiver once the initial list is done.
-fn watch_objects<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    stop: CancellationToken,
-    mut on_apply: impl FnMut(K, Instant) + Send + 'static,
-) -> tokio::sync::oneshot::Receiver<()>
-where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
-{
-    let (ready, ready_rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        let kind = std::any::type_name::<K>();
-        let stream = watcher(api, config).default_backoff();
-        futures::pin_mut!(stream);
-        let mut ready = Some(ready);
-        loop {
-            let event = tokio::select! {
-                _ = stop.cancelled() => return,
-                event = stream.next() => event,
-            };
-            let now = Instant::now();
-            match event {
-                None => return,
-                Some(Ok(watcher::Event::InitDone)) => {
-                    if let Some(ready) = ready.take() {
-                        let _ = ready.send(());
-                    }
-                }
-                Some(Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object))) => {
-                    on_apply(object, now)
-                }
-                Some(Ok(_)) => {}
-                Some(Err(err)) => eprintln!("{kind} watch: {err}"),
-            }
-        }
-    });
-    ready_rx
-}
-
 /// Records when the watcher's first `trainingjob.changed` about each job
 /// reaches NATS (a plain subscription sees what JetStream stores), which
 /// splits submit → Job applied into the watcher's part and the planner's.
@@ -457,11 +397,11 @@ fn watch_jobs(
     stop: CancellationToken,
 ) -> tokio::sync::oneshot::Receiver<()> {
     let api = Api::<Job>::namespaced(client, NAMESPACE);
-    watch_objects(
+    stack::watch_objects(
         api,
         watcher::Config::default().labels(LABEL_JOB),
         stop,
-        move |job: Job, now| {
+        move |job: Job, _deleted, now| {
             if let Some(name) = job.labels().get(LABEL_JOB) {
                 lock(&seen).job_applied.entry(name.clone()).or_insert(now);
             }
@@ -477,11 +417,11 @@ fn watch_trainingjobs(
     stop: CancellationToken,
 ) -> tokio::sync::oneshot::Receiver<()> {
     let api = Api::<TrainingJob>::namespaced(client, NAMESPACE);
-    watch_objects(
+    stack::watch_objects(
         api,
         watcher::Config::default(),
         stop,
-        move |job: TrainingJob, now| {
+        move |job: TrainingJob, _deleted, now| {
             let state = job.status.as_ref().and_then(|s| s.state);
             let name = job.name_any();
             let mut seen = lock(&seen);

@@ -1,0 +1,652 @@
+//! Chaos runs: the whole stack as processes on the simulated cluster while a
+//! service is killed with SIGKILL at random moments and started again, or
+//! while the simulated API server fails and stalls writes. Afterwards it
+//! counts what the reliability targets name:
+//!
+//! - lost: TrainingJobs not finished (Completed or Failed) after the drain;
+//! - failed: TrainingJobs that ended Failed (no job of the workload should);
+//! - duplicates: Job objects beyond the first per Job name (a name is one
+//!   TrainingJob attempt, `<job>-a<attempt>`);
+//! - over-admission: moments at which the running pods on a node held more
+//!   GPUs than the node has;
+//! - dead letters, by consumer and category;
+//! - recovery: from a killed service's new process start until it is ready
+//!   and, for the planner and the gpu-allocator, holds its lease again.
+//!
+//! Prints a table, one row per scenario, and writes JSON; asserts nothing.
+//!
+//! ```text
+//! chaos [--scenario planner-kill|allocator-kill|api-faults|all] [--jobs N]
+//!     [--kills N] [--kill-every SECONDS] [--nodes 8] [--gpus-per-node 8]
+//!     [--speed 60] [--seed 1] [--timeout 900] [--log FILTER]
+//!     [--bin-dir DIR] [--json loadtest/out/chaos.json]
+//! ```
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use async_nats::jetstream::{self, consumer};
+use clap::{Parser, ValueEnum};
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+use trainyard_api::placement::LABEL_JOB;
+use trainyard_api::{TrainingJob, TrainingJobState, TrainingQueue};
+use trainyard_contracts::dead_letter::DeadLetter;
+use trainyard_contracts::{Service, streams};
+use trainyard_loadtest::latency::{LatencyRecorder, LatencySummary};
+use trainyard_loadtest::positive;
+use trainyard_loadtest::stack::{self, Stack};
+use trainyard_loadtest::workload::{self, JobShape};
+use trainyard_simulator::faults::ApiFaultConfig;
+
+const NAMESPACE: &str = "default";
+const GPU: &str = "nvidia.com/gpu";
+/// PriorityClasses of the workload, as the gpu-allocator is configured with them.
+const HIGH: (&str, i32) = ("high-priority", 10_000);
+const LOW: (&str, i32) = ("training-preemptible", 100);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum Scenario {
+    /// SIGKILL the planner at random moments (20 kills during 200 jobs).
+    PlannerKill,
+    /// SIGKILL the gpu-allocator at random moments (50 kills during 500
+    /// jobs of mixed priority, so that some are preempted).
+    AllocatorKill,
+    /// 20 % of API writes fail with 409/429/500/503 and 1 % stall 5 s.
+    ApiFaults,
+    /// Each of the above in turn, each on a fresh stack.
+    All,
+}
+
+impl Scenario {
+    fn target(self) -> Option<Service> {
+        match self {
+            Self::PlannerKill => Some(Service::Planner),
+            Self::AllocatorKill => Some(Service::GpuAllocator),
+            Self::ApiFaults | Self::All => None,
+        }
+    }
+
+    /// Jobs and kills when not given on the command line.
+    fn defaults(self) -> (u32, u32) {
+        match self {
+            Self::PlannerKill => (200, 20),
+            Self::AllocatorKill => (500, 50),
+            Self::ApiFaults | Self::All => (200, 0),
+        }
+    }
+}
+
+/// Runs the stack under faults and counts lost and duplicated work.
+#[derive(Parser)]
+struct Args {
+    #[arg(long, value_enum, default_value_t = Scenario::All)]
+    scenario: Scenario,
+    /// TrainingJobs to submit; default per scenario (200, 500, 200).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    jobs: Option<u32>,
+    /// Kills of the scenario's service; default per scenario (20, 50).
+    #[arg(long)]
+    kills: Option<u32>,
+    /// Mean seconds between kills (each gap drawn from 0.5× to 1.5× of it);
+    /// the jobs are submitted evenly over kills × this.
+    #[arg(long, default_value_t = 3.0, value_parser = positive)]
+    kill_every: f64,
+    /// Seconds over which the jobs are submitted when nothing is killed.
+    #[arg(long, default_value_t = 60.0, value_parser = positive)]
+    submit_over: f64,
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    nodes: u32,
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(8..))]
+    gpus_per_node: u32,
+    /// Simulated seconds per real second.
+    #[arg(long, default_value_t = 60.0, value_parser = positive)]
+    speed: f64,
+    /// Seed of the workload, the kill times and the API faults.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Give up draining a scenario after this many seconds.
+    #[arg(long = "timeout", value_name = "SECONDS", default_value_t = 900)]
+    timeout_seconds: u64,
+    /// The services' `RUST_LOG` filter.
+    #[arg(long, default_value = "warn")]
+    log: String,
+    /// Where the release binaries are.
+    #[arg(long, default_value_os_t = stack::default_bin_dir())]
+    bin_dir: PathBuf,
+    #[arg(long, default_value_os_t = Path::new(env!("CARGO_MANIFEST_DIR")).join("out/chaos.json"))]
+    json: PathBuf,
+}
+
+/// What the watches saw during a run.
+#[derive(Default)]
+struct Seen {
+    /// TrainingJob name → last state.
+    states: HashMap<String, TrainingJobState>,
+    /// Job name → the UIDs of the Job objects created under it.
+    jobs: HashMap<String, HashSet<String>>,
+    /// Running pod UID → (node, GPUs).
+    running: HashMap<String, (String, u32)>,
+    /// Moments a node held more GPUs than it has, and the worst excess.
+    over_admissions: u64,
+    worst_excess: u32,
+}
+
+#[derive(Serialize)]
+struct ScenarioReport {
+    scenario: Scenario,
+    jobs: u32,
+    kills: u32,
+    nodes: u32,
+    gpus_per_node: u32,
+    speed: f64,
+    seed: u64,
+    run_seconds: f64,
+    completed: usize,
+    failed: usize,
+    lost: usize,
+    duplicate_jobs: usize,
+    job_objects: usize,
+    over_admissions: u64,
+    worst_excess_gpus: u32,
+    dead_letters: BTreeMap<String, u64>,
+    recovery: Option<LatencySummary>,
+    /// Failed and lost jobs, first few, with their last state.
+    examples: Vec<String>,
+    timed_out: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let scenarios = match args.scenario {
+        Scenario::All => vec![
+            Scenario::PlannerKill,
+            Scenario::AllocatorKill,
+            Scenario::ApiFaults,
+        ],
+        one => vec![one],
+    };
+    let mut reports = Vec::new();
+    for scenario in scenarios {
+        let mut stack = Stack::new(&args.bin_dir, &args.log)?;
+        let outcome = tokio::select! {
+            outcome = run(&args, scenario, &mut stack) => outcome,
+            interrupted = stack::interrupted() => {
+                interrupted.context("listening for Ctrl-C")?;
+                stack.keep_work_dir();
+                stack.stop(Duration::from_secs(5)).await;
+                bail!("interrupted");
+            }
+        };
+        match outcome {
+            Ok(report) => {
+                let clean = report.lost == 0
+                    && report.failed == 0
+                    && report.duplicate_jobs == 0
+                    && report.over_admissions == 0
+                    && report.dead_letters.is_empty();
+                if !clean {
+                    stack.keep_work_dir();
+                }
+                stack.stop(Duration::from_secs(10)).await;
+                eprintln!("{}", row(&report));
+                reports.push(report);
+            }
+            Err(err) => {
+                stack.keep_work_dir();
+                stack.stop(Duration::from_secs(10)).await;
+                return Err(err);
+            }
+        }
+    }
+    println!("{}", table(&reports));
+    if let Some(dir) = args.json.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&args.json, serde_json::to_string_pretty(&reports)?)?;
+    println!("JSON: {}", args.json.display());
+    Ok(())
+}
+
+async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Result<ScenarioReport> {
+    let (default_jobs, default_kills) = scenario.defaults();
+    let jobs = args.jobs.unwrap_or(default_jobs);
+    let kills = match scenario.target() {
+        Some(_) => args.kills.unwrap_or(default_kills),
+        None => 0,
+    };
+    let mut rng = StdRng::seed_from_u64(args.seed);
+
+    let nats_url = stack.start_nats(None).await?;
+    let mut cluster = workload::cluster_config(args.nodes, args.gpus_per_node, args.speed);
+    if scenario == Scenario::ApiFaults {
+        cluster.api_faults = ApiFaultConfig {
+            write_error_rate: 0.2,
+            write_stall_rate: 0.01,
+            stall_seconds: 5.0,
+            seed: args.seed,
+            ..ApiFaultConfig::default()
+        };
+    }
+    let kubeconfig = stack
+        .start_simulator(&yaml_serde::to_string(&cluster)?)
+        .await?;
+    let kubeconfig = kubeconfig.to_string_lossy().into_owned();
+    let allocator_config = stack.work_dir().join("gpu-allocator.toml");
+    std::fs::write(
+        &allocator_config,
+        format!(
+            "[gpu_allocator.priority_classes]\n{} = {}\n{} = {}\n",
+            HIGH.0, HIGH.1, LOW.0, LOW.1
+        ),
+    )?;
+    for service in Service::ALL {
+        let mut env = stack.service_env(service, &kubeconfig, 200)?;
+        if service == Service::GpuAllocator {
+            env.push((
+                "TRAINYARD_CONFIG".to_owned(),
+                allocator_config.to_string_lossy().into_owned(),
+            ));
+        }
+        stack.start_service(service, &env)?;
+    }
+    stack.wait_ready(Duration::from_secs(60)).await?;
+    let client = stack::kube_client(&std::fs::read_to_string(&kubeconfig)?).await?;
+    let js = jetstream::new(async_nats::connect(&nats_url).await?);
+    apply_queue(&client, args.nodes * args.gpus_per_node).await?;
+    stack::settle(&js, Duration::from_secs(60)).await;
+
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let stop = CancellationToken::new();
+    let watches = [
+        watch_trainingjobs(client.clone(), seen.clone(), stop.clone()),
+        watch_jobs(client.clone(), seen.clone(), stop.clone()),
+        watch_pods(
+            client.clone(),
+            seen.clone(),
+            args.gpus_per_node,
+            stop.clone(),
+        ),
+    ];
+    for ready in watches {
+        ready.await.context("a watch ended before it started")?;
+    }
+    eprintln!(
+        "{scenario:?}: {jobs} jobs, {kills} kills, {} nodes × {} GPUs; work dir {}",
+        args.nodes,
+        args.gpus_per_node,
+        stack.work_dir().display()
+    );
+
+    let start = Instant::now();
+    let window = if kills > 0 {
+        f64::from(kills) * args.kill_every
+    } else {
+        args.submit_over
+    };
+    let shapes: Vec<(JobShape, &str)> = (0..jobs)
+        .map(|_| job_shape(&mut rng, args.gpus_per_node))
+        .collect();
+    let kill_gaps: Vec<Duration> = (0..kills)
+        .map(|_| Duration::from_secs_f64(args.kill_every * rng.random_range(0.5..1.5)))
+        .collect();
+    let pauses: Vec<Duration> = (0..kills)
+        .map(|_| Duration::from_millis(rng.random_range(0..1000)))
+        .collect();
+    let (recoveries, submitted) = tokio::join!(
+        kill_loop(stack, scenario.target(), &kill_gaps, &pauses),
+        submit(&client, &shapes, start, window),
+    );
+    let recoveries = recoveries?;
+    let submitted = submitted?;
+
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
+    let all_finished = || {
+        let seen = lock(&seen);
+        submitted.iter().all(|name| {
+            seen.states
+                .get(name)
+                .is_some_and(|state| state.is_terminal())
+        })
+    };
+    while !all_finished() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    while !stack::consumers_idle(&js, &Service::ALL).await && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let timed_out = Instant::now() >= deadline;
+    let run_seconds = start.elapsed().as_secs_f64();
+    stop.cancel();
+    let dead_letters = dead_letters(&js).await?;
+
+    let seen = lock(&seen);
+    let state_of = |name: &String| seen.states.get(name).copied();
+    let completed = submitted
+        .iter()
+        .filter(|n| state_of(n) == Some(TrainingJobState::Completed))
+        .count();
+    let failed = submitted
+        .iter()
+        .filter(|n| state_of(n) == Some(TrainingJobState::Failed))
+        .count();
+    let examples = submitted
+        .iter()
+        .filter(|n| state_of(n) != Some(TrainingJobState::Completed))
+        .take(5)
+        .map(|n| format!("{n}: {:?}", state_of(n)))
+        .collect();
+    let mut recovery = LatencyRecorder::new();
+    for took in &recoveries {
+        recovery.record(*took);
+    }
+    Ok(ScenarioReport {
+        scenario,
+        jobs,
+        kills,
+        nodes: args.nodes,
+        gpus_per_node: args.gpus_per_node,
+        speed: args.speed,
+        seed: args.seed,
+        run_seconds,
+        completed,
+        failed,
+        lost: submitted.len() - completed - failed,
+        duplicate_jobs: seen.jobs.values().map(|uids| uids.len() - 1).sum(),
+        job_objects: seen.jobs.values().map(HashSet::len).sum(),
+        over_admissions: seen.over_admissions,
+        worst_excess_gpus: seen.worst_excess,
+        dead_letters,
+        recovery: recovery.summary(),
+        examples,
+        timed_out,
+    })
+}
+
+/// The queue every job goes to: all GPUs, lower priorities preempted.
+async fn apply_queue(client: &Client, gpus: u32) -> anyhow::Result<()> {
+    let mut queue = serde_json::to_value(workload::training_queue("default", gpus)?)?;
+    queue["spec"]["preemption"] = serde_json::json!({"withinQueue": "LowerPriority"});
+    let queue: TrainingQueue = serde_json::from_value(queue)?;
+    Api::<TrainingQueue>::all(client.clone())
+        .patch(
+            "default",
+            &PatchParams::apply("loadtest").force(),
+            &Patch::Apply(&queue),
+        )
+        .await
+        .context("applying the TrainingQueue")?;
+    Ok(())
+}
+
+/// One job of the workload: mostly single GPUs, some whole nodes, some
+/// two-node gangs; one in five of high priority.
+fn job_shape(rng: &mut StdRng, gpus_per_node: u32) -> (JobShape, &'static str) {
+    let size: f64 = rng.random();
+    let (workers, gpus_per_worker) = if size < 0.6 {
+        (1, 1)
+    } else if size < 0.85 {
+        (1, 4)
+    } else {
+        (2, gpus_per_node)
+    };
+    let shape = JobShape {
+        model: "resnet50".into(),
+        workers,
+        gpus_per_worker,
+        epochs: rng.random_range(2..=4),
+        seconds_per_epoch: Some(rng.random_range(20.0..90.0)),
+        queue: None,
+    };
+    let priority = if rng.random::<f64>() < 0.2 {
+        HIGH.0
+    } else {
+        LOW.0
+    };
+    (shape, priority)
+}
+
+/// Kills `target` after each gap and starts it again after the matching
+/// pause; returns each restart's recovery time.
+async fn kill_loop(
+    stack: &mut Stack,
+    target: Option<Service>,
+    gaps: &[Duration],
+    pauses: &[Duration],
+) -> anyhow::Result<Vec<Duration>> {
+    let Some(target) = target else {
+        return Ok(Vec::new());
+    };
+    let mut recoveries = Vec::with_capacity(gaps.len());
+    for (gap, pause) in gaps.iter().zip(pauses) {
+        tokio::time::sleep(*gap).await;
+        let started = Instant::now();
+        stack
+            .kill_and_restart(target.name(), *pause, Duration::from_secs(60))
+            .await?;
+        leading_again(stack, target).await?;
+        recoveries.push(started.elapsed().saturating_sub(*pause));
+    }
+    Ok(recoveries)
+}
+
+/// Waits until a restarted planner or gpu-allocator holds its lease again
+/// (the killed one's lease expires first); other services are done when ready.
+async fn leading_again(stack: &Stack, service: Service) -> anyhow::Result<()> {
+    if !matches!(service, Service::Planner | Service::GpuAllocator) {
+        return Ok(());
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if let Ok(metrics) = stack.metrics(service).await
+            && metrics
+                .lines()
+                .filter(|l| l.starts_with("trainyard_lease_held{"))
+                .any(|l| l.ends_with(" 1"))
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!("{} did not take its lease within 60 s", service.name())
+}
+
+/// Creates the TrainingJobs evenly over `window` seconds; returns their names.
+async fn submit(
+    client: &Client,
+    shapes: &[(JobShape, &str)],
+    start: Instant,
+    window: f64,
+) -> anyhow::Result<Vec<String>> {
+    let api = Api::<TrainingJob>::namespaced(client.clone(), NAMESPACE);
+    let mut names = Vec::with_capacity(shapes.len());
+    let every = window / shapes.len() as f64;
+    for (i, (shape, priority)) in shapes.iter().enumerate() {
+        tokio::time::sleep_until((start + Duration::from_secs_f64(every * i as f64)).into()).await;
+        let name = format!("chaos-{i:05}");
+        let mut job = workload::training_job(NAMESPACE, &name, shape)?;
+        job.spec
+            .scheduling
+            .get_or_insert_with(Default::default)
+            .priority = Some((*priority).to_owned());
+        api.create(&PostParams::default(), &job)
+            .await
+            .with_context(|| format!("creating TrainingJob {name}"))?;
+        names.push(name);
+    }
+    Ok(names)
+}
+
+fn watch_trainingjobs(
+    client: Client,
+    seen: Arc<Mutex<Seen>>,
+    stop: CancellationToken,
+) -> tokio::sync::oneshot::Receiver<()> {
+    stack::watch_objects(
+        Api::<TrainingJob>::namespaced(client, NAMESPACE),
+        watcher::Config::default(),
+        stop,
+        move |job: TrainingJob, _deleted, _| {
+            if let Some(state) = job.status.as_ref().and_then(|s| s.state) {
+                lock(&seen).states.insert(job.name_any(), state);
+            }
+        },
+    )
+}
+
+fn watch_jobs(
+    client: Client,
+    seen: Arc<Mutex<Seen>>,
+    stop: CancellationToken,
+) -> tokio::sync::oneshot::Receiver<()> {
+    stack::watch_objects(
+        Api::<Job>::namespaced(client, NAMESPACE),
+        watcher::Config::default().labels(LABEL_JOB),
+        stop,
+        move |job: Job, _deleted, _| {
+            if let Some(uid) = job.uid() {
+                lock(&seen)
+                    .jobs
+                    .entry(job.name_any())
+                    .or_default()
+                    .insert(uid);
+            }
+        },
+    )
+}
+
+/// Tallies the GPUs of running pods per node after every pod change.
+fn watch_pods(
+    client: Client,
+    seen: Arc<Mutex<Seen>>,
+    gpus_per_node: u32,
+    stop: CancellationToken,
+) -> tokio::sync::oneshot::Receiver<()> {
+    stack::watch_objects(
+        Api::<Pod>::namespaced(client, NAMESPACE),
+        watcher::Config::default().labels(LABEL_JOB),
+        stop,
+        move |pod: Pod, deleted, _| {
+            let Some(uid) = pod.uid() else { return };
+            let mut seen = lock(&seen);
+            let running = !deleted
+                && pod.metadata.deletion_timestamp.is_none()
+                && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+            let (Some(node), true) = (node, running) else {
+                seen.running.remove(&uid);
+                return;
+            };
+            seen.running.insert(uid, (node.clone(), pod_gpus(&pod)));
+            let held: u32 = seen
+                .running
+                .values()
+                .filter(|(n, _)| *n == node)
+                .map(|(_, gpus)| gpus)
+                .sum();
+            if held > gpus_per_node {
+                seen.over_admissions += 1;
+                seen.worst_excess = seen.worst_excess.max(held - gpus_per_node);
+            }
+        },
+    )
+}
+
+/// GPUs a pod's containers ask for.
+fn pod_gpus(pod: &Pod) -> u32 {
+    pod.spec
+        .iter()
+        .flat_map(|spec| &spec.containers)
+        .filter_map(|c| c.resources.as_ref()?.limits.as_ref()?.get(GPU))
+        .filter_map(|q| q.0.parse::<u32>().ok())
+        .sum()
+}
+
+/// Dead letters by `consumer/category`, read without acknowledging.
+async fn dead_letters(js: &jetstream::Context) -> anyhow::Result<BTreeMap<String, u64>> {
+    let stream = js
+        .get_stream(streams::DEAD_LETTER.name)
+        .await
+        .context("the dead-letter stream")?;
+    let mut reader = stream
+        .create_consumer(consumer::pull::Config {
+            ack_policy: consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await?;
+    let pending = reader.info().await?.num_pending as usize;
+    let mut counts = BTreeMap::new();
+    if pending == 0 {
+        return Ok(counts);
+    }
+    let mut messages = reader.messages().await?.take(pending);
+    while let Some(message) = messages.next().await {
+        let message = message.map_err(|e| anyhow::anyhow!("reading dead letters: {e}"))?;
+        let key = match serde_json::from_slice::<DeadLetter>(&message.payload) {
+            Ok(letter) => format!("{}/{}", letter.consumer, letter.category),
+            Err(_) => "unreadable".to_owned(),
+        };
+        *counts.entry(key).or_insert(0) += 1;
+    }
+    Ok(counts)
+}
+
+fn lock(seen: &Mutex<Seen>) -> std::sync::MutexGuard<'_, Seen> {
+    // A panicking watch task cannot leave a half-written map entry.
+    seen.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const HEADER: &str = "| scenario | jobs | kills | completed | failed | lost | duplicate Jobs | over-admissions | dead letters | recovery p50 / p99 | run |";
+
+fn row(r: &ScenarioReport) -> String {
+    let recovery = r.recovery.as_ref().map_or("-".to_owned(), |s| {
+        format!("{:.1} / {:.1} s", s.p50_ms / 1000.0, s.p99_ms / 1000.0)
+    });
+    let dead: u64 = r.dead_letters.values().sum();
+    let mut line = format!(
+        "| {:?} | {} | {} | {} | {} | {} | {} of {} | {} (worst +{} GPUs) | {} | {} | {:.0} s{} |",
+        r.scenario,
+        r.jobs,
+        r.kills,
+        r.completed,
+        r.failed,
+        r.lost,
+        r.duplicate_jobs,
+        r.job_objects,
+        r.over_admissions,
+        r.worst_excess_gpus,
+        dead,
+        recovery,
+        r.run_seconds,
+        if r.timed_out { ", timed out" } else { "" },
+    );
+    for (key, count) in &r.dead_letters {
+        line.push_str(&format!("\n  dead letters {key}: {count}"));
+    }
+    for example in &r.examples {
+        line.push_str(&format!("\n  not completed: {example}"));
+    }
+    line
+}
+
+fn table(reports: &[ScenarioReport]) -> String {
+    let mut out = vec![
+        HEADER.to_owned(),
+        "|---|---|---|---|---|---|---|---|---|---|---|".to_owned(),
+    ];
+    out.extend(reports.iter().map(row));
+    out.join("\n")
+}
