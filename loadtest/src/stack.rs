@@ -396,7 +396,36 @@ impl Stack {
                 allocator_cycle_ms.to_string(),
             ));
         }
+        if service == Service::Notifier {
+            env.push((
+                "TRAINYARD_NOTIFIER__ROUTES_FILE".to_owned(),
+                self.notifier_routes()?.to_string_lossy().into_owned(),
+            ));
+        }
         Ok(env)
+    }
+
+    /// A routing file under which the notifier routes every event and mutes
+    /// it: the benchmarks measure the routing, and nothing is sent.
+    fn notifier_routes(&self) -> Result<PathBuf, StackError> {
+        let write = |name: &str, text: &str| {
+            let path = self.work.path().join(name);
+            std::fs::write(&path, text).map_err(|source| StackError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            Ok::<_, StackError>(path)
+        };
+        let url = write("slack-webhook-url", "http://127.0.0.1:9/muted\n")?;
+        write(
+            "notifier-routes.yaml",
+            &format!(
+                "route:\n  receiver: slack\n  mute_time_intervals: [always]\n\
+                 receivers:\n  - name: slack\n    slack: {{channel: \"#loadtest\", webhook_url_file: {}}}\n\
+                 time_intervals:\n  - name: always\n",
+                url.display()
+            ),
+        )
     }
 
     /// Waits until every service answers `/readyz` with 200, at most `limit`.

@@ -381,15 +381,43 @@ async fn apply_queue(client: &Client, gpus: u32) -> anyhow::Result<()> {
     let mut queue = serde_json::to_value(workload::training_queue("default", gpus)?)?;
     queue["spec"]["preemption"] = serde_json::json!({"withinQueue": "LowerPriority"});
     let queue: TrainingQueue = serde_json::from_value(queue)?;
-    Api::<TrainingQueue>::all(client.clone())
-        .patch(
+    let api = Api::<TrainingQueue>::all(client.clone());
+    retrying_faults(|| async {
+        api.patch(
             "default",
             &PatchParams::apply("loadtest").force(),
             &Patch::Apply(&queue),
         )
         .await
-        .context("applying the TrainingQueue")?;
-    Ok(())
+        .map(|_| ())
+    })
+    .await
+    .context("applying the TrainingQueue")
+}
+
+/// Runs a write until the API server carries it out: the API-fault scenario
+/// answers writes with 409, 429, 5xx or a 504 after a stall without doing
+/// them, as a real API server under load may, and every client retries.
+async fn retrying_faults<F, Fut>(mut write: F) -> Result<(), kube::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), kube::Error>>,
+{
+    let mut attempts = 0;
+    loop {
+        match write().await {
+            Ok(()) => return Ok(()),
+            // An earlier try was carried out after all.
+            Err(kube::Error::Api(status)) if status.reason == "AlreadyExists" => return Ok(()),
+            Err(kube::Error::Api(status))
+                if attempts < 20 && matches!(status.code, 409 | 429 | 500 | 503 | 504) =>
+            {
+                attempts += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(err) => return Err(err),
+        }
+    }
 }
 
 /// One job of the workload: mostly single GPUs, some whole nodes, some
@@ -482,7 +510,7 @@ async fn submit(
             .scheduling
             .get_or_insert_with(Default::default)
             .priority = Some((*priority).to_owned());
-        api.create(&PostParams::default(), &job)
+        retrying_faults(|| async { api.create(&PostParams::default(), &job).await.map(|_| ()) })
             .await
             .with_context(|| format!("creating TrainingJob {name}"))?;
         names.push(name);
