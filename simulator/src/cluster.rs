@@ -28,6 +28,7 @@ use trainyard_contracts::worker::{CheckpointReported, ProgressReported};
 
 use crate::clock::SimClock;
 use crate::config::{ClusterConfig, NodeGroup, NodeScoring};
+use crate::pod_admission;
 use crate::resources;
 use crate::selector::Selector;
 use crate::store::{Change, ChangeKind, Propagation, Store};
@@ -1226,11 +1227,9 @@ impl Cluster {
                 continue;
             }
             if !self.runs.contains_key(uid) {
-                match self.start_run(&job.object) {
-                    Some(run) => {
-                        self.runs.insert(uid.to_owned(), run);
-                    }
-                    None => continue,
+                // A refused Job has no pods, but it has started: its status says so.
+                if let Some(run) = self.start_run(&job.object) {
+                    self.runs.insert(uid.to_owned(), run);
                 }
             }
             let running = pods.iter().filter(|p| p.phase == "Running").count();
@@ -1270,6 +1269,12 @@ impl Cluster {
             .as_str()
             .and_then(|a| a.parse().ok())
             .unwrap_or(0);
+        if let Some(message) =
+            pod_admission::refusal(&self.store, &ns, &name, &template["spec"], workers)
+        {
+            pod_admission::record_failed_create(&self.store, job, &message, &wall_clock());
+            return None;
+        }
         let mut gpus = 0;
         for index in 0..workers {
             let mut pod = json!({

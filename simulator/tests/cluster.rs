@@ -768,3 +768,86 @@ fn a_pod_whose_cpu_quantity_does_not_parse_stays_pending_with_the_field_named() 
         "{message}"
     );
 }
+
+/// The Job controller's `FailedCreate` Event messages about `job`.
+fn failed_create(store: &Store, job: &str) -> Vec<String> {
+    let fields = Selector::parse(&format!(
+        "involvedObject.kind=Job,involvedObject.name={job},reason=FailedCreate"
+    ))
+    .expect("selector");
+    store
+        .list(resources::events(), Some(NS), &Selector::default(), &fields)
+        .0
+        .iter()
+        .filter(|e| e["type"] == "Warning")
+        .map(|e| e["message"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[test]
+fn a_job_naming_a_missing_priority_class_gets_no_pods_and_a_failed_create_event() {
+    let (store, mut cluster) = cluster(ONE_NODE_TEN_SECOND_EPOCHS);
+    job(&store, "gold", 2, 1, false, json!({}));
+    store
+        .update(resources::jobs(), Some(NS), "gold", |j| {
+            j["spec"]["template"]["spec"]["priorityClassName"] = json!("gold");
+        })
+        .expect("updated");
+    cluster.step_at(1.0);
+    cluster.step_at(2.0);
+    assert!(pods(&store, "gold").is_empty());
+    assert_eq!(
+        failed_create(&store, "gold"),
+        [
+            "Error creating: pods \"gold-0-\" is forbidden: no PriorityClass with name gold was found"
+        ],
+        "one Event however often the controller retries"
+    );
+    let started = store.get(resources::jobs(), Some(NS), "gold").expect("job");
+    assert_eq!(started["status"]["active"], 0);
+    assert!(started["status"]["startTime"].is_string());
+
+    store
+        .create(
+            resources::priority_classes(),
+            None,
+            json!({"metadata": {"name": "gold"}, "value": 1000}),
+        )
+        .expect("priority class");
+    cluster.step_at(3.0);
+    assert_eq!(
+        pods(&store, "gold").len(),
+        2,
+        "admitted once the class exists"
+    );
+}
+
+#[test]
+fn a_job_over_its_namespaces_gpu_quota_gets_no_pods_and_a_failed_create_event() {
+    let (store, mut cluster) = cluster(ONE_NODE_TEN_SECOND_EPOCHS);
+    store
+        .create(
+            resources::resource_quotas(),
+            Some(NS),
+            json!({"metadata": {"name": "gpu-quota"}, "spec": {"hard": {"requests.nvidia.com/gpu": "2", "pods": "10"}}}),
+        )
+        .expect("quota");
+    job(&store, "big", 2, 2, false, json!({}));
+    cluster.step_at(1.0);
+    assert!(pods(&store, "big").is_empty());
+    assert_eq!(
+        failed_create(&store, "big"),
+        [
+            "Error creating: pods \"big-1-\" is forbidden: exceeded quota: gpu-quota, requested: requests.nvidia.com/gpu=2, used: requests.nvidia.com/gpu=2, limited: requests.nvidia.com/gpu=2"
+        ]
+    );
+
+    job(&store, "small", 1, 2, false, json!({}));
+    cluster.step_at(2.0);
+    assert_eq!(
+        pods(&store, "small").len(),
+        1,
+        "a job within the quota runs"
+    );
+    assert!(failed_create(&store, "small").is_empty());
+}
