@@ -832,6 +832,13 @@ impl Cluster {
         for slot in cluster.nodes.clone() {
             cluster.register_node(&slot);
         }
+        for (name, value) in &cluster.config.priority_classes {
+            let class = json!({"metadata": {"name": name}, "value": value});
+            // Already there: the store outlived an earlier cluster.
+            let _ = cluster
+                .store
+                .create(resources::priority_classes(), None, class);
+        }
         cluster
     }
 

@@ -233,6 +233,11 @@ pub struct ClusterConfig {
     /// Errors and stalls of the API server's write requests.
     #[serde(default)]
     pub api_faults: crate::faults::ApiFaultConfig,
+    /// PriorityClasses that exist from the start, name to value, as an
+    /// installation's `deploy/priorityclasses.yaml` creates them: a Job
+    /// naming any other gets no pods (`FailedCreate`).
+    #[serde(default)]
+    pub priority_classes: BTreeMap<String, i32>,
 }
 
 /// The scheduler's choice among the nodes that fit a pod, by free GPUs, as

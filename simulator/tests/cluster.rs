@@ -851,3 +851,32 @@ fn a_job_over_its_namespaces_gpu_quota_gets_no_pods_and_a_failed_create_event() 
     );
     assert!(failed_create(&store, "small").is_empty());
 }
+
+#[test]
+fn the_demo_cluster_has_the_priority_classes_an_installation_creates() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let installed: std::collections::BTreeMap<String, i32> =
+        std::fs::read_to_string(format!("{root}/deploy/priorityclasses.yaml"))
+            .expect("deploy/priorityclasses.yaml")
+            .split("\n---\n")
+            .map(|doc| {
+                let field = |prefix: &str| {
+                    doc.lines()
+                        .find_map(|l| l.strip_prefix(prefix))
+                        .expect("field")
+                        .trim()
+                        .to_owned()
+                };
+                (field("  name:"), field("value:").parse().expect("a value"))
+            })
+            .collect();
+    let demo = ClusterConfig::load(&format!("{root}/simulator/clusters/demo.yaml")).expect("demo");
+    assert_eq!(demo.priority_classes, installed);
+
+    let store = Arc::new(Store::default());
+    let _cluster = Cluster::new(store.clone(), demo, SimClock::new(1.0));
+    let class = store
+        .get(resources::priority_classes(), None, "high-priority")
+        .expect("created at start");
+    assert_eq!(class["value"], 10000);
+}
