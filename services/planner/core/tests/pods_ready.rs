@@ -233,7 +233,17 @@ fn the_backoff_doubles_and_the_limit_fails_the_job_with_the_cause_and_the_fix() 
         h.status().failure_reason.as_deref(),
         Some(format!("{REASON_PODS_NOT_CREATED}: {message}").as_str())
     );
-    assert_eq!(h.transitions.last().unwrap().to, TrainingJobState::Failed);
+    let failed = h.transitions.last().unwrap();
+    assert_eq!(failed.to, TrainingJobState::Failed);
+    assert!(
+        failed
+            .context
+            .fix
+            .as_deref()
+            .is_some_and(|fix| fix.starts_with("Kubernetes refused the workers' pods")),
+        "the notifier gets the fix: {:?}",
+        failed.context.fix
+    );
 }
 
 #[test]
