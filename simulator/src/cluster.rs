@@ -1552,6 +1552,19 @@ impl Cluster {
                 .as_str()
                 .unwrap_or("worker")
                 .to_owned();
+            let image = pod.object["spec"]["containers"][0]["image"]
+                .as_str()
+                .unwrap_or_default();
+            if self
+                .config
+                .workers
+                .unpullable_images
+                .iter()
+                .any(|i| i == image)
+            {
+                self.back_off_pulling(&pod, &container, image);
+                continue;
+            }
             let _ = self.store.update(resources::pods(), Some(ns), name, |p| {
                 p["status"]["phase"] = json!("Running");
                 p["status"]["startTime"] = json!(wall_clock());
@@ -1568,6 +1581,29 @@ impl Cluster {
             });
             self.bound_at.remove(&object_key(ns, name));
         }
+    }
+
+    /// The kubelet cannot pull the worker's image: the pod stays Pending with
+    /// its container waiting in `ImagePullBackOff` (written once).
+    fn back_off_pulling(&self, pod: &PodFacts, container: &str, image: &str) {
+        let waiting = &pod.object["status"]["containerStatuses"][0]["state"]["waiting"];
+        if waiting["reason"] == "ImagePullBackOff" {
+            return;
+        }
+        let _ = self
+            .store
+            .update(resources::pods(), Some(&pod.namespace), &pod.name, |p| {
+                p["status"]["conditions"] = json!([
+                    {"type": "PodScheduled", "status": "True"},
+                    {"type": "Initialized", "status": "True"},
+                    {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady"},
+                    {"type": "Ready", "status": "False", "reason": "ContainersNotReady"},
+                ]);
+                p["status"]["containerStatuses"] = json!([{
+                    "name": container, "ready": false, "restartCount": 0, "image": image, "imageID": "",
+                    "state": {"waiting": {"reason": "ImagePullBackOff", "message": format!("Back-off pulling image \"{image}\"")}},
+                }]);
+            });
     }
 
     fn epoch_at(run: &Run, started: f64, now: f64) -> u32 {

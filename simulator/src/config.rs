@@ -148,6 +148,9 @@ pub struct WorkerConfig {
     pub initial_loss: f64,
     pub final_loss: f64,
     pub final_accuracy: f64,
+    /// Images whose pull always fails: workers with one never start and wait
+    /// in `ImagePullBackOff`, as with an image that does not exist.
+    pub unpullable_images: Vec<String>,
 }
 
 impl Default for WorkerConfig {
@@ -159,6 +162,7 @@ impl Default for WorkerConfig {
             initial_loss: 2.5,
             final_loss: 0.2,
             final_accuracy: 0.93,
+            unpullable_images: Vec::new(),
         }
     }
 }

@@ -880,3 +880,23 @@ fn the_demo_cluster_has_the_priority_classes_an_installation_creates() {
         .expect("created at start");
     assert_eq!(class["value"], 10000);
 }
+
+#[test]
+fn workers_whose_image_cannot_be_pulled_wait_in_image_pull_back_off() {
+    let (store, mut cluster) = cluster(
+        "nodes: [{name: n, gpus: 8}]\nworkers: {startDelaySeconds: 0, unpullableImages: [x]}",
+    );
+    job(&store, "nope", 2, 1, false, json!({}));
+    for second in 1..4 {
+        cluster.step_at(f64::from(second));
+    }
+    let stuck = pods(&store, "nope");
+    assert_eq!(stuck.len(), 2);
+    for pod in &stuck {
+        assert_eq!(pod["status"]["phase"], "Pending");
+        assert!(pod["spec"]["nodeName"].is_string(), "bound: the pull fails");
+        let waiting = &pod["status"]["containerStatuses"][0]["state"]["waiting"];
+        assert_eq!(waiting["reason"], "ImagePullBackOff");
+        assert_eq!(waiting["message"], "Back-off pulling image \"x\"");
+    }
+}
