@@ -52,6 +52,7 @@ pub fn cluster_config(nodes: u32, gpus_per_node: u32, speed: f64) -> ClusterConf
         disruptions: Default::default(),
         scoring: Default::default(),
         api_faults: Default::default(),
+        priority_classes: BTreeMap::new(),
     }
 }
 

@@ -28,6 +28,7 @@ use trainyard_contracts::worker::{CheckpointReported, ProgressReported};
 
 use crate::clock::SimClock;
 use crate::config::{ClusterConfig, NodeGroup, NodeScoring};
+use crate::pod_admission;
 use crate::resources;
 use crate::selector::Selector;
 use crate::store::{Change, ChangeKind, Propagation, Store};
@@ -831,6 +832,13 @@ impl Cluster {
         for slot in cluster.nodes.clone() {
             cluster.register_node(&slot);
         }
+        for (name, value) in &cluster.config.priority_classes {
+            let class = json!({"metadata": {"name": name}, "value": value});
+            // Already there: the store outlived an earlier cluster.
+            let _ = cluster
+                .store
+                .create(resources::priority_classes(), None, class);
+        }
         cluster
     }
 
@@ -1226,11 +1234,9 @@ impl Cluster {
                 continue;
             }
             if !self.runs.contains_key(uid) {
-                match self.start_run(&job.object) {
-                    Some(run) => {
-                        self.runs.insert(uid.to_owned(), run);
-                    }
-                    None => continue,
+                // A refused Job has no pods, but it has started: its status says so.
+                if let Some(run) = self.start_run(&job.object) {
+                    self.runs.insert(uid.to_owned(), run);
                 }
             }
             let running = pods.iter().filter(|p| p.phase == "Running").count();
@@ -1270,6 +1276,12 @@ impl Cluster {
             .as_str()
             .and_then(|a| a.parse().ok())
             .unwrap_or(0);
+        if let Some(message) =
+            pod_admission::refusal(&self.store, &ns, &name, &template["spec"], workers)
+        {
+            pod_admission::record_failed_create(&self.store, job, &message, &wall_clock());
+            return None;
+        }
         let mut gpus = 0;
         for index in 0..workers {
             let mut pod = json!({
@@ -1540,6 +1552,19 @@ impl Cluster {
                 .as_str()
                 .unwrap_or("worker")
                 .to_owned();
+            let image = pod.object["spec"]["containers"][0]["image"]
+                .as_str()
+                .unwrap_or_default();
+            if self
+                .config
+                .workers
+                .unpullable_images
+                .iter()
+                .any(|i| i == image)
+            {
+                self.back_off_pulling(&pod, &container, image);
+                continue;
+            }
             let _ = self.store.update(resources::pods(), Some(ns), name, |p| {
                 p["status"]["phase"] = json!("Running");
                 p["status"]["startTime"] = json!(wall_clock());
@@ -1556,6 +1581,29 @@ impl Cluster {
             });
             self.bound_at.remove(&object_key(ns, name));
         }
+    }
+
+    /// The kubelet cannot pull the worker's image: the pod stays Pending with
+    /// its container waiting in `ImagePullBackOff` (written once).
+    fn back_off_pulling(&self, pod: &PodFacts, container: &str, image: &str) {
+        let waiting = &pod.object["status"]["containerStatuses"][0]["state"]["waiting"];
+        if waiting["reason"] == "ImagePullBackOff" {
+            return;
+        }
+        let _ = self
+            .store
+            .update(resources::pods(), Some(&pod.namespace), &pod.name, |p| {
+                p["status"]["conditions"] = json!([
+                    {"type": "PodScheduled", "status": "True"},
+                    {"type": "Initialized", "status": "True"},
+                    {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady"},
+                    {"type": "Ready", "status": "False", "reason": "ContainersNotReady"},
+                ]);
+                p["status"]["containerStatuses"] = json!([{
+                    "name": container, "ready": false, "restartCount": 0, "image": image, "imageID": "",
+                    "state": {"waiting": {"reason": "ImagePullBackOff", "message": format!("Back-off pulling image \"{image}\"")}},
+                }]);
+            });
     }
 
     fn epoch_at(run: &Run, started: f64, now: f64) -> u32 {

@@ -148,6 +148,9 @@ pub struct WorkerConfig {
     pub initial_loss: f64,
     pub final_loss: f64,
     pub final_accuracy: f64,
+    /// Images whose pull always fails: workers with one never start and wait
+    /// in `ImagePullBackOff`, as with an image that does not exist.
+    pub unpullable_images: Vec<String>,
 }
 
 impl Default for WorkerConfig {
@@ -159,6 +162,7 @@ impl Default for WorkerConfig {
             initial_loss: 2.5,
             final_loss: 0.2,
             final_accuracy: 0.93,
+            unpullable_images: Vec::new(),
         }
     }
 }
@@ -233,6 +237,11 @@ pub struct ClusterConfig {
     /// Errors and stalls of the API server's write requests.
     #[serde(default)]
     pub api_faults: crate::faults::ApiFaultConfig,
+    /// PriorityClasses that exist from the start, name to value, as an
+    /// installation's `deploy/priorityclasses.yaml` creates them: a Job
+    /// naming any other gets no pods (`FailedCreate`).
+    #[serde(default)]
+    pub priority_classes: BTreeMap<String, i32>,
 }
 
 /// The scheduler's choice among the nodes that fit a pod, by free GPUs, as

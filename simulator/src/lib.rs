@@ -10,6 +10,7 @@ pub mod error;
 mod events;
 pub mod faults;
 mod openapi;
+mod pod_admission;
 mod pod_update;
 pub mod resources;
 pub mod selector;

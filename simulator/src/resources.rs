@@ -140,7 +140,7 @@ const fn builtin(b: Builtin) -> ResourceType {
     }
 }
 
-const BUILTIN: [ResourceType; 10] = [
+const BUILTIN: [ResourceType; 12] = [
     builtin(Builtin {
         name: "pods",
         group: "",
@@ -241,6 +241,26 @@ const BUILTIN: [ResourceType; 10] = [
         columns: &[column("Type", "string", ".type", 0), AGE],
     }),
     builtin(Builtin {
+        name: "resourcequotas",
+        group: "",
+        plural: "resourcequotas",
+        kind: "ResourceQuota",
+        namespaced: true,
+        status_subresource: true,
+        short_names: &["quota"],
+        columns: AGE_ONLY,
+    }),
+    builtin(Builtin {
+        name: "priorityclasses.scheduling.k8s.io",
+        group: "scheduling.k8s.io",
+        plural: "priorityclasses",
+        kind: "PriorityClass",
+        namespaced: false,
+        status_subresource: false,
+        short_names: &["pc"],
+        columns: &[column("Value", "integer", ".value", 0), AGE],
+    }),
+    builtin(Builtin {
         name: "jobs.batch",
         group: "batch",
         plural: "jobs",
@@ -334,6 +354,15 @@ pub fn jobs() -> &'static ResourceType {
 }
 pub fn config_maps() -> &'static ResourceType {
     named("configmaps")
+}
+pub fn events() -> &'static ResourceType {
+    named("events")
+}
+pub fn resource_quotas() -> &'static ResourceType {
+    named("resourcequotas")
+}
+pub fn priority_classes() -> &'static ResourceType {
+    named("priorityclasses.scheduling.k8s.io")
 }
 pub fn training_jobs() -> &'static ResourceType {
     named("trainingjobs.trainyard.dev")

@@ -768,3 +768,135 @@ fn a_pod_whose_cpu_quantity_does_not_parse_stays_pending_with_the_field_named() 
         "{message}"
     );
 }
+
+/// The Job controller's `FailedCreate` Event messages about `job`.
+fn failed_create(store: &Store, job: &str) -> Vec<String> {
+    let fields = Selector::parse(&format!(
+        "involvedObject.kind=Job,involvedObject.name={job},reason=FailedCreate"
+    ))
+    .expect("selector");
+    store
+        .list(resources::events(), Some(NS), &Selector::default(), &fields)
+        .0
+        .iter()
+        .filter(|e| e["type"] == "Warning")
+        .map(|e| e["message"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[test]
+fn a_job_naming_a_missing_priority_class_gets_no_pods_and_a_failed_create_event() {
+    let (store, mut cluster) = cluster(ONE_NODE_TEN_SECOND_EPOCHS);
+    job(&store, "gold", 2, 1, false, json!({}));
+    store
+        .update(resources::jobs(), Some(NS), "gold", |j| {
+            j["spec"]["template"]["spec"]["priorityClassName"] = json!("gold");
+        })
+        .expect("updated");
+    cluster.step_at(1.0);
+    cluster.step_at(2.0);
+    assert!(pods(&store, "gold").is_empty());
+    assert_eq!(
+        failed_create(&store, "gold"),
+        [
+            "Error creating: pods \"gold-0-\" is forbidden: no PriorityClass with name gold was found"
+        ],
+        "one Event however often the controller retries"
+    );
+    let started = store.get(resources::jobs(), Some(NS), "gold").expect("job");
+    assert_eq!(started["status"]["active"], 0);
+    assert!(started["status"]["startTime"].is_string());
+
+    store
+        .create(
+            resources::priority_classes(),
+            None,
+            json!({"metadata": {"name": "gold"}, "value": 1000}),
+        )
+        .expect("priority class");
+    cluster.step_at(3.0);
+    assert_eq!(
+        pods(&store, "gold").len(),
+        2,
+        "admitted once the class exists"
+    );
+}
+
+#[test]
+fn a_job_over_its_namespaces_gpu_quota_gets_no_pods_and_a_failed_create_event() {
+    let (store, mut cluster) = cluster(ONE_NODE_TEN_SECOND_EPOCHS);
+    store
+        .create(
+            resources::resource_quotas(),
+            Some(NS),
+            json!({"metadata": {"name": "gpu-quota"}, "spec": {"hard": {"requests.nvidia.com/gpu": "2", "pods": "10"}}}),
+        )
+        .expect("quota");
+    job(&store, "big", 2, 2, false, json!({}));
+    cluster.step_at(1.0);
+    assert!(pods(&store, "big").is_empty());
+    assert_eq!(
+        failed_create(&store, "big"),
+        [
+            "Error creating: pods \"big-1-\" is forbidden: exceeded quota: gpu-quota, requested: requests.nvidia.com/gpu=2, used: requests.nvidia.com/gpu=2, limited: requests.nvidia.com/gpu=2"
+        ]
+    );
+
+    job(&store, "small", 1, 2, false, json!({}));
+    cluster.step_at(2.0);
+    assert_eq!(
+        pods(&store, "small").len(),
+        1,
+        "a job within the quota runs"
+    );
+    assert!(failed_create(&store, "small").is_empty());
+}
+
+#[test]
+fn the_demo_cluster_has_the_priority_classes_an_installation_creates() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let installed: std::collections::BTreeMap<String, i32> =
+        std::fs::read_to_string(format!("{root}/deploy/priorityclasses.yaml"))
+            .expect("deploy/priorityclasses.yaml")
+            .split("\n---\n")
+            .map(|doc| {
+                let field = |prefix: &str| {
+                    doc.lines()
+                        .find_map(|l| l.strip_prefix(prefix))
+                        .expect("field")
+                        .trim()
+                        .to_owned()
+                };
+                (field("  name:"), field("value:").parse().expect("a value"))
+            })
+            .collect();
+    let demo = ClusterConfig::load(&format!("{root}/simulator/clusters/demo.yaml")).expect("demo");
+    assert_eq!(demo.priority_classes, installed);
+
+    let store = Arc::new(Store::default());
+    let _cluster = Cluster::new(store.clone(), demo, SimClock::new(1.0));
+    let class = store
+        .get(resources::priority_classes(), None, "high-priority")
+        .expect("created at start");
+    assert_eq!(class["value"], 10000);
+}
+
+#[test]
+fn workers_whose_image_cannot_be_pulled_wait_in_image_pull_back_off() {
+    let (store, mut cluster) = cluster(
+        "nodes: [{name: n, gpus: 8}]\nworkers: {startDelaySeconds: 0, unpullableImages: [x]}",
+    );
+    job(&store, "nope", 2, 1, false, json!({}));
+    for second in 1..4 {
+        cluster.step_at(f64::from(second));
+    }
+    let stuck = pods(&store, "nope");
+    assert_eq!(stuck.len(), 2);
+    for pod in &stuck {
+        assert_eq!(pod["status"]["phase"], "Pending");
+        assert!(pod["spec"]["nodeName"].is_string(), "bound: the pull fails");
+        let waiting = &pod["status"]["containerStatuses"][0]["state"]["waiting"];
+        assert_eq!(waiting["reason"], "ImagePullBackOff");
+        assert_eq!(waiting["message"], "Back-off pulling image \"x\"");
+    }
+}

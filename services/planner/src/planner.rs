@@ -22,7 +22,9 @@ use trainyard_contracts::decisions::{
     PendingExplained, PreemptionDecided, QueueStatusReported, ResumePointChosen, SweepProgressed,
     TrialRequested, TrialStopped,
 };
-use trainyard_contracts::events::{Change, JobObserved, PodObserved, TrainingJobChanged};
+use trainyard_contracts::events::{
+    Change, JobEventObserved, JobObserved, PodObserved, TrainingJobChanged,
+};
 use trainyard_contracts::lifecycle::TrainingJobFinalized;
 use trainyard_contracts::submit::{SubmissionResult, TrainingJobSubmitted};
 use trainyard_contracts::worker::{CheckpointReported, ProgressReported};
@@ -925,6 +927,7 @@ fn input_of(message: &Incoming) -> Result<Option<Input>, HandleError> {
         TrainingJobChanged::TYPE => return Ok(Some(Input::Object(Box::new(message.payload()?)))),
         JobObserved::TYPE => Observation::Job(message.payload()?),
         PodObserved::TYPE => Observation::Pod(message.payload()?),
+        JobEventObserved::TYPE => Observation::JobEvent(message.payload()?),
         ProgressReported::TYPE => Observation::Progress(message.payload()?),
         CheckpointReported::TYPE => Observation::Checkpoint(message.payload()?),
         AdmissionDecided::TYPE => Observation::Admission(message.payload()?),

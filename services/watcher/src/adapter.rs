@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::stream::FuturesOrdered;
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Event, Node};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
@@ -23,7 +23,9 @@ use trainyard_runtime::{
 
 use crate::error::WatcherError;
 use crate::gpu_usage::{GpuNode, NodeUsage, OtherPod};
-use crate::mapping::{ChangeEvent, ChangePayload, Watched, WatchedJob, WatchedPod};
+use crate::mapping::{
+    ChangeEvent, ChangePayload, FAILED_CREATE_EVENTS, Watched, WatchedJob, WatchedPod,
+};
 use crate::relist::Relist;
 
 /// The `watcher` config section.
@@ -95,7 +97,8 @@ where
     }
 }
 
-/// Starts one watch per kind. Jobs and Pods are narrowed to those Trainyard owns.
+/// Starts one watch per kind. Jobs and Pods are narrowed to those Trainyard
+/// owns, Events to the Job controller's `FailedCreate`.
 pub fn spawn_watches(
     runtime: &Runtime,
     client: Client,
@@ -133,6 +136,12 @@ pub fn spawn_watches(
         &metrics,
     );
     spawn_watch(runtime, scoped::<WatchedPod>(&client, ns), owned, &metrics);
+    spawn_watch(
+        runtime,
+        scoped::<Event>(&client, ns),
+        watcher::Config::default().fields(FAILED_CREATE_EVENTS),
+        &metrics,
+    );
     spawn_node_watch(runtime, client, nodes, &metrics);
 }
 
@@ -444,6 +453,11 @@ pub async fn publish(
                 .await
         }
         ChangePayload::Pod(p) => {
+            publisher
+                .send_with_id(publisher.envelope(entity, *p), id)
+                .await
+        }
+        ChangePayload::JobEvent(p) => {
             publisher
                 .send_with_id(publisher.envelope(entity, *p), id)
                 .await

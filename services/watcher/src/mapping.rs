@@ -7,7 +7,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::batch::v1::{Job, JobStatus};
-use k8s_openapi::api::core::v1::{Node, Pod, PodSchedulingGate, PodStatus};
+use k8s_openapi::api::core::v1::{ContainerStatus, Event, Node, Pod, PodSchedulingGate, PodStatus};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::ResourceExt;
@@ -19,12 +19,16 @@ use trainyard_contracts::EntityRef;
 
 use crate::gpu_usage::Usage;
 use trainyard_contracts::events::{
-    Change, ContainerTermination, JobObserved, NodeObserved, ObservedCondition, PodObserved,
-    SweepChanged, Taint, TrainingJobChanged, TrainingQueueChanged,
+    Change, ContainerTermination, ContainerWaiting, JobEventObserved, JobObserved, NodeObserved,
+    ObservedCondition, PodObserved, SweepChanged, Taint, TrainingJobChanged, TrainingQueueChanged,
 };
 
 /// Where Kubernetes puts an Indexed Job pod's completion index.
 pub const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+/// Reason of the Job controller's Event when the API server refuses a Job's pods.
+pub const FAILED_CREATE: &str = "FailedCreate";
+/// Field selector of the Events watch: the Job controller's refusals only.
+pub const FAILED_CREATE_EVENTS: &str = "involvedObject.kind=Job,reason=FailedCreate";
 /// Extended resource of whole GPUs.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// Prefix of MIG slice resources (`nvidia.com/mig-1g.10gb`).
@@ -123,6 +127,7 @@ pub enum ChangePayload {
     TrainingQueue(Box<TrainingQueueChanged>),
     Job(JobObserved),
     Pod(Box<PodObserved>),
+    JobEvent(Box<JobEventObserved>),
     Node(Box<NodeObserved>),
 }
 
@@ -137,6 +142,7 @@ impl ChangePayload {
         match (self, other) {
             (ChangePayload::Job(a), ChangePayload::Job(b)) => a == b,
             (ChangePayload::Pod(a), ChangePayload::Pod(b)) => a == b,
+            (ChangePayload::JobEvent(a), ChangePayload::JobEvent(b)) => a == b,
             (ChangePayload::Node(a), ChangePayload::Node(b)) => a == b,
             _ => false,
         }
@@ -153,6 +159,7 @@ impl ChangeEvent {
             ChangePayload::TrainingQueue(p) => p.change = Change::Deleted,
             ChangePayload::Job(p) => p.change = Change::Deleted,
             ChangePayload::Pod(p) => p.change = Change::Deleted,
+            ChangePayload::JobEvent(p) => p.change = Change::Deleted,
             ChangePayload::Node(p) => p.change = Change::Deleted,
         }
         self
@@ -170,6 +177,7 @@ impl ChangeEvent {
             ChangePayload::TrainingQueue(_) => "trainingqueue",
             ChangePayload::Job(_) => "job",
             ChangePayload::Pod(_) => "pod",
+            ChangePayload::JobEvent(_) => "jobevent",
             ChangePayload::Node(_) => "node",
         }
     }
@@ -400,6 +408,12 @@ impl Watched for WatchedPod {
                 c.message.as_ref(),
             )
         }));
+        let waiting = status
+            .init_container_statuses
+            .iter()
+            .flatten()
+            .chain(status.container_statuses.iter().flatten())
+            .find_map(waiting);
         let observed = PodObserved {
             change,
             pod_name: self.name_any(),
@@ -422,11 +436,70 @@ impl Watched for WatchedPod {
             restart_count: container.map(|c| count(Some(c.restart_count))).unwrap_or(0),
             termination,
             conditions: pod_conditions,
+            waiting,
         };
         Some(ChangeEvent {
             entity,
             message_id: message_id(self, change)?,
             payload: ChangePayload::Pod(Box::new(observed)),
+        })
+    }
+}
+
+/// Why a container has not started, when it is waiting with a reason.
+fn waiting(container: &ContainerStatus) -> Option<ContainerWaiting> {
+    let waiting = container.state.as_ref()?.waiting.as_ref()?;
+    Some(ContainerWaiting {
+        reason: waiting.reason.clone()?,
+        message: waiting.message.clone(),
+    })
+}
+
+/// The TrainingJob and attempt of a Job named `<name>-a<attempt>`, the only
+/// names the planner gives its Jobs.
+pub fn training_job_of_job_name(job_name: &str) -> Option<(&str, u32)> {
+    let (name, attempt) = job_name.rsplit_once("-a")?;
+    if name.is_empty() || attempt.is_empty() || !attempt.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((name, attempt.parse().ok()?))
+}
+
+/// The Job controller's `FailedCreate` Events about the planner's Jobs,
+/// under the owning TrainingJob (named by the Job's name: an Event carries
+/// no labels of its object).
+impl Watched for Event {
+    fn to_event(&self, change: Change) -> Option<ChangeEvent> {
+        let regarding = &self.involved_object;
+        if regarding.kind.as_deref() != Some("Job") || self.reason.as_deref() != Some(FAILED_CREATE)
+        {
+            return None;
+        }
+        let job_name = regarding.name.as_deref()?;
+        let (training_job, attempt) = training_job_of_job_name(job_name)?;
+        let namespace = regarding
+            .namespace
+            .clone()
+            .or_else(|| self.namespace())
+            .unwrap_or_default();
+        let count = self
+            .series
+            .as_ref()
+            .and_then(|s| s.count)
+            .or(self.count)
+            .and_then(|c| u32::try_from(c).ok())
+            .unwrap_or(1);
+        Some(ChangeEvent {
+            entity: EntityRef::new(namespace, training_job, String::new()),
+            message_id: message_id(self, change)?,
+            payload: ChangePayload::JobEvent(Box::new(JobEventObserved {
+                change,
+                job_name: job_name.to_owned(),
+                attempt,
+                reason: FAILED_CREATE.to_owned(),
+                message: self.message.clone().unwrap_or_default(),
+                count,
+            })),
         })
     }
 }

@@ -402,3 +402,74 @@ fn pod_and_node_changes_that_report_nothing_new_are_not_published() {
         "deletions are always published"
     );
 }
+
+#[test]
+fn a_waiting_container_is_published_with_its_reason_and_message() {
+    let mut pod = fixtures::worker_pod("bert", 1, None);
+    pod.status = Some(
+        serde_json::from_value(serde_json::json!({
+            "phase": "Pending",
+            "containerStatuses": [{
+                "name": "worker", "image": "registry.local/trainer:nope", "imageID": "",
+                "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": "ImagePullBackOff",
+                                      "message": "Back-off pulling image \"registry.local/trainer:nope\""}}
+            }]
+        }))
+        .expect("a pod status"),
+    );
+    let ChangePayload::Pod(pod) = pod.to_event(Change::Applied).expect("owned pod").payload else {
+        panic!("pod payload expected")
+    };
+    let waiting = pod.waiting.expect("waiting");
+    assert_eq!(waiting.reason, "ImagePullBackOff");
+    assert_eq!(
+        waiting.message.as_deref(),
+        Some("Back-off pulling image \"registry.local/trainer:nope\"")
+    );
+}
+
+fn event(kind: &str, name: &str, reason: &str) -> k8s_openapi::api::core::v1::Event {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("{name}.1"), "namespace": "ml", "uid": "ev1", "resourceVersion": "7"},
+        "involvedObject": {"kind": kind, "name": name, "namespace": "ml", "apiVersion": "batch/v1"},
+        "reason": reason,
+        "type": "Warning",
+        "message": "Error creating: pods \"bert-a2-0-x\" is forbidden: no PriorityClass with name gold was found",
+        "count": 4,
+    }))
+    .expect("an event")
+}
+
+#[test]
+fn failed_create_events_of_planner_jobs_are_published_under_their_training_job() {
+    let published = event("Job", "bert-a2", "FailedCreate")
+        .to_event(Change::Applied)
+        .expect("a planner Job's refusal");
+    assert_eq!(published.entity.key(), "ml/bert");
+    assert_eq!(published.message_id, "ev1:7");
+    let ChangePayload::JobEvent(refusal) = published.payload else {
+        panic!("job event payload expected")
+    };
+    assert_eq!((refusal.job_name.as_str(), refusal.attempt), ("bert-a2", 2));
+    assert_eq!(refusal.count, 4);
+    assert!(
+        refusal
+            .message
+            .ends_with("no PriorityClass with name gold was found")
+    );
+
+    for (kind, name, reason) in [
+        ("Job", "bert-a2", "SuccessfulCreate"),
+        ("Pod", "bert-a2", "FailedCreate"),
+        ("Job", "nightly-backup", "FailedCreate"),
+        ("Job", "bert-a", "FailedCreate"),
+    ] {
+        assert!(
+            event(kind, name, reason)
+                .to_event(Change::Applied)
+                .is_none(),
+            "{kind} {name} {reason}"
+        );
+    }
+}

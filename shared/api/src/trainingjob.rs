@@ -763,7 +763,7 @@ pub struct TrainingJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<TrainingJobState>,
 
-    /// Conditions such as Admitted, Running, Succeeded, Failed, Suspended.
+    /// Conditions such as Admitted, Running, PodsReady, Succeeded, Failed, Suspended.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
@@ -815,6 +815,13 @@ pub struct TrainingJobStatus {
     /// Times the job was restarted (from a checkpoint) after a failure or preemption.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_count: Option<u32>,
+
+    /// Times in a row the job gave its GPUs back and queued again because an
+    /// attempt's pods were not created or not ready in time (the `PodsReady`
+    /// condition says why). Not restarts of `failurePolicy.backoffLimit`;
+    /// absent once an attempt's workers all run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods_ready_requeues: Option<u32>,
 
     /// Money spent and expected, from the cost-optimizer.
     #[serde(default, skip_serializing_if = "Option::is_none")]

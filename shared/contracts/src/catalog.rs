@@ -141,11 +141,20 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
         entry::<events::PodObserved>(
             "watcher",
             "planner",
-            "A worker Pod owned by the TrainingJob changed.",
+            "A worker Pod owned by the TrainingJob changed. `waiting` is why its first waiting container has not started (`ImagePullBackOff`, `ErrImagePull`, `CreateContainerConfigError`, ...).",
             job(),
             json!({"change": "Applied", "podName": "bert-distributed-a0-1-x7k2p", "attempt": 0, "index": 1,
                    "phase": "Failed", "nodeName": "gpu-node-7", "ready": false, "restartCount": 0,
                    "termination": {"exitCode": 137, "signal": 9, "reason": "OOMKilled"}}),
+        )?,
+        entry::<events::JobEventObserved>(
+            "watcher",
+            "planner",
+            "A Warning `FailedCreate` Event about a Kubernetes Job owned by the TrainingJob: the API server refused the Job's pods (a ResourceQuota exceeded, a PriorityClass that does not exist, pod security admission). The planner names it when the attempt's pods are not created within `pods_ready_timeout_seconds`.",
+            job(),
+            json!({"change": "Applied", "jobName": "bert-distributed-a0", "attempt": 0, "reason": "FailedCreate",
+                   "message": "Error creating: pods \"bert-distributed-a0-0-x7k2p\" is forbidden: exceeded quota: gpu-quota, requested: requests.nvidia.com/gpu=4, used: requests.nvidia.com/gpu=0, limited: requests.nvidia.com/gpu=2",
+                   "count": 3}),
         )?,
         entry::<events::NodeObserved>(
             "watcher",

@@ -116,6 +116,42 @@ pub struct PodObserved {
     pub termination: Option<ContainerTermination>,
     #[serde(default)]
     pub conditions: Vec<ObservedCondition>,
+    /// Why the first waiting container (init containers first) has not
+    /// started: `ImagePullBackOff`, `ErrImagePull`, `CreateContainerConfigError`, ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<ContainerWaiting>,
+}
+
+/// Why a container has not started yet (`state.waiting` of its status).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerWaiting {
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// A Warning Event about a Kubernetes Job Trainyard owns: the Job controller's
+/// `FailedCreate` when the API server refuses the Job's pods (a ResourceQuota
+/// exceeded, a PriorityClass that does not exist, pod security admission).
+/// Published under the owning TrainingJob's namespace/name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobEventObserved {
+    pub change: Change,
+    /// Name of the Kubernetes Job the Event is about.
+    pub job_name: String,
+    /// The TrainingJob's restart attempt that Job runs (from its name `<name>-a<attempt>`).
+    pub attempt: u32,
+    pub reason: String,
+    pub message: String,
+    /// How many times the Event was seen (its `count` or `series.count`).
+    #[serde(default = "one")]
+    pub count: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// A node taint.
@@ -192,4 +228,11 @@ crate::payload!(
 );
 crate::payload!(JobObserved, "job.observed", 1, Family::Events, "job");
 crate::payload!(PodObserved, "pod.observed", 1, Family::Events, "pod");
+crate::payload!(
+    JobEventObserved,
+    "jobevent.observed",
+    1,
+    Family::Events,
+    "jobevent"
+);
 crate::payload!(NodeObserved, "node.observed", 1, Family::Events, "node");

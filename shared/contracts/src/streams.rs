@@ -189,7 +189,7 @@ impl Service {
                 // so a new job is not queued behind its running neighbours' Job
                 // and Pod observations.
                 ConsumerSpec::part(self, EVENTS, "trainingjob", events(&["trainingjob"])),
-                ConsumerSpec::new(self, EVENTS, events(&["job", "pod"])),
+                ConsumerSpec::new(self, EVENTS, events(&["job", "pod", "jobevent"])),
                 ConsumerSpec::new(self, DECISIONS, vec![family_filter(Family::Decisions)]),
                 ConsumerSpec::new(self, WORKER, vec![family_filter(Family::Worker)]),
                 // Submissions only: the planner's own results share the stream.

@@ -58,6 +58,15 @@ pub struct PlannerConfig {
     /// admission back and queues again, as Kueue's `waitForPodsReady` does;
     /// only time without a node counts, not image pulls. 0: never.
     pub unschedulable_timeout_seconds: u32,
+    /// Seconds an admitted attempt's workers may take to all run, from the
+    /// moment its Job is seen unsuspended, as Kueue's `waitForPodsReady`:
+    /// past it, the attempt's Job is deleted, its GPUs are given back and the
+    /// job queues again after a backoff (`PodsReady` condition False,
+    /// `PodsNotCreated` or `PodsNotReady`). 0: never.
+    pub pods_ready_timeout_seconds: u32,
+    /// Requeues for pods that were not ready in time before the job fails
+    /// (counted in a row; an attempt whose workers all run resets the count).
+    pub pods_ready_requeue_limit: u32,
     /// Namespaces TrainingJobs may be submitted into over NATS. Empty: any but
     /// the system namespaces (kube-system, kube-public, kube-node-lease,
     /// trainyard-system), which are always refused.
@@ -90,6 +99,8 @@ impl Default for PlannerConfig {
             finished_entry_ttl_seconds: 30,
             min_status_interval_ms: 1_000,
             unschedulable_timeout_seconds: 300,
+            pods_ready_timeout_seconds: 300,
+            pods_ready_requeue_limit: 3,
             submit_namespaces: Vec::new(),
             worker_run_as_non_root: false,
             checkpoint_storage_class: None,

@@ -10,6 +10,7 @@ use trainyard_api::{ANNOTATION_NOTIFY_PREFIX, ANNOTATION_RUN_URL, TrainingJob, T
 use trainyard_contracts::EntityRef;
 use trainyard_contracts::lifecycle::TransitionContext;
 
+use crate::decide::{REASON_PODS_NOT_CREATED, REASON_PODS_NOT_READY};
 use crate::failure::{FailureCause, WorkerFailure};
 
 /// The transition's context; `failure` is the failure that ended the attempt,
@@ -109,6 +110,12 @@ fn fix(reason: &str, cause: Option<&FailureCause>) -> Option<String> {
         }
         "DeadlineExceeded" => {
             "raise failurePolicy.activeDeadlineSeconds, or resume from the latest checkpoint in a new TrainingJob"
+        }
+        REASON_PODS_NOT_CREATED => {
+            "Kubernetes refused the workers' pods (the message names why: the namespace's ResourceQuota, a PriorityClass that does not exist, pod security admission): fix that, then submit again"
+        }
+        REASON_PODS_NOT_READY => {
+            "the workers' pods never all ran (the message names the first worker's reason, e.g. an image that cannot be pulled or a missing Secret): fix that, then submit again"
         }
         _ => return None,
     };

@@ -46,6 +46,14 @@ pub const CONDITION_PREEMPTED: &str = "Preempted";
 pub const CONDITION_SUCCEEDED: &str = "Succeeded";
 /// Condition: the job failed for good.
 pub const CONDITION_FAILED: &str = "Failed";
+/// Condition: the current attempt's workers all run (True), or an attempt's
+/// pods were not created or not ready within `pods_ready_timeout_seconds`
+/// (False). Set once the timeout first passes; True again when workers run.
+pub const CONDITION_PODS_READY: &str = "PodsReady";
+/// `PodsReady` reason: some of the attempt's pods were never created.
+pub const REASON_PODS_NOT_CREATED: &str = "PodsNotCreated";
+/// `PodsReady` reason: the pods exist but not all of them run.
+pub const REASON_PODS_NOT_READY: &str = "PodsNotReady";
 
 /// Kind of Kubernetes Event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -111,6 +119,7 @@ pub enum PlannerAction {
 }
 
 pub(crate) mod idle;
+mod pods_ready;
 
 /// Decides what to do next for `job`; see the module documentation.
 pub fn decide(
@@ -262,6 +271,13 @@ struct Verdict {
     /// The Suspended condition when something other than the state says
     /// what it is (an idle suspension under way or done); None: from the state.
     suspended: Option<ConditionUpdate>,
+    /// The PodsReady condition after a pods-ready timeout; None leaves it.
+    pods_ready: Option<ConditionUpdate>,
+    /// `status.podsReadyRequeues` after a pods-ready timeout; None leaves it.
+    pods_ready_requeues: Option<u32>,
+    /// Every worker of the attempt runs: PodsReady turns True, the requeue
+    /// count is cleared.
+    workers_ready: bool,
 }
 
 impl Verdict {
@@ -288,6 +304,9 @@ impl Verdict {
             admission_warning: false,
             warning: false,
             suspended: None,
+            pods_ready: None,
+            pods_ready_requeues: None,
+            workers_ready: false,
         }
     }
 
@@ -414,6 +433,15 @@ impl Context<'_> {
         }
         if let Some(preemption) = &record.preemption {
             return self.preempted(phase, &preemption.decision);
+        }
+        // A worker without a node is a matter of capacity, left to its own
+        // timeout (which spends no requeue) while that one is set.
+        if let Some(deadline) = self.pods_ready_deadline()
+            && self.now >= deadline
+            && self.unschedulable_deadline().is_none()
+            && matches!(phase, Phase::Starting | Phase::Gone)
+        {
+            return self.pods_not_ready(deadline);
         }
         if let Some(deadline) = self.unschedulable_deadline()
             && self.now >= deadline
@@ -905,6 +933,12 @@ impl Context<'_> {
                         reason: "unschedulable workers".to_owned(),
                     });
                 }
+                if let Some(deadline) = self.pods_ready_deadline() {
+                    verdict.actions.push(PlannerAction::RecheckAfter {
+                        delay: elapsed(self.now, deadline),
+                        reason: "pods ready timeout".to_owned(),
+                    });
+                }
                 verdict.admitted = self.admitted_condition(admission);
                 verdict.allocation = admission.cloned();
                 self.readmitted(&mut verdict);
@@ -919,6 +953,7 @@ impl Context<'_> {
                 };
                 let mut verdict =
                     Verdict::new(TrainingJobState::Running, attempt, "Training", message);
+                verdict.workers_ready = true;
                 verdict.admitted = self.admitted_condition(admission);
                 verdict.allocation = admission.cloned();
                 self.readmitted(&mut verdict);
@@ -1320,6 +1355,24 @@ impl Context<'_> {
         if let Some(preempted) = &verdict.preempted {
             set(CONDITION_PREEMPTED, preempted);
         }
+        if let Some(pods_ready) = &verdict.pods_ready {
+            set(CONDITION_PODS_READY, pods_ready);
+        } else if verdict.workers_ready
+            && find_condition(&self.previous.conditions, CONDITION_PODS_READY)
+                .is_some_and(|c| !c.is_true())
+        {
+            set(
+                CONDITION_PODS_READY,
+                &ConditionUpdate::new(
+                    ConditionStatus::True,
+                    "PodsReady",
+                    format!(
+                        "all {} workers of attempt {} are running",
+                        spec.num_workers, verdict.attempt
+                    ),
+                ),
+            );
+        }
         match verdict.state {
             TrainingJobState::Completed => set(
                 CONDITION_SUCCEEDED,
@@ -1380,6 +1433,11 @@ impl Context<'_> {
                 .map(|start| format_duration(elapsed(from_time(start), completed_at)));
         }
         status.failure_reason = verdict.failure_reason.clone();
+        if verdict.workers_ready {
+            status.pods_ready_requeues = None;
+        } else if let Some(requeues) = verdict.pods_ready_requeues {
+            status.pods_ready_requeues = Some(requeues);
+        }
         status.queue = (verdict.state == TrainingJobState::Queued).then(|| self.queue_status());
         status
     }

@@ -21,7 +21,7 @@ use trainyard_contracts::decisions::{
     AdmissionDecided, CheckpointIntervalAdvised, CheckpointVerified, ModelRegistered,
     PendingExplained, PreemptionDecided, ResumePointChosen, TrialStopped,
 };
-use trainyard_contracts::events::{Change, JobObserved, PodObserved};
+use trainyard_contracts::events::{Change, JobEventObserved, JobObserved, PodObserved};
 use trainyard_contracts::worker::{CheckpointReported, ProgressReported};
 
 use crate::cost::{CostSeen, IdleSuspendSeen};
@@ -41,6 +41,8 @@ pub enum Observation {
     Job(JobObserved),
     /// The watcher saw one of the job's worker pods change.
     Pod(PodObserved),
+    /// The watcher saw a Warning Event about one of the job's Jobs.
+    JobEvent(JobEventObserved),
     /// A worker reported training progress.
     Progress(ProgressReported),
     /// A worker reported a checkpoint.
@@ -161,6 +163,19 @@ pub struct AttemptRecord {
     /// without a break.
     #[serde(default)]
     pub unschedulable_since: Option<DateTime<Utc>>,
+    /// When the Job was first seen unsuspended: the workers may start from then
+    /// on, and `pods_ready_timeout_seconds` counts from it.
+    #[serde(default)]
+    pub unsuspended_at: Option<DateTime<Utc>>,
+    /// The most workers seen running at once (pods in phase Running, or the
+    /// Job's `ready`), so a gang that once ran all its workers is known to
+    /// have started after they are gone.
+    #[serde(default)]
+    pub most_workers_running: u32,
+    /// The latest Warning Event saying why the Job's pods could not be
+    /// created (`FailedCreate`).
+    #[serde(default)]
+    pub creation_failure: Option<JobEventObserved>,
 }
 
 impl AttemptRecord {
@@ -342,6 +357,10 @@ impl PlannerJobState {
                 at,
             ));
         }
+        if !job.suspended && record.unsuspended_at.is_none() {
+            record.unsuspended_at = Some(at);
+        }
+        record.most_workers_running = record.most_workers_running.max(job.ready);
         record.job = Some(job);
         if running {
             self.mark_started(started_at.unwrap_or(at));
@@ -384,10 +403,23 @@ impl PlannerJobState {
             record.failure = Some(failure);
         }
         record.pods.insert(pod.index, pod);
+        record.most_workers_running = record.most_workers_running.max(record.running_pods());
         record.unschedulable_since = match record.unschedulable_worker() {
             Some(_) => record.unschedulable_since.or(Some(at)),
             None => None,
         };
+        Observed::Recorded
+    }
+
+    fn observe_job_event(&mut self, event: JobEventObserved) -> Observed {
+        // An expired Event takes nothing back: the pods were refused.
+        if event.change == Change::Deleted {
+            return Observed::NotApplicable;
+        }
+        if let Err(outcome) = self.place(event.attempt, true) {
+            return outcome;
+        }
+        self.current.creation_failure = Some(event);
         Observed::Recorded
     }
 
@@ -501,6 +533,7 @@ pub fn observe(
     match observation {
         Observation::Job(job) => state.observe_job(job, at),
         Observation::Pod(pod) => state.observe_pod(pod, at),
+        Observation::JobEvent(event) => state.observe_job_event(event),
         Observation::Progress(report) => state.observe_progress(report, at),
         Observation::Checkpoint(report) => state.observe_checkpoint(report, at),
         Observation::Admission(admission) => state.observe_admission(admission),

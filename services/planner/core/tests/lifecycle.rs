@@ -1044,7 +1044,12 @@ fn a_worker_that_finds_no_node_gives_the_admission_back_after_the_timeout() {
 
 #[test]
 fn a_worker_bound_before_the_timeout_or_no_timeout_keeps_the_attempt() {
-    let mut h = one_worker_unschedulable("late", PlannerConfig::default());
+    // Without the pods-ready timeout, which would end a start this slow.
+    let patient_pods = PlannerConfig {
+        pods_ready_timeout_seconds: 0,
+        ..PlannerConfig::default()
+    };
+    let mut h = one_worker_unschedulable("late", patient_pods.clone());
     h.decide();
     h.advance(200);
     h.observe(Observation::Pod(pod_event("late", 0, 1, "Pending")));
@@ -1055,7 +1060,7 @@ fn a_worker_bound_before_the_timeout_or_no_timeout_keeps_the_attempt() {
 
     let never = PlannerConfig {
         unschedulable_timeout_seconds: 0,
-        ..PlannerConfig::default()
+        ..patient_pods
     };
     let mut h = one_worker_unschedulable("patient", never);
     h.decide();

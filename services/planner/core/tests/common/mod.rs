@@ -152,6 +152,7 @@ pub fn pod_event(name: &str, attempt: u32, index: u32, phase: &str) -> PodObserv
         restart_count: 0,
         termination: None,
         conditions: Vec::new(),
+        waiting: None,
     }
 }
 
