@@ -232,6 +232,10 @@ async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Resu
 
     let nats_url = stack.start_nats(None).await?;
     let mut cluster = workload::cluster_config(args.nodes, args.gpus_per_node, args.speed);
+    cluster.priority_classes = [HIGH, LOW]
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value))
+        .collect();
     if scenario == Scenario::ApiFaults {
         cluster.api_faults = ApiFaultConfig {
             write_error_rate: 0.2,
