@@ -495,6 +495,14 @@ impl Stack {
             .map_err(|e| StackError::Http(e.to_string()))
     }
 
+    /// The processes that have exited by themselves (crashed), by name.
+    pub fn exited(&mut self) -> Vec<String> {
+        self.processes
+            .iter_mut()
+            .filter_map(|p| matches!(p.child.try_wait(), Ok(Some(_))).then(|| p.name.clone()))
+            .collect()
+    }
+
     /// CPU seconds and peak RSS of every process still running.
     pub fn stats(&self) -> Vec<ProcessStats> {
         self.processes

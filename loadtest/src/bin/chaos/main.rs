@@ -50,6 +50,10 @@ use trainyard_loadtest::stack::{self, Stack};
 use trainyard_loadtest::workload::{self, JobShape};
 use trainyard_simulator::faults::ApiFaultConfig;
 
+use fuzz::FuzzOutcome;
+
+mod fuzz;
+
 const NAMESPACE: &str = "default";
 const GPU: &str = "nvidia.com/gpu";
 /// PriorityClasses of the workload, as the gpu-allocator is configured with them.
@@ -66,6 +70,10 @@ enum Scenario {
     AllocatorKill,
     /// 20 % of API writes fail with 409/429/500/503 and 1 % stall 5 s.
     ApiFaults,
+    /// Bad envelopes of seven kinds (random bytes, truncated JSON, invalid
+    /// UTF-8, deep nesting, no entity, an unknown schema version, another
+    /// type's payload) on the subject of every message type, among 200 jobs.
+    Fuzz,
     /// Each of the above in turn, each on a fresh stack.
     All,
 }
@@ -75,7 +83,7 @@ impl Scenario {
         match self {
             Self::PlannerKill => Some(Service::Planner),
             Self::AllocatorKill => Some(Service::GpuAllocator),
-            Self::ApiFaults | Self::All => None,
+            Self::ApiFaults | Self::Fuzz | Self::All => None,
         }
     }
 
@@ -84,7 +92,7 @@ impl Scenario {
         match self {
             Self::PlannerKill => (200, 20),
             Self::AllocatorKill => (500, 50),
-            Self::ApiFaults | Self::All => (200, 0),
+            Self::ApiFaults | Self::Fuzz | Self::All => (200, 0),
         }
     }
 }
@@ -162,6 +170,10 @@ struct ScenarioReport {
     over_admissions: u64,
     worst_excess_gpus: u32,
     dead_letters: BTreeMap<String, u64>,
+    /// Fuzz: what was published and what became of it.
+    fuzz: Option<FuzzOutcome>,
+    /// Services whose process exited (a panic, an abort) during the run.
+    exited: Vec<String>,
     recovery: Option<LatencySummary>,
     /// Failed and lost jobs, first few, with their last state.
     examples: Vec<String>,
@@ -176,6 +188,7 @@ async fn main() -> anyhow::Result<()> {
             Scenario::PlannerKill,
             Scenario::AllocatorKill,
             Scenario::ApiFaults,
+            Scenario::Fuzz,
         ],
         one => vec![one],
     };
@@ -197,7 +210,8 @@ async fn main() -> anyhow::Result<()> {
                     && report.failed == 0
                     && report.duplicate_jobs == 0
                     && report.over_admissions == 0
-                    && report.dead_letters.is_empty();
+                    && report.exited.is_empty()
+                    && (report.dead_letters.is_empty() || report.fuzz.is_some());
                 if !clean {
                     stack.keep_work_dir();
                 }
@@ -310,12 +324,19 @@ async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Resu
     let pauses: Vec<Duration> = (0..kills)
         .map(|_| Duration::from_millis(rng.random_range(0..1000)))
         .collect();
-    let (recoveries, submitted) = tokio::join!(
+    let bad = if scenario == Scenario::Fuzz {
+        fuzz::messages(&mut rng)?
+    } else {
+        Vec::new()
+    };
+    let (recoveries, submitted, published) = tokio::join!(
         kill_loop(stack, scenario.target(), &kill_gaps, &pauses),
         submit(&client, &shapes, start, window),
+        fuzz::publish(&js, &bad, start, window),
     );
     let recoveries = recoveries?;
     let submitted = submitted?;
+    let published = published?;
 
     let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
     let all_finished = || {
@@ -335,7 +356,15 @@ async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Resu
     let timed_out = Instant::now() >= deadline;
     let run_seconds = start.elapsed().as_secs_f64();
     stop.cancel();
-    let dead_letters = dead_letters(&js).await?;
+    let letters = dead_letters(&js).await?;
+    let fuzz = (scenario == Scenario::Fuzz).then(|| fuzz::outcome(&published, &letters));
+    let mut dead_letters = BTreeMap::new();
+    for letter in &letters {
+        *dead_letters
+            .entry(format!("{}/{}", letter.consumer, letter.category))
+            .or_insert(0) += 1;
+    }
+    let exited = stack.exited();
 
     let seen = lock(&seen);
     let state_of = |name: &String| seen.states.get(name).copied();
@@ -374,6 +403,8 @@ async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Resu
         over_admissions: seen.over_admissions,
         worst_excess_gpus: seen.worst_excess,
         dead_letters,
+        fuzz,
+        exited,
         recovery: recovery.summary(),
         examples,
         timed_out,
@@ -607,8 +638,9 @@ fn pod_gpus(pod: &Pod) -> u32 {
         .sum()
 }
 
-/// Dead letters by `consumer/category`, read without acknowledging.
-async fn dead_letters(js: &jetstream::Context) -> anyhow::Result<BTreeMap<String, u64>> {
+/// Every dead letter, read without acknowledging; an unreadable one counts
+/// under the consumer `unreadable`.
+async fn dead_letters(js: &jetstream::Context) -> anyhow::Result<Vec<DeadLetter>> {
     let stream = js
         .get_stream(streams::DEAD_LETTER.name)
         .await
@@ -620,20 +652,31 @@ async fn dead_letters(js: &jetstream::Context) -> anyhow::Result<BTreeMap<String
         })
         .await?;
     let pending = reader.info().await?.num_pending as usize;
-    let mut counts = BTreeMap::new();
+    let mut letters = Vec::with_capacity(pending);
     if pending == 0 {
-        return Ok(counts);
+        return Ok(letters);
     }
     let mut messages = reader.messages().await?.take(pending);
     while let Some(message) = messages.next().await {
         let message = message.map_err(|e| anyhow::anyhow!("reading dead letters: {e}"))?;
-        let key = match serde_json::from_slice::<DeadLetter>(&message.payload) {
-            Ok(letter) => format!("{}/{}", letter.consumer, letter.category),
-            Err(_) => "unreadable".to_owned(),
-        };
-        *counts.entry(key).or_insert(0) += 1;
+        letters.push(
+            serde_json::from_slice::<DeadLetter>(&message.payload).unwrap_or_else(|err| {
+                DeadLetter {
+                    stream: String::new(),
+                    consumer: "unreadable".to_owned(),
+                    subject: message.subject.to_string(),
+                    stream_sequence: 0,
+                    category: "unreadable".to_owned(),
+                    reason: err.to_string(),
+                    deliveries: 0,
+                    failed_at: chrono::Utc::now(),
+                    headers: BTreeMap::new(),
+                    payload: String::new(),
+                }
+            }),
+        );
     }
-    Ok(counts)
+    Ok(letters)
 }
 
 fn lock(seen: &Mutex<Seen>) -> std::sync::MutexGuard<'_, Seen> {
@@ -667,6 +710,20 @@ fn row(r: &ScenarioReport) -> String {
     );
     for (key, count) in &r.dead_letters {
         line.push_str(&format!("\n  dead letters {key}: {count}"));
+    }
+    if let Some(fuzz) = &r.fuzz {
+        line.push_str(&format!(
+            "\n  fuzz: {} bad messages published; {} (message, consumer) pairs expected to be dead-lettered, {} were, {} more than once; {} envelope-level ones missing; by kind: {:?}",
+            fuzz.published,
+            fuzz.expected,
+            fuzz.dead_lettered,
+            fuzz.duplicated,
+            fuzz.missing,
+            fuzz.by_kind
+        ));
+    }
+    for name in &r.exited {
+        line.push_str(&format!("\n  exited: {name}"));
     }
     for example in &r.examples {
         line.push_str(&format!("\n  not completed: {example}"));
