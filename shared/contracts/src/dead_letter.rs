@@ -34,9 +34,14 @@ pub struct DeadLetter {
 }
 
 impl DeadLetter {
-    /// Deduplication id: one dead letter per original stored message.
+    /// Deduplication id: one dead letter per original stored message and
+    /// consumer (several consumers of one stream may each reject the same
+    /// message, and each rejection is kept).
     pub fn message_id(&self) -> String {
-        format!("deadletter:{}:{}", self.stream, self.stream_sequence)
+        format!(
+            "deadletter:{}:{}:{}",
+            self.stream, self.stream_sequence, self.consumer
+        )
     }
 
     /// `Nats-Msg-Id` of the original when it is published again: not the

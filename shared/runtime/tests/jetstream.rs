@@ -300,6 +300,73 @@ async fn bad_messages_are_dead_lettered_and_the_consumer_keeps_going() {
     runtime.run_until_shutdown().await.expect("drains");
 }
 
+#[tokio::test]
+async fn a_message_two_consumers_reject_is_dead_lettered_for_each() {
+    let nats = NatsServer::start();
+    let tuner = start(&nats, Service::HpoTuner).await;
+    let planner = start(&nats, Service::Planner).await;
+    let worker_consumer = |service: Service| {
+        service
+            .consumers()
+            .into_iter()
+            .find(|c| c.stream.name == streams::WORKER.name)
+            .expect("reads worker progress")
+    };
+    tuner.spawn_consumer(
+        worker_consumer(Service::HpoTuner),
+        Arc::new(Recorder::default()),
+    );
+    planner.spawn_consumer(
+        worker_consumer(Service::Planner),
+        Arc::new(Recorder::default()),
+    );
+    tuner
+        .publisher
+        .publish_raw(
+            "trainyard.worker.progress.ml.broken".to_string(),
+            HeaderMap::new(),
+            Bytes::from_static(b"{ truncated"),
+        )
+        .await
+        .expect("publish malformed");
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while stream_messages(&tuner, streams::DEAD_LETTER.name).await < 2 && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let consumer = tuner
+        .jetstream
+        .get_stream(streams::DEAD_LETTER.name)
+        .await
+        .expect("stream")
+        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig::default())
+        .await
+        .expect("ordered consumer");
+    let pending = stream_messages(&tuner, streams::DEAD_LETTER.name).await;
+    let mut messages = consumer
+        .messages()
+        .await
+        .expect("messages")
+        .take(pending as usize);
+    let mut rejected_by = Vec::new();
+    while let Some(message) = messages.next().await {
+        let letter: DeadLetter =
+            serde_json::from_slice(&message.expect("ok").payload).expect("dead letter record");
+        assert_eq!(letter.category, "malformed");
+        rejected_by.push(letter.consumer);
+    }
+    rejected_by.sort();
+    assert_eq!(
+        rejected_by,
+        [
+            worker_consumer(Service::HpoTuner).durable,
+            worker_consumer(Service::Planner).durable
+        ],
+        "one dead letter per consumer, none dropped as a duplicate"
+    );
+}
+
 /// Handles several entities at once: job `a`'s first message waits until job `b`
 /// has been started, which only happens if lanes overlap (`a` and `b` fall in
 /// different lanes of 4; the lane hash is deterministic).
