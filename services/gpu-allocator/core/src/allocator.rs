@@ -110,7 +110,19 @@ impl Allocator {
 
     /// Applies one event. A rejected event leaves the state unchanged.
     pub fn apply(&mut self, event: Event) -> Result<Applied, AllocatorError> {
-        self.state.apply(event)
+        let resubmitted = match &event {
+            Event::JobSubmitted(spec) => self.state.job_by_uid.get(&spec.uid).copied(),
+            _ => None,
+        };
+        let applied = self.state.apply(event)?;
+        // An edit keeps the job's slot and arrival: what was judged of its
+        // old spec goes.
+        if let Some(idx) = resubmitted
+            && applied == Applied::Changed
+        {
+            self.memo.spare_fits.forget_job(idx);
+        }
+        Ok(applied)
     }
 
     /// Removes a job like `JobRemoved` but without remembering its uid, so
