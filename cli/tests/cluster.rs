@@ -761,6 +761,50 @@ async fn describe_and_explain_say_why_a_job_waits() {
 }
 
 #[tokio::test]
+async fn get_describe_and_explain_show_a_job_no_node_could_hold_as_unschedulable() {
+    let client = applied_examples(vec![]).await;
+    let why = "no node can hold a worker: spec.gpusPerWorker is 16 but the largest node \
+               (gpu-node-3) has 8 GPUs; lower gpusPerWorker to at most 8 and raise numWorkers";
+    set_status(
+        &client,
+        "ml-training",
+        "gpt-resume",
+        json!({"state": "Queued", "conditions": [
+            {"type": "Admitted", "status": "False", "reason": "Unschedulable",
+             "message": format!("position 2 in queue default: {why}")},
+            {"type": "Schedulable", "status": "False", "reason": "Unschedulable", "message": why}
+        ], "queue": {"name": "default", "position": 2, "reason": why}}),
+    )
+    .await;
+
+    let (out, _, result) =
+        trainyard(&client, &["get", "tj", "gpt-resume", "-n", "ml-training"]).await;
+    result.expect("get");
+    let row = out.lines().nth(1).unwrap_or_default();
+    assert!(row.contains(" default UNSCHEDULABLE "), "{out}");
+    assert!(!row.contains("#2"), "no place in line is shown: {out}");
+
+    let (out, _, result) =
+        trainyard(&client, &["explain", "gpt-resume", "-n", "ml-training"]).await;
+    result.expect("explain");
+    assert_eq!(
+        out,
+        format!("gpt-resume is UNSCHEDULABLE in TrainingQueue default: {why}\n")
+    );
+
+    let (out, _, result) = trainyard(
+        &client,
+        &["describe", "tj", "gpt-resume", "-n", "ml-training"],
+    )
+    .await;
+    result.expect("describe");
+    let queue_line = format!("Queue:        default, UNSCHEDULABLE: {why}\n");
+    for expected in [queue_line.as_str(), "Schedulable", "Unschedulable"] {
+        assert!(out.contains(expected), "{expected:?} missing:\n{out}");
+    }
+}
+
+#[tokio::test]
 async fn kubeconfig_and_context_flags_choose_the_cluster_and_its_namespace() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("config");

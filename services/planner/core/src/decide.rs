@@ -50,7 +50,7 @@ pub const CONDITION_FAILED: &str = "Failed";
 /// [`REASON_UNSCHEDULABLE`]) while the gpu-allocator finds none could, even
 /// with the cluster empty; set True again once one could. Absent on jobs
 /// that never were unschedulable.
-pub const CONDITION_SCHEDULABLE: &str = "Schedulable";
+pub const CONDITION_SCHEDULABLE: &str = trainyard_api::CONDITION_SCHEDULABLE;
 /// Reason of `Schedulable: False`, and of `Admitted: False` meanwhile.
 pub const REASON_UNSCHEDULABLE: &str = "Unschedulable";
 
