@@ -110,17 +110,18 @@ impl Allocator {
 
     /// Applies one event. A rejected event leaves the state unchanged.
     pub fn apply(&mut self, event: Event) -> Result<Applied, AllocatorError> {
-        let resubmitted = match &event {
-            Event::JobSubmitted(spec) => self.state.job_by_uid.get(&spec.uid).copied(),
+        let submitted = match &event {
+            Event::JobSubmitted(spec) => Some(spec.uid.clone()),
             _ => None,
         };
         let applied = self.state.apply(event)?;
-        // An edit keeps the job's slot and arrival: what was judged of its
-        // old spec goes.
-        if let Some(idx) = resubmitted
+        // A new job may take a slot an earlier one left, and an edit keeps
+        // its slot: what was judged of the slot goes.
+        if let Some(uid) = submitted
             && applied == Applied::Changed
+            && let Some(idx) = self.state.job_by_uid.get(&uid)
         {
-            self.memo.spare_fits.forget_job(idx);
+            self.memo.spare_fits.forget_job(*idx);
         }
         Ok(applied)
     }

@@ -38,12 +38,15 @@ pub(crate) struct Memo {
 /// A job's fit verdict: some node could hold it.
 pub(crate) const FITS: u32 = u32::MAX;
 
-/// What a fit verdict depends on besides the nodes: the resources the job
-/// may use, in its queue's order, what each worker asks and the job's node
-/// filter. Jobs alike in these share one verdict.
+/// What a fit verdict depends on besides the nodes and the queues: the
+/// job's queue and what picks its resources there (GPU sharing, a MIG
+/// request), what each worker asks and the job's node filter. Jobs alike in
+/// these share one verdict.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct FitKey {
-    pub(crate) options: Vec<ResIdx>,
+    pub(crate) queue: QueueIdx,
+    pub(crate) sharing: bool,
+    pub(crate) slice: Option<GpuSliceRequest>,
     pub(crate) gang: Gang,
     pub(crate) filter: u32,
 }
@@ -57,9 +60,10 @@ pub(crate) struct FitKey {
 pub(crate) struct FitVerdicts {
     /// (`Inventory::node_changes`, `Queues::changes`) they hold at.
     at: (u64, u64),
-    /// By job slot: the arrival number of the job judged (a slot is reused
-    /// by later jobs) and its verdict, [`FITS`] or an index into `never`.
-    by_job: Vec<(u64, u32)>,
+    /// By job slot: `NOT_JUDGED`, or its verdict as `stored` keeps it. Four bytes a job: the main pass
+    /// reads it for every pending job. A slot is forgotten whenever a job is
+    /// submitted into it (`Allocator::apply`), so a reused slot is judged anew.
+    by_job: Vec<u32>,
     /// Verdicts by what they depend on.
     by_shape: FastMap<FitKey, u32>,
     /// Why the jobs no node could hold wait.
@@ -69,11 +73,25 @@ pub(crate) struct FitVerdicts {
 }
 
 impl FitVerdicts {
-    /// Forgets job slot `idx`'s verdict: its spec changed.
+    /// Forgets job slot `idx`'s verdict: a job was submitted into it, or
+    /// its spec changed.
     pub(crate) fn forget_job(&mut self, idx: JobIdx) {
         if let Some(slot) = self.by_job.get_mut(idx as usize) {
-            *slot = (u64::MAX, FITS);
+            *slot = NOT_JUDGED;
         }
+    }
+}
+
+/// A job slot's entry before its job is judged.
+const NOT_JUDGED: u32 = 0;
+
+/// A verdict as `FitVerdicts::by_job` stores it: [`FITS`] as 1, a reason's
+/// index `i` as `i + 2`.
+fn stored(verdict: u32) -> u32 {
+    if verdict == FITS {
+        1
+    } else {
+        verdict.saturating_add(2)
     }
 }
 
@@ -371,22 +389,22 @@ impl CycleMemo {
         self.empty_slots.insert(key, slots);
     }
 
-    /// Job `idx`'s fit verdict, if judged for the job of arrival `seq`.
-    pub(crate) fn lookup_fit(&self, idx: JobIdx, seq: u64) -> Option<u32> {
-        self.fits
-            .by_job
-            .get(idx as usize)
-            .filter(|(judged, _)| *judged == seq)
-            .map(|(_, verdict)| *verdict)
+    /// Job `idx`'s fit verdict, if it was judged.
+    pub(crate) fn lookup_fit(&self, idx: JobIdx) -> Option<u32> {
+        match self.fits.by_job.get(idx as usize).copied() {
+            None | Some(NOT_JUDGED) => None,
+            Some(1) => Some(FITS),
+            Some(at) => Some(at - 2),
+        }
     }
 
-    pub(crate) fn record_fit(&mut self, idx: JobIdx, seq: u64, verdict: u32) {
+    pub(crate) fn record_fit(&mut self, idx: JobIdx, verdict: u32) {
         let at = idx as usize;
         if self.fits.by_job.len() <= at {
-            self.fits.by_job.resize(at + 1, (u64::MAX, FITS));
+            self.fits.by_job.resize(at + 1, NOT_JUDGED);
         }
         if let Some(slot) = self.fits.by_job.get_mut(at) {
-            *slot = (seq, verdict);
+            *slot = stored(verdict);
         }
     }
 

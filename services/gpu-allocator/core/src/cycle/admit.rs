@@ -156,7 +156,7 @@ impl Allocator {
                 Some(failure) => Err(failure),
                 // A job no node could ever hold says so before any quota
                 // answer a job of its shape got.
-                None => match self.unschedulable(idx, seq, ctx) {
+                None => match self.unschedulable(idx, ctx) {
                     Some(reason) => Err((reason, false)),
                     None => match shape.filter(|_| ctx.quota_shortcut()).and_then(|s| {
                         ctx.memo

@@ -206,7 +206,7 @@ impl Allocator {
             ));
         }
         // No node could ever hold it: no quota, hold or preemption helps.
-        if let Some(reason) = self.unschedulable(idx, job.seq, ctx) {
+        if let Some(reason) = self.unschedulable(idx, ctx) {
             return Err((reason, false));
         }
         if let JobState::Pending(Some(nomination)) = &job.state {

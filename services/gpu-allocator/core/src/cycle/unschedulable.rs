@@ -95,19 +95,14 @@ fn most<'a, K: Ord>(
 }
 
 impl Allocator {
-    /// Why job `idx` (arrival `seq`) can never be placed, if so: a reason in
-    /// this cycle's table, shared by every job of the same verdict.
-    pub(crate) fn unschedulable(
-        &self,
-        idx: JobIdx,
-        seq: u64,
-        ctx: &mut CycleCtx,
-    ) -> Option<ReasonIdx> {
-        let verdict = match ctx.memo.lookup_fit(idx, seq) {
+    /// Why job `idx` can never be placed, if so: a reason in this cycle's
+    /// table, shared by every job of the same verdict.
+    pub(crate) fn unschedulable(&self, idx: JobIdx, ctx: &mut CycleCtx) -> Option<ReasonIdx> {
+        let verdict = match ctx.memo.lookup_fit(idx) {
             Some(verdict) => verdict,
             None => {
                 let verdict = self.judge_fit(idx, &mut ctx.memo);
-                ctx.memo.record_fit(idx, seq, verdict);
+                ctx.memo.record_fit(idx, verdict);
                 verdict
             }
         };
@@ -139,27 +134,27 @@ impl Allocator {
         if !open {
             return FITS;
         }
-        let mut options = Vec::new();
-        self.options_for(job, &mut options);
-        if options.is_empty() {
-            return FITS;
-        }
         let key = FitKey {
-            options,
+            queue: job.queue,
+            sharing: job.spec.allow_gpu_sharing,
+            slice: job.spec.gpu_slice.clone(),
             gang: Gang::of(&job.spec),
             filter: job.filter,
         };
         if let Some(verdict) = memo.lookup_fit_shape(&key) {
             return verdict;
         }
-        let never = self.never_fits(&key);
+        let mut options = Vec::new();
+        self.options_for(job, &mut options);
+        let never = self.never_fits(&options, &key);
         memo.record_fit_shape(key, never)
     }
 
-    /// Why no node of any resource in `key` could hold the gang, from the
-    /// resource whose nodes got furthest; none when one could, or when no
-    /// resource has a node at all (nodes not seen yet are no verdict).
-    fn never_fits(&self, key: &FitKey) -> Option<PendingReason> {
+    /// Why no node of any resource in `options` could hold a gang of `key`,
+    /// from the resource whose nodes got furthest; none when one could, or
+    /// when no resource has a node at all (nodes not seen yet are no
+    /// verdict, nor is a queue without quota for the job).
+    fn never_fits(&self, options: &[ResIdx], key: &FitKey) -> Option<PendingReason> {
         let empty = NodeFilter::default();
         let filter = self
             .state
@@ -167,7 +162,7 @@ impl Allocator {
             .get(key.filter as usize)
             .unwrap_or(&empty);
         let mut closest: Option<Never> = None;
-        for &res in &key.options {
+        for &res in options {
             match self.never_fits_in(res, key.gang, filter) {
                 Judged::Fits => return None,
                 Judged::NoNodes => {}
