@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::jsonpath::Template;
+
 /// Trainyard's command-line client: apply manifests, watch TrainingJobs and Sweeps,
 /// summarise a run. Talks to any Kubernetes API (a real cluster or the simulator)
 /// found through KUBECONFIG, ~/.kube/config or the in-cluster service account.
@@ -396,8 +398,9 @@ pub struct GetArgs {
     #[arg(long, value_name = "SECONDS")]
     pub timeout: Option<u64>,
 
-    /// Output format: wide (extra columns), json, yaml or name.
-    #[arg(short = 'o', long, value_enum, value_name = "FORMAT")]
+    /// Output format: wide (extra columns), json, yaml, name, or jsonpath=TEMPLATE
+    /// (kubectl's JSONPath template, e.g. 'jsonpath={range .items[*]}{.metadata.name}{"\n"}{end}').
+    #[arg(short = 'o', long, value_name = "FORMAT", value_parser = parse_output)]
     pub output: Option<OutputFormat>,
 }
 
@@ -421,7 +424,7 @@ pub enum ResourceKind {
 }
 
 /// `-o` values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum OutputFormat {
     /// The table with extra columns after AGE.
     Wide,
@@ -431,6 +434,27 @@ pub enum OutputFormat {
     Yaml,
     /// `<kind>.<group>/<name>`, one per line, as kubectl prints for scripts.
     Name,
+    /// `jsonpath=<template>`: the template filled in from the object or the List
+    /// (from each changed object while watching).
+    JsonPath(Template),
+}
+
+/// Parses `-o`; a template that does not parse is refused here, naming where.
+fn parse_output(value: &str) -> Result<OutputFormat, String> {
+    match value {
+        "wide" => Ok(OutputFormat::Wide),
+        "json" => Ok(OutputFormat::Json),
+        "yaml" => Ok(OutputFormat::Yaml),
+        "name" => Ok(OutputFormat::Name),
+        _ => match value.split_once('=') {
+            Some(("jsonpath", template)) => Template::parse(template)
+                .map(OutputFormat::JsonPath)
+                .map_err(|e| e.to_string()),
+            _ => Err(format!(
+                "unknown output format {value:?}: use wide, json, yaml, name or jsonpath=TEMPLATE"
+            )),
+        },
+    }
 }
 
 /// `trainyard summary`.
@@ -533,6 +557,22 @@ mod tests {
         );
         assert!(parse(&["get", "tj", "-o", "yaml"]).is_ok());
         assert!(parse(&["get", "tj", "-o", "xml"]).is_err());
+        let Command::Get(args) = parse(&["get", "tj", "-o", "jsonpath={.items[*].metadata.name}"])
+            .expect("parses")
+            .command
+        else {
+            panic!("not get");
+        };
+        assert!(matches!(args.output, Some(OutputFormat::JsonPath(t))
+            if t.source() == "{.items[*].metadata.name}"));
+        let error = parse(&["get", "tj", "-o", "jsonpath={.items[0"]).expect_err("refused");
+        assert_eq!(error.exit_code(), 2);
+        assert!(
+            error
+                .to_string()
+                .contains("jsonpath template: [ is never closed at position 8"),
+            "{error}"
+        );
         assert!(parse(&["get", "tj", "--timeout", "soon"]).is_err());
     }
 

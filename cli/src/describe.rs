@@ -12,7 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 use serde_json::Value;
-use trainyard_api::{TrainingJob, TrainingJobState};
+use trainyard_api::{TrainingJob, TrainingJobState, TrainingJobStatus};
 
 use crate::error::CliError;
 use crate::format::{NONE, age, number, table};
@@ -71,7 +71,16 @@ pub fn explanation(job: &TrainingJob) -> String {
     let name = job.name_any();
     let status = job.status.clone().unwrap_or_default();
     let state = status.state.unwrap_or(TrainingJobState::Pending);
+    let unschedulable = status.unschedulable().map(str::to_owned);
     match (state, status.queue) {
+        (TrainingJobState::Queued | TrainingJobState::Pending, Some(queue))
+            if let Some(why) = unschedulable =>
+        {
+            format!(
+                "{name} is UNSCHEDULABLE in TrainingQueue {}: {why}",
+                queue.name
+            )
+        }
         (TrainingJobState::Queued | TrainingJobState::Pending, Some(queue)) => {
             let position = queue
                 .position
@@ -132,11 +141,19 @@ fn job_summary(text: &mut String, status: &Value) {
     let queue = &status["queue"];
     if queue.is_object() {
         let mut said = text_of(&queue["name"]);
-        if let Some(position) = queue["position"].as_u64() {
-            said.push_str(&format!(", position {position}"));
-        }
-        if let Some(reason) = queue["reason"].as_str() {
-            said.push_str(&format!(": {reason}"));
+        let unschedulable = serde_json::from_value::<TrainingJobStatus>(status.clone())
+            .ok()
+            .and_then(|s| s.unschedulable().map(str::to_owned));
+        if let Some(why) = unschedulable {
+            // A place in line would suggest that waiting helps.
+            said.push_str(&format!(", UNSCHEDULABLE: {why}"));
+        } else {
+            if let Some(position) = queue["position"].as_u64() {
+                said.push_str(&format!(", position {position}"));
+            }
+            if let Some(reason) = queue["reason"].as_str() {
+                said.push_str(&format!(": {reason}"));
+            }
         }
         line(text, "Queue:", said);
     }
@@ -301,6 +318,38 @@ mod tests {
         assert!(explanation(&unseen).contains("nothing has been decided yet"));
         let running = job(json!({"state": "Running"}));
         assert_eq!(explanation(&running), "bert is not waiting: it is Running");
+    }
+
+    #[test]
+    fn a_job_no_node_could_hold_is_explained_as_unschedulable_not_by_its_position() {
+        let why = "no node can hold a worker: spec.gpusPerWorker is 16 but the largest node \
+                   (gpu-node-3) has 8 GPUs; lower gpusPerWorker to at most 8 and raise numWorkers";
+        let stuck = job(json!({"state": "Queued",
+            "queue": {"name": "default", "position": 3, "reason": why},
+            "conditions": [{"type": "Schedulable", "status": "False",
+                            "reason": "Unschedulable", "message": why}]}));
+        assert_eq!(
+            explanation(&stuck),
+            format!("bert is UNSCHEDULABLE in TrainingQueue default: {why}")
+        );
+        let text = render(
+            &serde_json::to_value(&stuck).expect("json"),
+            &[],
+            Timestamp::now(),
+        )
+        .expect("renders");
+        assert!(
+            text.contains(&format!("Queue:        default, UNSCHEDULABLE: {why}\n")),
+            "{text}"
+        );
+        // Once a node fits, the condition is True and the place in line shows again.
+        let fits = job(json!({"state": "Queued",
+            "queue": {"name": "default", "position": 3, "reason": "8 short"},
+            "conditions": [{"type": "Schedulable", "status": "True", "reason": "NodesFit"}]}));
+        assert_eq!(
+            explanation(&fits),
+            "bert waits in TrainingQueue default, position 3: 8 short"
+        );
     }
 
     #[test]

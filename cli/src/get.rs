@@ -50,10 +50,10 @@ fn scope_for<K: Listed>(scope: &Scope) -> Scope {
     }
 }
 
-fn view_for<K: Listed>(scope: &Scope, output: Option<OutputFormat>) -> View {
+fn view_for<K: Listed>(scope: &Scope, output: Option<&OutputFormat>) -> View {
     View {
         namespace_column: K::NAMESPACED && *scope == Scope::AllNamespaces,
-        wide: output == Some(OutputFormat::Wide),
+        wide: output == Some(&OutputFormat::Wide),
     }
 }
 
@@ -194,7 +194,7 @@ async fn list_once<K: Listed>(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<(), CliError> {
-    let output = options.output;
+    let output = options.output.as_ref();
     let items = fetch(api, scope, options).await?;
     let single = options.names.len() == 1;
     match output {
@@ -211,6 +211,11 @@ async fn list_once<K: Listed>(
             for item in &items {
                 writeln!(out, "{}", qualified_name(item))?;
             }
+            return Ok(());
+        }
+        Some(OutputFormat::JsonPath(template)) => {
+            // As kubectl: nothing added after the template's own text.
+            out.write_all(template.render(&document(&items, single)?).as_bytes())?;
             return Ok(());
         }
         Some(OutputFormat::Wide) | None => {}
@@ -235,9 +240,9 @@ async fn watch<K: Listed>(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<(), CliError> {
-    let view = view_for::<K>(scope, options.output);
+    let view = view_for::<K>(scope, options.output.as_ref());
     let mut state = WatchState::<K>::new(view);
-    let mut printer = WatchPrinter::new(view, options.output);
+    let mut printer = WatchPrinter::new(view, options.output.clone());
     let mut config = watcher::Config::default();
     if let Some(selector) = &options.selector {
         config = config.labels(selector);
@@ -381,7 +386,7 @@ mod tests {
         assert_eq!(scope_for::<TrainingQueue>(&scope), Scope::AllNamespaces);
         assert_eq!(scope_for::<TrainingJob>(&scope), scope);
         assert!(!view_for::<TrainingQueue>(&Scope::AllNamespaces, None).namespace_column);
-        let view = view_for::<TrainingJob>(&Scope::AllNamespaces, Some(OutputFormat::Wide));
+        let view = view_for::<TrainingJob>(&Scope::AllNamespaces, Some(&OutputFormat::Wide));
         assert!(view.namespace_column && view.wide);
     }
 }

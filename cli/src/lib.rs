@@ -13,6 +13,7 @@ pub mod describe;
 pub mod error;
 pub mod format;
 pub mod get;
+pub mod jsonpath;
 pub mod manifest;
 pub mod notifications;
 pub mod resources;

@@ -6,7 +6,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use trainyard_api::{StopPolicy, Sweep, SweepState, TrainingJob, TrainingJobState, TrainingQueue};
+use trainyard_api::{
+    StopPolicy, Sweep, SweepState, TrainingJob, TrainingJobState, TrainingJobStatus, TrainingQueue,
+};
 
 use crate::format::{NONE, age, number};
 
@@ -223,8 +225,9 @@ impl Listed for TrainingJob {
 }
 
 /// QUEUE: `<queue> #<position>` while the job waits and the planner told its place
-/// (`status.queue`), the queue name alone while it waits without one, `-` once it is
-/// past the queue.
+/// (`status.queue`), `<queue> UNSCHEDULABLE` while no node could ever hold it (its
+/// place in line would suggest waiting helps), the queue name alone while it waits
+/// without a place, `-` once it is past the queue.
 fn queue_cell(job: &TrainingJob, state: Option<TrainingJobState>) -> String {
     let waiting = matches!(
         state,
@@ -233,7 +236,14 @@ fn queue_cell(job: &TrainingJob, state: Option<TrainingJobState>) -> String {
     if !waiting {
         return NONE.to_owned();
     }
-    match job.status.as_ref().and_then(|s| s.queue.as_ref()) {
+    let status = job.status.as_ref();
+    if status.and_then(TrainingJobStatus::unschedulable).is_some() {
+        let queue = status
+            .and_then(|s| s.queue.as_ref())
+            .map_or_else(|| job.spec.queue_name(), |q| q.name.as_str());
+        return format!("{queue} UNSCHEDULABLE");
+    }
+    match status.and_then(|s| s.queue.as_ref()) {
         Some(queue) => match queue.position {
             Some(position) => format!("{} #{position}", queue.name),
             None => queue.name.clone(),
@@ -460,6 +470,19 @@ pub(crate) mod tests {
             ..TrainingJobStatus::default()
         });
         assert_eq!(waiting.cells()[4], "team-a #4");
+
+        // No node could ever hold it: that, not a place in line.
+        let mut stuck = waiting.clone();
+        if let Some(status) = stuck.status.as_mut() {
+            status.conditions.push(trainyard_api::Condition::new(
+                trainyard_api::CONDITION_SCHEDULABLE,
+                trainyard_api::ConditionStatus::False,
+                "Unschedulable",
+                "no node can hold a worker: spec.gpusPerWorker is 16 but the largest node \
+                 (gpu-node-3) has 8 GPUs; lower gpusPerWorker to at most 8 and raise numWorkers",
+            ));
+        }
+        assert_eq!(stuck.cells()[4], "team-a UNSCHEDULABLE");
 
         // Still queued but the planner has not ranked it: the queue it waits in.
         let mut unranked = waiting.clone();

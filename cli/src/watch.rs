@@ -160,7 +160,13 @@ impl WatchPrinter {
         objects: &[K],
         now: Timestamp,
     ) -> Result<Vec<String>, CliError> {
-        match self.output {
+        match &self.output {
+            Some(OutputFormat::JsonPath(template)) => {
+                return objects
+                    .iter()
+                    .map(|object| Ok(template.render(&serde_json::to_value(object)?)))
+                    .collect();
+            }
             Some(OutputFormat::Json) => {
                 return objects
                     .iter()
@@ -408,6 +414,14 @@ mod tests {
         let lines = json.lines(&[job("a", 1, 1)], now()).expect("renders");
         let parsed: TrainingJob = serde_json::from_str(&lines[0]).expect("one object per line");
         assert_eq!(parsed.name_any(), "a");
+
+        let template = crate::jsonpath::Template::parse("{.metadata.name}={.spec.numWorkers}")
+            .expect("parses");
+        let mut templated = WatchPrinter::new(view, Some(OutputFormat::JsonPath(template)));
+        let lines = templated
+            .lines(&[job("a", 1, 1), job("b", 2, 1)], now())
+            .expect("renders");
+        assert_eq!(lines, ["a=1", "b=2"], "each changed object on a line");
     }
 
     #[test]

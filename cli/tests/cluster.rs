@@ -761,6 +761,122 @@ async fn describe_and_explain_say_why_a_job_waits() {
 }
 
 #[tokio::test]
+async fn get_describe_and_explain_show_a_job_no_node_could_hold_as_unschedulable() {
+    let client = applied_examples(vec![]).await;
+    let why = "no node can hold a worker: spec.gpusPerWorker is 16 but the largest node \
+               (gpu-node-3) has 8 GPUs; lower gpusPerWorker to at most 8 and raise numWorkers";
+    set_status(
+        &client,
+        "ml-training",
+        "gpt-resume",
+        json!({"state": "Queued", "conditions": [
+            {"type": "Admitted", "status": "False", "reason": "Unschedulable",
+             "message": format!("position 2 in queue default: {why}")},
+            {"type": "Schedulable", "status": "False", "reason": "Unschedulable", "message": why}
+        ], "queue": {"name": "default", "position": 2, "reason": why}}),
+    )
+    .await;
+
+    let (out, _, result) =
+        trainyard(&client, &["get", "tj", "gpt-resume", "-n", "ml-training"]).await;
+    result.expect("get");
+    let row = out.lines().nth(1).unwrap_or_default();
+    assert!(row.contains(" default UNSCHEDULABLE "), "{out}");
+    assert!(!row.contains("#2"), "no place in line is shown: {out}");
+
+    let (out, _, result) =
+        trainyard(&client, &["explain", "gpt-resume", "-n", "ml-training"]).await;
+    result.expect("explain");
+    assert_eq!(
+        out,
+        format!("gpt-resume is UNSCHEDULABLE in TrainingQueue default: {why}\n")
+    );
+
+    let (out, _, result) = trainyard(
+        &client,
+        &["describe", "tj", "gpt-resume", "-n", "ml-training"],
+    )
+    .await;
+    result.expect("describe");
+    let queue_line = format!("Queue:        default, UNSCHEDULABLE: {why}\n");
+    for expected in [queue_line.as_str(), "Schedulable", "Unschedulable"] {
+        assert!(out.contains(expected), "{expected:?} missing:\n{out}");
+    }
+}
+
+#[tokio::test]
+async fn get_fills_a_jsonpath_template_from_the_list_or_the_named_object() {
+    let client = applied_examples(vec![]).await;
+    set_status(
+        &client,
+        "ml-training",
+        "gpt-resume",
+        json!({"state": "Queued", "queue": {"name": "default", "position": 2}}),
+    )
+    .await;
+    let (out, _, result) = trainyard(
+        &client,
+        &[
+            "get",
+            "tj",
+            "-n",
+            "ml-training",
+            "-o",
+            r#"jsonpath={range .items[*]}{.metadata.name}{"\t"}{.spec.numWorkers}{"\n"}{end}"#,
+        ],
+    )
+    .await;
+    result.expect("get");
+    let rows: Vec<&str> = out.lines().collect();
+    assert_eq!(rows.len(), 4, "{out}");
+    assert!(rows.contains(&"gpt-resume\t4"), "{out}");
+    assert!(out.ends_with('\n'), "the template's own newline ends it");
+
+    let (out, _, result) = trainyard(
+        &client,
+        &[
+            "get",
+            "tj",
+            "gpt-resume",
+            "-n",
+            "ml-training",
+            "-o",
+            "jsonpath={.metadata.name} waits at {.status.queue.position} in {.status.queue.name}",
+        ],
+    )
+    .await;
+    result.expect("get one");
+    assert_eq!(
+        out, "gpt-resume waits at 2 in default",
+        "nothing added after it"
+    );
+
+    let (out, _, result) = trainyard(
+        &client,
+        &["get", "tq", "-o", "jsonpath={.items[0].metadata.name}"],
+    )
+    .await;
+    result.expect("get queues");
+    assert_eq!(out, "seeded-queue");
+
+    let refused = Cli::try_parse_from([
+        "trainyard",
+        "get",
+        "tj",
+        "-o",
+        "jsonpath={range .items[*]}{.x}",
+    ])
+    .expect_err("an unclosed range is refused");
+    assert_eq!(refused.exit_code(), 2);
+    assert!(
+        refused
+            .to_string()
+            .contains("jsonpath template: {range ...} without its {end} at position 1"),
+        "{refused}"
+    );
+}
+
+#[tokio::test]
 async fn kubeconfig_and_context_flags_choose_the_cluster_and_its_namespace() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("config");

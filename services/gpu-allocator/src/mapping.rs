@@ -19,7 +19,7 @@ use trainyard_api::{
 use trainyard_contracts::EntityRef;
 use trainyard_contracts::decisions::{
     AdmissionDecided, PendingExplained, PreemptionDecided, QueueStatusReported, ResourceUsage,
-    TolerationSpec, WorkerPlacement,
+    TolerationSpec, Unschedulable, WorkerPlacement,
 };
 use trainyard_contracts::events::{Change, NodeObserved, TrainingQueueChanged};
 use trainyard_contracts::hash::fnv1a_parts;
@@ -854,7 +854,8 @@ fn reason_flavor(reason: &PendingReason) -> Option<String> {
     match reason {
         PendingReason::QuotaExceeded { flavor, .. }
         | PendingReason::InsufficientCapacity { flavor, .. }
-        | PendingReason::HeldForReservation { flavor, .. } => Some(flavor.clone()),
+        | PendingReason::HeldForReservation { flavor, .. }
+        | PendingReason::Unschedulable { flavor, .. } => Some(flavor.clone()),
         PendingReason::QueueNotFound { .. }
         | PendingReason::QueueOnHold { .. }
         | PendingReason::BudgetSpent { .. }
@@ -886,6 +887,30 @@ pub fn pending_explained(
         // The position and queue travel in their own fields (the planner's
         // condition leads with them), so the message is why the job waits.
         message: reason.to_string(),
+        unschedulable: unschedulable(reason),
+    }
+}
+
+/// The typed half of an unschedulable job's explanation.
+fn unschedulable(reason: &PendingReason) -> Option<Box<Unschedulable>> {
+    match reason {
+        PendingReason::Unschedulable {
+            cause,
+            resource,
+            largest_node,
+            largest_node_units,
+            detail,
+            fix,
+            ..
+        } => Some(Box::new(Unschedulable {
+            field: cause.field().to_string(),
+            largest_node: largest_node.clone(),
+            largest_node_gpus: *largest_node_units,
+            resource: resource.clone(),
+            detail: detail.clone(),
+            fix: fix.clone(),
+        })),
+        _ => None,
     }
 }
 
@@ -1574,6 +1599,37 @@ mod tests {
         assert_ne!(
             id,
             pending_id(&JobUid::new("u-2/a0"), &pending, Timestamp(7))
+        );
+        assert_eq!(pending.unschedulable, None);
+    }
+
+    #[test]
+    fn an_unschedulable_job_is_explained_with_its_field_and_largest_node() {
+        let reason = PendingReason::Unschedulable {
+            cause: gpu_allocator_core::UnschedulableCause::UnitsPerWorker,
+            flavor: "t4-spot".into(),
+            resource: "nvidia.com/gpu".into(),
+            largest_node: "gpu-node-3".into(),
+            largest_node_units: 8,
+            detail: "spec.gpusPerWorker is 16 but the largest node (gpu-node-3) has 8 GPUs".into(),
+            fix: "lower gpusPerWorker to at most 8 and raise numWorkers".into(),
+        };
+        let pending = pending_explained("team-a", 4, &reason, 32);
+        assert_eq!(pending.flavor.as_deref(), Some("t4-spot"));
+        assert_eq!(pending.gpus_short, 32, "every GPU it asks for is short");
+        assert_eq!(
+            pending.message,
+            "no node can hold a worker: spec.gpusPerWorker is 16 but the largest node \
+             (gpu-node-3) has 8 GPUs; lower gpusPerWorker to at most 8 and raise numWorkers"
+        );
+        let unschedulable = pending.unschedulable.expect("typed");
+        assert_eq!(unschedulable.field, "spec.gpusPerWorker");
+        assert_eq!(
+            (
+                unschedulable.largest_node.as_str(),
+                unschedulable.largest_node_gpus
+            ),
+            ("gpu-node-3", 8)
         );
     }
 }

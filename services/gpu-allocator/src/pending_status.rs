@@ -141,6 +141,19 @@ pub fn cause_hash(reason: &PendingReason) -> u64 {
             resource.as_bytes(),
         ],
         PendingReason::AwaitingPreemption { .. } => [b"awaiting-preemption", b"", b""],
+        // Another field at fault, another flavor come closest or another
+        // largest node (a bigger one joined, still too small) is a new
+        // cause. No other kind's tag reads like a field path.
+        PendingReason::Unschedulable {
+            cause,
+            flavor,
+            largest_node,
+            ..
+        } => [
+            cause.field().as_bytes(),
+            flavor.as_bytes(),
+            largest_node.as_bytes(),
+        ],
     };
     fnv1a_parts(&parts)
 }

@@ -1261,12 +1261,13 @@ mod tests {
         let report = state.cycle(Timestamp(10));
         assert_eq!(report.explanations_published, 1);
         assert_eq!(report.queue_depth["default"], 1);
-        assert_eq!(report.pending_by_reason, [("quota", 1)].into());
+        // 16 GPUs a worker, and the node has 8.
+        assert_eq!(report.pending_by_reason, [("unschedulable", 1)].into());
         let report = state.cycle(Timestamp(11));
         assert_eq!(report.explanations_published, 0);
         assert_eq!(
             report.pending_by_reason,
-            [("quota", 1)].into(),
+            [("unschedulable", 1)].into(),
             "counted whether or not published"
         );
     }
@@ -1300,10 +1301,10 @@ mod tests {
             })
             .collect();
         assert!(
-            why[0].message.contains("all in one zone")
-                && why[0]
-                    .message
-                    .contains("does not fit the nodes of this flavor its node selector, affinity"),
+            why[0].message.contains(
+                "none has the label topology.kubernetes.io/zone, which a pod affinity's \
+                 topologyKey needs too"
+            ),
             "{why:?}"
         );
 

@@ -335,10 +335,16 @@ async fn a_gang_is_admitted_all_or_nothing_and_told_why_it_waits() {
     assert_eq!(pending.0.uid, "uid-gang");
     assert_eq!(pending.1.gpus_requested, 12);
     assert_eq!(pending.1.queue, "default");
+    // Two 4-GPU nodes never hold three 4-GPU workers: waiting does not help
+    // until a node joins.
     assert!(
-        pending.1.message.contains("capacity"),
+        pending.1.message.contains("spec.numWorkers is 3"),
         "{}",
         pending.1.message
+    );
+    assert_eq!(
+        pending.1.unschedulable.as_ref().map(|u| u.field.as_str()),
+        Some("spec.numWorkers")
     );
     assert!(
         admissions(&runtime).await.is_empty(),

@@ -34,11 +34,11 @@ pub use sweep::{
     SearchAlgorithm, Sweep, SweepSpec, SweepState, SweepStatus, TpeSettings, TrialCounts,
 };
 pub use trainingjob::{
-    AllocatedResources, CapacityType, CheckpointSpec, CheckpointStatus, CheckpointStorage,
-    CommunicationBackend, CostStatus, FailurePolicy, Framework, Hyperparameters, KeepBestSpec,
-    MetricMode, MonitoringSpec, NetworkingSpec, Optimizer, QueueStatus, RestartPolicy,
-    RetentionPolicySpec, SchedulingSpec, StorageType, SuccessPolicy, TrainingJob, TrainingJobSpec,
-    TrainingJobState, TrainingJobStatus, WorkerCounts,
+    AllocatedResources, CONDITION_SCHEDULABLE, CapacityType, CheckpointSpec, CheckpointStatus,
+    CheckpointStorage, CommunicationBackend, CostStatus, FailurePolicy, Framework, Hyperparameters,
+    KeepBestSpec, MetricMode, MonitoringSpec, NetworkingSpec, Optimizer, QueueStatus,
+    RestartPolicy, RetentionPolicySpec, SchedulingSpec, StorageType, SuccessPolicy, TrainingJob,
+    TrainingJobSpec, TrainingJobState, TrainingJobStatus, WorkerCounts,
 };
 pub use validation::{FieldError, FieldErrorKind, format_field_errors};
 

@@ -755,6 +755,10 @@ fn default_success_metric() -> Option<String> {
     Some(DEFAULT_SUCCESS_METRIC.to_owned())
 }
 
+/// Condition type that is False (reason `Unschedulable`) while no node the job may use
+/// could hold it, even with the cluster empty.
+pub const CONDITION_SCHEDULABLE: &str = "Schedulable";
+
 /// Observed state of a TrainingJob, written by the planner.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -763,7 +767,7 @@ pub struct TrainingJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<TrainingJobState>,
 
-    /// Conditions such as Admitted, Running, PodsReady, Succeeded, Failed, Suspended.
+    /// Conditions such as Admitted, Running, PodsReady, Succeeded, Failed, Suspended, and Schedulable: False (reason Unschedulable) while no node the job may use could hold it even with the cluster empty, naming the field to change; the job stays queued and is admitted once a node that fits joins.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
@@ -834,6 +838,16 @@ pub struct TrainingJobStatus {
     /// metadata.generation this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+impl TrainingJobStatus {
+    /// Why no node could hold the job (the `Schedulable: False` condition's message),
+    /// while that holds.
+    pub fn unschedulable(&self) -> Option<&str> {
+        crate::condition::find_condition(&self.conditions, CONDITION_SCHEDULABLE)
+            .filter(|c| c.status == crate::condition::ConditionStatus::False)
+            .map(|c| c.message.as_deref().unwrap_or_default())
+    }
 }
 
 /// What a job has cost and is expected to cost.

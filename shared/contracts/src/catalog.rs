@@ -184,7 +184,7 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
         entry::<decisions::PendingExplained>(
             "gpu-allocator",
             "planner, notifier",
-            "Why the job is still waiting; the planner writes it into status and events as `position <position> in queue <queue>: <message>`. Published again when the cause changes or the position or shortfall moved by a step (gpu-allocator README).",
+            "Why the job is still waiting; the planner writes it into status and events as `position <position> in queue <queue>: <message>`. Published again when the cause changes or the position or shortfall moved by a step (gpu-allocator README). When no node of any flavor the job may use could hold it even with the cluster empty, `unschedulable` says so: the field to change (`spec.gpusPerWorker`, `spec.resources.requests.cpu`, `spec.scheduling.nodeSelector`, ...), the largest node and its units, what does not fit and the fix; the planner then marks the job `Schedulable: False` (reason `Unschedulable`). Consumers that do not read it still get the same words in `message`.",
             job(),
             json!({"queue": "team-a", "position": 3, "flavor": "a100-spot", "gpusRequested": 4, "gpusShort": 2,
                    "message": "quota: flavor a100-spot nvidia.com/gpu: needs 4, queue can take 2 (nominal 32, in use 30); 2 short"}),

@@ -69,6 +69,32 @@ pub struct PendingExplained {
     /// Why the job waits, without its position, e.g. "quota: flavor a100-spot
     /// nvidia.com/gpu: needs 8, queue can take 0 (nominal 16, in use 16); 8 short".
     pub message: String,
+    /// Set when no node of any flavor the job may use could hold it even
+    /// with the cluster empty: waiting does not help. `message` says the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unschedulable: Option<Box<Unschedulable>>,
+}
+
+/// Why no node could ever hold a job, and what to change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Unschedulable {
+    /// The TrainingJob field that asks for more than the nodes offer, e.g.
+    /// `spec.gpusPerWorker`, `spec.scheduling.nodeSelector`.
+    pub field: String,
+    /// The node with the most units of `resource` in the flavor the job came
+    /// closest to fitting.
+    pub largest_node: String,
+    /// Its allocatable units of `resource` (GPUs for `nvidia.com/gpu`).
+    pub largest_node_gpus: u32,
+    /// `nvidia.com/gpu`, `nvidia.com/gpu.shared` or `nvidia.com/mig-<profile>`.
+    pub resource: String,
+    /// What does not fit, e.g. "spec.gpusPerWorker is 16 but the largest node
+    /// (gpu-node-3) has 8 GPUs".
+    pub detail: String,
+    /// How to make the job schedulable, e.g. "lower gpusPerWorker to at most
+    /// 8 and raise numWorkers".
+    pub fix: String,
 }
 
 /// The entity (a running job) is to be preempted: checkpoint now, evicted after the grace period.

@@ -110,7 +110,20 @@ impl Allocator {
 
     /// Applies one event. A rejected event leaves the state unchanged.
     pub fn apply(&mut self, event: Event) -> Result<Applied, AllocatorError> {
-        self.state.apply(event)
+        let submitted = match &event {
+            Event::JobSubmitted(spec) => Some(spec.uid.clone()),
+            _ => None,
+        };
+        let applied = self.state.apply(event)?;
+        // A new job may take a slot an earlier one left, and an edit keeps
+        // its slot: what was judged of the slot goes.
+        if let Some(uid) = submitted
+            && applied == Applied::Changed
+            && let Some(idx) = self.state.job_by_uid.get(&uid)
+        {
+            self.memo.spare_fits.forget_job(*idx);
+        }
+        Ok(applied)
     }
 
     /// Removes a job like `JobRemoved` but without remembering its uid, so

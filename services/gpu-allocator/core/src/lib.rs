@@ -56,7 +56,7 @@ pub use event::{
     Applied, BudgetHold, Event, FlavorQuota, JobSpec, MAX_UNITS_PER_WORKER, MAX_WORKERS, NodeInfo,
     QueuePreemption, QueueSpec, ResourceQuota,
 };
-pub use pending::{Pending, PendingExplanation, PendingReason};
+pub use pending::{Pending, PendingExplanation, PendingReason, UnschedulableCause};
 pub use snapshot::{AllocatorSnapshot, JobSnapshot, SNAPSHOT_FORMAT_VERSION};
 pub use state::inventory::{InternOrder, MAX_NODE_UNITS};
 pub use state::jobs::{Nomination, PreemptingState};

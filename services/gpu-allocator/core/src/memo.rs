@@ -7,10 +7,12 @@
 //! looked up by key, never iterated, so it cannot change a decision.
 
 use std::rc::Rc;
+use std::sync::Arc;
 
 use crate::cycle::quota_holds::CohortRelease;
 use crate::cycle::quota_holds::HoldAges;
 use crate::ids::{FastMap, JobIdx, QueueIdx, ReasonIdx, ResIdx};
+use crate::pending::PendingReason;
 use crate::state::jobs::Gang;
 use crate::state::releases::Timeline;
 use crate::types::GpuSliceRequest;
@@ -29,6 +31,68 @@ pub(crate) struct Memo {
     /// nodes alone, and walking them all for each reason took a fifth of
     /// a cycle where CPU binds. Only looked up by key.
     pub(crate) spare_empty_slots: (u64, EmptySlots),
+    /// Which pending jobs no node could ever hold, as the last cycle left it.
+    pub(crate) spare_fits: FitVerdicts,
+}
+
+/// A job's fit verdict: some node could hold it.
+pub(crate) const FITS: u32 = u32::MAX;
+
+/// What a fit verdict depends on besides the nodes and the queues: the
+/// job's queue and what picks its resources there (GPU sharing, a MIG
+/// request), what each worker asks and the job's node filter. Jobs alike in
+/// these share one verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct FitKey {
+    pub(crate) queue: QueueIdx,
+    pub(crate) sharing: bool,
+    pub(crate) slice: Option<GpuSliceRequest>,
+    pub(crate) gang: Gang,
+    pub(crate) filter: u32,
+}
+
+/// Whether any node could ever hold each pending job (see
+/// `Allocator::unschedulable`), kept from cycle to cycle while no node and
+/// no queue changes (`at`): it depends on the job, its queue and the nodes
+/// alone, so a job is judged once per change rather than every cycle. Only
+/// looked up by key, never iterated.
+#[derive(Default)]
+pub(crate) struct FitVerdicts {
+    /// (`Inventory::node_changes`, `Queues::changes`) they hold at.
+    at: (u64, u64),
+    /// By job slot: `NOT_JUDGED`, or its verdict as `stored` keeps it. Four bytes a job: the main pass
+    /// reads it for every pending job. A slot is forgotten whenever a job is
+    /// submitted into it (`Allocator::apply`), so a reused slot is judged anew.
+    by_job: Vec<u32>,
+    /// Verdicts by what they depend on.
+    by_shape: FastMap<FitKey, u32>,
+    /// Why the jobs no node could hold wait.
+    never: Vec<Arc<PendingReason>>,
+    /// Each of `never` in this cycle's table of reasons, once a job used it.
+    in_cycle: Vec<Option<ReasonIdx>>,
+}
+
+impl FitVerdicts {
+    /// Forgets job slot `idx`'s verdict: a job was submitted into it, or
+    /// its spec changed.
+    pub(crate) fn forget_job(&mut self, idx: JobIdx) {
+        if let Some(slot) = self.by_job.get_mut(idx as usize) {
+            *slot = NOT_JUDGED;
+        }
+    }
+}
+
+/// A job slot's entry before its job is judged.
+const NOT_JUDGED: u32 = 0;
+
+/// A verdict as `FitVerdicts::by_job` stores it: [`FITS`] as 1, a reason's
+/// index `i` as `i + 2`.
+fn stored(verdict: u32) -> u32 {
+    if verdict == FITS {
+        1
+    } else {
+        verdict.saturating_add(2)
+    }
 }
 
 /// Placement-failure memo key: jobs with the same shape and node filter fail
@@ -171,9 +235,18 @@ impl QuotaBlockedShapes {
 
 impl Memo {
     /// The memo a cycle starts with, at the inventory's `node_changes`.
-    pub(crate) fn start_cycle(&mut self, node_changes: u64) -> CycleMemo {
+    pub(crate) fn start_cycle(&mut self, node_changes: u64, queue_changes: u64) -> CycleMemo {
         let (at, empty_slots) = std::mem::take(&mut self.spare_empty_slots);
+        let mut fits = std::mem::take(&mut self.spare_fits);
+        if fits.at != (node_changes, queue_changes) {
+            fits = FitVerdicts {
+                at: (node_changes, queue_changes),
+                ..FitVerdicts::default()
+            };
+        }
+        fits.in_cycle.iter_mut().for_each(|r| *r = None);
         CycleMemo {
+            fits,
             quota_blocked: std::mem::take(&mut self.spare_quota_blocked),
             empty_slots: if at == node_changes {
                 empty_slots
@@ -189,6 +262,7 @@ impl Memo {
         memo.quota_blocked.clear();
         self.spare_quota_blocked = memo.quota_blocked;
         self.spare_empty_slots = (node_changes, memo.empty_slots);
+        self.spare_fits = memo.fits;
     }
 }
 
@@ -211,6 +285,9 @@ pub(crate) struct CycleMemo {
     /// `slots_when_empty` per (resource, node filter, worker shape), kept
     /// from cycle to cycle while no node changes.
     empty_slots: EmptySlots,
+    /// Which jobs no node could ever hold, kept from cycle to cycle while
+    /// no node or queue changes.
+    fits: FitVerdicts,
     /// Release timelines per resource, until an admission in it changes them.
     timelines: FastMap<ResIdx, Rc<Timeline>>,
     /// Expected releases per resource for the cohort pools and queues (see
@@ -310,6 +387,63 @@ impl CycleMemo {
 
     pub(crate) fn record_empty_slots(&mut self, key: (ResIdx, u32, Gang), slots: u64) {
         self.empty_slots.insert(key, slots);
+    }
+
+    /// Job `idx`'s fit verdict, if it was judged.
+    pub(crate) fn lookup_fit(&self, idx: JobIdx) -> Option<u32> {
+        match self.fits.by_job.get(idx as usize).copied() {
+            None | Some(NOT_JUDGED) => None,
+            Some(1) => Some(FITS),
+            Some(at) => Some(at - 2),
+        }
+    }
+
+    pub(crate) fn record_fit(&mut self, idx: JobIdx, verdict: u32) {
+        let at = idx as usize;
+        if self.fits.by_job.len() <= at {
+            self.fits.by_job.resize(at + 1, NOT_JUDGED);
+        }
+        if let Some(slot) = self.fits.by_job.get_mut(at) {
+            *slot = stored(verdict);
+        }
+    }
+
+    /// The verdict of jobs alike in `key`, if one was judged.
+    pub(crate) fn lookup_fit_shape(&self, key: &FitKey) -> Option<u32> {
+        self.fits.by_shape.get(key).copied()
+    }
+
+    /// Records the verdict of jobs alike in `key`: `never`, why no node could
+    /// hold them, or none. Returns the verdict.
+    pub(crate) fn record_fit_shape(&mut self, key: FitKey, never: Option<PendingReason>) -> u32 {
+        let verdict = match never {
+            Some(reason) => {
+                let at = u32::try_from(self.fits.never.len()).unwrap_or(FITS - 1);
+                self.fits.never.push(Arc::new(reason));
+                self.fits.in_cycle.push(None);
+                at
+            }
+            None => FITS,
+        };
+        self.fits.by_shape.insert(key, verdict);
+        verdict
+    }
+
+    /// Why jobs of `verdict` wait, and their reason in this cycle's table
+    /// once one was explained; none for [`FITS`].
+    pub(crate) fn never_reason(
+        &self,
+        verdict: u32,
+    ) -> Option<(Option<ReasonIdx>, &Arc<PendingReason>)> {
+        let reason = self.fits.never.get(verdict as usize)?;
+        let known = self.fits.in_cycle.get(verdict as usize).copied().flatten();
+        Some((known, reason))
+    }
+
+    pub(crate) fn record_never_reason(&mut self, verdict: u32, reason: ReasonIdx) {
+        if let Some(slot) = self.fits.in_cycle.get_mut(verdict as usize) {
+            *slot = Some(reason);
+        }
     }
 
     /// The release timeline of `res`, from `compute` the first time.

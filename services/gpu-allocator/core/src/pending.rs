@@ -194,6 +194,29 @@ pub enum PendingReason {
         /// Its reserved start.
         until: Timestamp,
     },
+    /// No node of any flavor the job may use could hold a worker, or no set
+    /// of them the gang, even with every pod gone: waiting does not help.
+    /// The job keeps its place in line; a node that could hold it, or a
+    /// changed spec, lets it in.
+    Unschedulable {
+        /// What asks for more than the nodes offer.
+        cause: UnschedulableCause,
+        /// Flavor whose nodes came closest to holding the job.
+        flavor: String,
+        /// Resource of that flavor.
+        resource: String,
+        /// The flavor's node with the most units of `resource` (allocatable,
+        /// whatever runs there).
+        largest_node: String,
+        /// Its units of `resource`.
+        largest_node_units: u32,
+        /// What does not fit, naming the field, e.g. `spec.gpusPerWorker is
+        /// 16 but the largest node (gpu-node-3) has 8 GPUs`.
+        detail: String,
+        /// How to make the job schedulable, e.g. `lower gpusPerWorker and
+        /// raise numWorkers`.
+        fix: String,
+    },
     /// Victims were told to checkpoint; the job starts when they are evicted.
     AwaitingPreemption {
         /// Victims still running.
@@ -203,9 +226,66 @@ pub enum PendingReason {
     },
 }
 
+/// What keeps a job off every node it may use (see
+/// [`PendingReason::Unschedulable`]), checked in this order: the first that
+/// leaves no node is the cause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum UnschedulableCause {
+    /// A worker's GPUs (MIG slices, shared replicas) exceed every node's.
+    UnitsPerWorker,
+    /// A worker's CPU request exceeds every node's allocatable CPU among
+    /// the nodes with units enough.
+    CpuPerWorker,
+    /// Likewise memory.
+    MemoryPerWorker,
+    /// The node selector matches none of the nodes that could hold a worker.
+    NodeSelector,
+    /// The required node affinity matches none of them.
+    NodeAffinity,
+    /// Each of them has a taint the job does not tolerate.
+    Tolerations,
+    /// None of them has GPUs with the memory the job asks for.
+    GpuMemoryFloor,
+    /// The gang must stay on one node, rack or zone, and none holds it.
+    Topology,
+    /// Each worker needs a node of its own, and there are fewer nodes.
+    OneWorkerPerNode,
+    /// All the nodes together hold fewer workers than the gang has.
+    NumWorkers,
+}
+
+impl UnschedulableCause {
+    /// The TrainingJob field to change, e.g. `spec.gpusPerWorker`.
+    pub fn field(self) -> &'static str {
+        match self {
+            UnschedulableCause::UnitsPerWorker => "spec.gpusPerWorker",
+            UnschedulableCause::CpuPerWorker => "spec.resources.requests.cpu",
+            UnschedulableCause::MemoryPerWorker => "spec.resources.requests.memory",
+            UnschedulableCause::NodeSelector => "spec.scheduling.nodeSelector",
+            UnschedulableCause::NodeAffinity => "spec.scheduling.affinity.nodeAffinity",
+            UnschedulableCause::Tolerations => "spec.scheduling.tolerations",
+            UnschedulableCause::GpuMemoryFloor => "minGpuMemoryMib",
+            UnschedulableCause::Topology => "spec.scheduling.affinity.podAffinity",
+            UnschedulableCause::OneWorkerPerNode => "spec.scheduling.affinity.podAntiAffinity",
+            UnschedulableCause::NumWorkers => "spec.numWorkers",
+        }
+    }
+
+    /// Whether not even one worker fits (else the gang as a whole does not).
+    pub fn per_worker(self) -> bool {
+        !matches!(
+            self,
+            UnschedulableCause::Topology
+                | UnschedulableCause::OneWorkerPerNode
+                | UnschedulableCause::NumWorkers
+        )
+    }
+}
+
 impl PendingReason {
     /// Every [`PendingReason::kind`], for gauges that show each one, zero or not.
-    pub const KINDS: [&'static str; 10] = [
+    pub const KINDS: [&'static str; 11] = [
         "queue_not_found",
         "queue_on_hold",
         "budget_spent",
@@ -216,6 +296,7 @@ impl PendingReason {
         "capacity_cpu_memory",
         "held_for_reservation",
         "awaiting_preemption",
+        "unschedulable",
     ];
 
     /// A short, bounded name of the reason, for metric labels. A capacity
@@ -240,6 +321,7 @@ impl PendingReason {
             }
             PendingReason::HeldForReservation { .. } => "held_for_reservation",
             PendingReason::AwaitingPreemption { .. } => "awaiting_preemption",
+            PendingReason::Unschedulable { .. } => "unschedulable",
         }
     }
 
@@ -259,7 +341,8 @@ impl PendingReason {
             | PendingReason::QueueOnHold { .. }
             | PendingReason::BudgetSpent { .. }
             | PendingReason::NamespaceNotAdmitted { .. }
-            | PendingReason::NoMatchingFlavor { .. } => u64::MAX,
+            | PendingReason::NoMatchingFlavor { .. }
+            | PendingReason::Unschedulable { .. } => u64::MAX,
         }
     }
 }
@@ -402,6 +485,17 @@ impl fmt::Display for PendingReason {
             PendingReason::AwaitingPreemption { victims, evict_at } => write!(
                 f,
                 "preempting {victims} job(s) that are checkpointing; starts after eviction at {evict_at}"
+            ),
+            PendingReason::Unschedulable {
+                cause, detail, fix, ..
+            } => write!(
+                f,
+                "{}: {detail}; {fix}",
+                if cause.per_worker() {
+                    "no node can hold a worker"
+                } else {
+                    "no set of nodes can hold the gang"
+                }
             ),
         }
     }

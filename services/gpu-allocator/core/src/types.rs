@@ -202,7 +202,7 @@ pub struct NodeRequirement {
 }
 
 impl NodeRequirement {
-    fn holds(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
+    pub(crate) fn holds(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
         let value = match &self.key {
             NodeKey::Label(key) => labels.get(key).map(String::as_str),
             NodeKey::Name => Some(name),

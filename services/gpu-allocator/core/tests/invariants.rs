@@ -1400,6 +1400,28 @@ impl Run {
                     "{at}: {queue}'s stopPolicy hold is named first"
                 );
             }
+            PendingReason::Unschedulable {
+                cause,
+                largest_node,
+                largest_node_units,
+                detail,
+                ..
+            } => {
+                assert!(
+                    self.nodes
+                        .iter()
+                        .any(|n| &n.info.name == largest_node && n.present),
+                    "{at}: {largest_node} is a node"
+                );
+                assert!(detail.contains(cause.field()), "{at}: {detail}");
+                if *cause == UnschedulableCause::UnitsPerWorker {
+                    assert!(
+                        spec.gpus_per_worker > *largest_node_units,
+                        "{at}: {:?}",
+                        e.reason
+                    );
+                }
+            }
             PendingReason::QueueNotFound { .. } | PendingReason::NoMatchingFlavor { .. } => {}
         }
     }

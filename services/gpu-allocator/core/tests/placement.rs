@@ -121,8 +121,8 @@ fn required_node_affinity_limits_the_nodes_a_job_is_placed_on() {
     assert!(
         matches!(
             *h.reason_of(&out, "nowhere").reason,
-            PendingReason::InsufficientCapacity {
-                fits_when_empty: false,
+            PendingReason::Unschedulable {
+                cause: UnschedulableCause::NodeAffinity,
                 ..
             }
         ),
@@ -130,8 +130,8 @@ fn required_node_affinity_limits_the_nodes_a_job_is_placed_on() {
     );
     let message = h.reason_of(&out, "nowhere").message();
     assert!(
-        message.contains("does not fit the nodes of this flavor its node selector, affinity"),
-        "the job's own constraints are named: {message}"
+        message.contains("spec.scheduling.affinity.nodeAffinity matches none of the 3 node(s)"),
+        "the job's own constraint is named: {message}"
     );
     // A z3 node joins, and a job that only fits there takes it first:
     // `nowhere` still waits, but now for room, no longer for a node.
@@ -226,12 +226,17 @@ fn workers_that_must_not_share_a_node_get_a_node_each_or_wait() {
     assert!(
         matches!(
             *h.reason_of(&out, "four").reason,
-            PendingReason::InsufficientCapacity {
-                fits_when_empty: false,
+            PendingReason::Unschedulable {
+                cause: UnschedulableCause::OneWorkerPerNode,
                 ..
             }
         ),
         "three nodes never host four workers apart"
+    );
+    let message = h.reason_of(&out, "four").message();
+    assert!(
+        message.contains("each of the 4 workers on a node of its own, but 3 node(s) can hold one"),
+        "{message}"
     );
 }
 
@@ -283,11 +288,13 @@ fn workers_kept_on_one_node_wait_for_a_node_that_holds_them_all() {
     never.topology = TopologyRequirement::SameNode;
     h.submit_at(never, 4);
     let out = h.cycle(4);
+    let message = h.reason_of(&out, "never").message();
     assert!(
-        h.reason_of(&out, "never")
-            .message()
-            .contains("does not fit this flavor even when it is empty"),
-        "no node holds 9 GPUs"
+        message.contains(
+            "no set of nodes can hold the gang: spec.scheduling.affinity.podAffinity keeps all 3 \
+             workers (9 GPUs) on one node, but the roomiest node (n1) holds 2 of them"
+        ),
+        "no node holds 9 GPUs: {message}"
     );
 }
 
@@ -366,8 +373,18 @@ fn topology_prefers_one_rack_then_one_zone() {
     let out = h.cycle(31);
     let why = h.reason_of(&out, "never");
     assert!(
+        matches!(
+            *why.reason,
+            PendingReason::Unschedulable {
+                cause: UnschedulableCause::Topology,
+                ..
+            }
+        ),
+        "{why:?}"
+    );
+    assert!(
         why.message()
-            .contains("does not fit this flavor even when it is empty"),
+            .contains("keeps all 4 workers in one rack, but the roomiest rack holds 3 of them"),
         "no rack has four nodes: {}",
         why.message()
     );

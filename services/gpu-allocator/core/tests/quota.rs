@@ -172,7 +172,20 @@ fn a_job_short_of_cpu_or_memory_says_so_and_starts_when_they_are_freed() {
     let out = h.cycle(101);
     let why = h.reason_of(&out, "huge");
     assert!(
-        why.message().contains("even when it is empty"),
+        matches!(
+            *why.reason,
+            PendingReason::Unschedulable {
+                cause: UnschedulableCause::CpuPerWorker,
+                ..
+            }
+        ),
+        "{why:?}"
+    );
+    assert!(
+        why.message().contains(
+            "no node can hold a worker: spec.resources.requests.cpu is 65 per worker but the \
+             node with the most CPU among the nodes with 1 GPU or more (n1) has 64 allocatable"
+        ),
         "{}",
         why.message()
     );

@@ -236,7 +236,12 @@ pub fn observe(
             let mut wait = previous.cloned().unwrap_or_else(|| QueueWait::empty(job));
             // The planner words it the same way in the job's Admitted condition.
             wait.pending = Some(PendingReason {
-                reason: "WaitingForQuota".to_string(),
+                reason: if p.unschedulable.is_some() {
+                    "Unschedulable"
+                } else {
+                    "WaitingForQuota"
+                }
+                .to_string(),
                 message: format!(
                     "position {} in queue {}: {}",
                     p.position, p.queue, p.message

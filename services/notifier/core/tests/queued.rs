@@ -5,7 +5,7 @@ use notifier_core::queued::{QUEUED_TOO_LONG, QueueWait, WaitObservation, due, ob
 use notifier_core::{Routing, events_of};
 use trainyard_api::TrainingJobState;
 use trainyard_contracts::decisions::{
-    BestTrial, ParameterValue, PendingExplained, SweepProgressed,
+    BestTrial, ParameterValue, PendingExplained, SweepProgressed, Unschedulable,
 };
 use trainyard_contracts::lifecycle::{TrainingJobTransitioned, TransitionContext};
 use trainyard_contracts::{EntityRef, Envelope, Incoming};
@@ -71,6 +71,7 @@ fn pending(queue: &str) -> WaitObservation {
         gpus_requested: 8,
         gpus_short: 8,
         message: "quota: flavor a100 nvidia.com/gpu: needs 8, queue can take 0; 8 short".into(),
+        unschedulable: None,
     })
 }
 
@@ -139,6 +140,38 @@ fn a_job_queued_past_its_threshold_is_told_once_naming_queue_wait_and_pending_re
     let after = due(&wait, &routing, t0() + Duration::hours(5));
     assert!(after.notify.is_empty(), "told once per attempt");
     assert_eq!(after.next, None);
+}
+
+#[test]
+fn a_job_no_node_could_hold_is_told_with_reason_unschedulable() {
+    let WaitObservation::Pending(mut explained) = pending("team-a") else {
+        panic!("a pending observation");
+    };
+    explained.message = "no node can hold a worker: spec.gpusPerWorker is 16 but the largest \
+                         node (gpu-node-3) has 8 GPUs; lower gpusPerWorker to at most 8 and \
+                         raise numWorkers"
+        .into();
+    explained.unschedulable = Some(Box::new(Unschedulable {
+        field: "spec.gpusPerWorker".into(),
+        largest_node: "gpu-node-3".into(),
+        largest_node_gpus: 8,
+        resource: "nvidia.com/gpu".into(),
+        detail: "spec.gpusPerWorker is 16 but the largest node (gpu-node-3) has 8 GPUs".into(),
+        fix: "lower gpusPerWorker to at most 8 and raise numWorkers".into(),
+    }));
+    let wait = fold(&[
+        (0, transition(TrainingJobState::Queued, 0, "team-a")),
+        (1, WaitObservation::Pending(explained)),
+    ])
+    .expect("waits");
+    let late = due(&wait, &routing(), t0() + Duration::minutes(61));
+    let event = &late.notify[0].1;
+    assert_eq!(event.reason, "Unschedulable");
+    assert!(
+        event.text.contains("spec.gpusPerWorker is 16"),
+        "{}",
+        event.text
+    );
 }
 
 #[test]

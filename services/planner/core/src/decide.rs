@@ -54,6 +54,13 @@ pub const CONDITION_PODS_READY: &str = "PodsReady";
 pub const REASON_PODS_NOT_CREATED: &str = "PodsNotCreated";
 /// `PodsReady` reason: the pods exist but not all of them run.
 pub const REASON_PODS_NOT_READY: &str = "PodsNotReady";
+/// Condition: some node the job may use could hold it. False (reason
+/// [`REASON_UNSCHEDULABLE`]) while the gpu-allocator finds none could, even
+/// with the cluster empty; set True again once one could. Absent on jobs
+/// that never were unschedulable.
+pub const CONDITION_SCHEDULABLE: &str = trainyard_api::CONDITION_SCHEDULABLE;
+/// Reason of `Schedulable: False`, and of `Admitted: False` meanwhile.
+pub const REASON_UNSCHEDULABLE: &str = "Unschedulable";
 
 /// Kind of Kubernetes Event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -901,6 +908,10 @@ impl Context<'_> {
                             "Queued",
                             waiting.message.clone(),
                         );
+                        // No node could ever hold it: a Warning, once.
+                        let unschedulable = waiting.reason == REASON_UNSCHEDULABLE;
+                        verdict.warning = unschedulable;
+                        verdict.admission_warning = unschedulable;
                         verdict.reason = waiting.reason.clone();
                         verdict.admitted = waiting;
                         verdict
@@ -1020,7 +1031,11 @@ impl Context<'_> {
         match &self.state.pending {
             Some(pending) => ConditionUpdate::new(
                 ConditionStatus::False,
-                "WaitingForQuota",
+                if pending.unschedulable.is_some() {
+                    REASON_UNSCHEDULABLE
+                } else {
+                    "WaitingForQuota"
+                },
                 format!(
                     "position {} in queue {}: {}",
                     pending.position, pending.queue, pending.message
@@ -1373,6 +1388,9 @@ impl Context<'_> {
                 ),
             );
         }
+        if let Some(update) = self.schedulable_condition(verdict) {
+            set(CONDITION_SCHEDULABLE, &update);
+        }
         match verdict.state {
             TrainingJobState::Completed => set(
                 CONDITION_SUCCEEDED,
@@ -1440,6 +1458,32 @@ impl Context<'_> {
         }
         status.queue = (verdict.state == TrainingJobState::Queued).then(|| self.queue_status());
         status
+    }
+
+    /// `Schedulable`: False while the job waits and the gpu-allocator finds
+    /// no node could ever hold it; True once that no longer holds, for a job
+    /// that had it False (the job stays in its queue all along, as a node may
+    /// be added).
+    fn schedulable_condition(&self, verdict: &Verdict) -> Option<ConditionUpdate> {
+        let unschedulable = self
+            .state
+            .pending
+            .as_ref()
+            .filter(|p| p.unschedulable.is_some() && verdict.state == TrainingJobState::Queued);
+        match unschedulable {
+            Some(pending) => Some(ConditionUpdate::new(
+                ConditionStatus::False,
+                REASON_UNSCHEDULABLE,
+                pending.message.clone(),
+            )),
+            None => find_condition(&self.previous.conditions, CONDITION_SCHEDULABLE).map(|_| {
+                ConditionUpdate::new(
+                    ConditionStatus::True,
+                    "NodesFit",
+                    "a node the job may use can hold each of its workers",
+                )
+            }),
+        }
     }
 
     /// The typed twin of the waiting condition, so clients need not parse its message.

@@ -154,15 +154,20 @@ impl Allocator {
             let outcome = match early {
                 // Evaluated before the pass (it held a reservation).
                 Some(failure) => Err(failure),
-                None => match shape.filter(|_| ctx.quota_shortcut()).and_then(|s| {
-                    ctx.memo
-                        .lookup_quota_blocked(lane_queue, s, ctx.quota_epoch(lane_queue))
-                }) {
-                    Some(failure) => {
-                        ctx.stats.memo_hits += 1;
-                        Err(failure)
-                    }
-                    None => self.evaluate(idx, now, ctx, &mut options),
+                // A job no node could ever hold says so before any quota
+                // answer a job of its shape got.
+                None => match self.unschedulable(idx, ctx) {
+                    Some(reason) => Err((reason, false)),
+                    None => match shape.filter(|_| ctx.quota_shortcut()).and_then(|s| {
+                        ctx.memo
+                            .lookup_quota_blocked(lane_queue, s, ctx.quota_epoch(lane_queue))
+                    }) {
+                        Some(failure) => {
+                            ctx.stats.memo_hits += 1;
+                            Err(failure)
+                        }
+                        None => self.evaluate(idx, now, ctx, &mut options),
+                    },
                 },
             };
             match outcome {

@@ -205,6 +205,10 @@ impl Allocator {
                 false,
             ));
         }
+        // No node could ever hold it: no quota, hold or preemption helps.
+        if let Some(reason) = self.unschedulable(idx, ctx) {
+            return Err((reason, false));
+        }
         if let JobState::Pending(Some(nomination)) = &job.state {
             return Err((
                 ctx.add_reason(PendingReason::AwaitingPreemption {

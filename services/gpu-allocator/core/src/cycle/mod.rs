@@ -32,6 +32,7 @@ pub(crate) mod queue_order;
 pub(crate) mod queue_position;
 pub(crate) mod quota_holds;
 pub(crate) mod reservation;
+pub(crate) mod unschedulable;
 pub(crate) mod victim_search;
 
 use std::collections::BTreeSet;
@@ -127,8 +128,13 @@ impl CycleCtx {
 
     /// Adds a reason to the cycle's table.
     pub(crate) fn add_reason(&mut self, reason: PendingReason) -> ReasonIdx {
+        self.add_shared_reason(Arc::new(reason))
+    }
+
+    /// Adds a reason kept beyond the cycle to the cycle's table.
+    pub(crate) fn add_shared_reason(&mut self, reason: Arc<PendingReason>) -> ReasonIdx {
         let idx = ReasonIdx::try_from(self.reasons.len()).unwrap_or(ReasonIdx::MAX);
-        self.reasons.push(Arc::new(reason));
+        self.reasons.push(reason);
         idx
     }
 
@@ -148,7 +154,9 @@ impl Allocator {
     /// Runs one admission cycle at `now`.
     pub fn cycle(&mut self, now: Timestamp) -> CycleOutcome {
         let ctx = CycleCtx {
-            memo: self.memo.start_cycle(self.state.inv.node_changes),
+            memo: self
+                .memo
+                .start_cycle(self.state.inv.node_changes, self.state.queues.changes),
             ..CycleCtx::default()
         };
         self.cycle_with(now, ctx)

@@ -185,6 +185,9 @@ pub(crate) struct Queues {
     by_name: std::collections::HashMap<String, QueueIdx>,
     pub(crate) cohorts: Vec<Cohort>,
     cohort_by_name: std::collections::HashMap<String, CohortIdx>,
+    /// Bumped by every queue spec installed or removed: what is worked out
+    /// from the queues' flavors and namespaces holds while it stays.
+    pub(crate) changes: u64,
 }
 
 /// Effectively unlimited borrowing, without overflow in sums.
@@ -236,6 +239,7 @@ impl Queues {
     /// Installs a (validated) spec whose flavors/resources are already
     /// resolved to `slots`, then recomputes the affected cohorts' pools.
     pub(crate) fn upsert(&mut self, spec: QueueSpec, slots: Vec<QuotaSlot>) -> QueueIdx {
+        self.changes += 1;
         let idx = self.intern(&spec.name);
         let new_cohort = spec.cohort.as_deref().map(|c| self.intern_cohort(c));
         let old_cohort = self.get(idx).and_then(|q| q.cohort);
@@ -299,6 +303,7 @@ impl Queues {
         q.plain_options.clear();
         q.sharing_options.clear();
         q.cohort = None;
+        self.changes += 1;
         self.recompute_cohorts(&[old_cohort]);
         true
     }

@@ -109,6 +109,7 @@ pub fn pending(position: u32) -> PendingExplained {
         gpus_requested: 2,
         gpus_short: 2,
         message: "queue default flavor a100-80gb: 16 of 16 GPUs in use, needs 2 more".into(),
+        unschedulable: None,
     }
 }
 
