@@ -152,10 +152,11 @@ pub fn decide(
         let mut actions = context.terminal_cleanup();
         // A worker's last reports can arrive after the Job's end (they travel on
         // another stream); they still describe the final attempt.
+        // A job stopped early keeps the progress it reached.
         let mut status = previous.clone();
         context.fold_reports(
             &mut status,
-            previous.state == Some(TrainingJobState::Completed),
+            previous.state == Some(TrainingJobState::Completed) && context.early_stop().is_none(),
         );
         if status != *previous {
             actions.push(PlannerAction::UpdateStatus(Box::new(status)));
@@ -402,11 +403,20 @@ impl Context<'_> {
         // so a job that cannot run fails before its first Job exists; a running attempt
         // is not failed because, say, the configured node size shrank under it.
         let phase = Phase::of(record, spec);
+        let early_stop = self.early_stop();
         if let Phase::Succeeded(at) = phase {
+            // Workers told to stop exit cleanly: their Job succeeds, and the
+            // job still stopped early, at the progress it had reached.
+            if let Some(stop) = early_stop.filter(|stop| stop.at <= at) {
+                let mut verdict =
+                    Verdict::completed(attempt, stop.reason, stop.message.clone(), stop.at);
+                verdict.stop_reason = Some(stop.message);
+                return verdict;
+            }
             let message = format!("all {} workers finished successfully", spec.num_workers);
             return Verdict::completed(attempt, "Succeeded", message, at);
         }
-        if let Some(stop) = self.early_stop() {
+        if let Some(stop) = early_stop {
             let mut verdict =
                 Verdict::completed(attempt, stop.reason, stop.message.clone(), stop.at);
             verdict.stop_reason = Some(stop.message);

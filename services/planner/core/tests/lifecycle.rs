@@ -597,6 +597,24 @@ fn trial_stopped_by_the_tuner_completes_early() {
     );
     let succeeded = h.condition(CONDITION_SUCCEEDED).unwrap();
     assert_eq!(succeeded.reason.as_deref(), Some("TrialEarlyStopped"));
+
+    // The stopped workers exit cleanly, and their Job completes: the trial
+    // still stopped early.
+    h.advance(5);
+    let mut done = job_event("sweep-t3", 0, false, 0);
+    done.succeeded = 1;
+    done.conditions = vec![condition("Complete", "CompletionsReached")];
+    done.completion_time = Some(h.now);
+    h.observe(Observation::Job(done));
+    h.decide();
+    let status = h.status();
+    assert_eq!(
+        (status.state, status.progress.as_deref()),
+        (Some(TrainingJobState::Completed), Some("30%")),
+        "still the progress it reached"
+    );
+    let succeeded = h.condition(CONDITION_SUCCEEDED).unwrap();
+    assert_eq!(succeeded.reason.as_deref(), Some("TrialEarlyStopped"));
 }
 
 #[test]
