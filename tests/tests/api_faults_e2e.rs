@@ -3,39 +3,21 @@
 //! the planner's call timeout, and a TrainingJob still gets its Job, runs and
 //! completes, with nothing dead-lettered on the way.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::*;
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::{Client, ResourceExt};
 use planner_core::PlannerConfig;
 use tokio_util::sync::CancellationToken;
 use trainyard_api::{TrainingJob, TrainingJobState, TrainingQueue};
 use trainyard_contracts::{Service, streams};
-use trainyard_runtime::{Runtime, Settings};
-use trainyard_simulator::config::ClusterConfig;
 use trainyard_simulator::faults::{ApiFaultConfig, FAULT_STATUSES};
 use trainyard_simulator::runner::Simulator;
 use trainyard_testkit::{NatsServer, eventually_within, metric};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn manifest<K: serde::de::DeserializeOwned>(path: &str) -> K {
-    let text = std::fs::read_to_string(repo().join(path)).expect("manifest readable");
-    yaml_serde::from_str(&text).expect("manifest parses")
-}
-
-async fn runtime(service: Service, nats: &NatsServer, shutdown: &CancellationToken) -> Runtime {
-    let mut settings = Settings::default();
-    settings.nats.url = nats.url();
-    settings.http.listen = "127.0.0.1:0".into();
-    Runtime::start(service, settings, shutdown.child_token())
-        .await
-        .expect("runtime starts")
-}
 
 /// Applies `object` as a user would: again after each faulted answer.
 async fn apply_until_accepted<K>(api: &Api<K>, object: &K)
@@ -58,34 +40,12 @@ where
     .await;
 }
 
-async fn kube_client(simulator: &Simulator, call_timeout: Option<Duration>) -> Client {
-    let kubeconfig =
-        kube::config::Kubeconfig::from_yaml(&simulator.kubeconfig()).expect("kubeconfig");
-    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .expect("kube config");
-    if let Some(timeout) = call_timeout {
-        config.read_timeout = Some(timeout);
-        config.write_timeout = Some(timeout);
-    }
-    Client::try_from(config).expect("kube client")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_api_faults_a_job_still_gets_its_job_and_completes_and_nothing_is_dead_lettered() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let nats = NatsServer::start();
     let shutdown = CancellationToken::new();
-    let mut cluster = ClusterConfig::load(
-        &repo()
-            .join("simulator/clusters/demo.yaml")
-            .to_string_lossy(),
-    )
-    .expect("demo cluster config");
-    cluster.speed = 600.0;
-    cluster.failures.rate = 0.0;
-    cluster.disruptions.spot_reclaims_per_node_hour = 0.0;
-    cluster.disruptions.node_failures_per_node_hour = 0.0;
+    let mut cluster = demo_cluster();
     cluster.api_faults = ApiFaultConfig {
         write_error_rate: 0.6,
         statuses: FAULT_STATUSES.to_vec(),
@@ -99,15 +59,7 @@ async fn with_api_faults_a_job_still_gets_its_job_and_completes_and_nothing_is_d
         .expect("simulator starts");
     let kube = kube_client(&simulator, None).await;
 
-    let watcher = runtime(Service::Watcher, &nats, &shutdown).await;
-    let watcher_metrics =
-        trainyard_watcher::WatcherMetrics::register(&watcher.registry).expect("metrics");
-    trainyard_watcher::adapter::spawn_watches(
-        &watcher,
-        kube.clone(),
-        &Default::default(),
-        watcher_metrics,
-    );
+    let watcher = start_watcher(&nats, &shutdown, &kube).await;
     let planner = runtime(Service::Planner, &nats, &shutdown).await;
     let planner_config = PlannerConfig {
         worker_nats_url: nats.url(),

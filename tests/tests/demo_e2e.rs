@@ -6,8 +6,10 @@
 //! every job must complete with its status filled in, and the sweep must finish
 //! with a best trial.
 
+mod common;
+
+use common::*;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -23,28 +25,10 @@ use trainyard_api::{
 };
 use trainyard_contracts::decisions::AdmissionDecided;
 use trainyard_contracts::{Incoming, Service, streams};
-use trainyard_runtime::{Runtime, Settings};
+use trainyard_runtime::Runtime;
 use trainyard_simulator::config::{ClusterConfig, NodeScoring};
 use trainyard_simulator::runner::Simulator;
 use trainyard_testkit::{NatsServer, eventually_within};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn manifest<K: serde::de::DeserializeOwned>(path: &str) -> K {
-    let text = std::fs::read_to_string(repo().join(path)).expect("manifest readable");
-    yaml_serde::from_str(&text).expect("manifest parses")
-}
-
-async fn runtime(service: Service, nats: &NatsServer, shutdown: &CancellationToken) -> Runtime {
-    let mut settings = Settings::default();
-    settings.nats.url = nats.url();
-    settings.http.listen = "127.0.0.1:0".into();
-    Runtime::start(service, settings, shutdown.child_token())
-        .await
-        .expect("runtime starts")
-}
 
 async fn apply<K>(api: &Api<K>, object: &K)
 where
@@ -57,26 +41,6 @@ where
     )
     .await
     .expect("apply");
-}
-
-/// The demo's simulated cluster, sped up, without random failures or
-/// disruptions: every job must run to its last epoch.
-fn demo_cluster() -> ClusterConfig {
-    let mut config = ClusterConfig::load(
-        &repo()
-            .join("simulator/clusters/demo.yaml")
-            .to_string_lossy(),
-    )
-    .expect("demo cluster config");
-    // An hour of simulated time in about six seconds.
-    config.speed = 600.0;
-    // Random failures and spot reclaims would make the outcome depend on timing;
-    // their handling is covered by simulator/tests/cluster.rs and the planner's
-    // failure tests.
-    config.failures.rate = 0.0;
-    config.disruptions.spot_reclaims_per_node_hour = 0.0;
-    config.disruptions.node_failures_per_node_hour = 0.0;
-    config
 }
 
 /// NATS, the simulator, and the watcher, planner, gpu-allocator and
@@ -100,22 +64,9 @@ impl Stack {
             .await
             .expect("simulator starts");
         // Connect the way the services' binaries do: through the kubeconfig the simulator writes.
-        let kubeconfig =
-            kube::config::Kubeconfig::from_yaml(&simulator.kubeconfig()).expect("kubeconfig");
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-            .await
-            .expect("kube config");
-        let kube = Client::try_from(config).expect("kube client");
+        let kube = kube_client(&simulator, None).await;
 
-        let watcher = runtime(Service::Watcher, &nats, &shutdown).await;
-        let metrics =
-            trainyard_watcher::WatcherMetrics::register(&watcher.registry).expect("metrics");
-        trainyard_watcher::adapter::spawn_watches(
-            &watcher,
-            kube.clone(),
-            &Default::default(),
-            metrics,
-        );
+        let _watcher = start_watcher(&nats, &shutdown, &kube).await;
         let planner = runtime(Service::Planner, &nats, &shutdown).await;
         let planner_config = PlannerConfig {
             worker_nats_url: nats.url(),

@@ -7,7 +7,9 @@
 //! limit the job fails with the cause and the fix. Workers whose image cannot
 //! be pulled are named the same way. Nothing is dead-lettered.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::*;
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
@@ -26,28 +28,9 @@ use trainyard_api::{
 };
 use trainyard_contracts::lifecycle::TrainingJobTransitioned;
 use trainyard_contracts::{Incoming, Payload, Service, streams};
-use trainyard_runtime::{Runtime, Settings};
-use trainyard_simulator::config::ClusterConfig;
+use trainyard_runtime::Runtime;
 use trainyard_simulator::runner::Simulator;
 use trainyard_testkit::{NatsServer, eventually, eventually_within, metric};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn manifest<K: serde::de::DeserializeOwned>(path: &str) -> K {
-    let text = std::fs::read_to_string(repo().join(path)).expect("manifest readable");
-    yaml_serde::from_str(&text).expect("manifest parses")
-}
-
-async fn runtime(service: Service, nats: &NatsServer, shutdown: &CancellationToken) -> Runtime {
-    let mut settings = Settings::default();
-    settings.nats.url = nats.url();
-    settings.http.listen = "127.0.0.1:0".into();
-    Runtime::start(service, settings, shutdown.child_token())
-        .await
-        .expect("runtime starts")
-}
 
 /// Every `trainingjob.transitioned` the planner published, in order.
 async fn transitions(planner: &Runtime) -> Vec<TrainingJobTransitioned> {
@@ -92,37 +75,15 @@ impl Stack {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let nats = NatsServer::start();
         let shutdown = CancellationToken::new();
-        let mut cluster = ClusterConfig::load(
-            &repo()
-                .join("simulator/clusters/demo.yaml")
-                .to_string_lossy(),
-        )
-        .expect("demo cluster config");
-        cluster.speed = 600.0;
-        cluster.failures.rate = 0.0;
-        cluster.disruptions.spot_reclaims_per_node_hour = 0.0;
-        cluster.disruptions.node_failures_per_node_hour = 0.0;
+        let mut cluster = demo_cluster();
         cluster.workers.unpullable_images = vec![MISSING_IMAGE.into()];
         let client = async_nats::connect(nats.url()).await.expect("nats");
         let simulator = Simulator::start(cluster, "127.0.0.1:0", Some(client), shutdown.clone())
             .await
             .expect("simulator starts");
-        let kubeconfig =
-            kube::config::Kubeconfig::from_yaml(&simulator.kubeconfig()).expect("kubeconfig");
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-            .await
-            .expect("kube config");
-        let kube = Client::try_from(config).expect("kube client");
+        let kube = kube_client(&simulator, None).await;
 
-        let watcher = runtime(Service::Watcher, &nats, &shutdown).await;
-        let watcher_metrics =
-            trainyard_watcher::WatcherMetrics::register(&watcher.registry).expect("metrics");
-        trainyard_watcher::adapter::spawn_watches(
-            &watcher,
-            kube.clone(),
-            &Default::default(),
-            watcher_metrics,
-        );
+        let watcher = start_watcher(&nats, &shutdown, &kube).await;
         let planner = runtime(Service::Planner, &nats, &shutdown).await;
         let planner_config = PlannerConfig {
             worker_nats_url: nats.url(),
