@@ -403,25 +403,23 @@ impl Context<'_> {
         // so a job that cannot run fails before its first Job exists; a running attempt
         // is not failed because, say, the configured node size shrank under it.
         let phase = Phase::of(record, spec);
-        let early_stop = self.early_stop();
-        if let Phase::Succeeded(at) = phase {
-            // Workers told to stop exit cleanly: their Job succeeds, and the
-            // job still stopped early, at the progress it had reached.
-            if let Some(stop) = early_stop.filter(|stop| stop.at <= at) {
-                let mut verdict =
-                    Verdict::completed(attempt, stop.reason, stop.message.clone(), stop.at);
-                verdict.stop_reason = Some(stop.message);
-                return verdict;
-            }
-            let message = format!("all {} workers finished successfully", spec.num_workers);
-            return Verdict::completed(attempt, "Succeeded", message, at);
-        }
+        // Workers told to stop exit cleanly: their Job succeeds, and the job
+        // still stopped early, at the progress it had reached.
+        let early_stop = self
+            .early_stop()
+            .filter(|stop| !matches!(phase, Phase::Succeeded(at) if stop.at > at));
         if let Some(stop) = early_stop {
             let mut verdict =
                 Verdict::completed(attempt, stop.reason, stop.message.clone(), stop.at);
             verdict.stop_reason = Some(stop.message);
-            verdict.actions.extend(self.stop_cleanup(stop.at));
+            if !matches!(phase, Phase::Succeeded(_)) {
+                verdict.actions.extend(self.stop_cleanup(stop.at));
+            }
             return verdict;
+        }
+        if let Phase::Succeeded(at) = phase {
+            let message = format!("all {} workers finished successfully", spec.num_workers);
+            return Verdict::completed(attempt, "Succeeded", message, at);
         }
         if let Some(verdict) = self.deadline_verdict(phase) {
             return verdict;
