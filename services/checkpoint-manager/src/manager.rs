@@ -7,7 +7,7 @@
 //! a redelivery publishes nothing twice.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use async_nats::jetstream::kv;
 use bytes::Bytes;
@@ -211,6 +211,9 @@ pub struct Manager {
     config: ManagerConfig,
     storage: Storage,
     records: Mutex<HashMap<String, JobRecord>>,
+    /// One handler at a time per job: its TrainingJob, report and lifecycle
+    /// consumers each load, change and save the same record.
+    job_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Interruptions per node pool (the job's queue), from lifecycle transitions.
     pools: Mutex<HashMap<String, InterruptionStats>>,
 }
@@ -229,6 +232,7 @@ impl Manager {
             storage: Storage::new(config.storage.clone()),
             config,
             records: Mutex::default(),
+            job_locks: Mutex::default(),
             pools: Mutex::default(),
         }
     }
@@ -338,17 +342,29 @@ impl Manager {
         let span = tracing::info_span!("checkpoints", namespace = %job.namespace, name = %job.name);
         let _entered = span.enter();
         let kind = message.header.message_type.as_str();
+        let key = job.key();
+        let job_lock = self
+            .job_locks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        let _handling = job_lock.lock().await;
         if kind == TrainingJobFinalized::TYPE {
-            let key = job.key();
             self.records
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&key);
-            return self
-                .bucket
+            self.bucket
                 .purge(&key)
                 .await
-                .map_err(|err| CheckpointError::Store(format!("purge {key}: {err}")));
+                .map_err(|err| CheckpointError::Store(format!("purge {key}: {err}")))?;
+            self.job_locks
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&key);
+            return Ok(());
         }
         let mut record = self.load(&job).await?;
         let outgoing = match kind {

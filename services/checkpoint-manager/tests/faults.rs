@@ -204,7 +204,6 @@ async fn assert_invariants(driver: &Driver, job: &str, saves: u64, complete: &BT
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a minute or more of moto and NATS; it timed out waiting for verifications in 1 of 3 runs under load: run with --ignored"]
 async fn killed_saves_are_never_resumed_and_retention_keeps_what_matters() {
     let moto = Moto::start();
     let nats = NatsServer::start();
