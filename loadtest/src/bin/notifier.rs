@@ -10,8 +10,10 @@
 //! inside a 429's Retry-After (unhandled 429s), the highest number of messages
 //! one Slack channel received in any one-second window, event-to-delivery
 //! latency without the grouping wait (received − max(event published,
-//! notification created), from the webhook deliveries) and with it, and each
-//! surviving replica's peak RSS. Bounded by `--timeout-seconds`; asserts nothing.
+//! notification created), from the webhook deliveries) and with it, the same
+//! for the unimpeded deliveries alone (first attempt, and no 429 closed the
+//! endpoint while it waited: the notifier's own time), and each surviving
+//! replica's peak RSS. Bounded by `--timeout-seconds`; asserts nothing.
 //!
 //! Usage: `notifier [--events N] [--timeout-seconds N] [--bin-dir DIR]`
 
@@ -57,8 +59,11 @@ const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 struct Received {
     /// Per Slack channel: (received at, events in the message).
     slack: HashMap<String, Vec<(Instant, u64)>>,
-    /// Webhook deliveries: (received at, notification created, event ids).
-    hooks: Vec<(DateTime<Utc>, DateTime<Utc>, Vec<String>)>,
+    hooks: Vec<HookDelivery>,
+    /// Requests per `webhook-id`, refused ones included.
+    attempts: HashMap<String, u32>,
+    /// Per endpoint: the windows a 429's Retry-After closed it.
+    closed: HashMap<String, Vec<Window>>,
     requests: u64,
     answered_429: u64,
     answered_500: u64,
@@ -67,13 +72,30 @@ struct Received {
     blocked_until: HashMap<String, Instant>,
 }
 
+/// From, to.
+type Window = (DateTime<Utc>, DateTime<Utc>);
+
+/// One accepted webhook delivery.
+struct HookDelivery {
+    endpoint: String,
+    received: DateTime<Utc>,
+    /// When the notifier created the notification (after the grouping wait).
+    created: DateTime<Utc>,
+    events: Vec<String>,
+    /// Whether an earlier request of the same `webhook-id` was refused.
+    retried: bool,
+}
+
 type Shared = Arc<Mutex<Received>>;
 
 /// 10 % 429, 5 % 500, else None (accept).
-fn chaos(state: &Shared, endpoint: &str) -> Option<Response> {
+fn chaos(state: &Shared, endpoint: &str, webhook_id: Option<&str>) -> Option<Response> {
     let mut r = state.lock().ok()?;
     let now = Instant::now();
     r.requests += 1;
+    if let Some(id) = webhook_id {
+        *r.attempts.entry(id.to_string()).or_default() += 1;
+    }
     if r.blocked_until
         .get(endpoint)
         .is_some_and(|until| now < *until)
@@ -85,6 +107,11 @@ fn chaos(state: &Shared, endpoint: &str) -> Option<Response> {
         r.answered_429 += 1;
         r.blocked_until
             .insert(endpoint.to_string(), now + Duration::from_secs(1));
+        let wall = Utc::now();
+        r.closed
+            .entry(endpoint.to_string())
+            .or_default()
+            .push((wall, wall + chrono::Duration::seconds(1)));
         return Some((StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "").into_response());
     }
     if roll < 0.15 {
@@ -113,7 +140,7 @@ async fn slack(
     UrlPath(channel): UrlPath<String>,
     body: axum::Json<Value>,
 ) -> Response {
-    if let Some(response) = chaos(&state, &format!("slack/{channel}")) {
+    if let Some(response) = chaos(&state, &format!("slack/{channel}"), None) {
         return response;
     }
     if let Ok(mut r) = state.lock() {
@@ -129,10 +156,16 @@ async fn slack(
 async fn hook(
     State(state): State<Shared>,
     UrlPath(n): UrlPath<String>,
-    _headers: HttpHeaders,
+    headers: HttpHeaders,
     body: axum::Json<Value>,
 ) -> Response {
-    if let Some(response) = chaos(&state, &format!("hook/{n}")) {
+    let endpoint = format!("hook/{n}");
+    let webhook_id = headers
+        .get("webhook-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    if let Some(response) = chaos(&state, &endpoint, Some(&webhook_id)) {
         return response;
     }
     let created = body["data"]["createdAt"]
@@ -147,7 +180,14 @@ async fn hook(
         .filter_map(|v| v.as_str().map(String::from))
         .collect();
     if let Ok(mut r) = state.lock() {
-        r.hooks.push((Utc::now(), created, events));
+        let retried = r.attempts.get(&webhook_id).copied().unwrap_or(0) > 1;
+        r.hooks.push(HookDelivery {
+            endpoint,
+            received: Utc::now(),
+            created,
+            events,
+            retried,
+        });
     }
     StatusCode::NO_CONTENT.into_response()
 }
@@ -340,7 +380,7 @@ async fn main() -> anyhow::Result<()> {
                     >= *n
             });
             let hook_events: std::collections::HashSet<&String> =
-                r.hooks.iter().flat_map(|(_, _, e)| e).collect();
+                r.hooks.iter().flat_map(|d| &d.events).collect();
             slack_done && hook_events.len() >= published.len()
         };
         if complete {
@@ -397,19 +437,26 @@ async fn main() -> anyhow::Result<()> {
     }
     let mut seen: HashMap<&String, u32> = HashMap::new();
     let mut outside = Vec::new();
+    let mut unimpeded = Vec::new();
     let mut end_to_end = Vec::new();
-    for (at, created, events) in &r.hooks {
-        for id in events {
+    let seconds = |d: chrono::Duration| d.to_std().unwrap_or_default().as_secs_f64();
+    for delivery in &r.hooks {
+        for id in &delivery.events {
             *seen.entry(id).or_default() += 1;
             if let Some(published_at) = published.get(id) {
-                let since = (*published_at).max(*created);
-                outside.push((*at - since).to_std().unwrap_or_default().as_secs_f64());
-                end_to_end.push(
-                    (*at - *published_at)
-                        .to_std()
-                        .unwrap_or_default()
-                        .as_secs_f64(),
-                );
+                let since = (*published_at).max(delivery.created);
+                outside.push(seconds(delivery.received - since));
+                end_to_end.push(seconds(delivery.received - *published_at));
+                // Neither its own retry nor a Retry-After window of its
+                // endpoint held it back: what the notifier itself takes.
+                let closed_meanwhile = r.closed.get(&delivery.endpoint).is_some_and(|windows| {
+                    windows
+                        .iter()
+                        .any(|(from, to)| *from < delivery.received && *to > since)
+                });
+                if !delivery.retried && !closed_meanwhile {
+                    unimpeded.push(seconds(delivery.received - since));
+                }
             }
         }
     }
@@ -442,6 +489,10 @@ async fn main() -> anyhow::Result<()> {
         args.events
     );
     println!("latency w/o group wait  {}", percentiles(outside));
+    println!(
+        "  of which unimpeded    {} (first attempt, endpoint not closed by a 429 meanwhile)",
+        percentiles(unimpeded)
+    );
     println!("latency end to end      {}", percentiles(end_to_end));
     println!("peak RSS                {}", rss.join(", "));
     Ok(())
