@@ -378,7 +378,9 @@ async fn queue_status(
 /// The `Admitted` condition's message once TrainingJob `name` waits with a
 /// message that contains `says`.
 async fn waiting(jobs: &Api<TrainingJob>, name: &str, says: &str) -> String {
-    eventually_within(&format!("{name} to wait"), Duration::from_secs(30), || {
+    // A drained or preempted job waits only once its checkpoint is reported,
+    // or the allocator's 30 s grace is over; a loaded machine needs both.
+    eventually_within(&format!("{name} to wait"), Duration::from_secs(90), || {
         let jobs = jobs.clone();
         async move {
             let live = state_of(&jobs, name).await?;
