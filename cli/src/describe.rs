@@ -170,6 +170,13 @@ fn job_summary(text: &mut String, status: &Value) {
                 text_of(&checkpoint["bestPath"]),
             ),
         );
+        if let Some(model) = checkpoint["modelName"].as_str() {
+            line(
+                text,
+                "Model:",
+                format!("{model} version {}", text_of(&checkpoint["modelVersion"])),
+            );
+        }
     }
     let cost = &status["cost"];
     if cost.is_object() {
@@ -357,7 +364,8 @@ mod tests {
         let object = serde_json::to_value(job(json!({
             "state": "Running", "progress": "3/10", "restartCount": 1,
             "checkpoint": {"count": 2, "latestVerifiedPath": "s3://b/ckpt-2",
-                           "latestVerifiedStep": 200, "bestPath": "s3://b/ckpt-1"},
+                           "latestVerifiedStep": 200, "bestPath": "s3://b/ckpt-1",
+                           "modelName": "ml-bert", "modelVersion": "4"},
             "cost": {"accrued": 12.5, "estimated": 40.0, "currency": "USD",
                      "capacityType": "spot"},
             "conditions": [{"type": "Admitted", "status": "True", "reason": "Admitted",
@@ -379,6 +387,7 @@ mod tests {
             "State:        Running\n",
             "Restarts:     1\n",
             "Checkpoints:  2 saved; latest verified s3://b/ckpt-2 (step 200); best s3://b/ckpt-1\n",
+            "Model:        ml-bert version 4\n",
             "Cost:         12.5 USD so far, 40 USD estimated, on spot\n",
             "Spec:\n",
             "  model: bert\n",

@@ -25,6 +25,9 @@ pub enum CheckpointError {
     /// A metric could not be registered.
     #[error("metrics: {0}")]
     Metrics(String),
+    /// The model registry could not be reached (refusals are published, not returned).
+    #[error(transparent)]
+    Registry(#[from] trainyard_mlflow::MlflowError),
     /// The `checkpoint_manager` configuration section is unusable.
     #[error("configuration: {0}")]
     Config(String),
@@ -40,20 +43,26 @@ impl CheckpointError {
             CheckpointError::Storage(_) => "storage",
             CheckpointError::Runtime(err) => err.category(),
             CheckpointError::Metrics(_) => "metrics",
+            CheckpointError::Registry(_) => "registry",
             CheckpointError::Config(_) => "config",
         }
     }
 }
 
 impl From<CheckpointError> for trainyard_runtime::HandleError {
-    /// Unreadable state is dead-lettered at once; everything else is retried
-    /// (an unknown job's TrainingJob event may still be on its way).
+    /// Unreadable state is dead-lettered at once; an unreachable model
+    /// registry is waited out in place, so a job's completion is never lost
+    /// to it; everything else is retried (an unknown job's TrainingJob event
+    /// may still be on its way).
     fn from(err: CheckpointError) -> Self {
         match err {
             CheckpointError::CorruptState { .. } => trainyard_runtime::HandleError::Reject {
                 category: err.category(),
                 reason: err.to_string(),
             },
+            CheckpointError::Registry(_) => {
+                trainyard_runtime::HandleError::Transient(err.to_string())
+            }
             other => trainyard_runtime::HandleError::Retry(other.to_string()),
         }
     }

@@ -1,12 +1,14 @@
 //! The checkpoint-manager: reads checkpoint reports, TrainingJob specs and
 //! lifecycle transitions; verifies each reported checkpoint where it is stored;
 //! publishes the resume point (the newest verified checkpoint), retention
-//! deletions, the Young/Daly interval advice and the job's checkpoint summary.
-//! Each job's catalogue lives in the `trainyard_checkpoints` KV bucket.
+//! deletions, the Young/Daly interval advice and the job's checkpoint summary;
+//! registers a completed job's best verified checkpoint as an MLflow model
+//! version. Each job's catalogue lives in the `trainyard_checkpoints` KV bucket.
 
 pub mod error;
 pub mod manager;
 pub mod metrics;
+pub mod registry;
 pub mod storage;
 
 use std::sync::Arc;
@@ -18,6 +20,7 @@ use trainyard_runtime::{ConfigSources, Runtime};
 pub use error::CheckpointError;
 pub use manager::{Manager, ManagerHandler};
 pub use metrics::CheckpointMetrics;
+pub use registry::Registry;
 
 /// How the manager reaches checkpoint storage (part of [`ManagerConfig`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -37,6 +40,9 @@ pub struct StorageSettings {
     pub s3_secret_access_key: Option<String>,
 }
 
+/// The default alias moved to a newly registered version.
+pub const DEFAULT_MODEL_ALIAS: &str = "best";
+
 /// The `checkpoint_manager` configuration section (`TRAINYARD_CHECKPOINT_MANAGER__*`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "snake_case")]
@@ -50,6 +56,18 @@ pub struct ManagerConfig {
     pub prior_seconds_between_interruptions: f64,
     /// A new interval advice is published when it moves by more than this fraction.
     pub advice_change_fraction: f64,
+    /// MLflow server whose model registry takes completed jobs' checkpoints,
+    /// e.g. `http://mlflow.mlflow:5000`; registration is off when unset or empty.
+    pub mlflow_tracking_uri: Option<String>,
+    /// Names a job's registered model: `{namespace}` and `{name}` are replaced
+    /// (the `trainyard.dev/model-name` annotation wins).
+    pub model_name_template: String,
+    /// Alias moved to each newly registered version; none when empty.
+    pub model_alias: String,
+    /// Timeout of one MLflow request.
+    pub mlflow_timeout_seconds: u64,
+    /// Attempts per MLflow request (with backoff) before the message is handled again.
+    pub mlflow_max_attempts: u32,
 }
 
 impl Default for ManagerConfig {
@@ -59,6 +77,12 @@ impl Default for ManagerConfig {
             verify_checksums: true,
             prior_seconds_between_interruptions: 86_400.0,
             advice_change_fraction: 0.1,
+            mlflow_tracking_uri: None,
+            model_name_template: checkpoint_manager_core::registration::DEFAULT_MODEL_NAME_TEMPLATE
+                .to_string(),
+            model_alias: DEFAULT_MODEL_ALIAS.to_string(),
+            mlflow_timeout_seconds: 10,
+            mlflow_max_attempts: 5,
         }
     }
 }
@@ -84,11 +108,23 @@ pub async fn start(
             CheckpointError::Store("bucket trainyard_checkpoints was not provisioned".into())
         })?;
     let metrics = CheckpointMetrics::register(&runtime.registry)?;
+    let registry = Registry::from_config(&config, runtime.shutdown.clone())?;
+    match (&registry, config.mlflow_tracking_uri.as_deref()) {
+        (Some(registry), Some(uri)) => tracing::info!(
+            mlflow_tracking_uri = uri,
+            alias = registry.alias().unwrap_or_default(),
+            "completed jobs' best checkpoints are registered as model versions"
+        ),
+        _ => tracing::info!(
+            "model registration off: checkpoint_manager.mlflow_tracking_uri is not set"
+        ),
+    }
     let manager = Arc::new(Manager::new(
         runtime.publisher.clone(),
         bucket,
         metrics,
         config,
+        registry,
     ));
     let handler = Arc::new(ManagerHandler(manager.clone()));
     for consumer in Service::CheckpointManager.consumers() {

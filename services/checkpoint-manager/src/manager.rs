@@ -15,14 +15,14 @@ use checkpoint_manager_core::retention::{self, Protected};
 use checkpoint_manager_core::verify::{self, Expected};
 use checkpoint_manager_core::{
     Checkpoint, InterruptionStats, JobCheckpoints, KeepBest, Method, MetricMode, RetentionPolicy,
-    SaveStats, Verification, Verifier, interval,
+    SaveStats, Verification, Verifier, interval, registration,
 };
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use trainyard_api::{StorageType, TrainingJob, TrainingJobState};
 use trainyard_contracts::decisions::{
-    CheckpointIntervalAdvised, CheckpointRef, CheckpointVerified, ResumePointChosen,
-    RetentionApplied, RetentionExecutor, SkippedCheckpoint,
+    CheckpointIntervalAdvised, CheckpointRef, CheckpointVerified, ModelRegistered,
+    ResumePointChosen, RetentionApplied, RetentionExecutor, SkippedCheckpoint,
 };
 use trainyard_contracts::events::{Change, TrainingJobChanged};
 use trainyard_contracts::lifecycle::{TrainingJobFinalized, TrainingJobTransitioned};
@@ -33,6 +33,7 @@ use trainyard_runtime::{Delivery, HandleError, Handler, Publisher};
 use crate::ManagerConfig;
 use crate::error::CheckpointError;
 use crate::metrics::CheckpointMetrics;
+use crate::registry::{Registry, refusal};
 use crate::storage::{Storage, is_volume_path};
 
 /// Version of [`JobRecord`]'s stored form.
@@ -58,6 +59,12 @@ pub struct JobSettings {
     pub auto_interval: bool,
     #[serde(default)]
     pub queue: Option<String>,
+    /// `monitoring.mlflowRunId`: the run a registered model version is tied to.
+    #[serde(default)]
+    pub mlflow_run_id: Option<String>,
+    /// The `trainyard.dev/model-name` annotation.
+    #[serde(default)]
+    pub model_name: Option<String>,
 }
 
 /// Everything the manager keeps about one job.
@@ -82,6 +89,13 @@ pub struct JobRecord {
     pub running_since: Option<DateTime<Utc>>,
     #[serde(default)]
     pub advised_interval_seconds: Option<f64>,
+    /// The job's last lifecycle transition was to Completed.
+    #[serde(default)]
+    pub completed: bool,
+    /// The model version the job's chosen checkpoint was registered as, or
+    /// the registry's refusal: what a redelivery publishes again.
+    #[serde(default)]
+    pub model: Option<ModelRegistered>,
 }
 
 impl JobRecord {
@@ -96,6 +110,8 @@ impl JobRecord {
             registered: BTreeSet::new(),
             running_since: None,
             advised_interval_seconds: None,
+            completed: false,
+            model: None,
         }
     }
 }
@@ -161,6 +177,16 @@ fn settings_of(job: &TrainingJob) -> Option<JobSettings> {
         policy_error,
         auto_interval: false,
         queue: job.spec.scheduling.as_ref().and_then(|s| s.queue.clone()),
+        mlflow_run_id: job
+            .spec
+            .monitoring
+            .as_ref()
+            .and_then(|m| m.mlflow_run_id.clone()),
+        model_name: job
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(trainyard_api::ANNOTATION_MODEL_NAME).cloned()),
     })
 }
 
@@ -202,6 +228,7 @@ enum Outgoing {
     Resume(ResumePointChosen),
     Retention(RetentionApplied),
     Interval(CheckpointIntervalAdvised),
+    Registered(ModelRegistered),
 }
 
 pub struct Manager {
@@ -210,6 +237,8 @@ pub struct Manager {
     metrics: CheckpointMetrics,
     config: ManagerConfig,
     storage: Storage,
+    /// The model registry completed jobs' checkpoints go to; None when off.
+    registry: Option<Registry>,
     records: Mutex<HashMap<String, JobRecord>>,
     /// One handler at a time per job: its TrainingJob, report and lifecycle
     /// consumers each load, change and save the same record.
@@ -224,12 +253,14 @@ impl Manager {
         bucket: kv::Store,
         metrics: CheckpointMetrics,
         config: ManagerConfig,
+        registry: Option<Registry>,
     ) -> Self {
         Self {
             publisher,
             bucket,
             metrics,
             storage: Storage::new(config.storage.clone()),
+            registry,
             config,
             records: Mutex::default(),
             job_locks: Mutex::default(),
@@ -316,6 +347,7 @@ impl Manager {
                 }
                 Outgoing::Retention(p) => self.publish_one(job, cause, &id, p).await?,
                 Outgoing::Interval(p) => self.publish_one(job, cause, &id, p).await?,
+                Outgoing::Registered(p) => self.publish_one(job, cause, &id, p).await?,
             }
         }
         Ok(())
@@ -388,13 +420,28 @@ impl Manager {
                 let report: CheckpointReported = message
                     .payload()
                     .map_err(|err| CheckpointError::Config(err.to_string()))?;
-                self.on_report(&mut record, report).await?
+                let mut outgoing = self.on_report(&mut record, report).await?;
+                // A report handled after the completion (they travel on
+                // different streams) may change which checkpoint is best.
+                if record.completed {
+                    outgoing.extend(self.register(&mut record, false).await?);
+                }
+                outgoing
             }
             TrainingJobTransitioned::TYPE => {
                 let transition: TrainingJobTransitioned = message
                     .payload()
                     .map_err(|err| CheckpointError::Config(err.to_string()))?;
-                self.on_transition(&mut record, &transition, message.header.time)
+                record.completed = transition.to == TrainingJobState::Completed;
+                // Registration first: when the registry is unreachable the
+                // message is handled again from the stored record, and the
+                // transition's own bookkeeping must run once.
+                let mut outgoing = Vec::new();
+                if record.completed {
+                    outgoing.extend(self.register(&mut record, true).await?);
+                }
+                outgoing.extend(self.on_transition(&mut record, &transition, message.header.time));
+                outgoing
             }
             _ => Vec::new(),
         };
@@ -548,6 +595,119 @@ impl Manager {
         );
         outgoing.extend(self.advice(record, &settings));
         Ok(outgoing)
+    }
+
+    /// Registers the completed job's best verified checkpoint (else its newest
+    /// verified) as a version of its model and moves the alias to it. The
+    /// registration already recorded for that checkpoint is published again
+    /// when `republish` is set (a redelivered completion), and nothing is
+    /// asked of the registry for it. An unreachable registry is an error (the
+    /// message is handled again); a refusal is recorded and published.
+    async fn register(
+        &self,
+        record: &mut JobRecord,
+        republish: bool,
+    ) -> Result<Option<Outgoing>, CheckpointError> {
+        let Some(registry) = &self.registry else {
+            return Ok(None);
+        };
+        let Some(settings) = record.settings.clone() else {
+            return Ok(None);
+        };
+        let Some(chosen) = registration::candidate(&record.checkpoints, settings.policy.as_ref())
+        else {
+            if republish {
+                tracing::info!("job completed without a verified checkpoint; no model registered");
+            }
+            return Ok(None);
+        };
+        let source = chosen.uri.clone();
+        if let Some(model) = record.model.as_ref().filter(|m| m.source == source) {
+            return Ok(republish.then(|| Outgoing::Registered(model.clone())));
+        }
+        let model_name = registry.model_name(
+            &record.job.namespace,
+            &record.job.name,
+            settings.model_name.as_deref(),
+        );
+        let run_id = settings.mlflow_run_id.clone();
+        let outcome = async {
+            let version = registry
+                .version(&model_name, &source, run_id.as_deref())
+                .await?;
+            let alias = registry.move_alias(&model_name, &version.version).await;
+            Ok::<_, trainyard_mlflow::MlflowError>((version, alias))
+        }
+        .await;
+        let model = match outcome {
+            Ok((version, alias)) => {
+                record.registered.insert(source.clone());
+                let outcome = if version.created {
+                    "registered"
+                } else {
+                    "existing"
+                };
+                let (alias, error) = match alias {
+                    Ok(()) => {
+                        self.metrics
+                            .registrations
+                            .with_label_values(&[outcome])
+                            .inc();
+                        (registry.alias().map(str::to_string), None)
+                    }
+                    Err(err) if err.is_retryable() => {
+                        self.metrics
+                            .registrations
+                            .with_label_values(&["retried"])
+                            .inc();
+                        return Err(err.into());
+                    }
+                    Err(err) => {
+                        self.metrics
+                            .registrations
+                            .with_label_values(&["refused"])
+                            .inc();
+                        (None, Some(refusal(&err, &model_name, &source)))
+                    }
+                };
+                tracing::info!(model = %model_name, version = %version.version, %source, outcome, "checkpoint registered as a model version");
+                ModelRegistered {
+                    model_name,
+                    version: version.version,
+                    source,
+                    run_id,
+                    alias,
+                    error,
+                }
+            }
+            Err(err) if err.is_retryable() => {
+                self.metrics
+                    .registrations
+                    .with_label_values(&["retried"])
+                    .inc();
+                return Err(err.into());
+            }
+            Err(err) => {
+                self.metrics
+                    .registrations
+                    .with_label_values(&["refused"])
+                    .inc();
+                let error = refusal(&err, &model_name, &source);
+                ModelRegistered {
+                    model_name,
+                    version: String::new(),
+                    source,
+                    run_id,
+                    alias: None,
+                    error: Some(error),
+                }
+            }
+        };
+        if let Some(error) = &model.error {
+            tracing::warn!(model = %model.model_name, source = %model.source, %error, "model registry refused the checkpoint");
+        }
+        record.model = Some(model.clone());
+        Ok(Some(Outgoing::Registered(model)))
     }
 
     /// The resume point message for the job's newest verified checkpoint.

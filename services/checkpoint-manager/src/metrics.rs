@@ -12,6 +12,9 @@ pub struct CheckpointMetrics {
     pub deleted: IntCounter,
     /// Resume points published.
     pub resume_points: IntCounter,
+    /// Model registrations of completed jobs, by outcome (`registered`,
+    /// `existing`, `refused`, `retried`).
+    pub registrations: IntCounterVec,
 }
 
 impl CheckpointMetrics {
@@ -36,6 +39,14 @@ impl CheckpointMetrics {
                 "Resume points published",
             )
             .map_err(err)?,
+            registrations: IntCounterVec::new(
+                Opts::new(
+                    "trainyard_checkpoint_registrations_total",
+                    "Model registrations of completed jobs' checkpoints, by outcome",
+                ),
+                &["outcome"],
+            )
+            .map_err(err)?,
         };
         registry
             .register(Box::new(metrics.verifications.clone()))
@@ -45,6 +56,9 @@ impl CheckpointMetrics {
             .map_err(err)?;
         registry
             .register(Box::new(metrics.resume_points.clone()))
+            .map_err(err)?;
+        registry
+            .register(Box::new(metrics.registrations.clone()))
             .map_err(err)?;
         Ok(metrics)
     }

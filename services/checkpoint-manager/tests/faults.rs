@@ -9,56 +9,19 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use common::*;
-use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
 use object_store::{ObjectStore, PutPayload};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 use trainyard_api::TrainingJobState;
-use trainyard_checkpoint_manager::{ManagerConfig, StorageSettings};
+use trainyard_checkpoint_manager::ManagerConfig;
 use trainyard_contracts::decisions::{CheckpointVerified, ResumePointChosen, RetentionApplied};
 use trainyard_testkit::NatsServer;
 
 const BUCKET: &str = "ckpt";
 const PINNED: u64 = 300;
-
-struct Moto {
-    child: Child,
-    endpoint: String,
-}
-
-impl Moto {
-    fn start() -> Self {
-        let port = trainyard_testkit::free_port();
-        let child = Command::new("moto_server")
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("moto_server on PATH (pip install 'moto[server]')");
-        let endpoint = format!("http://127.0.0.1:{port}");
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "moto_server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Self { child, endpoint }
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn saves() -> u64 {
     std::env::var("CHECKPOINT_FAULT_SAVES")
@@ -69,13 +32,7 @@ fn saves() -> u64 {
 
 fn settings(moto: &Moto) -> ManagerConfig {
     ManagerConfig {
-        storage: StorageSettings {
-            read_volumes: true,
-            s3_endpoint: Some(moto.endpoint.clone()),
-            s3_region: Some("us-east-1".into()),
-            s3_access_key_id: Some("test".into()),
-            s3_secret_access_key: Some("test".into()),
-        },
+        storage: moto.storage(),
         ..ManagerConfig::default()
     }
 }
@@ -211,21 +168,7 @@ async fn killed_saves_are_never_resumed_and_retention_keeps_what_matters() {
     let driver = Driver::connect(&nats).await;
     let count = saves();
 
-    // S3: moto needs the bucket first.
-    reqwest::Client::new()
-        .put(format!("{}/{BUCKET}", moto.endpoint))
-        .send()
-        .await
-        .expect("bucket created");
-    let s3 = AmazonS3Builder::new()
-        .with_endpoint(&moto.endpoint)
-        .with_allow_http(true)
-        .with_bucket_name(BUCKET)
-        .with_region("us-east-1")
-        .with_access_key_id("test")
-        .with_secret_access_key("test")
-        .build()
-        .expect("s3 client");
+    let s3 = moto.bucket(BUCKET).await;
     driver
         .apply(&training_job(
             "on-s3",

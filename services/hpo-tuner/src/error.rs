@@ -40,7 +40,7 @@ pub enum TunerError {
     Config(String),
     /// A request to the MLflow tracking server failed.
     #[error(transparent)]
-    Mlflow(#[from] crate::mlflow::MlflowError),
+    Mlflow(#[from] trainyard_mlflow::MlflowError),
 }
 
 impl TunerError {

@@ -8,7 +8,6 @@
 
 pub mod error;
 pub mod metrics;
-pub mod mlflow;
 pub mod routing;
 pub mod spec;
 pub mod store;
@@ -101,12 +100,12 @@ pub async fn start(runtime: &Runtime, config: TunerConfig) -> Result<Arc<Tuner>,
     let tracker = match config.tracking_uri() {
         None => None,
         Some(uri) => {
-            let client = mlflow::MlflowClient::new(
+            let client = trainyard_mlflow::MlflowClient::new(
                 uri,
                 Duration::from_secs(config.mlflow_timeout_seconds.max(1)),
-                mlflow::RetryPolicy {
+                trainyard_mlflow::RetryPolicy {
                     max_attempts: config.mlflow_max_attempts.max(1),
-                    ..mlflow::RetryPolicy::default()
+                    ..trainyard_mlflow::RetryPolicy::default()
                 },
                 runtime.shutdown.clone(),
             )

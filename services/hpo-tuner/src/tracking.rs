@@ -20,8 +20,8 @@ use trainyard_contracts::decisions::TrialTracking;
 use trainyard_contracts::object_key;
 
 use crate::metrics::TunerMetrics;
-use crate::mlflow::{Batch, Metric, MlflowClient, MlflowError, RunStatus, filter_literal};
 use crate::routing::TrialInput;
+use trainyard_mlflow::{Batch, Metric, MlflowClient, MlflowError, RunStatus, filter_literal};
 
 /// Tag keys the tuner sets on experiments and runs.
 pub mod tags {
@@ -734,7 +734,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::mlflow::RetryPolicy;
+    use trainyard_mlflow::RetryPolicy;
 
     fn job() -> JobInfo {
         JobInfo {

@@ -27,11 +27,11 @@ use trainyard_runtime::{Delivery, HandleError, Handler, Publisher};
 
 use crate::error::TunerError;
 use crate::metrics::TunerMetrics;
-use crate::mlflow::RunStatus;
 use crate::routing::{self, Outgoing, OutgoingPayload, Route, TrialChange, TrialInput, TrialRef};
 use crate::spec::{self, parameter_text};
 use crate::store::{StateStore, SweepMetadata, SweepState};
 use crate::tracking::{SweepInfo, TrackerHandle, TrackingCommand, TrialInfo, TrialRuns};
+use trainyard_mlflow::RunStatus;
 
 /// Deliveries of a trial's completion that wait for its final progress report
 /// (progress and lifecycle travel on different streams, so after a backlog the

@@ -5,10 +5,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use serde_json::{Value, json};
@@ -17,98 +14,9 @@ use trainyard_api::TrainingJobState;
 use trainyard_contracts::EntityRef;
 use trainyard_contracts::lifecycle::TrainingJobFinalized;
 use trainyard_hpo_tuner::TunerConfig;
-use trainyard_hpo_tuner::mlflow::{Batch, Metric, MlflowClient, RetryPolicy, RunStatus};
 use trainyard_hpo_tuner::spec::parameter_text;
-use trainyard_testkit::{NatsServer, free_port, http_get};
-
-/// `mlflow server` in its own process group, killed with all its workers on drop.
-struct MlflowServer {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-fn mlflow_executable() -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join("mlflow"))
-        .find(|candidate| {
-            candidate
-                .metadata()
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
-}
-
-impl MlflowServer {
-    fn start(executable: PathBuf) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let port = free_port();
-        let log = std::fs::File::create(dir.path().join("mlflow.log")).expect("log file");
-        let child = Command::new(executable)
-            .args(["server", "--host", "127.0.0.1", "--port", &port.to_string()])
-            .arg("--backend-store-uri")
-            .arg(format!(
-                "sqlite:///{}",
-                dir.path().join("mlflow.db").display()
-            ))
-            .arg("--default-artifact-root")
-            .arg(dir.path().join("artifacts"))
-            .args(["--workers", "1"])
-            .current_dir(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log))
-            .process_group(0)
-            .spawn()
-            .expect("mlflow server starts");
-        let mut server = Self {
-            child,
-            port,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(180);
-        loop {
-            if http_get(port, "/health").is_some_and(|(status, _)| status == 200) {
-                return server;
-            }
-            if let Ok(Some(status)) = server.child.try_wait() {
-                let log = std::fs::read_to_string(server._dir.path().join("mlflow.log"))
-                    .unwrap_or_default();
-                panic!("mlflow server exited with {status}:\n{log}");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "mlflow server did not answer /health on port {port} within 180 s"
-            );
-            std::thread::sleep(Duration::from_millis(250));
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn api(&self, path: &str) -> String {
-        format!("{}/api/2.0/mlflow/{path}", self.url())
-    }
-}
-
-impl Drop for MlflowServer {
-    fn drop(&mut self) {
-        // The server's workers share its process group (its id is the server's pid).
-        let group = format!("-{}", self.child.id());
-        let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
-        let _ = self.child.wait();
-    }
-}
+use trainyard_mlflow::{Batch, Metric, MlflowClient, RetryPolicy, RunStatus};
+use trainyard_testkit::{MlflowServer, NatsServer, mlflow_executable};
 
 /// Reads through MLflow's own REST API, independently of the client under test.
 struct Reader {

@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use trainyard_api::TrainingJobState;
 use trainyard_hpo_tuner::TunerConfig;
-use trainyard_hpo_tuner::mlflow::{MlflowClient, MlflowError, RetryPolicy};
+use trainyard_mlflow::{MlflowClient, MlflowError, RetryPolicy};
 use trainyard_testkit::NatsServer;
 
 fn spec(parameters: serde_json::Value) -> serde_json::Value {
@@ -343,11 +343,7 @@ async fn mlflow_calls_retry_server_errors_with_backoff_then_give_up() {
     )
     .expect("client");
     client
-        .update_run(
-            "run",
-            trainyard_hpo_tuner::mlflow::RunStatus::Finished,
-            Some(1),
-        )
+        .update_run("run", trainyard_mlflow::RunStatus::Finished, Some(1))
         .await
         .expect("succeeds on the third attempt");
     assert_eq!(count.load(std::sync::atomic::Ordering::SeqCst), 3);
@@ -362,11 +358,7 @@ async fn mlflow_calls_retry_server_errors_with_backoff_then_give_up() {
     .expect("client");
     let started = Instant::now();
     let err = client
-        .update_run(
-            "run",
-            trainyard_hpo_tuner::mlflow::RunStatus::Finished,
-            Some(1),
-        )
+        .update_run("run", trainyard_mlflow::RunStatus::Finished, Some(1))
         .await
         .expect_err("always 503");
     assert_eq!(
@@ -392,7 +384,7 @@ async fn mlflow_calls_retry_server_errors_with_backoff_then_give_up() {
     )
     .expect("client");
     let err = client
-        .update_run("run", trainyard_hpo_tuner::mlflow::RunStatus::Killed, None)
+        .update_run("run", trainyard_mlflow::RunStatus::Killed, None)
         .await
         .expect_err("nothing listens");
     assert!(matches!(err, MlflowError::Transport { .. }), "{err}");

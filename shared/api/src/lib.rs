@@ -60,3 +60,7 @@ pub const ANNOTATION_NOTIFY_ON: &str = "trainyard.dev/notify-on";
 pub const ANNOTATION_NOTIFY_PREFIX: &str = "trainyard.dev/notify";
 /// Annotation holding the job's experiment-tracking run URL (e.g. its MLflow run).
 pub const ANNOTATION_RUN_URL: &str = "trainyard.dev/run-url";
+/// Annotation on a TrainingJob naming the registered model its best checkpoint
+/// becomes a version of when it completes (the checkpoint-manager's
+/// `model_name_template` otherwise).
+pub const ANNOTATION_MODEL_NAME: &str = "trainyard.dev/model-name";

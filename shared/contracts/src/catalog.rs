@@ -275,9 +275,9 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
         entry::<decisions::ModelRegistered>(
             "checkpoint-manager",
             "planner",
-            "The completed job's best verified checkpoint was registered in the MLflow model registry as this version, and the alias moved to it.",
+            "The completed job's best verified checkpoint (by `checkpoint.retention.keepBest`; else its latest verified) was registered in the MLflow model registry as this version of the model, and the alias moved to it. Published once per job; with `error` (and no version) when the registry refused the registration for good, e.g. an invalid model name or a volume path it cannot take as a source, naming the fix. The planner writes `status.checkpoint.modelName` and `modelVersion`, or records a `ModelRegistrationFailed` Warning Event.",
             job(),
-            json!({"modelName": "bert-distributed", "version": "3",
+            json!({"modelName": "ml-training-bert-distributed", "version": "3",
                    "source": "s3://ml-checkpoints/ml-training/bert-distributed/checkpoint-epoch-3",
                    "runId": "5d1c8a0e2f7b4c1e9a3b6d8f0e2c4a6b", "alias": "best"}),
         )?,

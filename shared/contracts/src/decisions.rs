@@ -334,11 +334,14 @@ pub struct CheckpointIntervalAdvised {
     pub applied: bool,
 }
 
-/// The job's best verified checkpoint, registered as a model version.
+/// The completed job's best verified checkpoint (else its latest verified),
+/// registered as a model version; or, with `error`, why the registry refused it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ModelRegistered {
     pub model_name: String,
+    /// The registry's version number; empty when `error` is set.
+    #[serde(default)]
     pub version: String,
     /// The checkpoint URI, the version's `source`.
     pub source: String,
@@ -347,6 +350,10 @@ pub struct ModelRegistered {
     /// The alias moved to this version, e.g. `best`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alias: Option<String>,
+    /// Why the model registry refused the registration for good (e.g. an
+    /// invalid model name), naming the fix; nothing was registered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 crate::payload!(

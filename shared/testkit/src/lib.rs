@@ -1,13 +1,16 @@
 //! Test helpers: a real `nats-server` with JetStream on an ephemeral loopback port
-//! and a temporary store, killed when dropped. Integration tests never use a fake NATS.
+//! and a temporary store, killed when dropped (and a real `mlflow server`, see
+//! [`MlflowServer`]). Integration tests never use a fake NATS.
 
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod mlflow;
 mod service;
 mod streams;
+pub use mlflow::{MlflowServer, mlflow_executable};
 pub use service::{assert_service_lifecycle, assert_service_lifecycle_with_env, http_get};
 pub use streams::{StoredMessage, eventually, eventually_within, stream_messages};
 

@@ -1,13 +1,15 @@
 //! The checkpoint-manager's decisions, without I/O: whether a checkpoint is
 //! complete ([`verify`]), which checkpoints a retention policy deletes
-//! ([`retention`]), where the next attempt resumes ([`catalog`]), and how often a
-//! job should save ([`interval`]). The service crate feeds these functions what
+//! ([`retention`]), where the next attempt resumes ([`catalog`]), how often a
+//! job should save ([`interval`]), and which checkpoint of a completed job
+//! becomes a model version ([`registration`]). The service crate feeds these functions what
 //! it read from storage and NATS, and carries out what they decide.
 
 pub mod catalog;
 pub mod error;
 pub mod interval;
 pub mod manifest;
+pub mod registration;
 pub mod retention;
 pub mod verify;
 

@@ -6,14 +6,17 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Duration;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::{ObjectStore, PutPayload};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 use trainyard_api::{TrainingJob, TrainingJobState};
-use trainyard_checkpoint_manager::ManagerConfig;
+use trainyard_checkpoint_manager::{ManagerConfig, StorageSettings};
 use trainyard_contracts::events::{Change, TrainingJobChanged};
 use trainyard_contracts::lifecycle::TrainingJobTransitioned;
 use trainyard_contracts::worker::CheckpointReported;
@@ -23,6 +26,84 @@ use trainyard_runtime::{Publisher, Runtime, Settings};
 use trainyard_testkit::NatsServer;
 
 pub const NS: &str = "ml";
+
+/// A real S3-compatible server (`moto_server`, `pip install 'moto[server]'`) on loopback.
+pub struct Moto {
+    child: Child,
+    pub endpoint: String,
+}
+
+impl Moto {
+    pub fn start() -> Self {
+        let port = trainyard_testkit::free_port();
+        let child = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("moto_server on PATH (pip install 'moto[server]')");
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "moto_server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Self { child, endpoint }
+    }
+
+    /// The manager's storage settings for this server.
+    pub fn storage(&self) -> StorageSettings {
+        StorageSettings {
+            read_volumes: true,
+            s3_endpoint: Some(self.endpoint.clone()),
+            s3_region: Some("us-east-1".into()),
+            s3_access_key_id: Some("test".into()),
+            s3_secret_access_key: Some("test".into()),
+        }
+    }
+
+    /// Creates `bucket` (moto needs it first) and returns a client of it.
+    pub async fn bucket(&self, bucket: &str) -> AmazonS3 {
+        reqwest::Client::new()
+            .put(format!("{}/{bucket}", self.endpoint))
+            .send()
+            .await
+            .expect("bucket created");
+        AmazonS3Builder::new()
+            .with_endpoint(&self.endpoint)
+            .with_allow_http(true)
+            .with_bucket_name(bucket)
+            .with_region("us-east-1")
+            .with_access_key_id("test")
+            .with_secret_access_key("test")
+            .build()
+            .expect("s3 client")
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Writes a complete checkpoint (files, then its manifest) under `prefix` in `s3`.
+pub async fn write_s3_checkpoint(s3: &AmazonS3, prefix: &str, step: u64, loss: f64) {
+    let (mut files, manifest) = checkpoint_files(step, loss, 256);
+    files.push(("trainyard-manifest.json".to_string(), manifest));
+    for (path, bytes) in files {
+        s3.put(
+            &object_store::path::Path::from(format!("{prefix}/{path}")),
+            PutPayload::from(bytes),
+        )
+        .await
+        .expect("put");
+    }
+}
 
 pub async fn start_manager(nats: &NatsServer, config: ManagerConfig) -> Runtime {
     let mut settings = Settings::default();

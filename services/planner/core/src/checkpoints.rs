@@ -1,6 +1,6 @@
 //! What the checkpoint-manager's decisions mean for a job's status and Events.
 
-use trainyard_contracts::decisions::{CheckpointVerified, ResumePointChosen};
+use trainyard_contracts::decisions::{CheckpointVerified, ModelRegistered, ResumePointChosen};
 
 use crate::decide::{EventType, PlannerAction};
 use crate::state::Observation;
@@ -11,6 +11,8 @@ pub const EVENT_CHECKPOINT_INCOMPLETE: &str = "CheckpointIncomplete";
 pub const EVENT_CHECKPOINT_SKIPPED: &str = "CheckpointSkipped";
 /// Event reason when the best checkpoint became a model version.
 pub const EVENT_MODEL_REGISTERED: &str = "ModelRegistered";
+/// Event reason when the model registry refused the registration for good.
+pub const EVENT_MODEL_REGISTRATION_FAILED: &str = "ModelRegistrationFailed";
 
 /// The status line for where the job resumes.
 pub fn resume_reason(point: &ResumePointChosen) -> String {
@@ -38,7 +40,7 @@ pub fn resume_reason(point: &ResumePointChosen) -> String {
 
 /// Events an observation records on the job, besides what its state change
 /// leads to: a checkpoint found incomplete, newer checkpoints a resume skipped,
-/// a model version registered.
+/// a model version registered, or the registry's refusal with its fix.
 pub fn checkpoint_events(observation: &Observation) -> Vec<PlannerAction> {
     let warning = |reason: &str, message: String| PlannerAction::RecordEvent {
         event_type: EventType::Warning,
@@ -72,6 +74,15 @@ pub fn checkpoint_events(observation: &Observation) -> Vec<PlannerAction> {
                 )
             })
             .collect(),
+        Observation::ModelRegistered(ModelRegistered {
+            model_name,
+            source,
+            error: Some(error),
+            ..
+        }) => vec![warning(
+            EVENT_MODEL_REGISTRATION_FAILED,
+            format!("checkpoint {source} was not registered as model {model_name}: {error}"),
+        )],
         Observation::ModelRegistered(model) => vec![PlannerAction::RecordEvent {
             event_type: EventType::Normal,
             reason: EVENT_MODEL_REGISTERED.to_owned(),

@@ -33,7 +33,7 @@ mod sweep;
 
 pub use checkpoints::{
     EVENT_CHECKPOINT_INCOMPLETE, EVENT_CHECKPOINT_SKIPPED, EVENT_MODEL_REGISTERED,
-    checkpoint_events, resume_reason,
+    EVENT_MODEL_REGISTRATION_FAILED, checkpoint_events, resume_reason,
 };
 pub use config::{FrameworkImages, PlannerConfig};
 pub use cost::{CostSeen, IdleSuspendSeen, budget_lift_hint, budget_status, cost_status};

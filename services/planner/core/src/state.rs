@@ -553,7 +553,10 @@ pub fn observe(
             Observed::Recorded
         }
         Observation::ModelRegistered(model) => {
-            state.model = Some(model);
+            // A refusal without a version leaves the last registered one in status.
+            if !model.version.is_empty() {
+                state.model = Some(model);
+            }
             Observed::Recorded
         }
         Observation::TrialStopped(decision) => {

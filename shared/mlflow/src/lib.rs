@@ -1,6 +1,7 @@
-//! A small client for the MLflow tracking REST API (`/api/2.0/mlflow/...`):
-//! experiments, runs, batched params/metrics/tags and run status, with retries
-//! and exponential backoff on 5xx, 429 and connection errors.
+//! A small client for the MLflow REST API (`/api/2.0/mlflow/...`): experiment
+//! tracking (experiments, runs, batched params/metrics/tags, run status) and
+//! the model registry (registered models, versions, aliases), with retries and
+//! exponential backoff on 5xx, 429 and connection errors.
 
 use std::time::Duration;
 use trainyard_contracts::backoff::capped_doubling;
@@ -11,6 +12,9 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
+
+mod registry;
+pub use registry::ModelVersion;
 
 /// MLflow's limits for one `runs/log-batch` request.
 pub const MAX_METRICS_PER_BATCH: usize = 1000;

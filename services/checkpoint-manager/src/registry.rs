@@ -1,0 +1,136 @@
+//! The MLflow model registry: a completed job's chosen checkpoint becomes a
+//! version of its registered model, and the configured alias moves to it.
+//! Registering the same checkpoint again reuses the version whose `source` it
+//! is, so restarts and redeliveries never make a second one.
+
+use std::time::Duration;
+
+use checkpoint_manager_core::registration;
+use tokio_util::sync::CancellationToken;
+use trainyard_mlflow::{MlflowClient, MlflowError, RetryPolicy};
+
+use crate::ManagerConfig;
+use crate::error::CheckpointError;
+
+/// A version of a registered model holding a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Version {
+    pub version: String,
+    /// False when an existing version with the same source was reused.
+    pub created: bool,
+}
+
+/// One MLflow server's model registry, with the manager's naming settings.
+pub struct Registry {
+    client: MlflowClient,
+    model_name_template: String,
+    alias: Option<String>,
+}
+
+impl Registry {
+    /// The registry `config` names; None (registration off) without a tracking URI.
+    pub fn from_config(
+        config: &ManagerConfig,
+        shutdown: CancellationToken,
+    ) -> Result<Option<Self>, CheckpointError> {
+        let Some(uri) = config
+            .mlflow_tracking_uri
+            .as_deref()
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+        else {
+            return Ok(None);
+        };
+        if config.model_name_template.trim().is_empty() {
+            return Err(CheckpointError::Config(
+                "checkpoint_manager.model_name_template is empty; set it, e.g. \"{namespace}-{name}\"".into(),
+            ));
+        }
+        let client = MlflowClient::new(
+            uri,
+            Duration::from_secs(config.mlflow_timeout_seconds.max(1)),
+            RetryPolicy {
+                max_attempts: config.mlflow_max_attempts.max(1),
+                ..RetryPolicy::default()
+            },
+            shutdown,
+        )
+        .map_err(|err| {
+            CheckpointError::Config(format!("checkpoint_manager.mlflow_tracking_uri: {err}"))
+        })?;
+        let alias = Some(config.model_alias.trim().to_string()).filter(|a| !a.is_empty());
+        Ok(Some(Self {
+            client,
+            model_name_template: config.model_name_template.clone(),
+            alias,
+        }))
+    }
+
+    /// The alias moved to each registered version, if any.
+    pub fn alias(&self) -> Option<&str> {
+        self.alias.as_deref()
+    }
+
+    /// The job's model name: its `trainyard.dev/model-name` annotation, else the template's.
+    pub fn model_name(&self, namespace: &str, name: &str, annotated: Option<&str>) -> String {
+        match annotated.map(str::trim).filter(|a| !a.is_empty()) {
+            Some(annotated) => annotated.to_string(),
+            None => registration::model_name(&self.model_name_template, namespace, name),
+        }
+    }
+
+    /// The version of `model` whose source is `source`: found among the
+    /// model's versions, else created (the model too, when it is new).
+    pub async fn version(
+        &self,
+        model: &str,
+        source: &str,
+        run_id: Option<&str>,
+    ) -> Result<Version, MlflowError> {
+        self.client.ensure_registered_model(model).await?;
+        let versions = self.client.model_versions(model).await?;
+        let existing = registration::existing_version(
+            versions
+                .iter()
+                .map(|v| (v.version.as_str(), v.source.as_str())),
+            source,
+        );
+        if let Some(version) = existing {
+            return Ok(Version {
+                version: version.to_string(),
+                created: false,
+            });
+        }
+        let created = self
+            .client
+            .create_model_version(model, source, run_id)
+            .await?;
+        Ok(Version {
+            version: created.version,
+            created: true,
+        })
+    }
+
+    /// Points the configured alias of `model` at `version`; nothing without an alias.
+    pub async fn move_alias(&self, model: &str, version: &str) -> Result<(), MlflowError> {
+        match &self.alias {
+            Some(alias) => self.client.set_model_alias(model, alias, version).await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// Why the registry refused for good, with the fix for the failing step.
+pub fn refusal(err: &MlflowError, model: &str, source: &str) -> String {
+    let fix = match err.operation() {
+        "create_model_version" => format!(
+            "the registry does not take {source} as a model version source (it refuses local paths outside a run's artifacts); store the job's checkpoints in object storage (checkpoint.storage.type s3 or gcs)"
+        ),
+        "set_model_alias" => "set checkpoint_manager.model_alias to a valid alias (letters, digits, _ and -; not latest or v<number>), or empty for none".to_string(),
+        _ => format!(
+            "model name {model:?} is not valid in the registry; set annotation {} on the TrainingJob or checkpoint_manager.model_name_template",
+            trainyard_api::ANNOTATION_MODEL_NAME
+        ),
+    };
+    format!("{err}; {fix}")
+}
