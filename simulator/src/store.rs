@@ -17,6 +17,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 
 use crate::error::ApiError;
+use crate::pod_logs::PodLogs;
 use crate::pod_update;
 use crate::resources::{self, ResourceType};
 use crate::selector::Selector;
@@ -163,6 +164,8 @@ pub struct Store {
     changes: broadcast::Sender<Change>,
     /// Changes kept for resuming watches ([`HISTORY`] unless set).
     history: usize,
+    /// What the pods' containers wrote, served by the `log` subresource.
+    logs: PodLogs,
 }
 
 impl Default for Store {
@@ -479,7 +482,13 @@ impl Store {
             }),
             changes: broadcast::channel(WATCH_BUFFER).0,
             history: changes.max(1),
+            logs: PodLogs::default(),
         }
+    }
+
+    /// The pods' logs: the simulated workers write them, the API server reads them.
+    pub fn logs(&self) -> &PodLogs {
+        &self.logs
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -594,6 +603,14 @@ impl Store {
             json: json.clone(),
             previous: previous_json,
         });
+        if kind == ChangeKind::Deleted && rt.name == resources::pods().name {
+            let metadata = meta(&object);
+            if let (Some(namespace), Some(name)) =
+                (metadata["namespace"].as_str(), metadata["name"].as_str())
+            {
+                self.logs.remove(namespace, name);
+            }
+        }
         // No receiver is fine: nobody is watching.
         let _ = self.changes.send(Change {
             resource_version: inner.revision,
