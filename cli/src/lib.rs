@@ -14,6 +14,7 @@ pub mod error;
 pub mod format;
 pub mod get;
 pub mod jsonpath;
+pub mod logs;
 pub mod manifest;
 pub mod notifications;
 pub mod resources;
@@ -252,6 +253,19 @@ where
             let (client, namespace) =
                 connect_in_namespace(args.namespace.as_deref(), connect).await?;
             describe::explain(client, &namespace, &args.name, out).await
+        }
+        Command::Logs(args) => {
+            let (client, namespace) =
+                connect_in_namespace(args.namespace.as_deref(), connect).await?;
+            let options = logs::LogOptions {
+                rank: args.rank,
+                all: args.all,
+                follow: args.follow,
+                tail: args.tail,
+                since_seconds: args.since.map(|since| since.as_secs()),
+                timestamps: args.timestamps,
+            };
+            logs::logs(client, &namespace, &args.name, &options, out).await
         }
         Command::Completion(args) => {
             let mut command = <Cli as clap::CommandFactory>::command();
