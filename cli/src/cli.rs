@@ -36,8 +36,9 @@ pub struct ClusterArgs {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Create or update TrainingJobs, Sweeps and TrainingQueues from YAML files
-    /// (server-side apply); nothing is applied if any document is invalid.
+    /// Create or update TrainingJobs, Sweeps, TrainingQueues and any other kind the
+    /// cluster serves from YAML files (server-side apply); nothing is applied if any
+    /// document is invalid or of a kind the cluster does not serve.
     Apply(ApplyArgs),
     /// List TrainingJobs, Sweeps or TrainingQueues (all, by name or by label) as a
     /// table, JSON, YAML or names, or watch them change.

@@ -1,8 +1,9 @@
-//! The `trainyard` command-line client: apply Trainyard manifests, watch TrainingJobs
-//! and Sweeps, and summarise a run, against any Kubernetes API.
+//! The `trainyard` command-line client: apply manifests, watch TrainingJobs and
+//! Sweeps, read their workers' logs, and summarise a run, against any Kubernetes API.
 //!
-//! Parsing, validation, rows, watch logic and the summary are pure functions; only
-//! `apply::apply_manifests` and the `get` module talk to the cluster.
+//! Parsing, validation, rows, watch logic, the choice of worker pods and the summary
+//! are pure functions; `apply::apply_manifests`, `logs::logs` and the `get`,
+//! `describe` and `control` modules talk to the cluster.
 
 pub mod apply;
 pub mod cli;
