@@ -31,12 +31,12 @@ use crate::config::{ClusterConfig, NodeGroup, NodeScoring};
 use crate::pod_admission;
 use crate::resources;
 use crate::selector::Selector;
-use crate::store::{Change, ChangeKind, Propagation, Store};
+use crate::store::{
+    Change, ChangeKind, JOB_CONTROLLER_UID_LABEL, JOB_NAME_LABEL, Propagation, Store,
+};
 
 const GPU: &str = "nvidia.com/gpu";
 const MIG_PREFIX: &str = "nvidia.com/mig-";
-const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
-const CONTROLLER_UID_LABEL: &str = "batch.kubernetes.io/controller-uid";
 /// Per-job override of the epoch speed, for trace replay (set through `spec.env`).
 pub const EPOCH_SECONDS_ENV: &str = "TRAINYARD_SIM_SECONDS_PER_EPOCH";
 
@@ -1319,7 +1319,7 @@ impl Cluster {
                 pod["metadata"]["annotations"] = json!({});
             }
             pod["metadata"]["labels"][JOB_NAME_LABEL] = json!(name);
-            pod["metadata"]["labels"][CONTROLLER_UID_LABEL] = json!(uid);
+            pod["metadata"]["labels"][JOB_CONTROLLER_UID_LABEL] = json!(uid);
             pod["metadata"]["labels"][LABEL_WORKER_INDEX] = json!(index.to_string());
             pod["metadata"]["annotations"][LABEL_WORKER_INDEX] = json!(index.to_string());
             pod["spec"]["hostname"] = json!(format!("{name}-{index}"));

@@ -24,6 +24,9 @@ use crate::selector::Selector;
 
 /// Watch history kept for resuming watches; older resumes get 410 Gone and relist.
 pub const HISTORY: usize = 200_000;
+/// The labels the API server selects a Job's pods by.
+pub(crate) const JOB_CONTROLLER_UID_LABEL: &str = "batch.kubernetes.io/controller-uid";
+pub(crate) const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
 /// Events a slow watcher may fall behind before its watch is closed (it then relists).
 pub const WATCH_BUFFER: usize = 65_536;
 
@@ -179,6 +182,36 @@ impl Default for Store {
 pub struct WatchStart {
     pub backlog: Vec<Change>,
     pub live: broadcast::Receiver<Change>,
+}
+
+/// As the API server defaults a Job without `manualSelector`: its pods are
+/// selected by the Job's uid, and its template carries that label and the Job's
+/// name, so `kubectl logs job/NAME` finds the Job's own pods.
+fn default_job_selector(job: &mut Value, name: &str, uid: &str) {
+    let Some(spec) = job.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let manual = spec.get("manualSelector") == Some(&json!(true));
+    if manual || spec.get("selector").is_some_and(|s| !s.is_null()) {
+        return;
+    }
+    let Some(template) = spec.get_mut("template").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let metadata = template.entry("metadata").or_insert_with(|| json!({}));
+    let Some(metadata) = metadata.as_object_mut() else {
+        return;
+    };
+    let labels = metadata.entry("labels").or_insert_with(|| json!({}));
+    let Some(labels) = labels.as_object_mut() else {
+        return;
+    };
+    labels.insert(JOB_CONTROLLER_UID_LABEL.into(), json!(uid));
+    labels.insert(JOB_NAME_LABEL.into(), json!(name));
+    spec.insert(
+        "selector".into(),
+        json!({"matchLabels": {JOB_CONTROLLER_UID_LABEL: uid}}),
+    );
 }
 
 fn now() -> String {
@@ -704,11 +737,15 @@ impl Store {
             Some(ns) => metadata.insert("namespace".into(), json!(ns)),
             None => metadata.remove("namespace"),
         };
-        metadata.insert("uid".into(), json!(uuid::Uuid::now_v7().to_string()));
+        let uid = uuid::Uuid::now_v7().to_string();
+        metadata.insert("uid".into(), json!(uid));
         metadata.insert("creationTimestamp".into(), json!(now()));
         metadata.insert("resourceVersion".into(), json!(revision.to_string()));
         metadata.insert("generation".into(), json!(1));
         metadata.remove("deletionTimestamp");
+        if rt.name == resources::jobs().name {
+            default_job_selector(&mut object, &name, &uid);
+        }
         let stored = Arc::new(object);
         let json = self.record(inner, rt, ChangeKind::Added, stored.clone(), None);
         let object = Stored {

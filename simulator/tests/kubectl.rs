@@ -550,3 +550,45 @@ async fn kubectl_logs_of_a_worker_that_has_not_started_says_why() {
         output.stderr
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_logs_of_a_job_reads_its_own_pod_by_the_selector_the_server_defaulted() {
+    let cluster = Cluster::start().await;
+    running_worker(&cluster.store, "unrelated", "other");
+    cluster.store.logs().append(NS, "unrelated", "not this one");
+    let job = cluster
+        .store
+        .create(
+            resources::jobs(),
+            Some(NS),
+            json!({
+                "metadata": {"name": "mnist-a0"},
+                "spec": {"template": {"spec": {"containers": [{"name": "worker", "image": "trainer"}]}}},
+            }),
+        )
+        .expect("job stored");
+    let uid = job["metadata"]["uid"].as_str().expect("a uid").to_owned();
+    assert_eq!(
+        job["spec"]["selector"],
+        json!({"matchLabels": {"batch.kubernetes.io/controller-uid": uid}})
+    );
+    assert_eq!(
+        job["spec"]["template"]["metadata"]["labels"]["batch.kubernetes.io/job-name"],
+        "mnist-a0"
+    );
+    running_worker(&cluster.store, "mnist-a0-0-abc", "mnist");
+    cluster
+        .store
+        .update(resources::pods(), Some(NS), "mnist-a0-0-abc", |pod| {
+            pod["metadata"]["labels"]["batch.kubernetes.io/controller-uid"] = json!(uid);
+        })
+        .expect("labelled as the Job's");
+    cluster
+        .store
+        .logs()
+        .append(NS, "mnist-a0-0-abc", "epoch 1/2 step 100 loss=0.9000");
+    assert_eq!(
+        cluster.ok(&["logs", "job/mnist-a0"]).await,
+        "epoch 1/2 step 100 loss=0.9000\n"
+    );
+}
