@@ -156,11 +156,11 @@ fi
 
 trainyard=target/release/trainyard
 echo
-echo "== applying the queue, the example TrainingJobs and the example Sweep"
+echo "== applying the queue, the example TrainingJobs and the example Sweep with its checkpoint claim"
 "$trainyard" apply -f "$queue" \
   -f examples/trainingjob-simple.yaml -f examples/trainingjob-distributed.yaml \
   -f examples/trainingjob-resume.yaml -f examples/trainingjob-advanced.yaml \
-  -f examples/sweep.yaml
+  -f examples/sweep-checkpoints.yaml -f examples/sweep.yaml
 echo
 echo "== watching (trainyard get trainingjobs -A -w), until every job has finished"
 status=0

@@ -1,14 +1,18 @@
-//! `trainyard apply`: read manifests, validate all of them, then server-side apply.
+//! `trainyard apply`: read manifests, validate all of them, find the resource of
+//! every kind that is not Trainyard's through the API server's discovery, then
+//! server-side apply.
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::discovery::{self, Scope};
 use kube::{Api, Client, ResourceExt};
 use trainyard_api::{Sweep, TrainingJob, TrainingQueue};
 
 use crate::error::CliError;
-use crate::manifest::{Kind, Manifest, parse_file};
+use crate::manifest::{Kind, Manifest, ObjectKind, parse_file};
 
 /// Field manager of everything the CLI applies, so `managedFields` tell who wrote what.
 pub const FIELD_MANAGER: &str = "trainyard-cli";
@@ -126,24 +130,95 @@ pub fn validate_sources(sources: &[Source]) -> Result<Vec<Manifest>, CliError> {
     Ok(manifests)
 }
 
-/// Applies `manifests` in order, printing `<kind>.trainyard.dev/<name> <outcome>` for
-/// each; objects that name no namespace go to `default_namespace`. Like kubectl, a
-/// refusal by the server does not stop the others; the refusals come back together as
-/// one error.
+/// A kind's resource and whether it is namespaced, or why the cluster has none.
+type Discovered = Result<(ApiResource, bool), String>;
+
+/// Asks the API server about each kind that is not Trainyard's, once per
+/// apiVersion and kind.
+async fn discover(
+    client: &Client,
+    manifests: &[Manifest],
+) -> Result<HashMap<(String, String), Discovered>, CliError> {
+    let mut found: HashMap<(String, String), Discovered> = HashMap::new();
+    for manifest in manifests {
+        let ObjectKind::Other { api_version, kind } = &manifest.kind else {
+            continue;
+        };
+        let key = (api_version.clone(), kind.clone());
+        if found.contains_key(&key) {
+            continue;
+        }
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        let discovered = match discovery::pinned_kind(client, &gvk).await {
+            Ok((resource, capabilities)) => {
+                Ok((resource, matches!(capabilities.scope, Scope::Namespaced)))
+            }
+            Err(kube::Error::Discovery(_)) => Err(format!(
+                "the cluster serves no kind {kind} in apiVersion {api_version}: check the spelling, or install the CustomResourceDefinition that defines it first"
+            )),
+            Err(kube::Error::Api(status)) if status.code == 404 => Err(format!(
+                "the cluster does not serve apiVersion {api_version} (kind {kind}): check the spelling, or install the CustomResourceDefinition that defines it first"
+            )),
+            Err(error) => {
+                return Err(CliError::Kube {
+                    action: format!(
+                        "discover the resource of kind {kind} in apiVersion {api_version}"
+                    ),
+                    source: Box::new(error),
+                });
+            }
+        };
+        found.insert(key, discovered);
+    }
+    Ok(found)
+}
+
+/// Applies `manifests` in order, printing `<kind>.<group>/<name> <outcome>` for
+/// each; objects that name no namespace go to `default_namespace`. Kinds that are
+/// not Trainyard's are looked up first, and if the cluster serves any of them not
+/// at all, nothing is applied. Like kubectl, a refusal by the server does not stop
+/// the others; the refusals come back together as one error.
 pub async fn apply_manifests(
     client: &Client,
     manifests: &[Manifest],
     default_namespace: &str,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
-    let mut failures = Vec::new();
+    let discovered = discover(client, manifests).await?;
+    let mut resolved = Vec::with_capacity(manifests.len());
+    let mut unknown = Vec::new();
     for manifest in manifests {
-        let resource = match manifest.kind {
-            Kind::TrainingJob => ApiResource::erase::<TrainingJob>(&()),
-            Kind::Sweep => ApiResource::erase::<Sweep>(&()),
-            Kind::TrainingQueue => ApiResource::erase::<TrainingQueue>(&()),
+        let found = match &manifest.kind {
+            ObjectKind::Trainyard(Kind::TrainingJob) => {
+                Ok((ApiResource::erase::<TrainingJob>(&()), true))
+            }
+            ObjectKind::Trainyard(Kind::Sweep) => Ok((ApiResource::erase::<Sweep>(&()), true)),
+            ObjectKind::Trainyard(Kind::TrainingQueue) => {
+                Ok((ApiResource::erase::<TrainingQueue>(&()), false))
+            }
+            ObjectKind::Other { api_version, kind } => discovered
+                .get(&(api_version.clone(), kind.clone()))
+                .cloned()
+                .unwrap_or_else(|| Err(format!("kind {kind} was not looked up"))),
         };
-        let (namespace, object) = manifest.resolve(default_namespace);
+        match found {
+            Ok(found) => resolved.push((manifest, found)),
+            Err(why) => unknown.push(format!(
+                "{}: document {} ({} {:?}): {why}",
+                manifest.file,
+                manifest.document,
+                manifest.kind.kind(),
+                manifest.name
+            )),
+        }
+    }
+    if !unknown.is_empty() {
+        return Err(CliError::UnknownKinds(unknown));
+    }
+    let mut failures = Vec::new();
+    for (manifest, (resource, namespaced)) in resolved {
+        let (namespace, object) = manifest.resolve(namespaced, default_namespace);
         let api = match namespace.as_deref() {
             Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource),
             None => Api::all_with(client.clone(), &resource),

@@ -36,8 +36,9 @@ pub struct ClusterArgs {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Create or update TrainingJobs, Sweeps and TrainingQueues from YAML files
-    /// (server-side apply); nothing is applied if any document is invalid.
+    /// Create or update TrainingJobs, Sweeps, TrainingQueues and any other kind the
+    /// cluster serves from YAML files (server-side apply); nothing is applied if any
+    /// document is invalid or of a kind the cluster does not serve.
     Apply(ApplyArgs),
     /// List TrainingJobs, Sweeps or TrainingQueues (all, by name or by label) as a
     /// table, JSON, YAML or names, or watch them change.
@@ -46,6 +47,8 @@ pub enum Command {
     Describe(DescribeArgs),
     /// Why a TrainingJob waits: its queue, position and the gpu-allocator's reason.
     Explain(ExplainArgs),
+    /// A TrainingJob's worker logs (rank 0 unless told), like `kubectl logs`.
+    Logs(LogsArgs),
     /// Outcome counts, queueing delay, durations and GPU utilisation of TrainingJobs.
     Summary(SummaryArgs),
     /// Delete TrainingJobs, Sweeps or TrainingQueues by name.
@@ -281,6 +284,43 @@ pub struct JobNamesArgs {
     /// Names of the TrainingJobs.
     #[arg(required = true, value_name = "NAME")]
     pub names: Vec<String>,
+
+    /// Namespace (default: the kubeconfig context's, else "default").
+    #[arg(short = 'n', long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+}
+
+/// `trainyard logs`.
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// Name of the TrainingJob.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+
+    /// The worker whose log to print (its rank, the Indexed Job's completion index).
+    #[arg(long, value_name = "N", default_value_t = 0, conflicts_with = "all")]
+    pub rank: u32,
+
+    /// Every worker's log, each line prefixed with `[rank N]`.
+    #[arg(long)]
+    pub all: bool,
+
+    /// Keep printing new lines until the workers exit.
+    #[arg(short = 'f', long)]
+    pub follow: bool,
+
+    /// Only the last N lines of each log.
+    #[arg(long, value_name = "N")]
+    pub tail: Option<u32>,
+
+    /// Only lines written in this past period: a whole number and s, m, h or d
+    /// (e.g. 10m).
+    #[arg(long, value_name = "PERIOD", value_parser = parse_period)]
+    pub since: Option<std::time::Duration>,
+
+    /// Prefix each line with the time it was written (RFC 3339).
+    #[arg(long)]
+    pub timestamps: bool,
 
     /// Namespace (default: the kubeconfig context's, else "default").
     #[arg(short = 'n', long, value_name = "NAMESPACE")]
@@ -616,6 +656,34 @@ mod tests {
         assert!(parse(&["deadletter", "replay", "3", "--all"]).is_err());
         assert!(parse(&["deadletter", "show"]).is_err(), "a sequence");
         assert!(parse(&["deadletter", "list", "-o", "json"]).is_ok());
+    }
+
+    #[test]
+    fn logs_takes_a_rank_or_all_and_kubectls_log_flags() {
+        let Command::Logs(args) = parse(&["logs", "mnist", "-f", "--tail", "20", "-n", "ml"])
+            .expect("parses")
+            .command
+        else {
+            panic!("not logs");
+        };
+        assert_eq!(
+            (args.name.as_str(), args.rank, args.all),
+            ("mnist", 0, false)
+        );
+        assert!(args.follow);
+        assert_eq!(args.tail, Some(20));
+        assert_eq!(args.namespace.as_deref(), Some("ml"));
+        let Command::Logs(args) = parse(&["logs", "mnist", "--rank", "3", "--since", "10m"])
+            .expect("parses")
+            .command
+        else {
+            panic!("not logs");
+        };
+        assert_eq!(args.rank, 3);
+        assert_eq!(args.since, Some(std::time::Duration::from_secs(600)));
+        assert!(parse(&["logs", "mnist", "--rank", "1", "--all"]).is_err());
+        assert!(parse(&["logs", "mnist", "--rank", "-1"]).is_err());
+        assert!(parse(&["logs"]).is_err(), "a job name is required");
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub enum CliError {
 
     /// `-f` named files that hold no objects at all.
     #[error(
-        "no objects to apply in {files}: each file needs at least one TrainingJob, Sweep or TrainingQueue document"
+        "no objects to apply in {files}: each file needs at least one document with apiVersion, kind and metadata.name"
     )]
     NoObjects {
         /// The files, comma-separated.
@@ -28,6 +28,10 @@ pub enum CliError {
     /// At least one document failed validation; nothing was applied.
     #[error("{}\nnothing was applied: fix the {} problem(s) above and apply again", render_document_errors(.0), .0.iter().map(DocumentError::problem_count).sum::<usize>())]
     InvalidManifests(Vec<DocumentError>),
+
+    /// Documents of kinds the cluster does not serve; nothing was applied.
+    #[error("{}\nnothing was applied: the cluster does not serve the kind of the {} document(s) above", .0.join("\n"), .0.len())]
+    UnknownKinds(Vec<String>),
 
     /// Some objects were applied but others were refused by the API server.
     #[error("{} of {total} object(s) could not be applied:\n{}", .failures.len(), .failures.join("\n"))]
@@ -119,6 +123,17 @@ pub enum CliError {
         name: String,
         /// " in namespace ml", or empty for cluster-scoped kinds.
         scope: String,
+    },
+
+    /// `logs` of a TrainingJob that has no worker pods (yet, or any more).
+    #[error("trainingjob {job:?} in namespace {namespace}: no worker pods: {reason}")]
+    NoWorkerPods {
+        /// The TrainingJob.
+        job: String,
+        /// Its namespace.
+        namespace: String,
+        /// Its state and what to do, e.g. "job is Queued; ...".
+        reason: String,
     },
 
     /// The kubeconfig named by `--kubeconfig` or `--context` cannot be used.

@@ -1,8 +1,9 @@
-//! The `trainyard` command-line client: apply Trainyard manifests, watch TrainingJobs
-//! and Sweeps, and summarise a run, against any Kubernetes API.
+//! The `trainyard` command-line client: apply manifests, watch TrainingJobs and
+//! Sweeps, read their workers' logs, and summarise a run, against any Kubernetes API.
 //!
-//! Parsing, validation, rows, watch logic and the summary are pure functions; only
-//! `apply::apply_manifests` and the `get` module talk to the cluster.
+//! Parsing, validation, rows, watch logic, the choice of worker pods and the summary
+//! are pure functions; `apply::apply_manifests`, `logs::logs` and the `get`,
+//! `describe` and `control` modules talk to the cluster.
 
 pub mod apply;
 pub mod cli;
@@ -14,6 +15,7 @@ pub mod error;
 pub mod format;
 pub mod get;
 pub mod jsonpath;
+pub mod logs;
 pub mod manifest;
 pub mod notifications;
 pub mod resources;
@@ -252,6 +254,19 @@ where
             let (client, namespace) =
                 connect_in_namespace(args.namespace.as_deref(), connect).await?;
             describe::explain(client, &namespace, &args.name, out).await
+        }
+        Command::Logs(args) => {
+            let (client, namespace) =
+                connect_in_namespace(args.namespace.as_deref(), connect).await?;
+            let options = logs::LogOptions {
+                rank: args.rank,
+                all: args.all,
+                follow: args.follow,
+                tail: args.tail,
+                since_seconds: args.since.map(|since| since.as_secs()),
+                timestamps: args.timestamps,
+            };
+            logs::logs(client, &namespace, &args.name, &options, out).await
         }
         Command::Completion(args) => {
             let mut command = <Cli as clap::CommandFactory>::command();

@@ -1,5 +1,9 @@
-//! Splitting multi-document YAML into Trainyard objects and validating each one before
+//! Splitting multi-document YAML into objects and validating each one before
 //! anything is sent to the API server.
+//!
+//! Trainyard's kinds are checked in full; any other kind (a PersistentVolumeClaim
+//! a Sweep's checkpoints need, a ConfigMap, a Secret, a Namespace) only for what
+//! apply itself needs, apiVersion, kind and a name, and left to the API server.
 //!
 //! Validation is trainyard-api's own (`from_json`), the same rules the CRD schema and
 //! its CEL expressions enforce, so a bad manifest is refused here with the field and the
@@ -67,6 +71,40 @@ impl fmt::Display for Kind {
     }
 }
 
+/// What an object is: one of Trainyard's kinds, or any other the cluster may serve.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ObjectKind {
+    /// TrainingJob, Sweep or TrainingQueue, validated here.
+    Trainyard(Kind),
+    /// Another kind; its scope and resource come from the API server's discovery.
+    Other {
+        /// `apiVersion` as written: `v1`, `apps/v1`, ...
+        api_version: String,
+        /// `kind` as written.
+        kind: String,
+    },
+}
+
+impl ObjectKind {
+    /// The API group ("" for the core group).
+    pub fn group(&self) -> &str {
+        match self {
+            ObjectKind::Trainyard(_) => API_GROUP,
+            ObjectKind::Other { api_version, .. } => {
+                api_version.split_once('/').map_or("", |(group, _)| group)
+            }
+        }
+    }
+
+    /// The `kind` value.
+    pub fn kind(&self) -> &str {
+        match self {
+            ObjectKind::Trainyard(kind) => kind.as_str(),
+            ObjectKind::Other { kind, .. } => kind,
+        }
+    }
+}
+
 /// One validated object, ready for server-side apply.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Manifest {
@@ -75,28 +113,45 @@ pub struct Manifest {
     /// 1-based index of its YAML document in the file.
     pub document: usize,
     /// Its kind.
-    pub kind: Kind,
+    pub kind: ObjectKind,
     /// metadata.name.
     pub name: String,
     /// metadata.namespace as written; None when the object leaves it to the default
-    /// namespace, and always None for cluster-scoped kinds.
+    /// namespace, and always None for Trainyard's cluster-scoped kind.
     pub namespace: Option<String>,
     /// The object as written, status and (for cluster-scoped kinds) namespace removed.
     pub object: Value,
 }
 
 impl Manifest {
-    /// `trainingjob.trainyard.dev/<name>`, the way kubectl names an object.
+    /// `trainingjob.trainyard.dev/<name>`, `persistentvolumeclaim/<name>`,
+    /// `deployment.apps/<name>`: the way kubectl names an object.
     pub fn reference(&self) -> String {
-        format!("{}.{API_GROUP}/{}", self.kind.resource(), self.name)
+        let resource = match &self.kind {
+            ObjectKind::Trainyard(kind) => kind.resource().to_owned(),
+            ObjectKind::Other { kind, .. } => kind.to_lowercase(),
+        };
+        match self.kind.group() {
+            "" => format!("{resource}/{}", self.name),
+            group => format!("{resource}.{group}/{}", self.name),
+        }
     }
 
     /// Where the object goes and what is sent: its own namespace, else
     /// `default_namespace` (written into metadata.namespace so the body matches the
-    /// request path); None and the object untouched for cluster-scoped kinds.
-    pub fn resolve(&self, default_namespace: &str) -> (Option<String>, Value) {
-        if !self.kind.namespaced() {
-            return (None, self.object.clone());
+    /// request path); None and the object without a namespace for cluster-scoped
+    /// kinds. `namespaced` is the scope discovery found, for kinds not Trainyard's.
+    pub fn resolve(&self, namespaced: bool, default_namespace: &str) -> (Option<String>, Value) {
+        let namespaced = match &self.kind {
+            ObjectKind::Trainyard(kind) => kind.namespaced(),
+            ObjectKind::Other { .. } => namespaced,
+        };
+        if !namespaced {
+            let mut object = self.object.clone();
+            if let Some(Value::Object(metadata)) = object.get_mut("metadata") {
+                metadata.remove("namespace");
+            }
+            return (None, object);
         }
         let namespace = self
             .namespace
@@ -201,7 +256,12 @@ pub fn parse_file(file: &str, text: &str) -> Result<Vec<Manifest>, Vec<DocumentE
         if value.is_null() {
             continue;
         }
-        match check_document(value) {
+        let checked = if is_trainyard(&value) {
+            check_document(value)
+        } else {
+            check_other(value)
+        };
+        match checked {
             Ok(checked) => manifests.push(Manifest {
                 file: file.to_owned(),
                 document: number,
@@ -226,7 +286,7 @@ pub fn parse_file(file: &str, text: &str) -> Result<Vec<Manifest>, Vec<DocumentE
 }
 
 struct Checked {
-    kind: Kind,
+    kind: ObjectKind,
     name: String,
     namespace: Option<String>,
     object: Value,
@@ -240,6 +300,109 @@ fn field(path: &str, kind: FieldErrorKind, message: impl Into<String>) -> Proble
 
 fn kinds_list() -> String {
     Kind::ALL.map(Kind::as_str).join(", ")
+}
+
+/// Whether a document is for Trainyard's own checks: its apiVersion is in Trainyard's
+/// group, its kind is one of Trainyard's, or it lacks what would say otherwise.
+fn is_trainyard(value: &Value) -> bool {
+    let group = format!("{API_GROUP}/");
+    match (value.get("apiVersion"), value.get("kind")) {
+        (Some(Value::String(version)), Some(Value::String(kind))) => {
+            version.starts_with(&group) || Kind::parse(kind).is_some()
+        }
+        (Some(Value::String(version)), _) => version.starts_with(&group),
+        (_, Some(Value::String(kind))) => Kind::parse(kind).is_some(),
+        _ => true,
+    }
+}
+
+/// Checks what apply needs of a kind that is not Trainyard's: apiVersion, kind and
+/// a name (and a namespace, when one is written, that could be one). The rest is
+/// the API server's to judge.
+fn check_other(value: Value) -> Result<Checked, Refusal> {
+    let Value::Object(object) = value else {
+        return check_document(value);
+    };
+    let mut problems = Vec::new();
+    let kind = match object.get("kind") {
+        Some(Value::String(kind)) if !kind.is_empty() => Some(kind.clone()),
+        _ => {
+            problems.push(field(
+                "kind",
+                FieldErrorKind::Required,
+                "kind is required, e.g. kind: PersistentVolumeClaim",
+            ));
+            None
+        }
+    };
+    let api_version = match object.get("apiVersion") {
+        Some(Value::String(version)) if is_api_version(version) => Some(version.clone()),
+        Some(Value::String(version)) => {
+            problems.push(field(
+                "apiVersion",
+                FieldErrorKind::Invalid,
+                format!("{version:?} is not an apiVersion: use VERSION (core kinds, e.g. v1) or GROUP/VERSION (e.g. apps/v1)"),
+            ));
+            None
+        }
+        _ => {
+            problems.push(field(
+                "apiVersion",
+                FieldErrorKind::Required,
+                "apiVersion is required, e.g. apiVersion: v1",
+            ));
+            None
+        }
+    };
+    let name = match metadata_field(&object, "name") {
+        Some(Value::String(name)) if is_path_segment(name) => Some(name.clone()),
+        Some(Value::String(name)) => {
+            problems.push(field(
+                "metadata.name",
+                FieldErrorKind::Invalid,
+                format!("{name:?} is not a valid object name: it may not be empty, \".\" or \"..\", nor contain '/' or '%'"),
+            ));
+            None
+        }
+        _ => {
+            problems.push(field(
+                "metadata.name",
+                FieldErrorKind::Required,
+                "metadata.name is required: apply updates objects by name",
+            ));
+            None
+        }
+    };
+    let namespace = check_namespace(&object, &mut problems);
+    let label = match (&kind, &name) {
+        (Some(kind), Some(name)) => Some(format!("{kind} {name:?}")),
+        (Some(kind), None) => Some(kind.clone()),
+        (None, _) => None,
+    };
+    match (kind, api_version, name) {
+        (Some(kind), Some(api_version), Some(name)) if problems.is_empty() => Ok(Checked {
+            kind: ObjectKind::Other { api_version, kind },
+            name,
+            namespace,
+            object: Value::Object(object),
+        }),
+        _ => Err((label, problems)),
+    }
+}
+
+/// `v1` or `group/v1`: what a request path can be built from.
+fn is_api_version(version: &str) -> bool {
+    let (group, version) = version.split_once('/').unwrap_or(("", version));
+    (group.is_empty() || is_dns_subdomain(group))
+        && !version.is_empty()
+        && version
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+}
+
+/// A name the API server can put in a request path.
+fn is_path_segment(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '%'])
 }
 
 /// Checks the envelope (apiVersion, kind, metadata), then the spec with trainyard-api's
@@ -306,7 +469,7 @@ fn check_document(value: Value) -> Result<Checked, Refusal> {
             // Status belongs to the planner; the API server would ignore it anyway.
             object.remove("status");
             Ok(Checked {
-                kind,
+                kind: ObjectKind::Trainyard(kind),
                 name,
                 namespace,
                 object: Value::Object(object),
@@ -336,7 +499,10 @@ fn check_kind(object: &Map<String, Value>, problems: &mut Vec<Problem>) -> Optio
             problems.push(field(
                 "kind",
                 FieldErrorKind::Required,
-                format!("kind is required: one of {}", kinds_list()),
+                format!(
+                    "kind is required: one of {}, or any kind the cluster serves",
+                    kinds_list()
+                ),
             ));
             None
         }
@@ -504,12 +670,12 @@ spec:
         let manifests = parse_file("job.yaml", JOB).expect("valid");
         assert_eq!(manifests.len(), 1);
         let job = &manifests[0];
-        assert_eq!(job.kind, Kind::TrainingJob);
+        assert_eq!(job.kind, ObjectKind::Trainyard(Kind::TrainingJob));
         assert_eq!(job.name, "mnist");
         assert_eq!(job.namespace, None);
         assert_eq!(job.document, 1);
         assert_eq!(job.reference(), "trainingjob.trainyard.dev/mnist");
-        let (namespace, object) = job.resolve("team-a");
+        let (namespace, object) = job.resolve(true, "team-a");
         assert_eq!(namespace.as_deref(), Some("team-a"));
         assert_eq!(object["metadata"]["namespace"], "team-a");
         // Defaults are the server's business: gpusPerWorker is not filled in.
@@ -521,7 +687,7 @@ spec:
         let text = JOB.replace("  name: mnist\n", "  name: mnist\n  namespace: ml\n");
         let manifests = parse_file("job.yaml", &text).expect("valid");
         assert_eq!(manifests[0].namespace.as_deref(), Some("ml"));
-        let (namespace, object) = manifests[0].resolve("team-a");
+        let (namespace, object) = manifests[0].resolve(true, "team-a");
         assert_eq!(namespace.as_deref(), Some("ml"));
         assert_eq!(object["metadata"]["namespace"], "ml");
     }
@@ -557,9 +723,12 @@ spec:
       nominalQuota: 8
 ";
         let manifests = parse_file("queue.yaml", text).expect("valid");
-        assert_eq!(manifests[0].kind, Kind::TrainingQueue);
+        assert_eq!(
+            manifests[0].kind,
+            ObjectKind::Trainyard(Kind::TrainingQueue)
+        );
         assert_eq!(manifests[0].namespace, None);
-        let (namespace, object) = manifests[0].resolve("team-a");
+        let (namespace, object) = manifests[0].resolve(true, "team-a");
         assert_eq!(namespace, None);
         assert!(object["metadata"].get("namespace").is_none());
         assert_eq!(
@@ -664,12 +833,76 @@ spec:
     }
 
     #[test]
-    fn other_kinds_are_refused_with_the_list_of_kinds() {
-        let error = one_error("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n");
+    fn unknown_kinds_in_trainyards_group_are_refused_with_the_list_of_kinds() {
+        let error =
+            one_error("apiVersion: trainyard.dev/v1\nkind: Experiment\nmetadata:\n  name: x\n");
         let message = error.to_string();
-        assert!(message.contains("kind: Unsupported value: \"ConfigMap\" is not a Trainyard kind: use one of TrainingJob, Sweep, TrainingQueue"), "{message}");
+        assert!(message.contains("kind: Unsupported value: \"Experiment\" is not a Trainyard kind: use one of TrainingJob, Sweep, TrainingQueue"), "{message}");
         let error = one_error("metadata:\n  name: x\n");
         assert_eq!(paths(&error), ["kind", "apiVersion"]);
+    }
+
+    #[test]
+    fn other_kinds_pass_through_with_their_envelope_checked() {
+        let text = "apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: sweep-checkpoints
+spec:
+  accessModes: [ReadWriteMany]
+  resources: {requests: {storage: 100Gi}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: ml}
+spec: {anything: goes}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: ml}
+";
+        let manifests = parse_file("mixed.yaml", text).expect("valid");
+        let references: Vec<String> = manifests.iter().map(Manifest::reference).collect();
+        assert_eq!(
+            references,
+            [
+                "persistentvolumeclaim/sweep-checkpoints",
+                "deployment.apps/web",
+                "namespace/ml"
+            ]
+        );
+        assert_eq!(
+            manifests[1].kind,
+            ObjectKind::Other {
+                api_version: "apps/v1".into(),
+                kind: "Deployment".into()
+            }
+        );
+        assert_eq!(manifests[1].kind.group(), "apps");
+        let (namespace, object) = manifests[0].resolve(true, "team-a");
+        assert_eq!(namespace.as_deref(), Some("team-a"));
+        assert_eq!(object["metadata"]["namespace"], "team-a");
+        assert_eq!(object["spec"]["accessModes"][0], "ReadWriteMany");
+        assert_eq!(
+            manifests[1].resolve(true, "team-a").0.as_deref(),
+            Some("ml")
+        );
+        let (namespace, object) = manifests[2].resolve(false, "team-a");
+        assert_eq!(namespace, None);
+        assert!(object["metadata"].get("namespace").is_none());
+    }
+
+    #[test]
+    fn other_kinds_need_api_version_kind_and_name() {
+        let error = one_error("apiVersion: v1\nkind: ConfigMap\nmetadata: {labels: {a: b}}\n");
+        assert_eq!(paths(&error), ["metadata.name"]);
+        assert_eq!(error.object.as_deref(), Some("ConfigMap"));
+        let error = one_error("apiVersion: a/b/c\nkind: ConfigMap\nmetadata: {name: x}\n");
+        assert_eq!(paths(&error), ["apiVersion"]);
+        let error = one_error("apiVersion: v1\nmetadata: {name: x, namespace: Bad}\n");
+        assert_eq!(paths(&error), ["kind", "metadata.namespace"]);
+        let error = one_error("kind: ConfigMap\nmetadata: {name: a/b}\n");
+        assert_eq!(paths(&error), ["apiVersion", "metadata.name"]);
     }
 
     #[test]

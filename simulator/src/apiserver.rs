@@ -30,7 +30,7 @@ use crate::resources::{self, ResourceType};
 use crate::selector::Selector;
 use crate::store::{Change, ChangeKind, PatchKind, Propagation, Store, Subresource};
 use crate::table::{self, IncludeObject};
-use crate::{discovery, events, openapi};
+use crate::{discovery, events, log_endpoint, openapi};
 
 /// Longest a watch stays open before the client re-watches, as on a real apiserver.
 const MAX_WATCH_SECONDS: u64 = 290;
@@ -113,7 +113,7 @@ fn parse_path(path: &str) -> Result<Target, ApiError> {
         Some("status") => Subresource::Status,
         Some(other) => {
             return Err(ApiError::bad_request(format!(
-                "subresource {other:?} is not simulated; only /status is"
+                "subresource {other:?} is not simulated; only /status and a pod's /log are"
             )));
         }
     };
@@ -264,6 +264,15 @@ async fn handle(
             discovery::document(uri.path()).or_else(|| openapi::document(uri.path()))
     {
         return reply(StatusCode::OK, &document);
+    }
+    if let Some((namespace, name)) = log_endpoint::target(uri.path()) {
+        if method != Method::GET {
+            return error_reply(&ApiError::method_not_allowed(format!(
+                "{method} is not allowed on a pod's log; use GET"
+            )));
+        }
+        return log_endpoint::serve(&state.store, &state.shutdown, &namespace, &name, &query)
+            .unwrap_or_else(|err| error_reply(&err));
     }
     let target = match parse_path(uri.path()) {
         Ok(target) => target,
@@ -652,8 +661,8 @@ mod tests {
             404
         );
         assert_eq!(
-            parse_path("/api/v1/namespaces/ml/pods/a/log")
-                .expect_err("no logs")
+            parse_path("/api/v1/namespaces/ml/pods/a/exec")
+                .expect_err("no exec")
                 .code,
             400
         );

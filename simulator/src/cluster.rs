@@ -20,7 +20,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::TryRecvError;
-use trainyard_api::placement::{LABEL_ATTEMPT, LABEL_JOB};
+use trainyard_api::placement::{LABEL_ATTEMPT, LABEL_JOB, LABEL_WORKER_INDEX};
 use trainyard_api::quantity::{QuantityError, bytes, cpu_millis};
 use trainyard_contracts::hash::fnv1a_of;
 use trainyard_contracts::object_key;
@@ -31,13 +31,12 @@ use crate::config::{ClusterConfig, NodeGroup, NodeScoring};
 use crate::pod_admission;
 use crate::resources;
 use crate::selector::Selector;
-use crate::store::{Change, ChangeKind, Propagation, Store};
+use crate::store::{
+    Change, ChangeKind, JOB_CONTROLLER_UID_LABEL, JOB_NAME_LABEL, Propagation, Store,
+};
 
 const GPU: &str = "nvidia.com/gpu";
 const MIG_PREFIX: &str = "nvidia.com/mig-";
-const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
-const CONTROLLER_UID_LABEL: &str = "batch.kubernetes.io/controller-uid";
-const INDEX_KEY: &str = "batch.kubernetes.io/job-completion-index";
 /// Per-job override of the epoch speed, for trace replay (set through `spec.env`).
 pub const EPOCH_SECONDS_ENV: &str = "TRAINYARD_SIM_SECONDS_PER_EPOCH";
 
@@ -130,7 +129,10 @@ struct Run {
     stop_requested: bool,
     /// How good the run's hyperparameters are, 0..=1 (see [`quality`]).
     quality: f64,
+    model: String,
     model_key: u64,
+    /// The checkpoint it resumes from (`RESUME_FROM`).
+    resume_from: Option<String>,
 }
 
 /// The simulated cluster.
@@ -938,7 +940,7 @@ impl Cluster {
     pub fn command(&mut self, command: WorkerCommand) -> Vec<Report> {
         let mut reports = Vec::new();
         let now = self.last_step;
-        for run in self.runs.values_mut() {
+        for (uid, run) in &mut self.runs {
             match &command {
                 WorkerCommand::Stop {
                     namespace,
@@ -952,7 +954,19 @@ impl Cluster {
                 } if run.namespace == *namespace && run.training_job == *training_job => {
                     if let (Some(started), Some(dir)) = (run.started, &run.checkpoint_dir) {
                         let epoch = Self::epoch_at(run, started, now);
-                        reports.push(Self::checkpoint(run, dir, epoch));
+                        let report = Self::checkpoint(run, dir, epoch);
+                        if let Report::Checkpoint { payload, .. } = &report {
+                            let pods = pods_of(&self.pods, &self.job_pods, &run.namespace, uid);
+                            log_rank_zero(
+                                &self.store,
+                                &pods,
+                                &format!(
+                                    "checkpoint requested: saved {} (epoch {epoch})",
+                                    payload.uri
+                                ),
+                            );
+                        }
+                        reports.push(report);
                     }
                 }
                 _ => {}
@@ -1083,15 +1097,7 @@ impl Cluster {
     /// The pods of the Job with this uid that still exist, as of the last
     /// [`Cluster::catch_up`].
     fn pods_of(&self, namespace: &str, job_uid: &str) -> Vec<Arc<PodFacts>> {
-        let Some(pods) = self.pods.get(namespace) else {
-            return Vec::new();
-        };
-        self.job_pods
-            .get(job_uid)
-            .into_iter()
-            .flatten()
-            .filter_map(|name| pods.get(name).cloned())
-            .collect()
+        pods_of(&self.pods, &self.job_pods, namespace, job_uid)
     }
 
     /// Spot reclaims and node failures (Poisson in simulated time), and recoveries.
@@ -1179,6 +1185,17 @@ impl Cluster {
             .as_str()
             .unwrap_or("worker")
             .to_owned();
+        // Written before the pod turns Failed, so a follower that sees it end has it.
+        if let Some(code) = exit_code {
+            let text = match (code, disruption) {
+                (_, Some(_)) => {
+                    format!("received SIGTERM: the node is going away; exiting with code {code}")
+                }
+                (137, None) => format!("killed: out of memory; exiting with code {code}"),
+                _ => format!("training failed: exiting with code {code}"),
+            };
+            self.store.logs().append(ns, name, text);
+        }
         let _ = self.store.update(resources::pods(), Some(ns), name, |p| {
             p["status"]["phase"] = json!("Failed");
             let mut conditions = vec![json!({"type": "Ready", "status": "False"})];
@@ -1302,9 +1319,9 @@ impl Cluster {
                 pod["metadata"]["annotations"] = json!({});
             }
             pod["metadata"]["labels"][JOB_NAME_LABEL] = json!(name);
-            pod["metadata"]["labels"][CONTROLLER_UID_LABEL] = json!(uid);
-            pod["metadata"]["labels"][INDEX_KEY] = json!(index.to_string());
-            pod["metadata"]["annotations"][INDEX_KEY] = json!(index.to_string());
+            pod["metadata"]["labels"][JOB_CONTROLLER_UID_LABEL] = json!(uid);
+            pod["metadata"]["labels"][LABEL_WORKER_INDEX] = json!(index.to_string());
+            pod["metadata"]["annotations"][LABEL_WORKER_INDEX] = json!(index.to_string());
             pod["spec"]["hostname"] = json!(format!("{name}-{index}"));
             gpus += pod_requests(&pod).get(GPU).copied().unwrap_or(0);
             match self
@@ -1364,8 +1381,10 @@ impl Cluster {
         let training = config_file("training-config.json");
         let model = training["model"].as_str().unwrap_or_default().to_owned();
         let total_epochs = hyperparameters["epochs"].as_u64().unwrap_or(10) as u32;
-        let start_epoch = env("RESUME_FROM")
-            .map(|uri| resume_epoch(&uri))
+        let resume_from = env("RESUME_FROM");
+        let start_epoch = resume_from
+            .as_deref()
+            .map(resume_epoch)
             .unwrap_or(0)
             .min(total_epochs);
         let seconds_per_epoch = env(EPOCH_SECONDS_ENV)
@@ -1394,6 +1413,8 @@ impl Cluster {
             namespace: ns,
             job: name,
             model_key: fnv1a_of(model.as_bytes()),
+            model,
+            resume_from,
             quality: quality(&hyperparameters),
             training_job,
             attempt,
@@ -1650,6 +1671,48 @@ impl Cluster {
             .collect()
     }
 
+    /// Each worker says who it is and where it starts, once the gang runs.
+    fn log_start(&self, run: &Run, pods: &[Arc<PodFacts>]) {
+        let start = match &run.resume_from {
+            Some(uri) => format!("resuming from {uri} at epoch {}", run.start_epoch),
+            None => "starting at epoch 0".to_owned(),
+        };
+        for pod in pods {
+            let text = format!(
+                "rank {}/{}: training {} for {} epochs, {start}",
+                rank(&pod.object),
+                run.workers,
+                if run.model.is_empty() {
+                    "the model"
+                } else {
+                    run.model.as_str()
+                },
+                run.total_epochs,
+            );
+            self.store.logs().append(&pod.namespace, &pod.name, text);
+        }
+    }
+
+    /// Each worker's line for a finished epoch, with the metrics it reports.
+    fn log_epoch(&self, run: &Run, pods: &[Arc<PodFacts>], epoch: u32) {
+        let metrics: Vec<String> = self
+            .metrics(run, epoch)
+            .iter()
+            .map(|(name, value)| format!("{name}={value:.4}"))
+            .collect();
+        let text = format!(
+            "epoch {epoch}/{} step {} {}",
+            run.total_epochs,
+            u64::from(epoch) * 100,
+            metrics.join(" ")
+        );
+        for pod in pods {
+            self.store
+                .logs()
+                .append(&pod.namespace, &pod.name, text.as_str());
+        }
+    }
+
     fn checkpoint(run: &Run, dir: &str, epoch: u32) -> Report {
         Report::Checkpoint {
             namespace: run.namespace.clone(),
@@ -1690,6 +1753,7 @@ impl Cluster {
             let Some(started) = run.started else {
                 if all_running {
                     run.started = Some(now);
+                    self.log_start(&run, pods);
                     self.history
                         .entry(object_key(&run.namespace, &run.training_job))
                         .or_default()
@@ -1711,12 +1775,21 @@ impl Cluster {
             }
             let epoch = Self::epoch_at(&run, started, now);
             for e in run.reported_epoch + 1..=epoch {
+                self.log_epoch(&run, pods, e);
                 reports.extend(self.progress(&run, e));
                 if let Some(dir) = &run.checkpoint_dir
                     && run.checkpoint_every > 0
                     && e % run.checkpoint_every == 0
                 {
-                    reports.push(Self::checkpoint(&run, dir, e));
+                    let report = Self::checkpoint(&run, dir, e);
+                    if let Report::Checkpoint { payload, .. } = &report {
+                        log_rank_zero(
+                            &self.store,
+                            pods,
+                            &format!("checkpoint saved: {} (epoch {e})", payload.uri),
+                        );
+                    }
+                    reports.push(report);
                 }
             }
             run.reported_epoch = run.reported_epoch.max(epoch);
@@ -1770,6 +1843,18 @@ impl Cluster {
                     .as_str()
                     .unwrap_or("worker")
                     .to_owned();
+                let text = if run.stop_requested {
+                    format!(
+                        "stop requested at epoch {}/{}: exiting with code 0",
+                        run.reported_epoch, run.total_epochs
+                    )
+                } else {
+                    format!(
+                        "training finished at epoch {}/{}: exiting with code 0",
+                        run.reported_epoch, run.total_epochs
+                    )
+                };
+                self.store.logs().append(ns, name, text);
                 let _ = self.store.update(resources::pods(), Some(ns), name, |p| {
                     p["status"]["phase"] = json!("Succeeded");
                     p["status"]["conditions"] = json!([{"type": "Ready", "status": "False", "reason": "PodCompleted"}]);
@@ -1831,6 +1916,40 @@ impl Cluster {
             total_gpus: total,
             pending_pods: pending,
         });
+    }
+}
+
+/// The pods of the Job with this uid that still exist, from the cluster's
+/// per-namespace pods and per-Job pod names.
+fn pods_of(
+    pods: &HashMap<String, HashMap<String, Arc<PodFacts>>>,
+    job_pods: &HashMap<String, BTreeSet<String>>,
+    namespace: &str,
+    job_uid: &str,
+) -> Vec<Arc<PodFacts>> {
+    let Some(pods) = pods.get(namespace) else {
+        return Vec::new();
+    };
+    job_pods
+        .get(job_uid)
+        .into_iter()
+        .flatten()
+        .filter_map(|name| pods.get(name).cloned())
+        .collect()
+}
+
+/// A worker's rank: its pod's completion index (0 when it has none).
+fn rank(pod: &Value) -> u32 {
+    pod["metadata"]["labels"][LABEL_WORKER_INDEX]
+        .as_str()
+        .and_then(|index| index.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Rank 0 saves checkpoints, so only its log tells of them.
+fn log_rank_zero(store: &Store, pods: &[Arc<PodFacts>], text: &str) {
+    for pod in pods.iter().filter(|pod| rank(&pod.object) == 0) {
+        store.logs().append(&pod.namespace, &pod.name, text);
     }
 }
 

