@@ -193,30 +193,52 @@ impl Stack {
         pause: Duration,
         ready_limit: Duration,
     ) -> Result<Duration, StackError> {
+        self.restart(name, Stop::Kill, pause, ready_limit).await
+    }
+
+    /// Stops `name` as `stop` says, waits `pause`, then starts it again as
+    /// [`Stack::kill_and_restart`] does.
+    pub async fn restart(
+        &mut self,
+        name: &str,
+        stop: Stop,
+        pause: Duration,
+        ready_limit: Duration,
+    ) -> Result<Duration, StackError> {
         let index = self
             .processes
             .iter()
             .position(|p| p.name == name)
             .ok_or_else(|| StackError::Http(format!("{name} is not running")))?;
-        let mut killed = self.processes.remove(index);
-        let _ = killed.child.start_kill();
-        let _ = killed.child.wait().await;
-        tokio::time::sleep(pause).await;
-        let mut env = killed.env;
-        let http = match killed.http {
-            Some(_) => {
-                let http = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-                for (key, value) in &mut env {
-                    if key == "TRAINYARD_HTTP__LISTEN" {
-                        *value = http.to_string();
-                    }
-                }
-                Some(http)
+        let mut stopped = self.processes.remove(index);
+        let (program, args, env, had_http) = (
+            stopped.program.clone(),
+            stopped.args.clone(),
+            stopped.env.clone(),
+            stopped.http.is_some(),
+        );
+        match stop {
+            Stop::Kill => {
+                let _ = stopped.child.start_kill();
+                let _ = stopped.child.wait().await;
             }
-            None => None,
+            Stop::Terminate { grace } => terminate(vec![stopped], grace).await,
+        }
+        tokio::time::sleep(pause).await;
+        let mut env = env;
+        let http = if had_http {
+            let http = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+            for (key, value) in &mut env {
+                if key == "TRAINYARD_HTTP__LISTEN" {
+                    *value = http.to_string();
+                }
+            }
+            Some(http)
+        } else {
+            None
         };
         let started = Instant::now();
-        self.spawn(name, killed.program, &killed.args, &env, http)?;
+        self.spawn(name, program, &args, &env, http)?;
         self.wait_process_ready(self.processes.len() - 1, started + ready_limit, ready_limit)
             .await?;
         Ok(started.elapsed())
@@ -337,6 +359,17 @@ impl Stack {
         service: Service,
         env: &[(String, String)],
     ) -> Result<(), StackError> {
+        self.start_service_as(service.name(), service, env)
+    }
+
+    /// Starts one more process of `service` under the process name `name`
+    /// (e.g. a second replica, `planner-1`).
+    pub fn start_service_as(
+        &mut self,
+        name: &str,
+        service: Service,
+        env: &[(String, String)],
+    ) -> Result<(), StackError> {
         let nats = self
             .nats_url
             .clone()
@@ -351,8 +384,7 @@ impl Stack {
             ),
         ];
         all.extend(env.iter().cloned());
-        let name = service.name();
-        let program = self.bin_dir.join(format!("trainyard-{name}"));
+        let program = self.bin_dir.join(format!("trainyard-{}", service.name()));
         self.spawn(name, program, &[], &all, Some(http))
     }
 
@@ -480,12 +512,17 @@ impl Stack {
 
     /// The Prometheus text a service serves on `/metrics`.
     pub async fn metrics(&self, service: Service) -> Result<String, StackError> {
+        self.process_metrics(service.name()).await
+    }
+
+    /// The Prometheus text the process named `name` serves on `/metrics`.
+    pub async fn process_metrics(&self, name: &str) -> Result<String, StackError> {
         let http = self
             .processes
             .iter()
-            .find(|p| p.name == service.name())
+            .find(|p| p.name == name)
             .and_then(|p| p.http)
-            .ok_or_else(|| StackError::Http(format!("{} is not running", service.name())))?;
+            .ok_or_else(|| StackError::Http(format!("{name} is not running")))?;
         let response = reqwest::get(format!("http://{http}/metrics"))
             .await
             .map_err(|e| StackError::Http(e.to_string()))?;
@@ -541,6 +578,16 @@ impl Stack {
             eprintln!("logs kept in {}", work.keep().display());
         }
     }
+}
+
+/// How [`Stack::restart`] stops a process.
+#[derive(Debug, Clone, Copy)]
+pub enum Stop {
+    /// SIGKILL: a crash or an OOM kill.
+    Kill,
+    /// SIGTERM, as Kubernetes stops a pod in a rolling update; SIGKILL after
+    /// `grace`.
+    Terminate { grace: Duration },
 }
 
 /// SIGTERM to each process (through `kill`, as the standard library only

@@ -9,6 +9,10 @@
 //!   TrainingJob attempt, `<job>-a<attempt>`);
 //! - over-admission: moments at which the running pods on a node held more
 //!   GPUs than the node has;
+//! - re-suspended: Job objects that ran and were suspended again, then kept
+//!   (a preempted or suspended attempt's Job is deleted) or resumed again;
+//! - state flaps: a TrainingJob entering again, within one attempt
+//!   (`restartCount`, `podsReadyRequeues`), a state it had left;
 //! - dead letters, by consumer and category;
 //! - recovery: from a killed service's new process start until it is ready
 //!   and, for the planner and the gpu-allocator, holds its lease again.
@@ -16,7 +20,7 @@
 //! Prints a table, one row per scenario, and writes JSON; asserts nothing.
 //!
 //! ```text
-//! chaos [--scenario planner-kill|allocator-kill|api-faults|all] [--jobs N]
+//! chaos [--scenario planner-kill|allocator-kill|api-faults|fuzz|replicas|all] [--jobs N]
 //!     [--kills N] [--kill-every SECONDS] [--nodes 8] [--gpus-per-node 8]
 //!     [--speed 60] [--seed 1] [--timeout 900] [--log FILTER]
 //!     [--bin-dir DIR] [--json loadtest/out/chaos.json]
@@ -46,7 +50,7 @@ use trainyard_contracts::dead_letter::DeadLetter;
 use trainyard_contracts::{Service, streams};
 use trainyard_loadtest::latency::{LatencyRecorder, LatencySummary};
 use trainyard_loadtest::positive;
-use trainyard_loadtest::stack::{self, Stack};
+use trainyard_loadtest::stack::{self, Stack, Stop};
 use trainyard_loadtest::workload::{self, JobShape};
 use trainyard_simulator::faults::ApiFaultConfig;
 
@@ -74,6 +78,11 @@ enum Scenario {
     /// UTF-8, deep nesting, no entity, an unknown schema version, another
     /// type's payload) on the subject of every message type, among 200 jobs.
     Fuzz,
+    /// Two replicas of every service deploy/ runs twice (all but the
+    /// watcher), restarted one replica at a time with SIGTERM as a rolling
+    /// update does (36 restarts: three rounds over the twelve replicas,
+    /// during 200 jobs).
+    Replicas,
     /// Each of the above in turn, each on a fresh stack.
     All,
 }
@@ -83,7 +92,7 @@ impl Scenario {
         match self {
             Self::PlannerKill => Some(Service::Planner),
             Self::AllocatorKill => Some(Service::GpuAllocator),
-            Self::ApiFaults | Self::Fuzz | Self::All => None,
+            Self::ApiFaults | Self::Fuzz | Self::Replicas | Self::All => None,
         }
     }
 
@@ -92,6 +101,7 @@ impl Scenario {
         match self {
             Self::PlannerKill => (200, 20),
             Self::AllocatorKill => (500, 50),
+            Self::Replicas => (200, 36),
             Self::ApiFaults | Self::Fuzz | Self::All => (200, 0),
         }
     }
@@ -105,7 +115,7 @@ struct Args {
     /// TrainingJobs to submit; default per scenario (200, 500, 200).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     jobs: Option<u32>,
-    /// Kills of the scenario's service; default per scenario (20, 50).
+    /// Kills of the scenario's service (20, 50), or replica restarts (36).
     #[arg(long)]
     kills: Option<u32>,
     /// Mean seconds between kills (each gap drawn from 0.5× to 1.5× of it);
@@ -150,6 +160,52 @@ struct Seen {
     /// Moments a node held more GPUs than it has, and the worst excess.
     over_admissions: u64,
     worst_excess: u32,
+    /// TrainingJob name → its (attempt, state) changes in order.
+    history: HashMap<String, Vec<(Attempt, TrainingJobState)>>,
+    /// Job UID → how its `spec.suspend` went.
+    suspensions: HashMap<String, Suspension>,
+}
+
+/// One attempt of a TrainingJob: (`restartCount`, `podsReadyRequeues`).
+type Attempt = (u32, u32);
+
+/// The `spec.suspend` story of one Job object.
+#[derive(Default)]
+struct Suspension {
+    /// Seen unsuspended.
+    ran: bool,
+    /// Seen suspended after it ran.
+    resuspended: bool,
+    /// Seen unsuspended after that.
+    resumed_again: bool,
+    deleted: bool,
+}
+
+impl Seen {
+    /// Per attempt of every TrainingJob: how often it entered a state it
+    /// had already left within that attempt.
+    fn flaps_per_attempt(&self) -> Vec<usize> {
+        let mut flaps = Vec::new();
+        for history in self.history.values() {
+            let mut left: HashMap<Attempt, HashSet<TrainingJobState>> = HashMap::new();
+            let mut per_attempt: HashMap<Attempt, usize> = HashMap::new();
+            let mut previous: Option<(Attempt, TrainingJobState)> = None;
+            for &(attempt, state) in history {
+                let count = per_attempt.entry(attempt).or_default();
+                if left.get(&attempt).is_some_and(|l| l.contains(&state)) {
+                    *count += 1;
+                }
+                if let Some((was_attempt, was)) = previous
+                    && was_attempt == attempt
+                {
+                    left.entry(attempt).or_default().insert(was);
+                }
+                previous = Some((attempt, state));
+            }
+            flaps.extend(per_attempt.into_values());
+        }
+        flaps
+    }
 }
 
 #[derive(Serialize)]
@@ -169,6 +225,11 @@ struct ScenarioReport {
     job_objects: usize,
     over_admissions: u64,
     worst_excess_gpus: u32,
+    /// Job objects suspended after they ran and then kept or resumed.
+    resuspended_jobs: usize,
+    /// The most state flaps of any one attempt, and the attempts with any.
+    max_flaps_per_attempt: usize,
+    attempts_with_flaps: usize,
     dead_letters: BTreeMap<String, u64>,
     /// Fuzz: what was published and what became of it.
     fuzz: Option<FuzzOutcome>,
@@ -189,6 +250,7 @@ async fn main() -> anyhow::Result<()> {
             Scenario::AllocatorKill,
             Scenario::ApiFaults,
             Scenario::Fuzz,
+            Scenario::Replicas,
         ],
         one => vec![one],
     };
@@ -210,6 +272,8 @@ async fn main() -> anyhow::Result<()> {
                     && report.failed == 0
                     && report.duplicate_jobs == 0
                     && report.over_admissions == 0
+                    && report.resuspended_jobs == 0
+                    && report.max_flaps_per_attempt <= 1
                     && report.exited.is_empty()
                     && (report.dead_letters.is_empty() || report.fuzz.is_some());
                 if !clean {
@@ -238,9 +302,9 @@ async fn main() -> anyhow::Result<()> {
 async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Result<ScenarioReport> {
     let (default_jobs, default_kills) = scenario.defaults();
     let jobs = args.jobs.unwrap_or(default_jobs);
-    let kills = match scenario.target() {
-        Some(_) => args.kills.unwrap_or(default_kills),
-        None => 0,
+    let kills = match (scenario.target(), scenario) {
+        (Some(_), _) | (None, Scenario::Replicas) => args.kills.unwrap_or(default_kills),
+        (None, _) => 0,
     };
     let mut rng = StdRng::seed_from_u64(args.seed);
 
@@ -280,6 +344,9 @@ async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Resu
             ));
         }
         stack.start_service(service, &env)?;
+        if scenario == Scenario::Replicas && service != Service::Watcher {
+            stack.start_service_as(&second_replica(service), service, &env)?;
+        }
     }
     stack.wait_ready(Duration::from_secs(60)).await?;
     let client = stack::kube_client(&std::fs::read_to_string(&kubeconfig)?).await?;
@@ -329,8 +396,15 @@ async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Resu
     } else {
         Vec::new()
     };
+    let restarts = async {
+        if scenario == Scenario::Replicas {
+            rolling_restarts(stack, &kill_gaps).await
+        } else {
+            kill_loop(stack, scenario.target(), &kill_gaps, &pauses).await
+        }
+    };
     let (recoveries, submitted, published) = tokio::join!(
-        kill_loop(stack, scenario.target(), &kill_gaps, &pauses),
+        restarts,
         submit(&client, &shapes, start, window),
         fuzz::publish(&js, &bad, start, window),
     );
@@ -368,6 +442,7 @@ async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Resu
 
     let seen = lock(&seen);
     let state_of = |name: &String| seen.states.get(name).copied();
+    let flaps = seen.flaps_per_attempt();
     let completed = submitted
         .iter()
         .filter(|n| state_of(n) == Some(TrainingJobState::Completed))
@@ -402,6 +477,13 @@ async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Resu
         job_objects: seen.jobs.values().map(HashSet::len).sum(),
         over_admissions: seen.over_admissions,
         worst_excess_gpus: seen.worst_excess,
+        resuspended_jobs: seen
+            .suspensions
+            .values()
+            .filter(|s| s.resuspended && (!s.deleted || s.resumed_again))
+            .count(),
+        max_flaps_per_attempt: flaps.iter().copied().max().unwrap_or(0),
+        attempts_with_flaps: flaps.iter().filter(|f| **f > 0).count(),
         dead_letters,
         fuzz,
         exited,
@@ -500,27 +582,71 @@ async fn kill_loop(
         stack
             .kill_and_restart(target.name(), *pause, Duration::from_secs(60))
             .await?;
-        leading_again(stack, target).await?;
+        leading_again(stack, target, &[target.name().to_owned()]).await?;
         recoveries.push(started.elapsed().saturating_sub(*pause));
     }
     Ok(recoveries)
 }
 
-/// Waits until a restarted planner or gpu-allocator holds its lease again
-/// (the killed one's lease expires first); other services are done when ready.
-async fn leading_again(stack: &Stack, service: Service) -> anyhow::Result<()> {
+/// The process name of a service's second replica.
+fn second_replica(service: Service) -> String {
+    format!("{}-1", service.name())
+}
+
+/// Restarts every replica of the replicated services in turn (SIGTERM, then
+/// started again and ready), one after each gap; returns, per restart, the
+/// time from the SIGTERM until the service is whole again: the new process
+/// ready and, for the planner and the gpu-allocator, one replica holding the
+/// lease.
+async fn rolling_restarts(stack: &mut Stack, gaps: &[Duration]) -> anyhow::Result<Vec<Duration>> {
+    let order: Vec<(Service, String)> = Service::ALL
+        .into_iter()
+        .filter(|s| *s != Service::Watcher)
+        .flat_map(|s| [(s, s.name().to_owned()), (s, second_replica(s))])
+        .collect();
+    let mut recoveries = Vec::with_capacity(gaps.len());
+    for ((service, name), gap) in order.iter().cycle().zip(gaps) {
+        tokio::time::sleep(*gap).await;
+        let started = Instant::now();
+        stack
+            .restart(
+                name,
+                Stop::Terminate {
+                    grace: Duration::from_secs(15),
+                },
+                Duration::ZERO,
+                Duration::from_secs(60),
+            )
+            .await?;
+        leading_again(
+            stack,
+            *service,
+            &[service.name().to_owned(), second_replica(*service)],
+        )
+        .await?;
+        recoveries.push(started.elapsed());
+    }
+    Ok(recoveries)
+}
+
+/// Waits until one of the processes `names` of a planner or gpu-allocator
+/// holds the service's lease (a killed holder's lease expires first); other
+/// services are done when ready.
+async fn leading_again(stack: &Stack, service: Service, names: &[String]) -> anyhow::Result<()> {
     if !matches!(service, Service::Planner | Service::GpuAllocator) {
         return Ok(());
     }
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
-        if let Ok(metrics) = stack.metrics(service).await
-            && metrics
-                .lines()
-                .filter(|l| l.starts_with("trainyard_lease_held{"))
-                .any(|l| l.ends_with(" 1"))
-        {
-            return Ok(());
+        for name in names {
+            if let Ok(metrics) = stack.process_metrics(name).await
+                && metrics
+                    .lines()
+                    .filter(|l| l.starts_with("trainyard_lease_held{"))
+                    .any(|l| l.ends_with(" 1"))
+            {
+                return Ok(());
+            }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -563,8 +689,20 @@ fn watch_trainingjobs(
         watcher::Config::default(),
         stop,
         move |job: TrainingJob, _deleted, _| {
-            if let Some(state) = job.status.as_ref().and_then(|s| s.state) {
-                lock(&seen).states.insert(job.name_any(), state);
+            let Some(status) = job.status.as_ref() else {
+                return;
+            };
+            if let Some(state) = status.state {
+                let attempt = (
+                    status.restart_count.unwrap_or(0),
+                    status.pods_ready_requeues.unwrap_or(0),
+                );
+                let mut seen = lock(&seen);
+                seen.states.insert(job.name_any(), state);
+                let history = seen.history.entry(job.name_any()).or_default();
+                if history.last() != Some(&(attempt, state)) {
+                    history.push((attempt, state));
+                }
             }
         },
     )
@@ -579,13 +717,22 @@ fn watch_jobs(
         Api::<Job>::namespaced(client, NAMESPACE),
         watcher::Config::default().labels(LABEL_JOB),
         stop,
-        move |job: Job, _deleted, _| {
-            if let Some(uid) = job.uid() {
-                lock(&seen)
-                    .jobs
-                    .entry(job.name_any())
-                    .or_default()
-                    .insert(uid);
+        move |job: Job, deleted, _| {
+            let Some(uid) = job.uid() else { return };
+            let mut seen = lock(&seen);
+            seen.jobs
+                .entry(job.name_any())
+                .or_default()
+                .insert(uid.clone());
+            let suspended = job.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false);
+            let suspension = seen.suspensions.entry(uid).or_default();
+            if deleted {
+                suspension.deleted = true;
+            } else if !suspended {
+                suspension.resumed_again |= suspension.resuspended;
+                suspension.ran = true;
+            } else if suspension.ran {
+                suspension.resuspended = true;
             }
         },
     )
@@ -684,7 +831,7 @@ fn lock(seen: &Mutex<Seen>) -> std::sync::MutexGuard<'_, Seen> {
     seen.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-const HEADER: &str = "| scenario | jobs | kills | completed | failed | lost | duplicate Jobs | over-admissions | dead letters | recovery p50 / p99 | run |";
+const HEADER: &str = "| scenario | jobs | kills | completed | failed | lost | duplicate Jobs | over-admissions | re-suspended Jobs | flaps per attempt (max; attempts with any) | dead letters | recovery p50 / p99 | run |";
 
 fn row(r: &ScenarioReport) -> String {
     let recovery = r.recovery.as_ref().map_or("-".to_owned(), |s| {
@@ -692,7 +839,7 @@ fn row(r: &ScenarioReport) -> String {
     });
     let dead: u64 = r.dead_letters.values().sum();
     let mut line = format!(
-        "| {:?} | {} | {} | {} | {} | {} | {} of {} | {} (worst +{} GPUs) | {} | {} | {:.0} s{} |",
+        "| {:?} | {} | {} | {} | {} | {} | {} of {} | {} (worst +{} GPUs) | {} | {}; {} | {} | {} | {:.0} s{} |",
         r.scenario,
         r.jobs,
         r.kills,
@@ -703,6 +850,9 @@ fn row(r: &ScenarioReport) -> String {
         r.job_objects,
         r.over_admissions,
         r.worst_excess_gpus,
+        r.resuspended_jobs,
+        r.max_flaps_per_attempt,
+        r.attempts_with_flaps,
         dead,
         recovery,
         r.run_seconds,
@@ -734,7 +884,7 @@ fn row(r: &ScenarioReport) -> String {
 fn table(reports: &[ScenarioReport]) -> String {
     let mut out = vec![
         HEADER.to_owned(),
-        "|---|---|---|---|---|---|---|---|---|---|---|".to_owned(),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|".to_owned(),
     ];
     out.extend(reports.iter().map(row));
     out.join("\n")
