@@ -12,6 +12,9 @@ pub mod registry;
 pub mod storage;
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
 
 use serde::{Deserialize, Serialize};
 use trainyard_contracts::{Bucket, Service};
@@ -68,6 +71,11 @@ pub struct ManagerConfig {
     pub mlflow_timeout_seconds: u64,
     /// Attempts per MLflow request (with backoff) before the message is handled again.
     pub mlflow_max_attempts: u32,
+    /// A Running job is overdue after max(3 x its advised interval, this)
+    /// seconds without a verified checkpoint.
+    pub overdue_floor_seconds: u64,
+    /// How often running jobs are checked for an overdue checkpoint.
+    pub overdue_check_seconds: u64,
 }
 
 impl Default for ManagerConfig {
@@ -83,6 +91,8 @@ impl Default for ManagerConfig {
             model_alias: DEFAULT_MODEL_ALIAS.to_string(),
             mlflow_timeout_seconds: 10,
             mlflow_max_attempts: 5,
+            overdue_floor_seconds: 1800,
+            overdue_check_seconds: 60,
         }
     }
 }
@@ -130,5 +140,22 @@ pub async fn start(
     for consumer in Service::CheckpointManager.consumers() {
         runtime.spawn_consumer(consumer, handler.clone());
     }
+    let checking = manager.clone();
+    let shutdown = runtime.shutdown.clone();
+    let every = Duration::from_secs(checking.overdue_check_seconds().max(1));
+    runtime.spawn(async move {
+        let mut timer = tokio::time::interval(every);
+        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = timer.tick() => {
+                    if let Err(err) = checking.check_overdue(Utc::now()).await {
+                        tracing::warn!(error = %err, "overdue check failed; retried next interval");
+                    }
+                }
+            }
+        }
+    });
     Ok(manager)
 }

@@ -11,15 +11,20 @@ use std::sync::{Arc, Mutex};
 
 use async_nats::jetstream::kv;
 use bytes::Bytes;
+use checkpoint_manager_core::problems::{self, OverdueInput, POLICY_KEY};
 use checkpoint_manager_core::retention::{self, Protected};
 use checkpoint_manager_core::verify::{self, Expected};
 use checkpoint_manager_core::{
-    Checkpoint, InterruptionStats, JobCheckpoints, KeepBest, Method, MetricMode, RetentionPolicy,
-    SaveStats, Verification, Verifier, interval, registration,
+    Checkpoint, InterruptionStats, JobCheckpoints, KeepBest, Method, MetricMode, Problem,
+    ProblemKind, ProblemSeverity, Raised, RetentionPolicy, SaveStats, Verification, Verifier,
+    interval, registration,
 };
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tracing::Instrument;
 use trainyard_api::{StorageType, TrainingJob, TrainingJobState};
+use trainyard_contracts::alerts::{CheckpointProblem, CheckpointProblemKind, Severity};
 use trainyard_contracts::decisions::{
     CheckpointIntervalAdvised, CheckpointRef, CheckpointVerified, ModelRegistered,
     ResumePointChosen, RetentionApplied, RetentionExecutor, SkippedCheckpoint,
@@ -96,6 +101,16 @@ pub struct JobRecord {
     /// the registry's refusal: what a redelivery publishes again.
     #[serde(default)]
     pub model: Option<ModelRegistered>,
+    /// When the newest verified checkpoint was verified: the overdue check's clock.
+    #[serde(default)]
+    pub last_verified_at: Option<DateTime<Utc>>,
+    /// The current overdue episode was raised (re-armed by the next verified
+    /// checkpoint or start of Running).
+    #[serde(default)]
+    pub overdue_raised: bool,
+    /// Problems raised once per checkpoint URI or refused policy.
+    #[serde(default)]
+    pub raised: Raised,
 }
 
 impl JobRecord {
@@ -112,6 +127,9 @@ impl JobRecord {
             advised_interval_seconds: None,
             completed: false,
             model: None,
+            last_verified_at: None,
+            overdue_raised: false,
+            raised: Raised::default(),
         }
     }
 }
@@ -229,6 +247,54 @@ enum Outgoing {
     Retention(RetentionApplied),
     Interval(CheckpointIntervalAdvised),
     Registered(ModelRegistered),
+    /// A checkpoint problem, with its deduplication id.
+    Problem(Problem, String),
+}
+
+/// The deduplication id of a problem raised by `cause`: derived from the
+/// problem's key when it has one (raised once per key), else from the cause.
+fn problem_id(job: &EntityRef, problem: &Problem, cause: &str) -> String {
+    match &problem.key {
+        Some(key) => {
+            let digest = Sha256::digest(format!("{}/{key}", job.key()));
+            format!("checkpoint-problem/{digest:x}")
+        }
+        None => format!("{cause}/problem/{}", problem.kind.as_str()),
+    }
+}
+
+fn alert_of(problem: Problem) -> CheckpointProblem {
+    CheckpointProblem {
+        severity: match problem.severity {
+            ProblemSeverity::Warning => Severity::Warning,
+            ProblemSeverity::Critical => Severity::Critical,
+        },
+        problem: match problem.kind {
+            ProblemKind::WriteFailed => CheckpointProblemKind::WriteFailed,
+            ProblemKind::Overdue => CheckpointProblemKind::Overdue,
+            ProblemKind::ResumeUnavailable => CheckpointProblemKind::ResumeUnavailable,
+            ProblemKind::RetentionFailed => CheckpointProblemKind::RetentionFailed,
+        },
+        uri: problem.uri,
+        last_checkpoint_age_seconds: problem.last_checkpoint_age_seconds,
+        message: problem.message,
+    }
+}
+
+/// The problems `cause` raises for the job, each admitted once per key.
+fn raise(
+    record: &mut JobRecord,
+    cause: &str,
+    found: impl IntoIterator<Item = Problem>,
+) -> Vec<Outgoing> {
+    found
+        .into_iter()
+        .filter(|problem| record.raised.admit(problem, cause))
+        .map(|problem| {
+            let id = problem_id(&record.job, &problem, cause);
+            Outgoing::Problem(problem, id)
+        })
+        .collect()
 }
 
 pub struct Manager {
@@ -348,6 +414,9 @@ impl Manager {
                 Outgoing::Retention(p) => self.publish_one(job, cause, &id, p).await?,
                 Outgoing::Interval(p) => self.publish_one(job, cause, &id, p).await?,
                 Outgoing::Registered(p) => self.publish_one(job, cause, &id, p).await?,
+                Outgoing::Problem(problem, id) => {
+                    self.publish_problem(job, Some(cause), problem, &id).await?
+                }
             }
         }
         Ok(())
@@ -366,6 +435,120 @@ impl Manager {
             .caused_by_incoming(cause);
         self.publisher.publish_with_id(envelope, id).await?;
         Ok(())
+    }
+
+    async fn publish_problem(
+        &self,
+        job: &EntityRef,
+        cause: Option<&Incoming>,
+        problem: Problem,
+        id: &str,
+    ) -> Result<(), CheckpointError> {
+        let kind = problem.kind.as_str();
+        tracing::warn!(problem = kind, message = %problem.message, "checkpoint problem raised");
+        let envelope = self.publisher.envelope(job.clone(), alert_of(problem));
+        let envelope = match cause {
+            Some(cause) => envelope.caused_by_incoming(cause),
+            None => envelope,
+        };
+        self.publisher.publish_with_id(envelope, id).await?;
+        self.metrics.problems.with_label_values(&[kind]).inc();
+        Ok(())
+    }
+
+    pub fn overdue_check_seconds(&self) -> u64 {
+        self.config.overdue_check_seconds
+    }
+
+    /// Raises `Overdue` for every Running job whose newest verified
+    /// checkpoint is older than its limit, once per episode. The id is the
+    /// episode's (its start), so replicas checking at once raise it once.
+    pub async fn check_overdue(&self, now: DateTime<Utc>) -> Result<(), CheckpointError> {
+        use futures::TryStreamExt;
+        let keys: Vec<String> = self
+            .bucket
+            .keys()
+            .await
+            .map_err(|err| CheckpointError::Store(format!("list keys: {err}")))?
+            .try_collect()
+            .await
+            .map_err(|err| CheckpointError::Store(format!("list keys: {err}")))?;
+        for key in keys {
+            if let Err(err) = self.check_job_overdue(key.clone(), now).await {
+                tracing::warn!(%key, error = %err, "overdue check of a job failed; retried next interval");
+            }
+        }
+        Ok(())
+    }
+
+    async fn check_job_overdue(
+        &self,
+        key: String,
+        now: DateTime<Utc>,
+    ) -> Result<(), CheckpointError> {
+        let job_lock = self
+            .job_locks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        let _checking = job_lock.lock().await;
+        let Some(job) = self.stored_job(&key).await? else {
+            return Ok(());
+        };
+        let mut record = self.load(&job).await?;
+        let input = OverdueInput {
+            running_since: record
+                .running_since
+                .filter(|_| !record.completed && record.settings.is_some()),
+            last_verified_at: record.last_verified_at,
+            advised_interval_seconds: record.advised_interval_seconds,
+            raised: record.overdue_raised,
+        };
+        let problem = problems::overdue(input, now, self.config.overdue_floor_seconds);
+        let (Some(problem), Some(episode)) = (problem, input.episode_start()) else {
+            self.records
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key, record);
+            return Ok(());
+        };
+        let id = format!("{key}/problem/Overdue/{}", episode.to_rfc3339());
+        record.overdue_raised = true;
+        let span = tracing::info_span!("checkpoints", namespace = %job.namespace, name = %job.name);
+        async {
+            self.save(record).await?;
+            self.publish_problem(&job, None, problem, &id).await
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// The job a bucket key names, from its cached or stored record.
+    async fn stored_job(&self, key: &str) -> Result<Option<EntityRef>, CheckpointError> {
+        if let Some(record) = self
+            .records
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+        {
+            return Ok(Some(record.job.clone()));
+        }
+        let stored = self
+            .bucket
+            .get(key)
+            .await
+            .map_err(|err| CheckpointError::Store(format!("get {key}: {err}")))?;
+        let Some(bytes) = stored else {
+            return Ok(None);
+        };
+        let record: JobRecord =
+            serde_json::from_slice(&bytes).map_err(|err| CheckpointError::CorruptState {
+                key: key.to_string(),
+                message: err.to_string(),
+            })?;
+        Ok(Some(record.job))
     }
 
     /// Handles one message.
@@ -404,23 +587,32 @@ impl Manager {
                 let changed: TrainingJobChanged = message
                     .payload()
                     .map_err(|err| CheckpointError::Config(err.to_string()))?;
+                let mut outgoing = Vec::new();
                 if changed.change == Change::Applied {
                     record.settings = settings_of(&changed.object);
-                    if let Some(problem) = record
+                    match record
                         .settings
                         .as_ref()
                         .and_then(|s| s.policy_error.clone())
                     {
-                        tracing::warn!(%problem, "retention policy refused; nothing is deleted");
+                        Some(policy_error) => {
+                            tracing::warn!(problem = %policy_error, "retention policy refused; nothing is deleted");
+                            outgoing = raise(
+                                &mut record,
+                                &message.header.id.to_string(),
+                                [problems::policy_refused(&policy_error)],
+                            );
+                        }
+                        None => record.raised.rearm(POLICY_KEY),
                     }
                 }
-                Vec::new()
+                outgoing
             }
             CheckpointReported::TYPE => {
                 let report: CheckpointReported = message
                     .payload()
                     .map_err(|err| CheckpointError::Config(err.to_string()))?;
-                let mut outgoing = self.on_report(&mut record, report).await?;
+                let mut outgoing = self.on_report(&mut record, report, message).await?;
                 // A report handled after the completion (they travel on
                 // different streams) may change which checkpoint is best.
                 if record.completed {
@@ -440,7 +632,7 @@ impl Manager {
                 if record.completed {
                     outgoing.extend(self.register(&mut record, true).await?);
                 }
-                outgoing.extend(self.on_transition(&mut record, &transition, message.header.time));
+                outgoing.extend(self.on_transition(&mut record, &transition, message));
                 outgoing
             }
             _ => Vec::new(),
@@ -455,7 +647,9 @@ impl Manager {
         &self,
         record: &mut JobRecord,
         report: CheckpointReported,
+        message: &Incoming,
     ) -> Result<Vec<Outgoing>, CheckpointError> {
+        let cause = message.header.id.to_string();
         let job_key = record.job.key();
         let Some(settings) = record.settings.clone() else {
             return Err(CheckpointError::UnknownJob(job_key));
@@ -573,9 +767,11 @@ impl Manager {
 
         let newest = record.checkpoints.latest_verified().map(|c| c.uri.clone());
         if newest.is_some() && newest != previous_resume {
+            record.last_verified_at = Some(message.header.time);
+            record.overdue_raised = false;
             outgoing.extend(self.resume_point(record, REASON_VERIFIED));
         }
-        outgoing.extend(self.apply_retention(record, &settings).await?);
+        outgoing.extend(self.apply_retention(record, &settings, &cause).await?);
         let summary = record.checkpoints.summary(settings.policy.as_ref());
         outgoing.insert(
             0,
@@ -594,6 +790,11 @@ impl Manager {
             }),
         );
         outgoing.extend(self.advice(record, &settings));
+        outgoing.extend(raise(
+            record,
+            &cause,
+            problems::write_failed(&report.uri, &verification),
+        ));
         Ok(outgoing)
     }
 
@@ -742,9 +943,10 @@ impl Manager {
         &self,
         record: &mut JobRecord,
         settings: &JobSettings,
-    ) -> Result<Option<Outgoing>, CheckpointError> {
+        cause: &str,
+    ) -> Result<Vec<Outgoing>, CheckpointError> {
         let Some(policy) = settings.policy.as_ref() else {
-            return Ok(None);
+            return Ok(Vec::new());
         };
         let decision = retention::decide(
             record.checkpoints.all(),
@@ -755,34 +957,60 @@ impl Manager {
             },
         );
         if decision.delete.is_empty() {
-            return Ok(None);
+            return Ok(Vec::new());
         }
         let mut executor = RetentionExecutor::CheckpointManager;
-        for uri in &decision.delete {
-            if !self.storage.readable(uri) {
+        let mut deleted = Vec::new();
+        let mut failed = Vec::new();
+        for uri in decision.delete {
+            if !self.storage.readable(&uri) {
                 executor = RetentionExecutor::Worker;
+                deleted.push(uri);
                 continue;
             }
-            let location = self.storage.open(uri, settings.s3_endpoint.as_deref())?;
-            location.delete_all().await?;
-            if is_volume_path(uri) {
-                match tokio::fs::remove_dir_all(uri.strip_prefix("file://").unwrap_or(uri)).await {
-                    Ok(()) => {}
-                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(err) => {
-                        return Err(CheckpointError::Storage(format!("delete {uri}: {err}")));
-                    }
+            match self.delete(&uri, settings).await {
+                Ok(()) => {
+                    self.metrics.deleted.inc();
+                    record.raised.forget(&problems::deletion_key(&uri));
+                    deleted.push(uri);
+                }
+                Err(err) => {
+                    tracing::warn!(%uri, error = %err, "retention could not delete a checkpoint; kept for the next pass");
+                    failed.push(problems::deletion_failed(&uri, &err.to_string()));
                 }
             }
-            self.metrics.deleted.inc();
         }
-        record.checkpoints.remove(&decision.delete);
-        tracing::info!(deleted = decision.delete.len(), "retention applied");
-        Ok(Some(Outgoing::Retention(RetentionApplied {
-            delete: decision.delete,
-            keep: decision.keep.into_iter().map(|(uri, _)| uri).collect(),
-            executor,
-        })))
+        let mut outgoing = raise(record, cause, failed);
+        if deleted.is_empty() {
+            return Ok(outgoing);
+        }
+        record.checkpoints.remove(&deleted);
+        tracing::info!(deleted = deleted.len(), "retention applied");
+        outgoing.insert(
+            0,
+            Outgoing::Retention(RetentionApplied {
+                delete: deleted,
+                keep: decision.keep.into_iter().map(|(uri, _)| uri).collect(),
+                executor,
+            }),
+        );
+        Ok(outgoing)
+    }
+
+    /// Deletes one checkpoint's files (and its directory on a volume).
+    async fn delete(&self, uri: &str, settings: &JobSettings) -> Result<(), CheckpointError> {
+        let location = self.storage.open(uri, settings.s3_endpoint.as_deref())?;
+        location.delete_all().await?;
+        if is_volume_path(uri) {
+            match tokio::fs::remove_dir_all(uri.strip_prefix("file://").unwrap_or(uri)).await {
+                Ok(()) => {}
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                Err(err) => {
+                    return Err(CheckpointError::Storage(format!("delete {uri}: {err}")));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn advice(&self, record: &mut JobRecord, settings: &JobSettings) -> Option<Outgoing> {
@@ -821,8 +1049,9 @@ impl Manager {
         &self,
         record: &mut JobRecord,
         transition: &TrainingJobTransitioned,
-        at: DateTime<Utc>,
+        message: &Incoming,
     ) -> Vec<Outgoing> {
+        let at = message.header.time;
         let queue = transition
             .queue
             .clone()
@@ -841,6 +1070,7 @@ impl Manager {
         }
         if transition.to == TrainingJobState::Running {
             record.running_since = Some(at);
+            record.overdue_raised = false;
         }
         let next_attempt_ahead = matches!(
             transition.to,
@@ -850,10 +1080,16 @@ impl Manager {
                 | TrainingJobState::Suspended
         ) && transition.from == Some(TrainingJobState::Running);
         if next_attempt_ahead {
-            return self
+            let unavailable = problems::resume_unavailable(
+                &record.checkpoints.resume(),
+                record.checkpoints.len(),
+            );
+            let mut outgoing: Vec<Outgoing> = self
                 .resume_point(record, &transition.reason)
                 .into_iter()
                 .collect();
+            outgoing.extend(raise(record, &message.header.id.to_string(), unavailable));
+            return outgoing;
         }
         Vec::new()
     }

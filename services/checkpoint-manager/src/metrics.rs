@@ -15,6 +15,9 @@ pub struct CheckpointMetrics {
     /// Model registrations of completed jobs, by outcome (`registered`,
     /// `existing`, `refused`, `retried`).
     pub registrations: IntCounterVec,
+    /// `CheckpointProblem` alerts raised, by problem (`WriteFailed`,
+    /// `Overdue`, `ResumeUnavailable`, `RetentionFailed`).
+    pub problems: IntCounterVec,
 }
 
 impl CheckpointMetrics {
@@ -47,6 +50,14 @@ impl CheckpointMetrics {
                 &["outcome"],
             )
             .map_err(err)?,
+            problems: IntCounterVec::new(
+                Opts::new(
+                    "trainyard_checkpoint_problems_total",
+                    "CheckpointProblem alerts raised, by problem",
+                ),
+                &["problem"],
+            )
+            .map_err(err)?,
         };
         registry
             .register(Box::new(metrics.verifications.clone()))
@@ -59,6 +70,9 @@ impl CheckpointMetrics {
             .map_err(err)?;
         registry
             .register(Box::new(metrics.registrations.clone()))
+            .map_err(err)?;
+        registry
+            .register(Box::new(metrics.problems.clone()))
             .map_err(err)?;
         Ok(metrics)
     }

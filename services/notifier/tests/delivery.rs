@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use trainyard_testkit::{NatsServer, eventually_within, free_port};
+use trainyard_testkit::{NatsServer, WebhookSink, eventually_within, free_port};
 
 fn slack_and_webhook_routes(slack: &FakeSlack, webhook_url: &str) -> String {
     format!(
@@ -313,7 +313,7 @@ async fn three_replicas_one_killed_mid_burst_lose_nothing_and_duplicate_nothing(
                 .lock()
                 .expect("sink")
                 .iter()
-                .flat_map(|(_, e)| e.clone())
+                .flat_map(|d| d.event_ids.clone())
                 .collect();
             (got == published).then_some(())
         }
@@ -325,7 +325,7 @@ async fn three_replicas_one_killed_mid_burst_lose_nothing_and_duplicate_nothing(
     let mut seen = BTreeSet::new();
     let duplicates: Vec<&String> = deliveries
         .iter()
-        .flat_map(|(_, events)| events)
+        .flat_map(|d| &d.event_ids)
         .filter(|event| !seen.insert((*event).clone()))
         .collect();
     assert!(

@@ -95,13 +95,17 @@ pub struct GpusIdle {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub enum CheckpointProblemKind {
-    /// A worker reported a checkpoint that could not be written or read back.
+    /// A reported checkpoint failed verification (no completion marker,
+    /// sizes or checksums wrong): it was not written completely.
     WriteFailed,
-    /// No checkpoint for longer than the job's checkpoint interval allows.
+    /// A Running job has had no verified checkpoint for longer than its
+    /// checkpoint interval allows.
     Overdue,
-    /// The resume point is missing or unreadable.
+    /// The next attempt cannot resume from the newest checkpoint: none is
+    /// verified (it starts from scratch) or newer ones are not.
     ResumeUnavailable,
-    /// Retention could not delete old checkpoints.
+    /// Retention could not delete a checkpoint it chose, or the job's
+    /// retention policy was refused.
     RetentionFailed,
 }
 

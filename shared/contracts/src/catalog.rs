@@ -404,10 +404,16 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
         entry::<alerts::CheckpointProblem>(
             "checkpoint-manager",
             "notifier",
-            "A problem with a job's checkpoints: `WriteFailed`, `Overdue`, `ResumeUnavailable` or `RetentionFailed`.",
+            "A problem with a job's checkpoints. `WriteFailed` (warning): a reported checkpoint failed verification, \
+             with `checkpoint.verified`'s reason; once per URI. `ResumeUnavailable`: the job left Running for another \
+             attempt and none of its reported checkpoints is verified (critical: it starts from scratch), or newer ones \
+             were skipped as unverified (warning, naming the step it falls back to). `RetentionFailed` (warning): a \
+             checkpoint the retention policy chose could not be deleted (once per URI; retried on the next pass), or the \
+             policy was refused (naming the field and the fix). `Overdue` (warning): a Running job has had no verified \
+             checkpoint for longer than max(3 x its advised interval, the manager's floor); once per episode.",
             job(),
-            json!({"severity": "critical", "problem": "Overdue", "lastCheckpointAgeSeconds": 7200,
-                   "message": "no checkpoint for 2h; the job's interval is 30m"}),
+            json!({"severity": "warning", "problem": "Overdue", "lastCheckpointAgeSeconds": 7200,
+                   "message": "no verified checkpoint for 1h10m while Running (allowed: 1h); the newest verified checkpoint is 2h old"}),
         )?,
         entry::<alerts::MessagesDeadLettered>(
             "any service",

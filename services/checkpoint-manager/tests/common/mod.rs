@@ -285,3 +285,21 @@ pub fn write_volume_checkpoint(dir: &Path, step: u64, loss: f64, complete: bool)
     }
     std::fs::write(dir.join("trainyard-manifest.json"), manifest).expect("manifest");
 }
+
+/// Every `CheckpointProblem` alert published about `job` so far, with its envelope id.
+pub async fn problems(
+    jetstream: &jetstream::Context,
+    job: &str,
+) -> Vec<(String, trainyard_contracts::alerts::CheckpointProblem)> {
+    use trainyard_contracts::alerts::CheckpointProblem;
+    trainyard_testkit::stream_messages(jetstream, "TRAINYARD_ALERTS", None)
+        .await
+        .into_iter()
+        .filter_map(|m| Incoming::decode(&m.payload).ok())
+        .filter(|m| m.header.entity.name == job && m.is::<CheckpointProblem>())
+        .filter_map(|m| {
+            let id = m.header.id.to_string();
+            m.payload::<CheckpointProblem>().ok().map(|p| (id, p))
+        })
+        .collect()
+}

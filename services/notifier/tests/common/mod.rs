@@ -1,7 +1,7 @@
 //! Test harness: notifier replicas as real processes against a real
 //! nats-server, a fake Slack that enforces Block Kit limits and the
-//! per-channel rate, a webhook receiver that records what it got, and
-//! publishing helpers.
+//! per-channel rate, and publishing helpers (the webhook receiver is the
+//! testkit's).
 
 #![allow(dead_code)]
 
@@ -207,70 +207,6 @@ impl FakeSlack {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
-    }
-}
-
-/// A webhook receiver recording each delivery's id and event ids; answers
-/// `fail_first` failures with 503 for each new webhook-id.
-/// Deliveries a sink accepted: (webhook-id, event ids).
-pub type Deliveries = Arc<Mutex<Vec<(String, Vec<String>)>>>;
-
-pub struct WebhookSink {
-    pub port: u16,
-    pub deliveries: Deliveries,
-}
-
-impl WebhookSink {
-    pub async fn start(every_nth_429: u64, every_nth_500: u64) -> Self {
-        let deliveries: Deliveries = Arc::default();
-        let counter = Arc::new(Mutex::new(0u64));
-        let sink = deliveries.clone();
-        let app = axum::Router::new().route(
-            "/hook",
-            post(move |headers: HttpHeaders, body: axum::Json<Value>| {
-                let sink = sink.clone();
-                let counter = counter.clone();
-                async move {
-                    let n = {
-                        let mut c = counter.lock().expect("counter");
-                        *c += 1;
-                        *c
-                    };
-                    if every_nth_429 > 0 && n.is_multiple_of(every_nth_429) {
-                        return (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "")
-                            .into_response();
-                    }
-                    if every_nth_500 > 0 && n.is_multiple_of(every_nth_500) {
-                        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
-                    }
-                    let id = headers
-                        .get("webhook-id")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or_default()
-                        .to_string();
-                    let events: Vec<String> = body["data"]["eventIds"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|v| v.as_str().map(String::from))
-                        .collect();
-                    sink.lock().expect("sink").push((id, events));
-                    StatusCode::NO_CONTENT.into_response()
-                }
-            }),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Self { port, deliveries }
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/hook", self.port)
     }
 }
 
