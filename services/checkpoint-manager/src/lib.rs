@@ -106,7 +106,10 @@ pub async fn setup(runtime: &Runtime, sources: &ConfigSources) -> Result<(), Che
     Ok(())
 }
 
-/// Starts the manager's consumers on `runtime`.
+/// Competes for the checkpoint-manager's lease; once this replica holds it,
+/// starts the consumers and the overdue checks on `runtime`. One replica
+/// decides at a time: each keeps the job records it works on in memory and
+/// writes them whole, so two at once would overwrite each other's.
 pub async fn start(
     runtime: &Runtime,
     config: ManagerConfig,
@@ -136,14 +139,23 @@ pub async fn start(
         config,
         registry,
     ));
+    let lease = runtime.lease()?;
     let handler = Arc::new(ManagerHandler(manager.clone()));
+    let consumers = runtime.consumers();
     for consumer in Service::CheckpointManager.consumers() {
-        runtime.spawn_consumer(consumer, handler.clone());
+        consumers.spawn_when_leading(consumer, handler.clone(), &lease);
     }
     let checking = manager.clone();
     let shutdown = runtime.shutdown.clone();
     let every = Duration::from_secs(checking.overdue_check_seconds().max(1));
     runtime.spawn(async move {
+        let leading = tokio::select! {
+            _ = shutdown.cancelled() => None,
+            token = lease.acquired() => token,
+        };
+        if leading.is_none() {
+            return;
+        }
         let mut timer = tokio::time::interval(every);
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

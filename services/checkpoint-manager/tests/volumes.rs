@@ -236,3 +236,62 @@ async fn a_checkpoint_reported_with_a_nan_metric_is_kept_across_a_restart() {
     );
     stop_manager(manager).await;
 }
+
+/// Whether `replica` holds the checkpoint-manager's lease.
+fn leads(replica: &trainyard_runtime::Runtime) -> bool {
+    replica
+        .registry
+        .gather()
+        .iter()
+        .filter(|family| family.name() == "trainyard_lease_held")
+        .flat_map(|family| family.get_metric())
+        .any(|metric| metric.get_gauge().get_value() == 1.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_replica_decides_at_a_time_and_the_standby_takes_over_when_it_stops() {
+    let nats = NatsServer::start();
+    let first = start_manager(&nats, reading_volumes()).await;
+    trainyard_testkit::eventually("the first replica to hold the lease", || async {
+        leads(&first).then_some(())
+    })
+    .await;
+    let second = start_manager(&nats, reading_volumes()).await;
+    let driver = Driver::connect(&nats).await;
+    let volume = tempfile::tempdir().expect("tempdir");
+    let base = volume.path().to_str().expect("utf-8").to_string();
+    driver
+        .apply(&training_job(
+            "t5",
+            json!({"enabled": true, "storage": {"type": "pvc", "claimName": "c", "mountPath": base}}),
+        ))
+        .await;
+    let dir = volume.path().join("step-100");
+    write_volume_checkpoint(&dir, 100, 0.5, true);
+    driver
+        .report("t5", dir.to_str().expect("utf-8"), 100, 0.5, 1.0)
+        .await;
+    driver.wait_for::<CheckpointVerified>("t5", 1).await;
+    assert!(!leads(&second), "the second replica stands by");
+
+    // A rolling restart: the holder stops, releasing the lease.
+    stop_manager(first).await;
+    trainyard_testkit::eventually("the standby to take the lease", || async {
+        leads(&second).then_some(())
+    })
+    .await;
+    let dir = volume.path().join("step-200");
+    write_volume_checkpoint(&dir, 200, 0.4, true);
+    driver
+        .report("t5", dir.to_str().expect("utf-8"), 200, 0.4, 1.0)
+        .await;
+    let verified = driver.wait_for::<CheckpointVerified>("t5", 2).await;
+    let last = verified.last().expect("the second verification");
+    assert!(last.verified, "{last:?}");
+    assert_eq!(
+        last.count, 2,
+        "the standby carried on from the stored record"
+    );
+    assert_eq!(last.latest_verified.as_ref().map(|c| c.step), Some(200));
+    stop_manager(second).await;
+}

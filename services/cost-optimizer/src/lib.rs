@@ -55,8 +55,10 @@ pub async fn setup(runtime: &Runtime, sources: &ConfigSources) -> Result<(), Cos
     Ok(())
 }
 
-/// Loads the catalog and the saved state, then starts the consumers, the
-/// accounting loop and the catalog watcher.
+/// Competes for the cost-optimizer's lease; once this replica holds it, loads
+/// the saved state and the catalog, then starts the consumers and the
+/// accounting loop. One replica decides at a time: the state is one value,
+/// kept in memory and saved whole. The catalog watcher runs on every replica.
 pub async fn start(
     runtime: &Runtime,
     config: CostConfig,
@@ -64,25 +66,7 @@ pub async fn start(
     let bucket = runtime.bucket(Bucket::Cost).cloned().ok_or_else(|| {
         CostServiceError::Store("bucket trainyard_cost was not provisioned".into())
     })?;
-    let saved = bucket
-        .get(STATE_KEY)
-        .await
-        .map_err(|e| CostServiceError::Store(e.to_string()))?;
-    let mut state = match saved {
-        Some(bytes) => CostState::restore(
-            serde_json::from_slice(&bytes).map_err(|e| CostServiceError::Store(e.to_string()))?,
-            config.clone(),
-        ),
-        None => CostState::new(config.clone()),
-    };
-    // Without a catalog nothing can be priced or chosen; the service still
-    // starts and picks the catalog up as soon as the file appears.
-    match load_catalog(&config.catalog_path) {
-        Ok(catalog) => state.set_catalog(catalog),
-        Err(err) => {
-            tracing::error!(error = %err, "no price catalog: nothing is priced until it is readable");
-        }
-    }
+    let lease = runtime.lease()?;
     let dollars = CounterVec::new(
         Opts::new(
             "trainyard_cost_dollars_total",
@@ -96,26 +80,40 @@ pub async fn start(
         .register(Box::new(dollars.clone()))
         .map_err(trainyard_runtime::metrics::metric_error)?;
     let service = Arc::new(CostOptimizer {
-        state: Mutex::new(state),
+        state: Mutex::new(CostState::new(config.clone())),
         publisher: runtime.publisher.clone(),
         bucket,
         dollars,
         counted: Mutex::new(Default::default()),
     });
-    for spec in Service::CostOptimizer.consumers() {
-        runtime.spawn_consumer(spec, service.clone());
-    }
-    let interval = Duration::from_secs(config.accounting_interval_seconds.max(1));
-    let ticking = service.clone();
+    let leading = service.clone();
+    let consumers = runtime.consumers();
     let shutdown = runtime.shutdown.clone();
+    let restoring = config.clone();
+    let interval = Duration::from_secs(config.accounting_interval_seconds.max(1));
     runtime.spawn(async move {
+        let token = tokio::select! {
+            _ = shutdown.cancelled() => None,
+            token = lease.acquired() => token,
+        };
+        if token.is_none() {
+            return;
+        }
+        if let Err(err) = leading.restore(&restoring).await {
+            tracing::error!(error = %err, "saved state unreadable; stopping so that a restart tries again");
+            shutdown.cancel();
+            return;
+        }
+        for spec in Service::CostOptimizer.consumers() {
+            consumers.spawn(spec, leading.clone());
+        }
         let mut timer = tokio::time::interval(interval);
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = timer.tick() => {
-                    if let Err(err) = ticking.tick().await {
+                    if let Err(err) = leading.tick().await {
                         tracing::warn!(error = %err, "accounting run failed; retried next interval");
                     }
                 }
@@ -154,6 +152,35 @@ pub async fn start(
 }
 
 impl CostOptimizer {
+    /// Replaces the state with the saved one (a fresh one when nothing is
+    /// saved) and gives it the catalog, when readable: what the lease holder
+    /// starts from.
+    async fn restore(&self, config: &CostConfig) -> Result<(), CostServiceError> {
+        let saved = self
+            .bucket
+            .get(STATE_KEY)
+            .await
+            .map_err(|e| CostServiceError::Store(e.to_string()))?;
+        let mut state = match saved {
+            Some(bytes) => CostState::restore(
+                serde_json::from_slice(&bytes)
+                    .map_err(|e| CostServiceError::Store(e.to_string()))?,
+                config.clone(),
+            ),
+            None => CostState::new(config.clone()),
+        };
+        // Without a catalog nothing can be priced or chosen; the service
+        // still runs and picks the catalog up as soon as the file appears.
+        match load_catalog(&config.catalog_path) {
+            Ok(catalog) => state.set_catalog(catalog),
+            Err(err) => {
+                tracing::error!(error = %err, "no price catalog: nothing is priced until it is readable");
+            }
+        }
+        *self.state.lock().await = state;
+        Ok(())
+    }
+
     /// One accounting run now.
     pub async fn tick(&self) -> Result<(), CostServiceError> {
         let out = {

@@ -276,8 +276,8 @@ impl Service {
             Service::Planner => vec![Bucket::Planner, Bucket::Leases],
             Service::GpuAllocator => vec![Bucket::Allocator, Bucket::Leases],
             Service::HpoTuner => vec![Bucket::Tuner],
-            Service::CheckpointManager => vec![Bucket::Checkpoints],
-            Service::CostOptimizer => vec![Bucket::Cost],
+            Service::CheckpointManager => vec![Bucket::Checkpoints, Bucket::Leases],
+            Service::CostOptimizer => vec![Bucket::Cost, Bucket::Leases],
         }
     }
 }
@@ -288,8 +288,11 @@ impl Service {
     /// None for services whose replicas share the work.
     pub fn lease_key(self) -> Option<&'static str> {
         match self {
-            Service::Planner | Service::GpuAllocator => Some(self.name()),
-            _ => None,
+            Service::Planner
+            | Service::GpuAllocator
+            | Service::CheckpointManager
+            | Service::CostOptimizer => Some(self.name()),
+            Service::Watcher | Service::HpoTuner | Service::Notifier => None,
         }
     }
 }
