@@ -551,11 +551,15 @@ impl Manager {
         Ok(Some(record.job))
     }
 
-    /// Handles one message.
+    /// Handles one message, in a span naming its job.
     pub async fn handle(&self, message: &Incoming) -> Result<(), CheckpointError> {
-        let job = message.header.entity.clone();
+        let job = &message.header.entity;
         let span = tracing::info_span!("checkpoints", namespace = %job.namespace, name = %job.name);
-        let _entered = span.enter();
+        self.handle_in_span(message).instrument(span).await
+    }
+
+    async fn handle_in_span(&self, message: &Incoming) -> Result<(), CheckpointError> {
+        let job = message.header.entity.clone();
         let kind = message.header.message_type.as_str();
         let key = job.key();
         let job_lock = self

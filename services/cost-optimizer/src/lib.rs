@@ -18,6 +18,7 @@ use chrono::Utc;
 use cost_optimizer_core::PriceCatalog;
 use prometheus::{CounterVec, Opts};
 use tokio::sync::Mutex;
+use tracing::Instrument;
 use trainyard_contracts::cost::UtilizationReported;
 use trainyard_contracts::decisions::AdmissionDecided;
 use trainyard_contracts::events::{Change, NodeObserved, TrainingJobChanged, TrainingQueueChanged};
@@ -289,10 +290,13 @@ impl Handler for CostOptimizer {
             name = %message.header.entity.name,
             message_type = %message.header.message_type
         );
-        let _entered = span.enter();
-        let out = self.apply(&message).await?;
-        self.finish(out)
-            .await
-            .map_err(|e| HandleError::Retry(e.to_string()))
+        async {
+            let out = self.apply(&message).await?;
+            self.finish(out)
+                .await
+                .map_err(|e| HandleError::Retry(e.to_string()))
+        }
+        .instrument(span)
+        .await
     }
 }
