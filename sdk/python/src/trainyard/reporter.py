@@ -425,6 +425,9 @@ class Reporter:
         )
         nc = await asyncio.wait_for(connecting, timeout=max(2.0, self._timeout()))
         await nc.subscribe(command_filter(self.env.namespace, self.env.job), cb=self._on_command)
+        # The server has the subscription once a flush returns: only then is the
+        # reporter connected, and a command sent from then on is heard.
+        await nc.flush(timeout=max(2.0, self._timeout()))
         return nc
 
     async def _on_command(self, msg: Any) -> None:
