@@ -187,14 +187,12 @@ async fn suspend_stops_the_workers_and_resume_starts_a_new_attempt() {
         cluster.jobs().get_opt("mnist-training-a1").await.ok()?
     })
     .await;
-    let status = cluster
-        .training_jobs()
-        .get(&name)
-        .await
-        .expect("get")
-        .status
-        .expect("status");
-    assert_ne!(status.state, Some(TrainingJobState::Suspended));
+    // The new attempt's Job is created before the status that says so is written.
+    eventually("the job no longer Suspended", || async {
+        let state = cluster.training_jobs().get(&name).await.ok()?.status?.state;
+        (state.is_some() && state != Some(TrainingJobState::Suspended)).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
