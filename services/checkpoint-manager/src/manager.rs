@@ -486,13 +486,7 @@ impl Manager {
         key: String,
         now: DateTime<Utc>,
     ) -> Result<(), CheckpointError> {
-        let job_lock = self
-            .job_locks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(key.clone())
-            .or_default()
-            .clone();
+        let job_lock = self.job_lock(&key);
         let _checking = job_lock.lock().await;
         let Some(job) = self.stored_job(&key).await? else {
             return Ok(());
@@ -551,6 +545,16 @@ impl Manager {
         Ok(Some(record.job))
     }
 
+    /// The lock that lets one handler at a time work on the job `key`.
+    fn job_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.job_locks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.to_string())
+            .or_default()
+            .clone()
+    }
+
     /// Handles one message, in a span naming its job.
     pub async fn handle(&self, message: &Incoming) -> Result<(), CheckpointError> {
         let job = &message.header.entity;
@@ -562,13 +566,7 @@ impl Manager {
         let job = message.header.entity.clone();
         let kind = message.header.message_type.as_str();
         let key = job.key();
-        let job_lock = self
-            .job_locks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(key.clone())
-            .or_default()
-            .clone();
+        let job_lock = self.job_lock(&key);
         let _handling = job_lock.lock().await;
         if kind == TrainingJobFinalized::TYPE {
             self.records
@@ -860,20 +858,7 @@ impl Manager {
                             .inc();
                         (registry.alias().map(str::to_string), None)
                     }
-                    Err(err) if err.is_retryable() => {
-                        self.metrics
-                            .registrations
-                            .with_label_values(&["retried"])
-                            .inc();
-                        return Err(err.into());
-                    }
-                    Err(err) => {
-                        self.metrics
-                            .registrations
-                            .with_label_values(&["refused"])
-                            .inc();
-                        (None, Some(refusal(&err, &model_name, &source)))
-                    }
+                    Err(err) => (None, Some(self.refused(err, &model_name, &source)?)),
                 };
                 tracing::info!(model = %model_name, version = %version.version, %source, outcome, "checkpoint registered as a model version");
                 ModelRegistered {
@@ -885,19 +870,8 @@ impl Manager {
                     error,
                 }
             }
-            Err(err) if err.is_retryable() => {
-                self.metrics
-                    .registrations
-                    .with_label_values(&["retried"])
-                    .inc();
-                return Err(err.into());
-            }
             Err(err) => {
-                self.metrics
-                    .registrations
-                    .with_label_values(&["refused"])
-                    .inc();
-                let error = refusal(&err, &model_name, &source);
+                let error = self.refused(err, &model_name, &source)?;
                 ModelRegistered {
                     model_name,
                     version: String::new(),
@@ -913,6 +887,25 @@ impl Manager {
         }
         record.model = Some(model.clone());
         Ok(Some(Outgoing::Registered(model)))
+    }
+
+    /// A registry error that may pass is returned (the message is handled
+    /// again); any other is the refusal to publish, with its fix.
+    fn refused(
+        &self,
+        err: trainyard_mlflow::MlflowError,
+        model_name: &str,
+        source: &str,
+    ) -> Result<String, CheckpointError> {
+        let retryable = err.is_retryable();
+        self.metrics
+            .registrations
+            .with_label_values(&[if retryable { "retried" } else { "refused" }])
+            .inc();
+        if retryable {
+            return Err(err.into());
+        }
+        Ok(refusal(&err, model_name, source))
     }
 
     /// The resume point message for the job's newest verified checkpoint.
