@@ -192,11 +192,12 @@ impl JobCheckpoints {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::verify::{Method, Verifier};
 
-    fn checkpoint(step: u64, verification: Verification) -> Checkpoint {
+    /// A checkpoint of step `step` on S3, verified as `verification` says.
+    pub(crate) fn checkpoint(step: u64, verification: Verification) -> Checkpoint {
         Checkpoint {
             uri: format!("s3://b/job/step-{step}"),
             epoch: 0,
@@ -209,7 +210,8 @@ mod tests {
         }
     }
 
-    fn verified() -> Verification {
+    /// Verified by the manager from Trainyard's manifest.
+    pub(crate) fn verified() -> Verification {
         Verification::Verified {
             method: Method::TrainyardManifest,
             verifier: Verifier::Manager,

@@ -270,30 +270,9 @@ fn duration(seconds: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::{Checkpoint, JobCheckpoints};
-    use crate::verify::{Method, Verifier};
+    use crate::catalog::JobCheckpoints;
+    use crate::catalog::tests::{checkpoint, verified};
     use chrono::Duration;
-
-    fn checkpoint(step: u64, verification: Verification) -> Checkpoint {
-        Checkpoint {
-            uri: format!("s3://b/job/step-{step}"),
-            epoch: 0,
-            step,
-            attempt: 0,
-            metrics: BTreeMap::new(),
-            size_bytes: 0,
-            save_seconds: None,
-            verification,
-        }
-    }
-
-    fn verified() -> Verification {
-        Verification::Verified {
-            method: Method::TrainyardManifest,
-            verifier: Verifier::Manager,
-            checksums: true,
-        }
-    }
 
     fn incomplete(reason: &str) -> Verification {
         Verification::Incomplete {
