@@ -867,6 +867,7 @@ fn reason_flavor(reason: &PendingReason) -> Option<String> {
 
 /// Why a job waits, as the planner writes it into the job's status.
 pub fn pending_explained(
+    attempt: Option<u32>,
     queue: &str,
     position: u32,
     reason: &PendingReason,
@@ -879,6 +880,7 @@ pub fn pending_explained(
         u32::try_from(short).unwrap_or(u32::MAX)
     };
     PendingExplained {
+        attempt,
         queue: queue.to_string(),
         position,
         flavor: reason_flavor(reason),
@@ -1584,7 +1586,7 @@ mod tests {
         let reason = PendingReason::QueueNotFound {
             queue: "team-a".into(),
         };
-        let pending = pending_explained("team-a", 2, &reason, 8);
+        let pending = pending_explained(Some(0), "team-a", 2, &reason, 8);
         assert_eq!(pending.gpus_short, 8);
         assert_eq!(pending.position, 2);
         assert_eq!(pending.message, "TrainingQueue team-a does not exist");
@@ -1614,7 +1616,7 @@ mod tests {
             detail: "spec.gpusPerWorker is 16 but the largest node (gpu-node-3) has 8 GPUs".into(),
             fix: "lower gpusPerWorker to at most 8 and raise numWorkers".into(),
         };
-        let pending = pending_explained("team-a", 4, &reason, 32);
+        let pending = pending_explained(None, "team-a", 4, &reason, 32);
         assert_eq!(pending.flavor.as_deref(), Some("t4-spot"));
         assert_eq!(pending.gpus_short, 32, "every GPU it asks for is short");
         assert_eq!(

@@ -908,7 +908,9 @@ impl AllocatorState {
             };
             let gpus = u32::try_from(rec.template.total_units()).unwrap_or(u32::MAX);
             let entity = rec.entity.clone();
-            let payload = mapping::pending_explained(queue, pending.position, reason, gpus);
+            let attempt = uid.attempt().map(|(_, attempt)| attempt);
+            let payload =
+                mapping::pending_explained(attempt, queue, pending.position, reason, gpus);
             fresh.push(Outgoing::Pending {
                 id: mapping::pending_id(uid, &payload, now),
                 entity,

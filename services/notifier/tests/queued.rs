@@ -52,6 +52,7 @@ fn pending(name: &str) -> Envelope<PendingExplained> {
         "gpu-allocator",
         EntityRef::new("ml", name, format!("uid-{name}")),
         PendingExplained {
+            attempt: None,
             queue: "team-a".into(),
             position: 2,
             flavor: Some("a100".into()),

@@ -103,6 +103,7 @@ async fn distributed_job_runs_to_completion_and_a_replay_changes_nothing() {
         .publish(
             &name,
             PendingExplained {
+                attempt: None,
                 queue: "default".into(),
                 position: 2,
                 flavor: Some("a100".into()),

@@ -59,6 +59,11 @@ pub struct AdmissionDecided {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PendingExplained {
+    /// The attempt that waits (the TrainingJob's `restartCount`): a preempted
+    /// job's next attempt can be explained before the planner has started it.
+    /// Unset: the attempt the planner is driving.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
     pub queue: String,
     /// 1-based position in its queue.
     pub position: u32,

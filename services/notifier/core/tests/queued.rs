@@ -65,6 +65,7 @@ fn transition(to: TrainingJobState, attempt: u32, queue: &str) -> WaitObservatio
 
 fn pending(queue: &str) -> WaitObservation {
     WaitObservation::Pending(PendingExplained {
+        attempt: None,
         queue: queue.into(),
         position: 3,
         flavor: Some("a100".into()),

@@ -1036,7 +1036,7 @@ impl Context<'_> {
 
     fn waiting_condition(&self) -> ConditionUpdate {
         let spec = self.spec();
-        match &self.state.pending {
+        match self.state.waiting_reason() {
             Some(pending) => ConditionUpdate::new(
                 ConditionStatus::False,
                 if pending.unschedulable.is_some() {
@@ -1475,8 +1475,7 @@ impl Context<'_> {
     fn schedulable_condition(&self, verdict: &Verdict) -> Option<ConditionUpdate> {
         let unschedulable = self
             .state
-            .pending
-            .as_ref()
+            .waiting_reason()
             .filter(|p| p.unschedulable.is_some() && verdict.state == TrainingJobState::Queued);
         match unschedulable {
             Some(pending) => Some(ConditionUpdate::new(
@@ -1496,7 +1495,7 @@ impl Context<'_> {
 
     /// The typed twin of the waiting condition, so clients need not parse its message.
     fn queue_status(&self) -> QueueStatus {
-        match &self.state.pending {
+        match self.state.waiting_reason() {
             Some(pending) => QueueStatus {
                 name: pending.queue.clone(),
                 position: Some(pending.position),

@@ -241,7 +241,8 @@ pub struct PlannerJobState {
     pub failed_attempts: u32,
     /// When the workers first started, over all attempts.
     pub first_started_at: Option<DateTime<Utc>>,
-    /// Why the current attempt still waits for admission.
+    /// Why the current attempt, or the one after it, still waits for admission
+    /// (see `waiting_reason`).
     pub pending: Option<PendingExplained>,
     /// Where the next attempt resumes: the checkpoint-manager's latest choice, the
     /// newest verified checkpoint. A reported checkpoint is never resumed from
@@ -300,7 +301,21 @@ impl PlannerJobState {
         self.current.admission = self.early_admissions.remove(&attempt);
         self.early_admissions
             .retain(|candidate, _| *candidate > attempt);
-        self.pending = None;
+        // The allocator may explain an attempt's wait before the planner starts
+        // it (the explanation follows the preemption, not the new Job), and it
+        // says so only once: an explanation of this attempt or a later one stays.
+        let admitted = self.current.admission.is_some();
+        self.pending = self
+            .pending
+            .take()
+            .filter(|pending| !admitted && pending.attempt.is_some_and(|a| a >= attempt));
+    }
+
+    /// Why the current attempt waits, if the allocator has said.
+    pub fn waiting_reason(&self) -> Option<&PendingExplained> {
+        self.pending
+            .as_ref()
+            .filter(|pending| pending.attempt.is_none_or(|a| a == self.current.attempt))
     }
 
     /// Places an attempt number relative to the current attempt, moving on when
@@ -504,6 +519,17 @@ impl PlannerJobState {
     }
 
     fn observe_pending(&mut self, pending: PendingExplained) -> Observed {
+        let current = self.current.attempt;
+        match pending.attempt {
+            Some(attempt) if attempt < current => {
+                return Observed::StaleAttempt { attempt, current };
+            }
+            Some(attempt) if attempt > current => {
+                self.pending = Some(pending);
+                return Observed::Recorded;
+            }
+            _ => {}
+        }
         if self.current.admission.is_some() {
             return Observed::NotApplicable;
         }

@@ -720,6 +720,54 @@ fn preemption_checkpoints_then_requeues_without_spending_the_backoff_budget() {
     assert_eq!(h.commands.len(), 1, "one checkpoint request per preemption");
 }
 
+/// The gpu-allocator explains a preempted job's next wait as soon as it
+/// hears of the new attempt, which can be before the planner sees that
+/// attempt's Job; it says so once, so the explanation is kept for the attempt
+/// it names, and one about an attempt already over is dropped.
+#[test]
+fn a_wait_explained_before_its_attempt_starts_is_shown_once_it_does() {
+    let mut h = Harness::new(training_job("drained", spec(1)));
+    h.run_attempt_until_running(0);
+    h.observe(Observation::Preemption(preemption(h.now)));
+    h.decide();
+    assert_eq!(h.status().restart_count, Some(1));
+
+    let mut on_hold = pending(1);
+    on_hold.attempt = Some(1);
+    on_hold.message = "TrainingQueue default is on hold (stopPolicy: HoldAndDrain)".into();
+    assert_eq!(
+        h.observe(Observation::Pending(on_hold.clone())),
+        Observed::Recorded
+    );
+    let mut earlier = pending(3);
+    earlier.attempt = Some(0);
+    assert!(matches!(
+        h.observe(Observation::Pending(earlier.clone())),
+        Observed::NotApplicable
+    ));
+
+    let mut gone = job_event("drained", 0, false, 0);
+    gone.change = trainyard_contracts::events::Change::Deleted;
+    h.observe(Observation::Job(gone));
+    h.observe(Observation::Job(job_event("drained", 1, true, 0)));
+    h.decide();
+    assert_eq!(h.state_now(), Some(TrainingJobState::Queued));
+    let admitted = h.condition("Admitted").expect("Admitted");
+    assert_eq!(
+        admitted.message.as_deref(),
+        Some(
+            "position 1 in queue default: TrainingQueue default is on hold (stopPolicy: HoldAndDrain)"
+        )
+    );
+    assert!(matches!(
+        h.observe(Observation::Pending(earlier)),
+        Observed::StaleAttempt {
+            attempt: 0,
+            current: 1
+        }
+    ));
+}
+
 /// Required node-affinity terms of the job's worker template, each as
 /// (key, operator, values) per expression.
 fn required_terms(

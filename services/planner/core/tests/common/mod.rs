@@ -103,6 +103,7 @@ pub fn admission(attempt: u32, workers: u32) -> AdmissionDecided {
 
 pub fn pending(position: u32) -> PendingExplained {
     PendingExplained {
+        attempt: None,
         queue: "default".into(),
         position,
         flavor: Some("a100-80gb".into()),
