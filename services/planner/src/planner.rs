@@ -43,6 +43,7 @@ pub struct PlannerMetrics {
     pub reconcile_seconds: HistogramVec,
     pub actions: IntCounterVec,
     pub jobs_in_memory: IntGauge,
+    pub timers: IntGauge,
     /// TrainingJobs by state, outcomes, restarts, preemptions, admission waits.
     pub jobs: Arc<JobMetrics>,
 }
@@ -85,6 +86,12 @@ impl PlannerMetrics {
             "TrainingJobs this process holds in memory (finished and deleted ones are released after finished_entry_ttl_seconds)",
         )
         .map_err(err)?;
+        let timers = IntGauge::new(
+            "trainyard_planner_timers",
+            "Timed reconciles waiting (at most one per job: the earliest)",
+        )
+        .map_err(err)?;
+        registry.register(Box::new(timers.clone())).map_err(err)?;
         registry.register(Box::new(actions.clone())).map_err(err)?;
         registry
             .register(Box::new(jobs_in_memory.clone()))
@@ -94,6 +101,7 @@ impl PlannerMetrics {
             reconcile_seconds,
             actions,
             jobs_in_memory,
+            timers,
             jobs: Arc::new(JobMetrics::register(registry)?),
         })
     }
@@ -169,6 +177,8 @@ pub struct Planner {
     lease: Lease,
     shutdown: CancellationToken,
     entries: Mutex<Entries>,
+    /// When each job's timed reconcile is due: one timer per job, the earliest.
+    timers: Mutex<HashMap<String, tokio::time::Instant>>,
 }
 
 /// A hash of encoded values; compared only within this process.
@@ -262,6 +272,7 @@ impl Planner {
             lease,
             shutdown,
             entries: Mutex::default(),
+            timers: Mutex::default(),
         })
     }
 
@@ -273,6 +284,12 @@ impl Planner {
 
     fn entries(&self) -> std::sync::MutexGuard<'_, Entries> {
         self.entries
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn timers_locked(&self) -> std::sync::MutexGuard<'_, HashMap<String, tokio::time::Instant>> {
+        self.timers
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -699,12 +716,32 @@ impl Planner {
 
     /// Decides again for `entity` after `delay` (restart backoff, deadlines,
     /// deferred status writes).
+    /// A job has at most one timer, the earliest asked for: a later one is
+    /// not needed, as the reconcile decides again and asks for what is still
+    /// ahead.
     fn schedule(self: &Arc<Self>, entity: EntityRef, delay: Duration) {
+        let due = tokio::time::Instant::now() + delay;
+        let key = entity.key();
+        {
+            let mut timers = self.timers_locked();
+            if timers.get(&key).is_some_and(|earlier| *earlier <= due) {
+                return;
+            }
+            timers.insert(key.clone(), due);
+            self.metrics.timers.set(timers.len() as i64);
+        }
         let planner = Arc::clone(self);
         tokio::spawn(async move {
             tokio::select! {
                 _ = planner.shutdown.cancelled() => {}
-                _ = tokio::time::sleep(delay) => {
+                _ = tokio::time::sleep_until(due) => {
+                    {
+                        let mut timers = planner.timers_locked();
+                        if timers.get(&key) == Some(&due) {
+                            timers.remove(&key);
+                        }
+                        planner.metrics.timers.set(timers.len() as i64);
+                    }
                     // Boxed: inline, the reconcile's future would size every
                     // sleeping timer task (thousands in a burst) like a reconcile.
                     let reconcile = Box::pin(planner.handle_input(&entity, Utc::now(), Input::Reconcile));

@@ -517,7 +517,13 @@ impl Context<'_> {
         let policy = self.spec().success_policy.as_ref()?;
         let metric = self.spec().success_metric();
         let goal = MetricGoal::for_metric(metric);
-        let mut best: Option<(f64, u32)> = None;
+        // Epochs dropped from the window were decided on when they arrived;
+        // only their best value still matters, for the patience.
+        let mut best = self
+            .state
+            .earlier_best
+            .get(metric)
+            .map(|earlier| (earlier.value, earlier.epoch));
         for (epoch, reported) in &self.state.epoch_metrics {
             let Some(value) = reported
                 .metrics

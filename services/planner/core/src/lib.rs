@@ -66,8 +66,8 @@ pub use preflight::{checkpoint_location_problem, preflight};
 pub use queue_status::queue_status;
 pub use resources::{GPU_RESOURCE, MIG_RESOURCE_PREFIX, gpu_resource_name};
 pub use state::{
-    AttemptRecord, CheckpointSeen, EpochMetrics, Observation, Observed, PlannerJobState,
-    PreemptionSeen, ProgressSeen, TrialStopSeen, observe,
+    AttemptRecord, BestMetric, CheckpointSeen, EpochMetrics, MAX_EPOCH_METRICS, Observation,
+    Observed, PlannerJobState, PreemptionSeen, ProgressSeen, TrialStopSeen, observe,
 };
 pub use status::{MetricGoal, changes_state_or_conditions, format_duration};
 pub use submission::{Accepted, LABEL_SUBMITTED, Rejection, check_overwrite, check_submission};

@@ -26,6 +26,7 @@ use trainyard_contracts::worker::{CheckpointReported, ProgressReported};
 
 use crate::cost::{CostSeen, IdleSuspendSeen};
 use crate::failure::{FailureCause, WorkerFailure};
+use crate::status::MetricGoal;
 
 /// Job condition types that mean the Job finished successfully.
 const JOB_SUCCESS_CONDITIONS: [&str; 2] = ["Complete", "SuccessCriteriaMet"];
@@ -33,6 +34,12 @@ const JOB_SUCCESS_CONDITIONS: [&str; 2] = ["Complete", "SuccessCriteriaMet"];
 const JOB_FAILURE_CONDITIONS: [&str; 2] = ["Failed", "FailureTarget"];
 /// Admissions kept for attempts not started yet; the allocator admits at most the next one.
 const MAX_EARLY_ADMISSIONS: usize = 4;
+/// Epochs of metrics kept in a job's state: enough for any early-stopping
+/// patience in practice, and it keeps the state of a long job well under the
+/// store's 1 MiB value limit. The full history belongs to the tracking server.
+pub const MAX_EPOCH_METRICS: usize = 512;
+/// Metric names whose best value is kept for epochs dropped from the window.
+const MAX_EARLIER_BEST: usize = 64;
 
 /// A message about one TrainingJob that the planner folds into its state.
 #[derive(Debug, Clone, PartialEq)]
@@ -119,6 +126,13 @@ pub struct EpochMetrics {
     )]
     pub metrics: BTreeMap<String, f64>,
     pub at: DateTime<Utc>,
+}
+
+/// The best value of one metric among the epochs dropped from the window.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BestMetric {
+    pub value: f64,
+    pub epoch: u32,
 }
 
 /// A preemption decision and when it arrived.
@@ -263,8 +277,12 @@ pub struct PlannerJobState {
     pub checkpoint_uris: BTreeSet<String>,
     /// Worker 0's latest progress.
     pub progress: Option<ProgressSeen>,
-    /// Worker 0's metrics by epoch.
+    /// Worker 0's metrics by epoch, the newest `MAX_EPOCH_METRICS` epochs.
     pub epoch_metrics: BTreeMap<u32, EpochMetrics>,
+    /// Per metric, the best value of the epochs dropped from `epoch_metrics`,
+    /// so the success policy still compares against it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub earlier_best: BTreeMap<String, BestMetric>,
     /// The hpo-tuner stopped this trial.
     pub trial_stop: Option<TrialStopSeen>,
     /// Money spent and the capacity choice, from the cost-optimizer.
@@ -309,6 +327,25 @@ impl PlannerJobState {
             .pending
             .take()
             .filter(|pending| !admitted && pending.attempt.is_some_and(|a| a >= attempt));
+    }
+
+    /// Folds an epoch leaving the metrics window into the best values kept.
+    fn keep_best(&mut self, epoch: u32, metrics: &BTreeMap<String, f64>) {
+        for (name, &value) in metrics {
+            if !value.is_finite() {
+                continue;
+            }
+            let improves = self
+                .earlier_best
+                .get(name)
+                .map_or(self.earlier_best.len() < MAX_EARLIER_BEST, |best| {
+                    MetricGoal::for_metric(name).improves(value, best.value)
+                });
+            if improves {
+                self.earlier_best
+                    .insert(name.clone(), BestMetric { value, epoch });
+            }
+        }
     }
 
     /// Why the current attempt waits, if the allocator has said.
@@ -458,6 +495,11 @@ impl PlannerJobState {
                     at,
                 },
             );
+            while self.epoch_metrics.len() > MAX_EPOCH_METRICS {
+                if let Some((epoch, dropped)) = self.epoch_metrics.pop_first() {
+                    self.keep_best(epoch, &dropped.metrics);
+                }
+            }
             self.progress = Some(ProgressSeen {
                 attempt: report.attempt,
                 epoch: report.epoch,

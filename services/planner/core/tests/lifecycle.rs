@@ -13,8 +13,9 @@ use common::{
 };
 use planner_core::{
     CONDITION_ADMITTED, CONDITION_FAILED, CONDITION_PREEMPTED, CONDITION_RUNNING,
-    CONDITION_SUCCEEDED, CONDITION_SUSPENDED, Observation, Observed, PLACEMENT_GATE, PlannerAction,
-    PlannerCommand, PlannerConfig, PlannerJobState, RESUME_FROM_KEY, decide, observe,
+    CONDITION_SUCCEEDED, CONDITION_SUSPENDED, MAX_EPOCH_METRICS, Observation, Observed,
+    PLACEMENT_GATE, PlannerAction, PlannerCommand, PlannerConfig, PlannerJobState, RESUME_FROM_KEY,
+    decide, observe,
 };
 use trainyard_api::{
     CheckpointSpec, FailurePolicy, RestartPolicy, SuccessPolicy, TrainingJobSpec, TrainingJobState,
@@ -572,6 +573,61 @@ fn success_policy_patience_stops_training_that_no_longer_improves() {
         .unwrap_or_default();
     assert!(
         message.contains("has not improved on 0.5 (epoch 2) for 2 epochs"),
+        "{message}"
+    );
+}
+
+/// A job of many epochs keeps a bounded window of metrics in its state (the
+/// store's value limit would otherwise stop it), and the patience still counts
+/// from the best value, even once that epoch has left the window.
+#[test]
+fn a_long_job_keeps_a_bounded_metrics_window_and_patience_remembers_the_best() {
+    let mut job_spec = spec(1);
+    job_spec.success_policy = Some(SuccessPolicy {
+        target_accuracy: None,
+        early_stopping_patience: Some(MAX_EPOCH_METRICS as u32 + 10),
+        metric: Some("val_loss".into()),
+    });
+    let mut h = Harness::new(training_job("long", job_spec));
+    h.run_attempt_until_running(0);
+    h.observe(Observation::Progress(progress(
+        0,
+        0,
+        1,
+        &[("val_loss", 0.1)],
+    )));
+    let last = MAX_EPOCH_METRICS as u32 + 10;
+    for epoch in 2..=last {
+        h.observe(Observation::Progress(progress(
+            0,
+            0,
+            epoch,
+            &[("val_loss", 0.5)],
+        )));
+        h.decide();
+        assert_eq!(
+            h.state_now(),
+            Some(TrainingJobState::Running),
+            "epoch {epoch}"
+        );
+    }
+    assert_eq!(h.state.epoch_metrics.len(), MAX_EPOCH_METRICS);
+    assert!(!h.state.epoch_metrics.contains_key(&1));
+    h.observe(Observation::Progress(progress(
+        0,
+        0,
+        last + 1,
+        &[("val_loss", 0.5)],
+    )));
+    h.decide();
+    assert_eq!(h.state_now(), Some(TrainingJobState::Completed));
+    let message = h
+        .condition(CONDITION_SUCCEEDED)
+        .unwrap()
+        .message
+        .unwrap_or_default();
+    assert!(
+        message.contains("has not improved on 0.1 (epoch 1)"),
         "{message}"
     );
 }
