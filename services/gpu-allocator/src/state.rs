@@ -469,6 +469,7 @@ impl AllocatorState {
             .as_ref()
             .and_then(|s| s.state)
             .is_some_and(|s| s.is_terminal());
+        let backing_off = job.status.as_ref().is_some_and(|s| s.requeue_at.is_some());
         let record = JobRecord {
             entity: EntityRef::new(&namespace, &name, &k8s_uid),
             attempt,
@@ -480,6 +481,9 @@ impl AllocatorState {
             self.finish_attempt(&spec.uid)
         } else if suspended {
             self.suspend_attempt(&spec.uid)
+        } else if backing_off {
+            self.hold_attempt(&spec.uid);
+            Ok(())
         } else {
             let spec = self.with_chosen_capacity(&key, &k8s_uid, spec);
             self.submit(spec)
@@ -596,14 +600,33 @@ impl AllocatorState {
     /// was still waiting, the same attempt may resume, so it is withdrawn
     /// without a tombstone.
     fn suspend_attempt(&mut self, uid: &JobUid) -> Result<(), ServiceError> {
-        if self.alloc.admission(uid).is_some() || self.cpu_admitted.contains(uid.as_str()) {
+        if self.is_admitted(uid) {
             return self.finish_attempt(uid);
         }
+        self.withdraw_waiting(uid);
+        Ok(())
+    }
+
+    fn is_admitted(&self, uid: &JobUid) -> bool {
+        self.alloc.admission(uid).is_some() || self.cpu_admitted.contains(uid.as_str())
+    }
+
+    /// Takes a waiting attempt out of its queue, without a tombstone: it may queue again.
+    fn withdraw_waiting(&mut self, uid: &JobUid) {
         self.pending_status.remove(uid.as_str());
         if changed(self.alloc.withdraw(uid)) {
             self.touch();
         }
-        Ok(())
+    }
+
+    /// An attempt the planner creates only after a backoff does not queue
+    /// before then. One admitted already keeps its admission: the planner
+    /// holds it for the attempt, and taking it back would free GPUs the
+    /// attempt is about to use.
+    fn hold_attempt(&mut self, uid: &JobUid) {
+        if !self.is_admitted(uid) {
+            self.withdraw_waiting(uid);
+        }
     }
 
     /// `trainingjob.transitioned` from the planner.
@@ -639,8 +662,10 @@ impl AllocatorState {
         match transition.to {
             TrainingJobState::Completed | TrainingJobState::Failed => self.finish_attempt(&uid),
             TrainingJobState::Suspended => self.suspend_attempt(&uid),
-            TrainingJobState::Pending
-            | TrainingJobState::Queued
+            // Pending may be a backoff, which only the object says
+            // (`status.requeueAt`): its status write queues the attempt.
+            TrainingJobState::Pending => Ok(()),
+            TrainingJobState::Queued
             | TrainingJobState::Initializing
             | TrainingJobState::Running => {
                 if rec.suspended {
@@ -1129,9 +1154,15 @@ mod tests {
         assert_eq!(admitted(&state), [("a".to_string(), 0)]);
         publish_all(&mut state);
         // The planner restarts the job as attempt 1: GPUs of attempt 0 are freed
-        // and attempt 1 is admitted from the remembered spec.
+        // and attempt 1, once created and queued, is admitted from the remembered spec.
         state
             .on_transition(&entity("a"), &transition(TrainingJobState::Pending, 1))
+            .expect("transition");
+        assert_eq!(state.job("ml", "a").map(|r| r.attempt), Some(1));
+        state.cycle(Timestamp(11));
+        assert!(admitted(&state).is_empty(), "Pending may be a backoff");
+        state
+            .on_transition(&entity("a"), &transition(TrainingJobState::Queued, 1))
             .expect("transition");
         assert_eq!(state.job("ml", "a").map(|r| r.attempt), Some(1));
         state.cycle(Timestamp(11));
@@ -1187,7 +1218,7 @@ mod tests {
             assert_eq!(report.evictions_preempted, 1);
             if by_transition {
                 state
-                    .on_transition(&entity("low"), &transition(TrainingJobState::Pending, 1))
+                    .on_transition(&entity("low"), &transition(TrainingJobState::Queued, 1))
                     .expect("transition");
             } else {
                 state
@@ -1252,6 +1283,42 @@ mod tests {
             .on_transition(&entity("big"), &transition(TrainingJobState::Failed, 0))
             .expect("failed");
         assert!(!state.allocator().contains_job(&uid));
+    }
+
+    /// During a restart or pods-ready backoff (`status.requeueAt`) the next
+    /// attempt takes no GPUs; it queues once the planner creates it.
+    #[test]
+    fn an_attempt_in_its_backoff_is_not_admitted_until_it_is_created() {
+        let mut state = state();
+        state
+            .on_job_changed(&entity("big"), &job("big", 8, 0, false), Timestamp(10))
+            .expect("job");
+        state.cycle(Timestamp(10));
+        assert_eq!(admitted(&state), [("big".to_owned(), 0)]);
+        state
+            .on_transition(&entity("big"), &transition(TrainingJobState::Pending, 1))
+            .expect("restarting");
+        let mut backing_off = job("big", 8, 1, false);
+        backing_off.object.status = Some(
+            serde_json::from_value(json!({"restartCount": 1, "requeueAt": "2026-12-07T06:00:00Z"}))
+                .expect("status"),
+        );
+        state
+            .on_job_changed(&entity("big"), &backing_off, Timestamp(11))
+            .expect("backoff");
+        state.cycle(Timestamp(11));
+        let next = JobUid::for_attempt("uid-big", 1);
+        assert!(!state.allocator().contains_job(&next));
+        assert_eq!(admitted(&state), [("big".to_owned(), 0)]);
+
+        state
+            .on_job_changed(&entity("big"), &job("big", 8, 1, false), Timestamp(12))
+            .expect("created");
+        state.cycle(Timestamp(12));
+        assert_eq!(
+            admitted(&state),
+            [("big".to_owned(), 0), ("big".to_owned(), 1)]
+        );
     }
 
     #[test]

@@ -827,6 +827,13 @@ pub struct TrainingJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pods_ready_requeues: Option<u32>,
 
+    /// While the job waits out a restart or pods-ready backoff: when its next
+    /// attempt is created and queues for admission (Kueue's
+    /// `requeueState.requeueAt`). The gpu-allocator admits nothing for the job
+    /// until then, so its GPUs serve others meanwhile. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requeue_at: Option<Time>,
+
     /// Money spent and expected, from the cost-optimizer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<CostStatus>,

@@ -1339,6 +1339,12 @@ impl Context<'_> {
         status.state = Some(verdict.state);
         status.observed_generation = generation;
         status.restart_count = Some(verdict.attempt);
+        status.requeue_at = verdict.actions.iter().find_map(|action| match action {
+            PlannerAction::RecreateAfter { delay, .. } => {
+                Some(to_time(add_duration(self.now, *delay)))
+            }
+            _ => None,
+        });
 
         let now = to_time(self.now);
         let mut set = |condition_type: &str, update: &ConditionUpdate| {

@@ -237,6 +237,13 @@ fn retryable_failure_restarts_after_backoff_from_the_newest_verified_checkpoint(
     let status = h.status();
     assert_eq!(status.state, Some(TrainingJobState::Pending));
     assert_eq!(status.restart_count, Some(1));
+    let requeue_at = status
+        .requeue_at
+        .expect("the backoff's end, for the gpu-allocator");
+    assert_eq!(
+        requeue_at.0.as_second(),
+        (h.now + chrono::TimeDelta::seconds(10)).timestamp()
+    );
     let message = h
         .condition(CONDITION_RUNNING)
         .unwrap()
@@ -251,6 +258,7 @@ fn retryable_failure_restarts_after_backoff_from_the_newest_verified_checkpoint(
     let restarted = applied(&actions);
     assert_eq!(restarted.len(), 1);
     assert_eq!(restarted[0].job_name(), "bert-a1", "a retry is a fresh Job");
+    assert_eq!(h.status().requeue_at, None, "created: it queues now");
     assert!(
         restarted[0].job_suspended(),
         "the new attempt waits for re-admission"
