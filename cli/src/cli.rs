@@ -149,23 +149,57 @@ pub enum JsonOutput {
     Json,
 }
 
-/// How to reach NATS.
+/// How to reach NATS, as the operator identity of deploy/nats/auth.conf. Each
+/// flag can also be set in the environment (`TRAINYARD_NATS_URL`, ...).
 #[derive(Debug, Clone, Args)]
 pub struct NatsArgs {
-    /// The NATS server the services use.
+    /// The NATS server the services use (tls:// or nats://).
     #[arg(
         long,
         value_name = "URL",
+        env = "TRAINYARD_NATS_URL",
         default_value = "nats://127.0.0.1:4222",
         global = true
     )]
     pub nats_url: String,
-    /// NATS user (the operator identity of deploy/nats/auth.conf).
-    #[arg(long, value_name = "USER", global = true)]
+    /// NATS credentials file (JWT and seed), for servers run with accounts.
+    #[arg(long, value_name = "FILE", env = "TRAINYARD_NATS_CREDS", global = true)]
+    pub nats_creds: Option<PathBuf>,
+    /// NATS user: `operator` in deploy/nats/auth.conf.
+    #[arg(long, value_name = "USER", env = "TRAINYARD_NATS_USER", global = true)]
     pub nats_user: Option<String>,
     /// File holding the NATS user's password.
-    #[arg(long, value_name = "FILE", global = true)]
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "TRAINYARD_NATS_PASSWORD_FILE",
+        global = true
+    )]
     pub nats_password_file: Option<PathBuf>,
+    /// CA bundle the server's certificate must chain to; giving it requires TLS.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "TRAINYARD_NATS_TLS_CA",
+        global = true
+    )]
+    pub nats_tls_ca: Option<PathBuf>,
+    /// Client certificate, for servers that verify clients (with --nats-tls-key).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "TRAINYARD_NATS_TLS_CERT",
+        global = true
+    )]
+    pub nats_tls_cert: Option<PathBuf>,
+    /// The client certificate's private key.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "TRAINYARD_NATS_TLS_KEY",
+        global = true
+    )]
+    pub nats_tls_key: Option<PathBuf>,
 }
 
 /// `trainyard cost`.
@@ -188,9 +222,9 @@ pub struct CostArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_period)]
     pub since: Option<std::time::Duration>,
 
-    /// NATS server to read the cost records from, with --since.
-    #[arg(long, value_name = "URL", default_value = "nats://127.0.0.1:4222")]
-    pub nats_url: String,
+    /// Where NATS is, to read the cost records from with --since.
+    #[command(flatten)]
+    pub nats: NatsArgs,
 }
 
 /// A period such as `90s`, `30m`, `24h` or `7d`.
@@ -338,9 +372,9 @@ pub struct CompletionArgs {
 /// `trainyard notifications`.
 #[derive(Debug, Args)]
 pub struct NotificationsArgs {
-    /// The NATS server the notifier uses.
-    #[arg(long, value_name = "URL", default_value = "nats://127.0.0.1:4222")]
-    pub nats_url: String,
+    /// Where NATS is: the server the notifier uses.
+    #[command(flatten)]
+    pub nats: NatsArgs,
 
     /// Only notifications in this state.
     #[arg(long, value_enum)]

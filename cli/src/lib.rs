@@ -17,6 +17,7 @@ pub mod get;
 pub mod jsonpath;
 pub mod logs;
 pub mod manifest;
+pub mod nats;
 pub mod notifications;
 pub mod resources;
 pub mod summary;
@@ -172,7 +173,7 @@ where
                     }
                     _ => resources::Scope::AllNamespaces,
                 };
-                cost::report_since(&args.nats_url, since, &scope, args.by, args.output, out).await
+                cost::report_since(&args.nats, since, &scope, args.by, args.output, out).await
             }
             None => {
                 let (client, scope) = connect_in_scope(&args.scope, connect).await?;
@@ -181,7 +182,7 @@ where
         },
         Command::Notifications(args) => {
             notifications::list(
-                &args.nats_url,
+                &args.nats,
                 args.state.map(|s| s.as_str()),
                 args.limit,
                 args.json,
