@@ -49,6 +49,10 @@ pub enum Command {
     Explain(ExplainArgs),
     /// A TrainingJob's worker logs (rank 0 unless told), like `kubectl logs`.
     Logs(LogsArgs),
+    /// Print the commands that open a TrainingJob's TensorBoard logs (kept
+    /// under its checkpoint directory): a TensorBoard pod on the checkpoint
+    /// volume and a port-forward, or a local TensorBoard on the bucket URI.
+    Tensorboard(TensorboardArgs),
     /// Outcome counts, queueing delay, durations and GPU utilisation of TrainingJobs.
     Summary(SummaryArgs),
     /// Delete TrainingJobs, Sweeps or TrainingQueues by name.
@@ -310,6 +314,30 @@ pub struct ExplainArgs {
     /// Namespace (default: the kubeconfig context's, else "default").
     #[arg(short = 'n', long, value_name = "NAMESPACE")]
     pub namespace: Option<String>,
+}
+
+/// `trainyard tensorboard`.
+#[derive(Debug, Args)]
+pub struct TensorboardArgs {
+    /// Name of the TrainingJob.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+
+    /// Namespace (default: the kubeconfig context's, else "default").
+    #[arg(short = 'n', long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Local port forwarded to TensorBoard.
+    #[arg(long, value_name = "PORT", default_value_t = 6006)]
+    pub port: u16,
+
+    /// Image with the tensorboard command, for the pod on the checkpoint volume.
+    #[arg(
+        long,
+        value_name = "IMAGE",
+        default_value = "tensorflow/tensorflow:2.16.1"
+    )]
+    pub image: String,
 }
 
 /// `trainyard suspend` / `resume`.

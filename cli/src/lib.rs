@@ -21,6 +21,7 @@ pub mod nats;
 pub mod notifications;
 pub mod resources;
 pub mod summary;
+pub mod tensorboard;
 pub mod watch;
 
 use std::io::Write;
@@ -255,6 +256,15 @@ where
             let (client, namespace) =
                 connect_in_namespace(args.namespace.as_deref(), connect).await?;
             describe::explain(client, &namespace, &args.name, out).await
+        }
+        Command::Tensorboard(args) => {
+            let (client, namespace) =
+                connect_in_namespace(args.namespace.as_deref(), connect).await?;
+            let options = tensorboard::TensorboardOptions {
+                port: args.port,
+                image: args.image,
+            };
+            tensorboard::tensorboard(client, &namespace, &args.name, &options, out).await
         }
         Command::Logs(args) => {
             let (client, namespace) =
