@@ -222,10 +222,6 @@ impl Step {
                 collect_containers(value, &mut found);
                 found
             }
-            (Step::Union(members), value) => members
-                .iter()
-                .flat_map(|member| member.apply(root, value))
-                .collect(),
             (Step::Filter(path, test), Value::Array(items)) => items
                 .iter()
                 .filter(|item| {
