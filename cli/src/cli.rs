@@ -49,6 +49,10 @@ pub enum Command {
     Explain(ExplainArgs),
     /// A TrainingJob's worker logs (rank 0 unless told), like `kubectl logs`.
     Logs(LogsArgs),
+    /// Print the commands that open a TrainingJob's TensorBoard logs (kept
+    /// under its checkpoint directory): a TensorBoard pod on the checkpoint
+    /// volume and a port-forward, or a local TensorBoard on the bucket URI.
+    Tensorboard(TensorboardArgs),
     /// Outcome counts, queueing delay, durations and GPU utilisation of TrainingJobs.
     Summary(SummaryArgs),
     /// Delete TrainingJobs, Sweeps or TrainingQueues by name.
@@ -149,23 +153,57 @@ pub enum JsonOutput {
     Json,
 }
 
-/// How to reach NATS.
+/// How to reach NATS, as the operator identity of deploy/nats/auth.conf. Each
+/// flag can also be set in the environment (`TRAINYARD_NATS_URL`, ...).
 #[derive(Debug, Clone, Args)]
 pub struct NatsArgs {
-    /// The NATS server the services use.
+    /// The NATS server the services use (tls:// or nats://).
     #[arg(
         long,
         value_name = "URL",
+        env = "TRAINYARD_NATS_URL",
         default_value = "nats://127.0.0.1:4222",
         global = true
     )]
     pub nats_url: String,
-    /// NATS user (the operator identity of deploy/nats/auth.conf).
-    #[arg(long, value_name = "USER", global = true)]
+    /// NATS credentials file (JWT and seed), for servers run with accounts.
+    #[arg(long, value_name = "FILE", env = "TRAINYARD_NATS_CREDS", global = true)]
+    pub nats_creds: Option<PathBuf>,
+    /// NATS user: `operator` in deploy/nats/auth.conf.
+    #[arg(long, value_name = "USER", env = "TRAINYARD_NATS_USER", global = true)]
     pub nats_user: Option<String>,
     /// File holding the NATS user's password.
-    #[arg(long, value_name = "FILE", global = true)]
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "TRAINYARD_NATS_PASSWORD_FILE",
+        global = true
+    )]
     pub nats_password_file: Option<PathBuf>,
+    /// CA bundle the server's certificate must chain to; giving it requires TLS.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "TRAINYARD_NATS_TLS_CA",
+        global = true
+    )]
+    pub nats_tls_ca: Option<PathBuf>,
+    /// Client certificate, for servers that verify clients (with --nats-tls-key).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "TRAINYARD_NATS_TLS_CERT",
+        global = true
+    )]
+    pub nats_tls_cert: Option<PathBuf>,
+    /// The client certificate's private key.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "TRAINYARD_NATS_TLS_KEY",
+        global = true
+    )]
+    pub nats_tls_key: Option<PathBuf>,
 }
 
 /// `trainyard cost`.
@@ -188,9 +226,9 @@ pub struct CostArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_period)]
     pub since: Option<std::time::Duration>,
 
-    /// NATS server to read the cost records from, with --since.
-    #[arg(long, value_name = "URL", default_value = "nats://127.0.0.1:4222")]
-    pub nats_url: String,
+    /// Where NATS is, to read the cost records from with --since.
+    #[command(flatten)]
+    pub nats: NatsArgs,
 }
 
 /// A period such as `90s`, `30m`, `24h` or `7d`.
@@ -278,6 +316,30 @@ pub struct ExplainArgs {
     pub namespace: Option<String>,
 }
 
+/// `trainyard tensorboard`.
+#[derive(Debug, Args)]
+pub struct TensorboardArgs {
+    /// Name of the TrainingJob.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+
+    /// Namespace (default: the kubeconfig context's, else "default").
+    #[arg(short = 'n', long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Local port forwarded to TensorBoard.
+    #[arg(long, value_name = "PORT", default_value_t = 6006)]
+    pub port: u16,
+
+    /// Image with the tensorboard command, for the pod on the checkpoint volume.
+    #[arg(
+        long,
+        value_name = "IMAGE",
+        default_value = "tensorflow/tensorflow:2.16.1"
+    )]
+    pub image: String,
+}
+
 /// `trainyard suspend` / `resume`.
 #[derive(Debug, Args)]
 pub struct JobNamesArgs {
@@ -338,9 +400,9 @@ pub struct CompletionArgs {
 /// `trainyard notifications`.
 #[derive(Debug, Args)]
 pub struct NotificationsArgs {
-    /// The NATS server the notifier uses.
-    #[arg(long, value_name = "URL", default_value = "nats://127.0.0.1:4222")]
-    pub nats_url: String,
+    /// Where NATS is: the server the notifier uses.
+    #[command(flatten)]
+    pub nats: NatsArgs,
 
     /// Only notifications in this state.
     #[arg(long, value_enum)]

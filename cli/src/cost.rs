@@ -19,7 +19,7 @@ use kube::{Client, ResourceExt};
 use serde::Serialize;
 use trainyard_api::{TrainingJob, TrainingQueue};
 
-use crate::cli::{CostBy, CostFormat};
+use crate::cli::{CostBy, CostFormat, NatsArgs};
 use crate::error::CliError;
 use crate::format::table;
 use crate::resources::Scope;
@@ -259,15 +259,14 @@ pub fn period_rows(
     groups.into_values().map(|(row, _)| row).collect()
 }
 
-/// Every `cost.recorded` message the decisions stream on `nats_url` keeps,
-/// read with an ephemeral consumer that acknowledges nothing.
-async fn cost_records(nats_url: &str) -> Result<Vec<(EntityRef, CostRecorded)>, CliError> {
+/// Every `cost.recorded` message the decisions stream keeps, read with an
+/// ephemeral consumer that acknowledges nothing.
+async fn cost_records(nats_args: &NatsArgs) -> Result<Vec<(EntityRef, CostRecorded)>, CliError> {
+    let nats_url = &nats_args.nats_url;
     let nats = |what: &str, err: &dyn std::fmt::Display| {
-        CliError::Usage(format!("{what} on {nats_url}: {err}"))
+        CliError::Nats(format!("{what} on {nats_url}: {err}"))
     };
-    let client = async_nats::connect(nats_url)
-        .await
-        .map_err(|e| nats("cannot connect to NATS", &e))?;
+    let client = crate::nats::connect(nats_args).await?;
     let jetstream = async_nats::jetstream::new(client);
     let stream = jetstream
         .get_stream(streams::DECISIONS.name)
@@ -316,7 +315,7 @@ async fn cost_records(nats_url: &str) -> Result<Vec<(EntityRef, CostRecorded)>, 
 
 /// Prints what was spent in the last `since`, from the cost records in NATS.
 pub async fn report_since(
-    nats_url: &str,
+    nats: &NatsArgs,
     since: Duration,
     scope: &Scope,
     by: CostBy,
@@ -326,7 +325,7 @@ pub async fn report_since(
     let since = chrono::Duration::from_std(since)
         .map_err(|_| CliError::Usage("--since is too long".to_owned()))?;
     let from = Utc::now() - since;
-    let records = cost_records(nats_url).await?;
+    let records = cost_records(nats).await?;
     out.write_all(render(&period_rows(&records, by, scope, from), by, false, format)?.as_bytes())?;
     Ok(())
 }

@@ -42,29 +42,9 @@ fn nats_error(what: &str, url: &str, err: &dyn std::fmt::Display) -> CliError {
     CliError::Nats(format!("{what} on {url}: {err}"))
 }
 
-/// Connects as the operator (or anonymously, where NATS has no users).
-pub async fn connect(args: &NatsArgs) -> Result<jetstream::Context, CliError> {
-    let mut options = async_nats::ConnectOptions::new().name("trainyard-cli");
-    match (&args.nats_user, &args.nats_password_file) {
-        (Some(user), Some(path)) => {
-            let password = std::fs::read_to_string(path).map_err(|source| CliError::Read {
-                path: path.clone(),
-                source,
-            })?;
-            options = options.user_and_password(user.clone(), password.trim_end().to_string());
-        }
-        (None, None) => {}
-        _ => {
-            return Err(CliError::Usage(
-                "--nats-user and --nats-password-file go together: give both or neither".into(),
-            ));
-        }
-    }
-    let client = options
-        .connect(args.nats_url.as_str())
-        .await
-        .map_err(|e| nats_error("cannot connect to NATS", &args.nats_url, &e))?;
-    Ok(jetstream::new(client))
+/// JetStream as the operator (or anonymously, where NATS has no users).
+async fn connect(args: &NatsArgs) -> Result<jetstream::Context, CliError> {
+    crate::nats::connect(args).await.map(jetstream::new)
 }
 
 async fn dead_letter_stream(

@@ -1,13 +1,21 @@
 //! `-o jsonpath=<template>`: kubectl's JSONPath templates, the subset scripts use.
 //!
 //! A template is literal text with actions in braces: a path (`{.metadata.name}`,
-//! `{.items[*].status.state}`, `{.spec.args[0]}`, `{.items[-1:]}`, `{.metadata.labels['app.kubernetes.io/name']}`,
+//! `{.items[*].status.state}`, `{.spec.args[0]}`, `{.items[-1:]}`, `{.spec.args[0:4:2]}`,
+//! `{.metadata.labels['app.kubernetes.io/name']}`, recursive descent `{..name}`,
+//! unions `{.spec.args[0,2]}` and `{.metadata['name','namespace']}`,
 //! `{.status.conditions[?(@.type=="Admitted")].reason}`), a quoted string with the
 //! escapes `\n`, `\t`, `\\` and `\"` (`{"\n"}`), and `{range <path>}...{end}`,
 //! whose body is read once per item with paths relative to the item. As in kubectl,
 //! a path that finds nothing prints nothing, several results are separated by a
 //! space, strings print bare, other values as compact JSON, and nothing is added at
-//! the end (end a template with `{"\n"}` for a newline).
+//! the end (end a template with `{"\n"}` for a newline). `..` finds the value and
+//! every object and array inside it, depth first, before the step after it; a
+//! union gives all the results of its first member, then all of its second.
+//!
+//! Two choices differ from kubectl for the sake of label keys: a quoted key is one
+//! key even with dots in it (kubectl reads `['a.b']` as `.a.b`; `\.` is accepted in
+//! both places), and an index past the end finds nothing instead of failing.
 //!
 //! The JSONPath crates implement RFC 9535 expressions, not kubectl's templates (text,
 //! braces, `range`/`end`), and the paths scripts use are few, so the parser is here.
@@ -16,20 +24,22 @@ use std::fmt;
 
 use serde_json::Value;
 
-/// A template that does not parse: what is wrong, and where.
+/// A template that does not parse: what is wrong, where, and in which action.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TemplateError {
     /// 1-based character position in the template.
     pub position: usize,
     pub message: String,
+    /// The action (`{...}`) the error is in, as written, up to its `}` if it has one.
+    pub expression: String,
 }
 
 impl fmt::Display for TemplateError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "jsonpath template: {} at position {}",
-            self.message, self.position
+            "jsonpath template: {} at position {}, in {}",
+            self.message, self.position, self.expression
         )
     }
 }
@@ -71,8 +81,13 @@ enum Step {
     All,
     /// `[N]`, negative from the end.
     Index(i64),
-    /// `[start:end]`, either side optional, negative from the end.
-    Slice(Option<i64>, Option<i64>),
+    /// `[start:end]` or `[start:end:step]`, bounds optional and negative from the
+    /// end, the step positive.
+    Slice(Option<i64>, Option<i64>, usize),
+    /// `..`: the value and every object and array inside it, depth first.
+    Descendants,
+    /// `[a,b]`: every result of each member in turn (fields, indexes or slices).
+    Union(Vec<Step>),
     /// `[?(@.path)]` or `[?(@.path <op> literal)]`.
     Filter(Box<Path>, Option<(Comparison, Value)>),
 }
@@ -91,7 +106,11 @@ impl Template {
     /// Parses `source` (the part after `jsonpath=`).
     pub fn parse(source: &str) -> Result<Self, TemplateError> {
         let chars: Vec<char> = source.chars().collect();
-        let mut parser = Parser { chars, at: 0 };
+        let mut parser = Parser {
+            chars,
+            at: 0,
+            action: 0,
+        };
         let nodes = parser.nodes(None)?;
         Ok(Template {
             source: source.to_owned(),
@@ -153,10 +172,17 @@ impl Path {
             Start::Current => current,
         }];
         for step in &self.steps {
-            found = found
-                .into_iter()
-                .flat_map(|value| step.apply(root, value))
-                .collect();
+            found = match step {
+                // As in kubectl, each member reads all the values found so far.
+                Step::Union(members) => members
+                    .iter()
+                    .flat_map(|member| found.iter().flat_map(|value| member.apply(root, value)))
+                    .collect(),
+                step => found
+                    .into_iter()
+                    .flat_map(|value| step.apply(root, value))
+                    .collect(),
+            };
         }
         found
     }
@@ -179,7 +205,7 @@ impl Step {
                 .and_then(|at| items.get(at))
                 .into_iter()
                 .collect(),
-            (Step::Slice(start, end), Value::Array(items)) => {
+            (Step::Slice(start, end, step), Value::Array(items)) => {
                 let len = items.len();
                 let clamp = |bound: i64| resolve(bound, len).unwrap_or(0).min(len);
                 let from = start.map_or(0, clamp);
@@ -188,7 +214,13 @@ impl Step {
                     .get(from..to.max(from))
                     .unwrap_or_default()
                     .iter()
+                    .step_by(*step)
                     .collect()
+            }
+            (Step::Descendants, value) => {
+                let mut found = Vec::new();
+                collect_containers(value, &mut found);
+                found
             }
             (Step::Filter(path, test), Value::Array(items)) => items
                 .iter()
@@ -204,6 +236,19 @@ impl Step {
                 .collect(),
             _ => Vec::new(),
         }
+    }
+}
+
+/// `value` and every object and array inside it, each before what it holds.
+fn collect_containers<'a>(value: &'a Value, found: &mut Vec<&'a Value>) {
+    let children: Box<dyn Iterator<Item = &'a Value>> = match value {
+        Value::Object(map) => Box::new(map.values()),
+        Value::Array(items) => Box::new(items.iter()),
+        _ => return,
+    };
+    found.push(value);
+    for child in children {
+        collect_containers(child, found);
     }
 }
 
@@ -232,13 +277,29 @@ struct Parser {
     chars: Vec<char>,
     /// Index of the next character.
     at: usize,
+    /// Index of the `{` opening the action being read.
+    action: usize,
 }
 
 impl Parser {
     fn error(&self, at: usize, message: impl Into<String>) -> TemplateError {
+        let from = self.action.min(at);
+        let to = self
+            .chars
+            .iter()
+            .enumerate()
+            .skip(at.max(from))
+            .find(|(_, c)| **c == '}')
+            .map_or(self.chars.len(), |(close, _)| close + 1);
         TemplateError {
             position: at + 1,
             message: message.into(),
+            expression: self
+                .chars
+                .get(from..to)
+                .unwrap_or_default()
+                .iter()
+                .collect(),
         }
     }
 
@@ -282,6 +343,7 @@ impl Parser {
                 nodes.push(Node::Text(std::mem::take(&mut text)));
             }
             let open = self.at;
+            self.action = open;
             self.at += 1;
             self.skip_spaces();
             if self.starts_with("end") && self.closes_after(3) {
@@ -323,7 +385,10 @@ impl Parser {
             nodes.push(Node::Text(text));
         }
         match range {
-            Some(open) => Err(self.error(open, "{range ...} without its {end}")),
+            Some(open) => {
+                self.action = open;
+                Err(self.error(open, "{range ...} without its {end}"))
+            }
             None => Ok(nodes),
         }
     }
@@ -379,11 +444,12 @@ impl Parser {
                 'n' => '\n',
                 't' => '\t',
                 'r' => '\r',
-                '\\' | '"' | '\'' => escaped,
+                // `\.` as in kubectl's `['app\.kubernetes\.io/name']`.
+                '\\' | '"' | '\'' | '.' => escaped,
                 other => {
                     return Err(self.error(
                         escape_at,
-                        format!("unknown escape \\{other}: use \\n, \\t, \\r, \\\\ or \\\""),
+                        format!("unknown escape \\{other}: use \\n, \\t, \\r, \\\\, \\\" or \\."),
                     ));
                 }
             });
@@ -404,16 +470,30 @@ impl Parser {
             match self.peek() {
                 Some('.') => {
                     self.at += 1;
-                    if self.peek() == Some('.') {
-                        return Err(
-                            self.error(self.at - 1, "recursive descent (..) is not supported")
-                        );
+                    if self.eat('.') {
+                        steps.push(Step::Descendants);
+                        if self.peek() == Some('[') {
+                            continue;
+                        }
+                        if self.eat('*') {
+                            steps.push(Step::All);
+                            continue;
+                        }
+                        let name = self.field_name()?;
+                        if name.is_empty() {
+                            return Err(self.error(
+                                self.at,
+                                "expected a field name, * or [...] after .., e.g. {..name}",
+                            ));
+                        }
+                        steps.push(Step::Field(name));
+                        continue;
                     }
                     if self.eat('*') {
                         steps.push(Step::All);
                         continue;
                     }
-                    let name = self.field_name();
+                    let name = self.field_name()?;
                     if name.is_empty() {
                         // `{.}`: the current item itself.
                         if steps.is_empty() && self.at == begin + 1 {
@@ -439,21 +519,30 @@ impl Parser {
         Ok(Path { start, steps })
     }
 
-    /// Characters of a field name: anything but the path's own punctuation.
-    fn field_name(&mut self) -> String {
+    /// Characters of a field name: anything but the path's own punctuation, which a
+    /// backslash makes part of the name (`.app\.kubernetes\.io/name`).
+    fn field_name(&mut self) -> Result<String, TemplateError> {
         let mut name = String::new();
         while let Some(c) = self.peek() {
             if matches!(
                 c,
-                '.' | '[' | ']' | '{' | '}' | '(' | ')' | '=' | '!' | '<' | '>'
+                '.' | ',' | '[' | ']' | '{' | '}' | '(' | ')' | '=' | '!' | '<' | '>'
             ) || c.is_whitespace()
             {
                 break;
             }
-            name.push(c);
             self.at += 1;
+            if c == '\\' {
+                let Some(escaped) = self.peek() else {
+                    return Err(self.error(self.at - 1, "\\ at the end of a field name"));
+                };
+                name.push(escaped);
+                self.at += 1;
+                continue;
+            }
+            name.push(c);
         }
-        name
+        Ok(name)
     }
 
     /// `[...]` at the cursor.
@@ -466,28 +555,21 @@ impl Parser {
                 self.at += 1;
                 Step::All
             }
-            Some('"' | '\'') => Step::Field(self.string()?),
             Some('?') => {
                 self.at += 1;
                 self.filter()?
             }
             _ => {
-                let start = self.integer()?;
+                let mut members = vec![self.union_member()?];
                 self.skip_spaces();
-                if self.eat(':') {
+                while self.eat(',') {
                     self.skip_spaces();
-                    let end = self.integer()?;
-                    Step::Slice(start, end)
-                } else {
-                    match start {
-                        Some(index) => Step::Index(index),
-                        None => {
-                            return Err(self.error(
-                                self.at,
-                                "expected *, an index, a slice, a quoted key or ?(...) in [ ]",
-                            ));
-                        }
-                    }
+                    members.push(self.union_member()?);
+                    self.skip_spaces();
+                }
+                match <[Step; 1]>::try_from(members) {
+                    Ok([step]) => step,
+                    Err(members) => Step::Union(members),
                 }
             }
         };
@@ -499,6 +581,41 @@ impl Parser {
             });
         }
         Ok(step)
+    }
+
+    /// A quoted key, an index or a slice: what `[ ]` holds alone or between commas.
+    fn union_member(&mut self) -> Result<Step, TemplateError> {
+        if matches!(self.peek(), Some('"' | '\'')) {
+            return self.string().map(Step::Field);
+        }
+        let begin = self.at;
+        let start = self.integer()?;
+        self.skip_spaces();
+        if !self.eat(':') {
+            return start.map(Step::Index).ok_or_else(|| {
+                self.error(
+                    begin,
+                    "expected *, an index, a slice, a quoted key or ?(...) in [ ]",
+                )
+            });
+        }
+        self.skip_spaces();
+        let end = self.integer()?;
+        self.skip_spaces();
+        let mut step = 1;
+        if self.eat(':') {
+            self.skip_spaces();
+            let step_at = self.at;
+            if let Some(given) = self.integer()? {
+                step = usize::try_from(given)
+                    .ok()
+                    .filter(|step| *step > 0)
+                    .ok_or_else(|| {
+                        self.error(step_at, format!("slice step {given} must be 1 or more"))
+                    })?;
+            }
+        }
+        Ok(Step::Slice(start, end, step))
     }
 
     /// An optional integer at the cursor.
@@ -702,46 +819,151 @@ mod tests {
     }
 
     #[test]
-    fn a_bad_template_names_what_is_wrong_and_where() {
+    fn recursive_descent_finds_the_field_at_every_depth() {
+        let document = json!({
+            "kind": "List",
+            "items": [
+                {"metadata": {"name": "bert"}, "status": {"addresses": [{"name": "a0"}]}},
+                {"metadata": {"name": "gpt"}}
+            ],
+            "users": [{"name": "myself", "user": {}}, {"name": "e2e"}]
+        });
+        assert_eq!(
+            render("{..name}", &document),
+            "bert a0 gpt myself e2e",
+            "depth first, each object before what it holds"
+        );
+        assert_eq!(render("{.users..name}", &document), "myself e2e");
+        assert_eq!(render("{$..metadata.name}", &document), "bert gpt");
+        assert_eq!(render("{..['name']}", &document), "bert a0 gpt myself e2e");
+        assert_eq!(render("{..addresses[0].name}", &document), "a0");
+        assert_eq!(render("{.users[1]..*}", &document), "e2e");
+        assert_eq!(
+            render("{.items[?(@..name==\"a0\")].metadata.name}", &document),
+            "bert",
+            "a filter may look at every depth of the item"
+        );
+        assert_eq!(
+            render("{range ..metadata}{.name};{end}", &document),
+            "bert;gpt;"
+        );
+        assert_eq!(render("{..missing}", &document), "");
+    }
+
+    #[test]
+    fn unions_give_each_members_results_in_turn() {
+        let bert = job("bert", "Running");
+        assert_eq!(render("{.spec.args[0,2]}", &bert), "--a --c");
+        assert_eq!(render("{.spec.args[2, 0]}", &bert), "--c --a");
+        assert_eq!(render("{.spec.args[-1,0:2]}", &bert), "--c --a --b");
+        assert_eq!(render("{.spec.args[0:3:2]}", &bert), "--a --c");
+        assert_eq!(render("{.spec.args[::2]}", &bert), "--a --c");
+        assert_eq!(
+            render("{.metadata['name','labels']}", &bert),
+            r#"bert {"app.kubernetes.io/name":"bert"}"#
+        );
+        assert_eq!(
+            render(r#"{.status["state", "missing"]}"#, &bert),
+            "Running",
+            "a member that finds nothing adds nothing"
+        );
+        // As in kubectl: all of the first member's results, then all of the second's.
+        assert_eq!(
+            render("{.items[*].metadata['name','labels']}", &list()),
+            r#"bert gpt {"app.kubernetes.io/name":"bert"} {"app.kubernetes.io/name":"bert"}"#
+        );
+        assert_eq!(
+            render("{.items[*].status.conditions[0,1].reason}", &list()),
+            "Admitted Admitted Queued Queued"
+        );
+        assert_eq!(
+            render("{range .items[*]}{.spec.args[0,-1]};{end}", &list()),
+            "--a --c;--a --c;"
+        );
+    }
+
+    #[test]
+    fn escaped_dots_belong_to_the_key() {
+        let bert = job("bert", "Running");
+        assert_eq!(
+            render(r"{.metadata.labels.app\.kubernetes\.io/name}", &bert),
+            "bert"
+        );
+        assert_eq!(
+            render(r"{.metadata.labels['app\.kubernetes\.io/name']}", &bert),
+            "bert"
+        );
+    }
+
+    #[test]
+    fn a_bad_template_names_what_is_wrong_where_and_the_action() {
         assert_eq!(
             error("{.metadata.name"),
-            "jsonpath template: { is never closed at position 1"
+            "jsonpath template: { is never closed at position 1, in {.metadata.name"
         );
         assert_eq!(
             error("a {range .items[*]}{.x}"),
-            "jsonpath template: {range ...} without its {end} at position 3"
+            "jsonpath template: {range ...} without its {end} at position 3, in {range .items[*]}"
         );
         assert_eq!(
             error("{.a}{end}"),
-            "jsonpath template: {end} without a {range ...} before it at position 5"
+            "jsonpath template: {end} without a {range ...} before it at position 5, in {end}"
         );
         assert_eq!(
             error("{}"),
-            "jsonpath template: empty {}: put a path in it, e.g. {.metadata.name} at position 1"
+            "jsonpath template: empty {}: put a path in it, e.g. {.metadata.name} at position 1, in {}"
         );
         assert_eq!(
-            error("{.items[x]}"),
-            "jsonpath template: expected *, an index, a slice, a quoted key or ?(...) in [ ] at position 9"
+            error("x {.items[x]} y"),
+            "jsonpath template: expected *, an index, a slice, a quoted key or ?(...) in [ ] at position 11, in {.items[x]}"
         );
         assert_eq!(
             error("{.items[0}"),
-            "jsonpath template: unexpected '}', expected ] at position 10"
+            "jsonpath template: unexpected '}', expected ] at position 10, in {.items[0}"
         );
         assert_eq!(
             error(r#"{"\q"}"#),
-            "jsonpath template: unknown escape \\q: use \\n, \\t, \\r, \\\\ or \\\" at position 3"
-        );
-        assert_eq!(
-            error("{..name}"),
-            "jsonpath template: recursive descent (..) is not supported at position 2"
+            "jsonpath template: unknown escape \\q: use \\n, \\t, \\r, \\\\, \\\" or \\. at position 3, in {\"\\q\"}"
         );
         assert_eq!(
             error("{metadata}"),
-            "jsonpath template: expected a path such as .metadata.name, found 'm' at position 2"
+            "jsonpath template: expected a path such as .metadata.name, found 'm' at position 2, in {metadata}"
         );
         assert_eq!(
             error("{.a b}"),
-            "jsonpath template: unexpected 'b', expected } at position 5"
+            "jsonpath template: unexpected 'b', expected } at position 5, in {.a b}"
+        );
+    }
+
+    #[test]
+    fn a_bad_descent_or_union_names_its_expression() {
+        assert_eq!(
+            error("{.metadata.name} {..}"),
+            "jsonpath template: expected a field name, * or [...] after .., e.g. {..name} at position 21, in {..}"
+        );
+        assert_eq!(
+            error("{...name}"),
+            "jsonpath template: expected a field name, * or [...] after .., e.g. {..name} at position 4, in {...name}"
+        );
+        assert_eq!(
+            error("{.spec.args[0,]}"),
+            "jsonpath template: expected *, an index, a slice, a quoted key or ?(...) in [ ] at position 15, in {.spec.args[0,]}"
+        );
+        assert_eq!(
+            error("{.spec.args[0,*]}"),
+            "jsonpath template: expected *, an index, a slice, a quoted key or ?(...) in [ ] at position 15, in {.spec.args[0,*]}"
+        );
+        assert_eq!(
+            error("{.metadata['name' 'labels']}"),
+            "jsonpath template: unexpected '\\'', expected ] at position 19, in {.metadata['name' 'labels']}"
+        );
+        assert_eq!(
+            error("{.spec.args[0:2:0]}"),
+            "jsonpath template: slice step 0 must be 1 or more at position 17, in {.spec.args[0:2:0]}"
+        );
+        assert_eq!(
+            error("{.spec.args[0, 'a}"),
+            "jsonpath template: string is never closed at position 16, in {.spec.args[0, 'a}"
         );
     }
 }

@@ -17,9 +17,11 @@ pub mod get;
 pub mod jsonpath;
 pub mod logs;
 pub mod manifest;
+pub mod nats;
 pub mod notifications;
 pub mod resources;
 pub mod summary;
+pub mod tensorboard;
 pub mod watch;
 
 use std::io::Write;
@@ -172,7 +174,7 @@ where
                     }
                     _ => resources::Scope::AllNamespaces,
                 };
-                cost::report_since(&args.nats_url, since, &scope, args.by, args.output, out).await
+                cost::report_since(&args.nats, since, &scope, args.by, args.output, out).await
             }
             None => {
                 let (client, scope) = connect_in_scope(&args.scope, connect).await?;
@@ -181,7 +183,7 @@ where
         },
         Command::Notifications(args) => {
             notifications::list(
-                &args.nats_url,
+                &args.nats,
                 args.state.map(|s| s.as_str()),
                 args.limit,
                 args.json,
@@ -254,6 +256,15 @@ where
             let (client, namespace) =
                 connect_in_namespace(args.namespace.as_deref(), connect).await?;
             describe::explain(client, &namespace, &args.name, out).await
+        }
+        Command::Tensorboard(args) => {
+            let (client, namespace) =
+                connect_in_namespace(args.namespace.as_deref(), connect).await?;
+            let options = tensorboard::TensorboardOptions {
+                port: args.port,
+                image: args.image,
+            };
+            tensorboard::tensorboard(client, &namespace, &args.name, &options, out).await
         }
         Command::Logs(args) => {
             let (client, namespace) =

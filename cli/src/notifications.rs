@@ -8,6 +8,7 @@ use futures::StreamExt;
 use trainyard_contracts::Bucket;
 use trainyard_contracts::notifications::DeliveryStatus;
 
+use crate::cli::NatsArgs;
 use crate::error::CliError;
 use crate::format::{human_duration, table};
 
@@ -62,20 +63,19 @@ pub fn rows(
     table(&rows)
 }
 
-/// Reads every delivery status from the bucket on `nats_url` and prints them.
+/// Reads every delivery status from the notifier's bucket and prints them.
 pub async fn list(
-    nats_url: &str,
+    nats_args: &NatsArgs,
     state: Option<&str>,
     limit: usize,
     json: bool,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
+    let nats_url = &nats_args.nats_url;
     let nats = |what: &str, err: &dyn std::fmt::Display| {
-        CliError::Usage(format!("{what} on {nats_url}: {err}"))
+        CliError::Nats(format!("{what} on {nats_url}: {err}"))
     };
-    let client = async_nats::connect(nats_url)
-        .await
-        .map_err(|e| nats("cannot connect to NATS", &e))?;
+    let client = crate::nats::connect(nats_args).await?;
     let js = async_nats::jetstream::new(client);
     let store = js
         .get_key_value(Bucket::Notifications.name())

@@ -969,3 +969,44 @@ async fn cost_reports_what_the_jobs_status_says_they_cost() {
     assert_eq!(mnist["accrued"], json!(3.25));
     assert_eq!(mnist["gpuHours"], json!(2.0));
 }
+
+#[tokio::test]
+async fn tensorboard_prints_how_to_open_a_jobs_logs_and_says_why_a_job_has_none() {
+    let client = applied_examples(vec![]).await;
+    let (out, _, result) = trainyard(
+        &client,
+        &[
+            "tensorboard",
+            "advanced-training",
+            "-n",
+            "ml-training",
+            "--port",
+            "7007",
+        ],
+    )
+    .await;
+    result.expect("tensorboard");
+    assert!(
+        out.ends_with(
+            "tensorboard --logdir s3://ml-checkpoints/ml-training/advanced-training/tensorboard --port 7007\n"
+        ),
+        "logs in the job's checkpoint bucket: {out}"
+    );
+
+    let (_, _, result) = trainyard(
+        &client,
+        &["tensorboard", "mnist-training", "-n", "ml-training"],
+    )
+    .await;
+    let error = result.expect_err("no TensorBoard logs");
+    assert_eq!(error.exit_code(), 2, "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("set spec.monitoring.tensorboardEnabled: true"),
+        "{error}"
+    );
+
+    let (_, _, result) = trainyard(&client, &["tensorboard", "nowhere", "-n", "ml-training"]).await;
+    assert_eq!(result.expect_err("missing").exit_code(), 3);
+}

@@ -22,6 +22,7 @@ def test_the_planners_variables_are_read() -> None:
             "RESUME_FROM": "/checkpoints/checkpoint-epoch-4",
             "MLFLOW_TRACKING_URI": "http://mlflow:5000",
             "MLFLOW_RUN_ID": "abc123",
+            "TENSORBOARD_LOG_DIR": "/checkpoints/tensorboard",
             "HP_WEIGHT_DECAY": "0.01",
         }
     )
@@ -37,6 +38,7 @@ def test_the_planners_variables_are_read() -> None:
     assert (env.checkpoint_dir, env.checkpoint_frequency) == ("/checkpoints", 2)
     assert env.resume_from == "/checkpoints/checkpoint-epoch-4"
     assert (env.mlflow_tracking_uri, env.mlflow_run_id) == ("http://mlflow:5000", "abc123")
+    assert env.tensorboard_log_dir == "/checkpoints/tensorboard"
     assert env.hyperparameters == {"weight_decay": "0.01"}
 
 
@@ -45,6 +47,7 @@ def test_outside_trainyard_the_defaults_reach_a_local_nats() -> None:
     assert (env.namespace, env.job, env.worker_index, env.is_chief) == ("default", "local", 0, True)
     assert env.nats_url == "nats://127.0.0.1:4222"
     assert env.resume_from is None and env.epochs is None
+    assert env.tensorboard_log_dir is None
 
 
 def test_a_malformed_number_names_the_variable() -> None:

@@ -71,6 +71,16 @@ pub struct ManagerConfig {
     pub mlflow_timeout_seconds: u64,
     /// Attempts per MLflow request (with backoff) before the message is handled again.
     pub mlflow_max_attempts: u32,
+    /// File holding a token sent as `Authorization: Bearer` (a hosted MLflow's
+    /// access token, what MLflow's clients take from `MLFLOW_TRACKING_TOKEN`).
+    pub mlflow_token_file: Option<String>,
+    /// User for HTTP basic auth (`MLFLOW_TRACKING_USERNAME`), with `mlflow_password_file`.
+    pub mlflow_username: Option<String>,
+    /// File holding the basic-auth password (`MLFLOW_TRACKING_PASSWORD`).
+    pub mlflow_password_file: Option<String>,
+    /// CA bundle an https tracking server's certificate must chain to; the
+    /// system's roots when unset.
+    pub mlflow_tls_ca_file: Option<String>,
     /// A Running job is overdue after max(3 x its advised interval, this)
     /// seconds without a verified checkpoint.
     pub overdue_floor_seconds: u64,
@@ -91,6 +101,10 @@ impl Default for ManagerConfig {
             model_alias: DEFAULT_MODEL_ALIAS.to_string(),
             mlflow_timeout_seconds: 10,
             mlflow_max_attempts: 5,
+            mlflow_token_file: None,
+            mlflow_username: None,
+            mlflow_password_file: None,
+            mlflow_tls_ca_file: None,
             overdue_floor_seconds: 1800,
             overdue_check_seconds: 60,
         }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use checkpoint_manager_core::registration;
 use tokio_util::sync::CancellationToken;
-use trainyard_mlflow::{MlflowClient, MlflowError, RetryPolicy};
+use trainyard_mlflow::{MlflowAccess, MlflowClient, MlflowError, RetryPolicy};
 
 use crate::ManagerConfig;
 use crate::error::CheckpointError;
@@ -46,8 +46,15 @@ impl Registry {
                 "checkpoint_manager.model_name_template is empty; set it, e.g. \"{namespace}-{name}\"".into(),
             ));
         }
-        let client = MlflowClient::new(
+        let access = MlflowAccess {
+            token_file: config.mlflow_token_file.as_ref().map(Into::into),
+            username: config.mlflow_username.clone(),
+            password_file: config.mlflow_password_file.as_ref().map(Into::into),
+            tls_ca_file: config.mlflow_tls_ca_file.as_ref().map(Into::into),
+        };
+        let client = MlflowClient::with_access(
             uri,
+            &access,
             Duration::from_secs(config.mlflow_timeout_seconds.max(1)),
             RetryPolicy {
                 max_attempts: config.mlflow_max_attempts.max(1),
@@ -55,8 +62,14 @@ impl Registry {
             },
             shutdown,
         )
-        .map_err(|err| {
-            CheckpointError::Config(format!("checkpoint_manager.mlflow_tracking_uri: {err}"))
+        .map_err(|err| match err {
+            // Its message starts with the key.
+            MlflowError::Access { .. } => {
+                CheckpointError::Config(format!("checkpoint_manager.{err}"))
+            }
+            err => {
+                CheckpointError::Config(format!("checkpoint_manager.mlflow_tracking_uri: {err}"))
+            }
         })?;
         let alias = Some(config.model_alias.trim().to_string()).filter(|a| !a.is_empty());
         Ok(Some(Self {

@@ -41,6 +41,16 @@ pub struct TunerConfig {
     pub mlflow_track_standalone_jobs: bool,
     /// Experiment of standalone jobs' runs; `{namespace}` is replaced by the job's namespace.
     pub mlflow_standalone_experiment: String,
+    /// File holding a token sent as `Authorization: Bearer` (a hosted MLflow's
+    /// access token, what MLflow's clients take from `MLFLOW_TRACKING_TOKEN`).
+    pub mlflow_token_file: Option<String>,
+    /// User for HTTP basic auth (`MLFLOW_TRACKING_USERNAME`), with `mlflow_password_file`.
+    pub mlflow_username: Option<String>,
+    /// File holding the basic-auth password (`MLFLOW_TRACKING_PASSWORD`).
+    pub mlflow_password_file: Option<String>,
+    /// CA bundle an https tracking server's certificate must chain to; the
+    /// system's roots when unset.
+    pub mlflow_tls_ca_file: Option<String>,
 }
 
 impl Default for TunerConfig {
@@ -52,6 +62,10 @@ impl Default for TunerConfig {
             mlflow_queue_capacity: 10_000,
             mlflow_track_standalone_jobs: true,
             mlflow_standalone_experiment: tracking::DEFAULT_STANDALONE_EXPERIMENT.to_string(),
+            mlflow_token_file: None,
+            mlflow_username: None,
+            mlflow_password_file: None,
+            mlflow_tls_ca_file: None,
         }
     }
 }
@@ -63,6 +77,38 @@ impl TunerConfig {
             .as_deref()
             .map(str::trim)
             .filter(|uri| !uri.is_empty())
+    }
+
+    /// The client of the tracking server at `uri`, with the configured
+    /// credentials and CA; an error names the key to fix.
+    pub fn mlflow_client(
+        &self,
+        uri: &str,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Result<trainyard_mlflow::MlflowClient, TunerError> {
+        let access = trainyard_mlflow::MlflowAccess {
+            token_file: self.mlflow_token_file.as_ref().map(Into::into),
+            username: self.mlflow_username.clone(),
+            password_file: self.mlflow_password_file.as_ref().map(Into::into),
+            tls_ca_file: self.mlflow_tls_ca_file.as_ref().map(Into::into),
+        };
+        trainyard_mlflow::MlflowClient::with_access(
+            uri,
+            &access,
+            Duration::from_secs(self.mlflow_timeout_seconds.max(1)),
+            trainyard_mlflow::RetryPolicy {
+                max_attempts: self.mlflow_max_attempts.max(1),
+                ..trainyard_mlflow::RetryPolicy::default()
+            },
+            shutdown,
+        )
+        .map_err(|err| match err {
+            // Its message starts with the key.
+            trainyard_mlflow::MlflowError::Access { .. } => {
+                TunerError::Config(format!("hpo_tuner.{err}"))
+            }
+            err => TunerError::Config(format!("hpo_tuner.mlflow_tracking_uri: {err}")),
+        })
     }
 
     /// The experiment template for standalone jobs when they are tracked:
@@ -100,16 +146,7 @@ pub async fn start(runtime: &Runtime, config: TunerConfig) -> Result<Arc<Tuner>,
     let tracker = match config.tracking_uri() {
         None => None,
         Some(uri) => {
-            let client = trainyard_mlflow::MlflowClient::new(
-                uri,
-                Duration::from_secs(config.mlflow_timeout_seconds.max(1)),
-                trainyard_mlflow::RetryPolicy {
-                    max_attempts: config.mlflow_max_attempts.max(1),
-                    ..trainyard_mlflow::RetryPolicy::default()
-                },
-                runtime.shutdown.clone(),
-            )
-            .map_err(|err| TunerError::Config(format!("hpo_tuner.mlflow_tracking_uri: {err}")))?;
+            let client = config.mlflow_client(uri, runtime.shutdown.clone())?;
             trial_runs = Some(tracking::TrialRuns::new(client.clone(), uri));
             let (handle, tracker, receiver) =
                 tracking::tracker(client, metrics.clone(), config.mlflow_queue_capacity);
@@ -220,5 +257,56 @@ mod tests {
             empty.standalone_experiment(),
             Err(TunerError::Config(_))
         ));
+    }
+
+    #[test]
+    fn mlflow_credentials_and_ca_come_from_their_keys() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let token = dir.path().join("token");
+        std::fs::write(&token, "t0ken\n").expect("write");
+        let token = token.display().to_string();
+        let uri = "https://mlflow.example.com";
+        let config = section(&[
+            ("TRAINYARD_HPO_TUNER__MLFLOW_TRACKING_URI", uri),
+            ("TRAINYARD_HPO_TUNER__MLFLOW_TOKEN_FILE", &token),
+        ]);
+        assert_eq!(config.mlflow_token_file.as_deref(), Some(token.as_str()));
+        assert!(
+            config
+                .mlflow_client(uri, Default::default())
+                .is_ok_and(|c| c.api_url().as_str() == "https://mlflow.example.com/api/2.0/mlflow/")
+        );
+
+        let missing = section(&[
+            ("TRAINYARD_HPO_TUNER__MLFLOW_TRACKING_URI", uri),
+            ("TRAINYARD_HPO_TUNER__MLFLOW_USERNAME", "tuner"),
+            (
+                "TRAINYARD_HPO_TUNER__MLFLOW_PASSWORD_FILE",
+                "/run/secrets/absent",
+            ),
+        ]);
+        let err = missing
+            .mlflow_client(uri, Default::default())
+            .err()
+            .expect("refused");
+        assert!(
+            err.to_string()
+                .contains("hpo_tuner.mlflow_password_file: cannot read /run/secrets/absent"),
+            "{err}"
+        );
+
+        let ca = section(&[(
+            "TRAINYARD_HPO_TUNER__MLFLOW_TLS_CA_FILE",
+            "/run/secrets/no-ca.pem",
+        )]);
+        let err = ca
+            .mlflow_client(uri, Default::default())
+            .err()
+            .expect("refused");
+        assert!(
+            err.to_string()
+                .contains("hpo_tuner.mlflow_tls_ca_file: cannot read /run/secrets/no-ca.pem"),
+            "{err}"
+        );
     }
 }

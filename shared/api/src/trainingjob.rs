@@ -661,7 +661,7 @@ pub struct MonitoringSpec {
     #[schemars(range(min = 1, max = MAX_PORT))]
     pub metrics_port: Option<u32>,
 
-    /// Run TensorBoard next to the job, reading its event files. Default false.
+    /// Keep TensorBoard logs: the workers get TENSORBOARD_ENABLED and TENSORBOARD_LOG_DIR, a tensorboard directory under the checkpoint directory (so the logs are kept only with checkpointing on); `trainyard tensorboard NAME` opens them. Default false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tensorboard_enabled: Option<bool>,
 
@@ -675,7 +675,7 @@ pub struct MonitoringSpec {
     #[schemars(length(min = 1, max = 128))]
     pub mlflow_run_id: Option<String>,
 
-    /// Weights & Biases project name; runs are logged there.
+    /// Weights & Biases project name. The workers get WANDB_PROJECT, WANDB_RUN_GROUP (the Sweep's name for a trial, else the job's) and WANDB_NAME (<job>-rank-<worker index>), which wandb.init() reads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 128))]
     pub wandb_project: Option<String>,

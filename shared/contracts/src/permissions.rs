@@ -33,8 +33,8 @@ pub enum Identity {
     },
     /// The workers of one TrainingJob: they report only for that job.
     Worker { namespace: String, job: String },
-    /// A person operating the installation with the `nats` CLI: inspects
-    /// streams, republishes dead letters. Everything is allowed; its password
+    /// A person operating the installation with the `trainyard` or the `nats`
+    /// CLI: inspects streams, republishes dead letters. Everything is allowed; its password
     /// is kept apart from the services'.
     Operator,
 }

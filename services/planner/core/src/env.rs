@@ -38,6 +38,8 @@ pub(crate) struct WorkerContext<'a> {
     pub master_host: &'a str,
     /// DNS names of every worker, by index.
     pub worker_hosts: &'a [String],
+    /// The Sweep the job is a trial of (its owner), if any.
+    pub sweep: Option<&'a str>,
 }
 
 fn literal(name: &str, value: impl Into<String>) -> EnvVar {
@@ -63,7 +65,7 @@ pub(crate) fn worker_env(
     env.extend(framework_env(spec, ctx));
     env.extend(networking_env(spec));
     env.extend(checkpoint_env(spec, ctx));
-    env.extend(monitoring_env(spec));
+    env.extend(monitoring_env(spec, ctx));
     env.extend(hyperparameter_env(spec)?);
     env.push(literal(
         "HYPERPARAMETERS_FILE",
@@ -183,7 +185,7 @@ fn networking_env(spec: &TrainingJobSpec) -> Vec<EnvVar> {
 
 /// Where checkpoints go: a mounted directory (pvc, nfs, or an emptyDir when no storage
 /// is configured) or an object-store URI (s3, gcs). None when checkpointing is off.
-pub(crate) fn checkpoint_dir(
+pub fn checkpoint_dir(
     spec: &TrainingJobSpec,
     namespace: &str,
     training_job: &str,
@@ -249,7 +251,28 @@ fn checkpoint_env(spec: &TrainingJobSpec, ctx: &WorkerContext<'_>) -> Vec<EnvVar
     env
 }
 
-fn monitoring_env(spec: &TrainingJobSpec) -> Vec<EnvVar> {
+/// Where the workers write TensorBoard event files: `tensorboard` under the
+/// checkpoint directory, so the logs outlive the pods and every attempt adds
+/// to the same ones. None unless `monitoring.tensorboardEnabled` is set and
+/// checkpointing is on (without checkpoint storage nothing would keep them).
+pub fn tensorboard_log_dir(
+    spec: &TrainingJobSpec,
+    namespace: &str,
+    training_job: &str,
+) -> Option<String> {
+    let enabled = spec
+        .monitoring
+        .as_ref()
+        .and_then(|m| m.tensorboard_enabled)
+        .unwrap_or(false);
+    if !enabled {
+        return None;
+    }
+    checkpoint_dir(spec, namespace, training_job)
+        .map(|dir| format!("{}/tensorboard", dir.trim_end_matches('/')))
+}
+
+fn monitoring_env(spec: &TrainingJobSpec, ctx: &WorkerContext<'_>) -> Vec<EnvVar> {
     let Some(monitoring) = &spec.monitoring else {
         return Vec::new();
     };
@@ -259,6 +282,9 @@ fn monitoring_env(spec: &TrainingJobSpec) -> Vec<EnvVar> {
     }
     if monitoring.tensorboard_enabled == Some(true) {
         env.push(literal("TENSORBOARD_ENABLED", "true"));
+        if let Some(dir) = tensorboard_log_dir(spec, ctx.namespace, ctx.training_job) {
+            env.push(literal("TENSORBOARD_LOG_DIR", dir));
+        }
     }
     if let Some(uri) = &monitoring.mlflow_tracking_uri {
         env.push(literal("MLFLOW_TRACKING_URI", uri.clone()));
@@ -267,8 +293,19 @@ fn monitoring_env(spec: &TrainingJobSpec) -> Vec<EnvVar> {
     if let Some(run) = &monitoring.mlflow_run_id {
         env.push(literal("MLFLOW_RUN_ID", run.clone()));
     }
+    // W&B's own variables: a sweep's trials are grouped under the sweep, a
+    // standalone job's attempts under the job, and each worker's run is named
+    // for its rank.
     if let Some(project) = &monitoring.wandb_project {
         env.push(literal("WANDB_PROJECT", project.clone()));
+        env.push(literal(
+            "WANDB_RUN_GROUP",
+            ctx.sweep.unwrap_or(ctx.training_job),
+        ));
+        env.push(literal(
+            "WANDB_NAME",
+            format!("{}-rank-{}", ctx.training_job, index_reference()),
+        ));
     }
     env
 }

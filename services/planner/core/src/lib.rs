@@ -49,7 +49,7 @@ pub use decide::{
 };
 pub use env::{
     CONFIG_MOUNT_PATH, HYPERPARAMETERS_FILE, RESUME_FROM_KEY, TRAINING_CONFIG_FILE,
-    WORKER_INDEX_ENV, additional_param_env_name,
+    WORKER_INDEX_ENV, additional_param_env_name, checkpoint_dir, tensorboard_log_dir,
 };
 pub use error::PlanError;
 pub use failure::{FailureCause, WorkerFailure, classify_pod};

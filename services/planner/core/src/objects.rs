@@ -140,6 +140,13 @@ pub fn desired_objects(job: &TrainingJob, plan: &JobPlan<'_>) -> Result<DesiredO
         nats_url: &plan.config.worker_nats_url,
         master_host: &master_host,
         worker_hosts: &worker_hosts,
+        sweep: job
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|owner| owner.kind == "Sweep")
+            .map(|owner| owner.name.as_str()),
     };
 
     let config_map = ConfigMap {

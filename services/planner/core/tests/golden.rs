@@ -191,6 +191,7 @@ fn pytorch_job() -> TrainingJob {
             monitoring: Some(MonitoringSpec {
                 enabled: Some(true),
                 metrics_port: Some(9100),
+                tensorboard_enabled: Some(true),
                 wandb_project: Some("llama".into()),
                 ..MonitoringSpec::default()
             }),
@@ -687,4 +688,95 @@ fn a_trial_gets_the_mlflow_run_the_tuner_made_for_it() {
 
     let spec = planner_core::trial_spec(&template, &parameters, None).unwrap();
     assert_eq!(env_of(spec), (None, None), "tracking off: nothing set");
+}
+
+#[test]
+fn tensorboard_logs_go_under_the_checkpoint_dir_and_wandb_runs_are_grouped() {
+    let config = PlannerConfig::default();
+    let env_of = |job: TrainingJob, name: &str| {
+        let job = as_stored(job);
+        let admitted = admission(0, job.spec.num_workers);
+        let objects = desired_objects(&job, &plan(0, Some(&admitted), &config)).unwrap();
+        env_value(&objects, name)
+    };
+
+    let job = pytorch_job();
+    assert_eq!(
+        env_of(job.clone(), "TENSORBOARD_LOG_DIR").as_deref(),
+        Some("/ckpt/tensorboard"),
+        "on the checkpoint volume, where it outlives the pods"
+    );
+    assert_eq!(
+        env_of(job.clone(), "WANDB_PROJECT").as_deref(),
+        Some("llama")
+    );
+    assert_eq!(
+        env_of(job.clone(), "WANDB_RUN_GROUP").as_deref(),
+        Some("llama-finetune"),
+        "a standalone job's attempts are one group"
+    );
+    assert_eq!(
+        env_of(job.clone(), "WANDB_NAME").as_deref(),
+        Some("llama-finetune-rank-$(TRAINYARD_WORKER_INDEX)")
+    );
+
+    let mut trial = training_job("sweep-t0003", pytorch_job().spec);
+    trial.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "trainyard.dev/v1".into(),
+            kind: "Sweep".into(),
+            name: "lr-search".into(),
+            uid: "0f6c1d2e-sweep".into(),
+            ..Default::default()
+        },
+    ]);
+    assert_eq!(
+        env_of(trial.clone(), "WANDB_RUN_GROUP").as_deref(),
+        Some("lr-search"),
+        "a sweep's trials are one group"
+    );
+    assert_eq!(
+        env_of(trial, "WANDB_NAME").as_deref(),
+        Some("sweep-t0003-rank-$(TRAINYARD_WORKER_INDEX)")
+    );
+
+    let mut in_s3 = pytorch_job();
+    if let Some(storage) = in_s3
+        .spec
+        .checkpoint
+        .as_mut()
+        .and_then(|c| c.storage.as_mut())
+    {
+        storage.storage_type = StorageType::S3;
+        storage.claim_name = None;
+        storage.mount_path = None;
+        storage.s3_bucket = Some("ckpts".into());
+    }
+    assert_eq!(
+        env_of(in_s3, "TENSORBOARD_LOG_DIR").as_deref(),
+        Some("s3://ckpts/ml-training/llama-finetune/tensorboard")
+    );
+
+    let mut unkept = pytorch_job();
+    unkept.spec.checkpoint = None;
+    assert_eq!(
+        env_of(unkept.clone(), "TENSORBOARD_ENABLED").as_deref(),
+        Some("true")
+    );
+    assert_eq!(
+        env_of(unkept, "TENSORBOARD_LOG_DIR"),
+        None,
+        "without checkpoint storage there is nowhere to keep the logs"
+    );
+
+    let mut quiet = pytorch_job();
+    quiet.spec.monitoring = None;
+    for name in [
+        "TENSORBOARD_LOG_DIR",
+        "WANDB_PROJECT",
+        "WANDB_RUN_GROUP",
+        "WANDB_NAME",
+    ] {
+        assert_eq!(env_of(quiet.clone(), name), None, "{name}");
+    }
 }
