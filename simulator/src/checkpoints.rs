@@ -16,8 +16,11 @@ use std::fs;
 use std::io::{self, Write};
 use std::path::{Component, Path, PathBuf};
 
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use trainyard_contracts::hash::fnv1a_parts;
 
 pub const MANIFEST_FILE: &str = "trainyard-manifest.json";
 pub const MANIFEST_FORMAT: &str = "trainyard.checkpoint/v1";
@@ -111,6 +114,35 @@ impl SavePlan<'_> {
         ));
         files
     }
+}
+
+/// What decides whether a save is killed (`checkpoints.killedSaveRate`).
+#[derive(Debug, Clone, Copy)]
+pub struct SaveDraw<'a> {
+    pub seed: u64,
+    pub rate: f64,
+    pub namespace: &'a str,
+    pub training_job: &'a str,
+    pub attempt: u32,
+    pub uri: &'a str,
+}
+
+/// Whether a save is killed, and before which of its `files` (the manifest
+/// being the last): drawn from the seed, the job, the attempt and the URI
+/// alone, so a run repeats whatever the order of the steps.
+pub fn killed_save(draw: &SaveDraw<'_>, files: usize) -> Option<usize> {
+    if draw.rate <= 0.0 || files == 0 {
+        return None;
+    }
+    let key = fnv1a_parts(&[
+        &draw.seed.to_le_bytes(),
+        draw.namespace.as_bytes(),
+        draw.training_job.as_bytes(),
+        &draw.attempt.to_le_bytes(),
+        draw.uri.as_bytes(),
+    ]);
+    let mut rng = StdRng::seed_from_u64(key);
+    (rng.random::<f64>() < draw.rate).then(|| rng.random_range(0..files))
 }
 
 /// What a save left on disk.

@@ -24,11 +24,11 @@ use tokio::sync::broadcast::error::TryRecvError;
 use trainyard_api::placement::{LABEL_ATTEMPT, LABEL_JOB, LABEL_WORKER_INDEX};
 use trainyard_api::quantity::{QuantityError, bytes, cpu_millis};
 use trainyard_contracts::decisions::{RetentionApplied, RetentionExecutor};
-use trainyard_contracts::hash::{fnv1a_of, fnv1a_parts};
+use trainyard_contracts::hash::fnv1a_of;
 use trainyard_contracts::object_key;
 use trainyard_contracts::worker::{CheckpointReported, ProgressReported, VerificationMethod};
 
-use crate::checkpoints::{self, CheckpointStorage, SavePlan};
+use crate::checkpoints::{self, CheckpointStorage, SaveDraw, SavePlan};
 use crate::clock::SimClock;
 use crate::config::{ClusterConfig, NodeGroup, NodeScoring};
 use crate::pod_admission;
@@ -1812,25 +1812,6 @@ impl Cluster {
         }
     }
 
-    /// Whether this save is killed, and before which of its `files` (the
-    /// manifest being the last): drawn from the seed, the job, the attempt
-    /// and the URI, so a run repeats whatever the order of the steps.
-    fn killed_save(&self, run: &Run, uri: &str, files: usize) -> Option<usize> {
-        let rate = self.config.checkpoints.killed_save_rate;
-        if rate <= 0.0 {
-            return None;
-        }
-        let key = fnv1a_parts(&[
-            &self.config.seed.to_le_bytes(),
-            run.namespace.as_bytes(),
-            run.training_job.as_bytes(),
-            &run.attempt.to_le_bytes(),
-            uri.as_bytes(),
-        ]);
-        let mut draw = StdRng::seed_from_u64(key);
-        (draw.random::<f64>() < rate).then(|| draw.random_range(0..files))
-    }
-
     /// Rank 0 saves the checkpoint of `epoch` into `CHECKPOINT_DIR` and reports
     /// it. With a checkpoint root, the files are written (see
     /// [`crate::checkpoints`]) and checked against their manifest before the
@@ -1874,7 +1855,17 @@ impl Cluster {
                     killed_at: None,
                 };
                 let files = plan.files().len();
-                plan.killed_at = self.killed_save(run, &uri, files + 1);
+                plan.killed_at = checkpoints::killed_save(
+                    &SaveDraw {
+                        seed: self.config.seed,
+                        rate: self.config.checkpoints.killed_save_rate,
+                        namespace: &run.namespace,
+                        training_job: &run.training_job,
+                        attempt: run.attempt,
+                        uri: &uri,
+                    },
+                    files + 1,
+                );
                 let written = storage
                     .local_path(&uri, &run.namespace, &run.training_job)
                     .and_then(|path| {
