@@ -53,6 +53,7 @@ pub fn cluster_config(nodes: u32, gpus_per_node: u32, speed: f64) -> ClusterConf
         scoring: Default::default(),
         api_faults: Default::default(),
         priority_classes: BTreeMap::new(),
+        checkpoints: Default::default(),
     }
 }
 
