@@ -3,8 +3,11 @@
 # as separate processes (as in production) and, unless a cluster is given, the
 # simulated cluster of simulator/clusters/demo.yaml. Then applies the example
 # TrainingJobs and the example Sweep, shows them live (like
-# `kubectl get trainingjobs -w`) until all have finished, prints a summary, and
-# stops everything. Ctrl-C stops everything at any time.
+# `kubectl get trainingjobs -w`) until all have finished, prints a summary and
+# what became of gpt-resume's checkpoints (the simulated workers write real ones
+# under the work directory: the one resumed from, one killed mid-save and
+# skipped, those retention deleted, model registration), and stops everything.
+# Ctrl-C stops everything at any time.
 #
 #   scripts/demo.sh [--kubeconfig FILE] [--speed N] [--timeout SECONDS] [--keep-running] [--observe]
 #
@@ -99,17 +102,38 @@ nats-server -js -a 127.0.0.1 -p "$nats_port" -sd "$work/jetstream" >"$work/nats.
 pids+=($!)
 for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/"$nats_port") 2>/dev/null && break; sleep 0.1; done
 
+simulated=no
+checkpoint_root="$work/checkpoints"
 if [ -z "$kubeconfig" ]; then
+  simulated=yes
   kubeconfig="$work/kubeconfig"
   target/release/trainyard-simulator --config simulator/clusters/demo.yaml \
     --kubeconfig-out "$kubeconfig" --nats-url "$nats_url" ${speed:+--speed "$speed"} \
-    >"$work/simulator.log" 2>&1 &
+    --checkpoint-root "$checkpoint_root" >"$work/simulator.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 1 100); do [ -s "$kubeconfig" ] && break; sleep 0.1; done
   [ -s "$kubeconfig" ] || { echo "the simulator did not start; see $work/simulator.log" >&2; exit 1; }
   queue=simulator/clusters/demo-queue.yaml
   echo "== simulated cluster: simulator/clusters/demo.yaml (a simulator, not Kubernetes)"
+  echo "   its workers' checkpoints: $checkpoint_root"
   worker_nats_url="$nats_url"
+  # The checkpoint-manager reads (and retention deletes) the workers' s3:// checkpoints
+  # through the simulator's S3 endpoint, which serves $checkpoint_root/s3.
+  simulator_url=$(sed -n 's/^ *server: //p' "$kubeconfig")
+  export TRAINYARD_CHECKPOINT_MANAGER__S3_ENDPOINT="$simulator_url/s3" \
+    TRAINYARD_CHECKPOINT_MANAGER__S3_REGION=us-east-1 \
+    TRAINYARD_CHECKPOINT_MANAGER__S3_ACCESS_KEY_ID=simulator \
+    TRAINYARD_CHECKPOINT_MANAGER__S3_SECRET_ACCESS_KEY=simulator
+  # gpt-resume starts from a checkpoint of an earlier run (its spec.checkpoint.resumeFrom),
+  # written here by the worker library's own CheckpointWriter.
+  ensure_nats_py
+  PYTHONPATH=sdk/python/src python3 - "$checkpoint_root/s3/checkpoints/gpt-training/checkpoint-epoch-10" <<'PY'
+import sys
+from trainyard.checkpoint import CheckpointWriter
+with CheckpointWriter(sys.argv[1], epoch=10, step=1000, metrics={"loss": 1.2}) as ckpt:
+    ckpt.write_bytes("model.bin", bytes(4096))
+    ckpt.write_bytes("optimizer.bin", bytes(2048))
+PY
 else
   queue=examples/trainingqueue-default.yaml
   echo "== cluster: $kubeconfig"
@@ -175,6 +199,33 @@ notifications_summary
 echo
 echo "== one finished job in full (trainyard describe tj mnist-training -n ml-training)"
 "$trainyard" describe tj mnist-training -n ml-training || status=$?
+echo
+echo "== checkpoints of gpt-resume (trainyard describe tj gpt-resume): where it resumed, what was skipped"
+"$trainyard" describe tj gpt-resume -n default || status=$?
+echo
+echo "== its rank 0's log (trainyard logs gpt-resume): the resume point it read, its saves"
+"$trainyard" logs gpt-resume -n default | grep -E 'resuming from|checkpoint|killed' || true
+if [ "$simulated" = yes ]; then
+  echo
+  echo "== its checkpoints on disk ($checkpoint_root/s3/ml-checkpoints/default/gpt-resume); retention (keepLast: 2) deleted the rest"
+  for dir in "$checkpoint_root"/s3/ml-checkpoints/default/gpt-resume/*/; do
+    [ -d "$dir" ] || continue
+    if [ -f "$dir/trainyard-manifest.json" ]; then state="complete (trainyard-manifest.json)"; else state="INCOMPLETE: no manifest, never resumed from"; fi
+    printf '  %-22s %s\n' "$(basename "$dir")" "$state"
+  done
+  deleted=$(curl -fsS "http://127.0.0.1:${http_port[checkpoint-manager]}/metrics" 2>/dev/null \
+    | awk '/^trainyard_checkpoint_retention_deleted_total/ {n+=$2} END {print n+0}')
+  verified=$(curl -fsS "http://127.0.0.1:${http_port[checkpoint-manager]}/metrics" 2>/dev/null \
+    | awk '/^trainyard_checkpoint_verifications_total\{outcome="verified"\}/ {print $2+0}')
+  incomplete=$(curl -fsS "http://127.0.0.1:${http_port[checkpoint-manager]}/metrics" 2>/dev/null \
+    | awk '/^trainyard_checkpoint_verifications_total\{outcome="incomplete"\}/ {print $2+0}')
+  echo "all jobs: ${verified:-0} checkpoint reports verified, ${incomplete:-0} incomplete (killed saves), ${deleted:-0} checkpoints deleted by retention"
+fi
+if [ -n "${TRAINYARD_CHECKPOINT_MANAGER__MLFLOW_TRACKING_URI:-}" ]; then
+  echo "model registration: each completed job's best checkpoint is a version in $TRAINYARD_CHECKPOINT_MANAGER__MLFLOW_TRACKING_URI (Model: above)"
+else
+  echo "model registration is off (no MLflow): set TRAINYARD_CHECKPOINT_MANAGER__MLFLOW_TRACKING_URI=http://HOST:5000 to register each completed job's best checkpoint"
+fi
 if [ "$observe" = yes ]; then
   echo
   echo "== alerts that fired during the run (http://127.0.0.1:$prometheus_port/alerts)"

@@ -369,7 +369,7 @@ async fn get_prints_tables_and_json() {
             "gpt-resume",
             "Queued",
             "-",
-            "0/10",
+            "0/20",
             "8 (4x2)",
             "default #2",
             "0"

@@ -53,7 +53,22 @@ pub fn cluster_config(nodes: u32, gpus_per_node: u32, speed: f64) -> ClusterConf
         scoring: Default::default(),
         api_faults: Default::default(),
         priority_classes: BTreeMap::new(),
+        checkpoints: Default::default(),
     }
+}
+
+/// The checkpoint-manager's settings for reading the simulated workers'
+/// `s3://` checkpoints through the S3 endpoint of the simulator at `address`.
+pub fn simulated_s3_env(address: std::net::SocketAddr) -> Vec<(String, String)> {
+    [
+        ("S3_ENDPOINT", format!("http://{address}/s3")),
+        ("S3_REGION", "us-east-1".to_owned()),
+        ("S3_ACCESS_KEY_ID", "simulator".to_owned()),
+        ("S3_SECRET_ACCESS_KEY", "simulator".to_owned()),
+    ]
+    .into_iter()
+    .map(|(key, value)| (format!("TRAINYARD_CHECKPOINT_MANAGER__{key}"), value))
+    .collect()
 }
 
 /// A TrainingQueue guaranteeing `gpus` GPUs of [`GPU_PRODUCT`].

@@ -1,7 +1,8 @@
 //! The simulated cluster's controllers: the nodes' kubelets, the Job controller, the
 //! scheduler and the training itself. `Cluster::step` advances everything to the
 //! virtual clock's now and returns the worker reports to publish; it does no I/O
-//! beyond the in-memory store, so tests drive it step by step.
+//! beyond the in-memory store and the workers' checkpoint files (when a
+//! checkpoint root is configured), so tests drive it step by step.
 //!
 //! Simplifications, deliberately: nodes account only GPUs (`nvidia.com/gpu`,
 //! `nvidia.com/mig-*`), CPU, memory and pod counts, and the scheduler picks among
@@ -22,10 +23,12 @@ use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::TryRecvError;
 use trainyard_api::placement::{LABEL_ATTEMPT, LABEL_JOB, LABEL_WORKER_INDEX};
 use trainyard_api::quantity::{QuantityError, bytes, cpu_millis};
+use trainyard_contracts::decisions::{RetentionApplied, RetentionExecutor};
 use trainyard_contracts::hash::fnv1a_of;
 use trainyard_contracts::object_key;
-use trainyard_contracts::worker::{CheckpointReported, ProgressReported};
+use trainyard_contracts::worker::{CheckpointReported, ProgressReported, VerificationMethod};
 
+use crate::checkpoints::{self, CheckpointStorage, SaveDraw, SavePlan};
 use crate::clock::SimClock;
 use crate::config::{ClusterConfig, NodeGroup, NodeScoring};
 use crate::pod_admission;
@@ -133,6 +136,11 @@ struct Run {
     model_key: u64,
     /// The checkpoint it resumes from (`RESUME_FROM`).
     resume_from: Option<String>,
+    /// What reading `RESUME_FROM` found, for the start line of the log.
+    resume_note: String,
+    /// Rank 0 was killed while saving a checkpoint; the run fails on the next
+    /// step, after its report is out.
+    killed_in_save: bool,
 }
 
 /// The simulated cluster.
@@ -165,6 +173,8 @@ pub struct Cluster {
     history: BTreeMap<String, JobHistory>,
     usage: Vec<UsageSample>,
     last_step: f64,
+    /// Where workers write checkpoints; None: they report without writing.
+    checkpoints: Option<CheckpointStorage>,
 }
 
 /// Where the store keeps an object: its namespace (empty if cluster-scoped) and name.
@@ -812,6 +822,7 @@ impl Cluster {
             }
         }
         let changes = store.subscribe();
+        let checkpoints = config.checkpoints.root.clone().map(CheckpointStorage::new);
         let mut cluster = Self {
             store,
             config,
@@ -829,6 +840,7 @@ impl Cluster {
             history: BTreeMap::new(),
             usage: Vec::new(),
             last_step: 0.0,
+            checkpoints,
         };
         cluster.relist();
         for slot in cluster.nodes.clone() {
@@ -940,39 +952,91 @@ impl Cluster {
     pub fn command(&mut self, command: WorkerCommand) -> Vec<Report> {
         let mut reports = Vec::new();
         let now = self.last_step;
-        for (uid, run) in &mut self.runs {
+        let (WorkerCommand::Stop {
+            namespace,
+            training_job,
+        }
+        | WorkerCommand::CheckpointNow {
+            namespace,
+            training_job,
+        }) = &command;
+        let uids: Vec<String> = self
+            .runs
+            .iter()
+            .filter(|(_, run)| run.namespace == *namespace && run.training_job == *training_job)
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in uids {
+            let Some(mut run) = self.runs.remove(&uid) else {
+                continue;
+            };
             match &command {
-                WorkerCommand::Stop {
-                    namespace,
-                    training_job,
-                } if run.namespace == *namespace && run.training_job == *training_job => {
-                    run.stop_requested = true;
-                }
-                WorkerCommand::CheckpointNow {
-                    namespace,
-                    training_job,
-                } if run.namespace == *namespace && run.training_job == *training_job => {
-                    if let (Some(started), Some(dir)) = (run.started, &run.checkpoint_dir) {
-                        let epoch = Self::epoch_at(run, started, now);
-                        let report = Self::checkpoint(run, dir, epoch);
-                        if let Report::Checkpoint { payload, .. } = &report {
-                            let pods = pods_of(&self.pods, &self.job_pods, &run.namespace, uid);
-                            log_rank_zero(
-                                &self.store,
-                                &pods,
-                                &format!(
-                                    "checkpoint requested: saved {} (epoch {epoch})",
-                                    payload.uri
-                                ),
-                            );
-                        }
-                        reports.push(report);
+                WorkerCommand::Stop { .. } => run.stop_requested = true,
+                WorkerCommand::CheckpointNow { .. } => {
+                    if let (Some(started), Some(_)) = (run.started, &run.checkpoint_dir)
+                        && !run.killed_in_save
+                    {
+                        let epoch = Self::epoch_at(&run, started, now);
+                        let pods = self.pods_of(&run.namespace, &uid);
+                        reports.push(self.save_checkpoint(&mut run, &pods, epoch, true));
                     }
                 }
-                _ => {}
             }
+            self.runs.insert(uid, run);
         }
         reports
+    }
+
+    /// Applies a retention decision as the job's worker-side reporter does:
+    /// with executor `worker` (volumes the checkpoint-manager cannot read), a
+    /// running job's rank 0 deletes the listed checkpoints inside its
+    /// `CHECKPOINT_DIR`. Returns the URIs it deleted.
+    pub fn retention(
+        &mut self,
+        namespace: &str,
+        training_job: &str,
+        decision: &RetentionApplied,
+    ) -> Vec<String> {
+        let mut deleted = Vec::new();
+        if decision.executor != RetentionExecutor::Worker {
+            return deleted;
+        }
+        let Some(storage) = &self.checkpoints else {
+            return deleted;
+        };
+        // Only a running worker's reporter is there to hear the decision.
+        let Some((uid, run)) = self.runs.iter().find(|(_, run)| {
+            run.namespace == namespace && run.training_job == training_job && run.started.is_some()
+        }) else {
+            return deleted;
+        };
+        let Some(dir) = run.checkpoint_dir.as_deref() else {
+            return deleted;
+        };
+        let inside = format!("{}/", dir.trim_end_matches('/'));
+        let pods = pods_of(&self.pods, &self.job_pods, namespace, uid);
+        for uri in &decision.delete {
+            if !uri.starts_with(&inside) {
+                log_rank_zero(
+                    &self.store,
+                    &pods,
+                    &format!("retention: not deleting {uri}: it is outside CHECKPOINT_DIR {dir}"),
+                );
+                continue;
+            }
+            let removed = storage
+                .local_path(uri, namespace, training_job)
+                .and_then(|path| checkpoints::delete(&path));
+            let text = match removed {
+                Ok(()) => {
+                    deleted.push(uri.clone());
+                    format!("retention: deleted {uri}")
+                }
+                Err(err) => format!("retention: cannot delete {uri}: {err}"),
+            };
+            log_rank_zero(&self.store, &pods, &text);
+        }
+        deleted
     }
 
     /// Advances the cluster to the clock's now.
@@ -1382,11 +1446,11 @@ impl Cluster {
         let model = training["model"].as_str().unwrap_or_default().to_owned();
         let total_epochs = hyperparameters["epochs"].as_u64().unwrap_or(10) as u32;
         let resume_from = env("RESUME_FROM");
-        let start_epoch = resume_from
-            .as_deref()
-            .map(resume_epoch)
-            .unwrap_or(0)
-            .min(total_epochs);
+        let (resumed_epoch, resume_note) = match resume_from.as_deref() {
+            Some(uri) => self.read_resume_point(uri, &ns, &training_job),
+            None => (0, String::new()),
+        };
+        let start_epoch = resumed_epoch.min(total_epochs);
         let seconds_per_epoch = env(EPOCH_SECONDS_ENV)
             .and_then(|s| s.parse::<f64>().ok())
             .filter(|s| s.is_finite() && *s > 0.0)
@@ -1415,6 +1479,8 @@ impl Cluster {
             model_key: fnv1a_of(model.as_bytes()),
             model,
             resume_from,
+            resume_note,
+            killed_in_save: false,
             quality: quality(&hyperparameters),
             training_job,
             attempt,
@@ -1674,7 +1740,10 @@ impl Cluster {
     /// Each worker says who it is and where it starts, once the gang runs.
     fn log_start(&self, run: &Run, pods: &[Arc<PodFacts>]) {
         let start = match &run.resume_from {
-            Some(uri) => format!("resuming from {uri} at epoch {}", run.start_epoch),
+            Some(uri) => format!(
+                "resuming from {uri} at epoch {}{}",
+                run.start_epoch, run.resume_note
+            ),
             None => "starting at epoch 0".to_owned(),
         };
         for pod in pods {
@@ -1713,20 +1782,138 @@ impl Cluster {
         }
     }
 
-    fn checkpoint(run: &Run, dir: &str, epoch: u32) -> Report {
+    /// The epoch a resumed worker starts at, and what reading `RESUME_FROM`
+    /// found: with a checkpoint root, the checkpoint's manifest is read and
+    /// verified (the epoch is then the manifest's); otherwise, or when it is
+    /// not there, the epoch is the one its name carries.
+    fn read_resume_point(&self, uri: &str, namespace: &str, training_job: &str) -> (u32, String) {
+        let Some(storage) = &self.checkpoints else {
+            return (resume_epoch(uri), String::new());
+        };
+        let read = storage
+            .local_path(uri, namespace, training_job)
+            .map_err(|err| err.to_string())
+            .and_then(|path| checkpoints::verify(&path));
+        match read {
+            Ok(manifest) => (
+                manifest.epoch,
+                format!(
+                    " (read RESUME_FROM: {} verified, {} files)",
+                    checkpoints::MANIFEST_FILE,
+                    manifest.files.len()
+                ),
+            ),
+            Err(reason) => (
+                resume_epoch(uri),
+                format!(
+                    " (RESUME_FROM is not readable: {reason}; starting at the epoch its name says)"
+                ),
+            ),
+        }
+    }
+
+    /// Rank 0 saves the checkpoint of `epoch` into `CHECKPOINT_DIR` and reports
+    /// it. With a checkpoint root, the files are written (see
+    /// [`crate::checkpoints`]) and checked against their manifest before the
+    /// report says how it verified them (`verifiedBy`), as Trainyard's worker
+    /// library does; a killed save is reported without it and the run fails on
+    /// the next step. `requested`: on `command.checkpoint-now`.
+    fn save_checkpoint(
+        &self,
+        run: &mut Run,
+        pods: &[Arc<PodFacts>],
+        epoch: u32,
+        requested: bool,
+    ) -> Report {
+        let dir = run.checkpoint_dir.as_deref().unwrap_or_default();
+        let uri = format!("{}/checkpoint-epoch-{epoch}", dir.trim_end_matches('/'));
+        let step = u64::from(epoch) * 100;
+        let metrics = self.metrics(run, epoch);
+        let mut payload = CheckpointReported {
+            worker_index: 0,
+            attempt: run.attempt,
+            epoch,
+            step,
+            uri: uri.clone(),
+            size_bytes: u64::from(run.gpus.max(1)) * 512 * 1024 * 1024,
+            metrics: metrics.clone(),
+            ..CheckpointReported::default()
+        };
+        let saved = if requested {
+            "checkpoint requested: saved"
+        } else {
+            "checkpoint saved:"
+        };
+        let text = match &self.checkpoints {
+            None => format!("{saved} {uri} (epoch {epoch})"),
+            Some(storage) => {
+                let mut plan = SavePlan {
+                    epoch,
+                    step,
+                    metrics: &metrics,
+                    workers: run.workers,
+                    killed_at: None,
+                };
+                let files = plan.files().len();
+                plan.killed_at = checkpoints::killed_save(
+                    &SaveDraw {
+                        seed: self.config.seed,
+                        rate: self.config.checkpoints.killed_save_rate,
+                        namespace: &run.namespace,
+                        training_job: &run.training_job,
+                        attempt: run.attempt,
+                        uri: &uri,
+                    },
+                    files + 1,
+                );
+                let written = storage
+                    .local_path(&uri, &run.namespace, &run.training_job)
+                    .and_then(|path| {
+                        checkpoints::save(&path, &plan, &wall_clock()).map(|done| (path, done))
+                    });
+                match written {
+                    Ok((path, done)) if done.complete => {
+                        payload.size_bytes = done.size_bytes;
+                        match checkpoints::verify(&path) {
+                            Ok(_) => {
+                                payload.verified_by = Some(VerificationMethod::TrainyardManifest);
+                                payload.checksums_verified = true;
+                                format!(
+                                    "{saved} {uri} (epoch {epoch}): {} files, {} bytes, {} verified with SHA-256",
+                                    done.files,
+                                    done.size_bytes,
+                                    checkpoints::MANIFEST_FILE
+                                )
+                            }
+                            Err(reason) => {
+                                format!(
+                                    "{saved} {uri} (epoch {epoch}) but it does not verify: {reason}"
+                                )
+                            }
+                        }
+                    }
+                    Ok((_, done)) => {
+                        payload.size_bytes = done.size_bytes;
+                        run.killed_in_save = true;
+                        format!(
+                            "killed while saving {uri} (epoch {epoch}): {} of {} files written, no {}",
+                            done.files,
+                            files + 1,
+                            checkpoints::MANIFEST_FILE
+                        )
+                    }
+                    Err(err) => {
+                        tracing::warn!(namespace = %run.namespace, job = %run.training_job, error = %err, "checkpoint not written");
+                        format!("cannot save {uri} (epoch {epoch}): {err}")
+                    }
+                }
+            }
+        };
+        log_rank_zero(&self.store, pods, &text);
         Report::Checkpoint {
             namespace: run.namespace.clone(),
             training_job: run.training_job.clone(),
-            payload: CheckpointReported {
-                worker_index: 0,
-                attempt: run.attempt,
-                epoch,
-                step: u64::from(epoch) * 100,
-                uri: format!("{}/checkpoint-epoch-{epoch}", dir.trim_end_matches('/')),
-                size_bytes: u64::from(run.gpus.max(1)) * 512 * 1024 * 1024,
-                metrics: BTreeMap::new(),
-                ..CheckpointReported::default()
-            },
+            payload,
         }
     }
 
@@ -1767,6 +1954,13 @@ impl Cluster {
                 self.runs.insert(uid, run);
                 continue;
             };
+            if run.killed_in_save {
+                if let Some(pod) = pods.iter().find(|p| rank(&p.object) == 0).or(pods.first()) {
+                    self.fail_pod(&pod.object, Some(137), None);
+                }
+                self.end_run(&run, now, pods, false);
+                continue;
+            }
             // A run ends one step after its last report, as a worker exits after
             // reporting: the reports are published before the Job's end is visible.
             if run.reported_epoch >= run.total_epochs || run.stop_requested {
@@ -1777,22 +1971,21 @@ impl Cluster {
             for e in run.reported_epoch + 1..=epoch {
                 self.log_epoch(&run, pods, e);
                 reports.extend(self.progress(&run, e));
-                if let Some(dir) = &run.checkpoint_dir
+                run.reported_epoch = e;
+                if run.checkpoint_dir.is_some()
                     && run.checkpoint_every > 0
                     && e % run.checkpoint_every == 0
                 {
-                    let report = Self::checkpoint(&run, dir, e);
-                    if let Report::Checkpoint { payload, .. } = &report {
-                        log_rank_zero(
-                            &self.store,
-                            pods,
-                            &format!("checkpoint saved: {} (epoch {e})", payload.uri),
-                        );
+                    reports.push(self.save_checkpoint(&mut run, pods, e, false));
+                    if run.killed_in_save {
+                        break;
                     }
-                    reports.push(report);
                 }
             }
-            run.reported_epoch = run.reported_epoch.max(epoch);
+            if run.killed_in_save {
+                self.runs.insert(uid, run);
+                continue;
+            }
             if let Some((after, code)) = run.failure
                 && now - started >= after
                 && epoch < run.total_epochs

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::PathBuf;
 
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
@@ -210,6 +211,19 @@ impl Default for DisruptionConfig {
     }
 }
 
+/// The checkpoints simulated workers write.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// Directory the workers write their checkpoints under (`--checkpoint-root`
+    /// overrides it). Unset: they report checkpoints without writing any.
+    pub root: Option<PathBuf>,
+    /// Fraction of saves killed mid-save (drawn from `seed`, the job, its attempt
+    /// and the checkpoint): the worker dies (exit 137) and leaves the checkpoint
+    /// without its manifest. Needs `root`.
+    pub killed_save_rate: f64,
+}
+
 /// The whole simulated cluster.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -231,6 +245,8 @@ pub struct ClusterConfig {
     pub failures: FailureConfig,
     #[serde(default)]
     pub disruptions: DisruptionConfig,
+    #[serde(default)]
+    pub checkpoints: CheckpointConfig,
     /// Which of the nodes that fit a pod the scheduler binds it to.
     #[serde(default)]
     pub scoring: NodeScoring,
@@ -329,6 +345,12 @@ impl ClusterConfig {
                 "failures.exitCodes: give at least one exit code when failures.rate > 0".into(),
             );
         }
+        if !(0.0..=1.0).contains(&self.checkpoints.killed_save_rate) {
+            return Err(format!(
+                "checkpoints.killedSaveRate: {} must be between 0 and 1",
+                self.checkpoints.killed_save_rate
+            ));
+        }
         self.api_faults.check()?;
         let speeds = std::iter::once((
             "workers.secondsPerEpoch".to_owned(),
@@ -417,6 +439,10 @@ mod tests {
             ),
             ("nodes: [{name: a, memory: -1}]", "nodes[0].memory"),
             ("nodes: [{name: a, cpu: [1]}]", "a quantity such as"),
+            (
+                "nodes: [{name: a}]\ncheckpoints: {killedSaveRate: 1.5}",
+                "checkpoints.killedSaveRate",
+            ),
         ];
         for (text, field) in cases {
             let err = ClusterConfig::parse(text).expect_err(text);

@@ -5,11 +5,13 @@
 //! configured speed on a virtual clock and report over NATS like real workers.
 
 pub mod apiserver;
+pub mod checkpoints;
 mod discovery;
 pub mod error;
 mod events;
 pub mod faults;
 mod log_endpoint;
+pub mod object_storage;
 mod openapi;
 mod pod_admission;
 pub mod pod_logs;

@@ -4,6 +4,7 @@
 //! ```text
 //! trainyard-simulator --config simulator/clusters/demo.yaml [--listen 127.0.0.1:0]
 //!     [--kubeconfig-out FILE] [--nats-url nats://127.0.0.1:4222] [--speed N]
+//!     [--checkpoint-root DIR]
 //! ```
 
 use anyhow::{Context, bail};
@@ -31,6 +32,10 @@ struct Args {
     /// Simulated seconds per real second, overriding the cluster file.
     #[arg(long)]
     speed: Option<f64>,
+    /// Directory the simulated workers write their checkpoints under, overriding
+    /// the cluster file's `checkpoints.root`.
+    #[arg(long)]
+    checkpoint_root: Option<std::path::PathBuf>,
 }
 
 #[tokio::main]
@@ -47,6 +52,9 @@ async fn main() -> anyhow::Result<()> {
             bail!("--speed {speed} must be a positive number");
         }
         config.speed = speed;
+    }
+    if let Some(root) = args.checkpoint_root {
+        config.checkpoints.root = Some(root);
     }
     let nats = match &args.nats_url {
         Some(url) => Some(

@@ -1,6 +1,7 @@
-//! Runs the simulated cluster: the API server on a loopback port, the simulated
+//! Runs the simulated cluster: the API server on a loopback port (with the
+//! checkpoint root's S3 endpoint at `/s3` when there is one), the simulated
 //! controllers on a timer (and on every change), worker reports out to NATS and
-//! worker commands in from NATS.
+//! worker commands and retention decisions in from NATS.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -11,14 +12,17 @@ use futures::StreamExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use trainyard_contracts::commands::{CheckpointRequested, StopRequested};
+use trainyard_contracts::decisions::RetentionApplied;
 use trainyard_contracts::subject;
 use trainyard_contracts::{EntityRef, Envelope, Incoming, Payload};
 
 use crate::apiserver;
+use crate::checkpoints::CheckpointStorage;
 use crate::clock::SimClock;
 use crate::cluster::{Cluster, Report, WorkerCommand};
 use crate::config::ClusterConfig;
 use crate::error::SimulatorError;
+use crate::object_storage;
 use crate::store::Store;
 
 /// A running simulated cluster.
@@ -49,6 +53,7 @@ impl Simulator {
         let tick = Duration::from_millis(config.tick_milliseconds);
         let clock = SimClock::new(config.speed);
         let api_faults = config.api_faults.clone();
+        let checkpoint_storage = config.checkpoints.root.clone().map(CheckpointStorage::new);
         let cluster = Arc::new(Mutex::new(Cluster::new(store.clone(), config, clock)));
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -62,7 +67,10 @@ impl Simulator {
                 address: listen.to_owned(),
                 source,
             })?;
-        let router = apiserver::router_with_faults(store.clone(), shutdown.clone(), api_faults);
+        let mut router = apiserver::router_with_faults(store.clone(), shutdown.clone(), api_faults);
+        if let Some(storage) = &checkpoint_storage {
+            router = router.merge(object_storage::router(storage));
+        }
         let api_shutdown = shutdown.clone();
         let mut tasks = vec![tokio::spawn(async move {
             // As Go's net package (and so the real API server) does: without it
@@ -92,6 +100,17 @@ impl Simulator {
                 jetstream.clone(),
                 shutdown.clone(),
             )));
+            if checkpoint_storage.is_some() {
+                let retention = client
+                    .subscribe("trainyard.decisions.retention.>")
+                    .await
+                    .map_err(|e| SimulatorError::Nats(e.to_string()))?;
+                tasks.push(tokio::spawn(receive_retention(
+                    retention,
+                    cluster.clone(),
+                    shutdown.clone(),
+                )));
+            }
         }
         tasks.push(tokio::spawn(drive(
             cluster.clone(),
@@ -239,5 +258,38 @@ async fn receive_commands(
         };
         let reports = lock(&cluster).command(command);
         publish(jetstream.as_ref(), reports).await;
+    }
+}
+
+/// Retention decisions, which the workers of jobs on volumes carry out
+/// (executor `worker`), as a real worker-side reporter does.
+async fn receive_retention(
+    mut subscriber: async_nats::Subscriber,
+    cluster: Arc<Mutex<Cluster>>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let message = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            message = subscriber.next() => match message {
+                Some(message) => message,
+                None => return,
+            },
+        };
+        let Some(parsed) = subject::parse(&message.subject) else {
+            continue;
+        };
+        let decision = Incoming::decode(&message.payload)
+            .ok()
+            .and_then(|incoming| incoming.payload::<RetentionApplied>().ok());
+        let Some(decision) = decision else {
+            tracing::warn!(subject = %message.subject, "undecodable retention decision ignored");
+            continue;
+        };
+        let namespace = parsed.namespace.unwrap_or_default();
+        let deleted = lock(&cluster).retention(&namespace, &parsed.name, &decision);
+        if !deleted.is_empty() {
+            tracing::info!(%namespace, job = %parsed.name, deleted = deleted.len(), "retention applied by the simulated workers");
+        }
     }
 }

@@ -9,8 +9,14 @@
 //! trace_replay [--trace loadtest/traces/sample-40.csv] [--nodes 15]
 //!     [--gpus-per-node 4] [--speed 60] [--cycle-ms 100] [--step 60]
 //!     [--epoch-seconds 300] [--timeout 900] [--bin-dir DIR]
-//!     [--out-dir loadtest/out]
+//!     [--out-dir loadtest/out] [--checkpoint-every EPOCHS [--killed-save-rate F]]
 //! ```
+//!
+//! With `--checkpoint-every`, every job checkpoints to `s3://trace/...` with
+//! `retention: {keepLast: 2}`: the simulated workers write real checkpoint
+//! files under the stack's work directory, the checkpoint-manager verifies
+//! them and deletes the older ones through the simulator's S3 endpoint, and
+//! the output counts what it verified, found incomplete and deleted.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -71,6 +77,38 @@ struct Args {
     bin_dir: PathBuf,
     #[arg(long, default_value_os_t = Path::new(env!("CARGO_MANIFEST_DIR")).join("out"))]
     out_dir: PathBuf,
+    /// Jobs checkpoint every this many epochs (real files, verified and
+    /// retained by the checkpoint-manager); 0: they do not checkpoint.
+    #[arg(long, default_value_t = 0)]
+    checkpoint_every: u32,
+    /// Fraction of saves killed part-way (the worker dies and the job
+    /// restarts), with `--checkpoint-every`.
+    #[arg(long, default_value_t = 0.0, value_parser = fraction)]
+    killed_save_rate: f64,
+}
+
+fn fraction(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(value) if (0.0..=1.0).contains(&value) => Ok(value),
+        _ => Err(format!("{text} is not a fraction between 0 and 1")),
+    }
+}
+
+/// What the checkpoint-manager counted, from its metrics.
+#[derive(Serialize)]
+struct CheckpointCounts {
+    verified: f64,
+    incomplete: f64,
+    deleted_by_retention: f64,
+}
+
+/// The sum of `name`'s samples whose labels contain `labels` (Prometheus text).
+fn counter(metrics: &str, name: &str, labels: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|line| line.starts_with(name) && line.contains(labels))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// The time resolution of the replay in simulated seconds: the services keep
@@ -100,6 +138,9 @@ struct ReplayOutput {
     trainyard: Report,
     fifo_reference: Report,
     processes: Vec<ProcessStats>,
+    /// With `--checkpoint-every`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    checkpoints: Option<CheckpointCounts>,
 }
 
 #[tokio::main]
@@ -161,7 +202,11 @@ async fn run(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<ReplayOutput> {
     let nats_url = stack.start_nats(None).await?;
-    let cluster_config = workload::cluster_config(args.nodes, args.gpus_per_node, args.speed);
+    let mut cluster_config = workload::cluster_config(args.nodes, args.gpus_per_node, args.speed);
+    if args.checkpoint_every > 0 {
+        cluster_config.checkpoints.root = Some(stack.work_dir().join("checkpoints"));
+        cluster_config.checkpoints.killed_save_rate = args.killed_save_rate;
+    }
     let tick = cluster_config.tick_milliseconds;
     let simulator = Simulator::start(
         cluster_config,
@@ -176,7 +221,13 @@ async fn run(
     };
     let kubeconfig = stack.write_kubeconfig(&simulator.kubeconfig())?;
     let kubeconfig = kubeconfig.to_string_lossy().into_owned();
-    stack.start_services(&kubeconfig, args.cycle_ms)?;
+    for service in Service::ALL {
+        let mut env = stack.service_env(service, &kubeconfig, args.cycle_ms)?;
+        if service == Service::CheckpointManager && args.checkpoint_every > 0 {
+            env.extend(workload::simulated_s3_env(simulator.address));
+        }
+        stack.start_service(service, &env)?;
+    }
     stack.wait_ready(Duration::from_secs(60)).await?;
     let client = stack::kube_client(&simulator.kubeconfig()).await?;
     let js = jetstream::new(async_nats::connect(&nats_url).await?);
@@ -234,7 +285,16 @@ async fn run(
             queue: Some(queue.clone()),
         };
         let object_name = workload::object_name(name, &job.id);
-        let object = workload::training_job(NAMESPACE, &object_name, &shape)?;
+        let mut object = workload::training_job(NAMESPACE, &object_name, &shape)?;
+        if args.checkpoint_every > 0 {
+            object.spec.checkpoint = Some(serde_json::from_value(serde_json::json!({
+                "enabled": true,
+                // A job shorter than the interval saves once, at its end.
+                "frequency": args.checkpoint_every.min(epochs),
+                "storage": {"type": "s3", "s3Bucket": "trace"},
+                "retention": {"keepLast": 2},
+            }))?);
+        }
         api.create(&PostParams::default(), &object)
             .await
             .with_context(|| format!("creating TrainingJob {object_name}"))?;
@@ -252,6 +312,21 @@ async fn run(
         done = all_finished(&api, &submitted).await;
     }
     let wall_seconds = wall_start.elapsed().as_secs_f64();
+    let checkpoints = if args.checkpoint_every > 0 {
+        let metrics = stack.metrics(Service::CheckpointManager).await?;
+        let verifications = "trainyard_checkpoint_verifications_total";
+        Some(CheckpointCounts {
+            verified: counter(&metrics, verifications, "outcome=\"verified\""),
+            incomplete: counter(&metrics, verifications, "outcome=\"incomplete\""),
+            deleted_by_retention: counter(
+                &metrics,
+                "trainyard_checkpoint_retention_deleted_total",
+                "",
+            ),
+        })
+    } else {
+        None
+    };
     let processes = stack.stats();
     let history = runner::lock(&simulator.cluster).history().clone();
 
@@ -297,6 +372,7 @@ async fn run(
         trainyard,
         fifo_reference,
         processes,
+        checkpoints,
     })
 }
 
@@ -362,6 +438,12 @@ fn print_output(o: &ReplayOutput) {
         seconds(r.submit_lag_max_seconds),
         seconds(r.min_queueing_seconds),
     );
+    if let Some(c) = &o.checkpoints {
+        println!(
+            "\ncheckpoints: {} reports verified, {} incomplete (killed saves), {} deleted by retention",
+            c.verified, c.incomplete, c.deleted_by_retention
+        );
+    }
     println!("\n{:<20} {:>12} {:>14}", "process", "CPU s", "peak RSS MiB");
     for p in &o.processes {
         println!(

@@ -30,8 +30,8 @@ pub use registry::Registry;
 #[serde(default, rename_all = "snake_case")]
 pub struct StorageSettings {
     /// Read volume paths (`/checkpoints/...`) itself: set when the manager
-    /// mounts the same volumes as the workers (the simulator, a shared RWX
-    /// claim). Otherwise volume checkpoints count as verified on the worker-side
+    /// mounts the same volumes as the workers at the paths they see (a shared
+    /// RWX claim). Otherwise volume checkpoints count as verified on the worker-side
     /// reporter's word, and their deletion is left to it.
     pub read_volumes: bool,
     /// S3 endpoint for jobs that name none (`storage.s3Endpoint` wins).
