@@ -16,9 +16,15 @@ pub enum CheckpointError {
     /// Reading or writing the `trainyard_checkpoints` bucket failed.
     #[error("state store: {0}")]
     Store(String),
-    /// Checkpoint storage could not be reached or read.
+    /// Checkpoint storage refused a request or cannot be used as configured.
     #[error("checkpoint storage: {0}")]
     Storage(String),
+    /// Checkpoint storage could not be reached (connection refused, timeout,
+    /// 5xx, throttling): an outage, waited out.
+    #[error(
+        "checkpoint storage unreachable: {0}; the message is handled again until the storage answers"
+    )]
+    StorageUnavailable(String),
     /// Publishing a decision failed.
     #[error(transparent)]
     Runtime(#[from] trainyard_runtime::RuntimeError),
@@ -41,6 +47,7 @@ impl CheckpointError {
             CheckpointError::CorruptState { .. } => "corrupt_state",
             CheckpointError::Store(_) => "store",
             CheckpointError::Storage(_) => "storage",
+            CheckpointError::StorageUnavailable(_) => "storage_unavailable",
             CheckpointError::Runtime(err) => err.category(),
             CheckpointError::Metrics(_) => "metrics",
             CheckpointError::Registry(_) => "registry",
@@ -51,8 +58,8 @@ impl CheckpointError {
 
 impl From<CheckpointError> for trainyard_runtime::HandleError {
     /// Unreadable state is dead-lettered at once; an unreachable model
-    /// registry is waited out in place, so a job's completion is never lost
-    /// to it; everything else is retried (an unknown job's TrainingJob event
+    /// registry or checkpoint storage is waited out in place, so a job's
+    /// completion or checkpoint is never lost to an outage; everything else is retried (an unknown job's TrainingJob event
     /// may still be on its way).
     fn from(err: CheckpointError) -> Self {
         match err {
@@ -60,7 +67,7 @@ impl From<CheckpointError> for trainyard_runtime::HandleError {
                 category: err.category(),
                 reason: err.to_string(),
             },
-            CheckpointError::Registry(_) => {
+            CheckpointError::Registry(_) | CheckpointError::StorageUnavailable(_) => {
                 trainyard_runtime::HandleError::Transient(err.to_string())
             }
             other => trainyard_runtime::HandleError::Retry(other.to_string()),

@@ -26,7 +26,7 @@ pub use metrics::CheckpointMetrics;
 pub use registry::Registry;
 
 /// How the manager reaches checkpoint storage (part of [`ManagerConfig`]).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "snake_case")]
 pub struct StorageSettings {
     /// Read volume paths (`/checkpoints/...`) itself: set when the manager
@@ -41,6 +41,23 @@ pub struct StorageSettings {
     /// without them the AWS environment and the pod's service account are used.
     pub s3_access_key_id: Option<String>,
     pub s3_secret_access_key: Option<String>,
+    /// Timeout of one storage request. A storage still unreachable after a
+    /// few quick retries within this time is waited out by handling the
+    /// message again, so a job's lock is never held longer.
+    pub storage_timeout_seconds: u64,
+}
+
+impl Default for StorageSettings {
+    fn default() -> Self {
+        Self {
+            read_volumes: false,
+            s3_endpoint: None,
+            s3_region: None,
+            s3_access_key_id: None,
+            s3_secret_access_key: None,
+            storage_timeout_seconds: 10,
+        }
+    }
 }
 
 /// The default alias moved to a newly registered version.

@@ -27,7 +27,7 @@ use trainyard_api::{StorageType, TrainingJob, TrainingJobState};
 use trainyard_contracts::alerts::{CheckpointProblem, CheckpointProblemKind, Severity};
 use trainyard_contracts::decisions::{
     CheckpointIntervalAdvised, CheckpointRef, CheckpointVerified, ModelRegistered,
-    ResumePointChosen, RetentionApplied, RetentionExecutor, SkippedCheckpoint,
+    ResumePointChosen, RetentionApplied, RetentionExecutor, SkippedCheckpoint, SweepProgressed,
 };
 use trainyard_contracts::events::{Change, TrainingJobChanged};
 use trainyard_contracts::lifecycle::{TrainingJobFinalized, TrainingJobTransitioned};
@@ -70,6 +70,9 @@ pub struct JobSettings {
     /// The `trainyard.dev/model-name` annotation.
     #[serde(default)]
     pub model_name: Option<String>,
+    /// The Sweep whose trial the job is: registered only as the Sweep's best.
+    #[serde(default)]
+    pub sweep: Option<String>,
 }
 
 /// Everything the manager keeps about one job.
@@ -111,6 +114,10 @@ pub struct JobRecord {
     /// Problems raised once per checkpoint URI or refused policy.
     #[serde(default)]
     pub raised: Raised,
+    /// The model a Sweep's trial is registered as, set once the Sweep
+    /// finished with this trial as its best.
+    #[serde(default)]
+    pub sweep_model: Option<String>,
 }
 
 impl JobRecord {
@@ -130,6 +137,7 @@ impl JobRecord {
             last_verified_at: None,
             overdue_raised: false,
             raised: Raised::default(),
+            sweep_model: None,
         }
     }
 }
@@ -205,8 +213,31 @@ fn settings_of(job: &TrainingJob) -> Option<JobSettings> {
             .annotations
             .as_ref()
             .and_then(|a| a.get(trainyard_api::ANNOTATION_MODEL_NAME).cloned()),
+        sweep: sweep_of(job),
     })
 }
+
+/// The Sweep that owns `job` (its trial): the controlling owner reference of
+/// kind Sweep, else the planner's `trainyard.dev/sweep` label.
+fn sweep_of(job: &TrainingJob) -> Option<String> {
+    let owner = job
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|owner| {
+            owner.kind == "Sweep" && owner.api_version == trainyard_api::API_GROUP_VERSION
+        });
+    owner.map(|owner| owner.name.clone()).or_else(|| {
+        job.metadata
+            .labels
+            .as_ref()
+            .and_then(|labels| labels.get(SWEEP_LABEL).cloned())
+    })
+}
+
+/// The label the planner puts on a Sweep's trials, naming the Sweep.
+pub const SWEEP_LABEL: &str = "trainyard.dev/sweep";
 
 /// True when `uri` lies under `base` (the same path, or below it).
 pub fn within(base: &str, uri: &str) -> bool {
@@ -565,6 +596,12 @@ impl Manager {
     async fn handle_in_span(&self, message: &Incoming) -> Result<(), CheckpointError> {
         let job = message.header.entity.clone();
         let kind = message.header.message_type.as_str();
+        if kind == SweepProgressed::TYPE {
+            let progress: SweepProgressed = message
+                .payload()
+                .map_err(|err| CheckpointError::Config(err.to_string()))?;
+            return self.on_sweep(&job, &progress, message).await;
+        }
         let key = job.key();
         let job_lock = self.job_lock(&key);
         let _handling = job_lock.lock().await;
@@ -617,7 +654,7 @@ impl Manager {
                 let mut outgoing = self.on_report(&mut record, report, message).await?;
                 // A report handled after the completion (they travel on
                 // different streams) may change which checkpoint is best.
-                if record.completed {
+                if record.completed || record.sweep_model.is_some() {
                     outgoing.extend(self.register(&mut record, false).await?);
                 }
                 outgoing
@@ -643,6 +680,57 @@ impl Manager {
         // deciding again from the stored record publishes the same ids.
         self.save(record).await?;
         self.publish(&job, message, outgoing).await
+    }
+
+    /// Registers a finished Sweep's best trial's best verified checkpoint as
+    /// the Sweep's model (named like a job's, from the Sweep's name). The
+    /// trial's record keeps the registration, so a redelivered or repeated
+    /// finish publishes it again without asking the registry, and a report of
+    /// the trial handled later that changes its best checkpoint registers it.
+    async fn on_sweep(
+        &self,
+        sweep: &EntityRef,
+        progress: &SweepProgressed,
+        message: &Incoming,
+    ) -> Result<(), CheckpointError> {
+        let (Some(reason), Some(best)) = (&progress.finished_reason, &progress.best_trial) else {
+            return Ok(());
+        };
+        let Some(registry) = &self.registry else {
+            return Ok(());
+        };
+        let trial = EntityRef::new(&sweep.namespace, &best.trial_name, "");
+        let key = trial.key();
+        let job_lock = self.job_lock(&key);
+        let _handling = job_lock.lock().await;
+        let mut record = self.load(&trial).await?;
+        let owned = record
+            .settings
+            .as_ref()
+            .and_then(|s| s.sweep.as_deref())
+            .is_some_and(|owner| owner == sweep.name);
+        if !owned {
+            tracing::info!(trial = %best.trial_name, "the finished Sweep's best trial has no checkpoints of this Sweep tracked; no model registered");
+            // Back to the cache only when it is a job's record, not an empty one.
+            if record.settings.is_some() {
+                self.records
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key, record);
+            }
+            return Ok(());
+        }
+        let model_name = registry.model_name(&sweep.namespace, &sweep.name, None);
+        tracing::info!(trial = %best.trial_name, model = %model_name, %reason, "Sweep finished; registering its best trial");
+        record.sweep_model = Some(model_name);
+        let outgoing: Vec<Outgoing> = self
+            .register(&mut record, true)
+            .await?
+            .into_iter()
+            .collect();
+        let trial = record.job.clone();
+        self.save(record).await?;
+        self.publish(&trial, message, outgoing).await
     }
 
     async fn on_report(
@@ -824,15 +912,28 @@ impl Manager {
             }
             return Ok(None);
         };
+        let model_name = match (&settings.sweep, &record.sweep_model) {
+            (None, _) => registry.model_name(
+                &record.job.namespace,
+                &record.job.name,
+                settings.model_name.as_deref(),
+            ),
+            (Some(_), Some(sweep_model)) => sweep_model.clone(),
+            (Some(sweep), None) => {
+                if republish {
+                    tracing::info!(%sweep, "a Sweep's trial is registered only as the Sweep's best, when the Sweep finishes");
+                }
+                return Ok(None);
+            }
+        };
         let source = chosen.uri.clone();
-        if let Some(model) = record.model.as_ref().filter(|m| m.source == source) {
+        if let Some(model) = record
+            .model
+            .as_ref()
+            .filter(|m| m.source == source && m.model_name == model_name)
+        {
             return Ok(republish.then(|| Outgoing::Registered(model.clone())));
         }
-        let model_name = registry.model_name(
-            &record.job.namespace,
-            &record.job.name,
-            settings.model_name.as_deref(),
-        );
         let run_id = settings.mlflow_run_id.clone();
         let outcome = async {
             let version = registry

@@ -11,12 +11,13 @@ use std::sync::{Arc, Mutex};
 use checkpoint_manager_core::verify::{self, Expected, Listing};
 use checkpoint_manager_core::{MANIFEST_FILE, Manifest, Verification};
 use futures::{StreamExt, TryStreamExt};
-use object_store::aws::AmazonS3Builder;
-use object_store::azure::MicrosoftAzureBuilder;
-use object_store::gcp::GoogleCloudStorageBuilder;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+use object_store::client::HttpErrorKind;
+use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreScheme};
+use object_store::{ClientConfigKey, ObjectStore, ObjectStoreScheme, RetryConfig};
 use sha2::{Digest, Sha256};
 use url::Url;
 
@@ -42,6 +43,75 @@ pub struct Storage {
 
 fn storage_error(uri: &str, err: impl std::fmt::Display) -> CheckpointError {
     CheckpointError::Storage(format!("{uri}: {err}"))
+}
+
+/// The error of a failed storage request: an outage (`what` waits until the
+/// storage answers) or a refusal (it is retried, then dead-lettered).
+fn request_error(what: impl std::fmt::Display, err: &object_store::Error) -> CheckpointError {
+    if is_outage(err) {
+        CheckpointError::StorageUnavailable(format!("{what}: {err}"))
+    } else {
+        CheckpointError::Storage(format!("{what}: {err}"))
+    }
+}
+
+/// True when the storage could not be reached or could not answer: the
+/// connection was refused, reset or timed out, or the server answered 5xx,
+/// 429 or 408 (object_store's own retries gave up on those). Refusals (403,
+/// 404, other 4xx) and unusable paths are not outages.
+pub fn is_outage(err: &object_store::Error) -> bool {
+    let object_store::Error::Generic { source, .. } = err else {
+        return false;
+    };
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
+    while let Some(current) = cause {
+        if let Some(http) = current.downcast_ref::<object_store::client::HttpError>()
+            && matches!(
+                http.kind(),
+                HttpErrorKind::Connect
+                    | HttpErrorKind::Request
+                    | HttpErrorKind::Timeout
+                    | HttpErrorKind::Interrupted
+            )
+        {
+            return true;
+        }
+        if let Some(http) = current.downcast_ref::<reqwest::Error>()
+            && (http.is_connect()
+                || http.is_timeout()
+                || http.is_request()
+                || http.status().is_some_and(|s| s.is_server_error()))
+        {
+            return true;
+        }
+        if let Some(io) = current.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionRefused
+                    | std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::NotConnected
+                    | std::io::ErrorKind::TimedOut
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::UnexpectedEof
+            )
+        {
+            return true;
+        }
+        cause = current.source();
+    }
+    // object_store keeps the status of an answered request in a type it does
+    // not export; its message is "... status code: <code> ..." (or an error
+    // body in a 200 answer, which it treats as a 5xx).
+    let message = source.to_string();
+    let status = message
+        .split_once("status code: ")
+        .and_then(|(_, rest)| rest.get(..3))
+        .and_then(|code| code.parse::<u16>().ok());
+    match status {
+        Some(code) => code >= 500 || code == 429 || code == 408,
+        None => message.contains("Server returned error response"),
+    }
 }
 
 impl Storage {
@@ -110,9 +180,30 @@ impl Storage {
         endpoint: Option<&str>,
         uri: &str,
     ) -> Result<Arc<dyn ObjectStore>, CheckpointError> {
+        let timeout = format!("{}s", self.settings.storage_timeout_seconds.max(1));
+        let connect_timeout = format!("{}s", self.settings.storage_timeout_seconds.clamp(1, 5));
+        // A few quick retries, no more: a longer outage is waited out by
+        // handling the message again, not inside one request.
+        let retry = RetryConfig {
+            max_retries: 2,
+            retry_timeout: std::time::Duration::from_secs(
+                self.settings.storage_timeout_seconds.max(1),
+            ),
+            ..RetryConfig::default()
+        };
         Ok(match scheme {
             ObjectStoreScheme::AmazonS3 => {
-                let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+                let mut builder = AmazonS3Builder::from_env()
+                    .with_bucket_name(bucket)
+                    .with_retry(retry)
+                    .with_config(
+                        AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
+                        &timeout,
+                    )
+                    .with_config(
+                        AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
+                        &connect_timeout,
+                    );
                 if let Some(endpoint) = endpoint.or(self.settings.s3_endpoint.as_deref()) {
                     builder = builder
                         .with_endpoint(endpoint)
@@ -134,12 +225,24 @@ impl Storage {
             ObjectStoreScheme::GoogleCloudStorage => Arc::new(
                 GoogleCloudStorageBuilder::from_env()
                     .with_bucket_name(bucket)
+                    .with_retry(retry)
+                    .with_config(GoogleConfigKey::Client(ClientConfigKey::Timeout), &timeout)
+                    .with_config(
+                        GoogleConfigKey::Client(ClientConfigKey::ConnectTimeout),
+                        &connect_timeout,
+                    )
                     .build()
                     .map_err(|e| storage_error(uri, e))?,
             ),
             ObjectStoreScheme::MicrosoftAzure => Arc::new(
                 MicrosoftAzureBuilder::from_env()
                     .with_container_name(bucket)
+                    .with_retry(retry)
+                    .with_config(AzureConfigKey::Client(ClientConfigKey::Timeout), &timeout)
+                    .with_config(
+                        AzureConfigKey::Client(ClientConfigKey::ConnectTimeout),
+                        &connect_timeout,
+                    )
                     .build()
                     .map_err(|e| storage_error(uri, e))?,
             ),
@@ -179,7 +282,7 @@ impl Location {
             let object = match object {
                 Ok(object) => object,
                 Err(object_store::Error::NotFound { .. }) => break,
-                Err(err) => return Err(CheckpointError::Storage(format!("list {prefix}: {err}"))),
+                Err(err) => return Err(request_error(format_args!("list {prefix}"), &err)),
             };
             let location = object.location.as_ref();
             let relative = location
@@ -197,10 +300,10 @@ impl Location {
             .store
             .get(&path)
             .await
-            .map_err(|e| CheckpointError::Storage(format!("read {path}: {e}")))?;
+            .map_err(|e| request_error(format_args!("read {path}"), &e))?;
         got.bytes()
             .await
-            .map_err(|e| CheckpointError::Storage(format!("read {path}: {e}")))
+            .map_err(|e| request_error(format_args!("read {path}"), &e))
     }
 
     async fn sha256(&self, relative: &str) -> Result<String, CheckpointError> {
@@ -209,13 +312,13 @@ impl Location {
             .store
             .get(&path)
             .await
-            .map_err(|e| CheckpointError::Storage(format!("read {path}: {e}")))?;
+            .map_err(|e| request_error(format_args!("read {path}"), &e))?;
         let mut stream = got.into_stream();
         let mut hasher = Sha256::new();
         while let Some(chunk) = stream
             .try_next()
             .await
-            .map_err(|e| CheckpointError::Storage(format!("read {path}: {e}")))?
+            .map_err(|e| request_error(format_args!("read {path}"), &e))?
         {
             hasher.update(&chunk);
         }
@@ -267,7 +370,7 @@ impl Location {
             let path = self.path(relative);
             match self.store.delete(&path).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(err) => return Err(CheckpointError::Storage(format!("delete {path}: {err}"))),
+                Err(err) => return Err(request_error(format_args!("delete {path}"), &err)),
             }
         }
         Ok(listing.len())

@@ -1,7 +1,9 @@
 //! Model registration against a real MLflow server (`pip install mlflow`), a
 //! real S3-compatible server (moto) and a real NATS server: a completed job's
 //! best verified checkpoint becomes a model version with the `best` alias,
-//! exactly once across redeliveries and restarts. Skipped, with a message,
+//! exactly once across redeliveries and restarts; a finished Sweep's best
+//! trial's checkpoint becomes a version of the Sweep's model, and no trial is
+//! registered on its own. Skipped, with a message,
 //! only when no `mlflow` executable is on PATH.
 
 mod common;
@@ -11,8 +13,10 @@ use object_store::aws::AmazonS3;
 use serde_json::{Value, json};
 use trainyard_api::TrainingJobState;
 use trainyard_checkpoint_manager::ManagerConfig;
-use trainyard_contracts::Bucket;
-use trainyard_contracts::decisions::{CheckpointVerified, ModelRegistered};
+use trainyard_contracts::decisions::{
+    BestTrial, CheckpointVerified, ModelRegistered, SweepProgressed,
+};
+use trainyard_contracts::{Bucket, EntityRef};
 use trainyard_runtime::Runtime;
 use trainyard_testkit::{MlflowServer, NatsServer, metric, mlflow_executable};
 
@@ -369,5 +373,141 @@ async fn completed_jobs_register_their_best_verified_checkpoint_once() {
             .is_empty()
     );
     assert!(!reader.model_exists("ml-untracked").await);
+    stop_manager(manager).await;
+}
+
+/// A trial of the Sweep `sweep`: a TrainingJob the Sweep controls, labelled as
+/// the planner labels trials.
+fn trial(sweep: &str, name: &str) -> trainyard_api::TrainingJob {
+    s3_job(
+        name,
+        json!({"metadata": {
+            "labels": {"trainyard.dev/sweep": sweep},
+            "ownerReferences": [{"apiVersion": "trainyard.dev/v1", "kind": "Sweep", "name": sweep,
+                                 "uid": format!("uid-{sweep}"), "controller": true}]}}),
+    )
+}
+
+/// Waits until this manager has handled `count` Sweep progress messages.
+async fn sweeps_handled(runtime: &Runtime, count: u64) {
+    let handled = [
+        ("consumer", "checkpoint-manager-decisions"),
+        ("outcome", "ack"),
+    ];
+    trainyard_testkit::eventually(&format!("{count} sweep messages handled"), || async {
+        (metric(
+            &runtime.registry,
+            "trainyard_messages_handled_total",
+            &handled,
+        ) >= count as f64)
+            .then_some(())
+    })
+    .await;
+}
+
+fn sweep_progress(best: &str, finished: Option<&str>) -> SweepProgressed {
+    SweepProgressed {
+        pending: 0,
+        running: u32::from(finished.is_none()),
+        succeeded: 2,
+        failed: 0,
+        early_stopped: 0,
+        best_trial: Some(BestTrial {
+            trial_name: best.to_string(),
+            parameters: Default::default(),
+            objective_value: 0.93,
+        }),
+        rungs: Default::default(),
+        finished_reason: finished.map(str::to_string),
+        message: None,
+        objective_metric: Some("accuracy".into()),
+        labels: Default::default(),
+        annotations: Default::default(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_sweep_registers_only_its_best_trials_checkpoint_under_its_name() {
+    let Some(executable) = mlflow_executable() else {
+        eprintln!(
+            "SKIPPED a_finished_sweep_registers_only_its_best_trials_checkpoint_under_its_name: no `mlflow` executable on PATH (pip install mlflow)"
+        );
+        return;
+    };
+    let mlflow = MlflowServer::start(executable);
+    let moto = Moto::start();
+    let s3 = moto.bucket(BUCKET).await;
+    let nats = NatsServer::start();
+    let driver = Driver::connect(&nats).await;
+    let reader = Reader::new(&mlflow);
+    let manager = start_manager(&nats, registry_config(&moto, &mlflow)).await;
+    let sweep = EntityRef::new(NS, "resnet", "uid-resnet");
+
+    for (name, checkpoints) in [
+        ("resnet-t0000", [(100, 0.5), (200, 0.3)]),
+        ("resnet-t0001", [(100, 0.4), (200, 0.1)]),
+    ] {
+        driver.apply(&trial("resnet", name)).await;
+        save(&driver, &s3, name, &checkpoints).await;
+        let verified = driver.wait_for::<CheckpointVerified>(name, 2).await;
+        assert!(verified.iter().all(|v| v.verified), "{verified:?}");
+        complete(&driver, name).await;
+    }
+    lifecycle_handled(&manager, 2).await;
+    // Progress before the end registers nothing either.
+    driver
+        .publish(sweep.clone(), sweep_progress("resnet-t0001", None))
+        .await;
+    sweeps_handled(&manager, 1).await;
+    for name in ["resnet-t0000", "resnet-t0001"] {
+        assert!(
+            driver.decisions::<ModelRegistered>(name).await.is_empty(),
+            "{name} registered on its own"
+        );
+        assert!(!reader.model_exists(&format!("{NS}-{name}")).await);
+    }
+    assert!(!reader.model_exists("ml-resnet").await);
+
+    driver
+        .publish(
+            sweep.clone(),
+            sweep_progress("resnet-t0001", Some("MaxTrialsReached")),
+        )
+        .await;
+    let best = format!("s3://{BUCKET}/{NS}/resnet-t0001/step-200");
+    let expected = ModelRegistered {
+        model_name: "ml-resnet".into(),
+        version: "1".into(),
+        source: best.clone(),
+        run_id: None,
+        alias: Some("best".into()),
+        error: None,
+    };
+    let registered = driver.wait_for::<ModelRegistered>("resnet-t0001", 1).await;
+    assert_eq!(registered, vec![expected.clone()]);
+    assert_eq!(
+        reader.versions("ml-resnet").await,
+        vec![("1".to_string(), best.clone(), String::new())]
+    );
+
+    // The finish again (the tuner republishes after a restart): the same
+    // registration, no second version, and the other trial still nothing.
+    driver
+        .publish(
+            sweep.clone(),
+            sweep_progress("resnet-t0001", Some("MaxTrialsReached")),
+        )
+        .await;
+    let registered = driver.wait_for::<ModelRegistered>("resnet-t0001", 2).await;
+    assert_eq!(registered[1], expected);
+    sweeps_handled(&manager, 3).await;
+    assert_eq!(reader.versions("ml-resnet").await.len(), 1);
+    assert_eq!(registrations(&manager, "registered"), 1);
+    assert!(
+        driver
+            .decisions::<ModelRegistered>("resnet-t0000")
+            .await
+            .is_empty()
+    );
     stop_manager(manager).await;
 }

@@ -228,6 +228,12 @@ impl Service {
                     vec![kind_filter(Family::Worker, "checkpoint")],
                 ),
                 ConsumerSpec::new(self, LIFECYCLE, vec![family_filter(Family::Lifecycle)]),
+                // A finished Sweep's best trial is registered as its model.
+                ConsumerSpec::new(
+                    self,
+                    DECISIONS,
+                    vec![kind_filter(Family::Decisions, "sweep")],
+                ),
             ],
             Service::CostOptimizer => vec![
                 ConsumerSpec::new(

@@ -35,7 +35,11 @@ pub struct Moto {
 
 impl Moto {
     pub fn start() -> Self {
-        let port = trainyard_testkit::free_port();
+        Self::start_on(trainyard_testkit::free_port())
+    }
+
+    /// Starts the server on `port` (e.g. one a job's storage already names).
+    pub fn start_on(port: u16) -> Self {
         let child = Command::new("moto_server")
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdout(Stdio::null())
@@ -62,6 +66,7 @@ impl Moto {
             s3_region: Some("us-east-1".into()),
             s3_access_key_id: Some("test".into()),
             s3_secret_access_key: Some("test".into()),
+            ..StorageSettings::default()
         }
     }
 
