@@ -79,6 +79,11 @@ async fn replicas_share_a_channels_pace_and_nobody_sends_inside_a_retry_after() 
     for replica in &processes {
         replica.ready().await;
     }
+    // Ten heartbeats, so every replica sees the others before the burst: a
+    // replica that has not yet seen the owner of `ci` would send to it too,
+    // and a webhook request already in flight when the other's 429 arrives
+    // cannot be recalled (webhooks have no interval to keep requests apart).
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let js = jetstream(&nats.url()).await;
     let mut published = BTreeSet::new();
     for i in 0..12 {
