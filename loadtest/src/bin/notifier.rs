@@ -8,7 +8,9 @@
 //! Prints duplicates and lost events (Slack: per channel, from the event count
 //! of each message's context line; webhooks: per event id), requests sent
 //! inside a 429's Retry-After (unhandled 429s), the highest number of messages
-//! one Slack channel received in any one-second window, event-to-delivery
+//! one Slack channel received in any one-second window and the shortest gap
+//! between two messages on one channel (arrival times carry each request's
+//! own latency, so a 1 s pace can arrive a few ms short), event-to-delivery
 //! latency without the grouping wait (received − max(event published,
 //! notification created), from the webhook deliveries) and with it, the same
 //! for the unimpeded deliveries alone (first attempt, and no 429 closed the
@@ -419,6 +421,7 @@ async fn main() -> anyhow::Result<()> {
     let mut slack_dup = 0u64;
     let mut slack_lost = 0u64;
     let mut peak_rate = 0usize;
+    let mut closest: Option<Duration> = None;
     let mut messages = 0usize;
     for (channel, expected) in &expected_per_channel {
         let got = r.slack.get(channel).map(Vec::as_slice).unwrap_or_default();
@@ -427,6 +430,10 @@ async fn main() -> anyhow::Result<()> {
         slack_dup += events.saturating_sub(*expected);
         slack_lost += expected.saturating_sub(events);
         let times: Vec<Instant> = got.iter().map(|(t, _)| *t).collect();
+        for pair in times.windows(2) {
+            let gap = pair[1].duration_since(pair[0]);
+            closest = Some(closest.map_or(gap, |c| c.min(gap)));
+        }
         for (i, start) in times.iter().enumerate() {
             let in_window = times[i..]
                 .iter()
@@ -487,6 +494,13 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "Slack messages          {messages} for {} events; peak per channel {peak_rate} in any 1 s window",
         args.events
+    );
+    println!(
+        "closest two messages    {} on one channel",
+        closest.map_or("-".into(), |gap| format!(
+            "{:.1} ms",
+            gap.as_secs_f64() * 1000.0
+        ))
     );
     println!("latency w/o group wait  {}", percentiles(outside));
     println!(

@@ -1,6 +1,7 @@
 //! Sending: every replica watches the outbox; each destination belongs to one
 //! live replica (rendezvous hashing over the heartbeats), which groups its
-//! events, claims them with compare-and-set, sends at the destination's pace,
+//! events, claims them with compare-and-set, sends at the pace shared with
+//! the other replicas (per Slack channel and webhook endpoint, see [`crate::pace`]),
 //! retries, and marks them sent or dead-letters them. A replica that stops
 //! (or is killed) stops beating; its destinations move to the others, which
 //! take its pending events and resend what it had claimed under the same
@@ -15,7 +16,8 @@ use async_nats::jetstream::kv::{self, Operation};
 use bytes::Bytes;
 use chrono::Utc;
 use futures::StreamExt;
-use notifier_core::delivery::{self, Pacer, Verdict};
+use notifier_core::delivery::{self, Verdict};
+use notifier_core::pace::PaceTarget;
 use notifier_core::{Added, Event, Grouper, Notification, Routed, coalesce};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -31,6 +33,7 @@ use crate::metrics::NotifierMetrics;
 use crate::outbox::{
     ENTRY_PREFIX, EntryState, HEARTBEAT_PREFIX, Outbox, OutboxEntry, heartbeat_key,
 };
+use crate::pace::SharedPace;
 use crate::send::Sender;
 
 /// How the dispatcher paces, retries and beats.
@@ -38,7 +41,7 @@ use crate::send::Sender;
 pub struct DispatchSettings {
     pub replica: String,
     pub heartbeat: Duration,
-    /// Least time between two messages to one Slack channel.
+    /// Least time between two messages to one Slack channel, across replicas.
     pub channel_interval: Duration,
     /// Delays before each retry.
     pub retry_schedule: Vec<Duration>,
@@ -82,6 +85,8 @@ pub struct Dispatcher {
     pub settings: DispatchSettings,
     pub outbox: Outbox,
     pub status: kv::Store,
+    /// Per Slack channel and webhook endpoint, shared with the other replicas.
+    pub pace: SharedPace,
     pub config: LiveConfig,
     pub sender: Sender,
     pub publisher: Publisher,
@@ -275,8 +280,7 @@ impl Dispatcher {
         let this = self.clone();
         let retry_tx = tx.clone();
         tokio::spawn(async move {
-            let mut pacer = Pacer::new(this.settings.channel_interval);
-            loop {
+            'work: loop {
                 let work = tokio::select! {
                     _ = shutdown.cancelled() => break,
                     work = rx.recv() => match work { Some(work) => work, None => break },
@@ -288,20 +292,19 @@ impl Dispatcher {
                     },
                     Work::Retry(attempt) => *attempt,
                 };
-                let receiver = attempt.routed.destination.receiver.clone();
-                let paced = attempt.routed.destination.channel.clone().or_else(|| {
-                    this.config
-                        .get()
-                        .routing
-                        .receiver(&receiver)
-                        .and_then(|r| r.slack.as_ref())
-                        .map(|s| s.channel.clone())
-                });
-                if let Some(channel) = &paced {
-                    let slot = pacer.reserve(channel, Instant::now().into_std());
-                    tokio::select! {
-                        _ = shutdown.cancelled() => break,
-                        _ = tokio::time::sleep_until(Instant::from_std(slot)) => {}
+                let paced = this.pace_target(&attempt.routed);
+                if let Some((target, interval)) = &paced {
+                    // A slot booked before another replica's 429 may fall in
+                    // its hold: then book again after it.
+                    loop {
+                        let slot = this.pace.book(target, *interval).await;
+                        tokio::select! {
+                            _ = shutdown.cancelled() => break 'work,
+                            _ = tokio::time::sleep_until(slot.at) => {}
+                        }
+                        if !this.pace.held(target, slot).await {
+                            break;
+                        }
                     }
                 }
                 let verdict = this.send(&attempt).await;
@@ -309,10 +312,10 @@ impl Dispatcher {
                     Verdict::Retry {
                         after: Some(after), ..
                     },
-                    Some(channel),
+                    Some((target, _)),
                 ) = (&verdict, &paced)
                 {
-                    pacer.hold(channel, Instant::now().into_std() + *after);
+                    this.pace.hold(target, *after).await;
                 }
                 if let Some((delay, attempt)) = this.settle(attempt, verdict).await {
                     let tx = retry_tx.clone();
@@ -327,6 +330,26 @@ impl Dispatcher {
             }
         });
         tx
+    }
+
+    /// What paces a notification: the Slack channel it goes to (one message
+    /// per channel interval, across replicas and receivers) or its webhook
+    /// endpoint (no interval, but a `Retry-After` holds it for everyone).
+    fn pace_target(&self, routed: &Routed) -> Option<(PaceTarget, Duration)> {
+        let live = self.config.get();
+        let spec = live.routing.receiver(&routed.destination.receiver);
+        let channel = routed.destination.channel.clone().or_else(|| {
+            spec.and_then(|r| r.slack.as_ref())
+                .map(|s| s.channel.clone())
+        });
+        if let Some(channel) = channel {
+            return Some((
+                PaceTarget::SlackChannel(channel),
+                self.settings.channel_interval,
+            ));
+        }
+        spec.and_then(|r| r.webhook.as_ref())
+            .map(|w| (PaceTarget::Webhook(w.url.clone()), Duration::ZERO))
     }
 
     /// Claims each event with compare-and-set; events another replica claimed

@@ -3,7 +3,8 @@
 //! budget decisions and alerts, routes them with `notifier-core`, stores each
 //! (event, destination) in the outbox bucket, and sends from there: grouped,
 //! claimed with compare-and-set so no replica sends what another did, paced
-//! per Slack channel, retried, and dead-lettered when retries run out.
+//! per Slack channel and held after a 429 per channel and webhook endpoint
+//! across the replicas, retried, and dead-lettered when retries run out.
 
 pub mod dispatch;
 pub mod error;
@@ -11,6 +12,7 @@ pub mod ingest;
 pub mod live;
 pub mod metrics;
 pub mod outbox;
+pub mod pace;
 pub mod queued;
 pub mod send;
 
@@ -38,7 +40,7 @@ pub struct NotifierConfig {
     pub replica_id: String,
     /// Heartbeat period; a replica silent for three periods is taken over.
     pub heartbeat_millis: u64,
-    /// Least time between two messages to one Slack channel.
+    /// Least time between two messages to one Slack channel, across replicas.
     pub channel_interval_millis: u64,
     /// Time limit of one HTTP request.
     pub request_timeout_seconds: u64,
@@ -102,6 +104,7 @@ pub async fn start(runtime: &Runtime, config: NotifierConfig) -> Result<(), Noti
         store: bucket(Bucket::NotifierOutbox)?,
     };
     let status = bucket(Bucket::Notifications)?;
+    let pace_store = bucket(Bucket::NotifierPace)?;
     let live = live::LiveConfig::new(live::Live::load(&config.routes_file)?);
     let metrics = metrics::NotifierMetrics::register(&runtime.registry)?;
     let replica = if config.replica_id.is_empty() {
@@ -121,6 +124,7 @@ pub async fn start(runtime: &Runtime, config: NotifierConfig) -> Result<(), Noti
         },
         outbox: outbox.clone(),
         status,
+        pace: pace::SharedPace::new(pace_store, metrics.clone()),
         config: live.clone(),
         sender,
         publisher: runtime.publisher.clone(),

@@ -16,6 +16,9 @@ pub struct NotifierMetrics {
     pub reloads: IntCounterVec,
     /// Events waiting in this replica's groups or deliveries.
     pub pending: IntGauge,
+    /// Times the shared pace bucket did not answer and this replica paced
+    /// alone, by operation (`book`, `check`, `hold`).
+    pub pace_fallbacks: IntCounterVec,
 }
 
 impl NotifierMetrics {
@@ -53,6 +56,14 @@ impl NotifierMetrics {
                 "Events waiting in this replica's groups and deliveries",
             )
             .map_err(metric_error)?,
+            pace_fallbacks: IntCounterVec::new(
+                Opts::new(
+                    "trainyard_notifier_pace_fallbacks_total",
+                    "Times the shared pace bucket did not answer and this replica paced alone",
+                ),
+                &["operation"],
+            )
+            .map_err(metric_error)?,
         };
         registry
             .register(Box::new(metrics.notifications.clone()))
@@ -65,6 +76,9 @@ impl NotifierMetrics {
             .map_err(metric_error)?;
         registry
             .register(Box::new(metrics.pending.clone()))
+            .map_err(metric_error)?;
+        registry
+            .register(Box::new(metrics.pace_fallbacks.clone()))
             .map_err(metric_error)?;
         Ok(metrics)
     }

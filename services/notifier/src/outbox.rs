@@ -7,9 +7,9 @@
 use async_nats::jetstream::kv;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
+use notifier_core::pace::key_digest;
 use notifier_core::{Event, Routed};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 /// Where an outbox entry stands.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,9 +56,8 @@ impl OutboxEntry {
 
 /// `e.<destination digest>.<event id>`: KV keys allow neither `#` nor `/`.
 pub fn entry_key(routed: &Routed, event_id: &str) -> String {
-    let digest = Sha256::digest(routed.destination.key().as_bytes());
-    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-    format!("{ENTRY_PREFIX}{hex}.{event_id}")
+    let digest = key_digest(&routed.destination.key());
+    format!("{ENTRY_PREFIX}{digest}.{event_id}")
 }
 
 pub const ENTRY_PREFIX: &str = "e.";

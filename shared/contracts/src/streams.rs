@@ -278,7 +278,11 @@ impl Service {
     pub fn buckets(self) -> Vec<Bucket> {
         match self {
             Service::Watcher => vec![],
-            Service::Notifier => vec![Bucket::NotifierOutbox, Bucket::Notifications],
+            Service::Notifier => vec![
+                Bucket::NotifierOutbox,
+                Bucket::Notifications,
+                Bucket::NotifierPace,
+            ],
             Service::Planner => vec![Bucket::Planner, Bucket::Leases],
             Service::GpuAllocator => vec![Bucket::Allocator, Bucket::Leases],
             Service::HpoTuner => vec![Bucket::Tuner],
@@ -356,6 +360,10 @@ pub enum Bucket {
     /// notifier: delivery status per notification
     /// ([`crate::notifications::DeliveryStatus`]).
     Notifications,
+    /// notifier: per Slack channel and webhook endpoint, the earliest instant
+    /// the next message may go and the end of the last 429's `Retry-After`,
+    /// shared by the replicas.
+    NotifierPace,
 }
 
 /// How long a lease outlives its last renewal: a standby takes over within
@@ -373,6 +381,7 @@ impl Bucket {
             Bucket::Leases => "trainyard_leases",
             Bucket::NotifierOutbox => "trainyard_notifier_outbox",
             Bucket::Notifications => "trainyard_notifications",
+            Bucket::NotifierPace => "trainyard_notifier_pace",
         }
     }
 
@@ -384,6 +393,8 @@ impl Bucket {
             // delivered; short enough to stay small.
             Bucket::NotifierOutbox => Some(std::time::Duration::from_secs(24 * 3600)),
             Bucket::Notifications => Some(std::time::Duration::from_secs(7 * 24 * 3600)),
+            // A pace older than a day lies in the past: its key may go.
+            Bucket::NotifierPace => Some(std::time::Duration::from_secs(24 * 3600)),
             _ => None,
         }
     }

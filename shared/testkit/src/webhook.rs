@@ -1,8 +1,11 @@
 //! A webhook receiver on loopback that records what it got: each delivery's
 //! `webhook-id`, the event ids it carries and its body. It can answer some
-//! requests with 429 or 500 to exercise a sender's retries.
+//! requests with 429 or 500 to exercise a sender's retries, and counts the
+//! requests that came while a 429's `Retry-After` was running.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
@@ -25,6 +28,17 @@ pub type Deliveries = Arc<Mutex<Vec<WebhookDelivery>>>;
 pub struct WebhookSink {
     pub port: u16,
     pub deliveries: Deliveries,
+    /// Requests that came before the `Retry-After` of the last 429 had passed.
+    pub early: Arc<AtomicU64>,
+    /// Requests answered 429.
+    pub answered_429: Arc<AtomicU64>,
+}
+
+/// Requests so far, and the end of the last 429's `Retry-After`.
+#[derive(Default)]
+struct Counter {
+    requests: u64,
+    blocked_until: Option<Instant>,
 }
 
 impl WebhookSink {
@@ -32,23 +46,32 @@ impl WebhookSink {
     /// (with `Retry-After: 1`) and every `every_nth_500`-th 500 (0: never).
     pub async fn start(every_nth_429: u64, every_nth_500: u64) -> Self {
         let deliveries: Deliveries = Arc::default();
-        let counter = Arc::new(Mutex::new(0u64));
+        let early = Arc::new(AtomicU64::new(0));
+        let answered_429 = Arc::new(AtomicU64::new(0));
+        let counter = Arc::new(Mutex::new(Counter::default()));
         let sink = deliveries.clone();
+        let (early_seen, refused) = (early.clone(), answered_429.clone());
         let app = axum::Router::new().route(
             "/hook",
             post(move |headers: HeaderMap, body: axum::Json<Value>| {
                 let sink = sink.clone();
                 let counter = counter.clone();
+                let (early, answered_429) = (early_seen.clone(), refused.clone());
                 async move {
-                    let n = {
-                        let mut c = counter.lock().unwrap_or_else(|p| p.into_inner());
-                        *c += 1;
-                        *c
-                    };
+                    let now = Instant::now();
+                    let mut c = counter.lock().unwrap_or_else(|p| p.into_inner());
+                    c.requests += 1;
+                    let n = c.requests;
+                    if c.blocked_until.is_some_and(|until| now < until) {
+                        early.fetch_add(1, Ordering::Relaxed);
+                    }
                     if every_nth_429 > 0 && n.is_multiple_of(every_nth_429) {
+                        c.blocked_until = Some(now + Duration::from_secs(1));
+                        answered_429.fetch_add(1, Ordering::Relaxed);
                         return (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "")
                             .into_response();
                     }
+                    drop(c);
                     if every_nth_500 > 0 && n.is_multiple_of(every_nth_500) {
                         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
                     }
@@ -81,7 +104,12 @@ impl WebhookSink {
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Self { port, deliveries }
+        Self {
+            port,
+            deliveries,
+            early,
+            answered_429,
+        }
     }
 
     pub fn url(&self) -> String {

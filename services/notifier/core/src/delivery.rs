@@ -100,27 +100,21 @@ pub fn owner<'a>(destination: &str, replicas: &'a [String]) -> Option<&'a String
     })
 }
 
-/// At most one message per `interval` per destination, and none before a
-/// `Retry-After` ends.
-#[derive(Debug)]
+/// One replica's own pace: at most one message per interval per
+/// destination, and none before a `Retry-After` ends. The replicas share
+/// theirs through [`crate::pace`]; this one paces a replica that cannot reach
+/// the shared one.
+#[derive(Debug, Default)]
 pub struct Pacer {
-    interval: Duration,
     next: HashMap<String, Instant>,
 }
 
 impl Pacer {
-    pub fn new(interval: Duration) -> Self {
-        Self {
-            interval,
-            next: HashMap::new(),
-        }
-    }
-
-    /// Books the next slot for `destination` at or after `now`; returns it.
-    pub fn reserve(&mut self, destination: &str, now: Instant) -> Instant {
+    /// Books the next slot for `destination` at or after `now`, the one after
+    /// it `interval` later; returns it.
+    pub fn reserve(&mut self, destination: &str, now: Instant, interval: Duration) -> Instant {
         let slot = self.next.get(destination).copied().unwrap_or(now).max(now);
-        self.next
-            .insert(destination.to_string(), slot + self.interval);
+        self.next.insert(destination.to_string(), slot + interval);
         slot
     }
 

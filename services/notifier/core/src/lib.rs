@@ -2,7 +2,7 @@
 //! ([`event`]), where they go ([`routing`]), when and together with what
 //! ([`group`], [`notification`]), what they look like ([`render`]), how
 //! webhooks are signed ([`sign`]) and how delivery answers are handled
-//! ([`delivery`]), and when a queued job has waited too long ([`queued`]). The service crate feeds it messages and time.
+//! ([`delivery`]), how replicas share each destination's pace ([`pace`]), and when a queued job has waited too long ([`queued`]). The service crate feeds it messages and time.
 
 pub mod delivery;
 pub mod duration;
@@ -10,6 +10,7 @@ pub mod error;
 pub mod event;
 pub mod group;
 pub mod notification;
+pub mod pace;
 pub mod queued;
 pub mod render;
 pub mod routing;

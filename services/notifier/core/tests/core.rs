@@ -533,13 +533,21 @@ fn one_replica_owns_each_destination_and_pacing_spaces_sends() {
             );
         }
     }
-    let mut pacer = Pacer::new(Duration::from_secs(1));
+    let mut pacer = Pacer::default();
     let t0 = Instant::now();
-    assert_eq!(pacer.reserve("#a", t0), t0);
-    assert_eq!(pacer.reserve("#a", t0), t0 + Duration::from_secs(1));
-    assert_eq!(pacer.reserve("#b", t0), t0, "channels are paced apart");
+    let second = Duration::from_secs(1);
+    assert_eq!(pacer.reserve("#a", t0, second), t0);
+    assert_eq!(pacer.reserve("#a", t0, second), t0 + second);
+    assert_eq!(
+        pacer.reserve("#b", t0, second),
+        t0,
+        "channels are paced apart"
+    );
     pacer.hold("#a", t0 + Duration::from_secs(30));
-    assert_eq!(pacer.reserve("#a", t0), t0 + Duration::from_secs(30));
+    assert_eq!(
+        pacer.reserve("#a", t0, second),
+        t0 + Duration::from_secs(30)
+    );
 }
 
 #[test]
