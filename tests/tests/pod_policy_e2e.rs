@@ -4,12 +4,15 @@
 //! suspended one); each stays Queued with `Admitted: False`, reason
 //! `PodPolicyRefused`, naming the field and the fix, and a Warning Event.
 //! A job already running in the queue is left as it was, and nothing is
-//! dead-lettered.
+//! dead-lettered. Submitted over NATS, such a spec is refused before any
+//! TrainingJob is created (category `pod_policy_refused`, the field and the
+//! fix on the submitter's result subject).
 
 mod common;
 
 use common::*;
 
+use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{HostPathVolumeSource, Volume};
 use k8s_openapi::api::events::v1::Event;
@@ -18,12 +21,14 @@ use kube::{Client, ResourceExt};
 use planner_core::{
     CONDITION_ADMITTED, CONDITION_PREEMPTED, PlannerConfig, REASON_POD_POLICY_REFUSED,
 };
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use trainyard_api::{
     Condition, PodPolicy, SchedulingSpec, TrainingJob, TrainingJobState, TrainingQueue,
     find_condition,
 };
-use trainyard_contracts::{Service, streams};
+use trainyard_contracts::submit::{SubmissionResult, TrainingJobSubmitted};
+use trainyard_contracts::{EntityRef, Envelope, Incoming, Service, streams};
 use trainyard_runtime::Runtime;
 use trainyard_simulator::runner::Simulator;
 use trainyard_testkit::{NatsServer, eventually, metric};
@@ -143,13 +148,18 @@ impl Stack {
             .collect()
     }
 
-    /// Nothing was dead-lettered; then everything stops.
-    async fn stop(self) {
-        for runtime in [&self.planner, &self.allocator, &self.watcher] {
+    /// Only the planner's `refused` submissions were dead-lettered; then
+    /// everything stops.
+    async fn stop(self, refused: u64) {
+        for (runtime, expected) in [
+            (&self.planner, refused),
+            (&self.allocator, 0),
+            (&self.watcher, 0),
+        ] {
             assert_eq!(
                 metric(&runtime.registry, "trainyard_dead_letters_total", &[]),
-                0.0,
-                "{} dead-lettered nothing",
+                expected as f64,
+                "{} dead-lettered {expected}",
                 runtime.service.name()
             );
         }
@@ -159,7 +169,10 @@ impl Stack {
             .get_stream(streams::DEAD_LETTER.name)
             .await
             .expect("stream");
-        assert_eq!(dead_letters.info().await.expect("info").state.messages, 0);
+        assert_eq!(
+            dead_letters.info().await.expect("info").state.messages,
+            refused
+        );
         self.shutdown.cancel();
         self.simulator.join().await;
     }
@@ -239,5 +252,93 @@ async fn hostpath_and_a_priority_class_outside_the_allow_list_get_no_job_and_a_c
     assert_eq!(victim.state, Some(TrainingJobState::Running));
     assert_eq!(victim.restart_count.unwrap_or(0), 0);
     assert!(find_condition(&victim.conditions, CONDITION_PREEMPTED).is_none());
-    stack.stop().await;
+    stack.stop(0).await;
+}
+
+/// Publishes a submission of `spec` as `ml/<name>` and returns the answer.
+async fn submit(
+    stack: &Stack,
+    results: &mut async_nats::Subscriber,
+    name: &str,
+    spec: serde_json::Value,
+) -> SubmissionResult {
+    let submitted = TrainingJobSubmitted {
+        labels: Default::default(),
+        annotations: Default::default(),
+        spec: serde_json::from_value(spec).expect("a spec"),
+    };
+    stack
+        .planner
+        .publisher
+        .publish(Envelope::new(
+            "external",
+            EntityRef::new(NAMESPACE, name, ""),
+            submitted,
+        ))
+        .await
+        .expect("stored");
+    let message = results.next().await.expect("a result");
+    Incoming::decode(&message.payload)
+        .expect("an envelope")
+        .payload()
+        .expect("a submission result")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submission_the_queue_refuses_creates_no_trainingjob_and_names_the_field() {
+    let stack = Stack::start().await;
+    let mut results = stack
+        .planner
+        .client
+        .subscribe("trainyard.submit.result.>")
+        .await
+        .expect("subscribe to results");
+    // The queue is read at submission: wait until the stored one has its policy.
+    eventually("the queue's pod policy to be stored", || async {
+        let queue = Api::<TrainingQueue>::all(stack.kube.clone())
+            .get("default")
+            .await
+            .ok()?;
+        queue.spec.pod_policy.map(|_| ())
+    })
+    .await;
+
+    let host_path = submit(
+        &stack,
+        &mut results,
+        "host-path",
+        json!({
+            "model": "cnn", "dataset": "mnist", "numWorkers": 1,
+            "volumes": [{"name": "host", "hostPath": {"path": "/var/run"}}],
+        }),
+    )
+    .await;
+    assert!(!host_path.accepted);
+    assert_eq!(host_path.category.as_deref(), Some("pod_policy_refused"));
+    assert_eq!(host_path.errors[0].field, "spec.volumes[0].hostPath");
+    assert_eq!(
+        host_path.errors[0].message,
+        "TrainingQueue default's spec.podPolicy does not allow hostPath volumes: remove spec.volumes[0].hostPath, or submit to a queue that allows it"
+    );
+    let critical = submit(
+        &stack,
+        &mut results,
+        "critical",
+        json!({
+            "model": "cnn", "dataset": "mnist", "numWorkers": 1,
+            "scheduling": {"priority": "system-cluster-critical"},
+        }),
+    )
+    .await;
+    assert_eq!(critical.category.as_deref(), Some("pod_policy_refused"));
+    assert_eq!(critical.errors[0].field, "spec.scheduling.priority");
+
+    let training_jobs = Api::<TrainingJob>::namespaced(stack.kube.clone(), NAMESPACE)
+        .list(&ListParams::default())
+        .await
+        .expect("TrainingJobs listed")
+        .items;
+    assert!(training_jobs.is_empty(), "{training_jobs:?}");
+    assert!(stack.jobs().await.is_empty());
+    stack.stop(2).await;
 }

@@ -66,19 +66,19 @@ pub fn pod_requests(spec: &trainyard_api::TrainingJobSpec) -> Vec<PodRequest> {
         .into_iter()
         .map(|request| PodRequest {
             field: request.field,
-            kind: match request.kind {
-                ApiRequestKind::VolumeType(name) => PodRequestKind::VolumeType(name),
-                ApiRequestKind::PriorityClass(name) => PodRequestKind::PriorityClass(name),
-                ApiRequestKind::ExtendedResource(name) => PodRequestKind::ExtendedResource(name),
-                ApiRequestKind::UncountedGpuResource(name) => {
-                    PodRequestKind::UncountedGpuResource(name)
-                }
-                ApiRequestKind::UnsafeSecurityContext(what) => {
-                    PodRequestKind::UnsafeSecurityContext(what)
-                }
-            },
+            kind: request_kind(request.kind),
         })
         .collect()
+}
+
+fn request_kind(kind: ApiRequestKind) -> PodRequestKind {
+    match kind {
+        ApiRequestKind::VolumeType(name) => PodRequestKind::VolumeType(name),
+        ApiRequestKind::PriorityClass(name) => PodRequestKind::PriorityClass(name),
+        ApiRequestKind::ExtendedResource(name) => PodRequestKind::ExtendedResource(name),
+        ApiRequestKind::UncountedGpuResource(name) => PodRequestKind::UncountedGpuResource(name),
+        ApiRequestKind::UnsafeSecurityContext(what) => PodRequestKind::UnsafeSecurityContext(what),
+    }
 }
 
 /// `status.restartCount` of a TrainingJob, 0 when unset.
@@ -1675,6 +1675,50 @@ mod tests {
                 .message
                 .starts_with("spec.scheduling.priority: TrainingQueue team-a")
         );
+    }
+
+    #[test]
+    fn the_core_and_the_api_read_a_pod_policy_alike() {
+        let names = || {
+            vec![
+                "hostPath".to_owned(),
+                "batch".to_owned(),
+                "rdma/hca".to_owned(),
+            ]
+        };
+        let policies = [
+            trainyard_api::PodPolicy::default(),
+            trainyard_api::PodPolicy {
+                allowed_volume_types: names(),
+                allowed_priority_classes: Some(names()),
+                allowed_extended_resources: names(),
+                allow_unsafe_security_context: Some(true),
+            },
+            trainyard_api::PodPolicy {
+                allowed_priority_classes: Some(Vec::new()),
+                allow_unsafe_security_context: Some(false),
+                ..trainyard_api::PodPolicy::default()
+            },
+        ];
+        let kinds = [
+            ApiRequestKind::VolumeType("hostPath".into()),
+            ApiRequestKind::VolumeType("nfs".into()),
+            ApiRequestKind::PriorityClass("batch".into()),
+            ApiRequestKind::PriorityClass("urgent".into()),
+            ApiRequestKind::ExtendedResource("rdma/hca".into()),
+            ApiRequestKind::UncountedGpuResource("nvidia.com/gpu.shared".into()),
+            ApiRequestKind::UnsafeSecurityContext("seccomp profile Unconfined".into()),
+        ];
+        for policy in &policies {
+            let core = pod_policy(Some(policy));
+            for kind in &kinds {
+                assert_eq!(
+                    core.allows(&request_kind(kind.clone())),
+                    policy.allows(kind),
+                    "{policy:?} {kind:?}"
+                );
+            }
+        }
     }
 
     #[test]

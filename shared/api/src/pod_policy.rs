@@ -121,6 +121,48 @@ pub enum PodRequestKind {
     UnsafeSecurityContext(String),
 }
 
+impl PodPolicy {
+    /// Whether the policy allows `kind`. The gpu-allocator's core decides
+    /// admission with its own copy of this rule; a test keeps the two alike.
+    pub fn allows(&self, kind: &PodRequestKind) -> bool {
+        match kind {
+            PodRequestKind::VolumeType(name) => self.allowed_volume_types.contains(name),
+            PodRequestKind::PriorityClass(name) => self
+                .allowed_priority_classes
+                .as_ref()
+                .is_none_or(|allowed| allowed.contains(name)),
+            PodRequestKind::ExtendedResource(name) => {
+                self.allowed_extended_resources.contains(name)
+            }
+            PodRequestKind::UncountedGpuResource(_) => false,
+            PodRequestKind::UnsafeSecurityContext(_) => {
+                self.allow_unsafe_security_context.unwrap_or(false)
+            }
+        }
+    }
+
+    /// The first of `requests` the policy does not allow.
+    pub fn refusal<'r>(&self, requests: &'r [PodRequest]) -> Option<&'r PodRequest> {
+        requests.iter().find(|request| !self.allows(&request.kind))
+    }
+}
+
+impl PodRequestKind {
+    /// What is asked for, for a message: `hostPath volumes`, `PriorityClass
+    /// high-priority`, ...
+    pub fn describe(&self) -> String {
+        match self {
+            PodRequestKind::VolumeType(name) => format!("{name} volumes"),
+            PodRequestKind::PriorityClass(name) => format!("PriorityClass {name}"),
+            PodRequestKind::ExtendedResource(name) => format!("the extended resource {name}"),
+            PodRequestKind::UncountedGpuResource(name) => format!(
+                "the GPU resource {name} in spec.resources (no quota counts it; ask with gpusPerWorker, scheduling.migProfile or scheduling.allowTimeSlicing)"
+            ),
+            PodRequestKind::UnsafeSecurityContext(what) => what.clone(),
+        }
+    }
+}
+
 /// Everything in `spec` a queue's pod policy must allow, each with the field
 /// asking for it; empty when the job needs no permission.
 pub fn pod_requests(spec: &TrainingJobSpec) -> Vec<PodRequest> {

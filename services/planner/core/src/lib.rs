@@ -70,5 +70,7 @@ pub use state::{
     PreemptionSeen, ProgressSeen, TrialStopSeen, observe,
 };
 pub use status::{MetricGoal, changes_state_or_conditions, format_duration};
-pub use submission::{Accepted, LABEL_SUBMITTED, Rejection, check_overwrite, check_submission};
+pub use submission::{
+    Accepted, LABEL_SUBMITTED, Rejection, check_overwrite, check_pod_policy, check_submission,
+};
 pub use sweep::{WELL_KNOWN_HYPERPARAMETERS, sweep_status, trial_spec};
