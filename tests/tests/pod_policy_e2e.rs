@@ -5,7 +5,7 @@
 //! `PodPolicyRefused`, naming the field and the fix, and a Warning Event.
 //! A job already running in the queue is left as it was, and nothing is
 //! dead-lettered. Submitted over NATS, such a spec is refused before any
-//! TrainingJob is created (category `pod_policy_refused`, the field and the
+//! TrainingJob is created (category `policy_violation`, the field and the
 //! fix on the submitter's result subject).
 
 mod common;
@@ -277,7 +277,11 @@ async fn submit(
         ))
         .await
         .expect("stored");
-    let message = results.next().await.expect("a result");
+    // Bounded so that a lost answer fails the test instead of hanging it.
+    let message = tokio::time::timeout(std::time::Duration::from_secs(60), results.next())
+        .await
+        .expect("an answer within 60 s")
+        .expect("subscription open");
     Incoming::decode(&message.payload)
         .expect("an envelope")
         .payload()
@@ -314,7 +318,7 @@ async fn a_submission_the_queue_refuses_creates_no_trainingjob_and_names_the_fie
     )
     .await;
     assert!(!host_path.accepted);
-    assert_eq!(host_path.category.as_deref(), Some("pod_policy_refused"));
+    assert_eq!(host_path.category.as_deref(), Some("policy_violation"));
     assert_eq!(host_path.errors[0].field, "spec.volumes[0].hostPath");
     assert_eq!(
         host_path.errors[0].message,
@@ -330,7 +334,7 @@ async fn a_submission_the_queue_refuses_creates_no_trainingjob_and_names_the_fie
         }),
     )
     .await;
-    assert_eq!(critical.category.as_deref(), Some("pod_policy_refused"));
+    assert_eq!(critical.category.as_deref(), Some("policy_violation"));
     assert_eq!(critical.errors[0].field, "spec.scheduling.priority");
 
     let training_jobs = Api::<TrainingJob>::namespaced(stack.kube.clone(), NAMESPACE)

@@ -179,7 +179,7 @@ pub fn check_pod_policy(
         return Ok(());
     };
     Err(Rejection::one(
-        "pod_policy_refused",
+        "policy_violation",
         &refused.field,
         format!(
             "TrainingQueue {}'s spec.podPolicy does not allow {}: remove {}, or submit to a queue that allows it",
@@ -273,7 +273,7 @@ mod tests {
         }))
         .expect("queue parses");
         let rejection = check_pod_policy(&accepted, Some(&queue)).expect_err("refused");
-        assert_eq!(rejection.category, "pod_policy_refused");
+        assert_eq!(rejection.category, "policy_violation");
         assert_eq!(rejection.errors[0].field, "spec.volumes[0].hostPath");
         assert_eq!(
             rejection.errors[0].message,
