@@ -84,7 +84,7 @@ fn verbs_of(role: &Value) -> BTreeSet<String> {
 #[test]
 fn rbac_is_least_privilege_and_only_the_planner_writes() {
     let docs = documents("deploy/rbac.yaml");
-    let read_only: BTreeSet<String> = ["get", "list", "watch"].map(String::from).into();
+    let read_only: BTreeSet<String> = ["list", "watch"].map(String::from).into();
     let watcher = kind_named(&docs, "ClusterRole", "trainyard-watcher").expect("watcher role");
     assert_eq!(verbs_of(watcher), read_only, "the watcher never writes");
     let planner = kind_named(&docs, "ClusterRole", "trainyard-planner").expect("planner role");

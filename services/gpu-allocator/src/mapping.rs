@@ -7,19 +7,20 @@ use chrono::{DateTime, Utc};
 use gpu_allocator_core::{
     Admission, AgingPolicy, BudgetHold, CapacityType, CpuMemory, Event, FlavorQuota, FlavorSpec,
     GpuSliceRequest, JobSpec, JobUid, NodeInfo, NodeKey, NodeOperator, NodeRequirement,
-    NodeSelectorTerm, PendingReason, Preemption, PreemptionRule, QueuePreemption, QueueSpec,
-    QueueUsage, ResourceQuota, Taint, TaintEffect, Timestamp, Toleration, TolerationOperator,
-    TopologyRequirement, Victim, names,
+    NodeSelectorTerm, PendingReason, PodPolicy, PodRequest, PodRequestKind, Preemption,
+    PreemptionRule, QueuePreemption, QueueSpec, QueueUsage, ResourceQuota, Taint, TaintEffect,
+    Timestamp, Toleration, TolerationOperator, TopologyRequirement, Victim, names,
 };
 use k8s_openapi::api::core::v1::ResourceRequirements;
+use trainyard_api::PodRequestKind as ApiRequestKind;
 use trainyard_api::quantity::{self, QuantityError};
 use trainyard_api::{
     DEFAULT_AGING_STEP, ReclaimWithinCohort, TrainingJob, TrainingQueue, WithinQueuePreemption,
 };
 use trainyard_contracts::EntityRef;
 use trainyard_contracts::decisions::{
-    AdmissionDecided, PendingExplained, PreemptionDecided, QueueStatusReported, ResourceUsage,
-    TolerationSpec, Unschedulable, WorkerPlacement,
+    AdmissionDecided, PendingExplained, PodPolicyRefusal, PreemptionDecided, QueueStatusReported,
+    ResourceUsage, TolerationSpec, Unschedulable, WorkerPlacement,
 };
 use trainyard_contracts::events::{Change, NodeObserved, TrainingQueueChanged};
 use trainyard_contracts::hash::fnv1a_parts;
@@ -42,6 +43,41 @@ pub fn queue_preemption(
         reclaim_within_cohort: reclaim != ReclaimWithinCohort::Never,
         reclaim_lower_priority_only: reclaim == ReclaimWithinCohort::LowerPriority,
         fair_share: reclaim == ReclaimWithinCohort::Any,
+    }
+}
+
+/// The allocator's pod policy for a TrainingQueue's `spec.podPolicy`.
+pub fn pod_policy(policy: Option<&trainyard_api::PodPolicy>) -> PodPolicy {
+    let Some(policy) = policy else {
+        return PodPolicy::default();
+    };
+    PodPolicy {
+        allowed_volume_types: policy.allowed_volume_types.clone(),
+        allowed_priority_classes: policy.allowed_priority_classes.clone(),
+        allowed_extended_resources: policy.allowed_extended_resources.clone(),
+        allow_unsafe_security_context: policy.allow_unsafe_security_context.unwrap_or(false),
+    }
+}
+
+/// What a TrainingJob's pods ask for that its queue's pod policy must allow
+/// (`trainyard_api::pod_requests`), as the core reads it.
+pub fn pod_requests(spec: &trainyard_api::TrainingJobSpec) -> Vec<PodRequest> {
+    trainyard_api::pod_requests(spec)
+        .into_iter()
+        .map(|request| PodRequest {
+            field: request.field,
+            kind: request_kind(request.kind),
+        })
+        .collect()
+}
+
+fn request_kind(kind: ApiRequestKind) -> PodRequestKind {
+    match kind {
+        ApiRequestKind::VolumeType(name) => PodRequestKind::VolumeType(name),
+        ApiRequestKind::PriorityClass(name) => PodRequestKind::PriorityClass(name),
+        ApiRequestKind::ExtendedResource(name) => PodRequestKind::ExtendedResource(name),
+        ApiRequestKind::UncountedGpuResource(name) => PodRequestKind::UncountedGpuResource(name),
+        ApiRequestKind::UnsafeSecurityContext(what) => PodRequestKind::UnsafeSecurityContext(what),
     }
 }
 
@@ -222,6 +258,7 @@ pub fn queue_event(
         drain: spec.drains(),
         // Set from the cost-optimizer's reports (`AllocatorState::on_budget`).
         budget_hold: None,
+        pod_policy: pod_policy(spec.pod_policy.as_ref()),
     };
     core.validate()?;
     let info = QueueInfo {
@@ -490,6 +527,7 @@ pub fn job_spec(
         cpu_memory_per_worker: cpu_memory_per_worker(&object, spec.resources.as_ref())?,
         preemptible: true,
         one_worker_per_node: job.workers_one_per_node(),
+        pod_requests: pod_requests(spec),
     };
     if config.capacity_type_label.is_none()
         && let Some(capacity) = explicit
@@ -860,6 +898,7 @@ fn reason_flavor(reason: &PendingReason) -> Option<String> {
         | PendingReason::QueueOnHold { .. }
         | PendingReason::BudgetSpent { .. }
         | PendingReason::NamespaceNotAdmitted { .. }
+        | PendingReason::PodPolicyRefused { .. }
         | PendingReason::NoMatchingFlavor { .. }
         | PendingReason::AwaitingPreemption { .. } => None,
     }
@@ -890,6 +929,16 @@ pub fn pending_explained(
         // condition leads with them), so the message is why the job waits.
         message: reason.to_string(),
         unschedulable: unschedulable(reason),
+        pod_policy: match reason {
+            PendingReason::PodPolicyRefused {
+                field, detail, fix, ..
+            } => Some(Box::new(PodPolicyRefusal {
+                field: field.clone(),
+                detail: detail.clone(),
+                fix: fix.clone(),
+            })),
+            _ => None,
+        },
     }
 }
 
@@ -1578,6 +1627,100 @@ mod tests {
         let single = admission_decided(&admission(vec![worker(0, "n1"), worker(1, "n1")]), 2);
         assert!(!single.node_selector.contains_key(names::HOSTNAME_LABEL));
         assert_eq!(admission_id(&JobUid::new("u-1/a2")), "admission:u-1/a2");
+    }
+
+    #[test]
+    fn a_jobs_pod_requests_and_its_queues_pod_policy_reach_the_core() {
+        let mut job = training_job(json!({"priority": "high-priority"}), None);
+        job.spec.volumes = vec![
+            serde_json::from_value(json!({"name": "host", "hostPath": {"path": "/var/run"}}))
+                .expect("volume parses"),
+        ];
+        let core = job_spec(&config(), &job, "u-1", 0, None, Timestamp(0)).expect("maps");
+        let fields: Vec<&str> = core.pod_requests.iter().map(|r| r.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            ["spec.volumes[0].hostPath", "spec.scheduling.priority"]
+        );
+
+        let change = queue(json!({
+            "flavors": [{"name": "a100", "nominalQuota": 8}],
+            "podPolicy": {"allowedVolumeTypes": ["hostPath"], "allowedPriorityClasses": []}
+        }));
+        let (event, _) =
+            queue_event(&config(), &EntityRef::new("", "team-a", ""), &change).expect("maps");
+        let Event::QueueUpserted(queue) = event else {
+            panic!("an upsert: {event:?}");
+        };
+        assert_eq!(queue.pod_policy.allowed_volume_types, ["hostPath"]);
+        let refused = queue
+            .pod_policy
+            .refusal(&core.pod_requests)
+            .expect("the class is not allowed");
+        assert_eq!(refused.field, "spec.scheduling.priority");
+
+        let pending = pending_explained(
+            "team-a",
+            1,
+            &queue.pod_policy.refused("team-a", refused),
+            16,
+        );
+        let refusal = pending.pod_policy.expect("typed refusal");
+        assert_eq!(refusal.field, "spec.scheduling.priority");
+        assert!(
+            refusal.fix.contains("remove spec.scheduling.priority"),
+            "{}",
+            refusal.fix
+        );
+        assert!(
+            pending
+                .message
+                .starts_with("spec.scheduling.priority: TrainingQueue team-a")
+        );
+    }
+
+    #[test]
+    fn the_core_and_the_api_read_a_pod_policy_alike() {
+        let names = || {
+            vec![
+                "hostPath".to_owned(),
+                "batch".to_owned(),
+                "rdma/hca".to_owned(),
+            ]
+        };
+        let policies = [
+            trainyard_api::PodPolicy::default(),
+            trainyard_api::PodPolicy {
+                allowed_volume_types: names(),
+                allowed_priority_classes: Some(names()),
+                allowed_extended_resources: names(),
+                allow_unsafe_security_context: Some(true),
+            },
+            trainyard_api::PodPolicy {
+                allowed_priority_classes: Some(Vec::new()),
+                allow_unsafe_security_context: Some(false),
+                ..trainyard_api::PodPolicy::default()
+            },
+        ];
+        let kinds = [
+            ApiRequestKind::VolumeType("hostPath".into()),
+            ApiRequestKind::VolumeType("nfs".into()),
+            ApiRequestKind::PriorityClass("batch".into()),
+            ApiRequestKind::PriorityClass("urgent".into()),
+            ApiRequestKind::ExtendedResource("rdma/hca".into()),
+            ApiRequestKind::UncountedGpuResource("nvidia.com/gpu.shared".into()),
+            ApiRequestKind::UnsafeSecurityContext("seccomp profile Unconfined".into()),
+        ];
+        for policy in &policies {
+            let core = pod_policy(Some(policy));
+            for kind in &kinds {
+                assert_eq!(
+                    core.allows(&request_kind(kind.clone())),
+                    policy.allows(kind),
+                    "{policy:?} {kind:?}"
+                );
+            }
+        }
     }
 
     #[test]

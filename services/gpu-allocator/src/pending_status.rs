@@ -94,6 +94,10 @@ pub fn cause_hash(reason: &PendingReason) -> u64 {
             queue.as_bytes(),
             namespace.as_bytes(),
         ],
+        // The detail names the queue and what it allows: a changed policy is a new cause.
+        PendingReason::PodPolicyRefused { field, detail, .. } => {
+            [b"pod-policy-refused", field.as_bytes(), detail.as_bytes()]
+        }
         PendingReason::NoMatchingFlavor { wants } => [b"no-matching-flavor", wants.as_bytes(), b""],
         PendingReason::QuotaExceeded {
             flavor,

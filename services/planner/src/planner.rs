@@ -774,6 +774,14 @@ impl Planner {
             Ok(accepted) => accepted,
             Err(rejection) => return self.reject_submission(entity, &answer, rejection).await,
         };
+        let queue = self
+            .writer
+            .get_queue(accepted.spec.queue_name())
+            .await
+            .map_err(HandleError::from)?;
+        if let Err(rejection) = planner_core::check_pod_policy(&accepted, queue.as_ref()) {
+            return self.reject_submission(entity, &answer, rejection).await;
+        }
         let labels = self
             .writer
             .training_job_labels(&accepted.namespace, &accepted.name)

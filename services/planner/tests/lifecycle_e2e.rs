@@ -111,6 +111,7 @@ async fn distributed_job_runs_to_completion_and_a_replay_changes_nothing() {
                 gpus_short: 4,
                 message: "queue default: needs 4 more GPUs; position 2".into(),
                 unschedulable: None,
+                pod_policy: None,
             },
         )
         .await;

@@ -12,6 +12,7 @@ mod wire_enum;
 pub mod condition;
 pub mod crdgen;
 pub mod placement;
+pub mod pod_policy;
 pub mod quantity;
 pub mod queue;
 pub mod sweep;
@@ -20,6 +21,7 @@ pub mod validation;
 
 pub use condition::{Condition, ConditionStatus, find_condition, set_condition};
 pub use crdgen::{CRDGEN_COMMAND, CrdFile, all_crds, generate_crd_files};
+pub use pod_policy::{PodPolicy, PodRequest, PodRequestKind, pod_requests};
 pub use queue::{
     BudgetAction, BudgetPeriod, BudgetStatus, DEFAULT_AGING_STEP, DEFAULT_BUDGET_THRESHOLDS,
     DEFAULT_IDLE_RESUME_PERCENT, DEFAULT_IDLE_SUSPEND_AFTER_SECONDS,

@@ -8,6 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::condition::Condition;
+use crate::pod_policy::{MAX_POD_POLICY_ENTRIES, PodPolicy};
 use crate::validation::{
     DNS_LABEL_PATTERN, FieldError, FieldErrors, MAX_DNS_LABEL_LENGTH, decode_at,
 };
@@ -157,6 +158,10 @@ pub struct TrainingQueueSpec {
     /// What happens to jobs whose GPUs sit idle. Unset: idle jobs are alerted on, never suspended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_policy: Option<IdlePolicy>,
+
+    /// What the queue's jobs may put into their worker pods beyond the safe defaults: volume types that reach the node or its network (hostPath, nfs, ...), PriorityClasses, extended resources, pod security settings beyond the Pod Security Standards' baseline. A job asking for more waits unadmitted, its Admitted condition (reason PodPolicyRefused) naming the field and the fix, and no Job is created for it. Unset: only configMap, csi, downwardAPI, emptyDir, ephemeral, persistentVolumeClaim, projected and secret volumes, any PriorityClass, no extended resource besides the job's GPUs, baseline pod security.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_policy: Option<PodPolicy>,
 }
 
 wire_enum! {
@@ -633,6 +638,9 @@ impl TrainingQueueSpec {
                 errors.at_least("spec.priority.agingStep", step, 1);
             }
         }
+        if let Some(policy) = &self.pod_policy {
+            policy_errors(policy, &mut errors);
+        }
         errors.into_result()
     }
 
@@ -708,6 +716,50 @@ impl TrainingQueueSpec {
     }
 }
 
+/// Checks `spec.podPolicy` as the schema does: list sizes, entry lengths,
+/// volume types spelled as a pod's volume field, no entry twice.
+fn policy_errors(policy: &PodPolicy, errors: &mut FieldErrors) {
+    let lists: [(&str, &[String], usize); 3] = [
+        ("allowedVolumeTypes", &policy.allowed_volume_types, 63),
+        (
+            "allowedPriorityClasses",
+            policy
+                .allowed_priority_classes
+                .as_deref()
+                .unwrap_or_default(),
+            253,
+        ),
+        (
+            "allowedExtendedResources",
+            &policy.allowed_extended_resources,
+            253,
+        ),
+    ];
+    for (name, entries, max_length) in lists {
+        let path = format!("spec.podPolicy.{name}");
+        errors.items(&path, entries.len(), 0, MAX_POD_POLICY_ENTRIES);
+        for (index, entry) in entries.iter().enumerate() {
+            let entry_path = format!("{path}[{index}]");
+            errors.length(&entry_path, entry, 1, max_length);
+            if entries[..index].contains(entry) {
+                errors.invalid(&entry_path, format!("duplicate {entry:?}: list it once"));
+            }
+        }
+    }
+    for (index, volume_type) in policy.allowed_volume_types.iter().enumerate() {
+        let well_formed = volume_type.starts_with(|c: char| c.is_ascii_lowercase())
+            && volume_type.chars().all(|c| c.is_ascii_alphabetic());
+        if !well_formed {
+            errors.invalid(
+                format!("spec.podPolicy.allowedVolumeTypes[{index}]"),
+                format!(
+                    "{volume_type:?} is not a volume type: name it as its field in a pod's volumes, e.g. hostPath or nfs"
+                ),
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -734,6 +786,7 @@ mod tests {
             stop_policy: None,
             budget: None,
             idle_policy: None,
+            pod_policy: None,
         }
     }
 
@@ -820,6 +873,30 @@ mod tests {
                 "spec.flavors[0].migQuotas[0].profile",
                 "spec.flavors[0].migQuotas[1].lendingLimit",
                 "spec.flavors[0].migQuotas[1].lendingLimit",
+            ]
+        );
+    }
+
+    #[test]
+    fn pod_policy_lists_volume_types_by_field_name_once() {
+        let mut queue = queue_with_aging(None, None);
+        queue.pod_policy = Some(PodPolicy {
+            allowed_volume_types: vec!["hostPath".into(), "host-path".into(), "hostPath".into()],
+            allowed_priority_classes: Some(vec![String::new()]),
+            ..PodPolicy::default()
+        });
+        let paths: Vec<String> = queue
+            .validate()
+            .expect_err("bad entries")
+            .into_iter()
+            .map(|e| e.path)
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                "spec.podPolicy.allowedVolumeTypes[2]",
+                "spec.podPolicy.allowedPriorityClasses[0]",
+                "spec.podPolicy.allowedVolumeTypes[1]",
             ]
         );
     }

@@ -308,7 +308,7 @@ pub struct TrainingJobSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
 
-    /// CPU, memory and other resource requests and limits of each worker. The GPU resource is set from gpusPerWorker.
+    /// CPU, memory and other resource requests and limits of each worker. The GPU resource is set from gpusPerWorker; other NVIDIA GPU resources are refused (they would escape the queue's quota), other extended resources need the queue's podPolicy.allowedExtendedResources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
 
@@ -321,7 +321,7 @@ pub struct TrainingJobSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub image_pull_secrets: Vec<LocalObjectReference>,
 
-    /// Extra volumes of every worker pod (datasets, caches, credentials); mounted with volumeMounts. The names trainyard-config, dshm and checkpoints are Trainyard's own.
+    /// Extra volumes of every worker pod (datasets, caches, credentials); mounted with volumeMounts. The names trainyard-config, dshm and checkpoints are Trainyard's own. Types beyond configMap, csi, downwardAPI, emptyDir, ephemeral, persistentVolumeClaim, projected and secret (hostPath, nfs, ...) need the queue's podPolicy.allowedVolumeTypes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = MAX_POD_VOLUMES))]
     pub volumes: Vec<Volume>,
@@ -339,7 +339,7 @@ pub struct TrainingJobSpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pod_annotations: BTreeMap<String, String>,
 
-    /// Pod-level security context of the workers: runAsUser, runAsNonRoot, fsGroup (so a mounted volume is writable), seccompProfile.
+    /// Pod-level security context of the workers: runAsUser, runAsNonRoot, fsGroup (so a mounted volume is writable), seccompProfile. Settings beyond the Pod Security Standards' baseline (Unconfined seccomp or AppArmor, custom SELinux types, unsafe sysctls, Windows hostProcess) need the queue's podPolicy.allowUnsafeSecurityContext.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_context: Option<PodSecurityContext>,
 
@@ -603,7 +603,7 @@ pub const DEFAULT_CHECKPOINT_MOUNT_PATH: &str = "/checkpoints";
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SchedulingSpec {
-    /// Name of a PriorityClass, e.g. high-priority. Decides order in the queue and who may be preempted.
+    /// Name of a PriorityClass, e.g. high-priority. Decides order in the queue and who may be preempted. Must be one the queue's podPolicy.allowedPriorityClasses allows (unset: any).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = MAX_DNS_SUBDOMAIN_LENGTH), pattern(DNS_SUBDOMAIN_PATTERN))]
     pub priority: Option<String>,

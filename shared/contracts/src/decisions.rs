@@ -78,6 +78,25 @@ pub struct PendingExplained {
     /// with the cluster empty: waiting does not help. `message` says the same.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unschedulable: Option<Box<Unschedulable>>,
+    /// Set when the queue's pod policy (TrainingQueue `spec.podPolicy`) does
+    /// not allow something the job's pods ask for: the job is not admitted
+    /// until the spec or the queue changes. `message` says the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_policy: Option<Box<PodPolicyRefusal>>,
+}
+
+/// What a queue's pod policy does not allow in a job, and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodPolicyRefusal {
+    /// The TrainingJob field asking for it, e.g. `spec.volumes[1].hostPath`.
+    pub field: String,
+    /// What the queue does not allow, e.g. "TrainingQueue research does not
+    /// allow hostPath volumes (spec.podPolicy.allowedVolumeTypes: none)".
+    pub detail: String,
+    /// How to get the job admitted, e.g. "remove spec.volumes[1].hostPath, or
+    /// name a queue whose podPolicy.allowedVolumeTypes lists hostPath".
+    pub fix: String,
 }
 
 /// Why no node could ever hold a job, and what to change.

@@ -170,6 +170,147 @@ pub struct QueueSpec {
     /// `on_hold` and `drain`, which are the queue's `stopPolicy`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub budget_hold: Option<BudgetHold>,
+    /// What its jobs' pods may ask for (TrainingQueue `spec.podPolicy`).
+    #[serde(skip_serializing_if = "PodPolicy::is_default")]
+    pub pod_policy: PodPolicy,
+}
+
+/// What a queue's jobs may put into their pods beyond the safe defaults
+/// (TrainingQueue `spec.podPolicy`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct PodPolicy {
+    /// Volume types allowed beyond the always-allowed ones, e.g. `hostPath`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allowed_volume_types: Vec<String>,
+    /// PriorityClasses its jobs may name; `None` = any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allowed_priority_classes: Option<Vec<String>>,
+    /// Extended resources its jobs may request beside their GPUs.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allowed_extended_resources: Vec<String>,
+    /// Pod security settings beyond the Pod Security Standards' baseline.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub allow_unsafe_security_context: bool,
+}
+
+/// Something a job's pods ask for that its queue's [`PodPolicy`] must allow.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodRequest {
+    /// The TrainingJob field asking for it, e.g. `spec.volumes[1].hostPath`.
+    pub field: String,
+    /// What it asks for.
+    pub kind: PodRequestKind,
+}
+
+/// What a [`PodRequest`] asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "type", content = "name")]
+pub enum PodRequestKind {
+    /// A volume type beyond the always-allowed ones, e.g. `hostPath`.
+    VolumeType(String),
+    /// A PriorityClass.
+    PriorityClass(String),
+    /// An extended resource beside the job's GPUs.
+    ExtendedResource(String),
+    /// An NVIDIA GPU resource beside the job's own, which no quota counts:
+    /// never allowed.
+    UncountedGpuResource(String),
+    /// A pod security setting beyond the baseline, described.
+    UnsafeSecurityContext(String),
+}
+
+impl PodPolicy {
+    /// Whether it is the default policy (nothing beyond the safe defaults).
+    pub fn is_default(&self) -> bool {
+        *self == PodPolicy::default()
+    }
+
+    /// Whether it allows `kind`.
+    pub fn allows(&self, kind: &PodRequestKind) -> bool {
+        match kind {
+            PodRequestKind::VolumeType(name) => self.allowed_volume_types.contains(name),
+            PodRequestKind::PriorityClass(name) => self
+                .allowed_priority_classes
+                .as_ref()
+                .is_none_or(|allowed| allowed.contains(name)),
+            PodRequestKind::ExtendedResource(name) => {
+                self.allowed_extended_resources.contains(name)
+            }
+            PodRequestKind::UncountedGpuResource(_) => false,
+            PodRequestKind::UnsafeSecurityContext(_) => self.allow_unsafe_security_context,
+        }
+    }
+
+    /// The first of `requests` it does not allow.
+    pub fn refusal<'r>(&self, requests: &'r [PodRequest]) -> Option<&'r PodRequest> {
+        requests.iter().find(|request| !self.allows(&request.kind))
+    }
+
+    /// Why queue `queue` refuses `request`, and the fix: the reason a job
+    /// asking for it waits with.
+    pub fn refused(&self, queue: &str, request: &PodRequest) -> crate::pending::PendingReason {
+        let field = &request.field;
+        let (detail, fix) = match &request.kind {
+            PodRequestKind::VolumeType(name) => (
+                format!(
+                    "TrainingQueue {queue} does not allow {name} volumes (spec.podPolicy.allowedVolumeTypes: {})",
+                    listed(&self.allowed_volume_types)
+                ),
+                format!(
+                    "remove {field}, or name a queue whose podPolicy.allowedVolumeTypes lists {name}"
+                ),
+            ),
+            PodRequestKind::PriorityClass(name) => (
+                format!(
+                    "TrainingQueue {queue} does not allow PriorityClass {name} (spec.podPolicy.allowedPriorityClasses: {})",
+                    listed(self.allowed_priority_classes.as_deref().unwrap_or_default())
+                ),
+                format!(
+                    "name an allowed PriorityClass, remove {field} (the queue's default priority applies), or name a queue that allows {name}"
+                ),
+            ),
+            PodRequestKind::ExtendedResource(name) => (
+                format!(
+                    "TrainingQueue {queue} does not allow the extended resource {name} (spec.podPolicy.allowedExtendedResources: {})",
+                    listed(&self.allowed_extended_resources)
+                ),
+                format!(
+                    "remove {field}, or name a queue whose podPolicy.allowedExtendedResources lists {name}"
+                ),
+            ),
+            PodRequestKind::UncountedGpuResource(name) => (
+                format!("{name} in spec.resources is a GPU resource no queue's quota counts there"),
+                format!(
+                    "remove {field} and ask with gpusPerWorker (MIG slices: scheduling.migProfile; shared GPUs: scheduling.allowTimeSlicing), which the queue's quota counts"
+                ),
+            ),
+            PodRequestKind::UnsafeSecurityContext(what) => (
+                format!(
+                    "TrainingQueue {queue} does not allow {what}, beyond the Pod Security Standards' baseline (spec.podPolicy.allowUnsafeSecurityContext is false)"
+                ),
+                format!(
+                    "remove {field}, or name a queue with podPolicy.allowUnsafeSecurityContext: true"
+                ),
+            ),
+        };
+        crate::pending::PendingReason::PodPolicyRefused {
+            queue: queue.to_owned(),
+            field: field.clone(),
+            detail,
+            fix,
+        }
+    }
+}
+
+/// A policy list for a message: `none` when empty.
+fn listed(entries: &[String]) -> String {
+    if entries.is_empty() {
+        "none".to_owned()
+    } else {
+        entries.join(", ")
+    }
 }
 
 /// A spent budget's hold on a queue (TrainingQueue `spec.budget`).
@@ -198,6 +339,7 @@ impl Default for QueueSpec {
             on_hold: false,
             drain: false,
             budget_hold: None,
+            pod_policy: PodPolicy::default(),
         }
     }
 }
@@ -212,6 +354,12 @@ impl QueueSpec {
     /// closed to it.
     pub(crate) fn refuses(&self, namespace: &str) -> bool {
         self.held() || !self.admits_namespace(namespace)
+    }
+
+    /// Whether the queue admits `job` now: not on hold, open to its
+    /// namespace, and its pod policy allows what the job's pods ask for.
+    pub(crate) fn admits(&self, job: &JobSpec) -> bool {
+        !self.refuses(&job.namespace) && self.pod_policy.refusal(&job.pod_requests).is_none()
     }
 
     /// Whether it admits no job now: its `stopPolicy`, or its budget.
@@ -346,6 +494,10 @@ pub struct JobSpec {
     /// one of the terms; none, any node.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub node_affinity: Vec<NodeSelectorTerm>,
+    /// What the job's pods ask for that its queue's pod policy must allow;
+    /// a queue that does not allow one of them never admits the job.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pod_requests: Vec<PodRequest>,
 }
 
 impl Default for JobSpec {
@@ -368,6 +520,7 @@ impl Default for JobSpec {
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),
             node_affinity: Vec::new(),
+            pod_requests: Vec::new(),
             topology: TopologyRequirement::Preferred,
             cpu_memory_per_worker: CpuMemory::default(),
             preemptible: true,

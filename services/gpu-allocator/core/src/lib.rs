@@ -54,7 +54,7 @@ pub use decision::{
 pub use error::AllocatorError;
 pub use event::{
     Applied, BudgetHold, Event, FlavorQuota, JobSpec, MAX_UNITS_PER_WORKER, MAX_WORKERS, NodeInfo,
-    QueuePreemption, QueueSpec, ResourceQuota,
+    PodPolicy, PodRequest, PodRequestKind, QueuePreemption, QueueSpec, ResourceQuota,
 };
 pub use pending::{Pending, PendingExplanation, PendingReason, UnschedulableCause};
 pub use snapshot::{AllocatorSnapshot, JobSnapshot, SNAPSHOT_FORMAT_VERSION};

@@ -115,6 +115,18 @@ pub enum PendingReason {
         /// The namespaces the queue admits.
         admitted: Vec<String>,
     },
+    /// The queue's pod policy does not allow something the job's pods ask
+    /// for (TrainingQueue `spec.podPolicy`).
+    PodPolicyRefused {
+        /// The queue name.
+        queue: String,
+        /// The TrainingJob field asking for it, e.g. `spec.volumes[1].hostPath`.
+        field: String,
+        /// What the queue does not allow.
+        detail: String,
+        /// How to get the job admitted.
+        fix: String,
+    },
     /// No flavor of the queue has quota for what the job asks for.
     NoMatchingFlavor {
         /// What the job asks for, e.g. `nvidia.com/mig with >= 10GB`.
@@ -285,11 +297,12 @@ impl UnschedulableCause {
 
 impl PendingReason {
     /// Every [`PendingReason::kind`], for gauges that show each one, zero or not.
-    pub const KINDS: [&'static str; 11] = [
+    pub const KINDS: [&'static str; 12] = [
         "queue_not_found",
         "queue_on_hold",
         "budget_spent",
         "namespace_not_admitted",
+        "pod_policy_refused",
         "no_matching_flavor",
         "quota",
         "capacity",
@@ -307,6 +320,7 @@ impl PendingReason {
             PendingReason::QueueOnHold { .. } => "queue_on_hold",
             PendingReason::BudgetSpent { .. } => "budget_spent",
             PendingReason::NamespaceNotAdmitted { .. } => "namespace_not_admitted",
+            PendingReason::PodPolicyRefused { .. } => "pod_policy_refused",
             PendingReason::NoMatchingFlavor { .. } => "no_matching_flavor",
             PendingReason::QuotaExceeded { .. } => "quota",
             PendingReason::InsufficientCapacity {
@@ -341,6 +355,7 @@ impl PendingReason {
             | PendingReason::QueueOnHold { .. }
             | PendingReason::BudgetSpent { .. }
             | PendingReason::NamespaceNotAdmitted { .. }
+            | PendingReason::PodPolicyRefused { .. }
             | PendingReason::NoMatchingFlavor { .. }
             | PendingReason::Unschedulable { .. } => u64::MAX,
         }
@@ -386,6 +401,9 @@ impl fmt::Display for PendingReason {
                     admitted.join(", ")
                 )
             }
+            PendingReason::PodPolicyRefused {
+                field, detail, fix, ..
+            } => write!(f, "{field}: {detail}; {fix}"),
             PendingReason::NoMatchingFlavor { wants } => {
                 write!(f, "no flavor of the queue has quota for {wants}")
             }

@@ -280,6 +280,14 @@ impl Run {
                 drains: self.rng.chance(50),
                 spend: "spent 10.00 of 5.00 USD".into(),
             }),
+            pod_policy: PodPolicy {
+                allowed_volume_types: if self.rng.chance(50) {
+                    vec!["hostPath".into()]
+                } else {
+                    Vec::new()
+                },
+                ..PodPolicy::default()
+            },
         }
     }
 
@@ -365,6 +373,12 @@ impl Run {
                     },
                     values: vec![format!("z{}", self.rng.below(2))],
                 }],
+            }];
+        }
+        if self.rng.chance(10) {
+            j.pod_requests = vec![PodRequest {
+                field: "spec.volumes[0].hostPath".into(),
+                kind: PodRequestKind::VolumeType("hostPath".into()),
             }];
         }
         j
@@ -1005,10 +1019,10 @@ impl Run {
                 }
             }
             assert!(
-                self.queues
-                    .get(&a.queue)
-                    .is_some_and(|q| !q.held() && q.admits_namespace(&spec.namespace)),
-                "{}: {} of namespace {} admitted by {}, on hold or closed to it",
+                self.queues.get(&a.queue).is_some_and(|q| !q.held()
+                    && q.admits_namespace(&spec.namespace)
+                    && q.pod_policy.refusal(&spec.pod_requests).is_none()),
+                "{}: {} of namespace {} admitted by {}, on hold, closed to it or refusing its pods",
                 self.at(),
                 a.uid,
                 spec.namespace,
@@ -1375,6 +1389,15 @@ impl Run {
                         .get(queue)
                         .is_some_and(|q| !q.admits_namespace(namespace)),
                     "{at}: {queue} admits {namespace}"
+                );
+            }
+            PendingReason::PodPolicyRefused { queue, field, .. } => {
+                assert!(
+                    self.queues.get(queue).is_some_and(|q| q
+                        .pod_policy
+                        .refusal(&spec.pod_requests)
+                        .is_some_and(|r| &r.field == field)),
+                    "{at}: {queue} refuses {field}"
                 );
             }
             PendingReason::QueueOnHold { queue, drains } => {

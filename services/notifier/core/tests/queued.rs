@@ -73,6 +73,7 @@ fn pending(queue: &str) -> WaitObservation {
         gpus_short: 8,
         message: "quota: flavor a100 nvidia.com/gpu: needs 8, queue can take 0; 8 short".into(),
         unschedulable: None,
+        pod_policy: None,
     })
 }
 

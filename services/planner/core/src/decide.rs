@@ -61,6 +61,9 @@ pub const REASON_PODS_NOT_READY: &str = "PodsNotReady";
 pub const CONDITION_SCHEDULABLE: &str = trainyard_api::CONDITION_SCHEDULABLE;
 /// Reason of `Schedulable: False`, and of `Admitted: False` meanwhile.
 pub const REASON_UNSCHEDULABLE: &str = "Unschedulable";
+/// Reason of `Admitted: False` while the job's queue's pod policy does not
+/// allow something its pods ask for (TrainingQueue `spec.podPolicy`).
+pub const REASON_POD_POLICY_REFUSED: &str = "PodPolicyRefused";
 
 /// Kind of Kubernetes Event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -838,12 +841,44 @@ impl Context<'_> {
         );
         let admission = self.state.early_admissions.get(&attempt);
         match self.build(attempt, admission) {
-            Ok(Built::Ready(objects)) => verdict.actions.push(PlannerAction::ApplyObjects(objects)),
-            Ok(Built::WithoutAdmission(objects, _)) => {
-                verdict.actions.push(PlannerAction::ApplyObjects(objects))
+            Ok(Built::Ready(objects) | Built::WithoutAdmission(objects, _)) => {
+                if !self.deferred_until_admitted(&objects) {
+                    verdict.actions.push(PlannerAction::ApplyObjects(objects));
+                }
             }
             Err(error) => return self.cannot_build(error),
         }
+        verdict
+    }
+
+    /// Whether a suspended Job is left uncreated until the job is admitted:
+    /// its pods ask for something (a hostPath volume, a PriorityClass, ...)
+    /// only its queue's pod policy may allow, and the gpu-allocator, which
+    /// knows the queue, admits the job only if it does. So a job the policy
+    /// refuses never has a Job, not even a suspended one.
+    fn deferred_until_admitted(&self, objects: &DesiredObjects) -> bool {
+        objects.job_suspended() && !trainyard_api::pod_requests(self.spec()).is_empty()
+    }
+
+    /// The job waits in its queue; the Admitted condition says why.
+    fn queued(&self, attempt: u32) -> Verdict {
+        let waiting = self.waiting_condition();
+        let mut verdict = Verdict::new(
+            TrainingJobState::Queued,
+            attempt,
+            "Queued",
+            waiting.message.clone(),
+        );
+        // No node could ever hold it, or its queue does not allow it: a
+        // Warning, once.
+        let warn = matches!(
+            waiting.reason.as_str(),
+            REASON_UNSCHEDULABLE | REASON_POD_POLICY_REFUSED
+        );
+        verdict.warning = warn;
+        verdict.admission_warning = warn;
+        verdict.reason = waiting.reason.clone();
+        verdict.admitted = waiting;
         verdict
     }
 
@@ -879,6 +914,7 @@ impl Context<'_> {
                     Built::WithoutAdmission(objects, error) => (objects, Some(error)),
                 };
                 let unsuspends = !objects.job_suspended();
+                let deferred = phase == Phase::NotCreated && self.deferred_until_admitted(&objects);
                 let mut verdict = match (phase, unsuspends, conflict) {
                     (_, _, Some(conflict)) => {
                         let mut verdict = Verdict::new(
@@ -890,6 +926,7 @@ impl Context<'_> {
                         verdict.admission_warning = true;
                         verdict
                     }
+                    (Phase::NotCreated, false, None) if deferred => self.queued(attempt),
                     (Phase::NotCreated, _, None) => {
                         let mut verdict = Verdict::new(
                             TrainingJobState::Pending,
@@ -914,24 +951,11 @@ impl Context<'_> {
                         verdict.allocation = admission.cloned();
                         verdict
                     }
-                    (_, false, None) => {
-                        let waiting = self.waiting_condition();
-                        let mut verdict = Verdict::new(
-                            TrainingJobState::Queued,
-                            attempt,
-                            "Queued",
-                            waiting.message.clone(),
-                        );
-                        // No node could ever hold it: a Warning, once.
-                        let unschedulable = waiting.reason == REASON_UNSCHEDULABLE;
-                        verdict.warning = unschedulable;
-                        verdict.admission_warning = unschedulable;
-                        verdict.reason = waiting.reason.clone();
-                        verdict.admitted = waiting;
-                        verdict
-                    }
+                    (_, false, None) => self.queued(attempt),
                 };
-                verdict.actions.push(PlannerAction::ApplyObjects(objects));
+                if !deferred {
+                    verdict.actions.push(PlannerAction::ApplyObjects(objects));
+                }
                 verdict
             }
             Phase::Starting => {
@@ -1047,6 +1071,8 @@ impl Context<'_> {
                 ConditionStatus::False,
                 if pending.unschedulable.is_some() {
                     REASON_UNSCHEDULABLE
+                } else if pending.pod_policy.is_some() {
+                    REASON_POD_POLICY_REFUSED
                 } else {
                     "WaitingForQuota"
                 },

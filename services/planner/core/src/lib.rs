@@ -44,8 +44,8 @@ pub use decide::idle::{
 pub use decide::{
     CONDITION_ADMITTED, CONDITION_FAILED, CONDITION_PODS_READY, CONDITION_PREEMPTED,
     CONDITION_RUNNING, CONDITION_SCHEDULABLE, CONDITION_SUCCEEDED, CONDITION_SUSPENDED, EventType,
-    PlannerAction, PlannerCommand, REASON_PODS_NOT_CREATED, REASON_PODS_NOT_READY,
-    REASON_UNSCHEDULABLE, decide,
+    PlannerAction, PlannerCommand, REASON_POD_POLICY_REFUSED, REASON_PODS_NOT_CREATED,
+    REASON_PODS_NOT_READY, REASON_UNSCHEDULABLE, decide,
 };
 pub use env::{
     CONFIG_MOUNT_PATH, HYPERPARAMETERS_FILE, RESUME_FROM_KEY, TRAINING_CONFIG_FILE,
@@ -70,5 +70,7 @@ pub use state::{
     Observed, PlannerJobState, PreemptionSeen, ProgressSeen, TrialStopSeen, observe,
 };
 pub use status::{MetricGoal, changes_state_or_conditions, format_duration};
-pub use submission::{Accepted, LABEL_SUBMITTED, Rejection, check_overwrite, check_submission};
+pub use submission::{
+    Accepted, LABEL_SUBMITTED, Rejection, check_overwrite, check_pod_policy, check_submission,
+};
 pub use sweep::{WELL_KNOWN_HYPERPARAMETERS, sweep_status, trial_spec};

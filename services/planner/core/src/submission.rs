@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::Value;
-use trainyard_api::TrainingJobSpec;
+use trainyard_api::{TrainingJobSpec, TrainingQueue};
 use trainyard_contracts::EntityRef;
 use trainyard_contracts::subject::ParsedSubject;
 use trainyard_contracts::submit::{SubmissionError, SubmissionResult};
@@ -160,6 +160,36 @@ pub fn check_submission(
     })
 }
 
+/// A submission whose pods ask for something its TrainingQueue's
+/// `spec.podPolicy` does not allow (a hostPath volume, a PriorityClass off
+/// the allow-list, ...) is refused before any TrainingJob is created: the
+/// gpu-allocator would never admit it. `queue` is the queue the spec names,
+/// as stored now; unknown, the submission goes on and the job waits for the
+/// queue like any other.
+pub fn check_pod_policy(
+    accepted: &Accepted,
+    queue: Option<&TrainingQueue>,
+) -> Result<(), Rejection> {
+    let Some(queue) = queue else {
+        return Ok(());
+    };
+    let policy = queue.spec.pod_policy.clone().unwrap_or_default();
+    let requests = trainyard_api::pod_requests(&accepted.spec);
+    let Some(refused) = policy.refusal(&requests) else {
+        return Ok(());
+    };
+    Err(Rejection::one(
+        "policy_violation",
+        &refused.field,
+        format!(
+            "TrainingQueue {}'s spec.podPolicy does not allow {}: remove {}, or submit to a queue that allows it",
+            accepted.spec.queue_name(),
+            refused.kind.describe(),
+            refused.field
+        ),
+    ))
+}
+
 /// A submission may replace a TrainingJob only if one created it.
 pub fn check_overwrite(
     accepted: &Accepted,
@@ -222,6 +252,44 @@ mod tests {
             payload,
             &[],
         )
+    }
+
+    #[test]
+    fn a_spec_its_queues_pod_policy_refuses_is_rejected_naming_the_field() {
+        let payload = json!({"spec": {
+            "model": "bert", "dataset": "wiki", "numWorkers": 1,
+            "volumes": [{"name": "host", "hostPath": {"path": "/"}}],
+        }});
+        let accepted = check(
+            "trainyard.submit.trainingjob.ml.bert",
+            ("ml", "bert"),
+            &payload,
+        )
+        .expect("tenancy and spec pass");
+        let queue: TrainingQueue = serde_json::from_value(json!({
+            "apiVersion": "trainyard.dev/v1", "kind": "TrainingQueue",
+            "metadata": {"name": "default"},
+            "spec": {"flavors": [{"name": "a100", "nominalQuota": 8}]},
+        }))
+        .expect("queue parses");
+        let rejection = check_pod_policy(&accepted, Some(&queue)).expect_err("refused");
+        assert_eq!(rejection.category, "policy_violation");
+        assert_eq!(rejection.errors[0].field, "spec.volumes[0].hostPath");
+        assert_eq!(
+            rejection.errors[0].message,
+            "TrainingQueue default's spec.podPolicy does not allow hostPath volumes: remove spec.volumes[0].hostPath, or submit to a queue that allows it"
+        );
+
+        let mut open = queue.clone();
+        open.spec.pod_policy = Some(trainyard_api::PodPolicy {
+            allowed_volume_types: vec!["hostPath".into()],
+            ..Default::default()
+        });
+        assert!(check_pod_policy(&accepted, Some(&open)).is_ok());
+        assert!(
+            check_pod_policy(&accepted, None).is_ok(),
+            "an unknown queue: the job waits for it"
+        );
     }
 
     #[test]

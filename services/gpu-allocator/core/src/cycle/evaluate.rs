@@ -123,7 +123,7 @@ impl Allocator {
             .queues
             .get(job.queue)
             .and_then(|q| q.spec.as_ref())
-            .is_none_or(|spec| !spec.refuses(&job.spec.namespace))
+            .is_none_or(|spec| spec.admits(&job.spec))
     }
 
     /// Why the job's queue does not admit it now (unknown, on hold, or
@@ -142,7 +142,9 @@ impl Allocator {
             }));
         };
         if !spec.refuses(&job.spec.namespace) {
-            return None;
+            // Never cached: what a job asks for is its own.
+            let request = spec.pod_policy.refusal(&job.spec.pod_requests)?;
+            return Some(ctx.add_reason(spec.pod_policy.refused(&q.name, request)));
         }
         let namespace = if spec.held() {
             ""

@@ -121,8 +121,9 @@ impl Allocator {
             // A job the queue does not admit waits for that alone: no quota
             // shortcut from the jobs it does admit.
             let restricted = q.spec.as_ref().is_some_and(crate::QueueSpec::refuses_some);
-            let admitted = |idx: JobIdx| {
-                !restricted || self.state.job(idx).is_some_and(|j| self.queue_admits(j))
+            let admitted = |idx: JobIdx, needs_permission: bool| {
+                !(restricted || needs_permission)
+                    || self.state.job(idx).is_some_and(|j| self.queue_admits(j))
             };
             let mut jobs = Vec::with_capacity(listed);
             q.line.in_order(
@@ -133,7 +134,7 @@ impl Allocator {
                     // Units beyond u32 (never in practice) go the long way.
                     let shape = u32::try_from(e.units)
                         .ok()
-                        .filter(|_| !nominated && !e.sliced && admitted(e.idx))
+                        .filter(|_| !nominated && !e.sliced && admitted(e.idx, e.needs_permission))
                         .map(|units| QuotaShape {
                             end: estimated_end(e.runtime_estimate_secs, now).0,
                             units,

@@ -130,7 +130,10 @@ impl Allocator {
             .queues
             .get(job.queue)
             .and_then(|q| q.spec.as_ref())
-            .is_some_and(|spec| spec.admits_namespace(&job.spec.namespace));
+            .is_some_and(|spec| {
+                spec.admits_namespace(&job.spec.namespace)
+                    && spec.pod_policy.refusal(&job.spec.pod_requests).is_none()
+            });
         if !open {
             return FITS;
         }

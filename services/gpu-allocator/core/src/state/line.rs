@@ -33,6 +33,8 @@ pub(crate) struct LineEntry {
     pub(crate) allow_gpu_sharing: bool,
     /// Asks for a GPU-memory slice (MIG) rather than whole or shared GPUs.
     pub(crate) sliced: bool,
+    /// Its pods ask for something its queue's pod policy must allow.
+    pub(crate) needs_permission: bool,
     /// False once removed from its line, until the run drops it.
     pub(crate) listed: bool,
 }
@@ -47,6 +49,7 @@ impl LineEntry {
             runtime_estimate_secs: job.spec.runtime_estimate_secs,
             allow_gpu_sharing: job.spec.allow_gpu_sharing,
             sliced: job.spec.gpu_slice.is_some(),
+            needs_permission: !job.spec.pod_requests.is_empty(),
             listed: true,
         }
     }
@@ -227,6 +230,7 @@ mod tests {
             runtime_estimate_secs: None,
             allow_gpu_sharing: false,
             sliced: false,
+            needs_permission: false,
             listed: true,
         }
     }

@@ -111,6 +111,7 @@ pub fn pending(position: u32) -> PendingExplained {
         gpus_short: 2,
         message: "queue default flavor a100-80gb: 16 of 16 GPUs in use, needs 2 more".into(),
         unschedulable: None,
+        pod_policy: None,
     }
 }
 
