@@ -1660,6 +1660,7 @@ mod tests {
         assert_eq!(refused.field, "spec.scheduling.priority");
 
         let pending = pending_explained(
+            None,
             "team-a",
             1,
             &queue.pod_policy.refused("team-a", refused),

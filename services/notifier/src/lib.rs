@@ -40,7 +40,9 @@ pub struct NotifierConfig {
     pub replica_id: String,
     /// Heartbeat period; a replica silent for three periods is taken over.
     pub heartbeat_millis: u64,
-    /// Least time between two messages to one Slack channel, across replicas.
+    /// Least time between two messages to one Slack channel, across replicas:
+    /// Slack's 1 per second plus a margin for the requests' own jitter, so the
+    /// channel sees them at least a second apart.
     pub channel_interval_millis: u64,
     /// Time limit of one HTTP request.
     pub request_timeout_seconds: u64,
@@ -58,7 +60,7 @@ impl Default for NotifierConfig {
             reload_interval_seconds: 10,
             replica_id: String::new(),
             heartbeat_millis: 1000,
-            channel_interval_millis: 1000,
+            channel_interval_millis: 1100,
             request_timeout_seconds: 15,
             retry_schedule: Vec::new(),
             queued_check_millis: 1000,
