@@ -260,8 +260,9 @@ impl Watched for TrainingJob {
     }
 
     /// The spec (by `metadata.generation`), labels, annotations, owners,
-    /// deletion, the attempt (`status.restartCount`) and whether the job has
-    /// finished. The planner's own writes (its finalizer, progress,
+    /// deletion, the attempt (`status.restartCount`), whether the attempt
+    /// waits out a backoff (`status.requeueAt`: the gpu-allocator queues it
+    /// only once that is cleared) and whether the job has finished. The planner's own writes (its finalizer, progress,
     /// conditions, states short of the end) come back from the API server as
     /// changes too, about two thirds of a job's: the planner holds what it wrote, and
     /// `trainingjob.transitioned` carries the state changes. Without a
@@ -282,6 +283,9 @@ impl Watched for TrainingJob {
             .hash(&mut hasher);
         let status = self.status.as_ref();
         status.and_then(|s| s.restart_count).hash(&mut hasher);
+        status
+            .is_some_and(|s| s.requeue_at.is_some())
+            .hash(&mut hasher);
         status
             .and_then(|s| s.state)
             .is_some_and(|state| state.is_terminal())

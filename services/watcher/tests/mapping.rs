@@ -308,6 +308,26 @@ fn status_writes_consumers_do_not_act_on_are_not_published() {
     assert_eq!(relist.take_unchanged(), 0);
 }
 
+/// The gpu-allocator holds an attempt while the planner waits out its
+/// backoff, and queues it when the planner clears `requeueAt`: both writes
+/// are published, though the state and the attempt stay the same.
+#[test]
+fn the_start_and_end_of_a_backoff_are_published() {
+    let mut relist = Relist::default();
+    let backing_off = serde_json::json!({"state": "Pending", "restartCount": 1,
+                                         "requeueAt": "2026-11-26T08:00:00Z"});
+    assert_eq!(
+        applied(&mut relist, job_with_status("1", 1, backing_off)),
+        ["ua:1"]
+    );
+    let created = serde_json::json!({"state": "Pending", "restartCount": 1});
+    assert_eq!(
+        applied(&mut relist, job_with_status("2", 1, created.clone())),
+        ["ua:2"]
+    );
+    assert!(applied(&mut relist, job_with_status("3", 1, created)).is_empty());
+}
+
 #[test]
 fn without_a_generation_every_change_is_published() {
     let mut relist = Relist::default();
