@@ -37,7 +37,7 @@ impl Allocator {
             .job(pending.job)
             .filter(|j| j.seq == pending.seq)?;
         let queue = self.state.queues.get(pending.queue)?;
-        let reason = outcome.reasons.get(pending.reason as usize)?;
+        let reason = outcome.reasons.get(pending.reason.slot())?;
         Some((&job.spec.uid, &queue.name, reason))
     }
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::cycle::quota_holds::CohortRelease;
 use crate::cycle::quota_holds::HoldAges;
-use crate::ids::{FastMap, JobIdx, QueueIdx, ReasonIdx, ResIdx};
+use crate::ids::{FastMap, FilterIdx, JobIdx, QueueIdx, ReasonIdx, ResourceIdx};
 use crate::pending::PendingReason;
 use crate::state::jobs::Gang;
 use crate::state::releases::Timeline;
@@ -48,7 +48,7 @@ pub(crate) struct FitKey {
     pub(crate) sharing: bool,
     pub(crate) slice: Option<GpuSliceRequest>,
     pub(crate) gang: Gang,
-    pub(crate) filter: u32,
+    pub(crate) filter: FilterIdx,
 }
 
 /// Whether any node could ever hold each pending job (see
@@ -76,7 +76,7 @@ impl FitVerdicts {
     /// Forgets job slot `idx`'s verdict: a job was submitted into it, or
     /// its spec changed.
     pub(crate) fn forget_job(&mut self, idx: JobIdx) {
-        if let Some(slot) = self.by_job.get_mut(idx as usize) {
+        if let Some(slot) = self.by_job.get_mut(idx.slot()) {
             *slot = NOT_JUDGED;
         }
     }
@@ -99,13 +99,13 @@ fn stored(verdict: u32) -> u32 {
 /// alike within a cycle, because capacity only shrinks during a cycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct MemoKey {
-    pub(crate) res: ResIdx,
+    pub(crate) res: ResourceIdx,
     pub(crate) gang: Gang,
-    pub(crate) filter: u32,
+    pub(crate) filter: FilterIdx,
 }
 
 /// (queue, resource, requested, used, available, a hold is involved).
-pub(crate) type QuotaMemoKey = (QueueIdx, ResIdx, u64, u64, u64, bool);
+pub(crate) type QuotaMemoKey = (QueueIdx, ResourceIdx, u64, u64, u64, bool);
 
 /// What a victim search depends on, besides cluster state.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -113,7 +113,7 @@ pub(crate) struct PreemptionKey {
     pub(crate) queue: QueueIdx,
     pub(crate) priority: i32,
     pub(crate) gang: Gang,
-    pub(crate) filter: u32,
+    pub(crate) filter: FilterIdx,
     pub(crate) sharing: bool,
     pub(crate) slice: Option<GpuSliceRequest>,
 }
@@ -138,12 +138,12 @@ pub(crate) struct EarlyFailures {
 
 impl EarlyFailures {
     pub(crate) fn insert(&mut self, idx: JobIdx, failure: (ReasonIdx, bool)) {
-        let word = idx as usize / 64;
+        let word = idx.slot() / 64;
         if self.marked.len() <= word {
             self.marked.resize(word + 1, 0);
         }
         if let Some(bits) = self.marked.get_mut(word) {
-            *bits |= 1 << (idx % 64);
+            *bits |= 1 << (idx.slot() % 64);
         }
         self.by_job.insert(idx, failure);
     }
@@ -151,8 +151,8 @@ impl EarlyFailures {
     pub(crate) fn take(&mut self, idx: JobIdx) -> Option<(ReasonIdx, bool)> {
         let marked = self
             .marked
-            .get(idx as usize / 64)
-            .is_some_and(|bits| bits >> (idx % 64) & 1 == 1);
+            .get(idx.slot() / 64)
+            .is_some_and(|bits| bits >> (idx.slot() % 64) & 1 == 1);
         if marked {
             self.by_job.remove(&idx)
         } else {
@@ -163,7 +163,7 @@ impl EarlyFailures {
 
 /// `Allocator::slots_when_empty` by (resource, node filter, worker shape
 /// with no count of workers).
-pub(crate) type EmptySlots = FastMap<(ResIdx, u32, Gang), u64>;
+pub(crate) type EmptySlots = FastMap<(ResourceIdx, FilterIdx, Gang), u64>;
 
 /// Failures kept per shape (see `CycleCtx::quota_blocked`). Two spans are
 /// common, jobs that no hold lets through and jobs that some do; with four,
@@ -289,10 +289,10 @@ pub(crate) struct CycleMemo {
     /// no node or queue changes.
     fits: FitVerdicts,
     /// Release timelines per resource, until an admission in it changes them.
-    timelines: FastMap<ResIdx, Rc<Timeline>>,
+    timelines: FastMap<ResourceIdx, Rc<Timeline>>,
     /// Expected releases per resource for the cohort pools and queues (see
     /// `quota_release_time`).
-    cohort_releases: FastMap<ResIdx, Vec<CohortRelease>>,
+    cohort_releases: FastMap<ResourceIdx, Vec<CohortRelease>>,
 }
 
 impl CycleMemo {
@@ -381,17 +381,17 @@ impl CycleMemo {
         }
     }
 
-    pub(crate) fn lookup_empty_slots(&self, key: &(ResIdx, u32, Gang)) -> Option<u64> {
+    pub(crate) fn lookup_empty_slots(&self, key: &(ResourceIdx, FilterIdx, Gang)) -> Option<u64> {
         self.empty_slots.get(key).copied()
     }
 
-    pub(crate) fn record_empty_slots(&mut self, key: (ResIdx, u32, Gang), slots: u64) {
+    pub(crate) fn record_empty_slots(&mut self, key: (ResourceIdx, FilterIdx, Gang), slots: u64) {
         self.empty_slots.insert(key, slots);
     }
 
     /// Job `idx`'s fit verdict, if it was judged.
     pub(crate) fn lookup_fit(&self, idx: JobIdx) -> Option<u32> {
-        match self.fits.by_job.get(idx as usize).copied() {
+        match self.fits.by_job.get(idx.slot()).copied() {
             None | Some(NOT_JUDGED) => None,
             Some(1) => Some(FITS),
             Some(at) => Some(at - 2),
@@ -399,7 +399,7 @@ impl CycleMemo {
     }
 
     pub(crate) fn record_fit(&mut self, idx: JobIdx, verdict: u32) {
-        let at = idx as usize;
+        let at = idx.slot();
         if self.fits.by_job.len() <= at {
             self.fits.by_job.resize(at + 1, NOT_JUDGED);
         }
@@ -449,7 +449,7 @@ impl CycleMemo {
     /// The release timeline of `res`, from `compute` the first time.
     pub(crate) fn timeline(
         &mut self,
-        res: ResIdx,
+        res: ResourceIdx,
         compute: impl FnOnce() -> Timeline,
     ) -> Rc<Timeline> {
         Rc::clone(
@@ -460,18 +460,18 @@ impl CycleMemo {
     }
 
     /// Takes the timeline of `res` out, for an admission to update.
-    pub(crate) fn take_timeline(&mut self, res: ResIdx) -> Option<Rc<Timeline>> {
+    pub(crate) fn take_timeline(&mut self, res: ResourceIdx) -> Option<Rc<Timeline>> {
         self.timelines.remove(&res)
     }
 
-    pub(crate) fn record_timeline(&mut self, res: ResIdx, timeline: Rc<Timeline>) {
+    pub(crate) fn record_timeline(&mut self, res: ResourceIdx, timeline: Rc<Timeline>) {
         self.timelines.insert(res, timeline);
     }
 
     /// The cohort releases of `res`, from `compute` the first time.
     pub(crate) fn cohort_releases(
         &mut self,
-        res: ResIdx,
+        res: ResourceIdx,
         compute: impl FnOnce() -> Vec<CohortRelease>,
     ) -> &[CohortRelease] {
         self.cohort_releases.entry(res).or_insert_with(compute)
@@ -480,7 +480,7 @@ impl CycleMemo {
     /// The cohort releases of `res` if known, for an admission to update.
     pub(crate) fn cohort_releases_to_update(
         &mut self,
-        res: ResIdx,
+        res: ResourceIdx,
     ) -> Option<&mut Vec<CohortRelease>> {
         self.cohort_releases.get_mut(&res)
     }
@@ -497,15 +497,25 @@ mod tests {
     #[test]
     fn an_early_failure_is_taken_once_and_only_by_its_job() {
         let mut early = EarlyFailures::default();
-        early.insert(3, (7, true));
-        early.insert(200, (8, false));
+        early.insert(JobIdx::from(3), (ReasonIdx::from(7), true));
+        early.insert(JobIdx::from(200), (ReasonIdx::from(8), false));
         // 131 and 8 share a word or a bit with job 3 or 200 without being them.
-        assert_eq!(early.take(131), None);
-        assert_eq!(early.take(8), None);
-        assert_eq!(early.take(10_000), None, "beyond every marked word");
-        assert_eq!(early.take(3), Some((7, true)));
-        assert_eq!(early.take(3), None, "taken once");
-        assert_eq!(early.take(200), Some((8, false)));
+        assert_eq!(early.take(JobIdx::from(131)), None);
+        assert_eq!(early.take(JobIdx::from(8)), None);
+        assert_eq!(
+            early.take(JobIdx::from(10_000)),
+            None,
+            "beyond every marked word"
+        );
+        assert_eq!(
+            early.take(JobIdx::from(3)),
+            Some((ReasonIdx::from(7), true))
+        );
+        assert_eq!(early.take(JobIdx::from(3)), None, "taken once");
+        assert_eq!(
+            early.take(JobIdx::from(200)),
+            Some((ReasonIdx::from(8), false))
+        );
     }
 
     /// Everything a cycle decided, pending explanations resolved.

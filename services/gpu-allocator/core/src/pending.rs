@@ -39,7 +39,7 @@ impl Pending {
     /// Its reason's slot in its cycle's [`CycleOutcome::reasons`](crate::CycleOutcome::reasons): jobs
     /// that wait for the same reason share one.
     pub fn reason_index(&self) -> usize {
-        self.reason as usize
+        self.reason.slot()
     }
 }
 

@@ -7,6 +7,7 @@ use crate::config::AllocatorConfig;
 use crate::decision::{Admission, Eviction};
 use crate::error::AllocatorError;
 use crate::event::{JobSpec, NodeInfo, QueueSpec};
+use crate::ids::NodeIdx;
 use crate::state::inventory::InternOrder;
 use crate::state::jobs::{Job, JobState, Nomination, PreemptingState};
 use crate::types::{JobUid, Timestamp};
@@ -126,7 +127,7 @@ impl Allocator {
             config: self.state.config.clone(),
             clock: self.state.clock,
             nodes,
-            free_node_slots,
+            free_node_slots: free_node_slots.iter().map(|s| s.number()).collect(),
             queues,
             jobs,
             tombstones,
@@ -158,7 +159,13 @@ impl Allocator {
                 None => alloc.state.inv.push_gap(),
             }
         }
-        alloc.state.inv.set_free_slots(snapshot.free_node_slots);
+        alloc.state.inv.set_free_slots(
+            snapshot
+                .free_node_slots
+                .iter()
+                .map(|&s| NodeIdx::from_slot(s as usize))
+                .collect(),
+        );
         for queue in snapshot.queues {
             alloc.state.upsert_queue(queue)?;
         }

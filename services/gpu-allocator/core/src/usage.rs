@@ -2,7 +2,7 @@
 //! admitted, units used and borrowed per resource, and its weighted share.
 
 use crate::allocator::Allocator;
-use crate::ids::ResIdx;
+use crate::ids::{QueueIdx, ResourceIdx};
 
 /// One queue as its status reports it.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,20 +45,20 @@ impl Allocator {
     pub fn queue_usage(&self) -> Vec<QueueUsage> {
         let mut admitted = vec![0u32; self.state.queues.queues.len()];
         for ((queue, _), running) in &self.state.running_by_queue {
-            if let Some(count) = admitted.get_mut(*queue as usize) {
+            if let Some(count) = admitted.get_mut(queue.slot()) {
                 *count = count.saturating_add(u32::try_from(running.len()).unwrap_or(u32::MAX));
             }
         }
         let mut cpu_only_waiting = vec![0usize; self.state.queues.queues.len()];
         for (_, idx) in &self.state.cpu_only_waiting {
             if let Some(job) = self.state.job(*idx)
-                && let Some(count) = cpu_only_waiting.get_mut(job.queue as usize)
+                && let Some(count) = cpu_only_waiting.get_mut(job.queue.slot())
             {
                 *count += 1;
             }
         }
         let cpu_only_waiting =
-            |queue: u32| cpu_only_waiting.get(queue as usize).copied().unwrap_or(0);
+            |queue: QueueIdx| cpu_only_waiting.get(queue.slot()).copied().unwrap_or(0);
         let mut usage: Vec<QueueUsage> = self
             .state
             .queues
@@ -69,7 +69,7 @@ impl Allocator {
             .filter_map(|(idx, (queue, admitted))| {
                 let spec = queue.spec.as_ref()?;
                 let quota_resources = queue.quotas.iter().map(|slot| slot.res);
-                let mut held: Vec<ResIdx> = queue
+                let mut held: Vec<ResourceIdx> = queue
                     .usage
                     .iter()
                     .filter(|(res, used)| *used > 0 && queue.quota(*res).is_none())
@@ -90,7 +90,7 @@ impl Allocator {
                         }
                     })
                     .collect();
-                let idx = u32::try_from(idx).ok()?;
+                let idx = QueueIdx::from_slot(idx);
                 Some(QueueUsage {
                     name: queue.name.to_string(),
                     pending: u32::try_from(queue.line.len() + cpu_only_waiting(idx))

@@ -8,7 +8,7 @@ use crate::allocator::Allocator;
 use crate::cycle::CycleCtx;
 use crate::cycle::queue_order::{Lane, LaneJob};
 use crate::decision::CycleOutcome;
-use crate::ids::JobIdx;
+use crate::ids::{JobIdx, QueueIdx};
 use crate::pending::Pending;
 use crate::state::jobs::JobState;
 use crate::types::Timestamp;
@@ -116,8 +116,7 @@ impl Allocator {
     ) {
         // A queue's share changes only when one of its jobs is admitted:
         // computed once here and after each admission, not once per job.
-        let mut shares: Vec<f64> = (0..)
-            .zip(&self.state.queues.queues)
+        let mut shares: Vec<f64> = QueueIdx::enumerate(&self.state.queues.queues)
             .map(|(queue, _)| self.state.queues.share(queue, &[]))
             .collect();
         let mut heap = BinaryHeap::new();
@@ -173,7 +172,7 @@ impl Allocator {
             match outcome {
                 Ok(plan) => {
                     self.admit_in_cycle(idx, plan, now, ctx, out);
-                    if let Some(share) = shares.get_mut(lane_queue as usize) {
+                    if let Some(share) = shares.get_mut(lane_queue.slot()) {
                         *share = self.state.queues.share(lane_queue, &[]);
                     }
                 }

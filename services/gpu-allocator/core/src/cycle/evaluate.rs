@@ -7,7 +7,7 @@ use crate::cycle::CycleCtx;
 use crate::cycle::placement::{self, Candidate};
 use crate::cycle::quota_holds::{QuotaHold, fits_beside};
 use crate::event::JobSpec;
-use crate::ids::{JobIdx, NodeIdx, ReasonIdx, ResIdx};
+use crate::ids::{FilterIdx, JobIdx, NodeIdx, ReasonIdx, ResourceIdx};
 use crate::memo::{CycleMemo, MemoKey, QuotaBlocked};
 use crate::pending::PendingReason;
 use crate::state::jobs::{Gang, Job, JobState};
@@ -15,7 +15,7 @@ use crate::types::{GpuSliceRequest, JobUid, ResourceKind, Timestamp, TopologyReq
 
 /// What a successful placement attempt produced.
 pub(crate) struct Plan {
-    pub(crate) res: ResIdx,
+    pub(crate) res: ResourceIdx,
     pub(crate) per_worker: u32,
     pub(crate) placement: Vec<(NodeIdx, u32)>,
     pub(crate) ahead_of: Option<JobUid>,
@@ -48,7 +48,7 @@ pub(crate) fn estimated_end(
 
 impl Allocator {
     /// Resources a job may use, in the queue's flavor preference order.
-    pub(crate) fn options_for(&self, job: &Job, out: &mut Vec<ResIdx>) {
+    pub(crate) fn options_for(&self, job: &Job, out: &mut Vec<ResourceIdx>) {
         out.clear();
         let Some(queue) = self.state.queues.get(job.queue) else {
             return;
@@ -65,7 +65,7 @@ impl Allocator {
         for flavor in &queue.flavor_order {
             // Per flavor, the smallest matching MIG profile first: least GPU
             // memory wasted.
-            let mut matching: Vec<(u32, u32, &str, ResIdx)> = queue
+            let mut matching: Vec<(u32, u32, &str, ResourceIdx)> = queue
                 .quotas
                 .iter()
                 .filter(|s| s.flavor == *flavor)
@@ -92,7 +92,7 @@ impl Allocator {
         }
     }
 
-    pub(crate) fn options_of(&self, idx: JobIdx) -> Vec<ResIdx> {
+    pub(crate) fn options_of(&self, idx: JobIdx) -> Vec<ResourceIdx> {
         let mut out = Vec::new();
         if let Some(job) = self.state.job(idx) {
             self.options_for(job, &mut out);
@@ -187,7 +187,7 @@ impl Allocator {
         idx: JobIdx,
         now: Timestamp,
         ctx: &mut CycleCtx,
-        options: &mut Vec<ResIdx>,
+        options: &mut Vec<ResourceIdx>,
     ) -> Result<Plan, (ReasonIdx, bool)> {
         let Some(job) = self.state.job(idx) else {
             return Err((
@@ -240,7 +240,7 @@ impl Allocator {
             .for_units(units, self.smallest_nominal(queue));
         // The reason with the smallest shortfall so far, and that shortfall.
         let mut best: Option<(ReasonIdx, u64)> = None;
-        let mut first_capacity_failure: Option<(ResIdx, ReasonIdx)> = None;
+        let mut first_capacity_failure: Option<(ResourceIdx, ReasonIdx)> = None;
         let consider = |reason: ReasonIdx, shortfall: u64, best: &mut Option<(ReasonIdx, u64)>| {
             if best.is_none_or(|(_, b)| shortfall < b) {
                 *best = Some((reason, shortfall));
@@ -263,7 +263,7 @@ impl Allocator {
         // The first option quota blocks: (resource, units the queue must free
         // to fit the job within nominal, when the cohort headroom this job
         // holds is expected).
-        let mut quota_short: Option<(ResIdx, u64, Option<Timestamp>)> = None;
+        let mut quota_short: Option<(ResourceIdx, u64, Option<Timestamp>)> = None;
         // Cohort holds this job makes, kept only if it fails on every
         // option: one started on a later option needs no quota kept.
         let mut holds = Vec::new();
@@ -446,7 +446,7 @@ impl Allocator {
                 wants: String::new(),
             }),
         };
-        let mut reserved: Option<(ResIdx, Timestamp)> = None;
+        let mut reserved: Option<(ResourceIdx, Timestamp)> = None;
         if let Some((res, capacity_reason)) = first_capacity_failure
             && self.state.config.backfill.enabled
             && ctx.reservations.count < self.state.config.backfill.max_reservations
@@ -490,7 +490,7 @@ impl Allocator {
     pub(crate) fn try_place(
         &self,
         idx: JobIdx,
-        res: ResIdx,
+        res: ResourceIdx,
         now: Timestamp,
         ctx: &mut CycleCtx,
     ) -> Result<Plan, ReasonIdx> {
@@ -617,9 +617,9 @@ impl Allocator {
     /// "wait" apart from "never, as is".)
     pub(crate) fn slots_when_empty(
         &self,
-        res: ResIdx,
+        res: ResourceIdx,
         spec: &JobSpec,
-        filter: u32,
+        filter: FilterIdx,
         memo: &mut CycleMemo,
     ) -> u64 {
         let gang = Gang::of(spec);
@@ -650,10 +650,10 @@ impl Allocator {
     /// units could host but not the CPU or memory beside them.
     pub(crate) fn capacity_reason(
         &self,
-        res: ResIdx,
+        res: ResourceIdx,
         spec: &JobSpec,
         (placeable, lacking_cpu_memory): (u64, u64),
-        filter: u32,
+        filter: FilterIdx,
         memo: &mut CycleMemo,
     ) -> PendingReason {
         let (per_worker, workers) = (spec.gpus_per_worker, spec.num_workers);
@@ -675,7 +675,7 @@ impl Allocator {
             held_by_other_pods: self.state.inv.res(res).map_or(0, |r| r.held_by_other_pods),
             workers_lacking_cpu_memory: u32::try_from(lacking_cpu_memory).unwrap_or(u32::MAX),
             cpu_memory_per_worker: spec.cpu_memory_per_worker,
-            node_constrained: filter != 0,
+            node_constrained: filter != FilterIdx::ANY_NODE,
         }
     }
 }

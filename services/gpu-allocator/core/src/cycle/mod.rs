@@ -46,7 +46,7 @@ use crate::decision::{
     Admission, CycleOutcome, CycleStats, Eviction, EvictionReason, PlannedNode, Preemption,
     TopologyAssignment, WorkerPlacement,
 };
-use crate::ids::{CohortIdx, FastMap, JobIdx, QueueIdx, ReasonIdx, ResIdx};
+use crate::ids::{CohortIdx, FastMap, JobIdx, QueueIdx, ReasonIdx, ResourceIdx};
 use crate::memo::{CycleMemo, EarlyFailures};
 use crate::pending::PendingReason;
 use crate::state::jobs::{Job, JobState, Nomination};
@@ -69,20 +69,20 @@ pub(crate) struct CycleCtx {
     pub(crate) reserved_order: Vec<JobUid>,
     /// Reasons of jobs blocked by their queue's hold, by (queue, resource,
     /// units, queue usage).
-    pub(crate) queue_hold_reasons: FastMap<(QueueIdx, ResIdx, u64, u64), ReasonIdx>,
+    pub(crate) queue_hold_reasons: FastMap<(QueueIdx, ResourceIdx, u64, u64), ReasonIdx>,
     /// Reasons of jobs their queue refuses, by queue and namespace (none
     /// for a queue on hold): one per cause, however many jobs wait for it.
     pub(crate) refusals: FastMap<QueueIdx, FastMap<String, ReasonIdx>>,
     /// Cohort pool headroom held for the first job that only the pool
     /// blocks, per (cohort, resource).
-    pub(crate) quota_holds: FastMap<(CohortIdx, ResIdx), QuotaHold>,
+    pub(crate) quota_holds: FastMap<(CohortIdx, ResourceIdx), QuotaHold>,
     /// A queue's nominal quota kept for one of its blocked jobs, per (queue,
     /// resource): the units that job needs (see `hold_queue_quota`).
-    pub(crate) queue_holds: FastMap<(QueueIdx, ResIdx), QuotaHold>,
+    pub(crate) queue_holds: FastMap<(QueueIdx, ResourceIdx), QuotaHold>,
     /// `queue_holds` by (the holding queue's cohort, resource), each group
     /// in the order the holds were made: what `kept_by_queue_holds` needs
     /// of the map, for each borrower checked, without walking all of it.
-    pub(crate) queue_holds_by_cohort: FastMap<(CohortIdx, ResIdx), Vec<CohortQueueHold>>,
+    pub(crate) queue_holds_by_cohort: FastMap<(CohortIdx, ResourceIdx), Vec<CohortQueueHold>>,
     pub(crate) reservations: Reservations,
     /// Failures that may try preemption (blocked by quota or capacity), in
     /// line order: (slot in the pending explanations, job).
@@ -123,7 +123,7 @@ impl CycleCtx {
     }
 
     pub(crate) fn quota_epoch(&self, queue: QueueIdx) -> u64 {
-        self.quota_epochs.get(queue as usize).copied().unwrap_or(0)
+        self.quota_epochs.get(queue.slot()).copied().unwrap_or(0)
     }
 
     /// Adds a reason to the cycle's table.
@@ -133,13 +133,13 @@ impl CycleCtx {
 
     /// Adds a reason kept beyond the cycle to the cycle's table.
     pub(crate) fn add_shared_reason(&mut self, reason: Arc<PendingReason>) -> ReasonIdx {
-        let idx = ReasonIdx::try_from(self.reasons.len()).unwrap_or(ReasonIdx::MAX);
+        let idx = ReasonIdx::from_slot(self.reasons.len());
         self.reasons.push(reason);
         idx
     }
 
     pub(crate) fn reason(&self, idx: ReasonIdx) -> Option<&PendingReason> {
-        self.reasons.get(idx as usize).map(|r| &**r)
+        self.reasons.get(idx.slot()).map(|r| &**r)
     }
 
     /// Units missing by reason `idx` (see `PendingReason::shortfall`).
@@ -288,7 +288,7 @@ impl Allocator {
         &self,
         timeline: &mut Timeline,
         idx: JobIdx,
-        res: ResIdx,
+        res: ResourceIdx,
         now: Timestamp,
     ) {
         let mut events = Vec::new();
@@ -311,7 +311,7 @@ impl Allocator {
         let Some(r) = self.state.inv.res(plan.res) else {
             return;
         };
-        let flavor = self.state.inv.flavors.get(r.flavor as usize);
+        let flavor = self.state.inv.flavors.get(r.flavor.slot());
         let flavor_labels = flavor.map(|f| f.labels.clone()).unwrap_or_default();
         let mut workers = Vec::new();
         let mut zones = BTreeSet::new();

@@ -42,24 +42,22 @@ impl NodeTable {
     }
 
     pub(crate) fn set(&mut self, node: NodeIdx, entry: (u32, u32, u32)) {
-        if let Some(slot) = self.0.get_mut(node as usize) {
+        if let Some(slot) = self.0.get_mut(node.slot()) {
             *slot = Some(entry);
         }
     }
 
     pub(crate) fn get(&self, node: &NodeIdx) -> Option<&(u32, u32, u32)> {
-        self.0.get(*node as usize).and_then(Option::as_ref)
+        self.0.get(node.slot()).and_then(Option::as_ref)
     }
 
     pub(crate) fn get_mut(&mut self, node: &NodeIdx) -> Option<&mut (u32, u32, u32)> {
-        self.0.get_mut(*node as usize).and_then(Option::as_mut)
+        self.0.get_mut(node.slot()).and_then(Option::as_mut)
     }
 
     /// Eligible nodes by index, with their entries.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (NodeIdx, &(u32, u32, u32))> {
-        (0..)
-            .zip(&self.0)
-            .filter_map(|(node, entry)| Some((node, entry.as_ref()?)))
+        NodeIdx::enumerate(&self.0).filter_map(|(node, entry)| Some((node, entry.as_ref()?)))
     }
 }
 
@@ -242,9 +240,14 @@ mod tests {
         }
     }
 
-    fn c(node: NodeIdx, usable: u32, zone: u32, rack: u32) -> Candidate {
+    /// A placement of (node, workers) pairs.
+    fn on(placement: &[(u32, u32)]) -> Option<Vec<(NodeIdx, u32)>> {
+        Some(placement.iter().map(|&(n, w)| (n.into(), w)).collect())
+    }
+
+    fn c(node: u32, usable: u32, zone: u32, rack: u32) -> Candidate {
         Candidate {
-            node,
+            node: node.into(),
             usable,
             zone,
             rack,
@@ -254,8 +257,8 @@ mod tests {
     #[test]
     fn single_worker_takes_the_tightest_node() {
         let cands = [c(0, 8, 1, 1), c(1, 2, 1, 1), c(2, 4, 1, 1)];
-        assert_eq!(place_single(2, &cands), Some(vec![(1, 1)]));
-        assert_eq!(place_single(3, &cands), Some(vec![(2, 1)]));
+        assert_eq!(place_single(2, &cands), on(&[(1, 1)]));
+        assert_eq!(place_single(3, &cands), on(&[(2, 1)]));
         assert_eq!(place_single(9, &cands), None);
     }
 
@@ -265,7 +268,7 @@ mod tests {
         // 2 workers x 4 fit on node 0 alone.
         assert_eq!(
             place_gang(gang(4, 2, TopologyRequirement::Preferred), &cands),
-            Some(vec![(0, 2)])
+            on(&[(0, 2)])
         );
         // 3 workers x 4: no single node; rack 2 holds 2, rack 1 holds 2: zone 1 fits.
         let placed =
@@ -283,8 +286,8 @@ mod tests {
         let cands = [c(0, 8, 1, 1), c(1, 6, 1, 1), c(2, 4, 1, 2), c(3, 4, 1, 2)];
         let together =
             |per_worker, workers| gang(per_worker, workers, TopologyRequirement::SameNode);
-        assert_eq!(place_gang(together(2, 3), &cands), Some(vec![(1, 3)]));
-        assert_eq!(place_gang(together(2, 4), &cands), Some(vec![(0, 4)]));
+        assert_eq!(place_gang(together(2, 3), &cands), on(&[(1, 3)]));
+        assert_eq!(place_gang(together(2, 4), &cands), on(&[(0, 4)]));
         // 3 x 4 fits spread over nodes 0 and 2, never on one node.
         assert!(place_gang(gang(4, 3, TopologyRequirement::Preferred), &cands).is_some());
         assert_eq!(place_gang(together(4, 3), &cands), None);
@@ -309,7 +312,7 @@ mod tests {
         ];
         assert_eq!(
             place_gang(gang(8, 2, TopologyRequirement::Preferred), &cands),
-            Some(vec![(4, 1), (5, 1)])
+            on(&[(4, 1), (5, 1)])
         );
         // 7 free units on each of two nodes cannot host two 8-unit workers.
         let frag = [c(0, 7, 1, 1), c(1, 7, 1, 1)];
@@ -319,7 +322,7 @@ mod tests {
         );
         assert_eq!(
             place_gang(gang(4, 2, TopologyRequirement::Preferred), &frag),
-            Some(vec![(0, 1), (1, 1)])
+            on(&[(0, 1), (1, 1)])
         );
     }
 
@@ -347,7 +350,7 @@ mod tests {
             one_per_node: true,
             ..gang(4, 2, TopologyRequirement::Preferred)
         };
-        assert_eq!(place_gang(apart, &cands), Some(vec![(1, 1), (0, 1)]));
+        assert_eq!(place_gang(apart, &cands), on(&[(1, 1), (0, 1)]));
         let three = Gang {
             workers: 3,
             ..apart

@@ -6,7 +6,7 @@ use crate::allocator::Allocator;
 use crate::cycle::CycleCtx;
 use crate::cycle::evaluate::estimated_end;
 use crate::decision::{CycleOutcome, Drain, PreemptionRule, Victim};
-use crate::ids::{FastMap, JobIdx, QueueIdx, ResIdx};
+use crate::ids::{FastMap, JobIdx, QueueIdx, ResourceIdx};
 use crate::memo::PreemptionKey;
 use crate::pending::PendingReason;
 use crate::state::jobs::{Gang, Job, Nomination};
@@ -130,8 +130,8 @@ impl Allocator {
     /// waits in the queue's line while the queue is held. A job already
     /// being preempted goes as that preemption planned.
     pub(crate) fn start_drains(&mut self, now: Timestamp, out: &mut CycleOutcome) {
-        let draining: Vec<QueueIdx> = (0..self.state.queues.queues.len())
-            .filter_map(|i| u32::try_from(i).ok())
+        let draining: Vec<QueueIdx> = QueueIdx::enumerate(&self.state.queues.queues)
+            .map(|(q, _)| q)
             .filter(|q| {
                 self.state
                     .queues
@@ -175,7 +175,7 @@ impl Allocator {
     }
 
     /// The resource a nomination planned on.
-    pub(crate) fn nomination_res(&self, nomination: &Nomination) -> Option<ResIdx> {
+    pub(crate) fn nomination_res(&self, nomination: &Nomination) -> Option<ResourceIdx> {
         let flavor = self.state.inv.flavor_by_name(&nomination.flavor)?;
         let kind = ResourceKind::from_quota_name(&nomination.resource)?;
         self.state

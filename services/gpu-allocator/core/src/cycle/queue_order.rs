@@ -110,7 +110,7 @@ impl Allocator {
             .iter()
             .filter_map(|idx| self.state.job(*idx).map(|j| j.queue))
             .collect();
-        for (queue, q) in (0..).zip(&self.state.queues.queues) {
+        for (queue, q) in QueueIdx::enumerate(&self.state.queues.queues) {
             let listed = q.line.len();
             if listed == 0 {
                 continue;
@@ -165,7 +165,7 @@ impl Allocator {
         let l = lanes.get(lane)?;
         let head = l.jobs.as_slice().first()?;
         Some(LaneKey::new(
-            shares.get(l.queue as usize).copied().unwrap_or(0.0),
+            shares.get(l.queue.slot()).copied().unwrap_or(0.0),
             head,
             lane,
         ))
@@ -182,7 +182,7 @@ mod tests {
         LaneJob {
             priority,
             submitted_at: Timestamp(submitted_at),
-            idx: 0,
+            idx: JobIdx::from(0),
             seq,
             shape: None,
         }

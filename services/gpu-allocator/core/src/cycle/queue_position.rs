@@ -2,6 +2,7 @@
 //! queue still waiting after this cycle (admitted jobs left the line), and
 //! the queue's length, known once every job was seen.
 
+use crate::ids::QueueIdx;
 use crate::pending::Pending;
 
 /// Jobs found waiting so far, per queue slot.
@@ -20,8 +21,8 @@ impl QueuePositions {
 
     /// The position of the next job of `queue` found waiting; `None` for a
     /// slot outside the queue table.
-    pub(crate) fn next(&mut self, queue: u32) -> Option<u32> {
-        let waiting = self.waiting.get_mut(queue as usize)?;
+    pub(crate) fn next(&mut self, queue: QueueIdx) -> Option<u32> {
+        let waiting = self.waiting.get_mut(queue.slot())?;
         *waiting += 1;
         Some(*waiting)
     }
@@ -29,7 +30,7 @@ impl QueuePositions {
     /// Sets every entry's queue length: its queue's count of jobs waiting.
     pub(crate) fn set_lengths(&self, pending: &mut [Pending]) {
         for p in pending {
-            p.queue_length = self.waiting.get(p.queue as usize).copied().unwrap_or(0);
+            p.queue_length = self.waiting.get(p.queue.slot()).copied().unwrap_or(0);
         }
     }
 }
@@ -37,16 +38,17 @@ impl QueuePositions {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::{JobIdx, ReasonIdx};
 
     fn entry(queue: u32, position: u32) -> Pending {
         Pending {
-            job: position,
+            job: JobIdx::from(position),
             seq: u64::from(position),
-            queue,
+            queue: QueueIdx::from(queue),
             position,
             queue_length: 0,
             effective_priority: 0,
-            reason: 0,
+            reason: ReasonIdx::from(0),
         }
     }
 
@@ -55,7 +57,7 @@ mod tests {
         let mut positions = QueuePositions::new(2);
         let seen: Vec<Option<u32>> = [0, 1, 0, 0, 1, 2]
             .into_iter()
-            .map(|q| positions.next(q))
+            .map(|q| positions.next(QueueIdx::from(q)))
             .collect();
         assert_eq!(seen, [Some(1), Some(1), Some(2), Some(3), Some(2), None]);
         let mut pending = vec![entry(0, 1), entry(1, 1), entry(0, 2)];

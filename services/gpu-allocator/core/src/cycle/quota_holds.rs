@@ -8,7 +8,7 @@
 use crate::allocator::Allocator;
 use crate::cycle::CycleCtx;
 use crate::cycle::evaluate::{estimated_end, keep_earliest, keep_latest};
-use crate::ids::{CohortIdx, JobIdx, QueueIdx, ResIdx};
+use crate::ids::{CohortIdx, JobIdx, QueueIdx, ResourceIdx};
 use crate::memo::CycleMemo;
 use crate::state::jobs::{Job, Running};
 use crate::types::Timestamp;
@@ -149,9 +149,9 @@ impl HoldAges {
     /// fit.
     pub(crate) fn shape_key(self, queue: QueueIdx, sharing: bool, units: u64) -> Option<u64> {
         let units = u32::try_from(units).ok()?;
-        (queue < 1 << 29).then(|| {
+        (queue.number() < 1 << 29).then(|| {
             u64::from(units)
-                | u64::from(queue) << 32
+                | u64::from(queue.number()) << 32
                 | u64::from(sharing) << 61
                 | u64::from(self.queue_hold) << 62
                 | u64::from(self.starving) << 63
@@ -168,7 +168,7 @@ impl Allocator {
         &self,
         memo: &mut CycleMemo,
         of: impl Fn(&CohortRelease) -> bool,
-        res: ResIdx,
+        res: ResourceIdx,
         short: u64,
         now: Timestamp,
     ) -> Option<Timestamp> {
@@ -198,8 +198,8 @@ impl Allocator {
     pub(crate) fn hold_queue_quota(
         &self,
         idx: JobIdx,
-        reserved: Option<(ResIdx, Timestamp)>,
-        quota_short: Option<(ResIdx, u64, Option<Timestamp>)>,
+        reserved: Option<(ResourceIdx, Timestamp)>,
+        quota_short: Option<(ResourceIdx, u64, Option<Timestamp>)>,
         now: Timestamp,
         ctx: &mut CycleCtx,
     ) {
@@ -215,7 +215,7 @@ impl Allocator {
         let units = job.spec.total_units();
         // The queue's first hold stands; and only a job that fits within
         // nominal can be helped by the queue draining.
-        let can_hold = |res: ResIdx| {
+        let can_hold = |res: ResourceIdx| {
             !ctx.queue_holds.contains_key(&(queue, res))
                 && self
                     .state
@@ -289,7 +289,7 @@ impl Allocator {
         if ctx.quota_epochs.len() < queues.len() {
             ctx.quota_epochs.resize(queues.len(), 0);
         }
-        for ((other, q), epoch) in (0..).zip(queues).zip(&mut ctx.quota_epochs) {
+        for ((other, q), epoch) in QueueIdx::enumerate(queues).zip(&mut ctx.quota_epochs) {
             if other == queue || (cohort.is_some() && q.cohort == cohort) {
                 *epoch += 1;
             }
@@ -303,7 +303,7 @@ impl Allocator {
     /// take back their nominal quota as it frees up, and it would never
     /// start. A queue without nominal quota only borrows what the others
     /// leave idle, by its definition: its jobs never starve others.
-    pub(crate) fn starving_borrower(&self, job: &Job, res: ResIdx, at: Timestamp) -> bool {
+    pub(crate) fn starving_borrower(&self, job: &Job, res: ResourceIdx, at: Timestamp) -> bool {
         self.hold_ages(job.spec.submitted_at, at).starving
             && self
                 .state
@@ -321,7 +321,7 @@ impl Allocator {
         ctx: &CycleCtx,
         cohort: CohortIdx,
         borrower: QueueIdx,
-        res: ResIdx,
+        res: ResourceIdx,
         exempt: &impl Fn(&QuotaHold) -> bool,
     ) -> KeptQuota {
         let mut kept = KeptQuota::default();
@@ -350,7 +350,7 @@ impl Allocator {
     }
 
     /// Whether `job` would borrow `res` if admitted now.
-    pub(crate) fn would_borrow(&self, job: &Job, res: ResIdx) -> bool {
+    pub(crate) fn would_borrow(&self, job: &Job, res: ResourceIdx) -> bool {
         self.state.queues.get(job.queue).is_some_and(|q| {
             q.usage(res).saturating_add(job.spec.total_units())
                 > q.quota(res).map_or(0, |s| s.nominal)
@@ -363,7 +363,7 @@ impl Allocator {
         &self,
         job: &Job,
         idx: JobIdx,
-        res: ResIdx,
+        res: ResourceIdx,
         end: Option<Timestamp>,
         now: Timestamp,
         borrows: bool,
@@ -393,7 +393,7 @@ impl Allocator {
         terms: HoldTerms,
         queue: QueueIdx,
         cohort: Option<CohortIdx>,
-        res: ResIdx,
+        res: ResourceIdx,
         hold: Option<&QuotaHold>,
     ) -> (u64, Option<JobIdx>, Option<KeptQuota>) {
         let Some(c) = cohort else {
@@ -425,7 +425,7 @@ impl Allocator {
         ctx: &'c CycleCtx,
         terms: &HoldTerms,
         queue: QueueIdx,
-        res: ResIdx,
+        res: ResourceIdx,
     ) -> Option<(&'c QuotaHold, u64)> {
         let h = ctx.queue_holds.get(&(queue, res))?;
         if h.holder_idx == terms.idx || terms.exempt(h) {
@@ -442,7 +442,7 @@ impl Allocator {
         &self,
         ctx: &CycleCtx,
         idx: JobIdx,
-        res: ResIdx,
+        res: ResourceIdx,
         now: Timestamp,
     ) -> HeldFrom {
         let Some(job) = self.state.job(idx) else {
@@ -480,7 +480,7 @@ impl Allocator {
     }
 
     /// What `queue` leaves unused of its nominal quota of `res`.
-    pub(crate) fn unused_nominal(&self, queue: QueueIdx, res: ResIdx) -> u64 {
+    pub(crate) fn unused_nominal(&self, queue: QueueIdx, res: ResourceIdx) -> u64 {
         self.state.queues.get(queue).map_or(0, |q| {
             q.quota(res)
                 .map_or(0, |s| s.nominal)
@@ -490,7 +490,7 @@ impl Allocator {
 
     /// Brings up to date what the queue hold of `queue` in `res`, if any,
     /// keeps from the other queues of its cohort, after its usage changed.
-    pub(crate) fn refresh_queue_hold(&self, queue: QueueIdx, res: ResIdx, ctx: &mut CycleCtx) {
+    pub(crate) fn refresh_queue_hold(&self, queue: QueueIdx, res: ResourceIdx, ctx: &mut CycleCtx) {
         if !ctx.queue_holds.contains_key(&(queue, res)) {
             return;
         }
@@ -507,7 +507,7 @@ impl Allocator {
     }
 
     /// Expected releases of the jobs running in `res`, in time order.
-    pub(crate) fn cohort_releases(&self, res: ResIdx, now: Timestamp) -> Vec<CohortRelease> {
+    pub(crate) fn cohort_releases(&self, res: ResourceIdx, now: Timestamp) -> Vec<CohortRelease> {
         self.state.job_releases_in(res, now, |(end, units, queue)| {
             let cohort = self.state.queues.get(queue).and_then(|q| q.cohort);
             (end, units, cohort, queue)
@@ -519,7 +519,7 @@ impl Allocator {
         idx: JobIdx,
         job: &Job,
         run: &Running,
-        res: ResIdx,
+        res: ResourceIdx,
         now: Timestamp,
     ) -> Option<CohortRelease> {
         (run.res == res).then(|| {
@@ -604,7 +604,11 @@ mod tests {
                     for (hold, starving) in
                         [(false, false), (true, false), (false, true), (true, true)]
                     {
-                        keys.push(ages(hold, starving).shape_key(queue, sharing, units));
+                        keys.push(ages(hold, starving).shape_key(
+                            QueueIdx::from(queue),
+                            sharing,
+                            units,
+                        ));
                     }
                 }
             }
@@ -613,9 +617,12 @@ mod tests {
         assert_eq!(distinct.len(), keys.len());
         assert!(keys.iter().all(Option::is_some));
         // Beyond the key's room: no key, so the job is evaluated in full.
-        assert_eq!(ages(true, true).shape_key(1 << 29, false, 8), None);
         assert_eq!(
-            ages(false, false).shape_key(0, false, u64::from(u32::MAX) + 1),
+            ages(true, true).shape_key(QueueIdx::from(1 << 29), false, 8),
+            None
+        );
+        assert_eq!(
+            ages(false, false).shape_key(QueueIdx::from(0), false, u64::from(u32::MAX) + 1),
             None
         );
     }

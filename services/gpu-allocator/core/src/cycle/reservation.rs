@@ -16,7 +16,7 @@ use crate::state::jobs::JobState;
 use std::collections::HashSet;
 
 use crate::ids::FastMap;
-use crate::ids::{NodeIdx, ResIdx};
+use crate::ids::{FilterIdx, NodeIdx, ResourceIdx};
 use crate::state::jobs::Gang;
 
 use crate::allocator::Allocator;
@@ -36,19 +36,19 @@ pub(crate) struct Claim {
 /// The reservations of one cycle.
 #[derive(Debug, Default)]
 pub(crate) struct Reservations {
-    by_node: FastMap<(NodeIdx, ResIdx), Vec<Claim>>,
-    resources: HashSet<ResIdx, foldhash::fast::FixedState>,
+    by_node: FastMap<(NodeIdx, ResourceIdx), Vec<Claim>>,
+    resources: HashSet<ResourceIdx, foldhash::fast::FixedState>,
     /// First holder per resource, for explanations and `backfilledAheadOf`.
-    pub(crate) first_holder: FastMap<ResIdx, (JobUid, Timestamp)>,
+    pub(crate) first_holder: FastMap<ResourceIdx, (JobUid, Timestamp)>,
     pub(crate) count: u32,
 }
 
 impl Reservations {
-    pub(crate) fn has_any(&self, res: ResIdx) -> bool {
+    pub(crate) fn has_any(&self, res: ResourceIdx) -> bool {
         self.resources.contains(&res)
     }
 
-    pub(crate) fn add(&mut self, node: NodeIdx, res: ResIdx, claim: Claim) {
+    pub(crate) fn add(&mut self, node: NodeIdx, res: ResourceIdx, claim: Claim) {
         self.resources.insert(res);
         self.first_holder
             .entry(res)
@@ -60,7 +60,7 @@ impl Reservations {
 
     /// Units claimed on a node, whatever their start (used when computing a
     /// later reservation, so it never counts on units an earlier one needs).
-    pub(crate) fn claimed_total(&self, node: NodeIdx, res: ResIdx) -> u32 {
+    pub(crate) fn claimed_total(&self, node: NodeIdx, res: ResourceIdx) -> u32 {
         self.by_node
             .get(&(node, res))
             .map_or(0, |cs| cs.iter().map(|c| c.need).sum())
@@ -73,7 +73,7 @@ impl Reservations {
     /// the needs of all claims starting by `T_i`; it offers the units free now
     /// plus those released by `T_i`, minus what the new job holds. The largest
     /// deficit over those `T_i` is the protected amount.
-    pub(crate) fn protected(&self, node: NodeIdx, res: ResIdx, end: Option<Timestamp>) -> u32 {
+    pub(crate) fn protected(&self, node: NodeIdx, res: ResourceIdx, end: Option<Timestamp>) -> u32 {
         let Some(claims) = self.by_node.get(&(node, res)) else {
             return 0;
         };
@@ -105,8 +105,8 @@ impl Allocator {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn compute_reservation(
         &self,
-        res: ResIdx,
-        filter: u32,
+        res: ResourceIdx,
+        filter: FilterIdx,
         gang: Gang,
         now: Timestamp,
         reservations: &Reservations,
@@ -243,7 +243,7 @@ impl Allocator {
     pub(crate) fn reserve(
         &mut self,
         idx: JobIdx,
-        res: ResIdx,
+        res: ResourceIdx,
         now: Timestamp,
         ctx: &mut CycleCtx,
     ) -> Option<Timestamp> {
@@ -375,8 +375,8 @@ pub(crate) mod tests {
     }
 
     /// The book, rebuilt from scratch out of the running jobs.
-    pub(crate) fn rebuilt(alloc: &Allocator) -> FastMap<ResIdx, ReleaseBook> {
-        let mut books: FastMap<ResIdx, ReleaseBook> = FastMap::default();
+    pub(crate) fn rebuilt(alloc: &Allocator) -> FastMap<ResourceIdx, ReleaseBook> {
+        let mut books: FastMap<ResourceIdx, ReleaseBook> = FastMap::default();
         for job in alloc.state.jobs.iter().flatten() {
             let Some(run) = job.running() else { continue };
             let end = planned_end(&alloc.state.config, job, run);
@@ -409,31 +409,30 @@ pub(crate) mod tests {
                 .keys()
                 .all(|res| alloc.state.releases.contains_key(res))
         );
-        let mut by_queue: Vec<(QueueIdx, ResIdx, JobIdx)> = alloc
+        let mut by_queue: Vec<(QueueIdx, ResourceIdx, JobIdx)> = alloc
             .state
             .running_by_queue
             .iter()
             .flat_map(|(&(queue, res), jobs)| jobs.iter().map(move |&j| (queue, res, j)))
             .collect();
         by_queue.sort_unstable();
-        let mut running: Vec<(QueueIdx, ResIdx, JobIdx)> = (0..)
-            .zip(&alloc.state.jobs)
-            .filter_map(|(idx, job)| {
-                let job = job.as_ref()?;
-                Some((job.queue, job.running()?.res, idx))
-            })
-            .collect();
+        let mut running: Vec<(QueueIdx, ResourceIdx, JobIdx)> =
+            JobIdx::enumerate(&alloc.state.jobs)
+                .filter_map(|(idx, job)| {
+                    let job = job.as_ref()?;
+                    Some((job.queue, job.running()?.res, idx))
+                })
+                .collect();
         running.sort_unstable();
         assert_eq!(by_queue, running);
         // A job is listed by its own queue exactly while it is pending, with
         // what its spec and arrival say now.
-        let mut listed: Vec<(QueueIdx, i32, LineEntry)> = (0..)
-            .zip(&alloc.state.queues.queues)
-            .flat_map(|(queue, q)| q.line.entries().map(move |(p, e)| (queue, p, *e)))
-            .collect();
+        let mut listed: Vec<(QueueIdx, i32, LineEntry)> =
+            QueueIdx::enumerate(&alloc.state.queues.queues)
+                .flat_map(|(queue, q)| q.line.entries().map(move |(p, e)| (queue, p, *e)))
+                .collect();
         listed.sort_unstable_by_key(|(queue, _, e)| (*queue, e.idx));
-        let mut pending: Vec<(QueueIdx, i32, LineEntry)> = (0..)
-            .zip(&alloc.state.jobs)
+        let mut pending: Vec<(QueueIdx, i32, LineEntry)> = JobIdx::enumerate(&alloc.state.jobs)
             .filter_map(|(idx, job)| {
                 let job = job.as_ref()?;
                 matches!(job.state, JobState::Pending(_))
@@ -443,8 +442,7 @@ pub(crate) mod tests {
         pending.sort_unstable_by_key(|(queue, _, e)| (*queue, e.idx));
         assert_eq!(listed, pending);
         // A job is nominated exactly while it waits for its victims.
-        let waiting: BTreeSet<JobIdx> = (0..)
-            .zip(&alloc.state.jobs)
+        let waiting: BTreeSet<JobIdx> = JobIdx::enumerate(&alloc.state.jobs)
             .filter_map(|(idx, job)| {
                 matches!(job.as_ref()?.state, JobState::Pending(Some(_))).then_some(idx)
             })
@@ -577,7 +575,14 @@ pub(crate) mod tests {
                         .entries()
                         .map(|(p, e)| {
                             let uid = a.state.job(e.idx).map(|j| j.spec.uid.clone());
-                            (p, uid.unwrap_or_default(), LineEntry { idx: 0, ..*e })
+                            (
+                                p,
+                                uid.unwrap_or_default(),
+                                LineEntry {
+                                    idx: JobIdx::from(0),
+                                    ..*e
+                                },
+                            )
                         })
                         .collect()
                 })
@@ -604,16 +609,29 @@ pub(crate) mod tests {
         let mut r = Reservations::default();
         // Needs 8 at t=100; 4 are released by then, so 4 of today's free
         // units must stay free for jobs still running at t=100.
-        r.add(0, 0, claim(100, 8, 4));
-        assert_eq!(r.protected(0, 0, None), 4);
-        assert_eq!(r.protected(0, 0, Some(Timestamp(150))), 4);
+        r.add(NodeIdx::from(0), ResourceIdx::from(0), claim(100, 8, 4));
+        assert_eq!(r.protected(NodeIdx::from(0), ResourceIdx::from(0), None), 4);
+        assert_eq!(
+            r.protected(NodeIdx::from(0), ResourceIdx::from(0), Some(Timestamp(150))),
+            4
+        );
         // A job ending by t=100 is gone before the reservation starts.
-        assert_eq!(r.protected(0, 0, Some(Timestamp(100))), 0);
+        assert_eq!(
+            r.protected(NodeIdx::from(0), ResourceIdx::from(0), Some(Timestamp(100))),
+            0
+        );
         // A second reservation at t=200 needing 4 more with 6 released by then.
-        r.add(0, 0, claim(200, 4, 6));
-        assert_eq!(r.protected(0, 0, None), 6);
-        assert_eq!(r.protected(0, 0, Some(Timestamp(150))), 4);
-        assert_eq!(r.claimed_total(0, 0), 12);
-        assert_eq!(r.protected(1, 0, None), 0, "other nodes are untouched");
+        r.add(NodeIdx::from(0), ResourceIdx::from(0), claim(200, 4, 6));
+        assert_eq!(r.protected(NodeIdx::from(0), ResourceIdx::from(0), None), 6);
+        assert_eq!(
+            r.protected(NodeIdx::from(0), ResourceIdx::from(0), Some(Timestamp(150))),
+            4
+        );
+        assert_eq!(r.claimed_total(NodeIdx::from(0), ResourceIdx::from(0)), 12);
+        assert_eq!(
+            r.protected(NodeIdx::from(1), ResourceIdx::from(0), None),
+            0,
+            "other nodes are untouched"
+        );
     }
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use crate::allocator::Allocator;
 use crate::cycle::CycleCtx;
 use crate::cycle::placement;
-use crate::ids::{JobIdx, ReasonIdx, ResIdx};
+use crate::ids::{JobIdx, ReasonIdx, ResourceIdx};
 use crate::memo::{CycleMemo, FITS, FitKey};
 use crate::pending::{PendingReason, UnschedulableCause};
 use crate::state::inventory::{Node, NodeFilter};
@@ -157,13 +157,9 @@ impl Allocator {
     /// from the resource whose nodes got furthest; none when one could, or
     /// when no resource has a node at all (nodes not seen yet are no
     /// verdict, nor is a queue without quota for the job).
-    fn never_fits(&self, options: &[ResIdx], key: &FitKey) -> Option<PendingReason> {
+    fn never_fits(&self, options: &[ResourceIdx], key: &FitKey) -> Option<PendingReason> {
         let empty = NodeFilter::default();
-        let filter = self
-            .state
-            .filters
-            .get(key.filter as usize)
-            .unwrap_or(&empty);
+        let filter = self.state.filters.get(key.filter.slot()).unwrap_or(&empty);
         let mut closest: Option<Never> = None;
         for &res in options {
             match self.never_fits_in(res, key.gang, filter) {
@@ -180,7 +176,7 @@ impl Allocator {
     }
 
     /// Whether the nodes of `res` could hold the gang, or why not.
-    fn never_fits_in(&self, res: ResIdx, gang: Gang, filter: &NodeFilter) -> Judged {
+    fn never_fits_in(&self, res: ResourceIdx, gang: Gang, filter: &NodeFilter) -> Judged {
         let nodes: Vec<EmptyNode> = self
             .state
             .inv

@@ -42,7 +42,7 @@ use crate::cycle::CycleCtx;
 use crate::cycle::placement::{self, Candidate, NodeTable};
 use crate::cycle::quota_holds::HeldFrom;
 use crate::decision::PreemptionRule;
-use crate::ids::{CohortIdx, FastMap, JobIdx, NodeIdx, QueueIdx, ResIdx};
+use crate::ids::{CohortIdx, FastMap, FilterIdx, JobIdx, NodeIdx, QueueIdx, ResourceIdx};
 use crate::state::jobs::{Gang, JobState};
 use crate::state::queues::UsageDelta;
 use crate::types::{CpuMemory, Timestamp};
@@ -54,7 +54,7 @@ const MAX_SINGLE_TRIES: usize = 256;
 
 /// A chosen victim set and the preemptor's planned placement.
 pub(crate) struct VictimPlan {
-    pub(crate) res: ResIdx,
+    pub(crate) res: ResourceIdx,
     pub(crate) victims: Vec<(JobIdx, PreemptionRule)>,
     pub(crate) placement: Vec<(NodeIdx, u32)>,
 }
@@ -103,7 +103,7 @@ impl Cand<'_> {
 pub(crate) struct Inflight {
     pub(crate) deltas: Vec<UsageDelta>,
     /// Units of currently free capacity promised to waiting preemptors.
-    pub(crate) claims: FastMap<(NodeIdx, ResIdx), u32>,
+    pub(crate) claims: FastMap<(NodeIdx, ResourceIdx), u32>,
     /// Node views per (resource, node filter, units and CPU and memory per
     /// worker), shared by the searches of one pass until the next decision
     /// changes the claims.
@@ -111,7 +111,7 @@ pub(crate) struct Inflight {
 }
 
 /// Resource, node filter, units per worker, CPU and memory per worker.
-type BaseViewKey = (ResIdx, u32, u32, CpuMemory);
+type BaseViewKey = (ResourceIdx, FilterIdx, u32, CpuMemory);
 
 /// Eligible nodes of one resource for one node filter, net of claims.
 struct BaseView {
@@ -125,7 +125,7 @@ struct BaseView {
 struct Search<'a> {
     alloc: &'a Allocator,
     inflight: &'a [UsageDelta],
-    res: ResIdx,
+    res: ResourceIdx,
     queue: QueueIdx,
     units: u64,
     /// What this cycle's holds keep from the preemptor
@@ -512,7 +512,7 @@ impl Search<'_> {
         let mut starts = vec![0usize; self.alloc.state.inv.nodes.len()];
         for c in &self.cands {
             for (node, _) in c.nodes() {
-                if let Some(count) = starts.get_mut(node as usize) {
+                if let Some(count) = starts.get_mut(node.slot()) {
                     *count += 1;
                 }
             }
@@ -525,10 +525,10 @@ impl Search<'_> {
             total += count;
             hosts += usize::from(count > 0);
         }
-        let mut on_node: Vec<(NodeIdx, usize, u32)> = vec![(0, 0, 0); total];
+        let mut on_node: Vec<(NodeIdx, usize, u32)> = vec![(NodeIdx::default(), 0, 0); total];
         for (i, c) in self.cands.iter().enumerate() {
             for (node, units) in c.nodes() {
-                if let Some(at) = starts.get_mut(node as usize)
+                if let Some(at) = starts.get_mut(node.slot())
                     && let Some(slot) = on_node.get_mut(*at)
                 {
                     *slot = (node, i, units);
@@ -817,8 +817,8 @@ impl Allocator {
 
     fn base_view(
         &self,
-        res: ResIdx,
-        filter_id: u32,
+        res: ResourceIdx,
+        filter_id: FilterIdx,
         gang: Gang,
         inflight: &Inflight,
     ) -> Option<Rc<BaseView>> {
@@ -870,7 +870,7 @@ impl Allocator {
         idx: JobIdx,
         now: Timestamp,
         inflight: &Inflight,
-        draining: &[(CohortIdx, ResIdx, JobIdx)],
+        draining: &[(CohortIdx, ResourceIdx, JobIdx)],
         ctx: &CycleCtx,
     ) -> Option<VictimPlan> {
         self.options_of(idx)
@@ -881,10 +881,10 @@ impl Allocator {
     fn find_victims_in(
         &self,
         idx: JobIdx,
-        res: ResIdx,
+        res: ResourceIdx,
         now: Timestamp,
         inflight: &Inflight,
-        draining: &[(CohortIdx, ResIdx, JobIdx)],
+        draining: &[(CohortIdx, ResourceIdx, JobIdx)],
         ctx: &CycleCtx,
     ) -> Option<VictimPlan> {
         let job = self.state.job(idx)?;
@@ -914,7 +914,7 @@ impl Allocator {
             .iter()
             .enumerate()
             .map(|(qi, vq)| {
-                let qi = u32::try_from(qi).unwrap_or(u32::MAX);
+                let qi = QueueIdx::from_slot(qi);
                 let nominal = vq.quota(res).map_or(0, |s| s.nominal);
                 qi != job.queue
                     && from_other_queues
@@ -928,7 +928,7 @@ impl Allocator {
         // Only the queues a victim may come from: its own, and the borrowing
         // peers. The sort below is a total order, so the listing order does
         // not matter.
-        let victim_queues = (0..).zip(&borrowing_peer).filter_map(|(q, peer)| {
+        let victim_queues = QueueIdx::enumerate(&borrowing_peer).filter_map(|(q, peer)| {
             (*peer || (q == job.queue && queue.preemption.within_queue)).then_some(q)
         });
         let lists: Vec<&Vec<JobIdx>> = victim_queues
@@ -959,7 +959,7 @@ impl Allocator {
                 }
             } else {
                 if !borrowing_peer
-                    .get(vjob.queue as usize)
+                    .get(vjob.queue.slot())
                     .copied()
                     .unwrap_or(false)
                 {

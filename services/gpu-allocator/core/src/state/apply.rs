@@ -174,14 +174,14 @@ impl State {
         };
         let idx = match self.free_job_slots.pop() {
             Some(idx) => {
-                if let Some(slot) = self.jobs.get_mut(idx as usize) {
+                if let Some(slot) = self.jobs.get_mut(idx.slot()) {
                     *slot = Some(job);
                 }
                 idx
             }
             None => {
                 self.jobs.push(Some(job));
-                u32::try_from(self.jobs.len() - 1).unwrap_or(u32::MAX)
+                JobIdx::from_slot(self.jobs.len() - 1)
             }
         };
         self.job_by_uid.insert(uid, idx);
@@ -201,7 +201,7 @@ impl State {
         };
         self.release(idx);
         self.unlist(idx);
-        if let Some(slot) = self.jobs.get_mut(idx as usize) {
+        if let Some(slot) = self.jobs.get_mut(idx.slot()) {
             *slot = None;
         }
         if self.nominated.remove(&idx) {

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{AllocatorConfig, FlavorSpec};
 use crate::error::AllocatorError;
 use crate::event::NodeInfo;
-use crate::ids::{FlavorIdx, JobIdx, KindIdx, NodeIdx, ResIdx};
+use crate::ids::{FlavorIdx, JobIdx, KindIdx, NodeIdx, ResourceIdx};
 use crate::state::jobs::Gang;
 use crate::types::{
     CapacityType, CpuMemory, MigProfile, NodeSelectorTerm, ResourceKind, Taint, Toleration, names,
@@ -97,15 +97,15 @@ pub(crate) struct Flavor {
 
 /// Whether resources `a` and `b` (of any flavors) are of one kind: the same
 /// devices of a node, whatever flavor its labels put it in.
-fn same_kind(resources: &[ResourceIndex], a: ResIdx, b: ResIdx) -> bool {
-    let kind = |r: ResIdx| resources.get(r as usize).map(|r| r.kind);
+fn same_kind(resources: &[ResourceIndex], a: ResourceIdx, b: ResourceIdx) -> bool {
+    let kind = |r: ResourceIdx| resources.get(r.slot()).map(|r| r.kind);
     kind(a).is_some() && kind(a) == kind(b)
 }
 
 /// Units of one resource kind on one node.
 #[derive(Debug, Clone)]
 pub(crate) struct Pool {
-    pub(crate) res: ResIdx,
+    pub(crate) res: ResourceIdx,
     /// Allocatable units less those pods the allocator does not manage hold.
     pub(crate) capacity: u32,
     pub(crate) used: u32,
@@ -148,7 +148,7 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    pub(crate) fn pool(&self, res: ResIdx) -> Option<&Pool> {
+    pub(crate) fn pool(&self, res: ResourceIdx) -> Option<&Pool> {
         self.pools.iter().find(|p| p.res == res)
     }
 
@@ -196,7 +196,7 @@ impl Node {
 
     /// What the resource indexes count of each pool: (resource, free units,
     /// units other pods hold). Collected, so the indexes can be borrowed.
-    fn index_entries(&self) -> Vec<(ResIdx, u32, u32)> {
+    fn index_entries(&self) -> Vec<(ResourceIdx, u32, u32)> {
         self.pools
             .iter()
             .map(|p| (p.res, p.free(), p.held_by_other_pods))
@@ -265,7 +265,7 @@ pub(crate) struct Inventory {
     pub(crate) kinds: Vec<ResourceKind>,
     kind_by_value: HashMap<ResourceKind, KindIdx>,
     pub(crate) resources: Vec<ResourceIndex>,
-    res_by_pair: HashMap<(FlavorIdx, KindIdx), ResIdx>,
+    res_by_pair: HashMap<(FlavorIdx, KindIdx), ResourceIdx>,
     pub(crate) zones: Interner,
     pub(crate) racks: Interner,
     rack_label: String,
@@ -366,7 +366,7 @@ impl Inventory {
             if let Some(product) = &spec.gpu_product {
                 labels.insert(names::GPU_PRODUCT_LABEL.to_string(), product.clone());
             }
-            if let Some(flavor) = inv.flavors.get_mut(idx as usize) {
+            if let Some(flavor) = inv.flavors.get_mut(idx.slot()) {
                 flavor.labels = labels;
                 flavor.tolerations = spec.tolerations.clone();
                 flavor.capacity_type = spec.capacity_type;
@@ -380,7 +380,7 @@ impl Inventory {
         if let Some(idx) = self.flavor_by_name.get(name) {
             return *idx;
         }
-        let idx = u32::try_from(self.flavors.len()).unwrap_or(u32::MAX);
+        let idx = FlavorIdx::from_slot(self.flavors.len());
         self.flavors.push(Flavor {
             name: name.to_string(),
             labels: BTreeMap::new(),
@@ -395,17 +395,17 @@ impl Inventory {
         if let Some(idx) = self.kind_by_value.get(kind) {
             return *idx;
         }
-        let idx = u32::try_from(self.kinds.len()).unwrap_or(u32::MAX);
+        let idx = KindIdx::from_slot(self.kinds.len());
         self.kinds.push(kind.clone());
         self.kind_by_value.insert(kind.clone(), idx);
         idx
     }
 
-    pub(crate) fn intern_res(&mut self, flavor: FlavorIdx, kind: KindIdx) -> ResIdx {
+    pub(crate) fn intern_res(&mut self, flavor: FlavorIdx, kind: KindIdx) -> ResourceIdx {
         if let Some(idx) = self.res_by_pair.get(&(flavor, kind)) {
             return *idx;
         }
-        let idx = u32::try_from(self.resources.len()).unwrap_or(u32::MAX);
+        let idx = ResourceIdx::from_slot(self.resources.len());
         self.resources.push(ResourceIndex {
             flavor,
             kind,
@@ -428,7 +428,11 @@ impl Inventory {
             racks: self.racks.entries().to_vec(),
             flavors: self.flavors.iter().map(|f| f.name.clone()).collect(),
             kinds: self.kinds.clone(),
-            resources: self.resources.iter().map(|r| (r.flavor, r.kind)).collect(),
+            resources: self
+                .resources
+                .iter()
+                .map(|r| (r.flavor.number(), r.kind.number()))
+                .collect(),
         }
     }
 
@@ -466,7 +470,7 @@ impl Inventory {
         self.kind_by_value.get(kind).copied()
     }
 
-    pub(crate) fn res_of(&self, flavor: FlavorIdx, kind: KindIdx) -> Option<ResIdx> {
+    pub(crate) fn res_of(&self, flavor: FlavorIdx, kind: KindIdx) -> Option<ResourceIdx> {
         self.res_by_pair.get(&(flavor, kind)).copied()
     }
 
@@ -475,39 +479,39 @@ impl Inventory {
     }
 
     pub(crate) fn node(&self, idx: NodeIdx) -> Option<&Node> {
-        self.nodes.get(idx as usize).and_then(Option::as_ref)
+        self.nodes.get(idx.slot()).and_then(Option::as_ref)
     }
 
     /// Free units of `res` on a node its index counts (one that
     /// `nodes_with_free` walks).
-    pub(crate) fn indexed_free(&self, idx: NodeIdx, res: ResIdx) -> Option<u32> {
+    pub(crate) fn indexed_free(&self, idx: NodeIdx, res: ResourceIdx) -> Option<u32> {
         let node = self.node(idx).filter(|n| n.indexed())?;
         node.pool(res).map(Pool::free)
     }
 
     pub(crate) fn node_mut(&mut self, idx: NodeIdx) -> Option<&mut Node> {
-        self.nodes.get_mut(idx as usize).and_then(Option::as_mut)
+        self.nodes.get_mut(idx.slot()).and_then(Option::as_mut)
     }
 
-    pub(crate) fn res(&self, res: ResIdx) -> Option<&ResourceIndex> {
-        self.resources.get(res as usize)
+    pub(crate) fn res(&self, res: ResourceIdx) -> Option<&ResourceIndex> {
+        self.resources.get(res.slot())
     }
 
-    pub(crate) fn kind_of_res(&self, res: ResIdx) -> Option<&ResourceKind> {
-        self.res(res).and_then(|r| self.kinds.get(r.kind as usize))
+    pub(crate) fn kind_of_res(&self, res: ResourceIdx) -> Option<&ResourceKind> {
+        self.res(res).and_then(|r| self.kinds.get(r.kind.slot()))
     }
 
     pub(crate) fn flavor_name(&self, flavor: FlavorIdx) -> &str {
         self.flavors
-            .get(flavor as usize)
+            .get(flavor.slot())
             .map_or("", |f| f.name.as_str())
     }
 
-    pub(crate) fn res_flavor_name(&self, res: ResIdx) -> &str {
+    pub(crate) fn res_flavor_name(&self, res: ResourceIdx) -> &str {
         self.res(res).map_or("", |r| self.flavor_name(r.flavor))
     }
 
-    pub(crate) fn res_quota_name(&self, res: ResIdx) -> String {
+    pub(crate) fn res_quota_name(&self, res: ResourceIdx) -> String {
         self.kind_of_res(res)
             .map_or_else(String::new, ResourceKind::quota_name)
     }
@@ -599,7 +603,7 @@ impl Inventory {
             || (!configured
                 && self
                     .flavors
-                    .get(idx as usize)
+                    .get(idx.slot())
                     .is_some_and(|f| f.capacity_type.is_none()))
         {
             let mut tolerations = self.auto_tolerations.clone();
@@ -610,7 +614,7 @@ impl Inventory {
             if let Some(product) = product {
                 labels.insert(names::GPU_PRODUCT_LABEL.to_string(), product.clone());
             }
-            if let Some(flavor) = self.flavors.get_mut(idx as usize) {
+            if let Some(flavor) = self.flavors.get_mut(idx.slot()) {
                 flavor.labels = labels;
                 flavor.tolerations = tolerations;
                 flavor.capacity_type = Some(ct);
@@ -620,14 +624,14 @@ impl Inventory {
     }
 
     fn index_node(&mut self, idx: NodeIdx) {
-        let Some(node) = self.nodes.get(idx as usize).and_then(Option::as_ref) else {
+        let Some(node) = self.nodes.get(idx.slot()).and_then(Option::as_ref) else {
             return;
         };
         if !node.indexed() {
             return;
         }
         for (res, free, held) in node.index_entries() {
-            if let Some(r) = self.resources.get_mut(res as usize) {
+            if let Some(r) = self.resources.get_mut(res.slot()) {
                 r.insert(idx, free);
                 r.held_by_other_pods += u64::from(held);
             }
@@ -635,14 +639,14 @@ impl Inventory {
     }
 
     fn unindex_node(&mut self, idx: NodeIdx) {
-        let Some(node) = self.nodes.get(idx as usize).and_then(Option::as_ref) else {
+        let Some(node) = self.nodes.get(idx.slot()).and_then(Option::as_ref) else {
             return;
         };
         if !node.indexed() {
             return;
         }
         for (res, free, held) in node.index_entries() {
-            if let Some(r) = self.resources.get_mut(res as usize) {
+            if let Some(r) = self.resources.get_mut(res.slot()) {
                 r.remove(idx, free);
                 r.held_by_other_pods = r.held_by_other_pods.saturating_sub(u64::from(held));
             }
@@ -684,7 +688,7 @@ impl Inventory {
         let (old_pools, running, cpu_memory_used) = match existing {
             Some(idx) => {
                 self.unindex_node(idx);
-                let old = self.nodes.get_mut(idx as usize).and_then(Option::take);
+                let old = self.nodes.get_mut(idx.slot()).and_then(Option::take);
                 old.map_or_else(Default::default, |n| {
                     (n.pools, n.running, n.cpu_memory_used)
                 })
@@ -726,7 +730,7 @@ impl Inventory {
             }
         }
         let flavor_tolerations = flavor
-            .and_then(|f| self.flavors.get(f as usize))
+            .and_then(|f| self.flavors.get(f.slot()))
             .map(|f| f.tolerations.clone())
             .unwrap_or_default();
         let extra_taints = info
@@ -753,12 +757,12 @@ impl Inventory {
                 Some(idx) => idx,
                 None => {
                     self.nodes.push(None);
-                    u32::try_from(self.nodes.len() - 1).unwrap_or(u32::MAX)
+                    NodeIdx::from_slot(self.nodes.len() - 1)
                 }
             },
         };
         self.node_by_name.insert(node.info.name.clone(), idx);
-        if let Some(slot) = self.nodes.get_mut(idx as usize) {
+        if let Some(slot) = self.nodes.get_mut(idx.slot()) {
             *slot = Some(node);
         }
         self.index_node(idx);
@@ -788,11 +792,11 @@ impl Inventory {
         let nodes = &self.nodes;
         self.free_node_slots = slots
             .into_iter()
-            .filter(|s| nodes.get(*s as usize).is_some_and(Option::is_none))
+            .filter(|s| nodes.get(s.slot()).is_some_and(Option::is_none))
             .collect();
         let listed: BTreeSet<NodeIdx> = self.free_node_slots.iter().copied().collect();
         for (i, slot) in self.nodes.iter().enumerate() {
-            let i = u32::try_from(i).unwrap_or(u32::MAX);
+            let i = NodeIdx::from_slot(i);
             if slot.is_none() && !listed.contains(&i) {
                 self.free_node_slots.insert(0, i);
             }
@@ -805,15 +809,15 @@ impl Inventory {
         self.node_changes += 1;
         self.unindex_node(idx);
         self.node_by_name.remove(name);
-        let node = self.nodes.get_mut(idx as usize).and_then(Option::take)?;
+        let node = self.nodes.get_mut(idx.slot()).and_then(Option::take)?;
         self.free_node_slots.push(idx);
         Some(node.running)
     }
 
     /// Changes a node's used units for `res` by `delta` and moves it between
     /// buckets. Units are clamped at zero rather than trusting the caller.
-    pub(crate) fn adjust(&mut self, idx: NodeIdx, res: ResIdx, delta: i64) {
-        let Some(node) = self.nodes.get_mut(idx as usize).and_then(Option::as_mut) else {
+    pub(crate) fn adjust(&mut self, idx: NodeIdx, res: ResourceIdx, delta: i64) {
+        let Some(node) = self.nodes.get_mut(idx.slot()).and_then(Option::as_mut) else {
             return;
         };
         let indexed = node.indexed();
@@ -852,7 +856,7 @@ impl Inventory {
         let res = pool.res;
         if indexed
             && old_free != new_free
-            && let Some(r) = self.resources.get_mut(res as usize)
+            && let Some(r) = self.resources.get_mut(res.slot())
         {
             r.remove(idx, old_free);
             r.insert(idx, new_free);

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::decision::{Admission, PlannedNode, PreemptionRule};
 use crate::event::JobSpec;
-use crate::ids::{NodeIdx, QueueIdx, ResIdx};
+use crate::ids::{FilterIdx, NodeIdx, QueueIdx, ResourceIdx};
 use crate::types::{CpuMemory, JobUid, Timestamp, TopologyRequirement};
 
 /// A victim that is checkpointing before eviction.
@@ -43,7 +43,7 @@ pub struct Nomination {
 
 #[derive(Debug)]
 pub(crate) struct Running {
-    pub(crate) res: ResIdx,
+    pub(crate) res: ResourceIdx,
     pub(crate) per_worker: u32,
     pub(crate) placement: Vec<(NodeIdx, u32)>,
     pub(crate) admitted_at: Timestamp,
@@ -74,7 +74,7 @@ pub(crate) enum JobState {
 pub(crate) struct Job {
     pub(crate) state: JobState,
     pub(crate) queue: QueueIdx,
-    pub(crate) filter: u32,
+    pub(crate) filter: FilterIdx,
     /// Arrival order, the last tie-breaker after priority and submission
     /// time (cheaper than comparing uids, and the same after a replay).
     pub(crate) seq: u64,

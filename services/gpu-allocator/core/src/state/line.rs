@@ -235,9 +235,10 @@ mod tests {
         }
     }
 
-    fn order(line: &QueueLine, boost: impl Fn(Timestamp) -> i32) -> Vec<(JobIdx, i32)> {
+    /// Job slots and effective priorities, in line order.
+    fn order(line: &QueueLine, boost: impl Fn(Timestamp) -> i32) -> Vec<(u32, i32)> {
         let mut out = Vec::new();
-        line.in_order(boost, |p, e| out.push((e.idx, p)));
+        line.in_order(boost, |p, e| out.push((e.idx.number(), p)));
         out
     }
 
@@ -245,11 +246,11 @@ mod tests {
     fn runs_merge_by_effective_priority_then_submission_then_arrival() {
         let mut line = QueueLine::default();
         // Inserted out of order: the line sorts them.
-        line.insert(0, entry(1, 100, 5));
-        line.insert(0, entry(0, 0, 9));
-        line.insert(10, entry(2, 200, 2));
-        line.insert(0, entry(3, 100, 4));
-        line.insert(10, entry(4, 300, 1));
+        line.insert(0, entry(JobIdx::from(1), 100, 5));
+        line.insert(0, entry(JobIdx::from(0), 0, 9));
+        line.insert(10, entry(JobIdx::from(2), 200, 2));
+        line.insert(0, entry(JobIdx::from(3), 100, 4));
+        line.insert(10, entry(JobIdx::from(4), 300, 1));
         assert_eq!(line.len(), 5);
         // No aging: priority first.
         assert_eq!(
@@ -282,7 +283,7 @@ mod tests {
             let runs = 1 + rng.below(priorities.len() as u64) as usize;
             for seq in 0..rng.below(60) {
                 let priority = priorities[rng.below(runs as u64) as usize];
-                let e = entry(seq as JobIdx, rng.below(5_000), seq);
+                let e = entry(JobIdx::from(seq as u32), rng.below(5_000), seq);
                 line.insert(priority, e);
                 all.push((priority, e));
             }
@@ -302,9 +303,9 @@ mod tests {
                 })
                 .collect();
             sorted.sort_unstable();
-            let expected: Vec<(JobIdx, i32)> = sorted
+            let expected: Vec<(u32, i32)> = sorted
                 .into_iter()
-                .map(|(std::cmp::Reverse(effective), _, idx)| (idx, effective))
+                .map(|(std::cmp::Reverse(effective), _, idx)| (idx.number(), effective))
                 .collect();
             assert_eq!(order(&line, boost), expected, "seed {seed}");
         }
@@ -314,25 +315,25 @@ mod tests {
     fn removed_entries_leave_the_order_and_a_relisted_job_gets_its_place_back() {
         let mut line = QueueLine::default();
         for seq in 0..20u64 {
-            line.insert(0, entry(seq as JobIdx, 100 + seq, seq));
+            line.insert(0, entry(JobIdx::from(seq as u32), 100 + seq, seq));
         }
         // Fewer than an eighth: marked, not yet dropped.
-        line.remove(0, &entry(0, 100, 0));
-        line.remove(0, &entry(5, 105, 5));
+        line.remove(0, &entry(JobIdx::from(0), 100, 0));
+        line.remove(0, &entry(JobIdx::from(5), 105, 5));
         assert_eq!(line.len(), 18);
         assert_eq!(line.runs.first().map(|r| r.jobs.len()), Some(20));
-        let ids = |line: &QueueLine| -> Vec<JobIdx> {
+        let ids = |line: &QueueLine| -> Vec<u32> {
             order(line, |_| 0).into_iter().map(|(i, _)| i).collect()
         };
         assert!(!ids(&line).contains(&0) && !ids(&line).contains(&5));
         // Requeued: back in its place, in the entry it left.
-        line.insert(0, entry(5, 105, 5));
+        line.insert(0, entry(JobIdx::from(5), 105, 5));
         assert_eq!(line.len(), 19);
         assert_eq!(line.runs.first().map(|r| r.jobs.len()), Some(20));
         assert_eq!(ids(&line).get(4), Some(&5));
         // An eighth removed (3 of 20): the run drops them.
-        line.remove(0, &entry(1, 101, 1));
-        line.remove(0, &entry(2, 102, 2));
+        line.remove(0, &entry(JobIdx::from(1), 101, 1));
+        line.remove(0, &entry(JobIdx::from(2), 102, 2));
         assert_eq!(line.runs.first().map(|r| r.jobs.len()), Some(17));
         assert_eq!(line.len(), 17);
         assert_eq!(ids(&line), (3..20).collect::<Vec<_>>());
@@ -341,17 +342,17 @@ mod tests {
     #[test]
     fn removal_needs_the_listed_fields_and_drops_empty_runs() {
         let mut line = QueueLine::default();
-        line.insert(0, entry(1, 100, 1));
-        line.insert(5, entry(2, 100, 2));
-        line.remove(0, &entry(7, 100, 1));
+        line.insert(0, entry(JobIdx::from(1), 100, 1));
+        line.insert(5, entry(JobIdx::from(2), 100, 2));
+        line.remove(0, &entry(JobIdx::from(7), 100, 1));
         assert_eq!(line.len(), 2, "another job's slot");
-        line.remove(5, &entry(1, 100, 1));
+        line.remove(5, &entry(JobIdx::from(1), 100, 1));
         assert_eq!(line.len(), 2, "another priority");
-        line.remove(0, &entry(1, 100, 1));
-        line.remove(0, &entry(1, 100, 1));
+        line.remove(0, &entry(JobIdx::from(1), 100, 1));
+        line.remove(0, &entry(JobIdx::from(1), 100, 1));
         assert_eq!(line.len(), 1, "removed once");
         assert_eq!(line.entries().count(), 1);
-        line.remove(5, &entry(2, 100, 2));
+        line.remove(5, &entry(JobIdx::from(2), 100, 2));
         assert_eq!(line.len(), 0);
         assert!(line.runs.is_empty());
     }

@@ -21,7 +21,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use crate::config::AllocatorConfig;
 use crate::decision::{Admission, Eviction, Victim};
 use crate::event::JobSpec;
-use crate::ids::{FastMap, JobIdx, NodeIdx, QueueIdx, ResIdx, units_i64};
+use crate::ids::{FastMap, FilterIdx, JobIdx, NodeIdx, QueueIdx, ResourceIdx, units_i64};
 use crate::state::inventory::{Inventory, Node, NodeFilter};
 use crate::state::jobs::{Job, JobState, PreemptingState, Running};
 use crate::state::line::LineEntry;
@@ -41,7 +41,7 @@ pub(crate) struct State {
     /// Interned node filters (a job's selector, affinity, tolerations):
     /// filter 0 is "no constraints".
     pub(crate) filters: Vec<NodeFilter>,
-    pub(crate) filter_ids: HashMap<NodeFilter, u32>,
+    pub(crate) filter_ids: HashMap<NodeFilter, FilterIdx>,
     /// Running jobs told they are preempted, waiting for their eviction.
     pub(crate) preempting: BTreeSet<JobIdx>,
     /// Pending jobs with a nomination (waiting for their victims).
@@ -58,10 +58,10 @@ pub(crate) struct State {
     /// Jobs that held a reservation at the end of the last cycle.
     pub(crate) reserved_jobs: Vec<JobUid>,
     /// Expected releases of the running jobs, per resource.
-    pub(crate) releases: FastMap<ResIdx, ReleaseBook>,
+    pub(crate) releases: FastMap<ResourceIdx, ReleaseBook>,
     /// Running jobs per (queue, resource), in no particular order: a victim
     /// search lists only the queues it may take from.
-    pub(crate) running_by_queue: FastMap<(QueueIdx, ResIdx), Vec<JobIdx>>,
+    pub(crate) running_by_queue: FastMap<(QueueIdx, ResourceIdx), Vec<JobIdx>>,
     /// CPU-only jobs waiting for their queue, by (arrival, slot): they take
     /// no GPU, so they stand in no queue's line.
     pub(crate) cpu_only_waiting: BTreeSet<(u64, JobIdx)>,
@@ -99,7 +99,7 @@ impl State {
     }
 
     pub(crate) fn job(&self, idx: JobIdx) -> Option<&Job> {
-        self.jobs.get(idx as usize).and_then(Option::as_ref)
+        self.jobs.get(idx.slot()).and_then(Option::as_ref)
     }
 
     /// Job `idx`'s uid, for a reason that names it.
@@ -108,7 +108,7 @@ impl State {
     }
 
     pub(crate) fn job_mut(&mut self, idx: JobIdx) -> Option<&mut Job> {
-        self.jobs.get_mut(idx as usize).and_then(Option::as_mut)
+        self.jobs.get_mut(idx.slot()).and_then(Option::as_mut)
     }
 
     /// Job `idx`'s queue, base priority and line entry, as its spec and
@@ -153,26 +153,26 @@ impl State {
     /// empty filter (interned first, the one most jobs have) admits the
     /// nodes without extra taints: no lookup, and this runs for every node
     /// a placement, reservation or victim search looks at.
-    pub(crate) fn admits(&self, node: &Node, filter: u32) -> bool {
-        if filter == 0 {
+    pub(crate) fn admits(&self, node: &Node, filter: FilterIdx) -> bool {
+        if filter == FilterIdx::ANY_NODE {
             return node.extra_taints.is_empty();
         }
         self.filters
-            .get(filter as usize)
+            .get(filter.slot())
             .is_some_and(|f| Inventory::node_admits(node, f))
     }
 
-    pub(crate) fn intern_filter(&mut self, filter: NodeFilter) -> u32 {
+    pub(crate) fn intern_filter(&mut self, filter: NodeFilter) -> FilterIdx {
         if let Some(id) = self.filter_ids.get(&filter) {
             return *id;
         }
-        let id = u32::try_from(self.filters.len()).unwrap_or(u32::MAX);
+        let id = FilterIdx::from_slot(self.filters.len());
         self.filters.push(filter.clone());
         self.filter_ids.insert(filter, id);
         id
     }
 
-    pub(crate) fn filter_for(&mut self, spec: &JobSpec) -> u32 {
+    pub(crate) fn filter_for(&mut self, spec: &JobSpec) -> FilterIdx {
         let mut tolerations = spec.tolerations.clone();
         tolerations.sort();
         self.intern_filter(NodeFilter {
@@ -246,7 +246,7 @@ impl State {
     pub(crate) fn commit(
         &mut self,
         idx: JobIdx,
-        res: ResIdx,
+        res: ResourceIdx,
         per_worker: u32,
         placement: Vec<(NodeIdx, u32)>,
         admission: Admission,
@@ -368,13 +368,13 @@ mod tests {
         for name in ["plain", "tainted"] {
             let n = node(name);
             assert_eq!(
-                state.admits(n, 0),
+                state.admits(n, FilterIdx::from(0)),
                 Inventory::node_admits(n, &NodeFilter::default()),
                 "{name}"
             );
             assert!(state.admits(n, tolerating), "{name}");
         }
-        assert!(state.admits(node("plain"), 0));
-        assert!(!state.admits(node("tainted"), 0));
+        assert!(state.admits(node("plain"), FilterIdx::from(0)));
+        assert!(!state.admits(node("tainted"), FilterIdx::from(0)));
     }
 }

@@ -12,12 +12,12 @@
 use crate::config::AgingPolicy;
 use crate::event::{QueuePreemption, QueueSpec};
 use crate::ids::{CohortIdx, QueueIdx};
-use crate::ids::{FlavorIdx, ResIdx};
+use crate::ids::{FlavorIdx, ResourceIdx};
 
 /// Limits of one resource for one queue.
 #[derive(Debug, Clone)]
 pub(crate) struct QuotaSlot {
-    pub(crate) res: ResIdx,
+    pub(crate) res: ResourceIdx,
     pub(crate) flavor: FlavorIdx,
     /// What the slot counts: whole GPUs, time-sliced replicas, or MIG.
     pub(crate) class: SlotClass,
@@ -71,13 +71,13 @@ pub(crate) struct Queue {
     /// Flavors in preference order (deduplicated from `quotas`).
     pub(crate) flavor_order: Vec<FlavorIdx>,
     /// Resources a whole-GPU job may use, in preference order.
-    pub(crate) plain_options: Vec<ResIdx>,
+    pub(crate) plain_options: Vec<ResourceIdx>,
     /// Resources a job that opted in to sharing may use: per flavor, shared
     /// replicas first, then whole GPUs.
-    pub(crate) sharing_options: Vec<ResIdx>,
+    pub(crate) sharing_options: Vec<ResourceIdx>,
     /// Units in use per resource (kept when the spec is removed, because the
     /// jobs still hold them).
-    pub(crate) usage: Vec<(ResIdx, u64)>,
+    pub(crate) usage: Vec<(ResourceIdx, u64)>,
     /// Its pending jobs, in line order.
     pub(crate) line: crate::state::line::QueueLine,
     pub(crate) preemption: QueuePreemption,
@@ -103,18 +103,18 @@ impl Queue {
         }
     }
 
-    pub(crate) fn quota(&self, res: ResIdx) -> Option<&QuotaSlot> {
+    pub(crate) fn quota(&self, res: ResourceIdx) -> Option<&QuotaSlot> {
         self.quotas.iter().find(|q| q.res == res)
     }
 
-    pub(crate) fn usage(&self, res: ResIdx) -> u64 {
+    pub(crate) fn usage(&self, res: ResourceIdx) -> u64 {
         self.usage
             .iter()
             .find(|(r, _)| *r == res)
             .map_or(0, |(_, u)| *u)
     }
 
-    fn set_usage(&mut self, res: ResIdx, value: u64) {
+    fn set_usage(&mut self, res: ResourceIdx, value: u64) {
         match self.usage.iter_mut().find(|(r, _)| *r == res) {
             Some(entry) => entry.1 = value,
             None => self.usage.push((res, value)),
@@ -133,18 +133,18 @@ pub(crate) struct PoolAccount {
 #[derive(Debug)]
 pub(crate) struct Cohort {
     pub(crate) members: Vec<QueueIdx>,
-    pub(crate) pools: Vec<(ResIdx, PoolAccount)>,
+    pub(crate) pools: Vec<(ResourceIdx, PoolAccount)>,
 }
 
 impl Cohort {
-    pub(crate) fn pool(&self, res: ResIdx) -> PoolAccount {
+    pub(crate) fn pool(&self, res: ResourceIdx) -> PoolAccount {
         self.pools
             .iter()
             .find(|(r, _)| *r == res)
             .map_or(PoolAccount::default(), |(_, p)| *p)
     }
 
-    fn pool_mut(&mut self, res: ResIdx) -> &mut PoolAccount {
+    fn pool_mut(&mut self, res: ResourceIdx) -> &mut PoolAccount {
         if let Some(i) = self.pools.iter().position(|(r, _)| *r == res) {
             return &mut self.pools[i].1;
         }
@@ -174,7 +174,7 @@ pub(crate) struct QuotaShortfall {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct UsageDelta {
     pub(crate) queue: QueueIdx,
-    pub(crate) res: ResIdx,
+    pub(crate) res: ResourceIdx,
     pub(crate) units: i64,
 }
 
@@ -198,7 +198,7 @@ impl Queues {
         if let Some(idx) = self.by_name.get(name) {
             return *idx;
         }
-        let idx = u32::try_from(self.queues.len()).unwrap_or(u32::MAX);
+        let idx = QueueIdx::from_slot(self.queues.len());
         self.queues.push(Queue::new(name));
         self.by_name.insert(name.to_string(), idx);
         idx
@@ -209,7 +209,7 @@ impl Queues {
     }
 
     pub(crate) fn get(&self, idx: QueueIdx) -> Option<&Queue> {
-        self.queues.get(idx as usize)
+        self.queues.get(idx.slot())
     }
 
     /// Queue `idx`'s name, for a decision or reason that names it.
@@ -220,14 +220,14 @@ impl Queues {
     }
 
     pub(crate) fn get_mut(&mut self, idx: QueueIdx) -> Option<&mut Queue> {
-        self.queues.get_mut(idx as usize)
+        self.queues.get_mut(idx.slot())
     }
 
     fn intern_cohort(&mut self, name: &str) -> CohortIdx {
         if let Some(idx) = self.cohort_by_name.get(name) {
             return *idx;
         }
-        let idx = u32::try_from(self.cohorts.len()).unwrap_or(u32::MAX);
+        let idx = CohortIdx::from_slot(self.cohorts.len());
         self.cohorts.push(Cohort {
             members: Vec::new(),
             pools: Vec::new(),
@@ -255,11 +255,11 @@ impl Queues {
                 .find(|s| s.flavor == flavor && s.class == class)
                 .map(|s| s.res)
         };
-        let plain_options: Vec<ResIdx> = flavor_order
+        let plain_options: Vec<ResourceIdx> = flavor_order
             .iter()
             .filter_map(|f| find(*f, SlotClass::WholeGpu))
             .collect();
-        let sharing_options: Vec<ResIdx> = flavor_order
+        let sharing_options: Vec<ResourceIdx> = flavor_order
             .iter()
             .flat_map(|f| {
                 [
@@ -315,9 +315,9 @@ impl Queues {
                 .iter()
                 .enumerate()
                 .filter(|(_, q)| q.spec.is_some() && q.cohort == Some(*cohort))
-                .map(|(i, _)| u32::try_from(i).unwrap_or(u32::MAX))
+                .map(|(i, _)| QueueIdx::from_slot(i))
                 .collect();
-            let mut pools: Vec<(ResIdx, PoolAccount)> = Vec::new();
+            let mut pools: Vec<(ResourceIdx, PoolAccount)> = Vec::new();
             for m in &members {
                 let Some(q) = self.get(*m) else { continue };
                 for slot in &q.quotas {
@@ -353,7 +353,7 @@ impl Queues {
                     }
                 }
             }
-            if let Some(c) = self.cohorts.get_mut(*cohort as usize) {
+            if let Some(c) = self.cohorts.get_mut(cohort.slot()) {
                 c.members = members;
                 c.pools = pools;
             }
@@ -361,8 +361,8 @@ impl Queues {
     }
 
     /// Applies a usage change to the queue and its cohort pool.
-    pub(crate) fn add_usage(&mut self, queue: QueueIdx, res: ResIdx, delta: i64) {
-        let Some(q) = self.queues.get_mut(queue as usize) else {
+    pub(crate) fn add_usage(&mut self, queue: QueueIdx, res: ResourceIdx, delta: i64) {
+        let Some(q) = self.queues.get_mut(queue.slot()) else {
             return;
         };
         let guaranteed = q.quota(res).map_or(0, QuotaSlot::guaranteed);
@@ -371,7 +371,7 @@ impl Queues {
             u64::try_from((i128::from(before) + i128::from(delta)).max(0)).unwrap_or(u64::MAX);
         q.set_usage(res, after);
         if let Some(cohort) = q.cohort
-            && let Some(c) = self.cohorts.get_mut(cohort as usize)
+            && let Some(c) = self.cohorts.get_mut(cohort.slot())
         {
             let pool = c.pool_mut(res);
             let old_beyond = before.saturating_sub(guaranteed);
@@ -385,7 +385,7 @@ impl Queues {
     pub(crate) fn check(
         &self,
         queue: QueueIdx,
-        res: ResIdx,
+        res: ResourceIdx,
         requested: u64,
         deltas: &[UsageDelta],
     ) -> Result<(), QuotaShortfall> {
@@ -395,7 +395,7 @@ impl Queues {
     /// Whether `requested` units of `res` would fit `queue`'s quota with
     /// nothing else running: its own limit and, in a cohort, what the pool
     /// can lend besides its guaranteed part.
-    pub(crate) fn fits_when_idle(&self, queue: QueueIdx, res: ResIdx, requested: u64) -> bool {
+    pub(crate) fn fits_when_idle(&self, queue: QueueIdx, res: ResourceIdx, requested: u64) -> bool {
         let Some(q) = self.get(queue) else {
             return false;
         };
@@ -404,7 +404,7 @@ impl Queues {
         };
         requested <= slot.own_limit(q.cohort.is_some())
             && q.cohort
-                .and_then(|c| self.cohorts.get(c as usize))
+                .and_then(|c| self.cohorts.get(c.slot()))
                 .is_none_or(|cohort| {
                     requested <= slot.guaranteed().saturating_add(cohort.pool(res).lendable)
                 })
@@ -415,7 +415,7 @@ impl Queues {
     pub(crate) fn check_with_hold(
         &self,
         queue: QueueIdx,
-        res: ResIdx,
+        res: ResourceIdx,
         requested: u64,
         deltas: &[UsageDelta],
         held: u64,
@@ -445,7 +445,7 @@ impl Queues {
         let mut available = own_limit.saturating_sub(used);
         let mut pool_headroom = 0;
         if let Some(cohort_id) = q.cohort
-            && let Some(cohort) = self.cohorts.get(cohort_id as usize)
+            && let Some(cohort) = self.cohorts.get(cohort_id.slot())
         {
             let mut pool = cohort.pool(res);
             // Re-derive the pool use of every member the what-if touches,
@@ -495,7 +495,12 @@ impl Queues {
     }
 
     /// Usage of `res` by `queue` with what-if `deltas` applied.
-    pub(crate) fn usage_with(&self, queue: QueueIdx, res: ResIdx, deltas: &[UsageDelta]) -> u64 {
+    pub(crate) fn usage_with(
+        &self,
+        queue: QueueIdx,
+        res: ResourceIdx,
+        deltas: &[UsageDelta],
+    ) -> u64 {
         let base = self.get(queue).map_or(0, |q| q.usage(res));
         let delta: i64 = deltas
             .iter()
@@ -509,7 +514,7 @@ impl Queues {
     /// queue borrows, divided by its weight. Queues within nominal have 0.
     pub(crate) fn share(&self, queue: QueueIdx, deltas: &[UsageDelta]) -> f64 {
         let Some(q) = self.get(queue) else { return 0.0 };
-        let Some(cohort) = q.cohort.and_then(|c| self.cohorts.get(c as usize)) else {
+        let Some(cohort) = q.cohort.and_then(|c| self.cohorts.get(c.slot())) else {
             return 0.0;
         };
         if deltas.is_empty() {
@@ -525,7 +530,7 @@ impl Queues {
             }
             return dominant / q.weight;
         }
-        let mut resources: Vec<ResIdx> = q.usage.iter().map(|(r, _)| *r).collect();
+        let mut resources: Vec<ResourceIdx> = q.usage.iter().map(|(r, _)| *r).collect();
         resources.extend(deltas.iter().filter(|d| d.queue == queue).map(|d| d.res));
         resources.sort_unstable();
         resources.dedup();
@@ -546,7 +551,7 @@ impl Queues {
     /// Re-derives every cohort pool from queue usage (after restore).
     pub(crate) fn recompute_all_cohorts(&mut self) {
         let all: Vec<Option<CohortIdx>> = (0..self.cohorts.len())
-            .map(|i| Some(u32::try_from(i).unwrap_or(u32::MAX)))
+            .map(|i| Some(CohortIdx::from_slot(i)))
             .collect();
         self.recompute_cohorts(&all);
     }
@@ -556,10 +561,15 @@ impl Queues {
 mod tests {
     use super::*;
 
-    fn slot(res: ResIdx, nominal: u64, borrowing: Option<u64>, lending: Option<u64>) -> QuotaSlot {
+    fn slot(
+        res: ResourceIdx,
+        nominal: u64,
+        borrowing: Option<u64>,
+        lending: Option<u64>,
+    ) -> QuotaSlot {
         QuotaSlot {
             res,
-            flavor: 0,
+            flavor: FlavorIdx::from(0),
             class: SlotClass::WholeGpu,
             nominal,
             borrowing_limit: borrowing,
@@ -579,26 +589,39 @@ mod tests {
     #[test]
     fn queue_without_cohort_is_capped_at_nominal() {
         let mut qs = Queues::default();
-        let a = qs.upsert(spec("a", None, 1.0), vec![slot(0, 8, None, None)]);
-        assert_eq!(qs.check(a, 0, 8, &[]), Ok(()));
-        qs.add_usage(a, 0, 6);
-        let short = qs.check(a, 0, 4, &[]).expect_err("over nominal");
+        let a = qs.upsert(
+            spec("a", None, 1.0),
+            vec![slot(ResourceIdx::from(0), 8, None, None)],
+        );
+        assert_eq!(qs.check(a, ResourceIdx::from(0), 8, &[]), Ok(()));
+        qs.add_usage(a, ResourceIdx::from(0), 6);
+        let short = qs
+            .check(a, ResourceIdx::from(0), 4, &[])
+            .expect_err("over nominal");
         assert_eq!(short.available, 2);
     }
 
     #[test]
     fn borrowing_respects_limits_and_lending() {
         let mut qs = Queues::default();
-        let a = qs.upsert(spec("a", Some("c"), 1.0), vec![slot(0, 4, Some(6), None)]);
-        let b = qs.upsert(spec("b", Some("c"), 1.0), vec![slot(0, 8, None, Some(5))]);
+        let a = qs.upsert(
+            spec("a", Some("c"), 1.0),
+            vec![slot(ResourceIdx::from(0), 4, Some(6), None)],
+        );
+        let b = qs.upsert(
+            spec("b", Some("c"), 1.0),
+            vec![slot(ResourceIdx::from(0), 8, None, Some(5))],
+        );
         // Pool = 4 (a lends all) + 5 (b lends 5 of 8) = 9; a may use 4 + 5 = 9,
         // capped by its borrowing limit 4 + 6 = 10.
-        assert_eq!(qs.check(a, 0, 9, &[]), Ok(()));
-        assert!(qs.check(a, 0, 10, &[]).is_err());
-        qs.add_usage(a, 0, 9);
+        assert_eq!(qs.check(a, ResourceIdx::from(0), 9, &[]), Ok(()));
+        assert!(qs.check(a, ResourceIdx::from(0), 10, &[]).is_err());
+        qs.add_usage(a, ResourceIdx::from(0), 9);
         // b's guaranteed 3 is untouched, the rest of its nominal was lent.
-        assert_eq!(qs.check(b, 0, 3, &[]), Ok(()));
-        let short = qs.check(b, 0, 4, &[]).expect_err("lent out");
+        assert_eq!(qs.check(b, ResourceIdx::from(0), 3, &[]), Ok(()));
+        let short = qs
+            .check(b, ResourceIdx::from(0), 4, &[])
+            .expect_err("lent out");
         assert!(short.reclaimable, "b is within nominal: it may reclaim");
         assert!(qs.share(a, &[]) > 0.0);
         assert_eq!(qs.share(b, &[]), 0.0);
@@ -607,16 +630,25 @@ mod tests {
     #[test]
     fn weight_divides_the_share() {
         let mut qs = Queues::default();
-        let a = qs.upsert(spec("a", Some("c"), 1.0), vec![slot(0, 0, None, None)]);
-        let b = qs.upsert(spec("b", Some("c"), 2.0), vec![slot(0, 0, None, None)]);
-        let _lender = qs.upsert(spec("l", Some("c"), 1.0), vec![slot(0, 10, None, None)]);
-        qs.add_usage(a, 0, 4);
-        qs.add_usage(b, 0, 4);
+        let a = qs.upsert(
+            spec("a", Some("c"), 1.0),
+            vec![slot(ResourceIdx::from(0), 0, None, None)],
+        );
+        let b = qs.upsert(
+            spec("b", Some("c"), 2.0),
+            vec![slot(ResourceIdx::from(0), 0, None, None)],
+        );
+        let _lender = qs.upsert(
+            spec("l", Some("c"), 1.0),
+            vec![slot(ResourceIdx::from(0), 10, None, None)],
+        );
+        qs.add_usage(a, ResourceIdx::from(0), 4);
+        qs.add_usage(b, ResourceIdx::from(0), 4);
         assert!((qs.share(a, &[]) - 0.4).abs() < 1e-9);
         assert!((qs.share(b, &[]) - 0.2).abs() < 1e-9);
         let what_if = [UsageDelta {
             queue: a,
-            res: 0,
+            res: ResourceIdx::from(0),
             units: -2,
         }];
         assert!((qs.share(a, &what_if) - 0.2).abs() < 1e-9);

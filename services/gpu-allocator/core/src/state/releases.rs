@@ -3,7 +3,7 @@
 //! jobs start, stop and change their expected end.
 
 use crate::config::AllocatorConfig;
-use crate::ids::{JobIdx, NodeIdx, QueueIdx, ResIdx};
+use crate::ids::{JobIdx, NodeIdx, QueueIdx, ResourceIdx};
 use crate::state::State;
 use crate::state::jobs::{Job, JobState, PreemptingState, Running};
 use crate::types::Timestamp;
@@ -199,7 +199,7 @@ impl State {
     /// no-op unless it runs). Called on every start and stop, and around
     /// every change of its expected end.
     pub(crate) fn book_releases(&mut self, idx: JobIdx, booking: Booking) {
-        let Some(job) = self.jobs.get(idx as usize).and_then(Option::as_ref) else {
+        let Some(job) = self.jobs.get(idx.slot()).and_then(Option::as_ref) else {
             return;
         };
         let Some(run) = job.running() else { return };
@@ -235,7 +235,7 @@ impl State {
 
     /// Release events `(end, node, units)` of jobs running in `res`, in
     /// time order.
-    pub(crate) fn release_timeline(&self, res: ResIdx, now: Timestamp) -> Timeline {
+    pub(crate) fn release_timeline(&self, res: ResourceIdx, now: Timestamp) -> Timeline {
         self.releases.get(&res).map_or_else(Vec::new, |r| {
             r.by_node
                 .copy_with_room(|(end, node, units)| (end.max(now), node, units))
@@ -246,7 +246,7 @@ impl State {
     /// ends raised to `now`.
     pub(crate) fn job_releases_in<U>(
         &self,
-        res: ResIdx,
+        res: ResourceIdx,
         now: Timestamp,
         f: impl Fn((Timestamp, u64, QueueIdx)) -> U,
     ) -> Vec<U> {
@@ -261,7 +261,7 @@ impl State {
     pub(crate) fn job_releases(
         &self,
         job: JobIdx,
-        res: ResIdx,
+        res: ResourceIdx,
         now: Timestamp,
         mut each: impl FnMut((Timestamp, NodeIdx, u32)),
     ) {
