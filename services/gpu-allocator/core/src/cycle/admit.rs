@@ -5,8 +5,8 @@
 use std::collections::BinaryHeap;
 
 use crate::allocator::Allocator;
-use crate::cycle::CycleCtx;
 use crate::cycle::queue_order::{Lane, LaneJob};
+use crate::cycle::{CycleCtx, Policy};
 use crate::decision::CycleOutcome;
 use crate::ids::{JobIdx, QueueIdx};
 use crate::pending::Pending;
@@ -30,7 +30,8 @@ impl Allocator {
                 let JobState::Pending(Some(n)) = &job.state else {
                     return None;
                 };
-                (self.victims_left(job, n) == 0).then(|| (self.line_place(job, now), *idx))
+                (self.policy().victims_left(job, n) == 0)
+                    .then(|| (self.policy().line_place(job, now), *idx))
             })
             .collect();
         ready.sort_unstable();
@@ -38,7 +39,7 @@ impl Allocator {
             // The resource its victims freed first: elsewhere, the eviction
             // was for nothing, and another flavor may be kept for others.
             let planned = self.state.job(idx).and_then(|job| match &job.state {
-                JobState::Pending(Some(n)) => self.nomination_res(n),
+                JobState::Pending(Some(n)) => self.policy().nomination_res(n),
                 _ => None,
             });
             // Whatever happens now, the nomination is used up: if the plan no
@@ -51,9 +52,9 @@ impl Allocator {
             // A queue on hold or closed to its namespace meanwhile: it waits,
             // as evaluate says.
             if let Some(job) = self.state.job(idx)
-                && self.queue_admits(job)
+                && self.policy().queue_admits(job)
             {
-                self.options_for(job, &mut options);
+                self.policy().options_for(job, &mut options);
             }
             if let Some(at) = planned.and_then(|res| options.iter().position(|r| *r == res))
                 && let Some(first) = options.get_mut(..=at)
@@ -68,7 +69,7 @@ impl Allocator {
                 if self.state.queues.check(job.queue, res, units, &[]).is_err() {
                     continue;
                 }
-                if let Ok(plan) = self.try_place(idx, res, now, ctx) {
+                if let Ok(plan) = self.policy().try_place(idx, res, now, ctx) {
                     self.admit_in_cycle(idx, plan, now, ctx, out);
                     break;
                 }
@@ -98,7 +99,7 @@ impl Allocator {
             ) {
                 continue;
             }
-            match self.evaluate(idx, now, ctx, &mut options) {
+            match self.policy().evaluate(idx, now, ctx, &mut options) {
                 Ok(plan) => self.admit_in_cycle(idx, plan, now, ctx, out),
                 Err(failure) => {
                     ctx.early.insert(idx, failure);
@@ -121,7 +122,7 @@ impl Allocator {
             .collect();
         let mut heap = BinaryHeap::new();
         for i in 0..lanes.len() {
-            if let Some(key) = Self::lane_key(&lanes, &shares, i) {
+            if let Some(key) = Policy::lane_key(&lanes, &shares, i) {
                 heap.push(key);
             }
         }
@@ -155,7 +156,7 @@ impl Allocator {
                 Some(failure) => Err(failure),
                 // A job no node could ever hold says so before any quota
                 // answer a job of its shape got.
-                None => match self.unschedulable(idx, ctx) {
+                None => match self.policy().unschedulable(idx, ctx) {
                     Some(reason) => Err((reason, false)),
                     None => match shape.filter(|_| ctx.quota_shortcut()).and_then(|s| {
                         ctx.memo
@@ -165,7 +166,7 @@ impl Allocator {
                             ctx.stats.memo_hits += 1;
                             Err(failure)
                         }
-                        None => self.evaluate(idx, now, ctx, &mut options),
+                        None => self.policy().evaluate(idx, now, ctx, &mut options),
                     },
                 },
             };
@@ -197,7 +198,7 @@ impl Allocator {
             // What pushing the lane's next key and popping would return
             // (keys are unique), for at most one sift: the lane goes on when
             // it is still first, else it swaps places with the heap's top.
-            current = match Self::lane_key(&lanes, &shares, lane_idx) {
+            current = match Policy::lane_key(&lanes, &shares, lane_idx) {
                 Some(next) => match heap.peek_mut() {
                     Some(mut top) if *top > next => Some(std::mem::replace(&mut *top, next)),
                     _ => Some(next),

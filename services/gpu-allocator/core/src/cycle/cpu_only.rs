@@ -33,7 +33,7 @@ impl Allocator {
             let Some(job) = self.state.job(idx) else {
                 continue;
             };
-            if let Some(reason) = self.queue_refusal(job, ctx) {
+            if let Some(reason) = self.policy().queue_refusal(job, ctx) {
                 if let Some(position) = ctx.positions.next(job.queue) {
                     out.pending.push(Pending {
                         job: idx,
@@ -41,7 +41,7 @@ impl Allocator {
                         queue: job.queue,
                         position,
                         queue_length: 0,
-                        effective_priority: self.effective_priority(job, now),
+                        effective_priority: self.policy().effective_priority(job, now),
                         reason,
                     });
                 }

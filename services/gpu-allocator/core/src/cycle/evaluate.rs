@@ -2,8 +2,8 @@
 //! concrete nodes for the whole gang on each (flavor, resource) it may use,
 //! in preference order; a plan when one fits, else the most useful reason.
 
-use crate::allocator::Allocator;
 use crate::cycle::CycleCtx;
+use crate::cycle::Policy;
 use crate::cycle::placement::{self, Candidate};
 use crate::cycle::quota_holds::{QuotaHold, fits_beside};
 use crate::event::JobSpec;
@@ -46,7 +46,7 @@ pub(crate) fn estimated_end(
     }
 }
 
-impl Allocator {
+impl Policy<'_> {
     /// Resources a job may use, in the queue's flavor preference order.
     pub(crate) fn options_for(&self, job: &Job, out: &mut Vec<ResourceIdx>) {
         out.clear();
@@ -183,7 +183,7 @@ impl Allocator {
     /// Tries every allowed (flavor, resource) of a pending job. On failure
     /// returns the most useful reason and whether preemption may help.
     pub(crate) fn evaluate(
-        &mut self,
+        &self,
         idx: JobIdx,
         now: Timestamp,
         ctx: &mut CycleCtx,

@@ -49,12 +49,21 @@ use crate::decision::{
 use crate::ids::{CohortIdx, FastMap, JobIdx, QueueIdx, ReasonIdx, ResourceIdx};
 use crate::memo::{CycleMemo, EarlyFailures};
 use crate::pending::PendingReason;
+use crate::state::State;
 use crate::state::jobs::{Job, JobState, Nomination};
 use crate::state::releases::Timeline;
 use crate::types::{JobUid, Timestamp, names};
 
 use crate::allocator::Allocator;
 use crate::cycle::queue_position::QueuePositions;
+
+/// What every policy pass reads: the state, and nothing it can change.
+/// Passes are methods of `Policy` and return a plan or a reason; the
+/// driver below (`impl Allocator`) applies the plans to the state.
+#[derive(Clone, Copy)]
+pub(crate) struct Policy<'s> {
+    pub(crate) state: &'s State,
+}
 
 /// Scratch state of one cycle.
 #[derive(Default)]
@@ -149,6 +158,11 @@ impl CycleCtx {
 }
 
 impl Allocator {
+    /// The passes, reading the current state.
+    pub(crate) fn policy(&self) -> Policy<'_> {
+        Policy { state: &self.state }
+    }
+
     // ------------------------------------------------------------------ cycle
 
     /// Runs one admission cycle at `now`.
@@ -175,10 +189,10 @@ impl Allocator {
         self.start_drains(now, &mut out);
 
         ctx.positions = QueuePositions::new(self.state.queues.queues.len());
-        self.hold_for_waiting_preemptors(now, &mut ctx);
+        self.policy().hold_for_waiting_preemptors(now, &mut ctx);
         self.admit_ready_preemptors(now, &mut ctx, &mut out);
         self.evaluate_reserved_first(now, &mut ctx, &mut out);
-        let lanes = self.build_lanes(now);
+        let lanes = self.policy().build_lanes(now);
         self.main_pass(now, lanes, &mut ctx, &mut out);
         self.admit_cpu_only(now, &mut ctx, &mut out);
         ctx.positions.set_lengths(&mut out.pending);
@@ -260,11 +274,11 @@ impl Allocator {
         let cached = ctx.memo.take_timeline(res);
         let queue = self.state.job(idx).map(|job| job.queue);
         if let Some(queue) = queue {
-            self.quota_changed(queue, ctx);
+            self.policy().quota_changed(queue, ctx);
         }
         self.admit(idx, plan, now, out);
         if let Some(queue) = queue {
-            self.refresh_queue_hold(queue, res, ctx);
+            self.policy().refresh_queue_hold(queue, res, ctx);
         }
         // Updating a cached timeline in place gives the same sorted events
         // as rebuilding it from every running job, for a fraction of the cost.
@@ -276,7 +290,7 @@ impl Allocator {
         if let Some(releases) = ctx.memo.cohort_releases_to_update(res)
             && let Some(job) = self.state.job(idx)
             && let Some(run) = job.running()
-            && let Some(release) = self.cohort_release(idx, job, run, res, now)
+            && let Some(release) = self.policy().cohort_release(idx, job, run, res, now)
         {
             crate::state::releases::insert_one(releases, release);
         }
@@ -389,7 +403,7 @@ impl Allocator {
         let preemptor = self.state.job(idx)?.spec.uid.clone();
         let mut victims = Vec::new();
         for (victim, rule) in &plan.victims {
-            victims.push(self.victim(*victim, *rule)?);
+            victims.push(self.policy().victim(*victim, *rule)?);
         }
         // A victim search passes over jobs already being preempted.
         self.state

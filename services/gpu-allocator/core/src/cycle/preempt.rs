@@ -4,6 +4,7 @@
 
 use crate::allocator::Allocator;
 use crate::cycle::CycleCtx;
+use crate::cycle::Policy;
 use crate::cycle::evaluate::estimated_end;
 use crate::decision::{CycleOutcome, Drain, PreemptionRule, Victim};
 use crate::ids::{FastMap, JobIdx, QueueIdx, ResourceIdx};
@@ -26,7 +27,7 @@ impl Allocator {
         // job that failed: a job ending later is let through by no more
         // holds (see `HoldTerms::exempt`), so fails too.
         let mut failed_searches: FastMap<PreemptionKey, u64> = FastMap::default();
-        let mut inflight = self.inflight();
+        let mut inflight = self.policy().inflight();
         let draining: Vec<_> = ctx
             .quota_holds
             .iter()
@@ -39,7 +40,7 @@ impl Allocator {
             {
                 break;
             }
-            if !self.may_try_preemption(idx) {
+            if !self.policy().may_try_preemption(idx) {
                 continue;
             }
             // Jobs alike in every respect the victim search looks at fail
@@ -75,7 +76,10 @@ impl Allocator {
             }
             attempts += 1;
             ctx.stats.preemption_attempts += 1;
-            let Some(plan) = self.find_victims(idx, now, &inflight, &draining, ctx) else {
+            let Some(plan) = self
+                .policy()
+                .find_victims(idx, now, &inflight, &draining, ctx)
+            else {
                 if let Some(key) = key {
                     let failing_end = failed_searches.entry(key).or_insert(end);
                     *failing_end = (*failing_end).min(end);
@@ -100,7 +104,7 @@ impl Allocator {
             };
             decided += 1;
             // The decision changes usage projections and claims.
-            inflight = self.inflight();
+            inflight = self.policy().inflight();
             if let Some(f) = out.pending.get_mut(slot) {
                 f.reason = ctx.add_reason(PendingReason::AwaitingPreemption {
                     victims: u32::try_from(preemption.victims.len()).unwrap_or(u32::MAX),
@@ -109,20 +113,6 @@ impl Allocator {
             }
             out.preemptions.push(preemption);
         }
-    }
-
-    /// Running job `idx` as a victim of `rule`.
-    pub(crate) fn victim(&self, idx: JobIdx, rule: PreemptionRule) -> Option<Victim> {
-        let job = self.state.job(idx)?;
-        let run = job.running()?;
-        Some(Victim {
-            uid: job.spec.uid.clone(),
-            namespace: job.spec.namespace.clone(),
-            name: job.spec.name.clone(),
-            queue: self.state.queues.name_of(job.queue),
-            units: run.admission.total_units(),
-            rule,
-        })
     }
 
     /// Tells the admitted jobs of every draining queue to checkpoint: each
@@ -162,7 +152,7 @@ impl Allocator {
                 .state
                 .by_arrival(told)
                 .into_iter()
-                .filter_map(|idx| self.victim(idx, PreemptionRule::Drain))
+                .filter_map(|idx| self.policy().victim(idx, PreemptionRule::Drain))
                 .collect();
             self.state.start_preempting(&victims, None, evict_at);
             out.drains.push(Drain {
@@ -172,6 +162,22 @@ impl Allocator {
                 evict_at,
             });
         }
+    }
+}
+
+impl Policy<'_> {
+    /// Running job `idx` as a victim of `rule`.
+    pub(crate) fn victim(&self, idx: JobIdx, rule: PreemptionRule) -> Option<Victim> {
+        let job = self.state.job(idx)?;
+        let run = job.running()?;
+        Some(Victim {
+            uid: job.spec.uid.clone(),
+            namespace: job.spec.namespace.clone(),
+            name: job.spec.name.clone(),
+            queue: self.state.queues.name_of(job.queue),
+            units: run.admission.total_units(),
+            rule,
+        })
     }
 
     /// The resource a nomination planned on.

@@ -5,8 +5,8 @@
 
 use std::cmp::Reverse;
 
-use crate::allocator::Allocator;
 use crate::config::AgingPolicy;
+use crate::cycle::Policy;
 use crate::cycle::evaluate::estimated_end;
 use crate::ids::{JobIdx, QueueIdx};
 use crate::memo::QuotaShape;
@@ -70,7 +70,7 @@ impl LaneKey {
     }
 }
 
-impl Allocator {
+impl Policy<'_> {
     /// The aging policy of a queue: its own, else the configured one.
     pub(crate) fn aging_of(&self, queue: QueueIdx) -> AgingPolicy {
         self.state

@@ -5,8 +5,8 @@
 //! estimated end comes before the holder can expect the quota may still use
 //! it. `held_from` says what this cycle's holds keep from one job.
 
-use crate::allocator::Allocator;
 use crate::cycle::CycleCtx;
+use crate::cycle::Policy;
 use crate::cycle::evaluate::{estimated_end, keep_earliest, keep_latest};
 use crate::ids::{CohortIdx, JobIdx, QueueIdx, ResourceIdx};
 use crate::memo::CycleMemo;
@@ -159,7 +159,7 @@ impl HoldAges {
     }
 }
 
-impl Allocator {
+impl Policy<'_> {
     /// When enough units of `res` are expected back for a job short of
     /// `short` units, counting the releases `of` keeps: the running jobs of a
     /// cohort (its pool) or of a queue, ending at their estimates. `None` when
@@ -564,7 +564,8 @@ mod tests {
             };
             alloc.apply(Event::JobSubmitted(job)).expect("job");
         }
-        let idx = |alloc: &Allocator, uid: &str| alloc.job_idx(&JobUid::new(uid)).expect("job");
+        let idx =
+            |alloc: &Allocator, uid: &str| alloc.policy().job_idx(&JobUid::new(uid)).expect("job");
         let (holder, small) = (idx(&alloc, "holder"), idx(&alloc, "small"));
         let queue_of =
             |alloc: &Allocator, uid: &str| alloc.state.job(idx(alloc, uid)).expect("job").queue;
@@ -575,18 +576,32 @@ mod tests {
             .get(queue_of(&alloc, "holder"))
             .and_then(|q| q.cohort)
             .expect("cohort");
-        let res = *alloc.options_of(holder).first().expect("an option");
+        let res = *alloc
+            .policy()
+            .options_of(holder)
+            .first()
+            .expect("an option");
         let now = Timestamp(3_600);
         let mut ctx = CycleCtx::default();
         // q0's nominal quota (16) kept whole for the holder.
-        alloc.hold_queue_quota(holder, Some((res, now.plus_secs(600))), None, now, &mut ctx);
+        alloc.policy().hold_queue_quota(
+            holder,
+            Some((res, now.plus_secs(600))),
+            None,
+            now,
+            &mut ctx,
+        );
         let kept = |alloc: &Allocator, ctx: &CycleCtx| {
             alloc
+                .policy()
                 .kept_by_queue_holds(ctx, cohort, borrower, res, &|_| false)
                 .units
         };
         assert_eq!(kept(&alloc, &ctx), 16);
-        let plan = alloc.try_place(small, res, now, &mut ctx).expect("room");
+        let plan = alloc
+            .policy()
+            .try_place(small, res, now, &mut ctx)
+            .expect("room");
         alloc.admit_in_cycle(small, plan, now, &mut ctx, &mut CycleOutcome::default());
         assert_eq!(kept(&alloc, &ctx), 8);
     }

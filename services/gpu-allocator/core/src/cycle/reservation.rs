@@ -11,6 +11,7 @@
 //! its reserved start.
 
 use crate::cycle::CycleCtx;
+use crate::cycle::Policy;
 use crate::ids::JobIdx;
 use crate::state::jobs::JobState;
 use std::collections::HashSet;
@@ -19,7 +20,6 @@ use crate::ids::FastMap;
 use crate::ids::{FilterIdx, NodeIdx, ResourceIdx};
 use crate::state::jobs::Gang;
 
-use crate::allocator::Allocator;
 use crate::cycle::placement::{self, Candidate, NodeTable, RoomiestDomain};
 use crate::types::{CpuMemory, JobUid, Timestamp};
 
@@ -98,7 +98,7 @@ pub(crate) struct Reservation {
     pub(crate) placement: Vec<(NodeIdx, u32)>,
 }
 
-impl Allocator {
+impl Policy<'_> {
     /// Earliest start and nodes for a blocked gang, not counting on units
     /// already claimed by earlier reservations. `None` when it does not fit
     /// even after every running job has ended.
@@ -238,10 +238,10 @@ impl Allocator {
     }
 }
 
-impl Allocator {
+impl Policy<'_> {
     /// Computes and records a reservation for a blocked job.
     pub(crate) fn reserve(
-        &mut self,
+        &self,
         idx: JobIdx,
         res: ResourceIdx,
         now: Timestamp,
@@ -323,6 +323,7 @@ impl Allocator {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::allocator::Allocator;
     use crate::config::AllocatorConfig;
     use crate::event::{Event, FlavorQuota, JobSpec, NodeInfo, QueueSpec, ResourceQuota};
     use crate::ids::{JobIdx, QueueIdx};

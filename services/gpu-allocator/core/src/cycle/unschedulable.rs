@@ -11,8 +11,8 @@
 
 use std::sync::Arc;
 
-use crate::allocator::Allocator;
 use crate::cycle::CycleCtx;
+use crate::cycle::Policy;
 use crate::cycle::placement;
 use crate::ids::{JobIdx, ReasonIdx, ResourceIdx};
 use crate::memo::{CycleMemo, FITS, FitKey};
@@ -94,7 +94,7 @@ fn most<'a, K: Ord>(
         .max_by(|a, b| key(a).cmp(&key(b)).then_with(|| b.name().cmp(a.name())))
 }
 
-impl Allocator {
+impl Policy<'_> {
     /// Why job `idx` can never be placed, if so: a reason in this cycle's
     /// table, shared by every job of the same verdict.
     pub(crate) fn unschedulable(&self, idx: JobIdx, ctx: &mut CycleCtx) -> Option<ReasonIdx> {

@@ -37,8 +37,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::rc::Rc;
 
-use crate::allocator::Allocator;
 use crate::cycle::CycleCtx;
+use crate::cycle::Policy;
 use crate::cycle::placement::{self, Candidate, NodeTable};
 use crate::cycle::quota_holds::HeldFrom;
 use crate::decision::PreemptionRule;
@@ -123,7 +123,7 @@ struct BaseView {
 
 /// Everything fixed while searching victims for one preemptor in one resource.
 struct Search<'a> {
-    alloc: &'a Allocator,
+    alloc: &'a Policy<'a>,
     inflight: &'a [UsageDelta],
     res: ResourceIdx,
     queue: QueueIdx,
@@ -744,7 +744,7 @@ impl Search<'_> {
     }
 }
 
-impl Allocator {
+impl Policy<'_> {
     /// A pending job without a nomination, in an existing queue.
     pub(crate) fn may_try_preemption(&self, idx: JobIdx) -> bool {
         let Some(job) = self.state.job(idx) else {
