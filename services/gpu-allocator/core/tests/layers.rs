@@ -1,7 +1,9 @@
 //! The core's layers, checked on its source: the data layer (`ids`,
 //! `types`, `config`, `error`, `event`, `decision`, `pending` and every
 //! module under `state/`) names no policy pass and no part of the speed
-//! layer, so each of its modules can be read alone.
+//! layer, so each of its modules can be read alone; and the policy passes
+//! under `cycle/` read the state through `Policy` (which holds `&State`)
+//! and change nothing, except the cycle's driving loops.
 
 use std::path::{Path, PathBuf};
 
@@ -9,6 +11,10 @@ use std::path::{Path, PathBuf};
 const DATA: [&str; 8] = [
     "ids", "types", "config", "error", "event", "decision", "pending", "state",
 ];
+
+/// The files under `cycle/` that drive the cycle: they order the passes and
+/// apply their plans, so they alone hold the allocator mutably.
+const DRIVERS: [&str; 4] = ["mod.rs", "admit.rs", "cpu_only.rs", "preempt.rs"];
 
 /// What the unit tests of any module may name besides.
 const TEST_SUPPORT: &str = "testing";
@@ -96,6 +102,58 @@ fn no_data_module_imports_a_policy_pass_or_the_speed_layer() {
         bad.is_empty(),
         "data-layer modules naming modules outside the data layer: {bad:#?}"
     );
+}
+
+/// Source text without its comment lines.
+fn code_of(file: &Path) -> String {
+    std::fs::read_to_string(file)
+        .unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// (file, what it does) for every pass file outside `DRIVERS` that
+/// implements the allocator or reaches the state mutably.
+fn mutating_passes() -> Vec<(String, &'static str)> {
+    let mut files = Vec::new();
+    rust_files(&src().join("cycle"), &mut files);
+    let mut bad = Vec::new();
+    for file in files {
+        let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if DRIVERS.contains(&name) {
+            continue;
+        }
+        let code = code_of(&file);
+        for needle in [
+            "impl Allocator",
+            "&mut self.state",
+            "job_mut(",
+            "&mut State",
+        ] {
+            if code.contains(needle) {
+                bad.push((file.display().to_string(), needle));
+            }
+        }
+    }
+    bad
+}
+
+#[test]
+fn policy_passes_read_the_state_and_change_nothing() {
+    let bad = mutating_passes();
+    assert!(
+        bad.is_empty(),
+        "pass files outside the cycle's driver that mutate: {bad:#?}"
+    );
+}
+
+#[test]
+fn every_driver_file_the_check_skips_exists() {
+    for name in DRIVERS {
+        assert!(src().join("cycle").join(name).is_file(), "cycle/{name}");
+    }
 }
 
 #[test]
