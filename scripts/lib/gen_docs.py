@@ -20,7 +20,7 @@ def cell(text):
 def schema_rows(schema, path, required, rows):
     for name, prop in sorted(schema.get("properties", {}).items()):
         field = f"{path}.{name}" if path else name
-        kind = prop.get("type", "object")
+        kind = prop.get("type", "int or string" if prop.get("x-kubernetes-int-or-string") else "object")
         if kind == "array":
             kind = f"[]{prop.get('items', {}).get('type', 'object')}"
         limits = []

@@ -63,7 +63,7 @@ pub enum Report {
 }
 
 /// A command a worker received.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum WorkerCommand {
     CheckpointNow {
         namespace: String,
@@ -72,6 +72,12 @@ pub enum WorkerCommand {
     Stop {
         namespace: String,
         training_job: String,
+    },
+    /// Save checkpoints this many (simulated) seconds apart (`checkpoint.frequency: auto`).
+    CheckpointInterval {
+        namespace: String,
+        training_job: String,
+        seconds: f64,
     },
 }
 
@@ -125,7 +131,15 @@ struct Run {
     total_epochs: u32,
     seconds_per_epoch: f64,
     checkpoint_dir: Option<String>,
+    /// `CHECKPOINT_FREQUENCY` in epochs; 0: never on its own.
     checkpoint_every: u32,
+    /// `CHECKPOINT_FREQUENCY=auto`: saves follow the advised interval.
+    checkpoint_auto: bool,
+    /// The advised seconds between saves (`CHECKPOINT_INTERVAL_SECONDS`, then
+    /// checkpoint-interval commands); every epoch until there is one.
+    checkpoint_interval_seconds: Option<f64>,
+    /// The epoch of the run's last save (its start epoch before one).
+    last_checkpoint_epoch: u32,
     reported_epoch: u32,
     /// Fails when training reaches this simulated time, with this exit code.
     failure: Option<(f64, i32)>,
@@ -141,6 +155,24 @@ struct Run {
     /// Rank 0 was killed while saving a checkpoint; the run fails on the next
     /// step, after its report is out.
     killed_in_save: bool,
+}
+
+impl Run {
+    /// Whether the run saves a checkpoint at the end of `epoch`: every
+    /// `CHECKPOINT_FREQUENCY` epochs, or with `auto` once the advised interval
+    /// has passed since the last save (every epoch until there is advice).
+    fn checkpoint_due(&self, epoch: u32) -> bool {
+        if self.checkpoint_dir.is_none() || self.checkpoint_every == 0 {
+            return false;
+        }
+        match (self.checkpoint_auto, self.checkpoint_interval_seconds) {
+            (true, Some(interval)) => {
+                let since = epoch.saturating_sub(self.last_checkpoint_epoch);
+                f64::from(since) * self.seconds_per_epoch >= interval
+            }
+            _ => epoch.is_multiple_of(self.checkpoint_every),
+        }
+    }
 }
 
 /// The simulated cluster.
@@ -959,6 +991,11 @@ impl Cluster {
         | WorkerCommand::CheckpointNow {
             namespace,
             training_job,
+        }
+        | WorkerCommand::CheckpointInterval {
+            namespace,
+            training_job,
+            ..
         }) = &command;
         let uids: Vec<String> = self
             .runs
@@ -972,6 +1009,11 @@ impl Cluster {
             };
             match &command {
                 WorkerCommand::Stop { .. } => run.stop_requested = true,
+                WorkerCommand::CheckpointInterval { seconds, .. } => {
+                    if seconds.is_finite() && *seconds > 0.0 {
+                        run.checkpoint_interval_seconds = Some(*seconds);
+                    }
+                }
                 WorkerCommand::CheckpointNow { .. } => {
                     if let (Some(started), Some(_)) = (run.started, &run.checkpoint_dir)
                         && !run.killed_in_save
@@ -1456,9 +1498,17 @@ impl Cluster {
             .filter(|s| s.is_finite() && *s > 0.0)
             .unwrap_or_else(|| self.config.seconds_per_epoch(&model));
         let checkpoint_dir = env("CHECKPOINT_DIR");
-        let checkpoint_every = env("CHECKPOINT_FREQUENCY")
-            .and_then(|f| f.parse().ok())
-            .unwrap_or(0);
+        let frequency = env("CHECKPOINT_FREQUENCY");
+        let checkpoint_auto =
+            frequency.as_deref() == Some(trainyard_api::CHECKPOINT_FREQUENCY_AUTO);
+        let checkpoint_every = if checkpoint_auto {
+            trainyard_api::trainingjob::DEFAULT_CHECKPOINT_FREQUENCY
+        } else {
+            frequency.and_then(|f| f.parse().ok()).unwrap_or(0)
+        };
+        let checkpoint_interval_seconds = env("CHECKPOINT_INTERVAL_SECONDS")
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s > 0.0);
         let failure = (self.rng.random::<f64>() < self.config.failures.rate).then(|| {
             let codes = &self.config.failures.exit_codes;
             let code = codes[self.rng.random_range(0..codes.len())];
@@ -1492,6 +1542,9 @@ impl Cluster {
             seconds_per_epoch,
             checkpoint_dir,
             checkpoint_every,
+            checkpoint_auto,
+            checkpoint_interval_seconds,
+            last_checkpoint_epoch: start_epoch,
             reported_epoch: start_epoch,
             failure,
             stop_requested: false,
@@ -1972,10 +2025,8 @@ impl Cluster {
                 self.log_epoch(&run, pods, e);
                 reports.extend(self.progress(&run, e));
                 run.reported_epoch = e;
-                if run.checkpoint_dir.is_some()
-                    && run.checkpoint_every > 0
-                    && e % run.checkpoint_every == 0
-                {
+                if run.checkpoint_due(e) {
+                    run.last_checkpoint_epoch = e;
                     reports.push(self.save_checkpoint(&mut run, pods, e, false));
                     if run.killed_in_save {
                         break;

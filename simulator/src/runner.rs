@@ -11,7 +11,7 @@ use axum::serve::ListenerExt;
 use futures::StreamExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use trainyard_contracts::commands::{CheckpointRequested, StopRequested};
+use trainyard_contracts::commands::{CheckpointIntervalSet, CheckpointRequested, StopRequested};
 use trainyard_contracts::decisions::RetentionApplied;
 use trainyard_contracts::subject;
 use trainyard_contracts::{EntityRef, Envelope, Incoming, Payload};
@@ -219,7 +219,7 @@ async fn publish(jetstream: Option<&async_nats::jetstream::Context>, reports: Ve
     }
 }
 
-/// Worker commands (checkpoint-now, stop) for simulated workers.
+/// Worker commands (checkpoint-now, checkpoint-interval, stop) for simulated workers.
 async fn receive_commands(
     mut subscriber: async_nats::Subscriber,
     cluster: Arc<Mutex<Cluster>>,
@@ -252,6 +252,12 @@ async fn receive_commands(
             WorkerCommand::Stop {
                 namespace,
                 training_job,
+            }
+        } else if let Ok(interval) = incoming.payload::<CheckpointIntervalSet>() {
+            WorkerCommand::CheckpointInterval {
+                namespace,
+                training_job,
+                seconds: interval.interval_seconds,
             }
         } else {
             continue;

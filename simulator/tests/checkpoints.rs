@@ -20,7 +20,7 @@ use trainyard_contracts::decisions::{RetentionApplied, RetentionExecutor};
 use trainyard_contracts::worker::{CheckpointReported, VerificationMethod};
 use trainyard_simulator::checkpoints::{self, CheckpointStorage, MANIFEST_FILE, SavePlan};
 use trainyard_simulator::clock::SimClock;
-use trainyard_simulator::cluster::{Cluster, Report};
+use trainyard_simulator::cluster::{Cluster, Report, WorkerCommand};
 use trainyard_simulator::config::ClusterConfig;
 use trainyard_simulator::resources;
 use trainyard_simulator::runner::Simulator;
@@ -42,12 +42,29 @@ fn cluster(root: &Path, extra: &str) -> (Arc<Store>, Cluster) {
 
 /// A Job as the planner writes it, checkpointing every epoch to `dir`.
 fn job(store: &Store, name: &str, workers: u32, dir: &str, resume_from: Option<&str>) {
+    job_with(store, name, workers, dir, resume_from, "1", None);
+}
+
+/// A Job as the planner writes it with `CHECKPOINT_FREQUENCY` = `frequency`
+/// and, for `auto`, the advised interval in its ConfigMap when given.
+fn job_with(
+    store: &Store,
+    name: &str,
+    workers: u32,
+    dir: &str,
+    resume_from: Option<&str>,
+    frequency: &str,
+    interval_seconds: Option<&str>,
+) {
     let mut data = json!({
         "hyperparameters.json": "{\"epochs\": 4}",
         "training-config.json": "{\"model\": \"cnn\"}",
     });
     if let Some(uri) = resume_from {
         data["resume-from"] = json!(uri);
+    }
+    if let Some(seconds) = interval_seconds {
+        data["checkpoint-interval-seconds"] = json!(seconds);
     }
     store
         .create(
@@ -77,8 +94,9 @@ fn job(store: &Store, name: &str, workers: u32, dir: &str, resume_from: Option<&
                                 "resources": {"limits": {"nvidia.com/gpu": "1"}},
                                 "env": [
                                     {"name": "CHECKPOINT_DIR", "value": dir},
-                                    {"name": "CHECKPOINT_FREQUENCY", "value": "1"},
+                                    {"name": "CHECKPOINT_FREQUENCY", "value": frequency},
                                     {"name": "RESUME_FROM", "valueFrom": {"configMapKeyRef": {"name": format!("{name}-config"), "key": "resume-from", "optional": true}}},
+                                    {"name": "CHECKPOINT_INTERVAL_SECONDS", "valueFrom": {"configMapKeyRef": {"name": format!("{name}-config"), "key": "checkpoint-interval-seconds", "optional": true}}},
                                 ],
                             }],
                             "volumes": [{"name": "config", "configMap": {"name": format!("{name}-config")}}],
@@ -221,6 +239,50 @@ fn workers_write_checkpoints_with_a_manifest_that_verifies_and_report_how_they_v
         rank_zero_log(&store, "v")
     );
     assert_eq!(job_phase(&store, "v"), ["SuccessCriteriaMet", "Complete"]);
+}
+
+fn saved_epochs(reports: &[Report], job: &str) -> Vec<u32> {
+    reports
+        .iter()
+        .filter_map(|r| match r {
+            Report::Checkpoint {
+                training_job,
+                payload,
+                ..
+            } if training_job == job => Some(payload.epoch),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn workers_with_frequency_auto_save_at_the_advised_interval_and_follow_new_advice() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let (store, mut cluster) = cluster(root.path(), "");
+    // 10 s epochs: advice of 20 s at the start means every second epoch.
+    job_with(
+        &store,
+        "advised",
+        1,
+        "/checkpoints",
+        None,
+        "auto",
+        Some("20"),
+    );
+    // No advice yet: every epoch, until the command's 30 s.
+    job_with(&store, "told", 1, "/checkpoints", None, "auto", None);
+    let mut reports: Vec<Report> = (0..=15)
+        .flat_map(|t| cluster.step_at(f64::from(t)))
+        .collect();
+    assert_eq!(saved_epochs(&reports, "told"), [1]);
+    let _ = cluster.command(WorkerCommand::CheckpointInterval {
+        namespace: NS.to_string(),
+        training_job: "told".to_string(),
+        seconds: 30.0,
+    });
+    reports.extend((16..=45).flat_map(|t| cluster.step_at(f64::from(t))));
+    assert_eq!(saved_epochs(&reports, "advised"), [2, 4]);
+    assert_eq!(saved_epochs(&reports, "told"), [1, 4]);
 }
 
 #[test]

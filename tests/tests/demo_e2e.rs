@@ -194,7 +194,8 @@ async fn every_example_job_and_the_sweep_complete_on_the_simulated_cluster() {
             .as_ref()
             .and_then(|c| c.resume_from.as_deref())
             .map_or(0, trainyard_simulator::cluster::resume_epoch);
-        if job.spec.checkpointing_enabled() && total >= resumed_at + job.spec.checkpoint_frequency()
+        if job.spec.checkpointing_enabled()
+            && total >= resumed_at + job.spec.checkpoint_every_epochs()
         {
             let checkpoint = status.checkpoint.clone().unwrap_or_default();
             assert!(

@@ -42,6 +42,17 @@ def test_the_planners_variables_are_read() -> None:
     assert env.hyperparameters == {"weight_decay": "0.01"}
 
 
+def test_frequency_auto_and_the_advised_interval_are_read() -> None:
+    env = WorkerEnv.from_environ(
+        {"CHECKPOINT_FREQUENCY": "auto", "CHECKPOINT_INTERVAL_SECONDS": "1800.5"}
+    )
+    assert (env.checkpoint_auto, env.checkpoint_frequency) == (True, 1)
+    assert env.checkpoint_interval_seconds == 1800.5
+    fixed = WorkerEnv.from_environ({"CHECKPOINT_FREQUENCY": "3"})
+    assert (fixed.checkpoint_auto, fixed.checkpoint_frequency) == (False, 3)
+    assert fixed.checkpoint_interval_seconds is None
+
+
 def test_outside_trainyard_the_defaults_reach_a_local_nats() -> None:
     env = WorkerEnv.from_environ({"RESUME_FROM": ""})
     assert (env.namespace, env.job, env.worker_index, env.is_chief) == ("default", "local", 0, True)

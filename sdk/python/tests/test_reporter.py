@@ -176,6 +176,49 @@ def test_commands_set_stop_and_checkpoint_requests(nats_server: NatsServer) -> N
         assert reporter.stop_reason == "early stop"
 
 
+def test_frequency_auto_follows_the_advised_interval_from_env_then_from_commands(
+    nats_server: NatsServer, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    env = env_for(
+        nats_server,
+        checkpoint_dir=str(tmp_path),
+        checkpoint_auto=True,
+        checkpoint_interval_seconds=600.0,
+    )
+    with Reporter(env, gpu_metrics=False) as reporter:
+        assert reporter.wait_connected(10)
+        start = time.monotonic()
+        assert reporter.checkpoint_interval_seconds == 600.0
+        assert not reporter.checkpoint_due(1, now=start + 599)
+        assert reporter.checkpoint_due(1, now=start + 601)
+        nats_server.publish(
+            "trainyard.commands.checkpoint-interval.ml_team.bert_v2", {"intervalSeconds": 120.0}
+        )
+        assert wait_for(lambda: reporter.checkpoint_interval_seconds == 120.0)
+        assert reporter.checkpoint_due(1, now=start + 121)
+        with reporter.checkpoint(1, step=100) as ckpt:
+            ckpt.write_json("state.json", {"w": 1})
+        saved_at = time.monotonic()
+        assert not reporter.checkpoint_due(2, now=saved_at + 60), "the interval restarts at a save"
+        assert reporter.checkpoint_due(2, now=saved_at + 121)
+        nats_server.publish(
+            "trainyard.commands.checkpoint-interval.ml_team.bert_v2", {"intervalSeconds": -1}
+        )
+        nats_server.publish(
+            "trainyard.commands.checkpoint-interval.ml_team.other", {"intervalSeconds": 5.0}
+        )
+        nats_server.publish("trainyard.commands.stop.ml_team.bert_v2", {"reason": "done"})
+        assert wait_for(lambda: reporter.stop_requested)
+        assert reporter.checkpoint_interval_seconds == 120.0, "bad or foreign advice is ignored"
+
+
+def test_frequency_auto_without_advice_checkpoints_every_epoch(nats_server: NatsServer) -> None:
+    env = env_for(nats_server, checkpoint_dir="/unused", checkpoint_auto=True)
+    with Reporter(env, gpu_metrics=False) as reporter:
+        assert reporter.checkpoint_interval_seconds is None
+        assert reporter.checkpoint_due(1) and reporter.checkpoint_due(2)
+
+
 def test_checkpoint_is_saved_atomically_with_its_manifest_and_reported(
     nats_server: NatsServer, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]

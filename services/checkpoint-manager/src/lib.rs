@@ -10,6 +10,7 @@ pub mod manager;
 pub mod metrics;
 pub mod registry;
 pub mod storage;
+pub mod waiting;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,8 +43,8 @@ pub struct StorageSettings {
     pub s3_access_key_id: Option<String>,
     pub s3_secret_access_key: Option<String>,
     /// Timeout of one storage request. A storage still unreachable after a
-    /// few quick retries within this time is waited out by handling the
-    /// message again, so a job's lock is never held longer.
+    /// few quick retries within this time is waited out on a timer (the
+    /// report waits in the job's record), so no lane is held longer.
     pub storage_timeout_seconds: u64,
 }
 
@@ -59,6 +60,10 @@ impl Default for StorageSettings {
         }
     }
 }
+
+/// How often storage endpoints with waiting reports are checked for being
+/// due (each is tried after its own backoff, 0.5 s to 15 s).
+const WAITING_CHECK: Duration = Duration::from_millis(250);
 
 /// The default alias moved to a newly registered version.
 pub const DEFAULT_MODEL_ALIAS: &str = "best";
@@ -176,6 +181,40 @@ pub async fn start(
     for consumer in Service::CheckpointManager.consumers() {
         consumers.spawn_when_leading(consumer, handler.clone(), &lease);
     }
+    let retrying = manager.clone();
+    let shutdown = runtime.shutdown.clone();
+    let waiting_lease = lease.clone();
+    runtime.spawn(async move {
+        let leading = tokio::select! {
+            _ = shutdown.cancelled() => None,
+            token = waiting_lease.acquired() => token,
+        };
+        if leading.is_none() {
+            return;
+        }
+        let mut recovered = false;
+        let mut timer = tokio::time::interval(WAITING_CHECK);
+        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = timer.tick() => {
+                    if !recovered {
+                        match retrying.recover_waiting().await {
+                            Ok(jobs) => {
+                                recovered = true;
+                                if jobs > 0 {
+                                    tracing::info!(jobs, "checkpoint reports waiting for their storage recovered");
+                                }
+                            }
+                            Err(err) => tracing::warn!(error = %err, "waiting checkpoint reports not recovered yet; tried again"),
+                        }
+                    }
+                    retrying.retry_waiting().await;
+                }
+            }
+        }
+    });
     let checking = manager.clone();
     let shutdown = runtime.shutdown.clone();
     let every = Duration::from_secs(checking.overdue_check_seconds().max(1));

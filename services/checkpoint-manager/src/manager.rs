@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use async_nats::jetstream::kv;
 use bytes::Bytes;
@@ -32,7 +33,7 @@ use trainyard_contracts::decisions::{
 use trainyard_contracts::events::{Change, TrainingJobChanged};
 use trainyard_contracts::lifecycle::{TrainingJobFinalized, TrainingJobTransitioned};
 use trainyard_contracts::worker::{CheckpointReported, VerificationMethod};
-use trainyard_contracts::{EntityRef, Incoming, Payload};
+use trainyard_contracts::{EntityRef, Envelope, Incoming, Payload};
 use trainyard_runtime::{Delivery, HandleError, Handler, Publisher};
 
 use crate::ManagerConfig;
@@ -40,6 +41,7 @@ use crate::error::CheckpointError;
 use crate::metrics::CheckpointMetrics;
 use crate::registry::{Registry, refusal};
 use crate::storage::{Storage, is_volume_path};
+use crate::waiting::Waiting;
 
 /// Version of [`JobRecord`]'s stored form.
 pub const RECORD_VERSION: u32 = 1;
@@ -73,6 +75,43 @@ pub struct JobSettings {
     /// The Sweep whose trial the job is: registered only as the Sweep's best.
     #[serde(default)]
     pub sweep: Option<String>,
+}
+
+/// The message a decision answers: its causation, and the ids of what it
+/// publishes derive from its id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Cause {
+    pub id: uuid::Uuid,
+    pub correlation_id: uuid::Uuid,
+    pub time: DateTime<Utc>,
+}
+
+impl Cause {
+    pub fn of(message: &Incoming) -> Self {
+        Self {
+            id: message.header.id,
+            correlation_id: message.header.correlation_id,
+            time: message.header.time,
+        }
+    }
+
+    fn stamp<P: Payload>(&self, mut envelope: Envelope<P>) -> Envelope<P> {
+        envelope.correlation_id = self.correlation_id;
+        envelope.causation_id = Some(self.id);
+        envelope
+    }
+}
+
+/// A report whose storage did not answer: acknowledged, kept in the job's
+/// record, and verified by the waiting timer once its endpoint answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WaitingReport {
+    pub uri: String,
+    pub epoch: u32,
+    pub step: u64,
+    pub cause: Cause,
 }
 
 /// Everything the manager keeps about one job.
@@ -118,6 +157,9 @@ pub struct JobRecord {
     /// finished with this trial as its best.
     #[serde(default)]
     pub sweep_model: Option<String>,
+    /// Reports waiting for their storage to answer, in arrival order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting: Vec<WaitingReport>,
 }
 
 impl JobRecord {
@@ -138,6 +180,7 @@ impl JobRecord {
             overdue_raised: false,
             raised: Raised::default(),
             sweep_model: None,
+            waiting: Vec::new(),
         }
     }
 }
@@ -201,7 +244,7 @@ fn settings_of(job: &TrainingJob) -> Option<JobSettings> {
             .and_then(|s| s.s3_endpoint.clone()),
         policy: if policy_error.is_some() { None } else { policy },
         policy_error,
-        auto_interval: false,
+        auto_interval: job.spec.checkpoint_frequency() == trainyard_api::CheckpointFrequency::Auto,
         queue: job.spec.scheduling.as_ref().and_then(|s| s.queue.clone()),
         mlflow_run_id: job
             .spec
@@ -342,6 +385,8 @@ pub struct Manager {
     job_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Interruptions per node pool (the job's queue), from lifecycle transitions.
     pools: Mutex<HashMap<String, InterruptionStats>>,
+    /// Jobs whose reports wait for their storage, per endpoint.
+    waiting: Mutex<Waiting>,
 }
 
 impl Manager {
@@ -362,7 +407,12 @@ impl Manager {
             records: Mutex::default(),
             job_locks: Mutex::default(),
             pools: Mutex::default(),
+            waiting: Mutex::default(),
         }
+    }
+
+    fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Checkpoints tracked over every job held in memory.
@@ -431,11 +481,11 @@ impl Manager {
     async fn publish(
         &self,
         job: &EntityRef,
-        cause: &Incoming,
+        cause: &Cause,
         outgoing: Vec<Outgoing>,
     ) -> Result<(), CheckpointError> {
         for (index, message) in outgoing.into_iter().enumerate() {
-            let id = format!("{}/{index}", cause.header.id);
+            let id = format!("{}/{index}", cause.id);
             match message {
                 Outgoing::Verified(p) => self.publish_one(job, cause, &id, p).await?,
                 Outgoing::Resume(p) => {
@@ -456,14 +506,11 @@ impl Manager {
     async fn publish_one<P: Payload>(
         &self,
         job: &EntityRef,
-        cause: &Incoming,
+        cause: &Cause,
         id: &str,
         payload: P,
     ) -> Result<(), CheckpointError> {
-        let envelope = self
-            .publisher
-            .envelope(job.clone(), payload)
-            .caused_by_incoming(cause);
+        let envelope = cause.stamp(self.publisher.envelope(job.clone(), payload));
         self.publisher.publish_with_id(envelope, id).await?;
         Ok(())
     }
@@ -471,7 +518,7 @@ impl Manager {
     async fn publish_problem(
         &self,
         job: &EntityRef,
-        cause: Option<&Incoming>,
+        cause: Option<&Cause>,
         problem: Problem,
         id: &str,
     ) -> Result<(), CheckpointError> {
@@ -479,7 +526,7 @@ impl Manager {
         tracing::warn!(problem = kind, message = %problem.message, "checkpoint problem raised");
         let envelope = self.publisher.envelope(job.clone(), alert_of(problem));
         let envelope = match cause {
-            Some(cause) => envelope.caused_by_incoming(cause),
+            Some(cause) => cause.stamp(envelope),
             None => envelope,
         };
         self.publisher.publish_with_id(envelope, id).await?;
@@ -560,6 +607,10 @@ impl Manager {
         {
             return Ok(Some(record.job.clone()));
         }
+        Ok(self.stored_record(key).await?.map(|record| record.job))
+    }
+
+    async fn stored_record(&self, key: &str) -> Result<Option<JobRecord>, CheckpointError> {
         let stored = self
             .bucket
             .get(key)
@@ -568,12 +619,210 @@ impl Manager {
         let Some(bytes) = stored else {
             return Ok(None);
         };
-        let record: JobRecord =
-            serde_json::from_slice(&bytes).map_err(|err| CheckpointError::CorruptState {
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|err| CheckpointError::CorruptState {
                 key: key.to_string(),
                 message: err.to_string(),
-            })?;
-        Ok(Some(record.job))
+            })
+    }
+
+    /// The storage endpoint the job's waiting reports are read from now.
+    fn waiting_endpoint(&self, record: &JobRecord) -> Option<String> {
+        let first = record.waiting.first()?;
+        let settings = record.settings.as_ref()?;
+        Some(
+            self.storage
+                .endpoint(&first.uri, settings.s3_endpoint.as_deref()),
+        )
+    }
+
+    /// Indexes the job's waiting reports under the endpoint its settings
+    /// name now (a fixed `s3Endpoint` is tried at once).
+    fn rewait(&self, record: &JobRecord) {
+        if let Some(endpoint) = self.waiting_endpoint(record) {
+            let mut waiting = self.waiting();
+            waiting.wait(&record.job.key(), &endpoint, Instant::now());
+            self.metrics.waiting_jobs.set(waiting.len() as i64);
+        }
+    }
+
+    /// Indexes every job with reports waiting in the bucket: run when this
+    /// replica takes the lease, so reports acknowledged before a restart or
+    /// by another replica are verified.
+    pub async fn recover_waiting(&self) -> Result<usize, CheckpointError> {
+        use futures::TryStreamExt;
+        let keys: Vec<String> = self
+            .bucket
+            .keys()
+            .await
+            .map_err(|err| CheckpointError::Store(format!("list keys: {err}")))?
+            .try_collect()
+            .await
+            .map_err(|err| CheckpointError::Store(format!("list keys: {err}")))?;
+        let mut recovered = 0;
+        for key in keys {
+            match self.stored_record(&key).await {
+                Ok(Some(record)) if !record.waiting.is_empty() => {
+                    self.rewait(&record);
+                    recovered += 1;
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(%key, error = %err, "record unreadable; its waiting reports are not recovered")
+                }
+            }
+        }
+        Ok(recovered)
+    }
+
+    /// Tries every storage endpoint that is due: its waiting jobs one after
+    /// another until one still finds it unreachable (it is then tried again
+    /// after a longer backoff). Runs on a timer, outside the consumers, so a
+    /// storage that never answers holds no lane.
+    pub async fn retry_waiting(&self) {
+        let due = self.waiting().due(Instant::now());
+        for (endpoint, jobs) in due {
+            for key in jobs {
+                match self.retry_job(&key).await {
+                    Ok(()) => self.waiting().answered(&endpoint, Instant::now()),
+                    Err(err) => {
+                        tracing::info!(%endpoint, job = %key, error = %err, "waiting checkpoint reports still cannot be verified");
+                        self.waiting().failed(&endpoint, Instant::now());
+                        break;
+                    }
+                }
+            }
+        }
+        self.metrics.waiting_jobs.set(self.waiting().len() as i64);
+    }
+
+    /// Verifies the job's waiting reports in order. The storage is read
+    /// without the job's lock (a slow endpoint delays no handler); each
+    /// verdict is applied under it, if the report still waits.
+    async fn retry_job(&self, key: &str) -> Result<(), CheckpointError> {
+        loop {
+            let next = {
+                let job_lock = self.job_lock(key);
+                let _reading = job_lock.lock().await;
+                let record = match self.cached_or_stored(key).await? {
+                    Some(record) => record,
+                    None => {
+                        self.waiting().forget(key);
+                        return Ok(());
+                    }
+                };
+                let next = record.waiting.first().cloned().zip(record.settings.clone());
+                if next.is_none() {
+                    self.waiting().forget(key);
+                }
+                self.put_back(record);
+                next
+            };
+            let Some((report, settings)) = next else {
+                return Ok(());
+            };
+            let expected = Expected {
+                step: report.step,
+                epoch: report.epoch,
+            };
+            let verification = match self
+                .storage
+                .open(&report.uri, settings.s3_endpoint.as_deref())
+            {
+                Ok(location) => {
+                    location
+                        .verify(expected, self.config.verify_checksums)
+                        .await
+                }
+                Err(err) => Err(err),
+            };
+            let verification = match verification {
+                Ok(verification) => verification,
+                Err(err @ CheckpointError::StorageUnavailable(_)) => return Err(err),
+                // Acknowledged already: a refusal is the checkpoint's verdict.
+                Err(err) => Verification::Incomplete {
+                    reason: format!("the storage refused the verification: {err}"),
+                },
+            };
+            self.conclude_waiting(key, &report, expected, verification)
+                .await?;
+        }
+    }
+
+    /// Applies the verdict of a waiting report to the job's record and
+    /// publishes what follows, with ids derived from the report's message.
+    async fn conclude_waiting(
+        &self,
+        key: &str,
+        report: &WaitingReport,
+        expected: Expected,
+        verification: Verification,
+    ) -> Result<(), CheckpointError> {
+        let job_lock = self.job_lock(key);
+        let _concluding = job_lock.lock().await;
+        let Some(mut record) = self.cached_or_stored(key).await? else {
+            return Ok(());
+        };
+        let Some(position) = record.waiting.iter().position(|w| w == report) else {
+            self.put_back(record);
+            return Ok(());
+        };
+        let Some(settings) = record.settings.clone() else {
+            self.put_back(record);
+            return Ok(());
+        };
+        record.waiting.remove(position);
+        let job = record.job.clone();
+        let span = tracing::info_span!("checkpoints", namespace = %job.namespace, name = %job.name);
+        async {
+            let previous_resume = record.checkpoints.latest_verified().map(|c| c.uri.clone());
+            let mut outgoing = self
+                .concluded(
+                    &mut record,
+                    &settings,
+                    &report.uri,
+                    expected,
+                    verification,
+                    previous_resume,
+                    &report.cause,
+                )
+                .await?;
+            if record.completed || record.sweep_model.is_some() {
+                outgoing.extend(self.register(&mut record, false).await?);
+            }
+            let done = record.waiting.is_empty();
+            // Published before the record is saved: a crash in between
+            // verifies the report again and publishes the same ids.
+            self.publish(&job, &report.cause, outgoing).await?;
+            self.save(record).await?;
+            if done {
+                self.waiting().forget(key);
+            }
+            Ok(())
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// The job's cached record, else its stored one.
+    async fn cached_or_stored(&self, key: &str) -> Result<Option<JobRecord>, CheckpointError> {
+        let cached = self
+            .records
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+        match cached {
+            Some(record) => Ok(Some(record)),
+            None => self.stored_record(key).await,
+        }
+    }
+
+    fn put_back(&self, record: JobRecord) {
+        self.records
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(record.job.key(), record);
     }
 
     /// The lock that lets one handler at a time work on the job `key`.
@@ -618,6 +867,9 @@ impl Manager {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&key);
+            let mut waiting = self.waiting();
+            waiting.forget(&key);
+            self.metrics.waiting_jobs.set(waiting.len() as i64);
             return Ok(());
         }
         let mut record = self.load(&job).await?;
@@ -644,6 +896,7 @@ impl Manager {
                         }
                         None => record.raised.rearm(POLICY_KEY),
                     }
+                    self.rewait(&record);
                 }
                 outgoing
             }
@@ -679,7 +932,7 @@ impl Manager {
         // The record first: a crash before publishing is redelivered, and
         // deciding again from the stored record publishes the same ids.
         self.save(record).await?;
-        self.publish(&job, message, outgoing).await
+        self.publish(&job, &Cause::of(message), outgoing).await
     }
 
     /// Registers a finished Sweep's best trial's best verified checkpoint as
@@ -720,7 +973,14 @@ impl Manager {
             }
             return Ok(());
         }
-        let model_name = registry.model_name(&sweep.namespace, &sweep.name, None);
+        let model_name = registry.model_name(
+            &sweep.namespace,
+            &sweep.name,
+            progress
+                .annotations
+                .get(trainyard_api::ANNOTATION_MODEL_NAME)
+                .map(String::as_str),
+        );
         tracing::info!(trial = %best.trial_name, model = %model_name, %reason, "Sweep finished; registering its best trial");
         record.sweep_model = Some(model_name);
         let outgoing: Vec<Outgoing> = self
@@ -730,7 +990,7 @@ impl Manager {
             .collect();
         let trial = record.job.clone();
         self.save(record).await?;
-        self.publish(&trial, message, outgoing).await
+        self.publish(&trial, &Cause::of(message), outgoing).await
     }
 
     async fn on_report(
@@ -739,7 +999,6 @@ impl Manager {
         report: CheckpointReported,
         message: &Incoming,
     ) -> Result<Vec<Outgoing>, CheckpointError> {
-        let cause = message.header.id.to_string();
         let job_key = record.job.key();
         let Some(settings) = record.settings.clone() else {
             return Err(CheckpointError::UnknownJob(job_key));
@@ -808,18 +1067,85 @@ impl Manager {
         let verification = if missing_volume_dir {
             verify::judge("", &verify::Listing::new(), None, None, expected)
         } else if self.storage.readable(&report.uri) {
-            let location = self
+            let endpoint = self
                 .storage
-                .open(&report.uri, settings.s3_endpoint.as_deref())?;
-            location
-                .verify(expected, self.config.verify_checksums)
-                .await?
+                .endpoint(&report.uri, settings.s3_endpoint.as_deref());
+            let down = self.waiting().is_down(&endpoint);
+            let outcome = if down {
+                Err(CheckpointError::StorageUnavailable(format!(
+                    "{endpoint} has reports waiting"
+                )))
+            } else {
+                let location = self
+                    .storage
+                    .open(&report.uri, settings.s3_endpoint.as_deref())?;
+                location
+                    .verify(expected, self.config.verify_checksums)
+                    .await
+            };
+            match outcome {
+                Ok(verification) => verification,
+                Err(CheckpointError::StorageUnavailable(reason)) => {
+                    tracing::warn!(uri = %report.uri, %endpoint, %reason, "checkpoint storage does not answer; the report waits for it");
+                    self.wait_for_storage(record, &endpoint, &report, message);
+                    return Ok(Vec::new());
+                }
+                Err(err) => return Err(err),
+            }
         } else {
             verify::reported_by_worker(
                 report.verified_by.map(method_from),
                 report.checksums_verified,
             )
         };
+        self.concluded(
+            record,
+            &settings,
+            &report.uri,
+            expected,
+            verification,
+            previous_resume,
+            &Cause::of(message),
+        )
+        .await
+    }
+
+    /// Keeps `report` in the job's record and indexes the job under the
+    /// storage endpoint that did not answer; the waiting timer verifies it.
+    fn wait_for_storage(
+        &self,
+        record: &mut JobRecord,
+        endpoint: &str,
+        report: &CheckpointReported,
+        message: &Incoming,
+    ) {
+        if !record.waiting.iter().any(|w| w.uri == report.uri) {
+            record.waiting.push(WaitingReport {
+                uri: report.uri.clone(),
+                epoch: report.epoch,
+                step: report.step,
+                cause: Cause::of(message),
+            });
+        }
+        let mut waiting = self.waiting();
+        waiting.wait(&record.job.key(), endpoint, Instant::now());
+        self.metrics.waiting_jobs.set(waiting.len() as i64);
+    }
+
+    /// Records what verification found for the checkpoint at `uri` and
+    /// decides what follows: its verdict, a new resume point, retention,
+    /// interval advice and problems.
+    #[allow(clippy::too_many_arguments)]
+    async fn concluded(
+        &self,
+        record: &mut JobRecord,
+        settings: &JobSettings,
+        uri: &str,
+        expected: Expected,
+        verification: Verification,
+        previous_resume: Option<String>,
+        cause: &Cause,
+    ) -> Result<Vec<Outgoing>, CheckpointError> {
         let outcome = if verification.is_verified() {
             "verified"
         } else {
@@ -831,7 +1157,7 @@ impl Manager {
             .inc();
         record
             .checkpoints
-            .set_verification(&report.uri, verification.clone());
+            .set_verification(uri, verification.clone());
 
         let mut outgoing = Vec::new();
         let (method, verifier, checksums, reason) = match &verification {
@@ -852,23 +1178,24 @@ impl Manager {
             Verification::Pending => (None, None, false, Some("not verified yet".to_string())),
         };
         if let Some(reason) = &reason {
-            tracing::warn!(uri = %report.uri, %reason, "checkpoint is not verified");
+            tracing::warn!(%uri, %reason, "checkpoint is not verified");
         }
 
+        let cause_id = cause.id.to_string();
         let newest = record.checkpoints.latest_verified().map(|c| c.uri.clone());
         if newest.is_some() && newest != previous_resume {
-            record.last_verified_at = Some(message.header.time);
+            record.last_verified_at = Some(cause.time);
             record.overdue_raised = false;
             outgoing.extend(self.resume_point(record, REASON_VERIFIED));
         }
-        outgoing.extend(self.apply_retention(record, &settings, &cause).await?);
+        outgoing.extend(self.apply_retention(record, settings, &cause_id).await?);
         let summary = record.checkpoints.summary(settings.policy.as_ref());
         outgoing.insert(
             0,
             Outgoing::Verified(CheckpointVerified {
-                uri: report.uri.clone(),
-                epoch: report.epoch,
-                step: report.step,
+                uri: uri.to_string(),
+                epoch: expected.epoch,
+                step: expected.step,
                 verified: verification.is_verified(),
                 method,
                 verifier: verifier.map(str::to_string),
@@ -879,11 +1206,11 @@ impl Manager {
                 count: u32::try_from(summary.count).unwrap_or(u32::MAX),
             }),
         );
-        outgoing.extend(self.advice(record, &settings));
+        outgoing.extend(self.advice(record, settings));
         outgoing.extend(raise(
             record,
-            &cause,
-            problems::write_failed(&report.uri, &verification),
+            &cause_id,
+            problems::write_failed(uri, &verification),
         ));
         Ok(outgoing)
     }

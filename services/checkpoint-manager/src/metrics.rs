@@ -1,6 +1,6 @@
 //! The checkpoint-manager's Prometheus metrics; labels are bounded (outcomes, never job names).
 
-use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 use crate::error::CheckpointError;
 
@@ -18,6 +18,8 @@ pub struct CheckpointMetrics {
     /// `CheckpointProblem` alerts raised, by problem (`WriteFailed`,
     /// `Overdue`, `ResumeUnavailable`, `RetentionFailed`).
     pub problems: IntCounterVec,
+    /// Jobs whose checkpoint reports wait for their storage to answer.
+    pub waiting_jobs: IntGauge,
 }
 
 impl CheckpointMetrics {
@@ -58,6 +60,11 @@ impl CheckpointMetrics {
                 &["problem"],
             )
             .map_err(err)?,
+            waiting_jobs: IntGauge::new(
+                "trainyard_checkpoint_waiting_jobs",
+                "Jobs whose checkpoint reports wait for their storage to answer",
+            )
+            .map_err(err)?,
         };
         registry
             .register(Box::new(metrics.verifications.clone()))
@@ -73,6 +80,9 @@ impl CheckpointMetrics {
             .map_err(err)?;
         registry
             .register(Box::new(metrics.problems.clone()))
+            .map_err(err)?;
+        registry
+            .register(Box::new(metrics.waiting_jobs.clone()))
             .map_err(err)?;
         Ok(metrics)
     }

@@ -128,6 +128,25 @@ impl Storage {
         !is_volume_path(uri) || self.settings.read_volumes
     }
 
+    /// The storage endpoint `uri` is read from (`endpoint` is the job's
+    /// `storage.s3Endpoint`): the S3 endpoint in use, else `<scheme>://<bucket>`.
+    /// Reports whose storage does not answer wait per endpoint.
+    pub fn endpoint(&self, uri: &str, endpoint: Option<&str>) -> String {
+        if is_volume_path(uri) {
+            return "volume".to_string();
+        }
+        let Ok(url) = Url::parse(uri) else {
+            return uri.to_string();
+        };
+        let bucket = format!("{}://{}", url.scheme(), url.host_str().unwrap_or_default());
+        match ObjectStoreScheme::parse(&url) {
+            Ok((ObjectStoreScheme::AmazonS3, _)) => endpoint
+                .or(self.settings.s3_endpoint.as_deref())
+                .map_or(bucket, str::to_string),
+            _ => bucket,
+        }
+    }
+
     /// Opens `uri`; `endpoint` is the job's `storage.s3Endpoint`.
     pub fn open(&self, uri: &str, endpoint: Option<&str>) -> Result<Location, CheckpointError> {
         let name = uri

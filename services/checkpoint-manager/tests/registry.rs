@@ -511,3 +511,47 @@ async fn a_finished_sweep_registers_only_its_best_trials_checkpoint_under_its_na
     );
     stop_manager(manager).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweeps_model_name_annotation_names_the_model_its_best_trial_becomes() {
+    let Some(executable) = mlflow_executable() else {
+        eprintln!(
+            "SKIPPED a_sweeps_model_name_annotation_names_the_model_its_best_trial_becomes: no `mlflow` executable on PATH (pip install mlflow)"
+        );
+        return;
+    };
+    let mlflow = MlflowServer::start(executable);
+    let moto = Moto::start();
+    let s3 = moto.bucket(BUCKET).await;
+    let nats = NatsServer::start();
+    let driver = Driver::connect(&nats).await;
+    let reader = Reader::new(&mlflow);
+    let manager = start_manager(&nats, registry_config(&moto, &mlflow)).await;
+    let sweep = EntityRef::new(NS, "vit", "uid-vit");
+
+    driver.apply(&trial("vit", "vit-t0000")).await;
+    save(&driver, &s3, "vit-t0000", &[(100, 0.2)]).await;
+    let verified = driver.wait_for::<CheckpointVerified>("vit-t0000", 1).await;
+    assert!(verified[0].verified, "{verified:?}");
+    complete(&driver, "vit-t0000").await;
+    lifecycle_handled(&manager, 1).await;
+
+    // The tuner carries the Sweep's annotation in its progress.
+    let mut finished = sweep_progress("vit-t0000", Some("GoalReached"));
+    finished.annotations = [(
+        trainyard_api::ANNOTATION_MODEL_NAME.to_string(),
+        "vit-imagenet".to_string(),
+    )]
+    .into();
+    driver.publish(sweep, finished).await;
+    let registered = driver.wait_for::<ModelRegistered>("vit-t0000", 1).await;
+    let best = format!("s3://{BUCKET}/{NS}/vit-t0000/step-100");
+    assert_eq!(registered[0].model_name, "vit-imagenet", "{registered:?}");
+    assert_eq!(registered[0].error, None, "{registered:?}");
+    assert_eq!(
+        reader.versions("vit-imagenet").await,
+        vec![("1".to_string(), best, String::new())]
+    );
+    assert!(!reader.model_exists("ml-vit").await);
+    stop_manager(manager).await;
+}

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use hpo_tuner_core::{ParamValue, SweepCore};
 use serde::{Deserialize, Serialize};
-use trainyard_api::{ANNOTATION_NOTIFY_PREFIX, Sweep};
+use trainyard_api::{ANNOTATION_MODEL_NAME, ANNOTATION_NOTIFY_PREFIX, Sweep};
 use trainyard_contracts::EntityRef;
 use trainyard_contracts::decisions::SweepProgressed;
 
@@ -70,7 +70,9 @@ impl SweepMetadata {
                 .annotations
                 .iter()
                 .flatten()
-                .filter(|(key, _)| key.starts_with(ANNOTATION_NOTIFY_PREFIX))
+                .filter(|(key, _)| {
+                    key.starts_with(ANNOTATION_NOTIFY_PREFIX) || *key == ANNOTATION_MODEL_NAME
+                })
                 .map(|(key, value)| (key.clone(), value.clone()))
                 .collect(),
         }

@@ -391,7 +391,7 @@ async fn mlflow_calls_retry_server_errors_with_backoff_then_give_up() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sweep_progress_carries_the_objective_labels_and_notify_annotations() {
+async fn sweep_progress_carries_the_objective_labels_and_notify_and_model_name_annotations() {
     let nats = NatsServer::start();
     let tuner = start_tuner(&nats, TunerConfig::default()).await;
     let driver = Driver::connect(&nats).await;
@@ -406,6 +406,7 @@ async fn sweep_progress_carries_the_objective_labels_and_notify_annotations() {
         [
             ("trainyard.dev/notify", "slack:#team-nlp"),
             ("trainyard.dev/notify-on", "sweep.best_trial,sweep.finished"),
+            ("trainyard.dev/model-name", "nlp-classifier"),
             ("kubectl.kubernetes.io/last-applied-configuration", "{}"),
         ]
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -428,10 +429,11 @@ async fn sweep_progress_carries_the_objective_labels_and_notify_annotations() {
         [
             ("trainyard.dev/notify", "slack:#team-nlp"),
             ("trainyard.dev/notify-on", "sweep.best_trial,sweep.finished"),
+            ("trainyard.dev/model-name", "nlp-classifier"),
         ]
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .into(),
-        "only the notification annotations travel"
+        "only the notification and model-name annotations travel"
     );
     stop_tuner(tuner).await;
 }

@@ -694,7 +694,7 @@ impl Planner {
         Ok(())
     }
 
-    /// Publishes a command to the job's workers; the two kinds are distinct payload types.
+    /// Publishes a command to the job's workers; each kind is its own payload type.
     async fn send_command(
         &self,
         entity: &EntityRef,
@@ -708,6 +708,10 @@ impl Planner {
             }
             PlannerCommand::CheckpointNow(request) => {
                 let envelope = self.publisher.envelope(entity.clone(), request);
+                self.publisher.publish_with_id(envelope, dedup_key).await?
+            }
+            PlannerCommand::CheckpointInterval(interval) => {
+                let envelope = self.publisher.envelope(entity.clone(), interval);
                 self.publisher.publish_with_id(envelope, dedup_key).await?
             }
         };

@@ -36,11 +36,12 @@ pub use sweep::{
     SearchAlgorithm, Sweep, SweepSpec, SweepState, SweepStatus, TpeSettings, TrialCounts,
 };
 pub use trainingjob::{
-    AllocatedResources, CONDITION_SCHEDULABLE, CapacityType, CheckpointSpec, CheckpointStatus,
-    CheckpointStorage, CommunicationBackend, CostStatus, FailurePolicy, Framework, Hyperparameters,
-    KeepBestSpec, MetricMode, MonitoringSpec, NetworkingSpec, Optimizer, QueueStatus,
-    RestartPolicy, RetentionPolicySpec, SchedulingSpec, StorageType, SuccessPolicy, TrainingJob,
-    TrainingJobSpec, TrainingJobState, TrainingJobStatus, WorkerCounts,
+    AllocatedResources, CHECKPOINT_FREQUENCY_AUTO, CONDITION_SCHEDULABLE, CapacityType,
+    CheckpointFrequency, CheckpointSpec, CheckpointStatus, CheckpointStorage, CommunicationBackend,
+    CostStatus, FailurePolicy, Framework, Hyperparameters, KeepBestSpec, MetricMode,
+    MonitoringSpec, NetworkingSpec, Optimizer, QueueStatus, RestartPolicy, RetentionPolicySpec,
+    SchedulingSpec, StorageType, SuccessPolicy, TrainingJob, TrainingJobSpec, TrainingJobState,
+    TrainingJobStatus, WorkerCounts,
 };
 pub use validation::{FieldError, FieldErrorKind, format_field_errors};
 
@@ -62,7 +63,8 @@ pub const ANNOTATION_NOTIFY_ON: &str = "trainyard.dev/notify-on";
 pub const ANNOTATION_NOTIFY_PREFIX: &str = "trainyard.dev/notify";
 /// Annotation holding the job's experiment-tracking run URL (e.g. its MLflow run).
 pub const ANNOTATION_RUN_URL: &str = "trainyard.dev/run-url";
-/// Annotation on a TrainingJob naming the registered model its best checkpoint
-/// becomes a version of when it completes (the checkpoint-manager's
-/// `model_name_template` otherwise).
+/// Annotation on a TrainingJob or a Sweep naming the registered model its best
+/// checkpoint becomes a version of when it completes (a Sweep: its best
+/// trial's, when it finishes); the checkpoint-manager's `model_name_template`
+/// otherwise.
 pub const ANNOTATION_MODEL_NAME: &str = "trainyard.dev/model-name";

@@ -83,8 +83,10 @@ const MSG_MOUNTS_NAME_VOLUMES: &str =
     "every volumeMounts[].name must be the name of one of spec.volumes";
 const RULE_PATIENCE_BELOW_EPOCHS: &str = "!has(self.successPolicy) || !has(self.successPolicy.earlyStoppingPatience) || !has(self.hyperparameters) || !has(self.hyperparameters.epochs) || self.successPolicy.earlyStoppingPatience < self.hyperparameters.epochs";
 const MSG_PATIENCE_BELOW_EPOCHS: &str = "successPolicy.earlyStoppingPatience must be less than hyperparameters.epochs, otherwise early stopping can never trigger";
-const RULE_CHECKPOINT_WITHIN_EPOCHS: &str = "!has(self.checkpoint) || !has(self.checkpoint.enabled) || !self.checkpoint.enabled || !has(self.checkpoint.frequency) || !has(self.hyperparameters) || !has(self.hyperparameters.epochs) || self.checkpoint.frequency <= self.hyperparameters.epochs";
+const RULE_CHECKPOINT_WITHIN_EPOCHS: &str = "!has(self.checkpoint) || !has(self.checkpoint.enabled) || !self.checkpoint.enabled || !has(self.checkpoint.frequency) || !has(self.hyperparameters) || !has(self.hyperparameters.epochs) || !string(self.checkpoint.frequency).matches('^[0-9]+$') || int(self.checkpoint.frequency) <= self.hyperparameters.epochs";
 const MSG_CHECKPOINT_WITHIN_EPOCHS: &str = "checkpoint.frequency is larger than hyperparameters.epochs, so no checkpoint would ever be written: lower the frequency or raise epochs";
+const RULE_FREQUENCY_EPOCHS_OR_AUTO: &str = "!has(self.frequency) || string(self.frequency) == 'auto' || string(self.frequency).matches('^[1-9][0-9]*$')";
+const MSG_FREQUENCY_EPOCHS_OR_AUTO: &str = "checkpoint.frequency must be a whole number of epochs, at least 1 (frequency: 2), or auto to follow the checkpoint-manager's advised interval (frequency: auto)";
 const RULE_RESUME_NEEDS_CHECKPOINTING: &str =
     "!has(self.resumeFrom) || (has(self.enabled) && self.enabled)";
 const MSG_RESUME_NEEDS_CHECKPOINTING: &str = "checkpoint.resumeFrom needs checkpoint.enabled: true; enable checkpointing or remove resumeFrom";
@@ -430,17 +432,17 @@ pub struct Hyperparameters {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new(RULE_RESUME_NEEDS_CHECKPOINTING).message(MSG_RESUME_NEEDS_CHECKPOINTING).field_path(".resumeFrom")
+    validation = Rule::new(RULE_RESUME_NEEDS_CHECKPOINTING).message(MSG_RESUME_NEEDS_CHECKPOINTING).field_path(".resumeFrom"),
+    validation = Rule::new(RULE_FREQUENCY_EPOCHS_OR_AUTO).message(MSG_FREQUENCY_EPOCHS_OR_AUTO).field_path(".frequency")
 )]
 pub struct CheckpointSpec {
     /// Write checkpoints. Default false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
 
-    /// Write a checkpoint every this many epochs, at least 1. Default 1.
+    /// Write a checkpoint every this many epochs (at least 1), or auto: at the interval the checkpoint-manager advises from save durations and the queue's interruptions (Young/Daly), every epoch until its first advice. Default 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
-    pub frequency: Option<u32>,
+    pub frequency: Option<CheckpointFrequency>,
 
     /// Where checkpoints are stored. Default: a volume that lives as long as the job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -513,6 +515,76 @@ wire_enum! {
     pub enum MetricMode {
         Min => "min",
         Max => "max",
+    }
+}
+
+/// `checkpoint.frequency`: a whole number of epochs, or `auto`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckpointFrequency {
+    /// Every this many epochs.
+    Epochs(u32),
+    /// At the checkpoint-manager's advised interval (`status.checkpoint.advisedIntervalSeconds`).
+    Auto,
+}
+
+/// The spelling of [`CheckpointFrequency::Auto`].
+pub const CHECKPOINT_FREQUENCY_AUTO: &str = "auto";
+
+impl std::fmt::Display for CheckpointFrequency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CheckpointFrequency::Epochs(epochs) => write!(f, "{epochs}"),
+            CheckpointFrequency::Auto => f.write_str(CHECKPOINT_FREQUENCY_AUTO),
+        }
+    }
+}
+
+impl Serialize for CheckpointFrequency {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            CheckpointFrequency::Epochs(epochs) => serializer.serialize_u32(*epochs),
+            CheckpointFrequency::Auto => serializer.serialize_str(CHECKPOINT_FREQUENCY_AUTO),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for CheckpointFrequency {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Epochs(u32),
+            Word(String),
+        }
+        match Written::deserialize(deserializer)
+            .map_err(|_| serde::de::Error::custom(MSG_FREQUENCY_EPOCHS_OR_AUTO))?
+        {
+            Written::Epochs(epochs) => Ok(CheckpointFrequency::Epochs(epochs)),
+            Written::Word(word) if word == CHECKPOINT_FREQUENCY_AUTO => {
+                Ok(CheckpointFrequency::Auto)
+            }
+            // An int-or-string may spell the number as a string, as Kubernetes' own do.
+            Written::Word(word) => word
+                .parse()
+                .map(CheckpointFrequency::Epochs)
+                .map_err(|_| serde::de::Error::custom(MSG_FREQUENCY_EPOCHS_OR_AUTO)),
+        }
+    }
+}
+
+impl JsonSchema for CheckpointFrequency {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "CheckpointFrequency".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    /// An int-or-string, like Kubernetes' IntOrString; the CEL rule on
+    /// `checkpoint` admits only a number of epochs or `auto`.
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({ "x-kubernetes-int-or-string": true })
     }
 }
 
@@ -1121,7 +1193,7 @@ impl TrainingJobSpec {
             );
         }
         if let Some(checkpoint) = &self.checkpoint
-            && let (Some(true), Some(frequency), Some(epochs)) =
+            && let (Some(true), Some(CheckpointFrequency::Epochs(frequency)), Some(epochs)) =
                 (checkpoint.enabled, checkpoint.frequency, explicit_epochs)
             && frequency > epochs
         {
@@ -1214,12 +1286,21 @@ impl TrainingJobSpec {
             .unwrap_or(false)
     }
 
-    /// Checkpoint interval in epochs, defaulting to 1.
-    pub fn checkpoint_frequency(&self) -> u32 {
+    /// `checkpoint.frequency`, defaulting to every epoch.
+    pub fn checkpoint_frequency(&self) -> CheckpointFrequency {
         self.checkpoint
             .as_ref()
             .and_then(|c| c.frequency)
-            .unwrap_or(DEFAULT_CHECKPOINT_FREQUENCY)
+            .unwrap_or(CheckpointFrequency::Epochs(DEFAULT_CHECKPOINT_FREQUENCY))
+    }
+
+    /// Checkpoint interval in epochs: the frequency, or every epoch with
+    /// `auto` (its cadence until the first advice, and the most it can save).
+    pub fn checkpoint_every_epochs(&self) -> u32 {
+        match self.checkpoint_frequency() {
+            CheckpointFrequency::Epochs(epochs) => epochs,
+            CheckpointFrequency::Auto => DEFAULT_CHECKPOINT_FREQUENCY,
+        }
     }
 
     /// Restart policy, defaulting to OnFailure.
@@ -1275,8 +1356,8 @@ impl Hyperparameters {
 
 impl CheckpointSpec {
     fn check(&self, path: &str, errors: &mut FieldErrors) {
-        if let Some(frequency) = self.frequency {
-            errors.at_least(&format!("{path}.frequency"), frequency, 1);
+        if let Some(CheckpointFrequency::Epochs(0)) = self.frequency {
+            errors.invalid(format!("{path}.frequency"), MSG_FREQUENCY_EPOCHS_OR_AUTO);
         }
         if let Some(retention) = &self.retention {
             retention.check(&format!("{path}.retention"), errors);

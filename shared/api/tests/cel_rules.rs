@@ -180,6 +180,16 @@ fn trainingjob_bad_cases() -> Vec<Bad> {
             "spec.checkpoint.frequency",
         ),
         bad(
+            "checkpoint frequency 0",
+            json!({"spec": {"checkpoint": {"frequency": 0}}}),
+            "spec.checkpoint.frequency",
+        ),
+        bad(
+            "checkpoint frequency a word other than auto",
+            json!({"spec": {"checkpoint": {"enabled": true, "frequency": "hourly"}}}),
+            "spec.checkpoint.frequency",
+        ),
+        bad(
             "retention that keeps nothing",
             json!({"spec": {"checkpoint": {"retention": {"keepLast": 0}}}}),
             "spec.checkpoint.retention.keepLast",
@@ -385,6 +395,10 @@ fn trainingjob_cel_rules_accept_good_specs() {
             (
                 "disabled checkpointing may keep a large frequency",
                 json!({"spec": {"checkpoint": {"enabled": false, "frequency": 50}}}),
+            ),
+            (
+                "checkpoint frequency auto",
+                json!({"spec": {"checkpoint": {"enabled": true, "frequency": "auto"}}}),
             ),
             (
                 "CPU job on gloo",

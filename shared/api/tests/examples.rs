@@ -161,7 +161,10 @@ fn resume_example_is_what_the_controllers_see() {
     let job: TrainingJob = serde_json::from_value(document.object).expect("decodes");
     assert!(job.spec.checkpointing_enabled());
     assert_eq!(job.spec.total_gpus(), 8);
-    assert_eq!(job.spec.checkpoint_frequency(), 2);
+    assert_eq!(
+        job.spec.checkpoint_frequency(),
+        trainyard_api::CheckpointFrequency::Epochs(2)
+    );
     assert_eq!(job.spec.framework(), trainyard_api::Framework::Pytorch);
     assert_eq!(
         job.spec.checkpoint.and_then(|c| c.resume_from).as_deref(),

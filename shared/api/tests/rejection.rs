@@ -202,11 +202,6 @@ fn trainingjob_ranges_enums_and_formats() {
                 "spec.hyperparameters.gradientAccumulationSteps",
             ),
             case(
-                "checkpoint frequency 0",
-                json!({"spec": {"checkpoint": {"frequency": 0}}}),
-                "spec.checkpoint.frequency",
-            ),
-            case(
                 "unknown storage type",
                 json!({"spec": {"checkpoint": {"storage": {"type": "azure"}}}}),
                 "spec.checkpoint.storage.type",

@@ -369,6 +369,13 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
             job(),
             json!({"reason": "preempted by ml-training/urgent-finetune", "deadline": "2026-11-21T10:02:00Z"}),
         )?,
+        entry::<commands::CheckpointIntervalSet>(
+            "planner",
+            "training workers",
+            "Save checkpoints this many seconds apart (checkpoint.frequency: auto); sent when the checkpoint-manager's advice changes.",
+            job(),
+            json!({"intervalSeconds": 1800.0}),
+        )?,
         entry::<commands::StopRequested>(
             "planner",
             "training workers",

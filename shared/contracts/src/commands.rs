@@ -15,6 +15,16 @@ pub struct CheckpointRequested {
     pub deadline: DateTime<Utc>,
 }
 
+/// Save checkpoints this many seconds apart: the checkpoint-manager's advice
+/// (Young/Daly), sent to the workers of a job with `checkpoint.frequency: auto`
+/// whenever it changes. Workers that start later read it from
+/// `CHECKPOINT_INTERVAL_SECONDS`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointIntervalSet {
+    pub interval_seconds: f64,
+}
+
 /// Stop training (early stop, success policy met, user request).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -30,3 +40,10 @@ crate::payload!(
     "checkpoint-now"
 );
 crate::payload!(StopRequested, "command.stop", 1, Family::Commands, "stop");
+crate::payload!(
+    CheckpointIntervalSet,
+    "command.checkpoint-interval",
+    1,
+    Family::Commands,
+    "checkpoint-interval"
+);

@@ -247,7 +247,8 @@ pub struct SweepProgressed {
     /// The Sweep's labels, for subscribers that route on them (the notifier).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
-    /// The Sweep's `trainyard.dev/notify*` annotations.
+    /// The Sweep's `trainyard.dev/notify*` annotations and its
+    /// `trainyard.dev/model-name` (the model its best trial is registered as).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
 }

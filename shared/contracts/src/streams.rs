@@ -88,7 +88,7 @@ pub const WORKER: StreamSpec = StreamSpec {
 pub const COMMANDS: StreamSpec = StreamSpec {
     name: "TRAINYARD_COMMANDS",
     family: Family::Commands,
-    description: "Commands to running training: checkpoint now, stop",
+    description: "Commands to running training: checkpoint now, checkpoint interval, stop",
     partitioned: true,
     default_max_bytes: 64 * MIB,
     discard: Discard::New,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
@@ -58,6 +59,12 @@ class WorkerEnv:
     batch_size: Optional[int] = None
     checkpoint_dir: Optional[str] = None
     checkpoint_frequency: int = 1
+    #: `CHECKPOINT_FREQUENCY=auto` (`checkpoint.frequency: auto`): save at the
+    #: interval the checkpoint-manager advises, every epoch until there is advice.
+    checkpoint_auto: bool = False
+    #: The advised seconds between saves when the container started
+    #: (`CHECKPOINT_INTERVAL_SECONDS`); later advice arrives as a command.
+    checkpoint_interval_seconds: Optional[float] = None
     resume_from: Optional[str] = None
     mlflow_tracking_uri: Optional[str] = None
     mlflow_run_id: Optional[str] = None
@@ -78,6 +85,8 @@ class WorkerEnv:
         env = os.environ if environ is None else environ
         epochs = _int(env, "EPOCHS", 0)
         batch_size = _int(env, "BATCH_SIZE", 0)
+        checkpoint_auto = _text(env, "CHECKPOINT_FREQUENCY") == "auto"
+        interval = _float(env, "CHECKPOINT_INTERVAL_SECONDS")
         return cls(
             namespace=_text(env, "TRAINYARD_NAMESPACE") or "default",
             job=_text(env, "TRAINYARD_JOB") or "local",
@@ -89,7 +98,13 @@ class WorkerEnv:
             learning_rate=_float(env, "LEARNING_RATE"),
             batch_size=batch_size or None,
             checkpoint_dir=_text(env, "CHECKPOINT_DIR"),
-            checkpoint_frequency=max(1, _int(env, "CHECKPOINT_FREQUENCY", 1)),
+            checkpoint_frequency=1
+            if checkpoint_auto
+            else max(1, _int(env, "CHECKPOINT_FREQUENCY", 1)),
+            checkpoint_auto=checkpoint_auto,
+            checkpoint_interval_seconds=interval
+            if interval is not None and math.isfinite(interval) and interval > 0
+            else None,
             resume_from=_text(env, "RESUME_FROM"),
             mlflow_tracking_uri=_text(env, "MLFLOW_TRACKING_URI"),
             mlflow_run_id=_text(env, "MLFLOW_RUN_ID"),

@@ -15,6 +15,7 @@ import atexit
 import contextlib
 import json
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -75,7 +76,9 @@ class Reporter:
 
     Everything is read from the environment the planner sets (see `WorkerEnv`).
     Commands to the job arrive in the background: `stop_requested` turns true on a
-    stop, `checkpoint_due(epoch)` on a checkpoint-now request.
+    stop, `checkpoint_due(epoch)` on a checkpoint-now request, and with
+    `checkpoint.frequency: auto` the advised interval follows each
+    checkpoint-interval command.
     """
 
     def __init__(
@@ -102,6 +105,8 @@ class Reporter:
         self._stop = threading.Event()
         self._stop_reason: Optional[str] = None
         self._checkpoint_now = threading.Event()
+        self._interval_seconds: Optional[float] = self.env.checkpoint_interval_seconds
+        self._last_checkpoint_at = time.monotonic()
         self._throttle = _Throttle()
         self._loop = asyncio.new_event_loop()
         self._wake: Optional[asyncio.Event] = None
@@ -163,6 +168,7 @@ class Reporter:
             payload["saveSeconds"] = round(float(save_seconds), 6)
         self._enqueue(CHECKPOINT, payload)
         self._checkpoint_now.clear()
+        self._last_checkpoint_at = time.monotonic()
 
     def report_saved(self, saved: SavedCheckpoint) -> None:
         """Reports a checkpoint saved with `CheckpointWriter` or `seal_checkpoint`."""
@@ -205,12 +211,27 @@ class Reporter:
             )
         return Path(self.env.checkpoint_dir) / f"checkpoint-epoch-{int(epoch)}"
 
-    def checkpoint_due(self, epoch: int) -> bool:
-        """True on the chief when a checkpoint is configured and either the epoch is a
-        multiple of `CHECKPOINT_FREQUENCY` or a checkpoint-now command arrived."""
+    def checkpoint_due(self, epoch: int, *, now: Optional[float] = None) -> bool:
+        """True on the chief when a checkpoint is configured and a checkpoint-now
+        command arrived, or: with `checkpoint.frequency: auto` and advice, the advised
+        interval has passed since the last reported checkpoint (or the start; `now` is
+        a `time.monotonic()` reading, the current one by default), so it may be asked
+        every step; otherwise the epoch is a multiple of `CHECKPOINT_FREQUENCY`
+        (every epoch with `auto` until the first advice)."""
         if not (self.env.is_chief and self.env.checkpoint_dir):
             return False
-        return epoch % self.env.checkpoint_frequency == 0 or self._checkpoint_now.is_set()
+        if self._checkpoint_now.is_set():
+            return True
+        interval = self._interval_seconds
+        if self.env.checkpoint_auto and interval is not None:
+            at = time.monotonic() if now is None else now
+            return at - self._last_checkpoint_at >= interval
+        return epoch % self.env.checkpoint_frequency == 0
+
+    @property
+    def checkpoint_interval_seconds(self) -> Optional[float]:
+        """The checkpoint-manager's latest advised seconds between saves, when known."""
+        return self._interval_seconds
 
     @property
     def checkpoint_requested(self) -> bool:
@@ -442,3 +463,12 @@ class Reporter:
             log.warning("trainyard: stop requested: %s", self._stop_reason)
         elif kind == "checkpoint-now":
             self._checkpoint_now.set()
+        elif kind == "checkpoint-interval":
+            try:
+                seconds = float(json.loads(msg.data)["payload"]["intervalSeconds"])
+            except (ValueError, KeyError, TypeError, AttributeError):
+                log.warning("trainyard: unreadable checkpoint-interval command ignored")
+                return
+            if math.isfinite(seconds) and seconds > 0:
+                self._interval_seconds = seconds
+                log.info("trainyard: checkpoints every %.0f s (advised)", seconds)

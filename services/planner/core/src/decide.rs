@@ -17,11 +17,11 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::Serialize;
 use trainyard_api::{
-    AllocatedResources, CheckpointStatus, Condition, ConditionStatus, QueueStatus, RestartPolicy,
-    TrainingJob, TrainingJobSpec, TrainingJobState, TrainingJobStatus, WorkerCounts,
-    find_condition, set_condition,
+    AllocatedResources, CheckpointFrequency, CheckpointStatus, Condition, ConditionStatus,
+    QueueStatus, RestartPolicy, TrainingJob, TrainingJobSpec, TrainingJobState, TrainingJobStatus,
+    WorkerCounts, find_condition, set_condition,
 };
-use trainyard_contracts::commands::{CheckpointRequested, StopRequested};
+use trainyard_contracts::commands::{CheckpointIntervalSet, CheckpointRequested, StopRequested};
 use trainyard_contracts::decisions::AdmissionDecided;
 use trainyard_contracts::lifecycle::TrainingJobTransitioned;
 
@@ -73,12 +73,14 @@ pub enum EventType {
 }
 
 /// A command to the job's workers, published on its commands subject.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub enum PlannerCommand {
     /// Stop training (success policy met, trial stopped early).
     Stop(StopRequested),
     /// Write a checkpoint now (preemption, suspend).
     CheckpointNow(CheckpointRequested),
+    /// Save checkpoints at the advised interval (`checkpoint.frequency: auto`).
+    CheckpointInterval(CheckpointIntervalSet),
 }
 
 /// One thing for the planner's shell to do.
@@ -1129,6 +1131,7 @@ impl Context<'_> {
             admission,
             suspended_by_user,
             resume_point: self.state.resume_point.as_ref(),
+            interval_advice: self.state.interval_advice.as_ref(),
             config: self.config,
         }
     }
@@ -1177,6 +1180,31 @@ impl Context<'_> {
         }
     }
 
+    /// The advised checkpoint interval for the workers of a job with
+    /// `checkpoint.frequency: auto`, when it differs from the one in status
+    /// (the status write that follows records it as sent).
+    fn interval_command(&self, uid: &str, attempt: u32) -> Option<PlannerAction> {
+        let advice = self.state.interval_advice.as_ref()?;
+        let shown = self
+            .previous
+            .checkpoint
+            .as_ref()
+            .and_then(|c| c.advised_interval_seconds);
+        let auto = self.spec().checkpointing_enabled()
+            && self.spec().checkpoint_frequency() == CheckpointFrequency::Auto;
+        (auto && self.record().job_live() && shown != Some(advice.interval_seconds)).then(|| {
+            PlannerAction::SendCommand {
+                command: PlannerCommand::CheckpointInterval(CheckpointIntervalSet {
+                    interval_seconds: advice.interval_seconds,
+                }),
+                dedup_key: format!(
+                    "{uid}/a{attempt}/checkpoint-interval/{}",
+                    advice.interval_seconds.to_bits()
+                ),
+            }
+        })
+    }
+
     /// Turns a verdict into the status and the actions.
     fn finish(&self, mut verdict: Verdict) -> Vec<PlannerAction> {
         let status = self.status_for(&verdict);
@@ -1185,6 +1213,7 @@ impl Context<'_> {
         let entered = self.previous.state != Some(verdict.state);
         let uid = self.uid();
         let attempt = verdict.attempt;
+        actions.extend(self.interval_command(uid, attempt));
 
         if entered
             && let Some(reason) = &verdict.stop_reason

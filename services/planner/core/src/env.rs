@@ -10,7 +10,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ConfigMapKeySelector, EnvVar, EnvVarSource, ObjectFieldSelector};
-use trainyard_api::{CommunicationBackend, Framework, StorageType, TrainingJobSpec};
+use trainyard_api::{
+    CheckpointFrequency, CommunicationBackend, Framework, StorageType, TrainingJobSpec,
+};
 
 use crate::error::PlanError;
 use crate::names::COMPLETION_INDEX_ANNOTATION;
@@ -19,6 +21,9 @@ use crate::names::COMPLETION_INDEX_ANNOTATION;
 pub const WORKER_INDEX_ENV: &str = "TRAINYARD_WORKER_INDEX";
 /// ConfigMap key holding the checkpoint the next worker start resumes from.
 pub const RESUME_FROM_KEY: &str = "resume-from";
+/// ConfigMap key holding the advised seconds between checkpoints
+/// (`checkpoint.frequency: auto`), read as `CHECKPOINT_INTERVAL_SECONDS`.
+pub const CHECKPOINT_INTERVAL_KEY: &str = "checkpoint-interval-seconds";
 /// Directory the ConfigMap's files are mounted at.
 pub const CONFIG_MOUNT_PATH: &str = "/etc/trainyard";
 /// File with the hyperparameters, inside [`CONFIG_MOUNT_PATH`].
@@ -236,19 +241,33 @@ fn checkpoint_env(spec: &TrainingJobSpec, ctx: &WorkerContext<'_>) -> Vec<EnvVar
     // The resume point is read from the ConfigMap when the container starts, not baked
     // into the pod template: it changes while a Job waits in the queue (a new checkpoint,
     // the checkpoint manager's choice) and a Job's template is immutable.
-    env.push(EnvVar {
-        name: "RESUME_FROM".to_owned(),
+    env.push(from_config_map("RESUME_FROM", ctx, RESUME_FROM_KEY));
+    // With frequency auto, the advice when the container starts; later
+    // advice arrives as a checkpoint-interval command.
+    if spec.checkpoint_frequency() == CheckpointFrequency::Auto {
+        env.push(from_config_map(
+            "CHECKPOINT_INTERVAL_SECONDS",
+            ctx,
+            CHECKPOINT_INTERVAL_KEY,
+        ));
+    }
+    env
+}
+
+/// `name` read from the attempt's ConfigMap key `key` (absent when it is).
+fn from_config_map(name: &str, ctx: &WorkerContext<'_>, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
         value: None,
         value_from: Some(EnvVarSource {
             config_map_key_ref: Some(ConfigMapKeySelector {
                 name: ctx.config_map.to_owned(),
-                key: RESUME_FROM_KEY.to_owned(),
+                key: key.to_owned(),
                 optional: Some(true),
             }),
             ..EnvVarSource::default()
         }),
-    });
-    env
+    }
 }
 
 /// Where the workers write TensorBoard event files: `tensorboard` under the

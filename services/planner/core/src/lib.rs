@@ -48,8 +48,9 @@ pub use decide::{
     REASON_PODS_NOT_READY, REASON_UNSCHEDULABLE, decide,
 };
 pub use env::{
-    CONFIG_MOUNT_PATH, HYPERPARAMETERS_FILE, RESUME_FROM_KEY, TRAINING_CONFIG_FILE,
-    WORKER_INDEX_ENV, additional_param_env_name, checkpoint_dir, tensorboard_log_dir,
+    CHECKPOINT_INTERVAL_KEY, CONFIG_MOUNT_PATH, HYPERPARAMETERS_FILE, RESUME_FROM_KEY,
+    TRAINING_CONFIG_FILE, WORKER_INDEX_ENV, additional_param_env_name, checkpoint_dir,
+    tensorboard_log_dir,
 };
 pub use error::PlanError;
 pub use failure::{FailureCause, WorkerFailure, classify_pod};

@@ -18,13 +18,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use serde::Serialize;
 use serde_json::json;
 use trainyard_api::placement::worker_pod_labels;
-use trainyard_api::{StorageType, TrainingJob, TrainingJobSpec};
-use trainyard_contracts::decisions::{AdmissionDecided, ResumePointChosen, TolerationSpec};
+use trainyard_api::{CheckpointFrequency, StorageType, TrainingJob, TrainingJobSpec};
+use trainyard_contracts::decisions::{
+    AdmissionDecided, CheckpointIntervalAdvised, ResumePointChosen, TolerationSpec,
+};
 
 use crate::config::PlannerConfig;
 use crate::env::{
-    CONFIG_MOUNT_PATH, HYPERPARAMETERS_FILE, RESUME_FROM_KEY, TRAINING_CONFIG_FILE, WorkerContext,
-    checkpoint_dir, worker_env,
+    CHECKPOINT_INTERVAL_KEY, CONFIG_MOUNT_PATH, HYPERPARAMETERS_FILE, RESUME_FROM_KEY,
+    TRAINING_CONFIG_FILE, WorkerContext, checkpoint_dir, worker_env,
 };
 use crate::error::PlanError;
 use crate::names::{
@@ -52,6 +54,9 @@ pub struct JobPlan<'a> {
     pub suspended_by_user: bool,
     /// Checkpoint the workers start from; beats `spec.checkpoint.resumeFrom`.
     pub resume_point: Option<&'a ResumePointChosen>,
+    /// The checkpoint-manager's latest interval advice, followed by workers
+    /// of a job with `checkpoint.frequency: auto`.
+    pub interval_advice: Option<&'a CheckpointIntervalAdvised>,
     /// Installation-wide settings: field manager, labels, images, NATS URL.
     pub config: &'a PlannerConfig,
 }
@@ -670,6 +675,14 @@ fn config_map_data(
         .or(spec_resume);
     if let Some(uri) = resume_from {
         data.insert(RESUME_FROM_KEY.to_owned(), uri);
+    }
+    if spec.checkpoint_frequency() == CheckpointFrequency::Auto
+        && let Some(advice) = plan.interval_advice
+    {
+        data.insert(
+            CHECKPOINT_INTERVAL_KEY.to_owned(),
+            advice.interval_seconds.to_string(),
+        );
     }
     Ok(data)
 }

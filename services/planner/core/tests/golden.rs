@@ -93,6 +93,7 @@ fn plan<'a>(
         admission,
         suspended_by_user: false,
         resume_point: None,
+        interval_advice: None,
         config,
     }
 }
@@ -170,7 +171,7 @@ fn pytorch_job() -> TrainingJob {
             }),
             checkpoint: Some(CheckpointSpec {
                 enabled: Some(true),
-                frequency: Some(2),
+                frequency: Some(trainyard_api::CheckpointFrequency::Epochs(2)),
                 retention: Some(trainyard_api::RetentionPolicySpec {
                     keep_last: Some(3),
                     ..Default::default()

@@ -11,6 +11,7 @@ use common::{
     pod_failed, preemption, progress, spec, training_job, ungated, verified_resume_point,
     worker_pod,
 };
+use planner_core::CHECKPOINT_INTERVAL_KEY;
 use planner_core::{
     CONDITION_ADMITTED, CONDITION_FAILED, CONDITION_PREEMPTED, CONDITION_RUNNING,
     CONDITION_SUCCEEDED, CONDITION_SUSPENDED, MAX_EPOCH_METRICS, Observation, Observed,
@@ -18,7 +19,8 @@ use planner_core::{
     decide, observe,
 };
 use trainyard_api::{
-    CheckpointSpec, FailurePolicy, RestartPolicy, SuccessPolicy, TrainingJobSpec, TrainingJobState,
+    CheckpointFrequency, CheckpointSpec, FailurePolicy, RestartPolicy, SuccessPolicy,
+    TrainingJobSpec, TrainingJobState,
 };
 use trainyard_contracts::decisions::{ResumePointChosen, TrialStopped};
 use trainyard_contracts::events::{JobObserved, PodObserved};
@@ -752,7 +754,7 @@ fn preemption_checkpoints_then_requeues_without_spending_the_backoff_budget() {
     );
     let requested = h.commands.iter().find_map(|c| match c {
         PlannerCommand::CheckpointNow(request) => Some(request.deadline),
-        PlannerCommand::Stop(_) => None,
+        PlannerCommand::Stop(_) | PlannerCommand::CheckpointInterval(_) => None,
     });
     assert_eq!(requested, Some(evict_at));
     assert!(h.condition(CONDITION_PREEMPTED).unwrap().is_true());
@@ -1499,4 +1501,110 @@ fn non_finite_metrics_keep_the_report_and_stay_out_of_the_status() {
     assert!(seen.metrics["loss"].is_nan());
     assert_eq!(seen.metrics["grad_norm"], f64::INFINITY);
     assert_eq!(seen.metrics["accuracy"], 0.4);
+}
+
+fn interval_commands(actions: &[PlannerAction]) -> Vec<f64> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            PlannerAction::SendCommand {
+                command: PlannerCommand::CheckpointInterval(set),
+                ..
+            } => Some(set.interval_seconds),
+            _ => None,
+        })
+        .collect()
+}
+
+fn advice(interval_seconds: f64) -> Observation {
+    Observation::IntervalAdvised(trainyard_contracts::decisions::CheckpointIntervalAdvised {
+        interval_seconds,
+        save_seconds: 30.0,
+        mean_seconds_between_interruptions: 54_000.0,
+        applied: true,
+    })
+}
+
+fn checkpointing(frequency: CheckpointFrequency) -> TrainingJobSpec {
+    TrainingJobSpec {
+        checkpoint: Some(CheckpointSpec {
+            enabled: Some(true),
+            frequency: Some(frequency),
+            ..CheckpointSpec::default()
+        }),
+        ..spec(2)
+    }
+}
+
+#[test]
+fn frequency_auto_sends_each_new_advice_to_the_workers_once_and_gives_it_to_the_next_attempt() {
+    let mut h = Harness::new(training_job(
+        "gpt",
+        checkpointing(CheckpointFrequency::Auto),
+    ));
+    h.run_attempt_until_running(0);
+    let first = applied_env(&h, "CHECKPOINT_FREQUENCY");
+    assert_eq!(first.and_then(|e| e.value).as_deref(), Some("auto"));
+
+    // Advice follows a reported save (its duration is what it needs).
+    h.observe(Observation::Checkpoint(checkpoint(0, 1)));
+    h.observe(advice(1800.0));
+    assert_eq!(interval_commands(&h.decide()), [1800.0]);
+    assert_eq!(
+        h.status().checkpoint.unwrap().advised_interval_seconds,
+        Some(1800.0)
+    );
+    assert!(
+        interval_commands(&h.decide()).is_empty(),
+        "sent once: status shows it"
+    );
+    h.observe(advice(900.0));
+    assert_eq!(interval_commands(&h.decide()), [900.0]);
+
+    // The next attempt's workers read the latest advice when they start.
+    let actions = fail_worker_one(&mut h, 0, 137);
+    expect_restart(&mut h, &actions, 0);
+    let actions = h.decide();
+    let next = applied(&actions);
+    assert_eq!(
+        next[0]
+            .config_map
+            .data
+            .as_ref()
+            .and_then(|d| d.get(CHECKPOINT_INTERVAL_KEY))
+            .map(String::as_str),
+        Some("900")
+    );
+    let env = applied_env(&h, "CHECKPOINT_INTERVAL_SECONDS").expect("the variable");
+    let from = env.value_from.and_then(|v| v.config_map_key_ref).unwrap();
+    assert_eq!(from.key, CHECKPOINT_INTERVAL_KEY);
+}
+
+#[test]
+fn a_fixed_frequency_gets_no_interval_commands() {
+    let mut h = Harness::new(training_job(
+        "bert",
+        checkpointing(CheckpointFrequency::Epochs(2)),
+    ));
+    h.run_attempt_until_running(0);
+    h.observe(Observation::Checkpoint(checkpoint(0, 2)));
+    h.observe(advice(1800.0));
+    assert!(interval_commands(&h.decide()).is_empty());
+    assert_eq!(
+        h.status().checkpoint.unwrap().advised_interval_seconds,
+        Some(1800.0),
+        "the advice is still shown"
+    );
+    assert!(applied_env(&h, "CHECKPOINT_INTERVAL_SECONDS").is_none());
+}
+
+/// The variable `name` of the first container of the last applied Job.
+fn applied_env(h: &Harness, name: &str) -> Option<k8s_openapi::api::core::v1::EnvVar> {
+    let objects = h.last_applied.as_ref()?;
+    worker_pod(objects)?.containers[0]
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == name)
+        .cloned()
 }
