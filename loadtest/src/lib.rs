@@ -19,6 +19,7 @@
 //! - [`stack`]: NATS, the simulator and the service binaries as processes,
 //!   for the `pipeline` and `trace_replay` benchmarks.
 
+pub mod chaos;
 pub mod error;
 pub mod fifo;
 pub mod generate;

@@ -88,7 +88,14 @@ pub struct Stack {
     keep: bool,
     log_level: String,
     nats_url: Option<String>,
+    /// Process name and client port of each NATS server.
+    nats_nodes: Vec<(String, u16)>,
+    /// One program that runs any service, named by its first argument,
+    /// instead of `trainyard-<service>` in `bin_dir`.
+    service_program: Option<PathBuf>,
     processes: Vec<Process>,
+    /// Processes killed by [`Stack::kill`] and not started again.
+    stopped: Vec<Process>,
 }
 
 /// A loopback TCP port that was free a moment ago.
@@ -123,8 +130,17 @@ impl Stack {
             keep: false,
             log_level: log_level.to_owned(),
             nats_url: None,
+            nats_nodes: Vec::new(),
+            service_program: None,
             processes: Vec::new(),
+            stopped: Vec::new(),
         })
+    }
+
+    /// Starts every service as `program <service>` (e.g. a test's own
+    /// binary that runs any service) rather than `trainyard-<service>`.
+    pub fn run_services_with(&mut self, program: PathBuf) {
+        self.service_program = Some(program);
     }
 
     pub fn work_dir(&self) -> &Path {
@@ -205,11 +221,7 @@ impl Stack {
         pause: Duration,
         ready_limit: Duration,
     ) -> Result<Duration, StackError> {
-        let index = self
-            .processes
-            .iter()
-            .position(|p| p.name == name)
-            .ok_or_else(|| StackError::Http(format!("{name} is not running")))?;
+        let index = self.index_of(name)?;
         let mut stopped = self.processes.remove(index);
         let (program, args, env, had_http) = (
             stopped.program.clone(),
@@ -287,17 +299,138 @@ impl Stack {
             store.to_string_lossy().into_owned(),
         ]);
         self.spawn("nats-server", "nats-server".into(), &args, &[], None)?;
-        let deadline = Instant::now() + Duration::from_secs(10);
+        self.wait_listening("nats-server", port, Duration::from_secs(10))
+            .await?;
+        let url = format!("nats://127.0.0.1:{port}");
+        self.nats_url = Some(url.clone());
+        self.nats_nodes = vec![("nats-server".to_owned(), port)];
+        Ok(url)
+    }
+
+    /// Starts `nodes` `nats-server`s (processes and server names `nats-0`,
+    /// `nats-1`, ...) with JetStream, each with `jetstream_options` (e.g.
+    /// `max_file_store: 1MB`) in its `jetstream {}` block; more than one
+    /// form a cluster over loopback routes. Returns the URLs of all, comma
+    /// separated, as the services take them.
+    pub async fn start_nats_cluster(
+        &mut self,
+        nodes: usize,
+        jetstream_options: &str,
+    ) -> Result<String, StackError> {
+        let ports: Vec<(u16, u16)> = (0..nodes)
+            .map(|_| Ok((free_port()?, free_port()?)))
+            .collect::<Result<_, StackError>>()?;
+        let routes: Vec<String> = ports
+            .iter()
+            .map(|(_, route)| format!("\"nats-route://127.0.0.1:{route}\""))
+            .collect();
+        for (i, (client, route)) in ports.iter().enumerate() {
+            let name = format!("nats-{i}");
+            let store = self.work.path().join(format!("jetstream-{i}"));
+            let cluster = if nodes > 1 {
+                format!(
+                    "cluster {{\n  name: trainyard\n  listen: 127.0.0.1:{route}\n  routes: [{}]\n}}\n",
+                    routes.join(", ")
+                )
+            } else {
+                String::new()
+            };
+            let config = self.work.path().join(format!("{name}.conf"));
+            let text = format!(
+                "server_name: {name}\nlisten: 127.0.0.1:{client}\njetstream {{\n  store_dir: \"{}\"\n  {jetstream_options}\n}}\n{cluster}",
+                store.display()
+            );
+            std::fs::write(&config, text).map_err(|source| StackError::Io {
+                path: config.clone(),
+                source,
+            })?;
+            let args = ["-c".to_owned(), config.to_string_lossy().into_owned()];
+            self.spawn(&name, "nats-server".into(), &args, &[], None)?;
+            self.nats_nodes.push((name, *client));
+        }
+        for (name, port) in self.nats_nodes.clone() {
+            self.wait_listening(&name, port, Duration::from_secs(10))
+                .await?;
+        }
+        let url = ports
+            .iter()
+            .map(|(client, _)| format!("nats://127.0.0.1:{client}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        self.nats_url = Some(url.clone());
+        Ok(url)
+    }
+
+    /// Process names and client ports of the NATS servers.
+    pub fn nats_nodes(&self) -> &[(String, u16)] {
+        &self.nats_nodes
+    }
+
+    /// The URL (comma-separated URLs for a cluster) the services connect to.
+    pub fn nats_url(&self) -> Option<&str> {
+        self.nats_url.as_deref()
+    }
+
+    /// Waits until process `name` accepts connections on loopback `port`.
+    pub async fn wait_listening(
+        &mut self,
+        name: &str,
+        port: u16,
+        limit: Duration,
+    ) -> Result<(), StackError> {
+        let deadline = Instant::now() + limit;
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            self.check_alive()?;
+            if let Some(process) = self.processes.iter_mut().find(|p| p.name == name)
+                && let Ok(Some(status)) = process.child.try_wait()
+            {
+                return Err(StackError::Exited {
+                    name: name.to_owned(),
+                    status: status.to_string(),
+                    log: process.log.clone(),
+                });
+            }
             if Instant::now() > deadline {
-                return Err(self.not_ready("nats-server", 10));
+                return Err(self.not_ready(name, limit.as_secs()));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let url = format!("nats://127.0.0.1:{port}");
-        self.nats_url = Some(url.clone());
-        Ok(url)
+        Ok(())
+    }
+
+    /// Kills `name` with SIGKILL and leaves it stopped; [`Stack::start_again`]
+    /// starts it as it was.
+    pub async fn kill(&mut self, name: &str) -> Result<(), StackError> {
+        let index = self.index_of(name)?;
+        let mut killed = self.processes.remove(index);
+        let _ = killed.child.start_kill();
+        let _ = killed.child.wait().await;
+        self.stopped.push(killed);
+        Ok(())
+    }
+
+    /// Starts a process stopped by [`Stack::kill`] again, with the same
+    /// program, arguments and environment (NATS servers keep their ports).
+    pub fn start_again(&mut self, name: &str) -> Result<(), StackError> {
+        let index = self
+            .stopped
+            .iter()
+            .position(|p| p.name == name)
+            .ok_or_else(|| StackError::Http(format!("{name} was not stopped")))?;
+        let stopped = self.stopped.remove(index);
+        self.spawn(
+            name,
+            stopped.program,
+            &stopped.args,
+            &stopped.env,
+            stopped.http,
+        )
+    }
+
+    fn index_of(&self, name: &str) -> Result<usize, StackError> {
+        self.processes
+            .iter()
+            .position(|p| p.name == name)
+            .ok_or_else(|| StackError::Http(format!("{name} is not running")))
     }
 
     fn not_ready(&self, name: &str, seconds: u64) -> StackError {
@@ -384,8 +517,14 @@ impl Stack {
             ),
         ];
         all.extend(env.iter().cloned());
-        let program = self.bin_dir.join(format!("trainyard-{}", service.name()));
-        self.spawn(name, program, &[], &all, Some(http))
+        let (program, args) = match &self.service_program {
+            Some(program) => (program.clone(), vec![service.name().to_owned()]),
+            None => (
+                self.bin_dir.join(format!("trainyard-{}", service.name())),
+                Vec::new(),
+            ),
+        };
+        self.spawn(name, program, &args, &all, Some(http))
     }
 
     /// Starts all seven services, each with [`Stack::service_env`].
@@ -458,6 +597,27 @@ impl Stack {
                 url.display()
             ),
         )
+    }
+
+    /// Whether every process with an HTTP listener answers `/readyz` with 200 now.
+    pub async fn all_ready(&self) -> bool {
+        let Ok(client) = reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .build()
+        else {
+            return false;
+        };
+        for http in self.processes.iter().filter_map(|p| p.http) {
+            let ready = client
+                .get(format!("http://{http}/readyz"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            if !ready {
+                return false;
+            }
+        }
+        true
     }
 
     /// Waits until every service answers `/readyz` with 200, at most `limit`.
@@ -570,8 +730,9 @@ impl Stack {
             processes,
             ..
         } = self;
-        let (nats, rest): (Vec<Process>, Vec<Process>) =
-            processes.into_iter().partition(|p| p.name == "nats-server");
+        let (nats, rest): (Vec<Process>, Vec<Process>) = processes
+            .into_iter()
+            .partition(|p| p.name.starts_with("nats-"));
         terminate(rest, grace).await;
         terminate(nats, grace).await;
         if keep {

@@ -2,10 +2,13 @@
 //! server that throttles, fails, conflicts and stalls: a configured fraction
 //! of write requests is answered with an error status instead of being
 //! carried out, and another fraction hangs before it is answered (504) the
-//! same way. Reads and watches are never faulted.
+//! same way. Reads and watches are not faulted, except in a full stall:
+//! after the faults' window, every new request (reads and watches too) may
+//! hang until the stall ends and then be answered 504, as an API server
+//! that stopped answering does.
 
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::http::Method;
 use rand::rngs::StdRng;
@@ -31,6 +34,12 @@ pub struct ApiFaultConfig {
     pub stall_seconds: f64,
     /// Seed of the fault draws, so a run can be repeated.
     pub seed: u64,
+    /// Seconds (real time, from the API server's start) during which the
+    /// faults above are drawn; forever when unset.
+    pub fault_seconds: Option<f64>,
+    /// Seconds of a full stall right after `faultSeconds`: every request
+    /// arriving in it hangs until the stall ends and is then answered 504.
+    pub full_stall_seconds: f64,
 }
 
 impl Default for ApiFaultConfig {
@@ -41,6 +50,8 @@ impl Default for ApiFaultConfig {
             write_stall_rate: 0.0,
             stall_seconds: 60.0,
             seed: 0,
+            fault_seconds: None,
+            full_stall_seconds: 0.0,
         }
     }
 }
@@ -69,11 +80,23 @@ impl ApiFaultConfig {
                 "apiFaults.statuses: {status} is not simulated; use {FAULT_STATUSES:?}"
             ));
         }
-        if !(self.stall_seconds.is_finite() && self.stall_seconds >= 0.0) {
-            return Err(format!(
-                "apiFaults.stallSeconds: {} must be a number of seconds",
-                self.stall_seconds
-            ));
+        for (key, seconds) in [
+            ("stallSeconds", Some(self.stall_seconds)),
+            ("faultSeconds", self.fault_seconds),
+            ("fullStallSeconds", Some(self.full_stall_seconds)),
+        ] {
+            if let Some(seconds) = seconds
+                && !(seconds.is_finite() && seconds >= 0.0)
+            {
+                return Err(format!(
+                    "apiFaults.{key}: {seconds} must be a number of seconds"
+                ));
+            }
+        }
+        if self.full_stall_seconds > 0.0 && self.fault_seconds.is_none() {
+            return Err(
+                "apiFaults.fullStallSeconds: the stall follows the faults' window; set faultSeconds too (0 for a stall at start)".into(),
+            );
         }
         Ok(())
     }
@@ -93,6 +116,7 @@ pub enum Fault {
 pub struct ApiFaults {
     config: ApiFaultConfig,
     rng: Mutex<StdRng>,
+    started: Instant,
 }
 
 impl ApiFaults {
@@ -100,11 +124,25 @@ impl ApiFaults {
         Self {
             rng: Mutex::new(StdRng::seed_from_u64(config.seed)),
             config,
+            started: Instant::now(),
         }
     }
 
     /// The fault for a request, if it gets one.
     pub fn draw(&self, method: &Method, watch: bool) -> Option<Fault> {
+        self.draw_at(method, watch, self.started.elapsed())
+    }
+
+    /// The fault for a request arriving `elapsed` after the server started.
+    fn draw_at(&self, method: &Method, watch: bool, elapsed: Duration) -> Option<Fault> {
+        let config = &self.config;
+        if let Some(window) = config.fault_seconds {
+            let window = Duration::from_secs_f64(window);
+            let stall_end = window + Duration::from_secs_f64(config.full_stall_seconds);
+            if elapsed >= window {
+                return (elapsed < stall_end).then(|| Fault::Stall(stall_end - elapsed));
+            }
+        }
         let write = matches!(
             *method,
             Method::POST | Method::PUT | Method::PATCH | Method::DELETE
@@ -112,7 +150,6 @@ impl ApiFaults {
         if !write || watch {
             return None;
         }
-        let config = &self.config;
         if config.write_error_rate == 0.0 && config.write_stall_rate == 0.0 {
             return None;
         }
@@ -151,6 +188,44 @@ mod tests {
                 .iter()
                 .flatten()
                 .all(|f| matches!(f, Fault::Fail(429 | 503)))
+        );
+    }
+
+    #[test]
+    fn faults_end_after_their_window_and_a_full_stall_holds_every_request_until_it_ends() {
+        let faults = ApiFaults::new(ApiFaultConfig {
+            write_error_rate: 1.0,
+            fault_seconds: Some(10.0),
+            full_stall_seconds: 5.0,
+            ..Default::default()
+        });
+        let at = Duration::from_secs;
+        assert!(matches!(
+            faults.draw_at(&Method::POST, false, at(9)),
+            Some(Fault::Fail(_))
+        ));
+        assert_eq!(faults.draw_at(&Method::GET, false, at(9)), None);
+        for (method, watch) in [
+            (Method::GET, true),
+            (Method::GET, false),
+            (Method::POST, false),
+        ] {
+            assert_eq!(
+                faults.draw_at(&method, watch, at(12)),
+                Some(Fault::Stall(at(3))),
+                "{method} watch={watch}"
+            );
+        }
+        assert_eq!(faults.draw_at(&Method::POST, false, at(15)), None);
+        let stall_without_window = ApiFaultConfig {
+            full_stall_seconds: 5.0,
+            ..Default::default()
+        };
+        assert!(
+            stall_without_window
+                .check()
+                .expect_err("window")
+                .contains("apiFaults.fullStallSeconds")
         );
     }
 

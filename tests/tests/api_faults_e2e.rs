@@ -52,6 +52,7 @@ async fn with_api_faults_a_job_still_gets_its_job_and_completes_and_nothing_is_d
         write_stall_rate: 0.05,
         stall_seconds: 3.0,
         seed: 7,
+        ..ApiFaultConfig::default()
     };
     let client = async_nats::connect(nats.url()).await.expect("nats");
     let simulator = Simulator::start(cluster, "127.0.0.1:0", Some(client), shutdown.clone())

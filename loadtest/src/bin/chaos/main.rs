@@ -1,53 +1,36 @@
 //! Chaos runs: the whole stack as processes on the simulated cluster while a
-//! service is killed with SIGKILL at random moments and started again, or
-//! while the simulated API server fails and stalls writes. Afterwards it
-//! counts what the reliability targets name:
-//!
-//! - lost: TrainingJobs not finished (Completed or Failed) after the drain;
-//! - failed: TrainingJobs that ended Failed (no job of the workload should);
-//! - duplicates: Job objects beyond the first per Job name (a name is one
-//!   TrainingJob attempt, `<job>-a<attempt>`);
-//! - over-admission: moments at which the running pods on a node held more
-//!   GPUs than the node has;
-//! - re-suspended: Job objects that ran and were suspended again, then kept
-//!   (a preempted or suspended attempt's Job is deleted) or resumed again;
-//! - state flaps: a TrainingJob entering again, within one attempt
-//!   (`restartCount`, `podsReadyRequeues`), a state it had left;
-//! - dead letters, by consumer and category;
-//! - recovery: from a killed service's new process start until it is ready
-//!   and, for the planner and the gpu-allocator, holds its lease again.
+//! service is killed with SIGKILL at random moments and started again, while
+//! the simulated API server fails and stalls writes, or while NATS nodes of a
+//! three-node cluster are killed. Afterwards it counts what the reliability
+//! targets name (see `trainyard_loadtest::chaos`): lost, failed and
+//! duplicated work, over-admission, re-suspended Jobs, state flaps, dead
+//! letters by consumer and category, services that exited by themselves,
+//! and recovery: from a killed service's new process start until it is ready
+//! and, for the planner and the gpu-allocator, holds its lease again.
 //!
 //! Prints a table, one row per scenario, and writes JSON; asserts nothing.
 //!
 //! ```text
-//! chaos [--scenario planner-kill|allocator-kill|api-faults|fuzz|replicas|all] [--jobs N]
-//!     [--kills N] [--kill-every SECONDS] [--nodes 8] [--gpus-per-node 8]
+//! chaos [--scenario planner-kill|allocator-kill|api-faults|fuzz|replicas|nats-cluster|api-stall|all]
+//!     [--jobs N] [--kills N] [--kill-every SECONDS] [--submit-over SECONDS]
+//!     [--fault-seconds 300] [--stall-seconds 60] [--nodes 8] [--gpus-per-node 8]
 //!     [--speed 60] [--seed 1] [--timeout 900] [--log FILTER]
 //!     [--bin-dir DIR] [--json loadtest/out/chaos.json]
 //! ```
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use async_nats::jetstream::{self, consumer};
+use async_nats::jetstream;
 use clap::{Parser, ValueEnum};
-use futures::StreamExt;
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::watcher;
-use kube::{Client, ResourceExt};
+use futures::TryStreamExt;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
-use tokio_util::sync::CancellationToken;
-use trainyard_api::placement::LABEL_JOB;
-use trainyard_api::{TrainingJob, TrainingJobState, TrainingQueue};
-use trainyard_contracts::dead_letter::DeadLetter;
-use trainyard_contracts::{Service, streams};
+use trainyard_contracts::Service;
+use trainyard_loadtest::chaos::{self, Counts, HIGH, LOW, Observer, fuzz, leading_again};
 use trainyard_loadtest::latency::{LatencyRecorder, LatencySummary};
 use trainyard_loadtest::positive;
 use trainyard_loadtest::stack::{self, Stack, Stop};
@@ -55,14 +38,6 @@ use trainyard_loadtest::workload::{self, JobShape};
 use trainyard_simulator::faults::ApiFaultConfig;
 
 use fuzz::FuzzOutcome;
-
-mod fuzz;
-
-const NAMESPACE: &str = "default";
-const GPU: &str = "nvidia.com/gpu";
-/// PriorityClasses of the workload, as the gpu-allocator is configured with them.
-const HIGH: (&str, i32) = ("high-priority", 10_000);
-const LOW: (&str, i32) = ("training-preemptible", 100);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -83,6 +58,18 @@ enum Scenario {
     /// update does (36 restarts: three rounds over the twelve replicas,
     /// during 200 jobs).
     Replicas,
+    /// NATS as a three-node cluster with every stream on three replicas:
+    /// during a burst of 1,000 jobs the node leading the most streams is
+    /// SIGKILLed twice (started again 10 s later each time), then all three
+    /// nodes are killed and started again.
+    NatsCluster,
+    /// 20 % of API writes fail with 409/429/500/503 for `--fault-seconds`
+    /// (300), then the API server stalls every request for
+    /// `--stall-seconds` (60).
+    ApiStall,
+    /// The worker-report stream limited to `--stream-max-bytes` (256 KiB),
+    /// so it discards old progress reports throughout, during 200 jobs.
+    StoragePressure,
     /// Each of the above in turn, each on a fresh stack.
     All,
 }
@@ -92,7 +79,7 @@ impl Scenario {
         match self {
             Self::PlannerKill => Some(Service::Planner),
             Self::AllocatorKill => Some(Service::GpuAllocator),
-            Self::ApiFaults | Self::Fuzz | Self::Replicas | Self::All => None,
+            _ => None,
         }
     }
 
@@ -102,6 +89,10 @@ impl Scenario {
             Self::PlannerKill => (200, 20),
             Self::AllocatorKill => (500, 50),
             Self::Replicas => (200, 36),
+            // Two leader kills, then the three nodes.
+            Self::NatsCluster => (1000, 5),
+            Self::ApiStall => (300, 0),
+            Self::StoragePressure => (200, 0),
             Self::ApiFaults | Self::Fuzz | Self::All => (200, 0),
         }
     }
@@ -112,7 +103,7 @@ impl Scenario {
 struct Args {
     #[arg(long, value_enum, default_value_t = Scenario::All)]
     scenario: Scenario,
-    /// TrainingJobs to submit; default per scenario (200, 500, 200).
+    /// TrainingJobs to submit; default per scenario (200, 500, 200, 1,000, 300).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     jobs: Option<u32>,
     /// Kills of the scenario's service (20, 50), or replica restarts (36).
@@ -122,9 +113,19 @@ struct Args {
     /// the jobs are submitted evenly over kills × this.
     #[arg(long, default_value_t = 3.0, value_parser = positive)]
     kill_every: f64,
-    /// Seconds over which the jobs are submitted when nothing is killed.
+    /// Seconds over which the jobs are submitted when nothing is killed
+    /// (nats-cluster: the burst, default 30 s).
+    #[arg(long, value_parser = positive)]
+    submit_over: Option<f64>,
+    /// api-stall: seconds of API write faults before the stall.
+    #[arg(long, default_value_t = 300.0, value_parser = positive)]
+    fault_seconds: f64,
+    /// api-stall: seconds the API server stalls every request.
     #[arg(long, default_value_t = 60.0, value_parser = positive)]
-    submit_over: f64,
+    stall_seconds: f64,
+    /// storage-pressure: byte limit of the worker-report stream.
+    #[arg(long, default_value_t = 262_144)]
+    stream_max_bytes: u64,
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
     nodes: u32,
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(8..))]
@@ -148,66 +149,6 @@ struct Args {
     json: PathBuf,
 }
 
-/// What the watches saw during a run.
-#[derive(Default)]
-struct Seen {
-    /// TrainingJob name → last state.
-    states: HashMap<String, TrainingJobState>,
-    /// Job name → the UIDs of the Job objects created under it.
-    jobs: HashMap<String, HashSet<String>>,
-    /// Running pod UID → (node, GPUs).
-    running: HashMap<String, (String, u32)>,
-    /// Moments a node held more GPUs than it has, and the worst excess.
-    over_admissions: u64,
-    worst_excess: u32,
-    /// TrainingJob name → its (attempt, state) changes in order.
-    history: HashMap<String, Vec<(Attempt, TrainingJobState)>>,
-    /// Job UID → how its `spec.suspend` went.
-    suspensions: HashMap<String, Suspension>,
-}
-
-/// One attempt of a TrainingJob: (`restartCount`, `podsReadyRequeues`).
-type Attempt = (u32, u32);
-
-/// The `spec.suspend` story of one Job object.
-#[derive(Default)]
-struct Suspension {
-    /// Seen unsuspended.
-    ran: bool,
-    /// Seen suspended after it ran.
-    resuspended: bool,
-    /// Seen unsuspended after that.
-    resumed_again: bool,
-    deleted: bool,
-}
-
-impl Seen {
-    /// Per attempt of every TrainingJob: how often it entered a state it
-    /// had already left within that attempt.
-    fn flaps_per_attempt(&self) -> Vec<usize> {
-        let mut flaps = Vec::new();
-        for history in self.history.values() {
-            let mut left: HashMap<Attempt, HashSet<TrainingJobState>> = HashMap::new();
-            let mut per_attempt: HashMap<Attempt, usize> = HashMap::new();
-            let mut previous: Option<(Attempt, TrainingJobState)> = None;
-            for &(attempt, state) in history {
-                let count = per_attempt.entry(attempt).or_default();
-                if left.get(&attempt).is_some_and(|l| l.contains(&state)) {
-                    *count += 1;
-                }
-                if let Some((was_attempt, was)) = previous
-                    && was_attempt == attempt
-                {
-                    left.entry(attempt).or_default().insert(was);
-                }
-                previous = Some((attempt, state));
-            }
-            flaps.extend(per_attempt.into_values());
-        }
-        flaps
-    }
-}
-
 #[derive(Serialize)]
 struct ScenarioReport {
     scenario: Scenario,
@@ -218,27 +159,42 @@ struct ScenarioReport {
     speed: f64,
     seed: u64,
     run_seconds: f64,
-    completed: usize,
-    failed: usize,
-    lost: usize,
-    duplicate_jobs: usize,
-    job_objects: usize,
-    over_admissions: u64,
-    worst_excess_gpus: u32,
-    /// Job objects suspended after they ran and then kept or resumed.
-    resuspended_jobs: usize,
-    /// The most state flaps of any one attempt, and the attempts with any.
-    max_flaps_per_attempt: usize,
-    attempts_with_flaps: usize,
+    #[serde(flatten)]
+    counts: Counts,
     dead_letters: BTreeMap<String, u64>,
     /// Fuzz: what was published and what became of it.
     fuzz: Option<FuzzOutcome>,
+    /// NATS cluster and API stall: what the outage left behind.
+    outage: Option<Outage>,
+    /// Storage pressure: per stream, the fullest it was (bytes over its
+    /// limit, `TrainyardStreamNearLimit`'s expression; it fires above 0.8),
+    /// from the planner's `/metrics` every second.
+    stream_fullness: Option<BTreeMap<String, f64>>,
     /// Services whose process exited (a panic, an abort) during the run.
     exited: Vec<String>,
     recovery: Option<LatencySummary>,
-    /// Failed and lost jobs, first few, with their last state.
-    examples: Vec<String>,
     timed_out: bool,
+}
+
+/// How the stack came back from an outage of NATS or the API server.
+#[derive(Debug, Default, Serialize)]
+struct Outage {
+    /// From NATS (all three nodes) listening again until every service was
+    /// ready and the planner and the gpu-allocator held their leases.
+    services_back_seconds: Option<f64>,
+    /// Services that exited by themselves during the NATS outages (a
+    /// service whose lease ran out while NATS was unreachable shuts down)
+    /// and were started again, as Kubernetes restarts a pod's container.
+    service_exits: Vec<String>,
+    /// Messages the streams hold that some consumer has not acknowledged
+    /// after the drain (a message neither handled nor dead-lettered).
+    unhandled_messages: u64,
+    /// API stall: TrainingJobs not finished when the stall ended, and the
+    /// longest any of them took to change state (or finish) after it; jobs
+    /// that never changed again.
+    unfinished_at_stall_end: usize,
+    slowest_progress_after_stall_seconds: Option<f64>,
+    no_progress_after_stall: usize,
 }
 
 #[tokio::main]
@@ -251,6 +207,9 @@ async fn main() -> anyhow::Result<()> {
             Scenario::ApiFaults,
             Scenario::Fuzz,
             Scenario::Replicas,
+            Scenario::NatsCluster,
+            Scenario::ApiStall,
+            Scenario::StoragePressure,
         ],
         one => vec![one],
     };
@@ -268,12 +227,7 @@ async fn main() -> anyhow::Result<()> {
         };
         match outcome {
             Ok(report) => {
-                let clean = report.lost == 0
-                    && report.failed == 0
-                    && report.duplicate_jobs == 0
-                    && report.over_admissions == 0
-                    && report.resuspended_jobs == 0
-                    && report.max_flaps_per_attempt <= 1
+                let clean = report.counts.clean()
                     && report.exited.is_empty()
                     && (report.dead_letters.is_empty() || report.fuzz.is_some());
                 if !clean {
@@ -302,45 +256,68 @@ async fn main() -> anyhow::Result<()> {
 async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Result<ScenarioReport> {
     let (default_jobs, default_kills) = scenario.defaults();
     let jobs = args.jobs.unwrap_or(default_jobs);
-    let kills = match (scenario.target(), scenario) {
-        (Some(_), _) | (None, Scenario::Replicas) => args.kills.unwrap_or(default_kills),
-        (None, _) => 0,
+    let kills = match scenario {
+        Scenario::PlannerKill | Scenario::AllocatorKill | Scenario::Replicas => {
+            args.kills.unwrap_or(default_kills)
+        }
+        _ => default_kills,
     };
     let mut rng = StdRng::seed_from_u64(args.seed);
 
-    let nats_url = stack.start_nats(None).await?;
+    let nats_url = if scenario == Scenario::NatsCluster {
+        stack.start_nats_cluster(3, "").await?
+    } else {
+        stack.start_nats(None).await?
+    };
+    let nats = async_nats::connect(nats_url.as_str()).await?;
+    let js = jetstream::new(nats.clone());
+    if scenario == Scenario::NatsCluster {
+        jetstream_available(&js, Duration::from_secs(60)).await?;
+    }
     let mut cluster = workload::cluster_config(args.nodes, args.gpus_per_node, args.speed);
     cluster.priority_classes = [HIGH, LOW]
         .into_iter()
         .map(|(name, value)| (name.to_owned(), value))
         .collect();
-    if scenario == Scenario::ApiFaults {
-        cluster.api_faults = ApiFaultConfig {
-            write_error_rate: 0.2,
-            write_stall_rate: 0.01,
-            stall_seconds: 5.0,
-            seed: args.seed,
-            ..ApiFaultConfig::default()
-        };
+    match scenario {
+        Scenario::ApiFaults => {
+            cluster.api_faults = ApiFaultConfig {
+                write_error_rate: 0.2,
+                write_stall_rate: 0.01,
+                stall_seconds: 5.0,
+                seed: args.seed,
+                ..ApiFaultConfig::default()
+            }
+        }
+        Scenario::ApiStall => {
+            cluster.api_faults = ApiFaultConfig {
+                write_error_rate: 0.2,
+                seed: args.seed,
+                fault_seconds: Some(args.fault_seconds),
+                full_stall_seconds: args.stall_seconds,
+                ..ApiFaultConfig::default()
+            }
+        }
+        _ => {}
     }
+    let simulator_started = Instant::now();
     let kubeconfig = stack
         .start_simulator(&yaml_serde::to_string(&cluster)?)
         .await?;
     let kubeconfig = kubeconfig.to_string_lossy().into_owned();
-    let allocator_config = stack.work_dir().join("gpu-allocator.toml");
-    std::fs::write(
-        &allocator_config,
-        format!(
-            "[gpu_allocator.priority_classes]\n{} = {}\n{} = {}\n",
-            HIGH.0, HIGH.1, LOW.0, LOW.1
-        ),
-    )?;
+    let priorities = chaos::allocator_priority_env(stack)?;
     for service in Service::ALL {
         let mut env = stack.service_env(service, &kubeconfig, 200)?;
         if service == Service::GpuAllocator {
+            env.push(priorities.clone());
+        }
+        if scenario == Scenario::NatsCluster {
+            env.push(("TRAINYARD_NATS__REPLICAS".to_owned(), "3".to_owned()));
+        }
+        if scenario == Scenario::StoragePressure {
             env.push((
-                "TRAINYARD_CONFIG".to_owned(),
-                allocator_config.to_string_lossy().into_owned(),
+                "TRAINYARD_NATS__STREAM_MAX_BYTES__WORKER".to_owned(),
+                args.stream_max_bytes.to_string(),
             ));
         }
         stack.start_service(service, &env)?;
@@ -350,25 +327,10 @@ async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Resu
     }
     stack.wait_ready(Duration::from_secs(60)).await?;
     let client = stack::kube_client(&std::fs::read_to_string(&kubeconfig)?).await?;
-    let js = jetstream::new(async_nats::connect(&nats_url).await?);
-    apply_queue(&client, args.nodes * args.gpus_per_node).await?;
+    chaos::apply_queue(&client, args.nodes * args.gpus_per_node).await?;
     stack::settle(&js, Duration::from_secs(60)).await;
 
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    let stop = CancellationToken::new();
-    let watches = [
-        watch_trainingjobs(client.clone(), seen.clone(), stop.clone()),
-        watch_jobs(client.clone(), seen.clone(), stop.clone()),
-        watch_pods(
-            client.clone(),
-            seen.clone(),
-            args.gpus_per_node,
-            stop.clone(),
-        ),
-    ];
-    for ready in watches {
-        ready.await.context("a watch ended before it started")?;
-    }
+    let observer = Observer::start(&client, args.gpus_per_node).await?;
     eprintln!(
         "{scenario:?}: {jobs} jobs, {kills} kills, {} nodes × {} GPUs; work dir {}",
         args.nodes,
@@ -377,13 +339,20 @@ async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Resu
     );
 
     let start = Instant::now();
-    let window = if kills > 0 {
-        f64::from(kills) * args.kill_every
-    } else {
-        args.submit_over
+    // The API stall's faults run from the simulator's start.
+    let fault_window_left = Duration::from_secs_f64(args.fault_seconds)
+        .saturating_sub(simulator_started.elapsed())
+        .as_secs_f64();
+    let window = match scenario {
+        Scenario::PlannerKill | Scenario::AllocatorKill | Scenario::Replicas => {
+            f64::from(kills) * args.kill_every
+        }
+        Scenario::NatsCluster => args.submit_over.unwrap_or(30.0),
+        Scenario::ApiStall => args.submit_over.unwrap_or(fault_window_left.max(1.0)),
+        _ => args.submit_over.unwrap_or(60.0),
     };
     let shapes: Vec<(JobShape, &str)> = (0..jobs)
-        .map(|_| job_shape(&mut rng, args.gpus_per_node))
+        .map(|_| chaos::job_shape(&mut rng, args.gpus_per_node))
         .collect();
     let kill_gaps: Vec<Duration> = (0..kills)
         .map(|_| Duration::from_secs_f64(args.kill_every * rng.random_range(0.5..1.5)))
@@ -396,67 +365,67 @@ async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Resu
     } else {
         Vec::new()
     };
+    let mut outage =
+        matches!(scenario, Scenario::NatsCluster | Scenario::ApiStall).then(Outage::default);
+    let mut fullness = BTreeMap::new();
     let restarts = async {
-        if scenario == Scenario::Replicas {
-            rolling_restarts(stack, &kill_gaps).await
-        } else {
-            kill_loop(stack, scenario.target(), &kill_gaps, &pauses).await
+        match scenario {
+            Scenario::StoragePressure => {
+                let until = start + Duration::from_secs_f64(window);
+                while Instant::now() < until {
+                    sample_fullness(stack, &mut fullness).await;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Ok(Vec::new())
+            }
+            Scenario::Replicas => rolling_restarts(stack, &kill_gaps).await,
+            Scenario::NatsCluster => {
+                let (recoveries, back, exits) = nats_cluster_faults(stack, &js, window).await?;
+                if let Some(outage) = outage.as_mut() {
+                    outage.services_back_seconds = Some(back.as_secs_f64());
+                    outage.service_exits = exits;
+                }
+                Ok(recoveries)
+            }
+            _ => kill_loop(stack, scenario.target(), &kill_gaps, &pauses).await,
         }
     };
     let (recoveries, submitted, published) = tokio::join!(
         restarts,
-        submit(&client, &shapes, start, window),
+        chaos::submit(&client, "chaos", &shapes, start, window),
         fuzz::publish(&js, &bad, start, window),
     );
     let recoveries = recoveries?;
     let submitted = submitted?;
     let published = published?;
 
+    let stall_end =
+        simulator_started + Duration::from_secs_f64(args.fault_seconds + args.stall_seconds);
+    if scenario == Scenario::ApiStall {
+        tokio::time::sleep_until(stall_end.into()).await;
+    }
     let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
-    let all_finished = || {
-        let seen = lock(&seen);
-        submitted.iter().all(|name| {
-            seen.states
-                .get(name)
-                .is_some_and(|state| state.is_terminal())
-        })
-    };
-    while !all_finished() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    while !stack::consumers_idle(&js, &Service::ALL).await && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    let timed_out = Instant::now() >= deadline;
+    let timed_out = observer
+        .drain(&js, &submitted, &Service::ALL, deadline)
+        .await;
     let run_seconds = start.elapsed().as_secs_f64();
-    stop.cancel();
-    let letters = dead_letters(&js).await?;
-    let fuzz = (scenario == Scenario::Fuzz).then(|| fuzz::outcome(&published, &letters));
-    let mut dead_letters = BTreeMap::new();
-    for letter in &letters {
-        *dead_letters
-            .entry(format!("{}/{}", letter.consumer, letter.category))
-            .or_insert(0) += 1;
+    if scenario == Scenario::StoragePressure {
+        sample_fullness(stack, &mut fullness).await;
     }
+    if let Some(outage) = outage.as_mut() {
+        outage.unhandled_messages = unhandled_messages(&js).await?;
+        if scenario == Scenario::ApiStall {
+            let progress = observer.progress_after(stall_end, &submitted);
+            outage.unfinished_at_stall_end = progress.unfinished;
+            outage.slowest_progress_after_stall_seconds = progress.slowest.map(|d| d.as_secs_f64());
+            outage.no_progress_after_stall = progress.stuck;
+        }
+    }
+    let letters = chaos::dead_letters(&js).await?;
+    let fuzz =
+        (scenario == Scenario::Fuzz).then(|| fuzz::outcome(&published, &letters, &Service::ALL));
     let exited = stack.exited();
-
-    let seen = lock(&seen);
-    let state_of = |name: &String| seen.states.get(name).copied();
-    let flaps = seen.flaps_per_attempt();
-    let completed = submitted
-        .iter()
-        .filter(|n| state_of(n) == Some(TrainingJobState::Completed))
-        .count();
-    let failed = submitted
-        .iter()
-        .filter(|n| state_of(n) == Some(TrainingJobState::Failed))
-        .count();
-    let examples = submitted
-        .iter()
-        .filter(|n| state_of(n) != Some(TrainingJobState::Completed))
-        .take(5)
-        .map(|n| format!("{n}: {:?}", state_of(n)))
-        .collect();
+    let counts = observer.counts(&submitted);
     let mut recovery = LatencyRecorder::new();
     for took in &recoveries {
         recovery.record(*took);
@@ -470,98 +439,242 @@ async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Resu
         speed: args.speed,
         seed: args.seed,
         run_seconds,
-        completed,
-        failed,
-        lost: submitted.len() - completed - failed,
-        duplicate_jobs: seen.jobs.values().map(|uids| uids.len() - 1).sum(),
-        job_objects: seen.jobs.values().map(HashSet::len).sum(),
-        over_admissions: seen.over_admissions,
-        worst_excess_gpus: seen.worst_excess,
-        resuspended_jobs: seen
-            .suspensions
-            .values()
-            .filter(|s| s.resuspended && (!s.deleted || s.resumed_again))
-            .count(),
-        max_flaps_per_attempt: flaps.iter().copied().max().unwrap_or(0),
-        attempts_with_flaps: flaps.iter().filter(|f| **f > 0).count(),
-        dead_letters,
+        counts,
+        dead_letters: chaos::dead_letter_counts(&letters),
         fuzz,
+        outage,
+        stream_fullness: (scenario == Scenario::StoragePressure).then_some(fullness),
         exited,
         recovery: recovery.summary(),
-        examples,
         timed_out,
     })
 }
 
-/// The queue every job goes to: all GPUs, lower priorities preempted.
-async fn apply_queue(client: &Client, gpus: u32) -> anyhow::Result<()> {
-    let mut queue = serde_json::to_value(workload::training_queue("default", gpus)?)?;
-    queue["spec"]["preemption"] = serde_json::json!({"withinQueue": "LowerPriority"});
-    let queue: TrainingQueue = serde_json::from_value(queue)?;
-    let api = Api::<TrainingQueue>::all(client.clone());
-    retrying_faults(|| async {
-        api.patch(
-            "default",
-            &PatchParams::apply("loadtest").force(),
-            &Patch::Apply(&queue),
-        )
-        .await
-        .map(|_| ())
-    })
-    .await
-    .context("applying the TrainingQueue")
-}
-
-/// Runs a write until the API server carries it out: the API-fault scenario
-/// answers writes with 409, 429, 5xx or a 504 after a stall without doing
-/// them, as a real API server under load may, and every client retries.
-async fn retrying_faults<F, Fut>(mut write: F) -> Result<(), kube::Error>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(), kube::Error>>,
-{
-    let mut attempts = 0;
-    loop {
-        match write().await {
-            Ok(()) => return Ok(()),
-            // An earlier try was carried out after all.
-            Err(kube::Error::Api(status)) if status.reason == "AlreadyExists" => return Ok(()),
-            Err(kube::Error::Api(status))
-                if attempts < 20 && matches!(status.code, 409 | 429 | 500 | 503 | 504) =>
-            {
-                attempts += 1;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(err) => return Err(err),
+/// Records, per stream, the largest fullness the planner reports.
+async fn sample_fullness(stack: &Stack, fullness: &mut BTreeMap<String, f64>) {
+    let Ok(metrics) = stack.metrics(Service::Planner).await else {
+        return;
+    };
+    for line in metrics
+        .lines()
+        .filter(|l| l.starts_with("trainyard_stream_bytes{"))
+    {
+        let Some(stream) = line
+            .split("stream=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+        else {
+            continue;
+        };
+        let series = format!("trainyard_stream_max_bytes{{stream=\"{stream}\"}}");
+        let bytes = stack::metric_value(&metrics, line.split(' ').next().unwrap_or(line));
+        let limit = stack::metric_value(&metrics, &series);
+        if let (Some(bytes), Some(limit)) = (bytes, limit)
+            && limit > 0.0
+        {
+            let entry = fullness.entry(stream.to_owned()).or_insert(0.0);
+            *entry = entry.max(bytes / limit);
         }
     }
 }
 
-/// One job of the workload: mostly single GPUs, some whole nodes, some
-/// two-node gangs; one in five of high priority.
-fn job_shape(rng: &mut StdRng, gpus_per_node: u32) -> (JobShape, &'static str) {
-    let size: f64 = rng.random();
-    let (workers, gpus_per_worker) = if size < 0.6 {
-        (1, 1)
-    } else if size < 0.85 {
-        (1, 4)
-    } else {
-        (2, gpus_per_node)
-    };
-    let shape = JobShape {
-        model: "resnet50".into(),
-        workers,
-        gpus_per_worker,
-        epochs: rng.random_range(2..=4),
-        seconds_per_epoch: Some(rng.random_range(20.0..90.0)),
-        queue: None,
-    };
-    let priority = if rng.random::<f64>() < 0.2 {
-        HIGH.0
-    } else {
-        LOW.0
-    };
-    (shape, priority)
+/// Waits until the NATS cluster has elected its JetStream meta leader.
+async fn jetstream_available(js: &jetstream::Context, limit: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        match js.query_account().await {
+            Ok(_) => return Ok(()),
+            Err(err) if Instant::now() > deadline => {
+                bail!("JetStream did not become available within {limit:?}: {err}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// Stream name → the server leading it, for every stream (key-value
+/// buckets included); a stream without a leader maps to None.
+async fn stream_leaders(
+    js: &jetstream::Context,
+) -> anyhow::Result<BTreeMap<String, Option<String>>> {
+    let names: Vec<String> = js.stream_names().try_collect().await?;
+    let mut leaders = BTreeMap::new();
+    for name in names {
+        // `$JS.API.STREAM.INFO.<name>`: its cluster section names the leader.
+        let leader = match js.get_stream(&name).await {
+            Ok(mut stream) => stream
+                .info()
+                .await
+                .ok()
+                .and_then(|info| info.cluster.clone())
+                .and_then(|cluster| cluster.leader),
+            Err(_) => None,
+        };
+        leaders.insert(name, leader);
+    }
+    Ok(leaders)
+}
+
+/// The NATS cluster's faults during and after the burst of `window` seconds:
+/// twice, the node leading the most streams is SIGKILLed and started again
+/// 10 s later; once the burst is in, all three nodes are killed and started
+/// again 3 s later. A service that exits meanwhile is started again, as
+/// Kubernetes restarts a container. Returns, per leader kill, the time until
+/// every stream had a leader again; the time from the three nodes listening
+/// again until every service was ready and the planner and the
+/// gpu-allocator held their leases; and the services that exited.
+async fn nats_cluster_faults(
+    stack: &mut Stack,
+    js: &jetstream::Context,
+    window: f64,
+) -> anyhow::Result<(Vec<Duration>, Duration, Vec<String>)> {
+    let mut recoveries = Vec::new();
+    let mut exits = Vec::new();
+    for _ in 0..2 {
+        supervise(stack, &mut exits, Duration::from_secs_f64(window / 3.0)).await?;
+        let leaders = stream_leaders(js).await?;
+        let mut led: BTreeMap<&str, usize> = BTreeMap::new();
+        for leader in leaders.values().flatten() {
+            *led.entry(leader.as_str()).or_default() += 1;
+        }
+        let Some((&victim, &count)) = led.iter().max_by_key(|(_, count)| **count) else {
+            bail!("no stream has a leader: {leaders:?}");
+        };
+        let victim = victim.to_owned();
+        eprintln!(
+            "killing {victim}, leader of {count} of {} streams",
+            leaders.len()
+        );
+        let killed = Instant::now();
+        stack.kill(&victim).await?;
+        let deadline = killed + Duration::from_secs(60);
+        loop {
+            let leaders = stream_leaders(js).await.unwrap_or_default();
+            if !leaders.is_empty()
+                && leaders
+                    .values()
+                    .all(|l| l.as_deref().is_some_and(|l| l != victim))
+            {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("streams without a leader 60 s after {victim} was killed: {leaders:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        recoveries.push(killed.elapsed());
+        supervise(
+            stack,
+            &mut exits,
+            Duration::from_secs(10).saturating_sub(killed.elapsed()),
+        )
+        .await?;
+        stack.start_again(&victim)?;
+        let port = node_port(stack, &victim)?;
+        stack
+            .wait_listening(&victim, port, Duration::from_secs(30))
+            .await?;
+    }
+    supervise(
+        stack,
+        &mut exits,
+        Duration::from_secs_f64(window / 3.0 + 5.0),
+    )
+    .await?;
+    let nodes: Vec<(String, u16)> = stack.nats_nodes().to_vec();
+    eprintln!("killing all {} NATS nodes", nodes.len());
+    for (name, _) in &nodes {
+        stack.kill(name).await?;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for (name, _) in &nodes {
+        stack.start_again(name)?;
+    }
+    for (name, port) in &nodes {
+        stack
+            .wait_listening(name, *port, Duration::from_secs(30))
+            .await?;
+    }
+    let back = Instant::now();
+    // Services whose lease ran out during the outage exit; give them a
+    // moment to notice before they are restarted.
+    supervise(stack, &mut exits, Duration::from_secs(1)).await?;
+    let ready_by = Instant::now() + Duration::from_secs(120);
+    while !stack.all_ready().await {
+        restart_exited(stack, &mut exits).await?;
+        if Instant::now() > ready_by {
+            bail!("services not ready 120 s after NATS came back");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for service in [Service::Planner, Service::GpuAllocator] {
+        leading_again(
+            stack,
+            service,
+            &[service.name().to_owned()],
+            Duration::from_secs(120),
+        )
+        .await?;
+    }
+    let back = back.elapsed();
+    supervise(stack, &mut exits, Duration::from_secs(5)).await?;
+    Ok((recoveries, back, exits))
+}
+
+/// Waits `length`, starting again any service that exits meanwhile.
+async fn supervise(
+    stack: &mut Stack,
+    exits: &mut Vec<String>,
+    length: Duration,
+) -> anyhow::Result<()> {
+    let until = Instant::now() + length;
+    while Instant::now() < until {
+        restart_exited(stack, exits).await?;
+        tokio::time::sleep(
+            Duration::from_millis(200).min(until.saturating_duration_since(Instant::now())),
+        )
+        .await;
+    }
+    Ok(())
+}
+
+/// Starts again every service process that exited by itself.
+async fn restart_exited(stack: &mut Stack, exits: &mut Vec<String>) -> anyhow::Result<()> {
+    for name in stack.exited() {
+        if name.starts_with("nats-") || name == "simulator" {
+            continue;
+        }
+        eprintln!("{name} exited; starting it again");
+        stack
+            .restart(&name, Stop::Kill, Duration::ZERO, Duration::from_secs(120))
+            .await?;
+        exits.push(name);
+    }
+    Ok(())
+}
+
+fn node_port(stack: &Stack, name: &str) -> anyhow::Result<u16> {
+    stack
+        .nats_nodes()
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, port)| *port)
+        .with_context(|| format!("no NATS node {name}"))
+}
+
+/// Messages of the Trainyard streams that some durable consumer has not
+/// acknowledged (its ack floor is below the stream's last sequence).
+async fn unhandled_messages(js: &jetstream::Context) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for service in Service::ALL {
+        for spec in service.consumers() {
+            let stream = js.get_stream(spec.stream.name).await?;
+            if let Ok(info) = stream.consumer_info(&spec.durable).await {
+                total += info.num_pending + info.num_ack_pending as u64;
+            }
+        }
+    }
+    Ok(total)
 }
 
 /// Kills `target` after each gap and starts it again after the matching
@@ -582,7 +695,13 @@ async fn kill_loop(
         stack
             .kill_and_restart(target.name(), *pause, Duration::from_secs(60))
             .await?;
-        leading_again(stack, target, &[target.name().to_owned()]).await?;
+        leading_again(
+            stack,
+            target,
+            &[target.name().to_owned()],
+            Duration::from_secs(60),
+        )
+        .await?;
         recoveries.push(started.elapsed().saturating_sub(*pause));
     }
     Ok(recoveries)
@@ -622,213 +741,12 @@ async fn rolling_restarts(stack: &mut Stack, gaps: &[Duration]) -> anyhow::Resul
             stack,
             *service,
             &[service.name().to_owned(), second_replica(*service)],
+            Duration::from_secs(60),
         )
         .await?;
         recoveries.push(started.elapsed());
     }
     Ok(recoveries)
-}
-
-/// Waits until one of the processes `names` of a planner or gpu-allocator
-/// holds the service's lease (a killed holder's lease expires first); other
-/// services are done when ready.
-async fn leading_again(stack: &Stack, service: Service, names: &[String]) -> anyhow::Result<()> {
-    if !matches!(service, Service::Planner | Service::GpuAllocator) {
-        return Ok(());
-    }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        for name in names {
-            if let Ok(metrics) = stack.process_metrics(name).await
-                && metrics
-                    .lines()
-                    .filter(|l| l.starts_with("trainyard_lease_held{"))
-                    .any(|l| l.ends_with(" 1"))
-            {
-                return Ok(());
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    bail!("{} did not take its lease within 60 s", service.name())
-}
-
-/// Creates the TrainingJobs evenly over `window` seconds; returns their names.
-async fn submit(
-    client: &Client,
-    shapes: &[(JobShape, &str)],
-    start: Instant,
-    window: f64,
-) -> anyhow::Result<Vec<String>> {
-    let api = Api::<TrainingJob>::namespaced(client.clone(), NAMESPACE);
-    let mut names = Vec::with_capacity(shapes.len());
-    let every = window / shapes.len() as f64;
-    for (i, (shape, priority)) in shapes.iter().enumerate() {
-        tokio::time::sleep_until((start + Duration::from_secs_f64(every * i as f64)).into()).await;
-        let name = format!("chaos-{i:05}");
-        let mut job = workload::training_job(NAMESPACE, &name, shape)?;
-        job.spec
-            .scheduling
-            .get_or_insert_with(Default::default)
-            .priority = Some((*priority).to_owned());
-        retrying_faults(|| async { api.create(&PostParams::default(), &job).await.map(|_| ()) })
-            .await
-            .with_context(|| format!("creating TrainingJob {name}"))?;
-        names.push(name);
-    }
-    Ok(names)
-}
-
-fn watch_trainingjobs(
-    client: Client,
-    seen: Arc<Mutex<Seen>>,
-    stop: CancellationToken,
-) -> tokio::sync::oneshot::Receiver<()> {
-    stack::watch_objects(
-        Api::<TrainingJob>::namespaced(client, NAMESPACE),
-        watcher::Config::default(),
-        stop,
-        move |job: TrainingJob, _deleted, _| {
-            let Some(status) = job.status.as_ref() else {
-                return;
-            };
-            if let Some(state) = status.state {
-                let attempt = (
-                    status.restart_count.unwrap_or(0),
-                    status.pods_ready_requeues.unwrap_or(0),
-                );
-                let mut seen = lock(&seen);
-                seen.states.insert(job.name_any(), state);
-                let history = seen.history.entry(job.name_any()).or_default();
-                if history.last() != Some(&(attempt, state)) {
-                    history.push((attempt, state));
-                }
-            }
-        },
-    )
-}
-
-fn watch_jobs(
-    client: Client,
-    seen: Arc<Mutex<Seen>>,
-    stop: CancellationToken,
-) -> tokio::sync::oneshot::Receiver<()> {
-    stack::watch_objects(
-        Api::<Job>::namespaced(client, NAMESPACE),
-        watcher::Config::default().labels(LABEL_JOB),
-        stop,
-        move |job: Job, deleted, _| {
-            let Some(uid) = job.uid() else { return };
-            let mut seen = lock(&seen);
-            seen.jobs
-                .entry(job.name_any())
-                .or_default()
-                .insert(uid.clone());
-            let suspended = job.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false);
-            let suspension = seen.suspensions.entry(uid).or_default();
-            if deleted {
-                suspension.deleted = true;
-            } else if !suspended {
-                suspension.resumed_again |= suspension.resuspended;
-                suspension.ran = true;
-            } else if suspension.ran {
-                suspension.resuspended = true;
-            }
-        },
-    )
-}
-
-/// Tallies the GPUs of running pods per node after every pod change.
-fn watch_pods(
-    client: Client,
-    seen: Arc<Mutex<Seen>>,
-    gpus_per_node: u32,
-    stop: CancellationToken,
-) -> tokio::sync::oneshot::Receiver<()> {
-    stack::watch_objects(
-        Api::<Pod>::namespaced(client, NAMESPACE),
-        watcher::Config::default().labels(LABEL_JOB),
-        stop,
-        move |pod: Pod, deleted, _| {
-            let Some(uid) = pod.uid() else { return };
-            let mut seen = lock(&seen);
-            let running = !deleted
-                && pod.metadata.deletion_timestamp.is_none()
-                && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-            let (Some(node), true) = (node, running) else {
-                seen.running.remove(&uid);
-                return;
-            };
-            seen.running.insert(uid, (node.clone(), pod_gpus(&pod)));
-            let held: u32 = seen
-                .running
-                .values()
-                .filter(|(n, _)| *n == node)
-                .map(|(_, gpus)| gpus)
-                .sum();
-            if held > gpus_per_node {
-                seen.over_admissions += 1;
-                seen.worst_excess = seen.worst_excess.max(held - gpus_per_node);
-            }
-        },
-    )
-}
-
-/// GPUs a pod's containers ask for.
-fn pod_gpus(pod: &Pod) -> u32 {
-    pod.spec
-        .iter()
-        .flat_map(|spec| &spec.containers)
-        .filter_map(|c| c.resources.as_ref()?.limits.as_ref()?.get(GPU))
-        .filter_map(|q| q.0.parse::<u32>().ok())
-        .sum()
-}
-
-/// Every dead letter, read without acknowledging; an unreadable one counts
-/// under the consumer `unreadable`.
-async fn dead_letters(js: &jetstream::Context) -> anyhow::Result<Vec<DeadLetter>> {
-    let stream = js
-        .get_stream(streams::DEAD_LETTER.name)
-        .await
-        .context("the dead-letter stream")?;
-    let mut reader = stream
-        .create_consumer(consumer::pull::Config {
-            ack_policy: consumer::AckPolicy::None,
-            ..Default::default()
-        })
-        .await?;
-    let pending = reader.info().await?.num_pending as usize;
-    let mut letters = Vec::with_capacity(pending);
-    if pending == 0 {
-        return Ok(letters);
-    }
-    let mut messages = reader.messages().await?.take(pending);
-    while let Some(message) = messages.next().await {
-        let message = message.map_err(|e| anyhow::anyhow!("reading dead letters: {e}"))?;
-        letters.push(
-            serde_json::from_slice::<DeadLetter>(&message.payload).unwrap_or_else(|err| {
-                DeadLetter {
-                    stream: String::new(),
-                    consumer: "unreadable".to_owned(),
-                    subject: message.subject.to_string(),
-                    stream_sequence: 0,
-                    category: "unreadable".to_owned(),
-                    reason: err.to_string(),
-                    deliveries: 0,
-                    failed_at: chrono::Utc::now(),
-                    headers: BTreeMap::new(),
-                    payload: String::new(),
-                }
-            }),
-        );
-    }
-    Ok(letters)
-}
-
-fn lock(seen: &Mutex<Seen>) -> std::sync::MutexGuard<'_, Seen> {
-    // A panicking watch task cannot leave a half-written map entry.
-    seen.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 const HEADER: &str = "| scenario | jobs | kills | completed | failed | lost | duplicate Jobs | over-admissions | re-suspended Jobs | flaps per attempt (max; attempts with any) | dead letters | recovery p50 / p99 | run |";
@@ -843,16 +761,16 @@ fn row(r: &ScenarioReport) -> String {
         r.scenario,
         r.jobs,
         r.kills,
-        r.completed,
-        r.failed,
-        r.lost,
-        r.duplicate_jobs,
-        r.job_objects,
-        r.over_admissions,
-        r.worst_excess_gpus,
-        r.resuspended_jobs,
-        r.max_flaps_per_attempt,
-        r.attempts_with_flaps,
+        r.counts.completed,
+        r.counts.failed,
+        r.counts.lost,
+        r.counts.duplicate_jobs,
+        r.counts.job_objects,
+        r.counts.over_admissions,
+        r.counts.worst_excess_gpus,
+        r.counts.resuspended_jobs,
+        r.counts.max_flaps_per_attempt,
+        r.counts.attempts_with_flaps,
         dead,
         recovery,
         r.run_seconds,
@@ -872,10 +790,27 @@ fn row(r: &ScenarioReport) -> String {
             fuzz.by_kind
         ));
     }
+    if let Some(outage) = &r.outage {
+        line.push_str(&format!(
+            "\n  outage: services back {} after NATS; {} messages unhandled after the drain; {} jobs unfinished at the stall's end, slowest next change {} after it, {} without one",
+            outage
+                .services_back_seconds
+                .map_or("-".to_owned(), |s| format!("{s:.1} s")),
+            outage.unhandled_messages,
+            outage.unfinished_at_stall_end,
+            outage
+                .slowest_progress_after_stall_seconds
+                .map_or("-".to_owned(), |s| format!("{s:.1} s")),
+            outage.no_progress_after_stall,
+        ));
+    }
+    if let Some(fullness) = &r.stream_fullness {
+        line.push_str(&format!("\n  stream fullness (max): {fullness:?}"));
+    }
     for name in &r.exited {
         line.push_str(&format!("\n  exited: {name}"));
     }
-    for example in &r.examples {
+    for example in &r.counts.examples {
         line.push_str(&format!("\n  not completed: {example}"));
     }
     line

@@ -6,7 +6,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use async_nats::jetstream;
 use rand::Rng;
 use rand::rngs::StdRng;
@@ -16,16 +15,18 @@ use trainyard_contracts::Service;
 use trainyard_contracts::catalog;
 use trainyard_contracts::dead_letter::DeadLetter;
 
+use super::ChaosError;
+
 /// Levels of nesting of the deep-nesting kind (serde_json stops at 128).
 const NESTING: usize = 300;
 
 pub struct BadMessage {
-    subject: String,
-    kind: &'static str,
+    pub subject: String,
+    pub kind: &'static str,
     body: Vec<u8>,
     /// Broken before any handler sees it (the envelope does not decode):
     /// every consumer of the subject must dead-letter it.
-    envelope_level: bool,
+    pub envelope_level: bool,
 }
 
 /// A bad message as stored.
@@ -53,17 +54,20 @@ pub struct FuzzOutcome {
 }
 
 /// Seven bad messages per catalog entry.
-pub fn messages(rng: &mut StdRng) -> anyhow::Result<Vec<BadMessage>> {
-    let entries = catalog::all().context("the contract catalog")?;
+pub fn messages(rng: &mut StdRng) -> Result<Vec<BadMessage>, ChaosError> {
+    let entries =
+        catalog::all().map_err(|e| ChaosError::Watch(format!("the contract catalog: {e}")))?;
+    let json = |e: serde_json::Error| ChaosError::Watch(format!("writing a bad message: {e}"));
     let mut out = Vec::with_capacity(entries.len() * 7);
     for (i, entry) in entries.iter().enumerate() {
         let example = fresh_id(&entry.example);
-        let text = serde_json::to_vec(&example)?;
-        let with_marker = |key: &str| -> anyhow::Result<(Vec<u8>, usize)> {
+        let text = serde_json::to_vec(&example).map_err(json)?;
+        let with_marker = |key: &str| -> Result<(Vec<u8>, usize), ChaosError> {
             let mut marked = example.clone();
             marked[key] = json!("@@marker@@");
-            let bytes = serde_json::to_vec(&marked)?;
-            let at = find(&bytes, b"\"@@marker@@\"").context("marker written")?;
+            let bytes = serde_json::to_vec(&marked).map_err(json)?;
+            let at = find(&bytes, b"\"@@marker@@\"")
+                .ok_or_else(|| ChaosError::Watch("the marker was not written".into()))?;
             Ok((bytes, at))
         };
         let mut bad = |kind, body, envelope_level| {
@@ -98,14 +102,26 @@ pub fn messages(rng: &mut StdRng) -> anyhow::Result<Vec<BadMessage>> {
         if let Some(fields) = no_entity.as_object_mut() {
             fields.remove("entity");
         }
-        bad("no entity", serde_json::to_vec(&no_entity)?, true);
+        bad(
+            "no entity",
+            serde_json::to_vec(&no_entity).map_err(json)?,
+            true,
+        );
         let mut version = fresh_id(&entry.example);
         version["schemaVersion"] = json!(99);
-        bad("unknown version", serde_json::to_vec(&version)?, false);
+        bad(
+            "unknown version",
+            serde_json::to_vec(&version).map_err(json)?,
+            false,
+        );
         let other = &entries[(i + 1) % entries.len()];
         let mut wrong = fresh_id(&entry.example);
         wrong["payload"] = other.example["payload"].clone();
-        bad("another type's payload", serde_json::to_vec(&wrong)?, false);
+        bad(
+            "another type's payload",
+            serde_json::to_vec(&wrong).map_err(json)?,
+            false,
+        );
     }
     Ok(out)
 }
@@ -129,7 +145,7 @@ pub async fn publish(
     bad: &[BadMessage],
     start: Instant,
     window: f64,
-) -> anyhow::Result<Vec<Published>> {
+) -> Result<Vec<Published>, ChaosError> {
     let mut published = Vec::with_capacity(bad.len());
     if bad.is_empty() {
         return Ok(published);
@@ -137,12 +153,14 @@ pub async fn publish(
     let every = window / bad.len() as f64;
     for (i, message) in bad.iter().enumerate() {
         tokio::time::sleep_until((start + Duration::from_secs_f64(every * i as f64)).into()).await;
+        let failed =
+            |e: &dyn std::fmt::Display| ChaosError::Nats(format!("{}: {e}", message.subject));
         let ack = js
             .publish(message.subject.clone(), message.body.clone().into())
             .await
-            .with_context(|| format!("publishing to {}", message.subject))?
+            .map_err(|e| failed(&e))?
             .await
-            .with_context(|| format!("storing on {}", message.subject))?;
+            .map_err(|e| failed(&e))?;
         published.push(Published {
             stream: ack.stream,
             sequence: ack.sequence,
@@ -154,8 +172,13 @@ pub async fn publish(
     Ok(published)
 }
 
-/// Matches what was published with the dead letters.
-pub fn outcome(published: &[Published], letters: &[DeadLetter]) -> FuzzOutcome {
+/// Matches what was published with the dead letters of the consumers of
+/// `services` (those that ran).
+pub fn outcome(
+    published: &[Published],
+    letters: &[DeadLetter],
+    services: &[Service],
+) -> FuzzOutcome {
     let mut letters_of: HashMap<(&str, u64, &str), usize> = HashMap::new();
     for letter in letters {
         *letters_of
@@ -166,8 +189,8 @@ pub fn outcome(published: &[Published], letters: &[DeadLetter]) -> FuzzOutcome {
             ))
             .or_insert(0) += 1;
     }
-    let consumers: Vec<_> = Service::ALL
-        .into_iter()
+    let consumers: Vec<_> = services
+        .iter()
         .flat_map(|service| service.consumers())
         .collect();
     let mut outcome = FuzzOutcome {
@@ -207,6 +230,24 @@ pub fn outcome(published: &[Published], letters: &[DeadLetter]) -> FuzzOutcome {
         }
     }
     outcome
+}
+
+/// Whether some consumer of `services` takes messages on `subject`.
+pub fn consumed_by(subject: &str, services: &[Service]) -> bool {
+    services
+        .iter()
+        .flat_map(|service| service.consumers())
+        .any(|spec| {
+            spec.stream
+                .subjects()
+                .iter()
+                .any(|filter| subject_matches(filter, subject))
+                && (spec.filter_subjects.is_empty()
+                    || spec
+                        .filter_subjects
+                        .iter()
+                        .any(|filter| subject_matches(filter, subject)))
+        })
 }
 
 /// NATS subject matching: `*` is one token, a final `>` one or more.
