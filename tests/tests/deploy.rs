@@ -1,12 +1,19 @@
 //! The deploy manifests and the compose file agree with the code: every service is
-//! there, RBAC is least-privilege, and every `TRAINYARD_*` key is one the services read.
+//! there, RBAC is least-privilege, every `TRAINYARD_*` key is one the services read,
+//! and NATS as deployed admits each service over TLS with its own password only.
 
-use std::collections::BTreeSet;
-use std::path::Path;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
 
+use base64::Engine;
 use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
 use trainyard_contracts::Service;
-use trainyard_runtime::Settings;
+use trainyard_contracts::permissions::Identity;
+use trainyard_runtime::{Runtime, Settings};
+use trainyard_testkit::{NatsServer, eventually_within, free_port, http_get};
 use yaml_serde::Value;
 
 fn root() -> &'static Path {
@@ -15,10 +22,15 @@ fn root() -> &'static Path {
 
 fn documents(path: &str) -> Vec<Value> {
     let text = std::fs::read_to_string(root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
-    yaml_serde::Deserializer::from_str(&text)
+    parse_documents(path, &text)
+}
+
+fn parse_documents(what: &str, text: &str) -> Vec<Value> {
+    yaml_serde::Deserializer::from_str(text)
         .map(|doc| {
-            Value::deserialize(doc).unwrap_or_else(|e| panic!("{path} is not valid YAML: {e}"))
+            Value::deserialize(doc).unwrap_or_else(|e| panic!("{what} is not valid YAML: {e}"))
         })
+        .filter(|doc| !doc.is_null())
         .collect()
 }
 
@@ -144,4 +156,508 @@ fn compose_runs_every_service_with_known_settings() {
             assert_known_setting(key);
         }
     }
+}
+
+/// The literal `env` values of a container.
+fn env_values(container: &Value) -> BTreeMap<String, String> {
+    container["env"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| {
+            Some((
+                entry["name"].as_str()?.into(),
+                entry["value"].as_str()?.into(),
+            ))
+        })
+        .collect()
+}
+
+/// Every (Secret, key) whose file a pod's volumes bring in; key `*` when the
+/// whole Secret is.
+fn mounted_secret_keys(pod: &Value) -> BTreeSet<(String, String)> {
+    let mut keys = BTreeSet::new();
+    for volume in pod["volumes"].as_sequence().into_iter().flatten() {
+        let sources: Vec<(&Value, &str)> = if volume["secret"].is_mapping() {
+            vec![(&volume["secret"], "secretName")]
+        } else {
+            volume["projected"]["sources"]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+                .filter(|source| source["secret"].is_mapping())
+                .map(|source| (&source["secret"], "name"))
+                .collect()
+        };
+        for (secret, name_key) in sources {
+            let name = secret[name_key].as_str().expect("secret name").to_string();
+            match secret["items"].as_sequence() {
+                Some(items) => keys.extend(
+                    items
+                        .iter()
+                        .map(|item| (name.clone(), item["key"].as_str().expect("key").into())),
+                ),
+                None => {
+                    keys.insert((name, "*".into()));
+                }
+            }
+        }
+    }
+    keys
+}
+
+/// The (Secret, key) the file at `path` in `container` comes from.
+fn secret_key_of_file(pod: &Value, container: &Value, path: &str) -> Option<(String, String)> {
+    let (dir, file) = path.rsplit_once('/')?;
+    let mount = container["volumeMounts"]
+        .as_sequence()?
+        .iter()
+        .find(|mount| mount["mountPath"].as_str() == Some(dir))?;
+    let volume = pod["volumes"]
+        .as_sequence()?
+        .iter()
+        .find(|volume| volume["name"] == mount["name"])?;
+    let sources: Vec<(&Value, &str)> = if volume["secret"].is_mapping() {
+        vec![(&volume["secret"], "secretName")]
+    } else {
+        volume["projected"]["sources"]
+            .as_sequence()?
+            .iter()
+            .map(|source| (&source["secret"], "name"))
+            .collect()
+    };
+    sources.into_iter().find_map(|(secret, name_key)| {
+        let key = match secret["items"].as_sequence() {
+            Some(items) => items
+                .iter()
+                .find(|item| item["path"].as_str() == Some(file))?["key"]
+                .as_str()?,
+            None => file,
+        };
+        Some((secret[name_key].as_str()?.to_string(), key.to_string()))
+    })
+}
+
+#[test]
+fn every_service_connects_to_nats_as_itself_over_tls_and_mounts_only_its_own_password() {
+    let docs = documents("deploy/services.yaml");
+    let config = documents("deploy/config.yaml");
+    assert!(
+        config[0]["data"]["TRAINYARD_NATS__URL"]
+            .as_str()
+            .is_some_and(|url| url.starts_with("tls://")),
+        "the services' NATS URL asks for TLS"
+    );
+    for service in Service::ALL {
+        let name = format!("trainyard-{}", service.name());
+        let deployment = kind_named(&docs, "Deployment", &name)
+            .unwrap_or_else(|| panic!("no Deployment {name}"));
+        let pod = &deployment["spec"]["template"]["spec"];
+        let container = &pod["containers"][0];
+        let env = env_values(container);
+        for key in env.keys() {
+            assert_known_setting(key);
+        }
+        assert_eq!(
+            env.get("TRAINYARD_NATS__USER"),
+            Some(&Identity::Service(service).user()),
+            "{name} connects as its own NATS user"
+        );
+        let own_password = (
+            format!("trainyard-nats-{}", service.name()),
+            "password".into(),
+        );
+        let ca = ("nats-tls".to_string(), "ca.crt".to_string());
+        let password_file = env
+            .get("TRAINYARD_NATS__PASSWORD_FILE")
+            .unwrap_or_else(|| panic!("{name} sets TRAINYARD_NATS__PASSWORD_FILE"));
+        assert_eq!(
+            secret_key_of_file(pod, container, password_file),
+            Some(own_password.clone()),
+            "{name}'s password file is its own Secret's"
+        );
+        let ca_file = env
+            .get("TRAINYARD_NATS__TLS_CA_FILE")
+            .unwrap_or_else(|| panic!("{name} sets TRAINYARD_NATS__TLS_CA_FILE"));
+        assert_eq!(
+            secret_key_of_file(pod, container, ca_file),
+            Some(ca.clone()),
+            "{name}'s CA file is nats-tls's ca.crt"
+        );
+        let nats_secrets: BTreeSet<(String, String)> = mounted_secret_keys(pod)
+            .into_iter()
+            .filter(|(secret, _)| {
+                secret.starts_with("nats-") || secret.starts_with("trainyard-nats-")
+            })
+            .collect();
+        assert_eq!(
+            nats_secrets,
+            BTreeSet::from([own_password, ca]),
+            "{name} mounts no other password and not the server's key"
+        );
+        assert!(
+            container["envFrom"]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+                .all(|source| source["secretRef"].is_null()),
+            "{name} takes no Secret into its environment"
+        );
+    }
+}
+
+/// `kubectl kustomize deploy/`, parsed.
+fn rendered_deploy() -> Vec<Value> {
+    let output = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(root().join("deploy"))
+        .output()
+        .expect("kubectl on PATH (scripts/lib/deps.sh ensure_kubectl)");
+    assert!(
+        output.status.success(),
+        "kubectl kustomize deploy/: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    parse_documents(
+        "kubectl kustomize deploy/",
+        &String::from_utf8_lossy(&output.stdout),
+    )
+}
+
+#[test]
+fn nats_runs_the_committed_config_with_generated_users_tls_and_password_secrets() {
+    let docs = rendered_deploy();
+    let config_map = docs
+        .iter()
+        .find(|d| {
+            d["kind"].as_str() == Some("ConfigMap")
+                && d["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|name| name.starts_with("nats-config-"))
+        })
+        .expect("kustomize generates the ConfigMap nats-config");
+    for file in ["nats.conf", "auth.conf"] {
+        let committed = std::fs::read_to_string(root().join("deploy/nats").join(file))
+            .expect("read the committed file");
+        assert_eq!(
+            config_map["data"][file].as_str(),
+            Some(committed.as_str()),
+            "the ConfigMap carries deploy/nats/{file} as committed"
+        );
+    }
+    let server_config = config_map["data"]["nats.conf"].as_str().expect("nats.conf");
+    assert!(server_config.contains("\ninclude auth.conf\n"));
+    assert!(server_config.contains("\ntls {\n"));
+
+    let nats = kind_named(&docs, "StatefulSet", "nats").expect("the NATS StatefulSet");
+    let pod = &nats["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert_eq!(
+        container["args"][0].as_str(),
+        Some("--config=/etc/nats/config/nats.conf")
+    );
+    let volume = |name: &str| {
+        pod["volumes"]
+            .as_sequence()
+            .expect("volumes")
+            .iter()
+            .find(|volume| volume["name"].as_str() == Some(name))
+            .unwrap_or_else(|| panic!("no volume {name}"))
+    };
+    assert_eq!(
+        volume("config")["configMap"]["name"],
+        config_map["metadata"]["name"],
+        "the pods mount the generated ConfigMap"
+    );
+    assert_eq!(
+        volume("tls")["secret"]["secretName"].as_str(),
+        Some("nats-tls")
+    );
+    assert_eq!(
+        container["envFrom"][0]["secretRef"]["name"].as_str(),
+        Some("nats-passwords")
+    );
+    assert_eq!(
+        container["readinessProbe"]["httpGet"]["port"].as_u64(),
+        Some(8222),
+        "the probe reads the plain monitoring port"
+    );
+}
+
+/// The Secrets `scripts/nats-secrets.sh --output` writes: name to key to value.
+fn script_secrets(dir: &Path) -> BTreeMap<String, BTreeMap<String, String>> {
+    let file = dir.join("secrets.yaml");
+    let output = Command::new("bash")
+        .arg(root().join("scripts/nats-secrets.sh"))
+        .args([
+            "--san",
+            "IP:127.0.0.1",
+            "--san",
+            "DNS:localhost",
+            "--output",
+        ])
+        .arg(&file)
+        // --output never reads the cluster; no kubeconfig proves it.
+        .env("KUBECONFIG", dir.join("no-cluster"))
+        .output()
+        .expect("run scripts/nats-secrets.sh");
+    assert!(
+        output.status.success(),
+        "scripts/nats-secrets.sh: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = std::fs::read_to_string(&file).expect("the Secrets file");
+    parse_documents("the Secrets", &text)
+        .iter()
+        .map(|secret| {
+            let data = secret["data"]
+                .as_mapping()
+                .expect("data")
+                .iter()
+                .map(|(key, value)| {
+                    let bytes = base64::engine::general_purpose::STANDARD
+                        .decode(value.as_str().expect("base64 text"))
+                        .expect("base64");
+                    (
+                        key.as_str().expect("key").to_string(),
+                        String::from_utf8(bytes).expect("text"),
+                    )
+                })
+                .collect();
+            (
+                secret["metadata"]["name"]
+                    .as_str()
+                    .expect("name")
+                    .to_string(),
+                data,
+            )
+        })
+        .collect()
+}
+
+/// Writes the deploy's nats-server configuration for server `index` of a
+/// cluster on loopback into `dir`: nats.conf and auth.conf as the ConfigMap
+/// carries them, with the certificate directory, the monitoring and route
+/// addresses, and the routes' host names replaced.
+fn loopback_server_config(
+    dir: &Path,
+    certificates: &Path,
+    index: usize,
+    route_ports: &[u16],
+    monitor_port: u16,
+) -> PathBuf {
+    let mut config =
+        std::fs::read_to_string(root().join("deploy/nats/nats.conf")).expect("nats.conf");
+    let mut replace = |from: String, to: String| {
+        assert!(config.contains(&from), "nats.conf no longer has {from:?}");
+        config = config.replace(&from, &to);
+    };
+    replace("/etc/nats/tls".into(), certificates.display().to_string());
+    replace(
+        "http: 0.0.0.0:8222".into(),
+        format!("http: 127.0.0.1:{monitor_port}"),
+    );
+    replace(
+        "listen: 0.0.0.0:6222".into(),
+        format!("listen: 127.0.0.1:{}", route_ports[index]),
+    );
+    for (peer, port) in route_ports.iter().enumerate() {
+        replace(
+            format!("nats-{peer}.nats-cluster:6222"),
+            format!("127.0.0.1:{port}"),
+        );
+    }
+    let server_dir = dir.join(format!("nats-{index}"));
+    std::fs::create_dir_all(&server_dir).expect("server dir");
+    std::fs::write(server_dir.join("nats.conf"), config).expect("write nats.conf");
+    std::fs::copy(
+        root().join("deploy/nats/auth.conf"),
+        server_dir.join("auth.conf"),
+    )
+    .expect("copy auth.conf");
+    server_dir.join("nats.conf")
+}
+
+/// Whether a client built from `options` gets a connection to `url`.
+async fn connects(options: async_nats::ConnectOptions, url: &str) -> bool {
+    let options = options.connection_timeout(Duration::from_secs(5));
+    match tokio::time::timeout(Duration::from_secs(10), options.connect(url)).await {
+        Ok(Ok(client)) => client.flush().await.is_ok(),
+        _ => false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deployed_nats_admits_a_service_over_tls_with_its_password_and_refuses_the_rest() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let secrets = script_secrets(dir.path());
+    let certificates = dir.path().join("tls");
+    std::fs::create_dir(&certificates).expect("certificate dir");
+    for (key, value) in &secrets["nats-tls"] {
+        std::fs::write(certificates.join(key), value).expect("write a certificate file");
+    }
+
+    // The three servers of the StatefulSet, with the passwords of nats-passwords.
+    let route_ports = [free_port(), free_port(), free_port()];
+    let monitor_port = free_port();
+    let servers: Vec<NatsServer> = (0..route_ports.len())
+        .map(|index| {
+            let config = loopback_server_config(
+                dir.path(),
+                &certificates,
+                index,
+                &route_ports,
+                if index == 0 {
+                    monitor_port
+                } else {
+                    free_port()
+                },
+            );
+            let mut env: Vec<(String, String)> = secrets["nats-passwords"]
+                .iter()
+                .map(|(key, value)| (key.clone(), value.clone()))
+                .collect();
+            env.push(("POD_NAME".into(), format!("nats-{index}")));
+            NatsServer::start_with_config_file(&config, &env)
+        })
+        .collect();
+    // The readiness probe's request, on plain HTTP, answers once the routes
+    // (TLS, verified both ways) have formed the JetStream cluster.
+    eventually_within(
+        "the NATS cluster ready",
+        Duration::from_secs(30),
+        || async {
+            http_get(monitor_port, "/healthz?js-enabled-only=true")
+                .filter(|(status, _)| *status == 200)
+                .map(|_| ())
+        },
+    )
+    .await;
+    let url = format!("tls://localhost:{}", servers[0].port());
+
+    // A service as its Deployment configures it: user, password file, CA file.
+    let service = Service::HpoTuner;
+    let password = &secrets[&format!("trainyard-nats-{}", service.name())]["password"];
+    let password_file = dir.path().join("password");
+    std::fs::write(&password_file, password).expect("write the password file");
+    let mut settings = Settings::default();
+    settings.nats.url = url.clone();
+    settings.nats.replicas = 3;
+    settings.nats.user = Some(Identity::Service(service).user());
+    settings.nats.password_file = Some(password_file.display().to_string());
+    settings.nats.tls_ca_file = Some(certificates.join("ca.crt").display().to_string());
+    settings.http.listen = "127.0.0.1:0".into();
+    let shutdown = CancellationToken::new();
+    let runtime = tokio::time::timeout(
+        Duration::from_secs(60),
+        Runtime::start(service, settings, shutdown.clone()),
+    )
+    .await
+    .expect("the service provisions its streams in time")
+    .expect("the service connects over TLS as itself and provisions three-replica streams");
+    shutdown.cancel();
+    drop(runtime);
+
+    let user = Identity::Service(service).user();
+    let with_ca = |options: async_nats::ConnectOptions| {
+        options
+            .require_tls(true)
+            .add_root_certificates(certificates.join("ca.crt"))
+    };
+    assert!(
+        connects(
+            with_ca(async_nats::ConnectOptions::with_user_and_password(
+                user.clone(),
+                password.clone()
+            )),
+            &url
+        )
+        .await,
+        "the service's identity connects"
+    );
+    assert!(
+        !connects(
+            async_nats::ConnectOptions::with_user_and_password(user.clone(), password.clone())
+                .require_tls(true),
+            &url
+        )
+        .await,
+        "a client that does not trust the installation's CA is refused"
+    );
+    assert!(
+        !connects(with_ca(async_nats::ConnectOptions::new()), &url).await,
+        "an anonymous client is refused"
+    );
+    let planner_password = &secrets["trainyard-nats-planner"]["password"];
+    assert!(
+        !connects(
+            with_ca(async_nats::ConnectOptions::with_user_and_password(
+                user,
+                planner_password.clone()
+            )),
+            &url
+        )
+        .await,
+        "another service's password does not open this identity"
+    );
+    // What the server tells every client before anything else: plain text
+    // goes no further.
+    let plain = std::net::TcpStream::connect(("127.0.0.1", servers[0].port())).expect("tcp");
+    plain
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut info = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(plain), &mut info).expect("INFO");
+    assert!(
+        info.starts_with("INFO ") && info.contains(r#""tls_required":true"#),
+        "{info}"
+    );
+}
+
+#[test]
+fn cert_manager_issues_the_server_names_and_usages_the_script_does() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let secrets = script_secrets(dir.path());
+    let certificate = dir.path().join("tls.crt");
+    std::fs::write(&certificate, &secrets["nats-tls"]["tls.crt"]).expect("write tls.crt");
+    let output = Command::new("openssl")
+        .args([
+            "x509",
+            "-noout",
+            "-ext",
+            "subjectAltName,extendedKeyUsage",
+            "-in",
+        ])
+        .arg(&certificate)
+        .output()
+        .expect("openssl on PATH");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let script_names: BTreeSet<String> = text
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter_map(|part| part.strip_prefix("DNS:"))
+        .map(str::to_string)
+        .collect();
+    assert!(
+        text.contains("TLS Web Server Authentication")
+            && text.contains("TLS Web Client Authentication")
+    );
+
+    let docs = documents("deploy/cert-manager/certificates.yaml");
+    let server = kind_named(&docs, "Certificate", "nats-tls").expect("Certificate nats-tls");
+    assert_eq!(server["spec"]["secretName"].as_str(), Some("nats-tls"));
+    let manager_names: BTreeSet<String> = server["spec"]["dnsNames"]
+        .as_sequence()
+        .expect("dnsNames")
+        .iter()
+        .map(|name| name.as_str().expect("name").to_string())
+        .collect();
+    assert_eq!(manager_names, script_names);
+    let usages: BTreeSet<&str> = server["spec"]["usages"]
+        .as_sequence()
+        .expect("usages")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(usages.contains("server auth") && usages.contains("client auth"));
 }

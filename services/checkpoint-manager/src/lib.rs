@@ -103,6 +103,10 @@ pub struct ManagerConfig {
     /// CA bundle an https tracking server's certificate must chain to; the
     /// system's roots when unset.
     pub mlflow_tls_ca_file: Option<String>,
+    /// MLflow's own variables (`MLFLOW_TRACKING_URI`, `..._TOKEN`, ...), taken
+    /// where the keys above are unset; [`setup`] reads them from the process.
+    #[serde(skip)]
+    pub mlflow_env: trainyard_mlflow::MlflowEnv,
     /// A Running job is overdue after max(3 x its advised interval, this)
     /// seconds without a verified checkpoint.
     pub overdue_floor_seconds: u64,
@@ -127,17 +131,31 @@ impl Default for ManagerConfig {
             mlflow_username: None,
             mlflow_password_file: None,
             mlflow_tls_ca_file: None,
+            mlflow_env: trainyard_mlflow::MlflowEnv::default(),
             overdue_floor_seconds: 1800,
             overdue_check_seconds: 60,
         }
     }
 }
 
+impl ManagerConfig {
+    /// The registry's tracking server: `mlflow_tracking_uri`, else
+    /// `MLFLOW_TRACKING_URI`; registration is off without either.
+    pub fn tracking_uri(&self) -> Option<&str> {
+        self.mlflow_tracking_uri
+            .as_deref()
+            .map(str::trim)
+            .filter(|uri| !uri.is_empty())
+            .or(self.mlflow_env.tracking_uri.as_deref())
+    }
+}
+
 /// Service setup: reads the `checkpoint_manager` section and starts the manager.
 pub async fn setup(runtime: &Runtime, sources: &ConfigSources) -> Result<(), CheckpointError> {
-    let config = sources
+    let mut config: ManagerConfig = sources
         .section("checkpoint_manager")
         .map_err(|err| CheckpointError::Config(err.to_string()))?;
+    config.mlflow_env = trainyard_mlflow::MlflowEnv::from_process();
     start(runtime, config).await?;
     Ok(())
 }
@@ -158,14 +176,14 @@ pub async fn start(
         })?;
     let metrics = CheckpointMetrics::register(&runtime.registry)?;
     let registry = Registry::from_config(&config, runtime.shutdown.clone())?;
-    match (&registry, config.mlflow_tracking_uri.as_deref()) {
+    match (&registry, config.tracking_uri()) {
         (Some(registry), Some(uri)) => tracing::info!(
             mlflow_tracking_uri = uri,
             alias = registry.alias().unwrap_or_default(),
             "completed jobs' best checkpoints are registered as model versions"
         ),
         _ => tracing::info!(
-            "model registration off: checkpoint_manager.mlflow_tracking_uri is not set"
+            "model registration off: neither checkpoint_manager.mlflow_tracking_uri nor MLFLOW_TRACKING_URI is set"
         ),
     }
     let manager = Arc::new(Manager::new(

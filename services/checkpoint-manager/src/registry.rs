@@ -33,12 +33,7 @@ impl Registry {
         config: &ManagerConfig,
         shutdown: CancellationToken,
     ) -> Result<Option<Self>, CheckpointError> {
-        let Some(uri) = config
-            .mlflow_tracking_uri
-            .as_deref()
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
-        else {
+        let Some(uri) = config.tracking_uri() else {
             return Ok(None);
         };
         if config.model_name_template.trim().is_empty() {
@@ -51,6 +46,7 @@ impl Registry {
             username: config.mlflow_username.clone(),
             password_file: config.mlflow_password_file.as_ref().map(Into::into),
             tls_ca_file: config.mlflow_tls_ca_file.as_ref().map(Into::into),
+            env: config.mlflow_env.clone(),
         };
         let client = MlflowClient::with_access(
             uri,
@@ -63,7 +59,10 @@ impl Registry {
             shutdown,
         )
         .map_err(|err| match err {
-            // Its message starts with the key.
+            // Its message starts with the key: an MLflow variable, or one of ours.
+            MlflowError::Access { key, .. } if key.starts_with("MLFLOW_") => {
+                CheckpointError::Config(err.to_string())
+            }
             MlflowError::Access { .. } => {
                 CheckpointError::Config(format!("checkpoint_manager.{err}"))
             }

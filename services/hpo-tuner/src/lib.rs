@@ -51,6 +51,10 @@ pub struct TunerConfig {
     /// CA bundle an https tracking server's certificate must chain to; the
     /// system's roots when unset.
     pub mlflow_tls_ca_file: Option<String>,
+    /// MLflow's own variables (`MLFLOW_TRACKING_URI`, `..._TOKEN`, ...), taken
+    /// where the keys above are unset; [`setup`] reads them from the process.
+    #[serde(skip)]
+    pub mlflow_env: trainyard_mlflow::MlflowEnv,
 }
 
 impl Default for TunerConfig {
@@ -66,17 +70,20 @@ impl Default for TunerConfig {
             mlflow_username: None,
             mlflow_password_file: None,
             mlflow_tls_ca_file: None,
+            mlflow_env: trainyard_mlflow::MlflowEnv::default(),
         }
     }
 }
 
 impl TunerConfig {
-    /// The tracking URI when tracking is on.
+    /// The tracking URI when tracking is on: `mlflow_tracking_uri`, else
+    /// `MLFLOW_TRACKING_URI`.
     pub fn tracking_uri(&self) -> Option<&str> {
         self.mlflow_tracking_uri
             .as_deref()
             .map(str::trim)
             .filter(|uri| !uri.is_empty())
+            .or(self.mlflow_env.tracking_uri.as_deref())
     }
 
     /// The client of the tracking server at `uri`, with the configured
@@ -91,6 +98,7 @@ impl TunerConfig {
             username: self.mlflow_username.clone(),
             password_file: self.mlflow_password_file.as_ref().map(Into::into),
             tls_ca_file: self.mlflow_tls_ca_file.as_ref().map(Into::into),
+            env: self.mlflow_env.clone(),
         };
         trainyard_mlflow::MlflowClient::with_access(
             uri,
@@ -103,7 +111,10 @@ impl TunerConfig {
             shutdown,
         )
         .map_err(|err| match err {
-            // Its message starts with the key.
+            // Its message starts with the key: an MLflow variable, or one of ours.
+            trainyard_mlflow::MlflowError::Access { key, .. } if key.starts_with("MLFLOW_") => {
+                TunerError::Config(err.to_string())
+            }
             trainyard_mlflow::MlflowError::Access { .. } => {
                 TunerError::Config(format!("hpo_tuner.{err}"))
             }
@@ -129,7 +140,9 @@ impl TunerConfig {
 
 /// Service setup: reads the `hpo_tuner` section and starts the tuner.
 pub async fn setup(runtime: &Runtime, sources: &ConfigSources) -> Result<(), TunerError> {
-    start(runtime, sources.section("hpo_tuner")?).await?;
+    let mut config: TunerConfig = sources.section("hpo_tuner")?;
+    config.mlflow_env = trainyard_mlflow::MlflowEnv::from_process();
+    start(runtime, config).await?;
     Ok(())
 }
 
@@ -219,6 +232,39 @@ mod tests {
         assert_eq!(config.tracking_uri(), Some("http://mlflow.mlflow:5000"));
         assert_eq!(config.mlflow_max_attempts, 3);
         assert_eq!(config.mlflow_timeout_seconds, 10, "defaults fill the rest");
+    }
+
+    #[test]
+    fn mlflow_tracking_uri_is_the_fallback_of_the_key_and_insecure_tls_is_refused() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            trainyard_mlflow::MlflowEnv::from_lookup(move |name| {
+                pairs
+                    .iter()
+                    .find(|(key, _)| *key == name)
+                    .map(|(_, value)| value.to_string())
+            })
+        };
+        let mut config = section(&[]);
+        config.mlflow_env = env(&[("MLFLOW_TRACKING_URI", "http://from-env:5000")]);
+        assert_eq!(config.tracking_uri(), Some("http://from-env:5000"));
+        config.mlflow_tracking_uri = Some("http://from-key:5000".into());
+        assert_eq!(
+            config.tracking_uri(),
+            Some("http://from-key:5000"),
+            "the key wins"
+        );
+
+        config.mlflow_env = env(&[("MLFLOW_TRACKING_INSECURE_TLS", "true")]);
+        let err = config
+            .mlflow_client("https://mlflow.example.com", Default::default())
+            .err()
+            .expect("refused");
+        assert!(
+            err.to_string()
+                .contains("MLFLOW_TRACKING_INSECURE_TLS: is not supported")
+                && !err.to_string().contains("hpo_tuner.MLFLOW"),
+            "{err}"
+        );
     }
 
     #[test]

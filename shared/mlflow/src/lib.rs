@@ -3,11 +3,13 @@
 //! the model registry (registered models, versions, aliases), with retries and
 //! exponential backoff on 5xx, 429 and connection errors. It speaks http and
 //! https (rustls, the system's roots or a CA bundle of its own) and can send a
-//! bearer token or basic-auth credentials, read from files, as hosted MLflow
-//! servers require ([`MlflowAccess`]).
+//! bearer token or basic-auth credentials, read from files (again whenever a
+//! file changes) or from MLflow's own environment variables, as hosted MLflow
+//! servers require ([`MlflowAccess`], [`MlflowEnv`]).
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 use trainyard_contracts::backoff::capped_doubling;
 
 use reqwest::{Method, StatusCode, Url};
@@ -289,10 +291,10 @@ struct ErrorBody {
 
 /// Who the client is to the server and which servers it trusts: the services'
 /// `mlflow_token_file`, `mlflow_username`, `mlflow_password_file` and
-/// `mlflow_tls_ca_file` keys (what MLflow's own clients read from
-/// `MLFLOW_TRACKING_TOKEN`, `MLFLOW_TRACKING_USERNAME`/`PASSWORD` and
-/// `MLFLOW_TRACKING_SERVER_CERT_PATH`). Secrets come from files (mounted
-/// Secrets), read once when the client is made.
+/// `mlflow_tls_ca_file` keys, and where those are unset, MLflow's own
+/// variables ([`MlflowEnv`]). Secret files (mounted Secrets) are read when the
+/// client is made and again whenever they change, so a rotated token or
+/// password is used without a restart.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MlflowAccess {
     /// File holding a token sent as `Authorization: Bearer <token>`.
@@ -303,42 +305,178 @@ pub struct MlflowAccess {
     /// CA bundle (PEM) an https server's certificate must chain to, instead of
     /// the system's roots.
     pub tls_ca_file: Option<PathBuf>,
+    /// MLflow's variables: credentials when none of the three credential keys
+    /// is set, the CA when `tls_ca_file` is unset.
+    pub env: MlflowEnv,
+}
+
+/// MLflow's own environment variables, as its clients read them. The services
+/// take them where their `mlflow_*` keys are unset.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct MlflowEnv {
+    /// `MLFLOW_TRACKING_URI`.
+    pub tracking_uri: Option<String>,
+    /// `MLFLOW_TRACKING_TOKEN`.
+    pub token: Option<String>,
+    /// `MLFLOW_TRACKING_USERNAME`.
+    pub username: Option<String>,
+    /// `MLFLOW_TRACKING_PASSWORD`.
+    pub password: Option<String>,
+    /// `MLFLOW_TRACKING_SERVER_CERT_PATH`.
+    pub server_cert_path: Option<PathBuf>,
+    /// `MLFLOW_TRACKING_INSECURE_TLS` as given; a true value is refused.
+    pub insecure_tls: Option<String>,
+}
+
+impl std::fmt::Debug for MlflowEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let redacted = |value: &Option<String>| value.as_ref().map(|_| "<redacted>");
+        f.debug_struct("MlflowEnv")
+            .field("tracking_uri", &self.tracking_uri)
+            .field("token", &redacted(&self.token))
+            .field("username", &self.username)
+            .field("password", &redacted(&self.password))
+            .field("server_cert_path", &self.server_cert_path)
+            .field("insecure_tls", &self.insecure_tls)
+            .finish()
+    }
+}
+
+impl MlflowEnv {
+    /// The variables `lookup` gives; empty ones count as unset.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
+        let get = |name: &str| lookup(name).filter(|value| !value.trim().is_empty());
+        Self {
+            tracking_uri: get("MLFLOW_TRACKING_URI").map(|uri| uri.trim().to_string()),
+            token: get("MLFLOW_TRACKING_TOKEN"),
+            username: get("MLFLOW_TRACKING_USERNAME"),
+            password: get("MLFLOW_TRACKING_PASSWORD"),
+            server_cert_path: get("MLFLOW_TRACKING_SERVER_CERT_PATH").map(PathBuf::from),
+            insecure_tls: get("MLFLOW_TRACKING_INSECURE_TLS"),
+        }
+    }
+
+    /// The process's variables.
+    pub fn from_process() -> Self {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Refuses `MLFLOW_TRACKING_INSECURE_TLS=true`: the services always verify
+    /// the tracking server, since its credentials would otherwise go to
+    /// whoever answers.
+    fn check_insecure_tls(&self) -> Result<(), MlflowError> {
+        const KEY: &str = "MLFLOW_TRACKING_INSECURE_TLS";
+        match self.insecure_tls.as_deref().map(|v| v.trim().to_ascii_lowercase()) {
+            None => Ok(()),
+            Some(value) if value == "false" || value == "0" => Ok(()),
+            Some(value) if value == "true" || value == "1" => Err(MlflowError::Access {
+                key: KEY,
+                reason: "is not supported: the tracking server's certificate is always verified; unset it and give the server's CA in MLFLOW_TRACKING_SERVER_CERT_PATH (or the service's mlflow_tls_ca_file)".into(),
+            }),
+            Some(value) => Err(MlflowError::Access {
+                key: KEY,
+                reason: format!("{value:?} is not true or false; unset it"),
+            }),
+        }
+    }
+}
+
+/// A credential: a value given once, or a file read again whenever its
+/// modification time or length changes.
+#[derive(Clone)]
+enum Secret {
+    Value(String),
+    File {
+        key: &'static str,
+        path: PathBuf,
+        cached: Arc<Mutex<CachedSecret>>,
+    },
+}
+
+struct CachedSecret {
+    stamp: Option<(SystemTime, u64)>,
+    value: String,
+}
+
+fn file_stamp(path: &PathBuf) -> Option<(SystemTime, u64)> {
+    let metadata = std::fs::metadata(path).ok()?;
+    Some((metadata.modified().ok()?, metadata.len()))
+}
+
+fn read_secret(key: &'static str, path: &PathBuf) -> Result<String, MlflowError> {
+    let text = std::fs::read_to_string(path).map_err(|err| MlflowError::Access {
+        key,
+        reason: format!("cannot read {}: {err}", path.display()),
+    })?;
+    let secret = text.trim().to_string();
+    if secret.is_empty() {
+        return Err(MlflowError::Access {
+            key,
+            reason: format!("{} is empty", path.display()),
+        });
+    }
+    Ok(secret)
+}
+
+impl Secret {
+    /// Reads `path` now: a file that cannot work is an error naming `key`.
+    fn file(key: &'static str, path: &PathBuf) -> Result<Self, MlflowError> {
+        let stamp = file_stamp(path);
+        let value = read_secret(key, path)?;
+        Ok(Secret::File {
+            key,
+            path: path.clone(),
+            cached: Arc::new(Mutex::new(CachedSecret { stamp, value })),
+        })
+    }
+
+    /// The current value. A file that changed is read again; one that became
+    /// unreadable or empty (mid-rotation) keeps the last good value.
+    fn current(&self) -> String {
+        let (key, path, cached) = match self {
+            Secret::Value(value) => return value.clone(),
+            Secret::File { key, path, cached } => (*key, path, cached),
+        };
+        let mut cached = cached
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let stamp = file_stamp(path);
+        if stamp.is_some() && stamp != cached.stamp {
+            match read_secret(key, path) {
+                Ok(value) => {
+                    if value != cached.value {
+                        tracing::info!(key, path = %path.display(), "MLflow credential file changed; using the new value");
+                    }
+                    *cached = CachedSecret { stamp, value };
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "keeping the last MLflow credential read");
+                }
+            }
+        }
+        cached.value.clone()
+    }
 }
 
 /// What every request carries to prove who the client is.
 #[derive(Clone)]
 enum Credentials {
-    Bearer(String),
-    Basic { username: String, password: String },
+    Bearer(Secret),
+    Basic { username: String, password: Secret },
 }
 
 impl MlflowAccess {
-    fn read_secret(key: &'static str, path: &PathBuf) -> Result<String, MlflowError> {
-        let text = std::fs::read_to_string(path).map_err(|err| MlflowError::Access {
-            key,
-            reason: format!("cannot read {}: {err}", path.display()),
-        })?;
-        let secret = text.trim().to_string();
-        if secret.is_empty() {
-            return Err(MlflowError::Access {
-                key,
-                reason: format!("{} is empty", path.display()),
-            });
-        }
-        Ok(secret)
-    }
-
     fn credentials(&self) -> Result<Option<Credentials>, MlflowError> {
         match (&self.token_file, &self.username, &self.password_file) {
-            (None, None, None) => Ok(None),
-            (Some(token), None, None) => Ok(Some(Credentials::Bearer(Self::read_secret(
+            (None, None, None) => self.env_credentials(),
+            (Some(token), None, None) => Ok(Some(Credentials::Bearer(Secret::file(
                 "mlflow_token_file",
                 token,
             )?))),
             (None, Some(username), Some(password)) if !username.trim().is_empty() => {
                 Ok(Some(Credentials::Basic {
                     username: username.trim().to_string(),
-                    password: Self::read_secret("mlflow_password_file", password)?,
+                    password: Secret::file("mlflow_password_file", password)?,
                 }))
             }
             (Some(_), _, _) => Err(MlflowError::Access {
@@ -356,14 +494,40 @@ impl MlflowAccess {
         }
     }
 
+    /// Credentials from MLflow's variables, used when no key names any.
+    fn env_credentials(&self) -> Result<Option<Credentials>, MlflowError> {
+        let env = &self.env;
+        match (&env.token, &env.username, &env.password) {
+            (None, None, None) => Ok(None),
+            (Some(token), None, None) => Ok(Some(Credentials::Bearer(Secret::Value(
+                token.trim().to_string(),
+            )))),
+            (None, Some(username), Some(password)) => Ok(Some(Credentials::Basic {
+                username: username.trim().to_string(),
+                password: Secret::Value(password.clone()),
+            })),
+            (Some(_), _, _) => Err(MlflowError::Access {
+                key: "MLFLOW_TRACKING_TOKEN",
+                reason: "set a token or a user name and password, not both: unset MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD".into(),
+            }),
+            (None, None, Some(_)) => Err(MlflowError::Access {
+                key: "MLFLOW_TRACKING_USERNAME",
+                reason: "MLFLOW_TRACKING_PASSWORD is set without a user: set MLFLOW_TRACKING_USERNAME too".into(),
+            }),
+            (None, Some(_), None) => Err(MlflowError::Access {
+                key: "MLFLOW_TRACKING_PASSWORD",
+                reason: "MLFLOW_TRACKING_USERNAME is set without a password: set MLFLOW_TRACKING_PASSWORD too".into(),
+            }),
+        }
+    }
+
     fn roots(&self) -> Result<Option<Vec<reqwest::Certificate>>, MlflowError> {
-        let Some(path) = &self.tls_ca_file else {
-            return Ok(None);
+        let (key, path) = match (&self.tls_ca_file, &self.env.server_cert_path) {
+            (Some(path), _) => ("mlflow_tls_ca_file", path),
+            (None, Some(path)) => ("MLFLOW_TRACKING_SERVER_CERT_PATH", path),
+            (None, None) => return Ok(None),
         };
-        let invalid = |reason: String| MlflowError::Access {
-            key: "mlflow_tls_ca_file",
-            reason,
-        };
+        let invalid = |reason: String| MlflowError::Access { key, reason };
         let pem = std::fs::read(path)
             .map_err(|err| invalid(format!("cannot read {}: {err}", path.display())))?;
         let certificates = reqwest::Certificate::from_pem_bundle(&pem)
@@ -429,6 +593,7 @@ impl MlflowClient {
         let path = format!("{}/api/2.0/mlflow/", base.path().trim_end_matches('/'));
         base.set_path(&path);
         base.set_query(None);
+        access.env.check_insecure_tls()?;
         let credentials = access.credentials()?;
         if credentials.is_some() && base.scheme() == "http" {
             tracing::warn!(
@@ -508,9 +673,9 @@ impl MlflowClient {
         let mut request = self.http.request(method, url).query(query);
         request = match &self.credentials {
             None => request,
-            Some(Credentials::Bearer(token)) => request.bearer_auth(token),
+            Some(Credentials::Bearer(token)) => request.bearer_auth(token.current()),
             Some(Credentials::Basic { username, password }) => {
-                request.basic_auth(username, Some(password))
+                request.basic_auth(username, Some(password.current()))
             }
         };
         if let Some(body) = body {
@@ -938,5 +1103,88 @@ mod tests {
             }
         ));
         assert!(!err.is_retryable());
+    }
+
+    #[test]
+    fn mlflow_variables_fill_in_unset_keys_and_insecure_tls_is_refused() {
+        let env = |pairs: &[(&str, &str)]| {
+            let pairs: Vec<(String, String)> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            MlflowEnv::from_lookup(|name| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| k == name)
+                    .map(|(_, v)| v.clone())
+            })
+        };
+        let read = env(&[
+            ("MLFLOW_TRACKING_URI", " https://mlflow.example.com "),
+            ("MLFLOW_TRACKING_TOKEN", "t0ken"),
+            ("MLFLOW_TRACKING_PASSWORD", ""),
+        ]);
+        assert_eq!(
+            read.tracking_uri.as_deref(),
+            Some("https://mlflow.example.com")
+        );
+        assert_eq!(read.password, None, "an empty variable is unset");
+        assert!(
+            !format!("{read:?}").contains("t0ken"),
+            "Debug hides the token"
+        );
+        let with_env = |pairs: &[(&str, &str)]| MlflowAccess {
+            env: env(pairs),
+            ..Default::default()
+        };
+        assert_eq!(
+            access_error(&with_env(&[("MLFLOW_TRACKING_INSECURE_TLS", "True")])),
+            "MLFLOW_TRACKING_INSECURE_TLS: is not supported: the tracking server's certificate is always verified; unset it and give the server's CA in MLFLOW_TRACKING_SERVER_CERT_PATH (or the service's mlflow_tls_ca_file)"
+        );
+        assert_eq!(
+            access_error(&with_env(&[("MLFLOW_TRACKING_USERNAME", "ml")])),
+            "MLFLOW_TRACKING_PASSWORD: MLFLOW_TRACKING_USERNAME is set without a password: set MLFLOW_TRACKING_PASSWORD too"
+        );
+        assert!(
+            access_error(&with_env(&[
+                ("MLFLOW_TRACKING_TOKEN", "t"),
+                ("MLFLOW_TRACKING_USERNAME", "ml"),
+                ("MLFLOW_TRACKING_PASSWORD", "p"),
+            ]))
+            .starts_with(
+                "MLFLOW_TRACKING_TOKEN: set a token or a user name and password, not both"
+            )
+        );
+        assert!(
+            access_error(&with_env(&[(
+                "MLFLOW_TRACKING_SERVER_CERT_PATH",
+                "/nonexistent/ca.pem"
+            )]))
+            .starts_with("MLFLOW_TRACKING_SERVER_CERT_PATH: cannot read /nonexistent/ca.pem")
+        );
+        // The service's own keys win: a token file set means the variables'
+        // user and password are not looked at.
+        let dir = tempfile::tempdir().expect("temp dir");
+        let token = dir.path().join("token");
+        std::fs::write(&token, "from-file").expect("write");
+        let access = MlflowAccess {
+            token_file: Some(token),
+            env: env(&[("MLFLOW_TRACKING_USERNAME", "ml")]),
+            ..Default::default()
+        };
+        assert!(matches!(
+            access.credentials(),
+            Ok(Some(Credentials::Bearer(secret))) if secret.current() == "from-file"
+        ));
+        assert!(
+            MlflowClient::with_access(
+                "https://mlflow.example.com",
+                &with_env(&[("MLFLOW_TRACKING_INSECURE_TLS", "false")]),
+                Duration::from_secs(1),
+                RetryPolicy::default(),
+                CancellationToken::new(),
+            )
+            .is_ok()
+        );
     }
 }

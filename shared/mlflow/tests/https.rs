@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls;
 use tokio_util::sync::CancellationToken;
-use trainyard_mlflow::{MlflowAccess, MlflowClient, MlflowError, RetryPolicy};
+use trainyard_mlflow::{MlflowAccess, MlflowClient, MlflowEnv, MlflowError, RetryPolicy};
 use trainyard_testkit::TestCertificates;
 
 /// A one-route MLflow over TLS: `experiments/get-by-name` answers when the
@@ -24,6 +24,7 @@ use trainyard_testkit::TestCertificates;
 struct HttpsMlflow {
     url: String,
     authorizations: Arc<Mutex<Vec<String>>>,
+    expected: Arc<Mutex<String>>,
     stop: CancellationToken,
 }
 
@@ -54,8 +55,8 @@ impl HttpsMlflow {
         let port = listener.local_addr().expect("address").port();
         let authorizations = Arc::new(Mutex::new(Vec::new()));
         let stop = CancellationToken::new();
-        let (seen, expected, stopped) =
-            (authorizations.clone(), expected.to_string(), stop.clone());
+        let expected = Arc::new(Mutex::new(expected.to_string()));
+        let (seen, wanted, stopped) = (authorizations.clone(), expected.clone(), stop.clone());
         tokio::spawn(async move {
             loop {
                 let (tcp, _) = tokio::select! {
@@ -65,7 +66,7 @@ impl HttpsMlflow {
                         Err(_) => return,
                     },
                 };
-                let (acceptor, seen, expected) = (acceptor.clone(), seen.clone(), expected.clone());
+                let (acceptor, seen, wanted) = (acceptor.clone(), seen.clone(), wanted.clone());
                 tokio::spawn(async move {
                     // A client that does not trust the certificate hangs up here.
                     let Ok(mut tls) = acceptor.accept(tcp).await else {
@@ -75,7 +76,8 @@ impl HttpsMlflow {
                         return;
                     };
                     seen.lock().expect("lock").push(authorization.clone());
-                    let (status, body) = if authorization == expected {
+                    let accepted = authorization == *wanted.lock().expect("lock");
+                    let (status, body) = if accepted {
                         (
                             "200 OK",
                             r#"{"experiment":{"experiment_id":"7","name":"bert","lifecycle_stage":"active"}}"#,
@@ -98,12 +100,18 @@ impl HttpsMlflow {
         Self {
             url: format!("https://localhost:{port}"),
             authorizations,
+            expected,
             stop,
         }
     }
 
     fn authorizations(&self) -> Vec<String> {
         self.authorizations.lock().expect("lock").clone()
+    }
+
+    /// From now on only `authorization` is accepted (the credential rotated).
+    fn accept_only(&self, authorization: &str) {
+        *self.expected.lock().expect("lock") = authorization.to_string();
     }
 }
 
@@ -242,4 +250,106 @@ async fn a_server_another_ca_signed_is_refused_before_the_token_is_sent() {
         server.authorizations().is_empty(),
         "no request reached the server"
     );
+}
+
+/// Replaces `path` the way the kubelet updates a mounted Secret: a new file
+/// renamed over the old.
+fn rotate(path: &Path, value: &str) {
+    let next = path.with_extension("next");
+    std::fs::write(&next, value).expect("write the new secret");
+    std::fs::rename(&next, path).expect("swap it in");
+}
+
+#[tokio::test]
+async fn a_rotated_token_file_is_used_without_a_new_client() {
+    let certificates = TestCertificates::generate("mlflow-test-ca");
+    let server = HttpsMlflow::start(&certificates, "Bearer first-token").await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let token = secret(dir.path(), "token", "first-token\n");
+    let client = client(
+        &server.url,
+        &MlflowAccess {
+            token_file: Some(token.clone()),
+            tls_ca_file: Some(certificates.ca()),
+            ..Default::default()
+        },
+    );
+    client
+        .experiment_by_name("bert")
+        .await
+        .expect("the first token is taken");
+
+    server.accept_only("Bearer second-token-after-rotation");
+    rotate(&token, "second-token-after-rotation\n");
+    client
+        .experiment_by_name("bert")
+        .await
+        .expect("the same client sends the rotated token");
+
+    // A file caught empty mid-rotation keeps the last token in use.
+    rotate(&token, "");
+    client
+        .experiment_by_name("bert")
+        .await
+        .expect("an empty file does not replace the token");
+    assert_eq!(
+        server.authorizations(),
+        [
+            "Bearer first-token",
+            "Bearer second-token-after-rotation",
+            "Bearer second-token-after-rotation"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_rotated_password_file_is_used_without_a_new_client() {
+    let certificates = TestCertificates::generate("mlflow-test-ca");
+    // ml-tracker:old and ml-tracker:new
+    let server = HttpsMlflow::start(&certificates, "Basic bWwtdHJhY2tlcjpvbGQ=").await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let password = secret(dir.path(), "password", "old");
+    let client = client(
+        &server.url,
+        &MlflowAccess {
+            username: Some("ml-tracker".into()),
+            password_file: Some(password.clone()),
+            tls_ca_file: Some(certificates.ca()),
+            ..Default::default()
+        },
+    );
+    client
+        .experiment_by_name("bert")
+        .await
+        .expect("old password");
+    server.accept_only("Basic bWwtdHJhY2tlcjpuZXc=");
+    rotate(&password, "new");
+    client
+        .experiment_by_name("bert")
+        .await
+        .expect("the rotated password is sent");
+}
+
+#[tokio::test]
+async fn mlflow_variables_give_the_token_and_the_ca_when_no_key_does() {
+    let certificates = TestCertificates::generate("mlflow-test-ca");
+    let server = HttpsMlflow::start(&certificates, "Bearer from-the-environment").await;
+    let ca = certificates.ca().display().to_string();
+    let env = MlflowEnv::from_lookup(|name| match name {
+        "MLFLOW_TRACKING_TOKEN" => Some("from-the-environment".into()),
+        "MLFLOW_TRACKING_SERVER_CERT_PATH" => Some(ca.clone()),
+        _ => None,
+    });
+    client(
+        &server.url,
+        &MlflowAccess {
+            env,
+            ..Default::default()
+        },
+    )
+    .experiment_by_name("bert")
+    .await
+    .expect("the variables' token and CA work")
+    .expect("found");
+    assert_eq!(server.authorizations(), ["Bearer from-the-environment"]);
 }

@@ -36,7 +36,9 @@ pub struct NatsServer {
 struct ServerConfig {
     path: PathBuf,
     env: Vec<(String, String)>,
-    _dir: tempfile::TempDir,
+    /// The directory of a configuration written from text; none for a file the
+    /// caller owns.
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl NatsServer {
@@ -58,7 +60,18 @@ impl NatsServer {
         Self::start_server(Some(ServerConfig {
             path,
             env: env.to_vec(),
-            _dir: dir,
+            _dir: Some(dir),
+        }))
+    }
+
+    /// Starts a server reading the configuration file at `path`, whose
+    /// `include`s resolve beside it, with `env` set for its `$VARIABLE`s. The
+    /// command line's loopback address, port and store override the file's.
+    pub fn start_with_config_file(path: &std::path::Path, env: &[(String, String)]) -> Self {
+        Self::start_server(Some(ServerConfig {
+            path: path.to_path_buf(),
+            env: env.to_vec(),
+            _dir: None,
         }))
     }
 
