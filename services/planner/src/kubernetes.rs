@@ -8,6 +8,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube::{Api, Client, Resource, ResourceExt};
+use nkeys::KeyPair;
 use planner_core::{DesiredObjects, PLACEMENT_GATE};
 use serde_json::json;
 use trainyard_api::placement::LABEL_HOSTNAME;
@@ -82,6 +83,7 @@ pub struct ObjectChanges {
     pub config_map: bool,
     pub service: bool,
     pub job: bool,
+    pub worker_credentials: bool,
 }
 
 /// The planner's Kubernetes port.
@@ -90,6 +92,8 @@ pub struct KubeWriter {
     client: Client,
     field_manager: String,
     recorder: Arc<EventRecorder>,
+    /// Signs the workers' NATS tokens, when the planner issues them.
+    credentials_issuer: Option<Arc<KeyPair>>,
 }
 
 pub(crate) fn is_not_found(err: &kube::Error) -> bool {
@@ -102,7 +106,14 @@ impl KubeWriter {
             recorder: Arc::new(EventRecorder::new(client.clone(), field_manager)),
             client,
             field_manager: field_manager.to_string(),
+            credentials_issuer: None,
         }
+    }
+
+    /// Signs the workers' tokens with `issuer` (`planner.worker_credentials_seed_file`).
+    pub fn with_credentials_issuer(mut self, issuer: Arc<KeyPair>) -> Self {
+        self.credentials_issuer = Some(issuer);
+        self
     }
 
     fn apply_params(&self) -> PatchParams {
@@ -149,6 +160,23 @@ impl KubeWriter {
         if let Some(claim) = &objects.checkpoint_claim {
             self.apply_if(changes.checkpoint_claim, namespace, &params, claim)
                 .await?;
+        }
+        // The workers' token, signed now: its lifetime counts from admission.
+        if let Some(credentials) = objects
+            .worker_credentials
+            .as_ref()
+            .filter(|_| changes.worker_credentials)
+        {
+            let issuer = self.credentials_issuer.as_ref().ok_or_else(|| {
+                PlannerError::Credentials(
+                    "worker credentials asked for without planner.worker_credentials_seed_file loaded"
+                        .into(),
+                )
+            })?;
+            let secret = credentials
+                .secret(issuer, chrono::Utc::now())
+                .map_err(|err| PlannerError::Credentials(err.to_string()))?;
+            self.apply_if(true, namespace, &params, &secret).await?;
         }
         let config_map = self.apply_if(changes.config_map, namespace, &params, &objects.config_map);
         let service = self.apply_if(changes.service, namespace, &params, &objects.service);

@@ -3,6 +3,7 @@
 //! (`planner-core`) what the cluster should hold, and applies it with server-side
 //! apply under one field manager.
 
+pub mod callout;
 pub mod error;
 pub mod events;
 pub mod job_metrics;
@@ -56,8 +57,24 @@ pub fn start(
     })?;
     let metrics = PlannerMetrics::register(&runtime.registry)?;
     let lease = runtime.lease()?;
+    let mut writer = KubeWriter::new(client, &config.field_manager);
+    if let Some(path) = &config.worker_credentials_seed_file {
+        let issuer = Arc::new(callout::load_issuer(path)?);
+        writer = writer.with_credentials_issuer(issuer.clone());
+        let callout_metrics = callout::CalloutMetrics::register(&runtime.registry)?;
+        let (client, shutdown) = (runtime.client.clone(), runtime.shutdown.clone());
+        runtime.spawn(async move {
+            if let Err(err) =
+                callout::serve(client, issuer, callout_metrics, shutdown.clone()).await
+            {
+                // Without the callout no worker can connect: stop rather than run half-blind.
+                tracing::error!(error = %err, "auth callout stopped; shutting the planner down");
+                shutdown.cancel();
+            }
+        });
+    }
     let planner = Planner::new(
-        KubeWriter::new(client, &config.field_manager),
+        writer,
         runtime.publisher.clone(),
         StateStore::new(bucket),
         config,

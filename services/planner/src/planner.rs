@@ -155,6 +155,7 @@ struct AppliedObjects {
     config_map: Option<u64>,
     service: Option<u64>,
     job: Option<u64>,
+    worker_credentials: Option<u64>,
 }
 
 /// Every job's entry, by `<namespace>/<name>`.
@@ -240,6 +241,13 @@ fn objects_fingerprints(
         config_map: Some(object_fingerprint(manager, &objects.config_map)?),
         service: Some(object_fingerprint(manager, &objects.service)?),
         job: Some(object_fingerprint(manager, &objects.job)?),
+        // The unsigned credentials: the Secret is signed once per attempt
+        // and process, not again on every reconcile.
+        worker_credentials: objects
+            .worker_credentials
+            .as_ref()
+            .map(|credentials| object_fingerprint(manager, credentials))
+            .transpose()?,
     })
 }
 
@@ -614,6 +622,8 @@ impl Planner {
                             config_map: applied.config_map != prints.config_map,
                             service: applied.service != prints.service,
                             job: applied.job != prints.job,
+                            worker_credentials: applied.worker_credentials
+                                != prints.worker_credentials,
                         };
                         self.writer.apply(&namespace, &objects, changes).await?;
                         entry.applied = prints;

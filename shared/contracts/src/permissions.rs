@@ -20,6 +20,15 @@ use crate::subject;
 /// The account every Trainyard identity lives in.
 pub const ACCOUNT: &str = "TRAINYARD";
 
+/// Where nats-server asks its auth callout (the planner) about a connection
+/// that presented no service password: a worker with its job's token.
+pub const AUTH_CALLOUT_SUBJECT: &str = "$SYS.REQ.USER.AUTH";
+/// Where the callout's answers go: the server's own reply inboxes.
+pub const AUTH_CALLOUT_REPLIES: &str = "$SYS._INBOX.>";
+/// Environment variable holding the callout issuer's public account nkey on
+/// the nats-server.
+pub const CALLOUT_ISSUER_VARIABLE: &str = "TRAINYARD_NATS_CALLOUT_ISSUER";
+
 /// Who connects to NATS.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Identity {
@@ -126,15 +135,25 @@ impl Identity {
                             .insert(scoped(&entry.subject_pattern, &ns, &name));
                     }
                     if entry.consumers.contains("training workers") {
-                        permissions
-                            .subscribe
-                            .insert(scoped(&entry.subject_pattern, &ns, &name));
+                        // One subscription hears every command to the job.
+                        permissions.subscribe.insert(any_kind(&scoped(
+                            &entry.subject_pattern,
+                            &ns,
+                            &name,
+                        )));
                     }
                 }
             }
         }
         if let Identity::Service(service) = self {
             add_jetstream(*service, &mut permissions);
+            if *service == Service::Planner {
+                // The planner answers the auth callout for workers.
+                permissions
+                    .subscribe
+                    .insert(AUTH_CALLOUT_SUBJECT.to_string());
+                permissions.publish.insert(AUTH_CALLOUT_REPLIES.to_string());
+            }
         }
         Ok(permissions)
     }
@@ -192,6 +211,15 @@ fn any_kind_if_alert(subject: String) -> String {
             None => subject,
         },
         None => subject,
+    }
+}
+
+/// `trainyard.<family>.<kind>.<rest>` with any kind.
+fn any_kind(subject: &str) -> String {
+    let tokens: Vec<&str> = subject.splitn(4, '.').collect();
+    match tokens.as_slice() {
+        [root, family, _kind, rest] => format!("{root}.{family}.*.{rest}"),
+        _ => subject.to_string(),
     }
 }
 
@@ -269,6 +297,18 @@ pub fn password_variable(identity: &Identity) -> String {
 /// from the environment variable [`password_variable`] names, and its allow lists.
 /// The server's main configuration includes it (`include auth.conf`).
 pub fn server_config(identities: &[Identity]) -> Result<String, ContractError> {
+    server_config_with(identities, false)
+}
+
+/// [`server_config`], and with `auth_callout` the `authorization { auth_callout }`
+/// block: every other connection (a worker with its job's token) is handed
+/// to the planner, which answers as the account nkey whose public key is in
+/// [`CALLOUT_ISSUER_VARIABLE`]; `identities` are its `auth_users` and keep
+/// their passwords.
+pub fn server_config_with(
+    identities: &[Identity],
+    auth_callout: bool,
+) -> Result<String, ContractError> {
     let mut out = String::from(
         "# NATS users and permissions of Trainyard, generated from shared/contracts by\n\
          # `cargo run -p trainyard-contracts --bin nats-auth-config`; do not edit.\n\
@@ -291,6 +331,19 @@ pub fn server_config(identities: &[Identity]) -> Result<String, ContractError> {
         ));
     }
     out.push_str("    ]\n  }\n}\n");
+    if auth_callout {
+        let users: Vec<String> = identities
+            .iter()
+            .map(|identity| format!("      \"{}\"\n", identity.user()))
+            .collect();
+        out.push_str(&format!(
+            "# Connections of no user above (workers, with their job's token) are\n\
+             # authorized by the planner; see docs/security.md.\n\
+             authorization {{\n  auth_callout {{\n    issuer: ${CALLOUT_ISSUER_VARIABLE}\n    \
+             account: \"{ACCOUNT}\"\n    auth_users: [\n{}    ]\n  }}\n}}\n",
+            users.concat()
+        ));
+    }
     Ok(out)
 }
 
@@ -324,10 +377,12 @@ mod tests {
                 "trainyard.worker.utilization.ml.bert_v2".to_string(),
             ])
         );
-        assert!(
-            permissions
-                .subscribe
-                .contains("trainyard.commands.stop.ml.bert_v2")
+        assert_eq!(
+            permissions.subscribe,
+            BTreeSet::from([
+                "_INBOX.worker.ml.bert_v2.>".to_string(),
+                "trainyard.commands.*.ml.bert_v2".to_string(),
+            ])
         );
         assert!(
             permissions

@@ -7,6 +7,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::subject::Family;
 
+/// Environment variable with a worker's NATS token (its job's credentials,
+/// issued by the planner): a worker connects with it as its NATS token when set.
+pub const NATS_TOKEN_ENV: &str = "TRAINYARD_NATS_TOKEN";
+
 /// Training progress of one worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

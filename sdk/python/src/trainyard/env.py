@@ -54,6 +54,10 @@ class WorkerEnv:
     worker_index: int = 0
     num_workers: int = 1
     nats_url: str = DEFAULT_NATS_URL
+    #: The job's NATS token (`TRAINYARD_NATS_TOKEN`, from the planner's Secret):
+    #: connect with it when set; NATS then lets this worker report for its own
+    #: job only.
+    nats_token: Optional[str] = None
     epochs: Optional[int] = None
     learning_rate: Optional[float] = None
     batch_size: Optional[int] = None
@@ -94,6 +98,7 @@ class WorkerEnv:
             worker_index=_int(env, "TRAINYARD_WORKER_INDEX", 0),
             num_workers=_int(env, "TRAINYARD_NUM_WORKERS", 1),
             nats_url=_text(env, "TRAINYARD_NATS_URL") or DEFAULT_NATS_URL,
+            nats_token=_text(env, "TRAINYARD_NATS_TOKEN"),
             epochs=epochs or None,
             learning_rate=_float(env, "LEARNING_RATE"),
             batch_size=batch_size or None,

@@ -38,6 +38,11 @@ def command_filter(namespace: str, job: str) -> str:
     return f"{SUBJECT_ROOT}.commands.*.{token(namespace)}.{token(job)}"
 
 
+def worker_inbox_prefix(namespace: str, job: str) -> str:
+    """The reply inbox a job's workers may use: `_INBOX.worker.<ns>.<job>`."""
+    return f"_INBOX.worker.{token(namespace)}.{token(job)}"
+
+
 def uuid7() -> str:
     """A UUID v7 (time-ordered), as envelope ids must be."""
     ms = time.time_ns() // 1_000_000

@@ -33,6 +33,7 @@ from .messages import (
     build_report,
     command_filter,
     finite_metrics,
+    worker_inbox_prefix,
 )
 
 log = logging.getLogger("trainyard")
@@ -432,9 +433,18 @@ class Reporter:
 
         # With unlimited reconnects nats-py retries even the first connect forever; the
         # timeout hands control back so a closing reporter is not held up.
+        credentials: dict = {}
+        if self.env.nats_token:
+            # The job's token admits this worker to its own job's subjects and
+            # its own reply inbox, where JetStream's acknowledgements arrive.
+            credentials = {
+                "token": self.env.nats_token,
+                "inbox_prefix": worker_inbox_prefix(self.env.namespace, self.env.job),
+            }
         connecting = nats.connect(
             self.env.nats_url,
             name=f"trainyard-worker {self.env.namespace}/{self.env.job}/{self.env.worker_index}",
+            **credentials,
             connect_timeout=2,
             allow_reconnect=True,
             max_reconnect_attempts=-1,

@@ -80,6 +80,16 @@ pub struct PlannerConfig {
     pub checkpoint_storage_class: Option<String>,
     /// Size of that claim, a Kubernetes quantity.
     pub checkpoint_volume_size: String,
+    /// File holding the NATS account nkey seed (`SA...`) the planner signs
+    /// worker tokens and auth callout answers with. Set: every admitted
+    /// attempt gets a Secret `<job>-nats` with its workers' token
+    /// (`TRAINYARD_NATS_TOKEN`) and the planner answers nats-server's auth
+    /// callout. Unset: workers get no token.
+    pub worker_credentials_seed_file: Option<String>,
+    /// Seconds a worker token is valid from the attempt's admission; a job
+    /// whose `failurePolicy.activeDeadlineSeconds` is longer gets that plus an
+    /// hour.
+    pub worker_token_lifetime_seconds: u64,
 }
 
 impl Default for PlannerConfig {
@@ -105,6 +115,8 @@ impl Default for PlannerConfig {
             worker_run_as_non_root: false,
             checkpoint_storage_class: None,
             checkpoint_volume_size: "100Gi".to_owned(),
+            worker_credentials_seed_file: None,
+            worker_token_lifetime_seconds: 7 * 86_400,
         }
     }
 }

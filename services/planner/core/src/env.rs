@@ -9,13 +9,16 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{ConfigMapKeySelector, EnvVar, EnvVarSource, ObjectFieldSelector};
+use k8s_openapi::api::core::v1::{
+    ConfigMapKeySelector, EnvVar, EnvVarSource, ObjectFieldSelector, SecretKeySelector,
+};
 use trainyard_api::{
     CheckpointFrequency, CommunicationBackend, Framework, StorageType, TrainingJobSpec,
 };
 
 use crate::error::PlanError;
 use crate::names::COMPLETION_INDEX_ANNOTATION;
+use crate::worker_token::{TOKEN_ENV, TOKEN_SECRET_KEY};
 
 /// Variable holding the worker's index; others reference it as `$(TRAINYARD_WORKER_INDEX)`.
 pub const WORKER_INDEX_ENV: &str = "TRAINYARD_WORKER_INDEX";
@@ -45,6 +48,8 @@ pub(crate) struct WorkerContext<'a> {
     pub worker_hosts: &'a [String],
     /// The Sweep the job is a trial of (its owner), if any.
     pub sweep: Option<&'a str>,
+    /// The Secret with the workers' NATS token, when the planner issues them.
+    pub credentials_secret: Option<&'a str>,
 }
 
 fn literal(name: &str, value: impl Into<String>) -> EnvVar {
@@ -94,7 +99,7 @@ pub(crate) fn worker_env(
 
 /// The worker reporting contract: who am I, and where do I report.
 fn trainyard_env(spec: &TrainingJobSpec, ctx: &WorkerContext<'_>) -> Vec<EnvVar> {
-    vec![
+    let mut env = vec![
         literal("TRAINYARD_NAMESPACE", ctx.namespace),
         literal("TRAINYARD_JOB", ctx.training_job),
         literal("TRAINYARD_ATTEMPT", ctx.attempt.to_string()),
@@ -111,7 +116,22 @@ fn trainyard_env(spec: &TrainingJobSpec, ctx: &WorkerContext<'_>) -> Vec<EnvVar>
         },
         literal("TRAINYARD_NUM_WORKERS", spec.num_workers.to_string()),
         literal("TRAINYARD_NATS_URL", ctx.nats_url),
-    ]
+    ];
+    if let Some(secret) = ctx.credentials_secret {
+        env.push(EnvVar {
+            name: TOKEN_ENV.to_owned(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret.to_owned(),
+                    key: TOKEN_SECRET_KEY.to_owned(),
+                    optional: Some(false),
+                }),
+                ..EnvVarSource::default()
+            }),
+        });
+    }
+    env
 }
 
 /// The framework's own distributed-training variables.

@@ -184,3 +184,31 @@ fn join_field_errors(errors: &[FieldError]) -> String {
         .collect::<Vec<_>>()
         .join("; ")
 }
+
+/// Why a worker's NATS credentials cannot be issued or are refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CredentialError {
+    /// The worker token is not one the planner issues.
+    #[error("worker token is malformed: {0}")]
+    MalformedToken(&'static str),
+
+    /// The token's signature is not the issuer's: forged, or signed by another key.
+    #[error("worker token is signed by another key (or altered)")]
+    BadSignature,
+
+    /// The token's time is over; a new attempt of the job gets a new one.
+    #[error("worker token for {namespace}/{job} expired at {expired_at} (Unix seconds)")]
+    Expired {
+        namespace: String,
+        job: String,
+        expired_at: i64,
+    },
+
+    /// nats-server's authorization request cannot be read or was not signed by it.
+    #[error("authorization request is malformed: {0}")]
+    MalformedRequest(String),
+
+    /// The issuer key cannot sign (it is a public key, not a seed) or a claim cannot be encoded.
+    #[error("cannot sign: {0}")]
+    Signing(String),
+}

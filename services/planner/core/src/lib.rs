@@ -13,6 +13,7 @@
 //!
 //! See the crate's README for the state machine and the failure policy.
 
+pub mod callout;
 mod checkpoints;
 mod config;
 mod context;
@@ -30,6 +31,7 @@ mod state;
 mod status;
 mod submission;
 mod sweep;
+mod worker_token;
 
 pub use checkpoints::{
     EVENT_CHECKPOINT_INCOMPLETE, EVENT_CHECKPOINT_SKIPPED, EVENT_MODEL_REGISTERED,
@@ -52,7 +54,7 @@ pub use env::{
     TRAINING_CONFIG_FILE, WORKER_INDEX_ENV, additional_param_env_name, checkpoint_dir,
     tensorboard_log_dir,
 };
-pub use error::PlanError;
+pub use error::{CredentialError, PlanError};
 pub use failure::{FailureCause, WorkerFailure, classify_pod};
 pub use names::{
     COMPLETION_INDEX_ANNOTATION, LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED_BY, LABEL_ROLE,
@@ -75,3 +77,6 @@ pub use submission::{
     Accepted, LABEL_SUBMITTED, Rejection, check_overwrite, check_pod_policy, check_submission,
 };
 pub use sweep::{WELL_KNOWN_HYPERPARAMETERS, sweep_status, trial_spec};
+pub use worker_token::{
+    SIGNING_CONTEXT, TOKEN_ENV, TOKEN_SECRET_KEY, WorkerCredentials, WorkerToken,
+};

@@ -34,6 +34,7 @@ pub enum Role {
     Config,
     Service,
     Checkpoints,
+    Credentials,
 }
 
 impl Role {
@@ -44,6 +45,7 @@ impl Role {
             Self::Config => "config",
             Self::Service => "service",
             Self::Checkpoints => "checkpoints",
+            Self::Credentials => "credentials",
         }
     }
 }
@@ -53,6 +55,11 @@ impl Role {
 /// Every attempt is a new Job: a failed gang is replaced as a whole, never one worker.
 pub fn job_name(training_job: &str, attempt: u32) -> String {
     format!("{training_job}-a{attempt}")
+}
+
+/// Name of the Secret with the NATS token of `attempt`'s workers.
+pub fn worker_credentials_name(training_job: &str, attempt: u32) -> String {
+    format!("{}-nats", job_name(training_job, attempt))
 }
 
 /// Name of the headless worker Service (also the pods' `subdomain`).

@@ -31,10 +31,11 @@ use crate::env::{
 use crate::error::PlanError;
 use crate::names::{
     LABEL_HOSTNAME, PLACEMENT_GATE, Role, checkpoint_claim_name, common_labels, config_map_name,
-    job_name, service_name, worker_host, worker_selector,
+    job_name, service_name, worker_credentials_name, worker_host, worker_selector,
 };
 use crate::preflight::{job_identity, preflight};
 use crate::resources::worker_resources;
+use crate::worker_token::WorkerCredentials;
 
 /// Name of the worker container.
 pub const WORKER_CONTAINER: &str = "worker";
@@ -74,6 +75,10 @@ pub struct DesiredObjects {
     pub config_map: ConfigMap,
     pub service: Service,
     pub job: Job,
+    /// The Secret with the workers' NATS token, once the attempt is admitted
+    /// and when the planner issues worker credentials; applied with the
+    /// ConfigMap, before the Job's workers start.
+    pub worker_credentials: Option<WorkerCredentials>,
 }
 
 impl DesiredObjects {
@@ -137,6 +142,8 @@ pub fn desired_objects(job: &TrainingJob, plan: &JobPlan<'_>) -> Result<DesiredO
         .map(|index| worker_host(&job_name, index, &service_name, identity.namespace))
         .collect();
     let master_host = worker_hosts.first().cloned().unwrap_or_default();
+    let credentials_name = worker_credentials_name(identity.name, plan.attempt);
+    let issues_credentials = plan.config.worker_credentials_seed_file.is_some();
     let context = WorkerContext {
         training_job: identity.name,
         namespace: identity.namespace,
@@ -152,6 +159,7 @@ pub fn desired_objects(job: &TrainingJob, plan: &JobPlan<'_>) -> Result<DesiredO
             .flatten()
             .find(|owner| owner.kind == "Sweep")
             .map(|owner| owner.name.as_str()),
+        credentials_secret: issues_credentials.then_some(credentials_name.as_str()),
     };
 
     let config_map = ConfigMap {
@@ -238,12 +246,35 @@ pub fn desired_objects(job: &TrainingJob, plan: &JobPlan<'_>) -> Result<DesiredO
         ..PersistentVolumeClaim::default()
     });
 
+    // Signed once the attempt is admitted, so the token's lifetime counts
+    // from when its workers can start, not from a wait in the queue.
+    let worker_credentials = (issues_credentials && admitted).then(|| WorkerCredentials {
+        metadata: meta(credentials_name.clone(), Role::Credentials),
+        namespace: identity.namespace.to_owned(),
+        job: identity.name.to_owned(),
+        lifetime_seconds: token_lifetime_seconds(spec, plan.config),
+    });
+
     Ok(DesiredObjects {
         field_manager: plan.config.field_manager.clone(),
         checkpoint_claim,
         config_map,
         service,
         job,
+        worker_credentials,
+    })
+}
+
+/// The configured token lifetime, or the job's active deadline and an hour
+/// when that is longer: a job may run to its deadline.
+fn token_lifetime_seconds(spec: &TrainingJobSpec, config: &PlannerConfig) -> u64 {
+    let deadline = spec
+        .failure_policy
+        .as_ref()
+        .and_then(|f| f.active_deadline_seconds)
+        .map(|seconds| seconds.saturating_add(3600));
+    deadline.map_or(config.worker_token_lifetime_seconds, |deadline| {
+        deadline.max(config.worker_token_lifetime_seconds)
     })
 }
 
