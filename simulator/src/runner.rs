@@ -206,6 +206,14 @@ async fn publish(jetstream: Option<&async_nats::jetstream::Context>, reports: Ve
                 let worker = payload.worker_index;
                 envelope(&namespace, &training_job, worker, payload)
             }
+            Report::Utilization {
+                namespace,
+                training_job,
+                payload,
+            } => {
+                let worker = payload.worker_index;
+                envelope(&namespace, &training_job, worker, payload)
+            }
         };
         match jetstream.publish(subject.clone(), body.into()).await {
             Ok(ack) => acks.push(ack),
