@@ -23,6 +23,7 @@ use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::TryRecvError;
 use trainyard_api::placement::{LABEL_ATTEMPT, LABEL_JOB, LABEL_WORKER_INDEX};
 use trainyard_api::quantity::{QuantityError, bytes, cpu_millis};
+use trainyard_contracts::cost::{UtilizationReported, WorkerPhase};
 use trainyard_contracts::decisions::{RetentionApplied, RetentionExecutor};
 use trainyard_contracts::hash::fnv1a_of;
 use trainyard_contracts::object_key;
@@ -44,6 +45,14 @@ const GPU: &str = "nvidia.com/gpu";
 const MIG_PREFIX: &str = "nvidia.com/mig-";
 /// Per-job override of the epoch speed, for trace replay (set through `spec.env`).
 pub const EPOCH_SECONDS_ENV: &str = "TRAINYARD_SIM_SECONDS_PER_EPOCH";
+/// Per-job idleness on demand (set through `spec.env`): once the workers reach
+/// this epoch they hold their GPUs without using them, until stopped.
+pub const IDLE_AFTER_EPOCH_ENV: &str = "TRAINYARD_SIM_IDLE_AFTER_EPOCH";
+/// GPU utilisation the workers report in each phase; training is per model.
+const STARTING_UTILIZATION: f64 = 0.0;
+const LOADING_UTILIZATION: f64 = 0.03;
+const CHECKPOINTING_UTILIZATION: f64 = 0.04;
+const IDLE_UTILIZATION: f64 = 0.01;
 
 fn wall_clock() -> String {
     Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true)
@@ -63,6 +72,12 @@ pub enum Report {
         namespace: String,
         training_job: String,
         payload: CheckpointReported,
+        nats_token: Option<String>,
+    },
+    Utilization {
+        namespace: String,
+        training_job: String,
+        payload: UtilizationReported,
         nats_token: Option<String>,
     },
 }
@@ -162,6 +177,13 @@ struct Run {
     killed_in_save: bool,
     /// `TRAINYARD_NATS_TOKEN` of its pods (from the planner's Secret), if set.
     nats_token: Option<String>,
+    /// `TRAINYARD_SIM_IDLE_AFTER_EPOCH`: training stops advancing at this epoch.
+    idle_after_epoch: Option<u32>,
+    /// Whether the workers have gone idle (and said so in their logs).
+    idle: bool,
+    /// The phase (and idleness) last reported, and when the next report is due.
+    utilization_reported: Option<(WorkerPhase, bool)>,
+    utilization_due: f64,
 }
 
 impl Run {
@@ -940,6 +962,7 @@ impl Cluster {
                 group.time_slicing_replicas.map(|r| r.to_string()),
             ),
             ("topology.kubernetes.io/zone", group.zone.clone()),
+            ("topology.kubernetes.io/region", group.region.clone()),
             ("trainyard.dev/price-class", group.price_class.clone()),
             (
                 "nvidia.com/gpu.clique",
@@ -1028,6 +1051,12 @@ impl Cluster {
                         let epoch = Self::epoch_at(&run, started, now);
                         let pods = self.pods_of(&run.namespace, &uid);
                         reports.push(self.save_checkpoint(&mut run, &pods, epoch, true));
+                        reports.extend(self.utilization(
+                            &mut run,
+                            &pods,
+                            now,
+                            WorkerPhase::Checkpointing,
+                        ));
                     }
                 }
             }
@@ -1533,6 +1562,7 @@ impl Cluster {
             .and_then(|s| s.parse::<f64>().ok())
             .filter(|s| s.is_finite() && *s > 0.0);
         let nats_token = env(TOKEN_ENV);
+        let idle_after_epoch = env(IDLE_AFTER_EPOCH_ENV).and_then(|e| e.parse().ok());
         let failure = (self.rng.random::<f64>() < self.config.failures.rate).then(|| {
             let codes = &self.config.failures.exit_codes;
             let code = codes[self.rng.random_range(0..codes.len())];
@@ -1573,6 +1603,10 @@ impl Cluster {
             failure,
             stop_requested: false,
             nats_token,
+            idle_after_epoch,
+            idle: false,
+            utilization_reported: None,
+            utilization_due: 0.0,
         })
     }
 
@@ -1771,9 +1805,60 @@ impl Cluster {
             });
     }
 
+    /// The epoch training has reached: it stops at the idle epoch, if any
+    /// (a run resumed beyond it is idle from its start).
     fn epoch_at(run: &Run, started: f64, now: f64) -> u32 {
         let trained = ((now - started) / run.seconds_per_epoch).floor().max(0.0) as u32;
-        (run.start_epoch + trained).min(run.total_epochs)
+        let epoch = (run.start_epoch + trained).min(run.total_epochs);
+        run.idle_after_epoch
+            .map_or(epoch, |idle| epoch.min(idle.max(run.start_epoch)))
+    }
+
+    /// Each running worker's GPU utilisation report, when one is due: the
+    /// phase (or idleness) changed, or `utilizationReportSeconds` passed.
+    /// None when reports are off.
+    fn utilization(
+        &self,
+        run: &mut Run,
+        pods: &[Arc<PodFacts>],
+        now: f64,
+        phase: WorkerPhase,
+    ) -> Vec<Report> {
+        let every = self.config.workers.utilization_report_seconds;
+        let state = (phase, run.idle);
+        if every <= 0.0 || (run.utilization_reported == Some(state) && now < run.utilization_due) {
+            return Vec::new();
+        }
+        run.utilization_reported = Some(state);
+        run.utilization_due = now + every;
+        pods.iter()
+            .filter(|p| p.phase == "Running")
+            .map(|pod| {
+                let worker_index = rank(&pod.object);
+                let gpu_utilization = match phase {
+                    _ if run.idle => IDLE_UTILIZATION,
+                    WorkerPhase::Starting => STARTING_UTILIZATION,
+                    WorkerPhase::LoadingData => LOADING_UTILIZATION,
+                    WorkerPhase::Checkpointing => CHECKPOINTING_UTILIZATION,
+                    // 0.80 to 0.95 by model, a little less on higher ranks.
+                    WorkerPhase::Training => {
+                        0.80 + (run.model_key % 16) as f64 * 0.01
+                            - f64::from(worker_index % 3) * 0.005
+                    }
+                };
+                Report::Utilization {
+                    namespace: run.namespace.clone(),
+                    training_job: run.training_job.clone(),
+                    nats_token: run.nats_token.clone(),
+                    payload: UtilizationReported {
+                        worker_index,
+                        attempt: run.attempt,
+                        gpu_utilization,
+                        phase,
+                    },
+                }
+            })
+            .collect()
     }
 
     /// Loss decays and accuracy rises with the epochs, towards values that are
@@ -2030,6 +2115,9 @@ impl Cluster {
                         // A resumed worker says where it starts.
                         reports.extend(self.progress(&run, run.start_epoch));
                     }
+                } else {
+                    // Started workers wait for the rest of the gang.
+                    reports.extend(self.utilization(&mut run, pods, now, WorkerPhase::Starting));
                 }
                 self.runs.insert(uid, run);
                 continue;
@@ -2058,6 +2146,12 @@ impl Cluster {
                     if run.killed_in_save {
                         break;
                     }
+                    reports.extend(self.utilization(
+                        &mut run,
+                        pods,
+                        now,
+                        WorkerPhase::Checkpointing,
+                    ));
                 }
             }
             if run.killed_in_save {
@@ -2074,6 +2168,28 @@ impl Cluster {
                 self.end_run(&run, now, pods, false);
                 continue;
             }
+            if !run.idle
+                && run
+                    .idle_after_epoch
+                    .is_some_and(|idle| epoch < run.total_epochs && epoch >= idle)
+            {
+                run.idle = true;
+                let text = format!(
+                    "epoch {epoch}/{}: idle from here on, holding the GPUs without using them ({IDLE_AFTER_EPOCH_ENV})",
+                    run.total_epochs
+                );
+                for pod in pods {
+                    self.store
+                        .logs()
+                        .append(&pod.namespace, &pod.name, text.as_str());
+                }
+            }
+            let phase = if now - started < self.config.workers.data_loading_seconds {
+                WorkerPhase::LoadingData
+            } else {
+                WorkerPhase::Training
+            };
+            reports.extend(self.utilization(&mut run, pods, now, phase));
             self.runs.insert(uid, run);
         }
     }

@@ -76,6 +76,9 @@ pub struct NodeGroup {
     /// `topology.kubernetes.io/zone`.
     #[serde(default)]
     pub zone: Option<String>,
+    /// `topology.kubernetes.io/region`.
+    #[serde(default)]
+    pub region: Option<String>,
     /// Nodes per rack (`nvidia.com/gpu.clique` = `<group>-rack-<n>`); unset: no rack label.
     #[serde(default)]
     pub nodes_per_rack: Option<u32>,
@@ -152,6 +155,12 @@ pub struct WorkerConfig {
     /// Images whose pull always fails: workers with one never start and wait
     /// in `ImagePullBackOff`, as with an image that does not exist.
     pub unpullable_images: Vec<String>,
+    /// Simulated seconds between a running worker's GPU utilisation reports
+    /// (`worker.utilization`); a change of phase is reported at once. 0: none.
+    pub utilization_report_seconds: f64,
+    /// Simulated seconds at the start of each run that its workers report as
+    /// loading data (part of the first epoch's time).
+    pub data_loading_seconds: f64,
 }
 
 impl Default for WorkerConfig {
@@ -164,6 +173,8 @@ impl Default for WorkerConfig {
             final_loss: 0.2,
             final_accuracy: 0.93,
             unpullable_images: Vec::new(),
+            utilization_report_seconds: 0.0,
+            data_loading_seconds: 0.0,
         }
     }
 }
@@ -352,6 +363,22 @@ impl ClusterConfig {
             ));
         }
         self.api_faults.check()?;
+        for (field, seconds) in [
+            (
+                "workers.utilizationReportSeconds",
+                self.workers.utilization_report_seconds,
+            ),
+            (
+                "workers.dataLoadingSeconds",
+                self.workers.data_loading_seconds,
+            ),
+        ] {
+            if !(seconds.is_finite() && seconds >= 0.0) {
+                return Err(format!(
+                    "{field}: {seconds} must be zero or a positive number of seconds"
+                ));
+            }
+        }
         let speeds = std::iter::once((
             "workers.secondsPerEpoch".to_owned(),
             self.workers.seconds_per_epoch,
@@ -442,6 +469,10 @@ mod tests {
             (
                 "nodes: [{name: a}]\ncheckpoints: {killedSaveRate: 1.5}",
                 "checkpoints.killedSaveRate",
+            ),
+            (
+                "nodes: [{name: a}]\nworkers: {utilizationReportSeconds: -60}",
+                "workers.utilizationReportSeconds",
             ),
         ];
         for (text, field) in cases {

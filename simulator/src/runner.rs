@@ -286,6 +286,16 @@ async fn publish(reporters: Option<&Arc<Reporters>>, reports: Vec<Report>) {
                 let message = envelope(&namespace, &training_job, worker, payload);
                 (namespace, training_job, nats_token, message)
             }
+            Report::Utilization {
+                namespace,
+                training_job,
+                payload,
+                nats_token,
+            } => {
+                let worker = payload.worker_index;
+                let message = envelope(&namespace, &training_job, worker, payload);
+                (namespace, training_job, nats_token, message)
+            }
         };
         let Some(jetstream) = reporters
             .for_job(&namespace, &training_job, token.as_deref())

@@ -113,7 +113,7 @@ fn checkpoint_reports(reports: &[Report]) -> Vec<CheckpointReported> {
         .iter()
         .filter_map(|r| match r {
             Report::Checkpoint { payload, .. } => Some(payload.clone()),
-            Report::Progress { .. } => None,
+            Report::Progress { .. } | Report::Utilization { .. } => None,
         })
         .collect()
 }

@@ -984,3 +984,170 @@ fn a_failed_worker_logs_its_exit_code_and_a_deleted_pod_takes_its_log_along() {
         .expect("deleted");
     assert!(store.logs().lines_after(NS, name, 0).is_empty());
 }
+
+/// The utilisation reports of worker 0 in `reports`: (phase, utilisation).
+fn utilization_of_rank_zero(reports: &[Report]) -> Vec<(String, f64)> {
+    reports
+        .iter()
+        .filter_map(|r| match r {
+            Report::Utilization { payload, .. } if payload.worker_index == 0 => {
+                Some((format!("{:?}", payload.phase), payload.gpu_utilization))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn unsuspend_with_env(store: &Store, job: &str, env: Value) {
+    store
+        .patch(
+            resources::jobs(),
+            Some(NS),
+            job,
+            PatchKind::Strategic,
+            json!({"spec": {"suspend": false, "template": {"spec": {"containers": [{"name": "worker", "env": env}]}}}}),
+            None,
+            Subresource::Main,
+        )
+        .expect("unsuspend");
+}
+
+#[test]
+fn nodes_carry_the_labels_a_price_catalog_is_keyed_on() {
+    let (store, _) = cluster(
+        "nodes: [{name: s, gpus: 8, gpuProduct: A100-SXM4-80GB, capacityType: spot, zone: zone-b, region: us-east-1}]",
+    );
+    let labels = &store.get(resources::nodes(), None, "s-0").expect("node")["metadata"]["labels"];
+    assert_eq!(labels["nvidia.com/gpu.product"], "A100-SXM4-80GB");
+    assert_eq!(labels["karpenter.sh/capacity-type"], "spot");
+    assert_eq!(labels["topology.kubernetes.io/zone"], "zone-b");
+    assert_eq!(labels["topology.kubernetes.io/region"], "us-east-1");
+}
+
+#[test]
+fn workers_report_utilization_through_start_up_data_loading_training_and_checkpoints() {
+    let (store, mut cluster) = cluster(
+        "nodes: [{name: n, gpus: 8}]\nworkers: {secondsPerEpoch: 10, startDelaySeconds: 0, utilizationReportSeconds: 4, dataLoadingSeconds: 3}",
+    );
+    job(&store, "u", 2, 2, false, json!({}));
+    // Bound, then Running: the first step after start-up starts training.
+    let mut seen = Vec::new();
+    for t in [1.0, 2.0, 3.0, 4.5, 6.0, 8.0, 10.5, 12.0, 13.0, 14.0, 15.0] {
+        seen.extend(utilization_of_rank_zero(&cluster.step_at(t)));
+    }
+    let phases: Vec<&str> = seen.iter().map(|(p, _)| p.as_str()).collect();
+    let loading = phases
+        .iter()
+        .position(|p| *p == "LoadingData")
+        .expect("loading reported");
+    let training = phases
+        .iter()
+        .position(|p| *p == "Training")
+        .expect("training reported");
+    assert!(loading < training, "{phases:?}");
+    assert!(
+        phases.contains(&"Checkpointing"),
+        "a save at epoch 2 (10 s after the start): {phases:?}"
+    );
+    for (phase, utilization) in &seen {
+        match phase.as_str() {
+            "Training" => assert!((0.8..=0.96).contains(utilization), "{phase} {utilization}"),
+            _ => assert!(*utilization < 0.05, "{phase} {utilization}"),
+        }
+    }
+    // Between phase changes, one report per worker per interval.
+    let before = seen.len();
+    let quiet: Vec<_> = [15.5, 16.0, 16.5]
+        .into_iter()
+        .flat_map(|t| utilization_of_rank_zero(&cluster.step_at(t)))
+        .collect();
+    assert!(quiet.len() <= 1, "{quiet:?} after {before}");
+}
+
+#[test]
+fn a_worker_waiting_for_its_gang_reports_starting_up() {
+    let (store, mut cluster) = cluster(
+        "nodes: [{name: n, gpus: 8}]\nworkers: {startDelaySeconds: 0, utilizationReportSeconds: 5}",
+    );
+    // Two 8-GPU workers on one 8-GPU node: one runs, the other cannot bind.
+    job(&store, "gang", 2, 8, false, json!({}));
+    let mut reports = Vec::new();
+    for t in [1.0, 2.0, 3.0] {
+        reports.extend(cluster.step_at(t));
+    }
+    assert_eq!(
+        utilization_of_rank_zero(&reports)
+            .into_iter()
+            .chain(reports.iter().filter_map(|r| match r {
+                Report::Utilization { payload, .. } if payload.worker_index == 1 => {
+                    Some((format!("{:?}", payload.phase), payload.gpu_utilization))
+                }
+                _ => None,
+            }))
+            .collect::<Vec<_>>(),
+        [("Starting".to_owned(), 0.0)],
+        "the running worker waits at the rendezvous; the pending one says nothing"
+    );
+}
+
+#[test]
+fn a_job_told_to_idle_holds_its_gpus_at_its_epoch_until_stopped() {
+    let (store, mut cluster) = cluster(
+        "nodes: [{name: n, gpus: 8}]\nworkers: {secondsPerEpoch: 10, startDelaySeconds: 0, utilizationReportSeconds: 5}",
+    );
+    job(&store, "idle", 1, 4, true, json!({}));
+    // Resumed at epoch 1 of 4; idle once epoch 2 is done.
+    unsuspend_with_env(
+        &store,
+        "idle",
+        json!([{"name": "TRAINYARD_SIM_IDLE_AFTER_EPOCH", "value": "2"}]),
+    );
+    let mut reports = Vec::new();
+    for t in (1..=200).map(f64::from) {
+        reports.extend(cluster.step_at(t));
+    }
+    let last_epoch = reports
+        .iter()
+        .filter_map(|r| match r {
+            Report::Progress { payload, .. } => Some(payload.epoch),
+            _ => None,
+        })
+        .max();
+    assert_eq!(last_epoch, Some(2), "training stops at the idle epoch");
+    let utilization = utilization_of_rank_zero(&reports);
+    let (phase, level) = utilization.last().expect("reports");
+    assert_eq!(
+        (phase.as_str(), *level),
+        ("Training", 0.01),
+        "idle: GPUs held, unused"
+    );
+    assert!(
+        utilization.len() > 30,
+        "still reporting every 5 s while idle: {}",
+        utilization.len()
+    );
+    let pod = &pods(&store, "idle")[0];
+    assert_eq!(pod["status"]["phase"], "Running");
+    assert!(
+        log(&store, pod)
+            .iter()
+            .any(|l| l.contains("idle from here on")),
+        "the worker's log says it went idle"
+    );
+    // A requested checkpoint is saved at the idle epoch; a stop ends the run.
+    let saved = cluster.command(WorkerCommand::CheckpointNow {
+        namespace: NS.into(),
+        training_job: "idle".into(),
+    });
+    assert!(
+        saved
+            .iter()
+            .any(|r| matches!(r, Report::Checkpoint { payload, .. } if payload.epoch == 2))
+    );
+    cluster.command(WorkerCommand::Stop {
+        namespace: NS.into(),
+        training_job: "idle".into(),
+    });
+    cluster.step_at(201.0);
+    assert_eq!(pods(&store, "idle")[0]["status"]["phase"], "Succeeded");
+}
