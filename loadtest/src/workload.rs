@@ -40,6 +40,7 @@ pub fn cluster_config(nodes: u32, gpus_per_node: u32, speed: f64) -> ClusterConf
             capacity_type: Default::default(),
             price_class: Some("a100-on-demand".into()),
             zone: Some("zone-a".into()),
+            region: None,
             nodes_per_rack: None,
             labels: BTreeMap::new(),
             taints: Vec::new(),

@@ -6,13 +6,12 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, Patch, PatchParams};
 use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
 use nkeys::KeyPair;
 use planner_core::{PlannerConfig, TOKEN_SECRET_KEY, WorkerToken};
 use tokio_util::sync::CancellationToken;
@@ -169,12 +168,14 @@ async fn a_job_completes_with_its_workers_reporting_under_their_jobs_token() {
         chrono::Utc::now(),
     )
     .expect("a valid token");
-    assert_eq!((token.ns.as_str(), token.job.as_str()), (namespace.as_str(), "mnist-training"));
+    assert_eq!(
+        (token.ns.as_str(), token.job.as_str()),
+        (namespace.as_str(), "mnist-training")
+    );
     // The workers' connection was the callout's to admit, and nothing was refused.
-    let planner_registry = Arc::new(planner.registry.clone());
     let answers = |outcome: &str| {
         metric(
-            &planner_registry,
+            &planner.registry,
             "trainyard_planner_worker_auth_total",
             &[("outcome", outcome)],
         )
