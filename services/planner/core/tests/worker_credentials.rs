@@ -41,6 +41,7 @@ fn an_admitted_attempt_gets_a_secret_with_a_token_for_its_job() {
         suspended_by_user: false,
         resume_point: None,
         config: &config,
+        interval_advice: None,
     };
     let objects = desired_objects(&job, &plan).unwrap();
     let credentials = objects.worker_credentials.as_ref().unwrap();
@@ -77,6 +78,7 @@ fn a_queued_attempt_has_no_token_yet_and_its_template_already_names_the_secret()
         suspended_by_user: false,
         resume_point: None,
         config: &config,
+        interval_advice: None,
     };
     let objects = desired_objects(&job, &plan).unwrap();
     assert!(objects.job_suspended());
@@ -98,6 +100,7 @@ fn without_a_key_configured_workers_get_no_token() {
         suspended_by_user: false,
         resume_point: None,
         config: &config,
+        interval_advice: None,
     };
     let objects = desired_objects(&job, &plan).unwrap();
     assert!(objects.worker_credentials.is_none());
@@ -120,6 +123,7 @@ fn a_job_with_a_longer_deadline_gets_a_token_lasting_past_it() {
         suspended_by_user: false,
         resume_point: None,
         config: &config,
+        interval_advice: None,
     };
     let objects = desired_objects(&job, &plan).unwrap();
     assert_eq!(
