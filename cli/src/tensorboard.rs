@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Client, ResourceExt};
-use trainyard_api::{StorageType, TrainingJob};
+use trainyard_api::{MonitoringSpec, StorageType, TrainingJob};
 
 use crate::error::CliError;
 use crate::resources::{Listed, Scope};
@@ -46,12 +46,11 @@ pub fn commands(job: &TrainingJob, options: &TensorboardOptions) -> Result<Strin
     let name = job.name_any();
     let namespace = job.namespace().unwrap_or_default();
     let spec = &job.spec;
-    let enabled = spec
+    if !spec
         .monitoring
         .as_ref()
-        .and_then(|m| m.tensorboard_enabled)
-        .unwrap_or(false);
-    if !enabled {
+        .is_some_and(MonitoringSpec::is_tensorboard_enabled)
+    {
         return Err(CliError::Usage(format!(
             "trainingjob {namespace}/{name} does not keep TensorBoard logs: set spec.monitoring.tensorboardEnabled: true (with checkpointing on), and the workers get TENSORBOARD_LOG_DIR"
         )));
@@ -224,7 +223,7 @@ fn pod(
 
 #[cfg(test)]
 mod tests {
-    use trainyard_api::{CheckpointSpec, CheckpointStorage, MonitoringSpec, TrainingJobSpec};
+    use trainyard_api::{CheckpointSpec, CheckpointStorage, TrainingJobSpec};
 
     use super::*;
 

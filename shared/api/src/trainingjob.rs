@@ -753,6 +753,13 @@ pub struct MonitoringSpec {
     pub wandb_project: Option<String>,
 }
 
+impl MonitoringSpec {
+    /// Whether the job keeps TensorBoard logs (`tensorboardEnabled`, default false).
+    pub fn is_tensorboard_enabled(&self) -> bool {
+        self.tensorboard_enabled.unwrap_or(false)
+    }
+}
+
 /// Networking between the workers.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -1560,6 +1567,18 @@ pub fn is_mig_profile(profile: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tensorboard_is_kept_only_when_asked_for() {
+        assert!(!MonitoringSpec::default().is_tensorboard_enabled());
+        for (asked, kept) in [(Some(false), false), (Some(true), true)] {
+            let spec = MonitoringSpec {
+                tensorboard_enabled: asked,
+                ..MonitoringSpec::default()
+            };
+            assert_eq!(spec.is_tensorboard_enabled(), kept);
+        }
+    }
 
     #[test]
     fn mig_profiles() {

@@ -13,7 +13,8 @@ use k8s_openapi::api::core::v1::{
     ConfigMapKeySelector, EnvVar, EnvVarSource, ObjectFieldSelector, SecretKeySelector,
 };
 use trainyard_api::{
-    CheckpointFrequency, CommunicationBackend, Framework, StorageType, TrainingJobSpec,
+    CheckpointFrequency, CommunicationBackend, Framework, MonitoringSpec, StorageType,
+    TrainingJobSpec,
 };
 
 use crate::error::PlanError;
@@ -299,12 +300,11 @@ pub fn tensorboard_log_dir(
     namespace: &str,
     training_job: &str,
 ) -> Option<String> {
-    let enabled = spec
+    if !spec
         .monitoring
         .as_ref()
-        .and_then(|m| m.tensorboard_enabled)
-        .unwrap_or(false);
-    if !enabled {
+        .is_some_and(MonitoringSpec::is_tensorboard_enabled)
+    {
         return None;
     }
     checkpoint_dir(spec, namespace, training_job)
@@ -319,7 +319,7 @@ fn monitoring_env(spec: &TrainingJobSpec, ctx: &WorkerContext<'_>) -> Vec<EnvVar
     if monitoring.enabled == Some(true) {
         env.push(literal("METRICS_PORT", spec.metrics_port().to_string()));
     }
-    if monitoring.tensorboard_enabled == Some(true) {
+    if monitoring.is_tensorboard_enabled() {
         env.push(literal("TENSORBOARD_ENABLED", "true"));
         if let Some(dir) = tensorboard_log_dir(spec, ctx.namespace, ctx.training_job) {
             env.push(literal("TENSORBOARD_LOG_DIR", dir));
