@@ -2,8 +2,10 @@
 # The demo. Starts a local NATS server with JetStream, the seven Trainyard services
 # as separate processes (as in production) and, unless a cluster is given, the
 # simulated cluster of simulator/clusters/demo.yaml. Then applies the example
-# TrainingJobs and the example Sweep, shows them live (like
-# `kubectl get trainingjobs -w`) until all have finished, prints a summary and
+# TrainingJobs (one goes idle and is suspended for it) and the example Sweep,
+# shows them live (like `kubectl get trainingjobs -w`) until all have finished
+# or are suspended, prints a summary, the cost (by job and queue, spot vs
+# on-demand, budget alerts, idle suspensions) and
 # what became of gpt-resume's checkpoints (the simulated workers write real ones
 # under the work directory: the one resumed from, one killed mid-save and
 # skipped, those retention deleted, model registration), and stops everything.
@@ -164,6 +166,12 @@ fi
 export KUBECONFIG="$kubeconfig"
 
 notifications_start
+# The cost-optimizer prices the nodes with deploy/price-catalog.yaml (the file
+# inside its ConfigMap) and runs its accounting, budget and idle checks every 5 s.
+python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["data"]["price-catalog.yaml"])' \
+  deploy/price-catalog.yaml >"$work/price-catalog.yaml"
+export TRAINYARD_COST_OPTIMIZER__CATALOG_PATH="$work/price-catalog.yaml" \
+  TRAINYARD_COST_OPTIMIZER__ACCOUNTING_INTERVAL_SECONDS=5
 port=9101
 declare -A http_port
 for service in "${services[@]}"; do
@@ -213,7 +221,7 @@ echo "== applying the queue, the example TrainingJobs and the example Sweep with
 trainyard apply -f "$queue" \
   -f examples/trainingjob-simple.yaml -f examples/trainingjob-distributed.yaml \
   -f examples/trainingjob-resume.yaml -f examples/trainingjob-advanced.yaml \
-  -f examples/sweep-checkpoints.yaml -f examples/sweep.yaml
+  -f examples/trainingjob-idle.yaml -f examples/sweep-checkpoints.yaml -f examples/sweep.yaml
 echo
 echo "== watching (trainyard get trainingjobs -A -w), until every job has finished"
 status=0
@@ -225,6 +233,16 @@ echo
 echo "== summary"
 trainyard summary -A || status=$?
 notifications_summary
+echo
+echo "== cost (prices: deploy/price-catalog.yaml; GPU time on the wall clock, as the cost-optimizer counts it)"
+"$trainyard" cost --by job -A || status=$?
+echo
+"$trainyard" cost --by queue -A || status=$?
+curl -fsS "http://127.0.0.1:${http_port[cost-optimizer]}/metrics" >"$work/cost-optimizer.metrics" 2>/dev/null || true
+"$trainyard" get trainingjobs -A -o json >"$work/trainingjobs.json" || status=$?
+"$trainyard" get trainingqueues -o json >"$work/trainingqueues.json" || status=$?
+python3 scripts/lib/cost_summary.py "$work/cost-optimizer.metrics" "$work/trainingjobs.json" \
+  "$work/trainingqueues.json" || status=$?
 echo
 echo "== one finished job in full (trainyard describe tj mnist-training -n ml-training)"
 trainyard describe tj mnist-training -n ml-training || status=$?

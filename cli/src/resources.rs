@@ -200,11 +200,13 @@ impl Listed for TrainingJob {
         ]
     }
 
+    /// Ended, or suspended: a suspended job goes on only when someone
+    /// resumes it, so there is nothing to wait for.
     fn finished(&self) -> bool {
         self.status
             .as_ref()
             .and_then(|s| s.state)
-            .is_some_and(|s| s.is_terminal())
+            .is_some_and(|s| s.is_terminal() || s == TrainingJobState::Suspended)
     }
 
     fn state_label(&self) -> String {
@@ -560,11 +562,11 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn terminal_states_finish_a_job() {
+    fn terminal_and_suspended_states_finish_a_job() {
         for (state, done) in [
             (TrainingJobState::Completed, true),
             (TrainingJobState::Failed, true),
-            (TrainingJobState::Suspended, false),
+            (TrainingJobState::Suspended, true),
             (TrainingJobState::Queued, false),
         ] {
             let mut j = job("j", 1, 1);

@@ -26,6 +26,17 @@ pub fn default_capacity_labels() -> Vec<CapacityLabel> {
     ]
 }
 
+/// Where idle detection reads GPU utilisation from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UtilizationSource {
+    /// The workers' own `worker.utilization` reports.
+    #[default]
+    Worker,
+    /// A Prometheus that scrapes NVIDIA's DCGM exporter (`prometheus_url`).
+    Dcgm,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "snake_case")]
 pub struct CostConfig {
@@ -56,6 +67,11 @@ pub struct CostConfig {
     pub max_spot_interruptions: u32,
     /// Extra deadline-miss probability spot may carry over on-demand.
     pub deadline_risk_tolerance: f64,
+    /// Where idle detection reads GPU utilisation from.
+    pub utilization_source: UtilizationSource,
+    /// The Prometheus (e.g. `http://prometheus.monitoring:9090`) that
+    /// scrapes the DCGM exporter, queried every accounting interval.
+    pub prometheus_url: String,
 }
 
 impl Default for CostConfig {
@@ -75,6 +91,8 @@ impl Default for CostConfig {
             fallback_reclaims_per_node_hour: 0.0002,
             max_spot_interruptions: 3,
             deadline_risk_tolerance: 0.05,
+            utilization_source: UtilizationSource::Worker,
+            prometheus_url: String::new(),
         }
     }
 }

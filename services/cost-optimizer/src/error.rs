@@ -10,6 +10,10 @@ pub enum CostServiceError {
     /// A message's content is unusable.
     #[error("{0}")]
     Invalid(String),
+    /// Prometheus (the DCGM utilisation source) is unreachable or answered
+    /// something unusable.
+    #[error("{0}")]
+    Prometheus(String),
     /// The key-value store failed.
     #[error("state store: {0}")]
     Store(String),

@@ -7,6 +7,7 @@
 //! bucket after every change.
 
 pub mod config;
+pub mod dcgm;
 pub mod error;
 pub mod state;
 
@@ -16,7 +17,7 @@ use std::time::{Duration, SystemTime};
 use async_nats::jetstream::kv;
 use chrono::Utc;
 use cost_optimizer_core::PriceCatalog;
-use prometheus::{CounterVec, Opts};
+use prometheus::{CounterVec, IntCounter, Opts};
 use tokio::sync::Mutex;
 use tracing::Instrument;
 use trainyard_contracts::cost::UtilizationReported;
@@ -27,7 +28,7 @@ use trainyard_contracts::worker::CheckpointReported;
 use trainyard_contracts::{Bucket, Incoming, Service};
 use trainyard_runtime::{ConfigSources, Delivery, HandleError, Handler, Publisher, Runtime};
 
-pub use config::CostConfig;
+pub use config::{CostConfig, UtilizationSource};
 pub use error::CostServiceError;
 use state::{CostState, Outgoing};
 
@@ -40,8 +41,10 @@ pub struct CostOptimizer {
     publisher: Publisher,
     bucket: kv::Store,
     dollars: CounterVec,
-    /// Spend already counted into `dollars`, per (namespace, queue).
-    counted: Mutex<std::collections::BTreeMap<(String, String), f64>>,
+    /// Where GPU activity comes from when it is DCGM's.
+    dcgm: Option<dcgm::DcgmSource>,
+    /// Accounting runs whose DCGM query failed (no idle decisions then).
+    dcgm_failures: IntCounter,
 }
 
 fn load_catalog(path: &str) -> Result<PriceCatalog, CostServiceError> {
@@ -68,12 +71,25 @@ pub async fn start(
         CostServiceError::Store("bucket trainyard_cost was not provisioned".into())
     })?;
     let lease = runtime.lease()?;
+    let dcgm = match config.utilization_source {
+        UtilizationSource::Worker => None,
+        UtilizationSource::Dcgm => Some(dcgm::DcgmSource::new(&config.prometheus_url)?),
+    };
+    let dcgm_failures = IntCounter::new(
+        "trainyard_cost_dcgm_query_failures_total",
+        "Accounting runs whose GPU activity query to Prometheus (DCGM) failed; no job was judged idle in them",
+    )
+    .map_err(trainyard_runtime::metrics::metric_error)?;
+    runtime
+        .registry
+        .register(Box::new(dcgm_failures.clone()))
+        .map_err(trainyard_runtime::metrics::metric_error)?;
     let dollars = CounterVec::new(
         Opts::new(
             "trainyard_cost_dollars_total",
-            "Money spent on GPUs by TrainingJobs, by namespace and queue, in the catalog's currency",
+            "Money spent on GPUs by TrainingJobs, by namespace, queue and capacity type (spot, on-demand, reserved), in the catalog's currency",
         ),
-        &["namespace", "queue"],
+        &["namespace", "queue", "capacity_type"],
     )
     .map_err(trainyard_runtime::metrics::metric_error)?;
     runtime
@@ -85,7 +101,8 @@ pub async fn start(
         publisher: runtime.publisher.clone(),
         bucket,
         dollars,
-        counted: Mutex::new(Default::default()),
+        dcgm,
+        dcgm_failures,
     });
     let leading = service.clone();
     let consumers = runtime.consumers();
@@ -182,8 +199,19 @@ impl CostOptimizer {
         Ok(())
     }
 
-    /// One accounting run now.
+    /// One accounting run now; with DCGM as the source, after reading the
+    /// GPU activity. A failed read is logged and counted, and leaves every
+    /// job without an idle decision this run.
     pub async fn tick(&self) -> Result<(), CostServiceError> {
+        if let Some(source) = &self.dcgm {
+            match source.activity().await {
+                Ok(activity) => self.state.lock().await.observe_activity(&activity),
+                Err(err) => {
+                    self.dcgm_failures.inc();
+                    tracing::warn!(error = %err, "GPU activity unavailable: no idle decisions in this accounting run");
+                }
+            }
+        }
         let out = {
             let mut state = self.state.lock().await;
             state.tick(Utc::now())
@@ -192,31 +220,26 @@ impl CostOptimizer {
     }
 
     async fn finish(&self, out: Vec<Outgoing>) -> Result<(), CostServiceError> {
-        let (saved, spend) = {
+        let saved = {
             let state = self.state.lock().await;
-            (
-                serde_json::to_vec(&*state).map_err(|e| CostServiceError::Store(e.to_string()))?,
-                state.spend_by_queue().clone(),
-            )
+            serde_json::to_vec(&*state).map_err(|e| CostServiceError::Store(e.to_string()))?
         };
         self.bucket
             .put(STATE_KEY, saved.into())
             .await
             .map_err(|e| CostServiceError::Store(e.to_string()))?;
-        {
-            let mut counted = self.counted.lock().await;
-            for (namespace, queue, total) in spend
-                .into_iter()
-                .flat_map(|(ns, queues)| queues.into_iter().map(move |(q, t)| (ns.clone(), q, t)))
-            {
-                let before = counted
-                    .entry((namespace.clone(), queue.clone()))
-                    .or_default();
-                if total > *before {
+        // Every cost line is recorded once (the ledger moves past it), so the
+        // counter adds each line as it goes out.
+        for message in &out {
+            if let Outgoing::Cost(entity, record) = message {
+                for line in record.lines.iter().filter(|l| l.cost > 0.0) {
                     self.dollars
-                        .with_label_values(&[namespace.as_str(), queue.as_str()])
-                        .inc_by(total - *before);
-                    *before = total;
+                        .with_label_values(&[
+                            entity.namespace.as_str(),
+                            record.queue.as_str(),
+                            line.capacity_type.as_str(),
+                        ])
+                        .inc_by(line.cost);
                 }
             }
         }

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use cost_optimizer_core::budget::{Budget, BudgetEvent, BudgetPeriod, BudgetTracker, LimitAction};
 use cost_optimizer_core::catalog::{CapacityKind, PriceCatalog, PriceKey};
+use cost_optimizer_core::dcgm::WorkerPod;
 use cost_optimizer_core::decision::{
     Choice, DecisionInputs, RuntimeHistory, RuntimeSource, decide,
 };
@@ -26,7 +27,7 @@ use trainyard_contracts::decisions::AdmissionDecided;
 use trainyard_contracts::events::{Change, NodeObserved};
 use trainyard_contracts::object_key;
 
-use crate::config::CostConfig;
+use crate::config::{CostConfig, UtilizationSource};
 
 /// A message to publish.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,6 +72,10 @@ pub struct JobFacts {
     pub utilization: BTreeMap<u32, (f64, WorkerPhase)>,
     pub idle: IdleDetector,
     pub suspend_requested: bool,
+    /// With utilisation from DCGM: every worker of the running attempt was
+    /// sampled for this accounting run.
+    #[serde(default)]
+    pub activity_sampled: bool,
 }
 
 /// A queue's budget and idle policy, and its spend.
@@ -363,6 +368,7 @@ impl CostState {
                 utilization: BTreeMap::new(),
                 idle: IdleDetector::default(),
                 suspend_requested: false,
+                activity_sampled: false,
             })
         };
         self.jobs.insert(key.clone(), facts);
@@ -607,23 +613,63 @@ impl CostState {
         }
     }
 
-    /// `worker.utilization`.
+    /// `worker.utilization`. With utilisation from DCGM, only the phase is
+    /// taken from the report.
     pub fn on_utilization(&mut self, entity: &EntityRef, report: &UtilizationReported) {
         let key = entity.key();
+        let from_workers = self.config.utilization_source == UtilizationSource::Worker;
         if let Some(job) = self.jobs.get_mut(&key)
             && report.attempt >= job.attempt
         {
-            job.utilization.insert(
-                report.worker_index,
-                (report.gpu_utilization, phase_of(report.phase)),
-            );
+            let phase = phase_of(report.phase);
+            job.utilization
+                .entry(report.worker_index)
+                .and_modify(|(utilization, known)| {
+                    if from_workers {
+                        *utilization = report.gpu_utilization;
+                    }
+                    *known = phase;
+                })
+                .or_insert((report.gpu_utilization, phase));
         }
-        let ratio = self.jobs.get(&key).and_then(|j| {
+        self.update_usage_ratio(&key);
+    }
+
+    /// GPU activity per worker from DCGM, for the next accounting run: a
+    /// running job is sampled when every worker of its attempt has a value.
+    pub fn observe_activity(&mut self, activity: &BTreeMap<WorkerPod, f64>) {
+        let keys: Vec<String> = self.jobs.keys().cloned().collect();
+        for key in keys {
+            let Some(job) = self.jobs.get_mut(&key) else {
+                continue;
+            };
+            let samples: BTreeMap<u32, f64> = activity
+                .iter()
+                .filter(|(w, _)| {
+                    w.namespace == job.entity.namespace
+                        && w.training_job == job.entity.name
+                        && w.attempt == job.attempt
+                })
+                .map(|(w, value)| (w.worker_index, *value))
+                .collect();
+            job.activity_sampled = samples.len() as u32 >= job.workers.max(1);
+            for (worker, value) in samples {
+                job.utilization
+                    .entry(worker)
+                    .and_modify(|(utilization, _)| *utilization = value)
+                    .or_insert((value, WorkerPhase::Training));
+            }
+            self.update_usage_ratio(&key);
+        }
+    }
+
+    fn update_usage_ratio(&mut self, key: &str) {
+        let ratio = self.jobs.get(key).and_then(|j| {
             (!j.utilization.is_empty()).then(|| {
                 j.utilization.values().map(|(u, _)| *u).sum::<f64>() / j.utilization.len() as f64
             })
         });
-        if let Some(run) = self.ledger.running_mut(&key) {
+        if let Some(run) = self.ledger.running_mut(key) {
             run.usage_ratio = ratio;
         }
     }
@@ -795,9 +841,18 @@ impl CostState {
         out
     }
 
+    /// With utilisation from DCGM, a job not sampled in this run gets no
+    /// decision and its idle time starts over: missing data is never taken
+    /// for idleness.
     fn check_idle(&mut self, at: DateTime<Utc>) -> Vec<Outgoing> {
         let mut out = Vec::new();
+        let from_dcgm = self.config.utilization_source == UtilizationSource::Dcgm;
         for (key, job) in self.jobs.iter_mut() {
+            let sampled = std::mem::take(&mut job.activity_sampled);
+            if from_dcgm && !sampled {
+                job.idle = IdleDetector::default();
+                continue;
+            }
             if self.ledger.running(key).is_none() || job.utilization.is_empty() {
                 continue;
             }
@@ -858,9 +913,119 @@ impl CostState {
         }
         out
     }
+}
 
-    /// Cost so far per (namespace, queue), for the metric.
-    pub fn spend_by_queue(&self) -> &BTreeMap<String, BTreeMap<String, f64>> {
-        self.ledger.by_queue()
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn t(s: i64) -> DateTime<Utc> {
+        DateTime::<Utc>::from_timestamp(1_800_000_000 + s, 0).expect("time")
+    }
+
+    /// A running one-worker job in a queue whose idle policy alerts after 60 s
+    /// and suspends 60 s later, with utilisation from DCGM.
+    fn running_job() -> (CostState, EntityRef) {
+        let mut state = CostState::new(CostConfig {
+            utilization_source: UtilizationSource::Dcgm,
+            prometheus_url: "http://127.0.0.1:9090".into(),
+            ..CostConfig::default()
+        });
+        state.set_catalog(
+            PriceCatalog::parse(
+                "products: [A100]\nprices:\n  - {product: A100, capacityType: on-demand, pricePerGpuHour: 4.0, effectiveFrom: \"2020-01-01T00:00:00Z\"}\n",
+            )
+            .expect("catalog"),
+        );
+        let node: NodeObserved = serde_json::from_value(json!({
+            "change": "Applied", "allocatableGpus": 8, "unschedulable": false, "ready": true,
+            "labels": {"nvidia.com/gpu.product": "A100"}
+        }))
+        .expect("node");
+        state.on_node("n1", &node, t(0));
+        let queue: TrainingQueue = serde_json::from_value(json!({
+            "metadata": {"name": "q"},
+            "spec": {"flavors": [], "idlePolicy": {"windowSeconds": 60, "action": "AlertThenSuspend", "suspendAfterSeconds": 60}}
+        }))
+        .expect("queue");
+        state.on_queue("q", Some(&queue));
+        let entity = EntityRef::new("ml", "bert", "u1");
+        let job: TrainingJob = serde_json::from_value(json!({
+            "metadata": {"name": "bert", "namespace": "ml", "uid": "u1"},
+            "spec": {"model": "bert", "dataset": "d", "numWorkers": 1, "gpusPerWorker": 2,
+                     "scheduling": {"queue": "q"}}
+        }))
+        .expect("job");
+        state.on_job(&entity, Some(&job), t(0));
+        let admission: AdmissionDecided = serde_json::from_value(json!({
+            "attempt": 0, "queue": "q", "flavor": "a100",
+            "placements": [{"index": 0, "node": "n1", "gpus": 2}]
+        }))
+        .expect("admission");
+        state.on_admission(&entity, &admission, t(0));
+        (state, entity)
+    }
+
+    fn activity(value: f64) -> BTreeMap<WorkerPod, f64> {
+        BTreeMap::from([(
+            WorkerPod {
+                namespace: "ml".into(),
+                training_job: "bert".into(),
+                attempt: 0,
+                worker_index: 0,
+            },
+            value,
+        )])
+    }
+
+    fn idle_messages(out: &[Outgoing]) -> Vec<String> {
+        out.iter()
+            .filter_map(|o| match o {
+                Outgoing::Idle(_, alert) => Some(format!("alert: {}", alert.action)),
+                Outgoing::IdleSuspend(..) => Some("suspend request".to_owned()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_job_dcgm_sees_idle_is_alerted_then_suspended() {
+        let (mut state, _) = running_job();
+        let mut seen = Vec::new();
+        for s in (0..=150).step_by(30) {
+            state.observe_activity(&activity(0.01));
+            seen.extend(idle_messages(&state.tick(t(s))));
+        }
+        assert_eq!(seen, ["alert: alert", "alert: suspend", "suspend request"]);
+    }
+
+    #[test]
+    fn a_busy_job_or_missing_dcgm_data_is_never_judged_idle() {
+        let (mut busy, _) = running_job();
+        for s in (0..=300).step_by(30) {
+            busy.observe_activity(&activity(0.9));
+            assert!(idle_messages(&busy.tick(t(s))).is_empty());
+        }
+        // Low samples with a run without data between them: idle time starts
+        // over after the gap, so no alert within the window of the last ones.
+        let (mut gappy, entity) = running_job();
+        for s in (0..=300).step_by(30) {
+            if s % 60 == 0 {
+                gappy.observe_activity(&activity(0.0));
+            }
+            assert!(idle_messages(&gappy.tick(t(s))).is_empty(), "at {s}");
+        }
+        // Worker reports do not stand in for DCGM data.
+        let report = UtilizationReported {
+            worker_index: 0,
+            attempt: 0,
+            gpu_utilization: 0.0,
+            phase: WirePhase::Training,
+        };
+        for s in (330..=600).step_by(30) {
+            gappy.on_utilization(&entity, &report);
+            assert!(idle_messages(&gappy.tick(t(s))).is_empty(), "at {s}");
+        }
     }
 }

@@ -182,8 +182,21 @@ async fn chooses_capacity_records_cost_and_alerts_on_budget() {
         trainyard_testkit::metric(
             &runtime.registry,
             "trainyard_cost_dollars_total",
-            &[("namespace", "ml"), ("queue", "team-a")]
+            &[
+                ("namespace", "ml"),
+                ("queue", "team-a"),
+                ("capacity_type", "spot")
+            ]
         ) > 0.0
+    );
+    assert_eq!(
+        trainyard_testkit::metric(
+            &runtime.registry,
+            "trainyard_cost_dollars_total",
+            &[("capacity_type", "on-demand")]
+        ),
+        0.0,
+        "the job ran on spot only"
     );
     runtime.shutdown.cancel();
     runtime.run_until_shutdown().await.expect("stops");

@@ -18,6 +18,9 @@ pub enum CostError {
     /// A budget is invalid; `field` is its path, e.g. `budget.period`.
     #[error("{field}: {reason}")]
     Budget { field: String, reason: String },
+    /// A Prometheus answer could not be used.
+    #[error("prometheus: {0}")]
+    Prometheus(String),
     /// An idle policy is invalid.
     #[error("{field}: {reason}")]
     IdlePolicy { field: String, reason: String },

@@ -12,10 +12,12 @@
 //!   job, queue and namespace, with idle cluster cost kept apart.
 //! * [`budget`]: budgets per period, threshold alerts and the action at the limit.
 //! * [`idle`]: idle GPU detection with hysteresis and escalation that never kills.
+//! * [`dcgm`]: GPU activity per worker from DCGM exporter series in Prometheus.
 
 pub mod accounting;
 pub mod budget;
 pub mod catalog;
+pub mod dcgm;
 pub mod decision;
 pub mod error;
 pub mod idle;
