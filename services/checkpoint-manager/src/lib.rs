@@ -142,11 +142,8 @@ impl ManagerConfig {
     /// The registry's tracking server: `mlflow_tracking_uri`, else
     /// `MLFLOW_TRACKING_URI`; registration is off without either.
     pub fn tracking_uri(&self) -> Option<&str> {
-        self.mlflow_tracking_uri
-            .as_deref()
-            .map(str::trim)
-            .filter(|uri| !uri.is_empty())
-            .or(self.mlflow_env.tracking_uri.as_deref())
+        self.mlflow_env
+            .tracking_uri_or(self.mlflow_tracking_uri.as_deref())
     }
 }
 

@@ -538,19 +538,23 @@ impl Manager {
         self.config.overdue_check_seconds
     }
 
-    /// Raises `Overdue` for every Running job whose newest verified
-    /// checkpoint is older than its limit, once per episode. The id is the
-    /// episode's (its start), so replicas checking at once raise it once.
-    pub async fn check_overdue(&self, now: DateTime<Utc>) -> Result<(), CheckpointError> {
+    /// The keys of every job record in the bucket.
+    async fn job_keys(&self) -> Result<Vec<String>, CheckpointError> {
         use futures::TryStreamExt;
-        let keys: Vec<String> = self
-            .bucket
+        self.bucket
             .keys()
             .await
             .map_err(|err| CheckpointError::Store(format!("list keys: {err}")))?
             .try_collect()
             .await
-            .map_err(|err| CheckpointError::Store(format!("list keys: {err}")))?;
+            .map_err(|err| CheckpointError::Store(format!("list keys: {err}")))
+    }
+
+    /// Raises `Overdue` for every Running job whose newest verified
+    /// checkpoint is older than its limit, once per episode. The id is the
+    /// episode's (its start), so replicas checking at once raise it once.
+    pub async fn check_overdue(&self, now: DateTime<Utc>) -> Result<(), CheckpointError> {
+        let keys = self.job_keys().await?;
         for key in keys {
             if let Err(err) = self.check_job_overdue(key.clone(), now).await {
                 tracing::warn!(%key, error = %err, "overdue check of a job failed; retried next interval");
@@ -651,15 +655,7 @@ impl Manager {
     /// replica takes the lease, so reports acknowledged before a restart or
     /// by another replica are verified.
     pub async fn recover_waiting(&self) -> Result<usize, CheckpointError> {
-        use futures::TryStreamExt;
-        let keys: Vec<String> = self
-            .bucket
-            .keys()
-            .await
-            .map_err(|err| CheckpointError::Store(format!("list keys: {err}")))?
-            .try_collect()
-            .await
-            .map_err(|err| CheckpointError::Store(format!("list keys: {err}")))?;
+        let keys = self.job_keys().await?;
         let mut recovered = 0;
         for key in keys {
             match self.stored_record(&key).await {

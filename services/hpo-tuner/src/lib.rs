@@ -79,11 +79,8 @@ impl TunerConfig {
     /// The tracking URI when tracking is on: `mlflow_tracking_uri`, else
     /// `MLFLOW_TRACKING_URI`.
     pub fn tracking_uri(&self) -> Option<&str> {
-        self.mlflow_tracking_uri
-            .as_deref()
-            .map(str::trim)
-            .filter(|uri| !uri.is_empty())
-            .or(self.mlflow_env.tracking_uri.as_deref())
+        self.mlflow_env
+            .tracking_uri_or(self.mlflow_tracking_uri.as_deref())
     }
 
     /// The client of the tracking server at `uri`, with the configured

@@ -343,6 +343,15 @@ impl std::fmt::Debug for MlflowEnv {
 }
 
 impl MlflowEnv {
+    /// The tracking server: `configured` (a service's `mlflow_tracking_uri`)
+    /// when it is set, else `MLFLOW_TRACKING_URI`.
+    pub fn tracking_uri_or<'a>(&'a self, configured: Option<&'a str>) -> Option<&'a str> {
+        configured
+            .map(str::trim)
+            .filter(|uri| !uri.is_empty())
+            .or(self.tracking_uri.as_deref())
+    }
+
     /// The variables `lookup` gives; empty ones count as unset.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
         let get = |name: &str| lookup(name).filter(|value| !value.trim().is_empty());
