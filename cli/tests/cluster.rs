@@ -171,6 +171,7 @@ async fn every_example_applies_and_a_second_apply_configures() {
             "sweep.trainyard.dev/bert-finetune-sweep created",
             "trainingjob.trainyard.dev/advanced-training created",
             "trainingjob.trainyard.dev/bert-distributed created",
+            "trainingjob.trainyard.dev/bert-idle created",
             "trainingjob.trainyard.dev/gpt-resume created",
             "trainingjob.trainyard.dev/mnist-training created",
             "trainingqueue.trainyard.dev/default created",
@@ -339,7 +340,7 @@ async fn get_prints_tables_and_json() {
     let (out, _, result) = trainyard(&client, &["get", "trainingjobs", "-n", "ml-training"]).await;
     result.expect("get");
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 5, "{out}");
+    assert_eq!(lines.len(), 6, "{out}");
     assert!(lines[0].starts_with("NAME                STATE     PROGRESS   EPOCH   GPUS       QUEUE        RESTARTS   AGE"), "{out}");
     let columns = |name: &str| -> Vec<String> {
         let line = lines
@@ -456,10 +457,10 @@ async fn summary_reads_jobs_and_nodes() {
     let (out, _, result) = trainyard(&client, &["summary", "-n", "ml-training", "--json"]).await;
     result.expect("summary");
     let summary: serde_json::Value = serde_json::from_str(&out).expect("json");
-    assert_eq!(summary["jobs"]["total"], 4);
+    assert_eq!(summary["jobs"]["total"], 5);
     assert_eq!(summary["jobs"]["completed"], 1);
     assert_eq!(summary["jobs"]["failed"], 1);
-    assert_eq!(summary["jobs"]["other"], 2);
+    assert_eq!(summary["jobs"]["other"], 3);
     assert_eq!(summary["gpuUtilisation"]["cluster"]["gpus"], 16);
     // mnist: 2 GPUs × 100 s; bert: 4 GPUs × 50 s.
     assert_eq!(summary["gpuUtilisation"]["gpuSeconds"], 400.0);
@@ -473,7 +474,7 @@ async fn summary_reads_jobs_and_nodes() {
     result.expect("summary");
     assert!(
         out.starts_with(
-            "TrainingJobs in namespace ml-training: 4 (1 completed, 1 failed, 2 other)"
+            "TrainingJobs in namespace ml-training: 5 (1 completed, 1 failed, 3 other)"
         ),
         "{out}"
     );
@@ -492,6 +493,7 @@ async fn until_done_exits_when_every_job_finished_and_times_out_otherwise() {
     for (name, state) in [
         ("advanced-training", "Completed"),
         ("bert-distributed", "Failed"),
+        ("bert-idle", "Suspended"),
         ("gpt-resume", "Completed"),
         ("mnist-training", "Completed"),
     ] {
@@ -508,7 +510,7 @@ async fn until_done_exits_when_every_job_finished_and_times_out_otherwise() {
     ];
     let (out, _, result) = trainyard(&client, &args).await;
     result.expect("all finished");
-    assert_eq!(out.lines().count(), 5, "header and four rows: {out}");
+    assert_eq!(out.lines().count(), 6, "header and five rows: {out}");
     assert!(out.contains("bert-distributed    Failed"), "{out}");
 
     set_status(
@@ -531,7 +533,7 @@ async fn until_done_exits_when_every_job_finished_and_times_out_otherwise() {
     let message = result.expect_err("gpt-resume still runs").to_string();
     assert_eq!(
         message,
-        "timed out after 1s: 1 of 4 trainingjobs in namespace ml-training not finished: gpt-resume (Running)"
+        "timed out after 1s: 1 of 5 trainingjobs in namespace ml-training not finished: gpt-resume (Running)"
     );
 
     let (_, _, result) = trainyard(
@@ -829,7 +831,7 @@ async fn get_fills_a_jsonpath_template_from_the_list_or_the_named_object() {
     .await;
     result.expect("get");
     let rows: Vec<&str> = out.lines().collect();
-    assert_eq!(rows.len(), 4, "{out}");
+    assert_eq!(rows.len(), 5, "{out}");
     assert!(rows.contains(&"gpt-resume\t4"), "{out}");
     assert!(out.ends_with('\n'), "the template's own newline ends it");
 
