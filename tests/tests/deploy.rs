@@ -387,26 +387,6 @@ fn nats_runs_the_committed_config_with_generated_users_tls_and_password_secrets(
 /// The Secrets `scripts/nats-secrets.sh --output` writes: name to key to value.
 fn script_secrets(dir: &Path) -> BTreeMap<String, BTreeMap<String, String>> {
     let file = dir.join("secrets.yaml");
-    // The script makes the callout's issuer with `nats-auth-config
-    // --new-callout-issuer FILE` (write the seed, print the public key); a
-    // nested `cargo run` would wait on this test's own build lock, so the test
-    // hands it a program with that interface.
-    let issuer = nkeys::KeyPair::new_account();
-    let generator = dir.join("nats-auth-config");
-    std::fs::write(
-        &generator,
-        format!(
-            "#!/bin/sh\n[ \"$1\" = --new-callout-issuer ] || exit 2\nprintf '%s' '{}' > \"$2\"\necho {}\n",
-            issuer.seed().expect("seed"),
-            issuer.public_key()
-        ),
-    )
-    .expect("write the generator");
-    std::fs::set_permissions(
-        &generator,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .expect("make the generator executable");
     let output = Command::new("bash")
         .arg(root().join("scripts/nats-secrets.sh"))
         .args([
@@ -419,7 +399,6 @@ fn script_secrets(dir: &Path) -> BTreeMap<String, BTreeMap<String, String>> {
         .arg(&file)
         // --output never reads the cluster; no kubeconfig proves it.
         .env("KUBECONFIG", dir.join("no-cluster"))
-        .env("NATS_AUTH_CONFIG", &generator)
         .output()
         .expect("run scripts/nats-secrets.sh");
     assert!(
