@@ -296,7 +296,7 @@ async fn a_directory_applies_like_its_files_the_claim_before_the_sweep() {
     let directory = examples().display().to_string();
     let out = cluster.ok(&["apply", "-f", &directory]).await;
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 7, "{out}");
+    assert_eq!(lines.len(), 8, "{out}");
     let claim = lines
         .iter()
         .position(|l| *l == "persistentvolumeclaim/sweep-checkpoints created");
