@@ -112,7 +112,9 @@ secrets="$work/secrets"
 mkdir -m 700 "$secrets"
 nats_env=()
 for user in "${services[@]}" operator; do
-  python3 -c 'import secrets; print(secrets.token_urlsafe(24))' >"$secrets/$user"
+  # nats-server reads a variable's value as a configuration value, so a
+  # password that starts with a digit would be taken for a number: a letter first.
+  python3 -c 'import secrets; print("p" + secrets.token_hex(24))' >"$secrets/$user"
   variable="TRAINYARD_NATS_PASSWORD_$(echo "$user" | tr 'a-z-' 'A-Z_')"
   nats_env+=("$variable=$(cat "$secrets/$user")")
 done

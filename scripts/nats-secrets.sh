@@ -83,7 +83,9 @@ mkdir "$work/passwords"
 server_args=()
 while read -r user variable; do
   password="$(existing nats-passwords "$variable")"
-  [ -n "$password" ] || password="$(openssl rand -hex 24)"
+  # nats-server reads the variable's value as a configuration value, where a
+  # leading digit would make it a number: a letter first.
+  [ -n "$password" ] || password="p$(openssl rand -hex 24)"
   printf '%s' "$password" >"$work/passwords/$user"
   server_args+=("--from-file=$variable=$work/passwords/$user")
   add_secret "trainyard-nats-$user" Opaque "--from-file=password=$work/passwords/$user"
