@@ -203,7 +203,7 @@ async fn every_example_applies_and_a_second_apply_configures() {
     // Every object went by server-side apply, forced, under the CLI's field manager;
     // the queue on the cluster-scoped path.
     let applied = server.applied();
-    assert_eq!(applied.len(), 6);
+    assert_eq!(applied.len(), 7);
     for request in &applied {
         assert_eq!(
             request.field_manager.as_deref(),
@@ -217,7 +217,7 @@ async fn every_example_applies_and_a_second_apply_configures() {
 
     let (out, _, result) = trainyard(&client, &args).await;
     result.expect("second apply");
-    assert_eq!(out.lines().count(), 6, "{out}");
+    assert_eq!(out.lines().count(), 7, "{out}");
     assert!(
         out.lines()
             .all(|line| line.ends_with(" configured") || line.ends_with(" unchanged")),
@@ -401,7 +401,7 @@ async fn get_prints_tables_and_json() {
     result.expect("get json");
     let list: serde_json::Value = serde_json::from_str(&out).expect("json");
     assert_eq!(list["kind"], "List");
-    assert_eq!(list["items"].as_array().map(Vec::len), Some(4));
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(5));
 
     let (out, err, result) = trainyard(&client, &["get", "tj", "-n", "empty"]).await;
     result.expect("empty is fine");
