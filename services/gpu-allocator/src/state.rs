@@ -158,10 +158,25 @@ pub struct AllocatorState {
     queue_status: BTreeMap<String, QueueStatusReported>,
     /// When queue reports were last worked out.
     queue_status_at: Option<Timestamp>,
-    /// The cost-optimizer's capacity choice per job (`namespace/name` → the
-    /// TrainingJob's uid and the type). Not saved: choices published after
-    /// the snapshot are replayed at start, earlier ones are not.
-    capacity_chosen: BTreeMap<String, (String, gpu_allocator_core::CapacityType)>,
+    /// The cost-optimizer's capacity choice per job (`namespace/name`). Not
+    /// saved: choices published after the snapshot are replayed at start,
+    /// earlier ones are not.
+    capacity_chosen: BTreeMap<String, CapacityChoice>,
+}
+
+/// The capacity type the cost-optimizer chose for a job with `capacityType:
+/// any`.
+#[derive(Debug, Clone, PartialEq)]
+struct CapacityChoice {
+    /// The TrainingJob's Kubernetes uid: a job deleted and created again
+    /// under its name is chosen for anew.
+    uid: String,
+    capacity: gpu_allocator_core::CapacityType,
+    /// Nodes of that type alone could never hold the job (the core found it
+    /// unschedulable so restricted), so it is admitted on either type: the
+    /// job asked for none, and a cheaper type that can never run it is no
+    /// saving.
+    never_fits: bool,
 }
 
 fn changed(applied: Applied) -> bool {
@@ -492,12 +507,65 @@ impl AllocatorState {
 
     /// `spec` kept to the capacity type the cost-optimizer chose for the job, if any.
     fn with_chosen_capacity(&self, key: &str, k8s_uid: &str, mut spec: JobSpec) -> JobSpec {
-        if let Some((uid, capacity)) = self.capacity_chosen.get(key)
-            && uid == k8s_uid
+        if let Some(choice) = self.capacity_chosen.get(key)
+            && choice.uid == k8s_uid
+            && !choice.never_fits
         {
-            mapping::restrict_capacity(&mut spec, &self.config.capacity_type_labels, *capacity);
+            mapping::restrict_capacity(
+                &mut spec,
+                &self.config.capacity_type_labels,
+                choice.capacity,
+            );
         }
         spec
+    }
+
+    /// Opens both capacity types again to the pending jobs of `outcome` that
+    /// the core found unschedulable only as restricted to their chosen
+    /// type, and returns their attempt uids: their explanation this cycle
+    /// describes the restriction, not the job. One that is unschedulable on
+    /// either type is found so again next cycle, with the reason that
+    /// holds for the job itself.
+    fn open_capacity_of_unschedulable(&mut self, outcome: &CycleOutcome) -> HashSet<JobUid> {
+        let restricted: Vec<(JobUid, String)> = outcome
+            .pending
+            .iter()
+            .filter_map(|pending| {
+                let (uid, _, reason) = self.alloc.pending_parts(outcome, pending)?;
+                if !matches!(
+                    **reason,
+                    gpu_allocator_core::PendingReason::Unschedulable { .. }
+                ) {
+                    return None;
+                }
+                let rec = self.record_of(uid)?;
+                let key = object_key(&rec.entity.namespace, &rec.entity.name);
+                let choice = self.capacity_chosen.get(&key)?;
+                (choice.uid == rec.entity.uid && !choice.never_fits).then(|| (uid.clone(), key))
+            })
+            .collect();
+        let mut opened = HashSet::new();
+        for (uid, key) in restricted {
+            let Some(choice) = self.capacity_chosen.get_mut(&key) else {
+                continue;
+            };
+            choice.never_fits = true;
+            tracing::info!(
+                job = %key,
+                capacity = ?choice.capacity,
+                "nodes of the chosen capacity type alone can never hold the job; admitting it on either type"
+            );
+            let Some(rec) = self.jobs.get(&key).cloned() else {
+                continue;
+            };
+            self.touch();
+            if let Err(err) = self.submit(rec.template.clone()) {
+                tracing::warn!(job = %key, error = %err, "job not resubmitted without its capacity type");
+                continue;
+            }
+            opened.insert(uid);
+        }
+        opened
     }
 
     /// `cost.capacity`: a pending job is admitted on the chosen type only
@@ -546,15 +614,33 @@ impl AllocatorState {
             }
         };
         let Some(rec) = self.jobs.get(&key).cloned() else {
-            self.capacity_chosen
-                .insert(key, (entity.uid.clone(), capacity));
+            self.capacity_chosen.insert(
+                key,
+                CapacityChoice {
+                    uid: entity.uid.clone(),
+                    capacity,
+                    never_fits: false,
+                },
+            );
             return Ok(());
         };
         if !entity.uid.is_empty() && entity.uid != rec.entity.uid {
             return Ok(());
         }
-        self.capacity_chosen
-            .insert(key.clone(), (rec.entity.uid.clone(), capacity));
+        // A choice repeated (the cost-optimizer re-decides on every change of
+        // its inputs) keeps what the core found of it.
+        let never_fits = self
+            .capacity_chosen
+            .get(&key)
+            .is_some_and(|c| c.uid == rec.entity.uid && c.capacity == capacity && c.never_fits);
+        self.capacity_chosen.insert(
+            key.clone(),
+            CapacityChoice {
+                uid: rec.entity.uid.clone(),
+                capacity,
+                never_fits,
+            },
+        );
         self.touch();
         if rec.suspended || rec.template.gpus_per_worker == 0 {
             return Ok(());
@@ -746,8 +832,10 @@ impl AllocatorState {
         for admission in &outcome.admissions {
             self.pending_status.remove(admission.uid.as_str());
         }
+        let reopened = self.open_capacity_of_unschedulable(&outcome);
+        decided |= !reopened.is_empty();
         // Resolved before the evictions below end attempts in the core.
-        let (fresh, status_changed) = self.explain_pending(&outcome, now, &mut report);
+        let (fresh, status_changed) = self.explain_pending(&outcome, &reopened, now, &mut report);
         decided |= status_changed;
         for admission in outcome.admissions {
             let attempt = admission.uid.attempt().map_or(0, |(_, a)| a);
@@ -894,6 +982,7 @@ impl AllocatorState {
     fn explain_pending(
         &mut self,
         outcome: &CycleOutcome,
+        reopened: &HashSet<JobUid>,
         now: Timestamp,
         report: &mut CycleReport,
     ) -> (Vec<Outgoing>, bool) {
@@ -912,6 +1001,9 @@ impl AllocatorState {
                 report
                     .queue_depth
                     .insert(queue.to_string(), pending.queue_length);
+            }
+            if reopened.contains(uid) {
+                continue;
             }
             *report.pending_by_reason.entry(reason.kind()).or_default() += 1;
             // Jobs waiting for one reason share its cause hash.
@@ -1057,6 +1149,19 @@ mod tests {
         .expect("job")
     }
 
+    /// The cost-optimizer's choice of spot.
+    fn spot_chosen() -> trainyard_contracts::cost::CapacityChosen {
+        serde_json::from_value(json!({
+            "capacityType": "spot", "reason": "spot: saves 57%", "currency": "USD",
+            "spotExpectedCost": 1.0, "onDemandExpectedCost": 2.0, "expectedCost": 1.0,
+            "inputs": {"workHours": 1.0, "runtimeSource": "default", "gpus": 4, "nodes": 1,
+                       "checkpointSaveSeconds": 60.0, "restartSeconds": 360.0,
+                       "spotPricePerGpuHour": 1.5, "onDemandPricePerGpuHour": 4.0,
+                       "spotReclaimsPerNodeHour": 0.01, "pool": "A100@", "spotInterruptions": 0}
+        }))
+        .expect("decision")
+    }
+
     fn entity(name: &str) -> EntityRef {
         EntityRef::new("ml", name, format!("uid-{name}"))
     }
@@ -1100,15 +1205,7 @@ mod tests {
         state
             .on_node(&EntityRef::new("", "s1", ""), &spot)
             .expect("node applies");
-        let chosen: trainyard_contracts::cost::CapacityChosen = serde_json::from_value(json!({
-            "capacityType": "spot", "reason": "spot: saves 57%", "currency": "USD",
-            "spotExpectedCost": 1.0, "onDemandExpectedCost": 2.0, "expectedCost": 1.0,
-            "inputs": {"workHours": 1.0, "runtimeSource": "default", "gpus": 4, "nodes": 1,
-                       "checkpointSaveSeconds": 60.0, "restartSeconds": 360.0,
-                       "spotPricePerGpuHour": 1.5, "onDemandPricePerGpuHour": 4.0,
-                       "spotReclaimsPerNodeHour": 0.01, "pool": "A100@", "spotInterruptions": 0}
-        }))
-        .expect("decision");
+        let chosen = spot_chosen();
         state
             .on_capacity(&entity("cheap"), &chosen)
             .expect("decision applies");
@@ -1127,6 +1224,56 @@ mod tests {
             })
             .collect();
         assert_eq!(nodes, vec!["s1".to_string()]);
+    }
+
+    #[test]
+    fn a_chosen_capacity_type_that_can_never_hold_the_job_gives_way_to_either_type() {
+        let mut state = state();
+        // n1 (from `state`) is on-demand with 8 GPUs; the one spot node has 4.
+        let spot: NodeObserved = serde_json::from_value(json!({
+            "change": "Applied", "allocatableGpus": 4,
+            "labels": {"nvidia.com/gpu.product": "A100", "karpenter.sh/capacity-type": "spot"},
+            "unschedulable": false, "ready": true
+        }))
+        .expect("node");
+        state
+            .on_node(&EntityRef::new("", "s1", ""), &spot)
+            .expect("node applies");
+        let chosen = spot_chosen();
+        state
+            .on_capacity(&entity("wide"), &chosen)
+            .expect("decision applies");
+        state
+            .on_job_changed(&entity("wide"), &job("wide", 8, 0, false), Timestamp(0))
+            .expect("job applies");
+        state.cycle(Timestamp(1));
+        assert!(
+            admitted(&state).is_empty(),
+            "no spot node holds 8 GPUs per worker"
+        );
+        assert!(
+            !state
+                .outbox()
+                .iter()
+                .any(|o| matches!(o, Outgoing::Pending { .. })),
+            "the restricted job's verdict is not published: it describes the restriction"
+        );
+        // The cost-optimizer repeats its choice; the job stays open to both types.
+        state
+            .on_capacity(&entity("wide"), &chosen)
+            .expect("decision applies");
+        state.cycle(Timestamp(2));
+        let nodes: Vec<String> = state
+            .outbox()
+            .iter()
+            .filter_map(|o| match o {
+                Outgoing::Admission { payload, .. } => {
+                    Some(payload.placements.first()?.node.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(nodes, vec!["n1".to_string()]);
     }
 
     #[test]
