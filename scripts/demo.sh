@@ -237,12 +237,12 @@ trainyard summary -A || status=$?
 notifications_summary
 echo
 echo "== cost (prices: deploy/price-catalog.yaml; GPU time on the wall clock, as the cost-optimizer counts it)"
-"$trainyard" cost --by job -A || status=$?
+trainyard cost --by job -A || status=$?
 echo
-"$trainyard" cost --by queue -A || status=$?
+trainyard cost --by queue -A || status=$?
 curl -fsS "http://127.0.0.1:${http_port[cost-optimizer]}/metrics" >"$work/cost-optimizer.metrics" 2>/dev/null || true
-"$trainyard" get trainingjobs -A -o json >"$work/trainingjobs.json" || status=$?
-"$trainyard" get trainingqueues -o json >"$work/trainingqueues.json" || status=$?
+trainyard get trainingjobs -A -o json >"$work/trainingjobs.json" || status=$?
+trainyard get trainingqueues -o json >"$work/trainingqueues.json" || status=$?
 python3 scripts/lib/cost_summary.py "$work/cost-optimizer.metrics" "$work/trainingjobs.json" \
   "$work/trainingqueues.json" || status=$?
 echo

@@ -41,18 +41,18 @@ if not chosen:
     print("  no job left the choice to it")
 
 print("budget alerts:")
-alerted = 0
+budgets = 0
 for queue in json.load(open(queues_file)).get("items", []):
     budget = (queue.get("status") or {}).get("budget")
     if not budget:
         continue
+    budgets += 1
     crossed = budget.get("thresholdsCrossed", [])
-    alerted += len(crossed)
     print(f'  queue {queue["metadata"]["name"]}: {budget["state"]}, spent {budget["spent"]:.2f} of '
           f'{budget["amount"]:.2f} {budget["currency"]} ({budget["spent"] / budget["amount"] * 100:.1f}%); '
           f'thresholds crossed: {", ".join(f"{t}%" for t in crossed) or "none"}')
-if not alerted:
-    print("  none")
+if not budgets:
+    print("  no queue has a budget")
 
 print("suspended for idle GPUs:")
 idle = 0
