@@ -659,7 +659,7 @@ pub struct CheckpointStorage {
     #[schemars(length(min = 1, max = MAX_REFERENCE_LENGTH), pattern(ABSOLUTE_PATH_PATTERN))]
     pub nfs_path: Option<String>,
 
-    /// Where the checkpoint volume is mounted in the workers (pvc and nfs), an absolute path. Default /checkpoints.
+    /// Where the checkpoint volume is mounted in the workers (pvc and nfs), an absolute path. Default /checkpoints. The job sees its own directory of the volume there, <namespace>/<job name>, so jobs and a Sweep's trials naming one claim or export keep their checkpoints apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = MAX_REFERENCE_LENGTH), pattern(ABSOLUTE_PATH_PATTERN))]
     pub mount_path: Option<String>,

@@ -601,6 +601,14 @@ fn worker_volumes(
 
     if spec.checkpointing_enabled() {
         let storage = spec.checkpoint.as_ref().and_then(|c| c.storage.as_ref());
+        // A named claim or NFS export is shared (by a Sweep's trials, by every
+        // job that names it): each TrainingJob keeps its checkpoints in a
+        // directory of its own there, as the default S3 prefix does, so no job
+        // resumes from or retains another's files. The claim made per job
+        // holds only that job's.
+        let sub_path = storage
+            .is_some_and(|s| matches!(s.storage_type, StorageType::Pvc | StorageType::Nfs))
+            .then(|| shared_volume_sub_path(context.namespace, context.training_job));
         let volume = match storage {
             Some(storage) if storage.storage_type == StorageType::Pvc => Some(Volume {
                 name: "checkpoints".to_owned(),
@@ -637,6 +645,7 @@ fn worker_volumes(
             mounts.push(VolumeMount {
                 name: volume.name.clone(),
                 mount_path,
+                sub_path,
                 ..VolumeMount::default()
             });
             volumes.push(volume);
@@ -646,6 +655,13 @@ fn worker_volumes(
     volumes.extend(spec.volumes.iter().cloned());
     mounts.extend(spec.volume_mounts.iter().cloned());
     (volumes, mounts)
+}
+
+/// The directory of a TrainingJob's checkpoints on a shared checkpoint
+/// volume (`pvc` with `claimName`, `nfs`): `<namespace>/<job>`, the default
+/// S3 prefix's shape. The kubelet creates it on first mount.
+fn shared_volume_sub_path(namespace: &str, training_job: &str) -> String {
+    format!("{namespace}/{training_job}")
 }
 
 fn config_map_data(

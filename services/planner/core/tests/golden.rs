@@ -323,6 +323,47 @@ fn checkpointing_without_storage_gets_a_claim_owned_by_the_trainingjob() {
     );
 }
 
+#[test]
+fn jobs_sharing_a_named_checkpoint_volume_each_get_their_own_directory_on_it() {
+    let admitted = admission(0, 3);
+    let config = PlannerConfig::default();
+    let checkpoint_mount = |job: &TrainingJob| {
+        let objects = desired_objects(job, &plan(0, Some(&admitted), &config)).unwrap();
+        let pod = worker_pod(&objects).unwrap();
+        pod.containers[0]
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == "checkpoints")
+            .cloned()
+            .expect("checkpoint mount")
+    };
+    let first = pytorch_job();
+    let mut second = pytorch_job();
+    second.metadata.name = Some("llama-finetune-trial-2".into());
+    let (a, b) = (checkpoint_mount(&first), checkpoint_mount(&second));
+    assert_eq!(
+        a.mount_path, "/ckpt",
+        "the path the workers see is the spec's"
+    );
+    assert_eq!(a.mount_path, b.mount_path);
+    assert_eq!(a.sub_path.as_deref(), Some("ml-training/llama-finetune"));
+    assert_eq!(
+        b.sub_path.as_deref(),
+        Some("ml-training/llama-finetune-trial-2")
+    );
+
+    let mut own_claim = pytorch_job();
+    if let Some(checkpoint) = own_claim.spec.checkpoint.as_mut() {
+        checkpoint.storage = None;
+    }
+    assert_eq!(
+        checkpoint_mount(&own_claim).sub_path,
+        None,
+        "the claim made for one job holds only its checkpoints"
+    );
+}
+
 /// Kubernetes expands `$(VAR)` only from earlier entries.
 fn assert_index_defined_before_use(objects: &DesiredObjects) {
     let pod = worker_pod(objects).unwrap();
