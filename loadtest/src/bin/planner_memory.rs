@@ -166,7 +166,8 @@ async fn run(args: &Args, stack: &mut Stack) -> anyhow::Result<Report> {
         if done {
             break;
         }
-        if started.elapsed() > timeout + Duration::from_secs_f64(args.simulated_seconds / args.speed)
+        if started.elapsed()
+            > timeout + Duration::from_secs_f64(args.simulated_seconds / args.speed)
         {
             bail!("the job did not reach epoch {end_epoch} in time");
         }
