@@ -351,6 +351,41 @@ fn every_service_connects_to_nats_as_itself_over_tls_and_mounts_only_its_own_pas
     }
 }
 
+#[test]
+fn training_workers_of_every_namespace_may_reach_the_nats_client_port() {
+    let docs = documents("deploy/networkpolicies.yaml");
+    let policy = kind_named(&docs, "NetworkPolicy", "nats-clients").expect("nats-clients");
+    let rule = &policy["spec"]["ingress"][0];
+    assert_eq!(rule["ports"][0]["port"].as_u64(), Some(4222));
+    // The labels the planner gives every worker pod, whatever the job.
+    let worker_labels = BTreeMap::from([
+        (
+            planner_core::LABEL_MANAGED_BY.to_string(),
+            planner_core::MANAGED_BY.to_string(),
+        ),
+        (
+            planner_core::LABEL_ROLE.to_string(),
+            planner_core::Role::Worker.as_str().to_string(),
+        ),
+    ]);
+    let admits_workers = rule["from"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .any(|peer| {
+            let labels: Option<BTreeMap<String, String>> =
+                yaml_serde::from_value(peer["podSelector"]["matchLabels"].clone()).ok();
+            peer["namespaceSelector"]
+                .as_mapping()
+                .is_some_and(|selector| selector.is_empty())
+                && labels.as_ref() == Some(&worker_labels)
+        });
+    assert!(
+        admits_workers,
+        "nats-clients admits pods labelled {worker_labels:?} from any namespace"
+    );
+}
+
 /// `kubectl kustomize deploy/`, parsed.
 fn rendered_deploy() -> Vec<Value> {
     let output = Command::new("kubectl")
