@@ -14,12 +14,28 @@ use planner_core::{
     TOKEN_SECRET_KEY, WorkerToken, desired_objects,
 };
 use trainyard_api::FailurePolicy;
+use trainyard_contracts::decisions::AdmissionDecided;
 use trainyard_contracts::worker::NATS_CA_FILE_ENV;
 
 fn config(issues: bool) -> PlannerConfig {
     PlannerConfig {
         worker_credentials_seed_file: issues.then(|| "/etc/trainyard/issuer.nk".to_owned()),
         ..PlannerConfig::default()
+    }
+}
+
+fn plan<'a>(
+    attempt: u32,
+    admission: Option<&'a AdmissionDecided>,
+    config: &'a PlannerConfig,
+) -> JobPlan<'a> {
+    JobPlan {
+        attempt,
+        admission,
+        suspended_by_user: false,
+        resume_point: None,
+        config,
+        interval_advice: None,
     }
 }
 
@@ -39,14 +55,7 @@ fn an_admitted_attempt_gets_a_secret_with_a_token_for_its_job() {
     let job = training_job("bert", spec(2));
     let config = config(true);
     let admitted = admission(1, 2);
-    let plan = JobPlan {
-        attempt: 1,
-        admission: Some(&admitted),
-        suspended_by_user: false,
-        resume_point: None,
-        config: &config,
-        interval_advice: None,
-    };
+    let plan = plan(1, Some(&admitted), &config);
     let objects = desired_objects(&job, &plan).unwrap();
     let credentials = objects.worker_credentials.as_ref().unwrap();
     assert_eq!(credentials.metadata.name.as_deref(), Some("bert-a1-nats"));
@@ -76,14 +85,7 @@ fn an_admitted_attempt_gets_a_secret_with_a_token_for_its_job() {
 fn a_queued_attempt_has_no_token_yet_and_its_template_already_names_the_secret() {
     let job = training_job("bert", spec(2));
     let config = config(true);
-    let plan = JobPlan {
-        attempt: 0,
-        admission: None,
-        suspended_by_user: false,
-        resume_point: None,
-        config: &config,
-        interval_advice: None,
-    };
+    let plan = plan(0, None, &config);
     let objects = desired_objects(&job, &plan).unwrap();
     assert!(objects.job_suspended());
     assert!(objects.worker_credentials.is_none());
@@ -98,14 +100,7 @@ fn without_a_key_configured_workers_get_no_token() {
     let job = training_job("bert", spec(2));
     let config = config(false);
     let admitted = admission(0, 2);
-    let plan = JobPlan {
-        attempt: 0,
-        admission: Some(&admitted),
-        suspended_by_user: false,
-        resume_point: None,
-        config: &config,
-        interval_advice: None,
-    };
+    let plan = plan(0, Some(&admitted), &config);
     let objects = desired_objects(&job, &plan).unwrap();
     assert!(objects.worker_credentials.is_none());
     assert_eq!(token_env(&objects), None);
@@ -121,14 +116,7 @@ fn a_job_with_a_longer_deadline_gets_a_token_lasting_past_it() {
     let job = training_job("long", spec);
     let config = config(true);
     let admitted = admission(0, 1);
-    let plan = JobPlan {
-        attempt: 0,
-        admission: Some(&admitted),
-        suspended_by_user: false,
-        resume_point: None,
-        config: &config,
-        interval_advice: None,
-    };
+    let plan = plan(0, Some(&admitted), &config);
     let objects = desired_objects(&job, &plan).unwrap();
     assert_eq!(
         objects.worker_credentials.unwrap().lifetime_seconds,
@@ -184,14 +172,7 @@ fn with_a_nats_ca_the_workers_read_it_from_their_attempts_secret() {
         ..config(true)
     };
     let admitted = admission(1, 2);
-    let plan = JobPlan {
-        attempt: 1,
-        admission: Some(&admitted),
-        suspended_by_user: false,
-        resume_point: None,
-        config: &config,
-        interval_advice: None,
-    };
+    let plan = plan(1, Some(&admitted), &config);
     let objects = desired_objects(&job, &plan).unwrap();
     assert_eq!(
         nats_ca(&objects),
@@ -242,14 +223,7 @@ fn without_a_nats_ca_the_workers_get_no_ca_file() {
             ..config(false)
         },
     ] {
-        let plan = JobPlan {
-            attempt: 0,
-            admission: Some(&admitted),
-            suspended_by_user: false,
-            resume_point: None,
-            config: &config,
-            interval_advice: None,
-        };
+        let plan = plan(0, Some(&admitted), &config);
         let objects = desired_objects(&job, &plan).unwrap();
         assert_eq!(nats_ca(&objects), (None, None));
         let pod = worker_pod(&objects).unwrap();
