@@ -9,6 +9,13 @@
 #   nats-ca                 the installation's CA (key pair), kept to sign renewals
 #   nats-tls                the server certificate (tls.crt, tls.key) and the CA
 #                           (ca.crt); the services mount ca.crt alone
+#   trainyard-nats-callout  the auth callout's issuer key (issuer.nk, the planner
+#                           only) and its public key (issuer.pub), which NATS
+#                           reads as TRAINYARD_NATS_CALLOUT_ISSUER from nats-passwords
+#
+# The issuer key is made by `nats-auth-config --new-callout-issuer`: the
+# repository's `cargo run -p trainyard-contracts --bin nats-auth-config`, or the
+# program named by $NATS_AUTH_CONFIG.
 #
 # The users are those of deploy/nats/auth.conf. Run it again after regenerating
 # auth.conf: passwords and certificates already in the cluster are kept, and
@@ -90,6 +97,24 @@ while read -r user variable; do
   server_args+=("--from-file=$variable=$work/passwords/$user")
   add_secret "trainyard-nats-$user" Opaque "--from-file=password=$work/passwords/$user"
 done <<<"$users"
+
+# The auth callout's issuer: kept when the cluster has it, else a new one.
+issuer_public="$(existing trainyard-nats-callout issuer\\.pub)"
+if [ -n "$issuer_public" ]; then
+  echo "trainyard-nats-callout exists: kept" >&2
+else
+  if [ -n "${NATS_AUTH_CONFIG:-}" ]; then
+    issuer_public="$("$NATS_AUTH_CONFIG" --new-callout-issuer "$work/issuer.nk")"
+  else
+    issuer_public="$(cd "$root" && cargo run -q -p trainyard-contracts --bin nats-auth-config -- \
+      --new-callout-issuer "$work/issuer.nk")"
+  fi
+  printf '%s' "$issuer_public" >"$work/issuer.pub"
+  add_secret trainyard-nats-callout Opaque "--from-file=issuer.nk=$work/issuer.nk" \
+    "--from-file=issuer.pub=$work/issuer.pub"
+fi
+printf '%s' "$issuer_public" >"$work/issuer-variable"
+server_args+=("--from-file=TRAINYARD_NATS_CALLOUT_ISSUER=$work/issuer-variable")
 add_secret nats-passwords Opaque "${server_args[@]}"
 
 if $certificates && { $renew || ! secret_exists nats-tls; }; then

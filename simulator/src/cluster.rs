@@ -1526,6 +1526,12 @@ impl Cluster {
                 .as_array()
                 .into_iter()
                 .flatten()
+                // A ConfigMap volume, or one projected with others (the
+                // planner's, when the workers' NATS CA joins it).
+                .flat_map(|v| {
+                    let projected = v["projected"]["sources"].as_array().into_iter().flatten();
+                    std::iter::once(v).chain(projected)
+                })
                 .filter_map(|v| v["configMap"]["name"].as_str())
                 .filter_map(|cm| self.store.get(resources::config_maps(), Some(&ns), cm).ok())
                 .find_map(|cm| {

@@ -1,19 +1,26 @@
 //! The deploy manifests and the compose file agree with the code: every service is
 //! there, RBAC is least-privilege, every `TRAINYARD_*` key is one the services read,
-//! and NATS as deployed admits each service over TLS with its own password only.
+//! and NATS as deployed admits each service over TLS with its own password only,
+//! and a training worker with its job's token, through the planner's auth
+//! callout, for its own job's subjects only.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
+use futures::StreamExt;
+use planner_core::PlannerConfig;
+use planner_core::WorkerToken;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 use trainyard_contracts::Service;
 use trainyard_contracts::permissions::Identity;
+use trainyard_planner::callout;
 use trainyard_runtime::{Runtime, Settings};
-use trainyard_testkit::{NatsServer, eventually_within, free_port, http_get};
+use trainyard_testkit::{NatsServer, eventually_within, free_port, http_get, metric};
 use yaml_serde::Value;
 
 fn root() -> &'static Path {
@@ -39,18 +46,29 @@ fn kind_named<'a>(docs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value
         .find(|d| d["kind"].as_str() == Some(kind) && d["metadata"]["name"].as_str() == Some(name))
 }
 
-/// Fails unless `TRAINYARD_A__B` names the key `a.b` of the shared settings.
-fn assert_known_setting(key: &str) {
-    let settings = serde_json::to_value(Settings::default()).expect("settings serialise");
+/// Fails unless `key`, `<prefix>A__B`, names the key `a.b` of `defaults`.
+fn assert_known_key(defaults: &serde_json::Value, prefix: &str, key: &str) {
     let path = key
-        .strip_prefix("TRAINYARD_")
-        .unwrap_or_else(|| panic!("{key} lacks the TRAINYARD_ prefix"));
-    let mut node = &settings;
+        .strip_prefix(prefix)
+        .unwrap_or_else(|| panic!("{key} lacks the {prefix} prefix"));
+    let mut node = defaults;
     for part in path.split("__") {
         node = node
             .get(part.to_lowercase())
             .unwrap_or_else(|| panic!("{key}: no setting {part:?}; see README Configuration"));
     }
+}
+
+/// Fails unless `TRAINYARD_A__B` names the key `a.b` of the shared settings.
+fn assert_known_setting(key: &str) {
+    let settings = serde_json::to_value(Settings::default()).expect("settings serialise");
+    assert_known_key(&settings, "TRAINYARD_", key);
+}
+
+/// Fails unless `TRAINYARD_PLANNER__A` names the key `a` of the planner's section.
+fn assert_known_planner_setting(key: &str) {
+    let config = serde_json::to_value(PlannerConfig::default()).expect("config serialises");
+    assert_known_key(&config, "TRAINYARD_PLANNER__", key);
 }
 
 #[test]
@@ -256,7 +274,11 @@ fn every_service_connects_to_nats_as_itself_over_tls_and_mounts_only_its_own_pas
         let container = &pod["containers"][0];
         let env = env_values(container);
         for key in env.keys() {
-            assert_known_setting(key);
+            if service == Service::Planner && key.starts_with("TRAINYARD_PLANNER__") {
+                assert_known_planner_setting(key);
+            } else {
+                assert_known_setting(key);
+            }
         }
         assert_eq!(
             env.get("TRAINYARD_NATS__USER"),
@@ -290,10 +312,33 @@ fn every_service_connects_to_nats_as_itself_over_tls_and_mounts_only_its_own_pas
                 secret.starts_with("nats-") || secret.starts_with("trainyard-nats-")
             })
             .collect();
+        let mut expected = BTreeSet::from([own_password, ca.clone()]);
+        if service == Service::Planner {
+            let issuer = (
+                "trainyard-nats-callout".to_string(),
+                "issuer.nk".to_string(),
+            );
+            let seed_file = &env["TRAINYARD_PLANNER__WORKER_CREDENTIALS_SEED_FILE"];
+            assert_eq!(
+                secret_key_of_file(pod, container, seed_file),
+                Some(issuer.clone()),
+                "the planner signs worker tokens with the callout's issuer key"
+            );
+            let worker_ca_file = &env["TRAINYARD_PLANNER__WORKER_NATS_CA_FILE"];
+            assert_eq!(
+                secret_key_of_file(pod, container, worker_ca_file),
+                Some(ca.clone()),
+                "the workers get nats-tls's ca.crt"
+            );
+            assert!(
+                env["TRAINYARD_PLANNER__WORKER_NATS_URL"].starts_with("tls://"),
+                "the workers' NATS URL asks for TLS"
+            );
+            expected.insert(issuer);
+        }
         assert_eq!(
-            nats_secrets,
-            BTreeSet::from([own_password, ca]),
-            "{name} mounts no other password and not the server's key"
+            nats_secrets, expected,
+            "{name} mounts no other password, no issuer key but the planner, and not the server's key"
         );
         assert!(
             container["envFrom"]
@@ -304,6 +349,41 @@ fn every_service_connects_to_nats_as_itself_over_tls_and_mounts_only_its_own_pas
             "{name} takes no Secret into its environment"
         );
     }
+}
+
+#[test]
+fn training_workers_of_every_namespace_may_reach_the_nats_client_port() {
+    let docs = documents("deploy/networkpolicies.yaml");
+    let policy = kind_named(&docs, "NetworkPolicy", "nats-clients").expect("nats-clients");
+    let rule = &policy["spec"]["ingress"][0];
+    assert_eq!(rule["ports"][0]["port"].as_u64(), Some(4222));
+    // The labels the planner gives every worker pod, whatever the job.
+    let worker_labels = BTreeMap::from([
+        (
+            planner_core::LABEL_MANAGED_BY.to_string(),
+            planner_core::MANAGED_BY.to_string(),
+        ),
+        (
+            planner_core::LABEL_ROLE.to_string(),
+            planner_core::Role::Worker.as_str().to_string(),
+        ),
+    ]);
+    let admits_workers = rule["from"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .any(|peer| {
+            let labels: Option<BTreeMap<String, String>> =
+                yaml_serde::from_value(peer["podSelector"]["matchLabels"].clone()).ok();
+            peer["namespaceSelector"]
+                .as_mapping()
+                .is_some_and(|selector| selector.is_empty())
+                && labels.as_ref() == Some(&worker_labels)
+        });
+    assert!(
+        admits_workers,
+        "nats-clients admits pods labelled {worker_labels:?} from any namespace"
+    );
 }
 
 /// `kubectl kustomize deploy/`, parsed.
@@ -387,6 +467,26 @@ fn nats_runs_the_committed_config_with_generated_users_tls_and_password_secrets(
 /// The Secrets `scripts/nats-secrets.sh --output` writes: name to key to value.
 fn script_secrets(dir: &Path) -> BTreeMap<String, BTreeMap<String, String>> {
     let file = dir.join("secrets.yaml");
+    // The script makes the callout's issuer with `nats-auth-config
+    // --new-callout-issuer FILE` (write the seed, print the public key); a
+    // nested `cargo run` would wait on this test's own build lock, so the test
+    // hands it a program with that interface.
+    let issuer = nkeys::KeyPair::new_account();
+    let generator = dir.join("nats-auth-config");
+    std::fs::write(
+        &generator,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = --new-callout-issuer ] || exit 2\nprintf '%s' '{}' > \"$2\"\necho {}\n",
+            issuer.seed().expect("seed"),
+            issuer.public_key()
+        ),
+    )
+    .expect("write the generator");
+    std::fs::set_permissions(
+        &generator,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("make the generator executable");
     let output = Command::new("bash")
         .arg(root().join("scripts/nats-secrets.sh"))
         .args([
@@ -399,6 +499,7 @@ fn script_secrets(dir: &Path) -> BTreeMap<String, BTreeMap<String, String>> {
         .arg(&file)
         // --output never reads the cluster; no kubeconfig proves it.
         .env("KUBECONFIG", dir.join("no-cluster"))
+        .env("NATS_AUTH_CONFIG", &generator)
         .output()
         .expect("run scripts/nats-secrets.sh");
     assert!(
@@ -478,17 +579,29 @@ fn loopback_server_config(
     server_dir.join("nats.conf")
 }
 
-/// Whether a client built from `options` gets a connection to `url`.
-async fn connects(options: async_nats::ConnectOptions, url: &str) -> bool {
-    let options = options.connection_timeout(Duration::from_secs(5));
-    match tokio::time::timeout(Duration::from_secs(10), options.connect(url)).await {
-        Ok(Ok(client)) => client.flush().await.is_ok(),
-        _ => false,
-    }
+/// Whether the server at `url` admits a client built from `options`: a
+/// JetStream request (`$JS.API.INFO`, answered on `identity`'s inbox)
+/// completes. A `connect` that returns proves nothing: the auth callout holds
+/// a client no user matches until the auth timeout (three seconds with TLS),
+/// the server's first PING to it goes out after two, and async-nats takes
+/// any reply to its CONNECT, that PING included, as acceptance; the -ERR
+/// comes a second later.
+async fn admitted(options: async_nats::ConnectOptions, url: &str, identity: &Identity) -> bool {
+    let options = options
+        .custom_inbox_prefix(identity.inbox_prefix())
+        .connection_timeout(Duration::from_secs(5));
+    let round_trip = async {
+        let client = options.connect(url).await.ok()?;
+        client.request("$JS.API.INFO", "".into()).await.ok()
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(10), round_trip).await,
+        Ok(Some(_))
+    )
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn deployed_nats_admits_a_service_over_tls_with_its_password_and_refuses_the_rest() {
+async fn deployed_nats_admits_a_service_and_a_jobs_worker_over_tls_and_refuses_the_rest() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().expect("temp dir");
     let secrets = script_secrets(dir.path());
@@ -565,42 +678,181 @@ async fn deployed_nats_admits_a_service_over_tls_with_its_password_and_refuses_t
             .require_tls(true)
             .add_root_certificates(certificates.join("ca.crt"))
     };
+    let identity = Identity::Service(service);
     assert!(
-        connects(
+        admitted(
             with_ca(async_nats::ConnectOptions::with_user_and_password(
                 user.clone(),
                 password.clone()
             )),
-            &url
+            &url,
+            &identity
         )
         .await,
-        "the service's identity connects"
+        "the service's identity is admitted"
     );
     assert!(
-        !connects(
+        !admitted(
             async_nats::ConnectOptions::with_user_and_password(user.clone(), password.clone())
                 .require_tls(true),
-            &url
+            &url,
+            &identity
         )
         .await,
         "a client that does not trust the installation's CA is refused"
     );
     assert!(
-        !connects(with_ca(async_nats::ConnectOptions::new()), &url).await,
+        !admitted(with_ca(async_nats::ConnectOptions::new()), &url, &identity).await,
         "an anonymous client is refused"
     );
     let planner_password = &secrets["trainyard-nats-planner"]["password"];
     assert!(
-        !connects(
+        !admitted(
             with_ca(async_nats::ConnectOptions::with_user_and_password(
                 user,
                 planner_password.clone()
             )),
-            &url
+            &url,
+            &identity
         )
         .await,
         "another service's password does not open this identity"
     );
+
+    // The planner answers the auth callout with the issuer key the script
+    // made; a worker, with its job's token and the CA its Secret carries,
+    // reports for that job only, through another server of the cluster.
+    let issuer = Arc::new(
+        nkeys::KeyPair::from_seed(secrets["trainyard-nats-callout"]["issuer.nk"].trim())
+            .expect("the script's issuer is an nkey seed"),
+    );
+    let planner = Identity::Service(Service::Planner);
+    let planner_client = with_ca(async_nats::ConnectOptions::with_user_and_password(
+        planner.user(),
+        secrets["trainyard-nats-planner"]["password"].clone(),
+    ))
+    .custom_inbox_prefix(planner.inbox_prefix())
+    .connect(&url)
+    .await
+    .expect("the planner connects as itself");
+    let registry = prometheus::Registry::new();
+    let callout_metrics = callout::CalloutMetrics::register(&registry).expect("metrics");
+    let responder = CancellationToken::new();
+    let serving = callout::serve(
+        planner_client.clone(),
+        issuer.clone(),
+        callout_metrics,
+        responder.clone(),
+    );
+    tokio::spawn(async move { serving.await.expect("the responder runs") });
+    planner_client.flush().await.expect("flushed");
+
+    let operator = with_ca(async_nats::ConnectOptions::with_user_and_password(
+        Identity::Operator.user(),
+        secrets["trainyard-nats-operator"]["password"].clone(),
+    ))
+    .connect(&url)
+    .await
+    .expect("the operator connects");
+    let mut reports = operator
+        .subscribe("trainyard.worker.>")
+        .await
+        .expect("the operator subscribes");
+    operator.flush().await.expect("flushed");
+
+    let (namespace, job) = ("ml", "bert");
+    let token = WorkerToken {
+        ns: namespace.into(),
+        job: job.into(),
+        exp: chrono::Utc::now().timestamp() + 600,
+    }
+    .sign(&issuer)
+    .expect("signs");
+    let (errors, mut refusals) = tokio::sync::mpsc::unbounded_channel();
+    let worker_url = format!("tls://localhost:{}", servers[1].port());
+    let worker_options = || {
+        let errors = errors.clone();
+        with_ca(async_nats::ConnectOptions::with_token(token.clone()))
+            .custom_inbox_prefix(
+                Identity::Worker {
+                    namespace: namespace.into(),
+                    job: job.into(),
+                }
+                .inbox_prefix(),
+            )
+            .event_callback(move |event| {
+                let errors = errors.clone();
+                async move {
+                    if let async_nats::Event::ServerError(async_nats::ServerError::Other(message)) =
+                        event
+                    {
+                        let _ = errors.send(message);
+                    }
+                }
+            })
+    };
+    // Admitted means its report arrives: the callout's subscription reaches
+    // the worker's server over the routes a moment after it is made.
+    let own = format!("trainyard.worker.progress.{namespace}.{job}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let worker = loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the worker with its job's token is admitted within 30 s"
+        );
+        let Ok(worker) = worker_options().connect(&worker_url).await else {
+            continue;
+        };
+        worker
+            .publish(own.clone(), "{}".into())
+            .await
+            .expect("handed to the connection");
+        if let Ok(Some(received)) =
+            tokio::time::timeout(Duration::from_secs(5), reports.next()).await
+        {
+            assert_eq!(received.subject.as_str(), own);
+            break worker;
+        }
+    };
+
+    let other = format!("trainyard.worker.progress.{namespace}.other-job");
+    worker
+        .publish(other.clone(), "{}".into())
+        .await
+        .expect("handed to the connection");
+    let refusal = tokio::time::timeout(Duration::from_secs(10), refusals.recv())
+        .await
+        .expect("the server refuses another job's subject")
+        .expect("error stream open");
+    assert!(
+        refusal.contains("Permissions Violation") && refusal.contains(&other),
+        "{refusal}"
+    );
+    // The refused report never arrives; the next of its own does.
+    worker
+        .publish(own.clone(), "{}".into())
+        .await
+        .expect("handed to the connection");
+    let received = tokio::time::timeout(Duration::from_secs(10), reports.next())
+        .await
+        .expect("the worker's next progress arrives")
+        .expect("subscription open");
+    assert_eq!(received.subject.as_str(), own);
+    assert!(
+        !admitted(with_ca(async_nats::ConnectOptions::new()), &url, &identity).await,
+        "an anonymous client is refused by the planner's callout too"
+    );
+    let answers = |outcome: &str| {
+        metric(
+            &registry,
+            "trainyard_planner_worker_auth_total",
+            &[("outcome", outcome)],
+        )
+    };
+    assert!(answers("authorized") >= 1.0);
+    assert!(answers("refused") >= 1.0, "the anonymous client's answer");
+    responder.cancel();
+
     // What the server tells every client before anything else: plain text
     // goes no further.
     let plain = std::net::TcpStream::connect(("127.0.0.1", servers[0].port())).expect("tcp");

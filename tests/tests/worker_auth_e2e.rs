@@ -2,7 +2,8 @@
 //! and allow lists with the auth callout, every service under its own user,
 //! the planner issuing each admitted attempt's worker token, and the
 //! simulator's workers reporting over their own connection with it. A job
-//! completes from those reports.
+//! completes from those reports, and the attempt's Secret carries the NATS CA
+//! beside the token.
 
 mod common;
 
@@ -13,14 +14,14 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use nkeys::KeyPair;
-use planner_core::{PlannerConfig, TOKEN_SECRET_KEY, WorkerToken};
+use planner_core::{NATS_CA_SECRET_KEY, PlannerConfig, TOKEN_SECRET_KEY, WorkerToken};
 use tokio_util::sync::CancellationToken;
 use trainyard_api::{TrainingJob, TrainingJobState, TrainingQueue};
 use trainyard_contracts::Service;
 use trainyard_contracts::permissions::{self, CALLOUT_ISSUER_VARIABLE, Identity};
 use trainyard_runtime::{Runtime, Settings};
 use trainyard_simulator::runner::Simulator;
-use trainyard_testkit::{NatsServer, eventually_within, metric};
+use trainyard_testkit::{NatsServer, TestCertificates, eventually_within, metric};
 
 struct Secured {
     nats: NatsServer,
@@ -102,9 +103,13 @@ async fn a_job_completes_with_its_workers_reporting_under_their_jobs_token() {
         watcher_metrics,
     );
     let planner = secured.runtime(Service::Planner, &shutdown).await;
+    // The CA the workers of a TLS installation verify NATS with; the
+    // simulator's workers speak plain NATS here and leave it unread.
+    let certificates = TestCertificates::generate("trainyard-test-ca");
     let planner_config = PlannerConfig {
         worker_nats_url: secured.nats.url(),
         worker_credentials_seed_file: Some(secured.issuer_seed.clone()),
+        worker_nats_ca_file: Some(certificates.ca().display().to_string()),
         ..Default::default()
     };
     trainyard_planner::start(&planner, planner_config, kube.clone()).expect("planner starts");
@@ -155,7 +160,13 @@ async fn a_job_completes_with_its_workers_reporting_under_their_jobs_token() {
         .get(&format!("{}-a0-nats", job.name_any()))
         .await
         .expect("the attempt's credentials Secret exists");
-    let token = secret.data.expect("data")[TOKEN_SECRET_KEY].0.clone();
+    let data = secret.data.expect("data");
+    assert_eq!(
+        data[NATS_CA_SECRET_KEY].0,
+        std::fs::read(certificates.ca()).expect("the CA file"),
+        "the Secret carries the configured CA beside the token"
+    );
+    let token = data[TOKEN_SECRET_KEY].0.clone();
     let issuer = KeyPair::from_seed(
         std::fs::read_to_string(&secured.issuer_seed)
             .expect("seed")

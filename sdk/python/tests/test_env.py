@@ -15,6 +15,7 @@ def test_the_planners_variables_are_read() -> None:
             "TRAINYARD_NUM_WORKERS": "4",
             "TRAINYARD_NATS_URL": "nats://nats.trainyard:4222",
             "TRAINYARD_NATS_TOKEN": "signed-token",
+            "TRAINYARD_NATS_CA_FILE": "/etc/trainyard/nats-ca.crt",
             "EPOCHS": "10",
             "LEARNING_RATE": "0.00001",
             "BATCH_SIZE": "64",
@@ -42,6 +43,7 @@ def test_the_planners_variables_are_read() -> None:
     assert env.tensorboard_log_dir == "/checkpoints/tensorboard"
     assert env.hyperparameters == {"weight_decay": "0.01"}
     assert env.nats_token == "signed-token"
+    assert env.nats_ca_file == "/etc/trainyard/nats-ca.crt"
 
 
 def test_frequency_auto_and_the_advised_interval_are_read() -> None:
@@ -62,6 +64,7 @@ def test_outside_trainyard_the_defaults_reach_a_local_nats() -> None:
     assert env.resume_from is None and env.epochs is None
     assert env.tensorboard_log_dir is None
     assert env.nats_token is None
+    assert env.nats_ca_file is None
 
 
 def test_a_malformed_number_names_the_variable() -> None:

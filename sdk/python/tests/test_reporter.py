@@ -5,7 +5,7 @@ import math
 import sys
 import time
 
-from conftest import NatsServer, wait_for
+from conftest import NatsServer, make_certificates, wait_for
 
 from trainyard import Reporter, WorkerEnv, read_checkpoint
 from trainyard.messages import finite_metrics
@@ -61,6 +61,39 @@ def test_a_worker_connects_with_its_job_token_when_the_server_requires_one(tmp_p
         refused.progress(2, step=200, metrics={"loss": 0.4})
         assert not refused.flush(2)
         refused.close(1)
+        assert [r["payload"]["epoch"] for r in server.stored_reports()] == [1]
+    finally:
+        server.stop()
+
+
+def test_a_worker_verifies_a_tls_server_with_the_ca_file_it_is_given(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    certificates = make_certificates(tmp_path / "tls")
+    server = NatsServer(tmp_path / "jetstream", token="token-of-bert", certificates=certificates)
+    server.start()
+    try:
+        server.provision_worker_stream()
+        assert server.url.startswith("tls://")
+        env = env_for(
+            server, nats_token="token-of-bert", nats_ca_file=str(certificates / "ca.crt")
+        )
+        with Reporter(env, gpu_metrics=False) as reporter:
+            reporter.progress(1, step=100, metrics={"loss": 0.5})
+            assert reporter.flush(10)
+        assert [r["payload"]["epoch"] for r in server.stored_reports()] == [1]
+
+        # Without the installation's CA the server's certificate is not trusted
+        # and nothing arrives; nor with a CA file that is none.
+        not_a_ca = tmp_path / "not-a-ca.crt"
+        not_a_ca.write_text("token-of-bert")
+        for ca_file in (None, str(not_a_ca)):
+            refused = Reporter(
+                env_for(server, nats_token="token-of-bert", nats_ca_file=ca_file),
+                gpu_metrics=False,
+                publish_timeout=0.5,
+            )
+            refused.progress(2, step=200, metrics={"loss": 0.4})
+            assert not refused.flush(2)
+            refused.close(1)
         assert [r["payload"]["epoch"] for r in server.stored_reports()] == [1]
     finally:
         server.stop()

@@ -39,6 +39,21 @@ pub fn load_issuer(path: &str) -> Result<KeyPair, PlannerError> {
     Ok(key)
 }
 
+/// Reads the CA bundle the workers verify NATS with from `path`.
+pub fn load_worker_nats_ca(path: &str) -> Result<Arc<str>, PlannerError> {
+    let ca = std::fs::read_to_string(path).map_err(|err| {
+        PlannerError::Credentials(format!(
+            "cannot read planner.worker_nats_ca_file {path}: {err}"
+        ))
+    })?;
+    if !ca.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(PlannerError::Credentials(format!(
+            "planner.worker_nats_ca_file {path} holds no PEM certificate; give the CA that signed the NATS server's certificate (nats-tls's ca.crt)"
+        )));
+    }
+    Ok(ca.into())
+}
+
 /// Answers of the callout by outcome.
 #[derive(Clone)]
 pub struct CalloutMetrics {
@@ -130,4 +145,34 @@ async fn respond(
         return "unanswered";
     }
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_workers_ca_is_read_as_pem_and_a_bad_file_is_named_with_its_setting() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let good = dir.path().join("ca.crt");
+        let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+        std::fs::write(&good, pem).expect("write");
+        let loaded = load_worker_nats_ca(&good.display().to_string()).expect("a PEM bundle");
+        assert_eq!(&*loaded, pem);
+
+        let not_pem = dir.path().join("issuer.nk");
+        std::fs::write(&not_pem, "SAAB...").expect("write");
+        let missing = dir.path().join("absent.crt");
+        for path in [not_pem, missing] {
+            let error = load_worker_nats_ca(&path.display().to_string())
+                .err()
+                .map(|err| err.to_string())
+                .unwrap_or_default();
+            assert!(
+                error.contains("planner.worker_nats_ca_file"),
+                "{}: {error}",
+                path.display()
+            );
+        }
+    }
 }

@@ -94,6 +94,8 @@ pub struct KubeWriter {
     recorder: Arc<EventRecorder>,
     /// Signs the workers' NATS tokens, when the planner issues them.
     credentials_issuer: Option<Arc<KeyPair>>,
+    /// The CA bundle the workers verify NATS with, put beside their token.
+    worker_nats_ca: Option<Arc<str>>,
 }
 
 pub(crate) fn is_not_found(err: &kube::Error) -> bool {
@@ -107,12 +109,19 @@ impl KubeWriter {
             client,
             field_manager: field_manager.to_string(),
             credentials_issuer: None,
+            worker_nats_ca: None,
         }
     }
 
     /// Signs the workers' tokens with `issuer` (`planner.worker_credentials_seed_file`).
     pub fn with_credentials_issuer(mut self, issuer: Arc<KeyPair>) -> Self {
         self.credentials_issuer = Some(issuer);
+        self
+    }
+
+    /// Hands the workers `ca` (`planner.worker_nats_ca_file`) with their token.
+    pub fn with_worker_nats_ca(mut self, ca: Arc<str>) -> Self {
+        self.worker_nats_ca = Some(ca);
         self
     }
 
@@ -174,7 +183,7 @@ impl KubeWriter {
                 )
             })?;
             let secret = credentials
-                .secret(issuer, chrono::Utc::now())
+                .secret(issuer, self.worker_nats_ca.as_deref(), chrono::Utc::now())
                 .map_err(|err| PlannerError::Credentials(err.to_string()))?;
             self.apply_if(true, namespace, &params, &secret).await?;
         }

@@ -58,6 +58,14 @@ pub fn start(
     let metrics = PlannerMetrics::register(&runtime.registry)?;
     let lease = runtime.lease()?;
     let mut writer = KubeWriter::new(client, &config.field_manager);
+    if let Some(path) = &config.worker_nats_ca_file {
+        if config.worker_credentials_seed_file.is_none() {
+            return Err(PlannerError::Credentials(format!(
+                "planner.worker_nats_ca_file {path} reaches the workers in their credentials Secret; set planner.worker_credentials_seed_file too"
+            )));
+        }
+        writer = writer.with_worker_nats_ca(callout::load_worker_nats_ca(path)?);
+    }
     if let Some(path) = &config.worker_credentials_seed_file {
         let issuer = Arc::new(callout::load_issuer(path)?);
         writer = writer.with_credentials_issuer(issuer.clone());

@@ -11,6 +11,11 @@ use crate::subject::Family;
 /// issued by the planner): a worker connects with it as its NATS token when set.
 pub const NATS_TOKEN_ENV: &str = "TRAINYARD_NATS_TOKEN";
 
+/// Environment variable with the path of the CA bundle a worker verifies the
+/// NATS server's certificate with (the installation's CA, from its job's
+/// credentials); set when the workers' NATS URL is TLS.
+pub const NATS_CA_FILE_ENV: &str = "TRAINYARD_NATS_CA_FILE";
+
 /// Training progress of one worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

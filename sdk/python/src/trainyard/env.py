@@ -58,6 +58,10 @@ class WorkerEnv:
     #: connect with it when set; NATS then lets this worker report for its own
     #: job only.
     nats_token: Optional[str] = None
+    #: The CA bundle the NATS server's certificate is verified with
+    #: (`TRAINYARD_NATS_CA_FILE`, the installation's CA from the same Secret),
+    #: for a `tls://` URL; unset, the system's trusted CAs.
+    nats_ca_file: Optional[str] = None
     epochs: Optional[int] = None
     learning_rate: Optional[float] = None
     batch_size: Optional[int] = None
@@ -99,6 +103,7 @@ class WorkerEnv:
             num_workers=_int(env, "TRAINYARD_NUM_WORKERS", 1),
             nats_url=_text(env, "TRAINYARD_NATS_URL") or DEFAULT_NATS_URL,
             nats_token=_text(env, "TRAINYARD_NATS_TOKEN"),
+            nats_ca_file=_text(env, "TRAINYARD_NATS_CA_FILE"),
             epochs=epochs or None,
             learning_rate=_float(env, "LEARNING_RATE"),
             batch_size=batch_size or None,

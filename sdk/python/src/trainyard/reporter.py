@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import math
+import ssl
 import threading
 import time
 from collections import deque
@@ -441,6 +442,8 @@ class Reporter:
                 "token": self.env.nats_token,
                 "inbox_prefix": worker_inbox_prefix(self.env.namespace, self.env.job),
             }
+        if self.env.nats_ca_file:
+            credentials["tls"] = self._tls_context()
         connecting = nats.connect(
             self.env.nats_url,
             name=f"trainyard-worker {self.env.namespace}/{self.env.job}/{self.env.worker_index}",
@@ -460,6 +463,15 @@ class Reporter:
         # reporter connected, and a command sent from then on is heard.
         await nc.flush(timeout=max(2.0, self._timeout()))
         return nc
+
+    def _tls_context(self) -> ssl.SSLContext:
+        """Verifies the server with the installation's CA (and its host name)."""
+        try:
+            return ssl.create_default_context(cafile=self.env.nats_ca_file)
+        except (OSError, ssl.SSLError) as error:
+            raise ConnectionError(
+                f"TRAINYARD_NATS_CA_FILE={self.env.nats_ca_file!r} is no readable PEM CA bundle: {error}"
+            ) from error
 
     async def _on_command(self, msg: Any) -> None:
         kind = msg.subject.split(".")[2]

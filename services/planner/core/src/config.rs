@@ -86,6 +86,12 @@ pub struct PlannerConfig {
     /// (`TRAINYARD_NATS_TOKEN`) and the planner answers nats-server's auth
     /// callout. Unset: workers get no token.
     pub worker_credentials_seed_file: Option<String>,
+    /// File holding the CA bundle (PEM) that signed the NATS server's
+    /// certificate, read when the planner starts. Set: each attempt's
+    /// credentials Secret carries it as `ca.crt`, its workers find it at
+    /// `TRAINYARD_NATS_CA_FILE` and verify `worker_nats_url` (`tls://`) with
+    /// it. Needs `worker_credentials_seed_file`, whose Secret carries it.
+    pub worker_nats_ca_file: Option<String>,
     /// Seconds a worker token is valid from the attempt's admission; a job
     /// whose `failurePolicy.activeDeadlineSeconds` is longer gets that plus an
     /// hour.
@@ -116,6 +122,7 @@ impl Default for PlannerConfig {
             checkpoint_storage_class: None,
             checkpoint_volume_size: "100Gi".to_owned(),
             worker_credentials_seed_file: None,
+            worker_nats_ca_file: None,
             worker_token_lifetime_seconds: 7 * 86_400,
         }
     }

@@ -20,6 +20,7 @@ use trainyard_api::{
 use crate::error::PlanError;
 use crate::names::COMPLETION_INDEX_ANNOTATION;
 use crate::worker_token::{TOKEN_ENV, TOKEN_SECRET_KEY};
+use trainyard_contracts::worker::NATS_CA_FILE_ENV;
 
 /// Variable holding the worker's index; others reference it as `$(TRAINYARD_WORKER_INDEX)`.
 pub const WORKER_INDEX_ENV: &str = "TRAINYARD_WORKER_INDEX";
@@ -34,6 +35,9 @@ pub const CONFIG_MOUNT_PATH: &str = "/etc/trainyard";
 pub const HYPERPARAMETERS_FILE: &str = "hyperparameters.json";
 /// File with the framework, worker and checkpoint layout, inside [`CONFIG_MOUNT_PATH`].
 pub const TRAINING_CONFIG_FILE: &str = "training-config.json";
+/// File with the NATS CA bundle (from the credentials Secret), inside
+/// [`CONFIG_MOUNT_PATH`].
+pub const NATS_CA_FILE: &str = "nats-ca.crt";
 
 /// Everything the environment depends on besides the spec.
 #[derive(Debug, Clone, Copy)]
@@ -51,6 +55,8 @@ pub(crate) struct WorkerContext<'a> {
     pub sweep: Option<&'a str>,
     /// The Secret with the workers' NATS token, when the planner issues them.
     pub credentials_secret: Option<&'a str>,
+    /// That Secret also carries the CA the workers verify NATS with.
+    pub nats_ca: bool,
 }
 
 fn literal(name: &str, value: impl Into<String>) -> EnvVar {
@@ -131,6 +137,12 @@ fn trainyard_env(spec: &TrainingJobSpec, ctx: &WorkerContext<'_>) -> Vec<EnvVar>
                 ..EnvVarSource::default()
             }),
         });
+        if ctx.nats_ca {
+            env.push(literal(
+                NATS_CA_FILE_ENV,
+                format!("{CONFIG_MOUNT_PATH}/{NATS_CA_FILE}"),
+            ));
+        }
     }
     env
 }

@@ -50,9 +50,9 @@ pub use decide::{
     REASON_PODS_NOT_READY, REASON_UNSCHEDULABLE, decide,
 };
 pub use env::{
-    CHECKPOINT_INTERVAL_KEY, CONFIG_MOUNT_PATH, HYPERPARAMETERS_FILE, RESUME_FROM_KEY,
-    TRAINING_CONFIG_FILE, WORKER_INDEX_ENV, additional_param_env_name, checkpoint_dir,
-    tensorboard_log_dir,
+    CHECKPOINT_INTERVAL_KEY, CONFIG_MOUNT_PATH, HYPERPARAMETERS_FILE, NATS_CA_FILE,
+    RESUME_FROM_KEY, TRAINING_CONFIG_FILE, WORKER_INDEX_ENV, additional_param_env_name,
+    checkpoint_dir, tensorboard_log_dir,
 };
 pub use error::{CredentialError, PlanError};
 pub use failure::{FailureCause, WorkerFailure, classify_pod};
@@ -78,5 +78,6 @@ pub use submission::{
 };
 pub use sweep::{WELL_KNOWN_HYPERPARAMETERS, sweep_status, trial_spec};
 pub use worker_token::{
-    SIGNING_CONTEXT, TOKEN_ENV, TOKEN_SECRET_KEY, WorkerCredentials, WorkerToken,
+    NATS_CA_SECRET_KEY, SIGNING_CONTEXT, TOKEN_ENV, TOKEN_SECRET_KEY, WorkerCredentials,
+    WorkerToken,
 };

@@ -6,12 +6,13 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort,
-    EmptyDirVolumeSource, KeyToPath, NFSVolumeSource, NodeAffinity, NodeSelector,
+    Affinity, Capabilities, ConfigMap, ConfigMapProjection, ConfigMapVolumeSource, Container,
+    ContainerPort, EmptyDirVolumeSource, KeyToPath, NFSVolumeSource, NodeAffinity, NodeSelector,
     NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeClaim, PersistentVolumeClaimSpec,
     PersistentVolumeClaimVolumeSource, PodSchedulingGate, PodSecurityContext, PodSpec,
-    PodTemplateSpec, SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec,
-    Toleration, Volume, VolumeMount, VolumeResourceRequirements,
+    PodTemplateSpec, ProjectedVolumeSource, SeccompProfile, SecretProjection, SecurityContext,
+    Service, ServicePort, ServiceSpec, Toleration, Volume, VolumeMount, VolumeProjection,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -25,8 +26,8 @@ use trainyard_contracts::decisions::{
 
 use crate::config::PlannerConfig;
 use crate::env::{
-    CHECKPOINT_INTERVAL_KEY, CONFIG_MOUNT_PATH, HYPERPARAMETERS_FILE, RESUME_FROM_KEY,
-    TRAINING_CONFIG_FILE, WorkerContext, checkpoint_dir, worker_env,
+    CHECKPOINT_INTERVAL_KEY, CONFIG_MOUNT_PATH, HYPERPARAMETERS_FILE, NATS_CA_FILE,
+    RESUME_FROM_KEY, TRAINING_CONFIG_FILE, WorkerContext, checkpoint_dir, worker_env,
 };
 use crate::error::PlanError;
 use crate::names::{
@@ -35,7 +36,7 @@ use crate::names::{
 };
 use crate::preflight::{job_identity, preflight};
 use crate::resources::worker_resources;
-use crate::worker_token::WorkerCredentials;
+use crate::worker_token::{NATS_CA_SECRET_KEY, WorkerCredentials};
 
 /// Name of the worker container.
 pub const WORKER_CONTAINER: &str = "worker";
@@ -160,6 +161,7 @@ pub fn desired_objects(job: &TrainingJob, plan: &JobPlan<'_>) -> Result<DesiredO
             .find(|owner| owner.kind == "Sweep")
             .map(|owner| owner.name.as_str()),
         credentials_secret: issues_credentials.then_some(credentials_name.as_str()),
+        nats_ca: issues_credentials && plan.config.worker_nats_ca_file.is_some(),
     };
 
     let config_map = ConfigMap {
@@ -555,25 +557,58 @@ fn worker_volumes(
     spec: &TrainingJobSpec,
     context: &WorkerContext<'_>,
 ) -> (Vec<Volume>, Vec<VolumeMount>) {
-    let mut volumes = vec![
-        Volume {
+    let config_items: Vec<KeyToPath> = [HYPERPARAMETERS_FILE, TRAINING_CONFIG_FILE]
+        .into_iter()
+        .map(|file| KeyToPath {
+            key: file.to_owned(),
+            path: file.to_owned(),
+            mode: None,
+        })
+        .collect();
+    let config = match context.credentials_secret.filter(|_| context.nats_ca) {
+        // The NATS CA joins the ConfigMap's files: one directory, and no volume
+        // name beyond those the API keeps for Trainyard.
+        Some(secret) => Volume {
+            name: "trainyard-config".to_owned(),
+            projected: Some(ProjectedVolumeSource {
+                sources: Some(vec![
+                    VolumeProjection {
+                        config_map: Some(ConfigMapProjection {
+                            name: context.config_map.to_owned(),
+                            items: Some(config_items),
+                            optional: None,
+                        }),
+                        ..VolumeProjection::default()
+                    },
+                    VolumeProjection {
+                        secret: Some(SecretProjection {
+                            name: secret.to_owned(),
+                            items: Some(vec![KeyToPath {
+                                key: NATS_CA_SECRET_KEY.to_owned(),
+                                path: NATS_CA_FILE.to_owned(),
+                                mode: None,
+                            }]),
+                            optional: Some(false),
+                        }),
+                        ..VolumeProjection::default()
+                    },
+                ]),
+                default_mode: None,
+            }),
+            ..Volume::default()
+        },
+        None => Volume {
             name: "trainyard-config".to_owned(),
             config_map: Some(ConfigMapVolumeSource {
                 name: context.config_map.to_owned(),
-                items: Some(
-                    [HYPERPARAMETERS_FILE, TRAINING_CONFIG_FILE]
-                        .into_iter()
-                        .map(|file| KeyToPath {
-                            key: file.to_owned(),
-                            path: file.to_owned(),
-                            mode: None,
-                        })
-                        .collect(),
-                ),
+                items: Some(config_items),
                 ..ConfigMapVolumeSource::default()
             }),
             ..Volume::default()
         },
+    };
+    let mut volumes = vec![
+        config,
         // Docker's 64 MiB /dev/shm is too small for NCCL's shared-memory transport and
         // for PyTorch DataLoader workers; a memory-backed emptyDir lifts that limit.
         Volume {

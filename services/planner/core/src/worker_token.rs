@@ -29,6 +29,9 @@ use crate::error::CredentialError;
 pub const TOKEN_ENV: &str = trainyard_contracts::worker::NATS_TOKEN_ENV;
 /// Key of the token in the job's credentials Secret.
 pub const TOKEN_SECRET_KEY: &str = "token";
+/// Key of the NATS CA bundle in the job's credentials Secret
+/// (`planner.worker_nats_ca_file`).
+pub const NATS_CA_SECRET_KEY: &str = "ca.crt";
 /// Prefixed to the payload before signing: tokens and JWTs share the key.
 pub const SIGNING_CONTEXT: &[u8] = b"trainyard-worker-token.v1.";
 /// Longest token accepted; a real one is under 300 bytes.
@@ -133,16 +136,27 @@ impl WorkerCredentials {
         }
     }
 
-    /// The Secret holding the token signed by `key` at `now`.
-    pub fn secret(&self, key: &KeyPair, now: DateTime<Utc>) -> Result<Secret, CredentialError> {
+    /// The Secret holding the token signed by `key` at `now`, and the CA
+    /// bundle the workers verify the NATS server with, when there is one.
+    pub fn secret(
+        &self,
+        key: &KeyPair,
+        nats_ca: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<Secret, CredentialError> {
         let token = self.token(now).sign(key)?;
+        let mut data =
+            BTreeMap::from([(TOKEN_SECRET_KEY.to_owned(), ByteString(token.into_bytes()))]);
+        if let Some(ca) = nats_ca {
+            data.insert(
+                NATS_CA_SECRET_KEY.to_owned(),
+                ByteString(ca.as_bytes().to_vec()),
+            );
+        }
         Ok(Secret {
             metadata: self.metadata.clone(),
             type_: Some("Opaque".to_owned()),
-            data: Some(BTreeMap::from([(
-                TOKEN_SECRET_KEY.to_owned(),
-                ByteString(token.into_bytes()),
-            )])),
+            data: Some(data),
             ..Secret::default()
         })
     }
@@ -224,7 +238,7 @@ mod tests {
     }
 
     #[test]
-    fn the_secret_carries_a_token_for_its_job() {
+    fn the_secret_carries_a_token_for_its_job_and_the_nats_ca_when_given() {
         let key = KeyPair::new_account();
         let credentials = WorkerCredentials {
             metadata: ObjectMeta {
@@ -235,8 +249,17 @@ mod tests {
             job: "bert".into(),
             lifetime_seconds: 3600,
         };
-        let secret = credentials.secret(&key, now()).expect("signs");
+        let without_ca = credentials.secret(&key, None, now()).expect("signs");
+        assert!(
+            !without_ca
+                .data
+                .expect("data")
+                .contains_key(NATS_CA_SECRET_KEY)
+        );
+        let ca = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+        let secret = credentials.secret(&key, Some(ca), now()).expect("signs");
         let data = secret.data.expect("data");
+        assert_eq!(data[NATS_CA_SECRET_KEY].0, ca.as_bytes());
         let text = String::from_utf8(data[TOKEN_SECRET_KEY].0.clone()).expect("utf-8");
         let verified = WorkerToken::verify(&text, &key, now()).expect("verifies");
         assert_eq!(

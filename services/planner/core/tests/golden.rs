@@ -153,6 +153,23 @@ fn golden_simple_example_queued_before_admission() {
     check_golden("trainingjob-simple-queued", &objects);
 }
 
+/// The simple example as `deploy/` runs it: workers get their job's NATS
+/// token and the installation's CA from the attempt's Secret, for a TLS URL.
+#[test]
+fn golden_simple_example_with_worker_credentials_and_nats_ca() {
+    let path = examples_dir().join("trainingjob-simple.yaml");
+    let job = parse_training_job(&fs::read_to_string(path).unwrap());
+    let config = PlannerConfig {
+        worker_nats_url: "tls://nats.trainyard-system.svc:4222".into(),
+        worker_credentials_seed_file: Some("/etc/trainyard/nats-callout/issuer.nk".into()),
+        worker_nats_ca_file: Some("/etc/trainyard/nats/ca.crt".into()),
+        ..PlannerConfig::default()
+    };
+    let admitted = admission(0, job.spec.num_workers);
+    let objects = desired_objects(&job, &plan(0, Some(&admitted), &config)).unwrap();
+    check_golden("worker-credentials", &objects);
+}
+
 fn pytorch_job() -> TrainingJob {
     training_job(
         "llama-finetune",
