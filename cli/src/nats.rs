@@ -11,7 +11,10 @@ use trainyard_contracts::permissions::Identity;
 pub async fn connect(args: &NatsArgs) -> Result<async_nats::Client, CliError> {
     let url = args.nats_url.as_str();
     let options = options(args).await?;
-    options.connect(url).await.map_err(|err| {
+    options
+        .connect(trainyard_runtime::nats::servers(url))
+        .await
+        .map_err(|err| {
         let text = err.to_string();
         let untrusted = text.contains("UnknownIssuer");
         let hint = match &args.nats_tls_ca {

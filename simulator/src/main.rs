@@ -83,7 +83,7 @@ async fn main() -> anyhow::Result<()> {
             };
             Some(
                 options
-                    .connect(url.as_str())
+                    .connect(trainyard_runtime::nats::servers(url))
                     .await
                     .with_context(|| format!("cannot connect to NATS at {url}"))?,
             )

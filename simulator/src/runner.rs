@@ -242,7 +242,7 @@ impl Reporters {
         match async_nats::ConnectOptions::with_token(token.to_owned())
             .custom_inbox_prefix(identity.inbox_prefix())
             .name(format!("simulated workers of {namespace}/{training_job}"))
-            .connect(url.as_str())
+            .connect(trainyard_runtime::nats::servers(url))
             .await
         {
             Ok(client) => {

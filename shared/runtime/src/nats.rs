@@ -44,7 +44,7 @@ pub async fn connect(
         });
     let client = authenticate(options, settings)
         .await?
-        .connect(settings.url.as_str())
+        .connect(servers(&settings.url))
         .await
         .map_err(|err| RuntimeError::Connect {
             url: settings.url.clone(),
@@ -52,6 +52,16 @@ pub async fn connect(
         })?;
     metrics.nats_connected.set(1);
     Ok(client)
+}
+
+/// The servers of a NATS URL setting: one URL, or several separated by
+/// commas (the servers of a cluster), as the NATS tools take them. The
+/// client tries them in turn and follows the cluster's own list after.
+pub fn servers(url: &str) -> Vec<&str> {
+    url.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect()
 }
 
 /// Adds the credentials and TLS settings to `options`.
@@ -199,6 +209,15 @@ mod tests {
         assert_eq!(reconnect_delay(0), Duration::from_millis(100));
         assert_eq!(reconnect_delay(3), Duration::from_millis(800));
         assert_eq!(reconnect_delay(50), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_url_setting_names_one_server_or_a_clusters_separated_by_commas() {
+        assert_eq!(servers("nats://a:4222"), vec!["nats://a:4222"]);
+        assert_eq!(
+            servers("nats://a:4222, nats://b:4222,,nats://c:4222"),
+            vec!["nats://a:4222", "nats://b:4222", "nats://c:4222"]
+        );
     }
 
     #[test]

@@ -41,6 +41,7 @@ impl Default for Settings {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, rename_all = "snake_case")]
 pub struct NatsSettings {
+    /// The server's URL, or several separated by commas (a cluster's).
     pub url: String,
     /// Path of a NATS credentials file, if the server requires one.
     pub credentials_file: Option<String>,

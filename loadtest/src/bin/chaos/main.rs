@@ -269,8 +269,7 @@ async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Resu
     } else {
         stack.start_nats(None).await?
     };
-    // A cluster's URLs come comma separated, as the services take them.
-    let nats = async_nats::connect(nats_url.split(',').collect::<Vec<_>>()).await?;
+    let nats = async_nats::connect(trainyard_runtime::nats::servers(&nats_url)).await?;
     let js = jetstream::new(nats.clone());
     if scenario == Scenario::NatsCluster {
         jetstream_available(&js, Duration::from_secs(60)).await?;
