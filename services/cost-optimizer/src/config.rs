@@ -46,6 +46,12 @@ pub struct CostConfig {
     pub catalog_reload_seconds: u64,
     /// Seconds between accounting runs: cost records, budgets, idle checks.
     pub accounting_interval_seconds: u64,
+    /// Longest a utilisation report waits to be saved. Reports come from
+    /// every worker every few seconds and each replaces the last, so they
+    /// are saved together (with the next other change, or at the latest
+    /// this long after), not one save each; every other change is saved
+    /// before its message is acknowledged.
+    pub state_save_interval_ms: u64,
     /// Node labels that mark spot capacity; a node with none is on-demand.
     pub capacity_type_labels: Vec<CapacityLabel>,
     /// Node label with the GPU product.
@@ -80,6 +86,7 @@ impl Default for CostConfig {
             catalog_path: "/etc/trainyard/price-catalog/price-catalog.yaml".into(),
             catalog_reload_seconds: 10,
             accounting_interval_seconds: 60,
+            state_save_interval_ms: 1000,
             capacity_type_labels: default_capacity_labels(),
             product_label: "nvidia.com/gpu.product".into(),
             zone_label: "topology.kubernetes.io/zone".into(),

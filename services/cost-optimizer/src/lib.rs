@@ -4,7 +4,8 @@
 //! The decisions are made by [`state::CostState`] on top of
 //! `cost-optimizer-core`; this crate feeds it messages and the clock and
 //! publishes what it returns. The state is saved in the `trainyard_cost`
-//! bucket after every change.
+//! bucket after every change, utilisation reports coalesced
+//! ([`CostConfig::state_save_interval_ms`]).
 
 pub mod config;
 pub mod dcgm;
@@ -12,6 +13,7 @@ pub mod error;
 pub mod state;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::kv;
@@ -45,6 +47,12 @@ pub struct CostOptimizer {
     dcgm: Option<dcgm::DcgmSource>,
     /// Accounting runs whose DCGM query failed (no idle decisions then).
     dcgm_failures: IntCounter,
+    /// Utilisation reports are in the state but not yet in the bucket.
+    unsaved: AtomicBool,
+    /// Held from serialising the state to its put, so saves reach the
+    /// bucket in the order the state changed.
+    saving: Mutex<()>,
+    saves: IntCounter,
 }
 
 fn load_catalog(path: &str) -> Result<PriceCatalog, CostServiceError> {
@@ -84,6 +92,15 @@ pub async fn start(
         .registry
         .register(Box::new(dcgm_failures.clone()))
         .map_err(trainyard_runtime::metrics::metric_error)?;
+    let saves = IntCounter::new(
+        "trainyard_cost_state_saves_total",
+        "Saves of the cost-optimizer's state to the trainyard_cost bucket",
+    )
+    .map_err(trainyard_runtime::metrics::metric_error)?;
+    runtime
+        .registry
+        .register(Box::new(saves.clone()))
+        .map_err(trainyard_runtime::metrics::metric_error)?;
     let dollars = CounterVec::new(
         Opts::new(
             "trainyard_cost_dollars_total",
@@ -103,12 +120,16 @@ pub async fn start(
         dollars,
         dcgm,
         dcgm_failures,
+        unsaved: AtomicBool::new(false),
+        saving: Mutex::new(()),
+        saves,
     });
     let leading = service.clone();
     let consumers = runtime.consumers();
     let shutdown = runtime.shutdown.clone();
     let restoring = config.clone();
     let interval = Duration::from_secs(config.accounting_interval_seconds.max(1));
+    let save_interval = Duration::from_millis(config.state_save_interval_ms.max(1));
     runtime.spawn(async move {
         let token = tokio::select! {
             _ = shutdown.cancelled() => None,
@@ -127,6 +148,8 @@ pub async fn start(
         }
         let mut timer = tokio::time::interval(interval);
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut saver = tokio::time::interval(save_interval);
+        saver.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -135,7 +158,15 @@ pub async fn start(
                         tracing::warn!(error = %err, "accounting run failed; retried next interval");
                     }
                 }
+                _ = saver.tick() => {
+                    if let Err(err) = leading.save_unsaved().await {
+                        tracing::warn!(error = %err, "utilisation reports not saved; retried next interval");
+                    }
+                }
             }
+        }
+        if let Err(err) = leading.save_unsaved().await {
+            tracing::error!(error = %err, "utilisation reports since the last save not saved at shutdown");
         }
     });
     let watching = service.clone();
@@ -219,15 +250,34 @@ impl CostOptimizer {
         self.finish(out).await
     }
 
-    async fn finish(&self, out: Vec<Outgoing>) -> Result<(), CostServiceError> {
+    /// Saves the whole state in the bucket.
+    async fn save(&self) -> Result<(), CostServiceError> {
+        let _in_order = self.saving.lock().await;
         let saved = {
             let state = self.state.lock().await;
+            // Whatever was unsaved is in this copy.
+            self.unsaved.store(false, Ordering::SeqCst);
             serde_json::to_vec(&*state).map_err(|e| CostServiceError::Store(e.to_string()))?
         };
-        self.bucket
-            .put(STATE_KEY, saved.into())
-            .await
-            .map_err(|e| CostServiceError::Store(e.to_string()))?;
+        if let Err(err) = self.bucket.put(STATE_KEY, saved.into()).await {
+            self.unsaved.store(true, Ordering::SeqCst);
+            return Err(CostServiceError::Store(err.to_string()));
+        }
+        self.saves.inc();
+        Ok(())
+    }
+
+    /// Saves the state if utilisation reports changed it since the last save.
+    async fn save_unsaved(&self) -> Result<(), CostServiceError> {
+        if self.unsaved.load(Ordering::SeqCst) {
+            self.save().await?;
+        }
+        Ok(())
+    }
+
+    /// Saves the state, then counts and publishes `out`.
+    async fn finish(&self, out: Vec<Outgoing>) -> Result<(), CostServiceError> {
+        self.save().await?;
         // Every cost line is recorded once (the ledger moves past it), so the
         // counter adds each line as it goes out.
         for message in &out {
@@ -315,6 +365,12 @@ impl Handler for CostOptimizer {
         );
         async {
             let out = self.apply(&message).await?;
+            // A report only replaces the last one of its worker (and
+            // publishes nothing): it waits for the next save.
+            if message.is::<UtilizationReported>() && out.is_empty() {
+                self.unsaved.store(true, Ordering::SeqCst);
+                return Ok(());
+            }
             self.finish(out)
                 .await
                 .map_err(|e| HandleError::Retry(e.to_string()))

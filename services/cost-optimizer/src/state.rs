@@ -66,6 +66,10 @@ pub struct JobFacts {
     pub spot_interruptions: u32,
     /// Hours trained so far (charged on a running attempt).
     pub trained_hours: f64,
+    /// `trained_hours` at the last checkpoint: what a lost node leaves of
+    /// the training (nothing without checkpoints).
+    #[serde(default)]
+    pub checkpointed_hours: f64,
     pub last_checkpoint: Option<DateTime<Utc>>,
     pub checkpoint_gaps_seconds: Vec<f64>,
     pub attempt: u32,
@@ -194,12 +198,15 @@ impl CostState {
                 .cloned()
                 .collect();
             for key in hit {
-                if let Some(job) = self.jobs.get_mut(&key)
-                    && before
+                if let Some(job) = self.jobs.get_mut(&key) {
+                    // The work since the last checkpoint is done again.
+                    job.trained_hours = job.checkpointed_hours;
+                    if before
                         .as_ref()
                         .is_some_and(|b| b.key.capacity == CapacityKind::Spot)
-                {
-                    job.spot_interruptions += 1;
+                    {
+                        job.spot_interruptions += 1;
+                    }
                 }
                 if let Some(catalog) = self.catalog.clone() {
                     self.ledger.stop(&key, at, &catalog);
@@ -362,6 +369,7 @@ impl CostState {
                 chosen: None,
                 spot_interruptions: 0,
                 trained_hours: 0.0,
+                checkpointed_hours: 0.0,
                 last_checkpoint: None,
                 checkpoint_gaps_seconds: Vec::new(),
                 attempt: 0,
@@ -597,9 +605,12 @@ impl CostState {
         self.jobs.remove(key);
     }
 
-    /// `worker.checkpoint`: the gap between checkpoints is the interval.
+    /// `worker.checkpoint`: the gap between checkpoints is the interval, and
+    /// the training so far is kept.
     pub fn on_checkpoint(&mut self, entity: &EntityRef, at: DateTime<Utc>) {
+        self.accrue_until(at);
         if let Some(job) = self.jobs.get_mut(&entity.key()) {
+            job.checkpointed_hours = job.trained_hours;
             if let Some(last) = job.last_checkpoint {
                 let gap = (at - last).num_seconds() as f64;
                 if gap > 0.0 {
@@ -987,6 +998,27 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn a_lost_node_takes_the_training_back_to_the_last_checkpoint() {
+        let lost: NodeObserved = serde_json::from_value(json!({
+            "change": "Applied", "allocatableGpus": 8, "unschedulable": false, "ready": false,
+            "labels": {"nvidia.com/gpu.product": "A100"}
+        }))
+        .expect("node");
+        let (mut state, entity) = running_job();
+        state.on_checkpoint(&entity, t(3 * 3600));
+        state.on_node("n1", &lost, t(4 * 3600));
+        let job = state.job("ml", "bert").expect("job");
+        assert_eq!(
+            job.trained_hours, 3.0,
+            "the hour since the checkpoint is lost"
+        );
+        // Without a checkpoint nothing is kept.
+        let (mut state, _) = running_job();
+        state.on_node("n1", &lost, t(4 * 3600));
+        assert_eq!(state.job("ml", "bert").expect("job").trained_hours, 0.0);
     }
 
     #[test]

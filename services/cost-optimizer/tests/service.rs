@@ -2,84 +2,31 @@
 //! with `capacityType: any`, cost recorded once it holds GPUs, the metric,
 //! budget alerts, and the state kept across a restart.
 
-use std::time::Duration;
+mod common;
 
+use common::{CATALOG, eventually, node, payloads, publisher, start_with};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 use trainyard_contracts::cost::{
     BudgetThresholdCrossed, CapacityChosen, CapacityType, CostRecorded,
 };
 use trainyard_contracts::decisions::{AdmissionDecided, WorkerPlacement};
-use trainyard_contracts::events::{NodeObserved, TrainingJobChanged, TrainingQueueChanged};
-use trainyard_contracts::{EntityRef, Incoming, Payload, Service, streams};
+use trainyard_contracts::events::{TrainingJobChanged, TrainingQueueChanged};
+use trainyard_contracts::{EntityRef, Service, streams};
 use trainyard_cost_optimizer::CostConfig;
-use trainyard_runtime::{Publisher, Runtime, Settings};
+use trainyard_runtime::Runtime;
 use trainyard_testkit::NatsServer;
-use trainyard_testkit::stream_messages;
 
-const CATALOG: &str = r#"
-currency: USD
-products: [A100-SXM4-80GB]
-prices:
-  - {product: A100-SXM4-80GB, capacityType: on-demand, pricePerGpuHour: 4.0, effectiveFrom: "2020-01-01T00:00:00Z"}
-  - {product: A100-SXM4-80GB, capacityType: spot, pricePerGpuHour: 1.5, effectiveFrom: "2020-01-01T00:00:00Z"}
-interruption:
-  - {bucket: "5-10%"}
-"#;
-
+/// The service with a one-second accounting interval.
 async fn start(nats: &NatsServer, catalog: &std::path::Path) -> Runtime {
-    let mut settings = Settings::default();
-    settings.nats.url = nats.url();
-    settings.http.listen = "127.0.0.1:0".to_string();
-    settings.shutdown_grace_seconds = 5;
-    let runtime = Runtime::start(Service::CostOptimizer, settings, CancellationToken::new())
-        .await
-        .expect("runtime starts");
-    let config = CostConfig {
-        catalog_path: catalog.display().to_string(),
-        accounting_interval_seconds: 1,
-        ..CostConfig::default()
-    };
-    trainyard_cost_optimizer::start(&runtime, config)
-        .await
-        .expect("cost-optimizer starts");
-    runtime
-}
-
-fn publisher(runtime: &Runtime, as_service: Service) -> Publisher {
-    Publisher::new(
-        runtime.jetstream.clone(),
-        as_service,
-        runtime.metrics.clone(),
+    start_with(
+        nats,
+        CostConfig {
+            catalog_path: catalog.display().to_string(),
+            accounting_interval_seconds: 1,
+            ..CostConfig::default()
+        },
     )
-}
-
-fn node(name: &str, capacity: &str) -> NodeObserved {
-    serde_json::from_value(json!({
-        "change": "Applied", "allocatableGpus": 8,
-        "labels": {"nvidia.com/gpu.product": "A100-SXM4-80GB", "karpenter.sh/capacity-type": capacity,
-                   "topology.kubernetes.io/zone": "zone-a", "kubernetes.io/hostname": name},
-        "taints": [], "unschedulable": false, "ready": true
-    }))
-    .expect("node")
-}
-
-async fn payloads<P: Payload>(runtime: &Runtime, stream: &str) -> Vec<(EntityRef, P)> {
-    stream_messages(&runtime.jetstream, stream, None)
-        .await
-        .into_iter()
-        .filter_map(|m| Incoming::decode(&m.payload).ok())
-        .filter(|m| m.is::<P>())
-        .filter_map(|m| Some((m.header.entity.clone(), m.payload::<P>().ok()?)))
-        .collect()
-}
-
-async fn eventually<T, F, Fut>(what: &str, check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    trainyard_testkit::eventually_within(what, Duration::from_secs(20), check).await
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

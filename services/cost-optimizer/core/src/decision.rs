@@ -9,10 +9,15 @@
 //! W/τ times that. On-demand takes W + (W/τ)·s. Each is priced at its GPU-hour
 //! price for every GPU of the gang.
 //!
-//! With a deadline, the number of interruptions the slack absorbs is
-//! k = ⌊(D − T_on-demand) / (R + (τ+s)/2)⌋ and spot misses when more than k
-//! come (Poisson with mean λ·T_on-demand); spot is taken only when that risk
-//! is within `deadline_risk_tolerance` of on-demand's.
+//! With a deadline D, the choice is made again after every interruption with
+//! the time then left, so spot misses the deadline only when an interruption
+//! leaves too little time for on-demand to finish: when the work it loses
+//! (the time since the last checkpoint, or since the start without
+//! checkpoints) plus the restart exceeds the slack S = D − T_on-demand. The
+//! risk of spot is the probability that the first interruption (Poisson at
+//! rate λ, within T_on-demand) is such a one; spot is taken only when it is
+//! within `deadline_risk_tolerance` of on-demand's. This assumes on-demand
+//! capacity is there when the job moves to it.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -98,23 +103,6 @@ pub struct CapacityChoice {
     pub reason: String,
 }
 
-/// P(N > k) for N ~ Poisson(mean).
-fn poisson_tail_above(mean: f64, k: u64) -> f64 {
-    if mean <= 0.0 {
-        return 0.0;
-    }
-    let mut term = (-mean).exp();
-    let mut cdf = term;
-    for i in 1..=k {
-        term *= mean / i as f64;
-        cdf += term;
-        if term < 1e-300 && i as f64 > mean {
-            break;
-        }
-    }
-    (1.0 - cdf).clamp(0.0, 1.0)
-}
-
 /// Hours of (interval, number of segments) for `work` hours.
 fn segments(inputs: &DecisionInputs) -> (f64, f64) {
     let work = inputs.work_hours.max(0.0);
@@ -124,15 +112,59 @@ fn segments(inputs: &DecisionInputs) -> (f64, f64) {
     }
 }
 
-/// Expected hours to finish on spot.
-pub fn expected_spot_hours(inputs: &DecisionInputs) -> f64 {
-    let (tau, count) = segments(inputs);
-    let save = if count > 1.0 {
+/// Interruptions per hour of the whole gang: any of its nodes may be
+/// reclaimed.
+fn gang_reclaims_per_hour(inputs: &DecisionInputs) -> f64 {
+    inputs.spot_reclaims_per_node_hour.max(0.0) * f64::from(inputs.nodes.max(1))
+}
+
+/// Hours a checkpoint save takes, when the job saves between segments.
+fn save_hours(inputs: &DecisionInputs, count: f64) -> f64 {
+    if count > 1.0 {
         inputs.checkpoint_save_hours.max(0.0)
     } else {
         0.0
+    }
+}
+
+/// Probability that spot misses `deadline` (hours from now) when the job
+/// moves to on-demand after an interruption: the first interruption, within
+/// the `od_hours` the run takes, comes when the work lost since the last
+/// checkpoint is more than the slack after the restart.
+fn spot_miss_probability(inputs: &DecisionInputs, od_hours: f64, deadline: f64) -> f64 {
+    let lambda = gang_reclaims_per_hour(inputs);
+    let (tau, count) = segments(inputs);
+    // Work since the last save is lost: each period of a segment and its
+    // save starts again from nothing.
+    let period = tau + save_hours(inputs, count);
+    let margin = deadline - od_hours - inputs.restart_hours.max(0.0);
+    if lambda <= 0.0 || od_hours <= 0.0 || margin >= period {
+        return 0.0;
+    }
+    let survives = |t: f64| (-lambda * t).exp();
+    let margin = margin.max(0.0);
+    // P(first interruption in [jP + margin, (j+1)P)) summed over the n full
+    // periods (a geometric series), then the part of the last one.
+    let full = (od_hours / period).floor();
+    let per_period_decay = -(-lambda * period).exp_m1();
+    let series = if per_period_decay > 0.0 {
+        -(-lambda * period * full).exp_m1() / per_period_decay
+    } else {
+        full
     };
-    let lambda = inputs.spot_reclaims_per_node_hour.max(0.0) * f64::from(inputs.nodes.max(1));
+    let mut risk = (survives(margin) - survives(period)) * series;
+    let last = full * period;
+    if last + margin < od_hours {
+        risk += survives(last + margin) - survives(od_hours);
+    }
+    risk.clamp(0.0, 1.0)
+}
+
+/// Expected hours to finish on spot.
+pub fn expected_spot_hours(inputs: &DecisionInputs) -> f64 {
+    let (tau, count) = segments(inputs);
+    let save = save_hours(inputs, count);
+    let lambda = gang_reclaims_per_hour(inputs);
     if lambda * (tau + save) < 1e-9 {
         return count * (tau + save);
     }
@@ -143,12 +175,7 @@ pub fn expected_spot_hours(inputs: &DecisionInputs) -> f64 {
 /// Hours to finish on on-demand: the work and its checkpoint saves.
 pub fn on_demand_hours(inputs: &DecisionInputs) -> f64 {
     let (tau, count) = segments(inputs);
-    let save = if count > 1.0 {
-        inputs.checkpoint_save_hours.max(0.0)
-    } else {
-        0.0
-    };
-    count * (tau + save)
+    count * (tau + save_hours(inputs, count))
 }
 
 /// Chooses spot or on-demand for `inputs`.
@@ -156,24 +183,14 @@ pub fn decide(inputs: &DecisionInputs) -> CapacityChoice {
     let gpus = f64::from(inputs.gpus.max(1));
     let od_hours = on_demand_hours(inputs);
     let spot_hours = expected_spot_hours(inputs);
-    let lambda = inputs.spot_reclaims_per_node_hour.max(0.0) * f64::from(inputs.nodes.max(1));
-    let (tau, _) = segments(inputs);
+    let lambda = gang_reclaims_per_hour(inputs);
     let (od_miss, spot_miss) = match inputs.hours_to_deadline {
         None => (None, None),
         Some(deadline) if deadline < od_hours => (Some(1.0), Some(1.0)),
-        Some(deadline) => {
-            let per_interruption =
-                inputs.restart_hours.max(0.0) + (tau + inputs.checkpoint_save_hours.max(0.0)) / 2.0;
-            let absorbed = if per_interruption > 0.0 {
-                ((deadline - od_hours) / per_interruption).floor().min(1e6) as u64
-            } else {
-                u64::MAX
-            };
-            (
-                Some(0.0),
-                Some(poisson_tail_above(lambda * od_hours, absorbed)),
-            )
-        }
+        Some(deadline) => (
+            Some(0.0),
+            Some(spot_miss_probability(inputs, od_hours, deadline)),
+        ),
     };
     let spot = OptionEstimate {
         expected_hours: spot_hours,
@@ -359,19 +376,57 @@ mod tests {
     }
 
     #[test]
+    fn a_deadline_with_room_for_a_lost_interval_and_a_restart_keeps_spot_on_a_volatile_pool() {
+        // Two reclaims are likely in 10.4 h at 0.2/h, but the choice is made
+        // again after each: one costs at most an interval, its save and a
+        // restart, which the slack holds, and then on-demand can finish.
+        let mut i = inputs();
+        i.spot_reclaims_per_node_hour = 0.2;
+        i.hours_to_deadline = Some(on_demand_hours(&i) + 0.1 + 0.52 + 0.01);
+        let d = decide(&i);
+        assert_eq!(d.spot.miss_probability, Some(0.0));
+        assert_eq!(d.choice, Choice::Spot, "{}", d.reason);
+    }
+
+    #[test]
+    fn spot_deadline_risk_counts_only_interruptions_that_leave_on_demand_too_little_time() {
+        // Without checkpoints a reclaim loses everything so far: it is fatal
+        // once the run is past the slack less the restart (0.9 h of 4 h).
+        let mut i = inputs();
+        i.checkpoint_interval_hours = None;
+        i.work_hours = 4.0;
+        i.hours_to_deadline = Some(5.0);
+        let lambda: f64 = 0.05;
+        let expected = (-lambda * 0.9).exp() - (-lambda * 4.0).exp();
+        let risk = decide(&i).spot.miss_probability.expect("risk");
+        assert!((risk - expected).abs() < 1e-12, "{risk} vs {expected}");
+        // With checkpoints only the part of each interval and save past the
+        // slack (0.3 h) less the restart is fatal.
+        let mut i = inputs();
+        let od = on_demand_hours(&i);
+        i.hours_to_deadline = Some(od + 0.1 + 0.3);
+        let period = 0.52;
+        let mut expected = 0.0;
+        let mut start = 0.0;
+        while start < od - 1e-9 {
+            let end = (start + period).min(od);
+            if start + 0.3 < end {
+                expected += (-lambda * (start + 0.3)).exp() - (-lambda * end).exp();
+            }
+            start += period;
+        }
+        let risk = decide(&i).spot.miss_probability.expect("risk");
+        assert!((risk - expected).abs() < 1e-9, "{risk} vs {expected}");
+        assert!(risk > 0.0 && risk < 1.0 - (-lambda * od).exp());
+    }
+
+    #[test]
     fn repeated_interruptions_move_the_job_to_on_demand() {
         let mut i = inputs();
         i.spot_interruptions = 3;
         let d = decide(&i);
         assert_eq!(d.choice, Choice::OnDemand);
         assert!(d.reason.contains("interrupted 3 times"), "{}", d.reason);
-    }
-
-    #[test]
-    fn poisson_tail_matches_closed_forms() {
-        assert!((poisson_tail_above(1.0, 0) - (1.0 - (-1.0f64).exp())).abs() < 1e-12);
-        assert_eq!(poisson_tail_above(0.0, 0), 0.0);
-        assert!(poisson_tail_above(2.0, 50) < 1e-12);
     }
 
     #[test]

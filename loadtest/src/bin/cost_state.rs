@@ -1,0 +1,223 @@
+//! The cost-optimizer's state saves under a stream of worker utilisation
+//! reports. The service (in this process, on a real nats-server) knows
+//! `--jobs` running jobs with `capacityType: any` on eight nodes; then
+//! `--reports` `worker.utilization` reports go out, round robin over the
+//! jobs, as fast as JetStream takes them. Prints how long the service took
+//! to handle them, the puts to the `trainyard_cost` bucket they caused, the
+//! size of the saved state and the bytes written; then stops the service
+//! and prints the puts its shutdown added. Bounded by `--reports` and
+//! `--max-wall-secs`; asserts nothing.
+//!
+//! `cargo run --release -p trainyard-loadtest --bin cost_state -- [--jobs N] [--reports N]`
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use trainyard_contracts::cost::{UtilizationReported, WorkerPhase};
+use trainyard_contracts::decisions::{AdmissionDecided, WorkerPlacement};
+use trainyard_contracts::events::{NodeObserved, TrainingJobChanged};
+use trainyard_contracts::{Bucket, EntityRef, Service};
+use trainyard_cost_optimizer::CostConfig;
+use trainyard_loadtest::stack::Stack;
+use trainyard_runtime::{Publisher, Runtime, Settings};
+
+const CATALOG: &str = r#"
+currency: USD
+products: [A100]
+prices:
+  - {product: A100, capacityType: on-demand, pricePerGpuHour: 4.1, effectiveFrom: "2020-01-01T00:00:00Z"}
+  - {product: A100, capacityType: spot, pricePerGpuHour: 1.64, effectiveFrom: "2020-01-01T00:00:00Z"}
+interruption:
+  - {bucket: "5-10%"}
+"#;
+
+const NODES: u32 = 8;
+
+#[derive(Parser)]
+#[command(about = "The cost-optimizer's state saves under a stream of utilisation reports")]
+struct Args {
+    /// Running jobs the service knows.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=5_000))]
+    jobs: u32,
+    /// Utilisation reports to send.
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    reports: u32,
+    /// Gives up waiting for the service after this long.
+    #[arg(long, default_value_t = 300)]
+    max_wall_secs: u64,
+}
+
+/// Messages the service has handled, over all its consumers and outcomes.
+fn handled(runtime: &Runtime) -> f64 {
+    runtime
+        .registry
+        .gather()
+        .iter()
+        .filter(|family| family.name() == "trainyard_messages_handled_total")
+        .flat_map(|family| family.get_metric())
+        .map(|series| series.get_counter().get_value())
+        .sum()
+}
+
+/// Puts to the bucket so far: its stream's last sequence.
+async fn puts(runtime: &Runtime) -> anyhow::Result<u64> {
+    let name = format!("KV_{}", Bucket::Cost.name());
+    let mut stream = runtime.jetstream.get_stream(&name).await?;
+    Ok(stream.info().await?.state.last_sequence)
+}
+
+async fn wait_handled(runtime: &Runtime, count: f64, deadline: Instant) -> anyhow::Result<()> {
+    while handled(runtime) < count {
+        if Instant::now() > deadline {
+            bail!(
+                "the service handled {} of {count} messages in time",
+                handled(runtime)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+fn node(name: &str, capacity: &str) -> anyhow::Result<NodeObserved> {
+    Ok(serde_json::from_value(json!({
+        "change": "Applied", "allocatableGpus": 8,
+        "labels": {"nvidia.com/gpu.product": "A100", "karpenter.sh/capacity-type": capacity,
+                   "topology.kubernetes.io/zone": "zone-a", "kubernetes.io/hostname": name},
+        "taints": [], "unschedulable": false, "ready": true
+    }))?)
+}
+
+fn job(name: &str) -> anyhow::Result<TrainingJobChanged> {
+    Ok(serde_json::from_value(json!({
+        "change": "Applied",
+        "object": {"apiVersion": "trainyard.dev/v1", "kind": "TrainingJob",
+                   "metadata": {"name": name, "namespace": "ml", "uid": name, "generation": 1},
+                   "spec": {"model": "bert-base", "dataset": "wikitext", "numWorkers": 1, "gpusPerWorker": 1,
+                            "checkpoint": {"enabled": true},
+                            "scheduling": {"queue": "team-a", "capacityType": "any", "estimatedRuntimeSeconds": 36000}}}
+    }))?)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let deadline = Instant::now() + Duration::from_secs(args.max_wall_secs);
+    let mut stack = Stack::new(Path::new("."), "warn")?;
+    let url = stack.start_nats(None).await?;
+    let catalog = stack.work_dir().join("price-catalog.yaml");
+    std::fs::write(&catalog, CATALOG).context("writing the price catalog")?;
+    let mut settings = Settings::default();
+    settings.nats.url = url;
+    settings.http.listen = "127.0.0.1:0".to_string();
+    let runtime =
+        Runtime::start(Service::CostOptimizer, settings, CancellationToken::new()).await?;
+    // No accounting run during the measurement: only the reports change the state.
+    let config = CostConfig {
+        catalog_path: catalog.display().to_string(),
+        accounting_interval_seconds: 3600,
+        ..CostConfig::default()
+    };
+    let save_interval = config.state_save_interval_ms;
+    trainyard_cost_optimizer::start(&runtime, config).await?;
+    let watcher = Publisher::new(
+        runtime.jetstream.clone(),
+        Service::Watcher,
+        runtime.metrics.clone(),
+    );
+    let allocator = Publisher::new(
+        runtime.jetstream.clone(),
+        Service::GpuAllocator,
+        runtime.metrics.clone(),
+    );
+    for i in 0..NODES {
+        let (name, capacity) = if i % 2 == 0 {
+            (format!("spot-{i}"), "spot")
+        } else {
+            (format!("od-{i}"), "on-demand")
+        };
+        let entity = EntityRef::new("", &name, "");
+        watcher
+            .publish(watcher.envelope(entity, node(&name, capacity)?))
+            .await?;
+    }
+    let entities: Vec<EntityRef> = (0..args.jobs)
+        .map(|i| EntityRef::new("ml", format!("job-{i}"), format!("job-{i}")))
+        .collect();
+    for (i, entity) in entities.iter().enumerate() {
+        watcher
+            .publish(watcher.envelope(entity.clone(), job(&entity.name)?))
+            .await?;
+        let admission = AdmissionDecided {
+            attempt: 0,
+            queue: "team-a".into(),
+            flavor: "a100".into(),
+            node_selector: Default::default(),
+            tolerations: Vec::new(),
+            placements: vec![WorkerPlacement {
+                index: 0,
+                node: format!("spot-{}", (i as u32 % (NODES / 2)) * 2),
+                gpus: 1,
+            }],
+            topology: Default::default(),
+        };
+        allocator
+            .publish(allocator.envelope(entity.clone(), admission))
+            .await?;
+    }
+    let setup = f64::from(NODES + 2 * args.jobs);
+    wait_handled(&runtime, setup, deadline).await?;
+    let puts_before = puts(&runtime).await?;
+    let state_bytes = runtime
+        .bucket(Bucket::Cost)
+        .context("bucket trainyard_cost")?
+        .get("state")
+        .await?
+        .map_or(0, |b| b.len());
+
+    let started = Instant::now();
+    for r in 0..args.reports {
+        let entity = entities[(r % args.jobs) as usize].clone();
+        let report = UtilizationReported {
+            worker_index: 0,
+            attempt: 0,
+            gpu_utilization: f64::from(r % 100) / 100.0,
+            phase: WorkerPhase::Training,
+        };
+        watcher.publish(watcher.envelope(entity, report)).await?;
+        if Instant::now() > deadline {
+            bail!("sent {r} of {} reports in time", args.reports);
+        }
+    }
+    wait_handled(&runtime, setup + f64::from(args.reports), deadline).await?;
+    let took = started.elapsed().as_secs_f64();
+    let report_puts = puts(&runtime).await? - puts_before;
+    runtime.shutdown.cancel();
+    let pre_shutdown = puts_before + report_puts;
+    let js = runtime.jetstream.clone();
+    runtime.run_until_shutdown().await?;
+    let mut stream = js.get_stream(format!("KV_{}", Bucket::Cost.name())).await?;
+    let shutdown_puts = stream.info().await?.state.last_sequence - pre_shutdown;
+
+    println!(
+        "cost-optimizer state saves: {} running jobs, {} utilisation reports, state_save_interval_ms {save_interval}",
+        args.jobs, args.reports
+    );
+    println!("  saved state             {state_bytes} bytes");
+    println!(
+        "  reports handled in      {took:.2} s ({:.0} reports/s, sending included)",
+        f64::from(args.reports) / took
+    );
+    println!(
+        "  bucket puts             {report_puts} ({:.3} per report, {:.1} MB written)",
+        report_puts as f64 / f64::from(args.reports),
+        report_puts as f64 * state_bytes as f64 / 1e6
+    );
+    println!("  puts at shutdown        {shutdown_puts}");
+    stack.stop(Duration::from_secs(5)).await;
+    Ok(())
+}
