@@ -423,6 +423,7 @@ fn sweep_progress(best: &str, finished: Option<&str>) -> SweepProgressed {
         objective_metric: Some("accuracy".into()),
         labels: Default::default(),
         annotations: Default::default(),
+        tracking_warning: None,
     }
 }
 

@@ -251,6 +251,12 @@ pub struct SweepProgressed {
     /// `trainyard.dev/model-name` (the model its best trial is registered as).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+    /// Why the tuner records the Sweep on its own MLflow server rather than
+    /// the one its trial template's `monitoring.mlflowTrackingUri` names (a
+    /// server not in its allow-list); the planner writes it as the Sweep's
+    /// `TrackingRedirected` condition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracking_warning: Option<String>,
 }
 
 /// Where the next attempt of a job resumes from: the newest verified checkpoint.

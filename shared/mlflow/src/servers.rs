@@ -177,7 +177,7 @@ pub fn choose_server(
         Ok(server) if allowed.admits(&server) => ServerChoice::Requested(requested.to_string()),
         Ok(server) => refused(format!("{server} is not in {key}")),
         Err(reason) => refused(format!(
-            "not a tracking server the service can use: {reason}"
+            "{requested:?} is not a tracking server the service can use: {reason}"
         )),
     }
 }
