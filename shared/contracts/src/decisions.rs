@@ -385,6 +385,12 @@ pub struct ModelRegistered {
     /// invalid model name), naming the fix; nothing was registered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Why the version is in the checkpoint-manager's own MLflow registry
+    /// rather than the one the job's `monitoring.mlflowTrackingUri` names (a
+    /// server not in its allow-list); the planner records it as a Warning
+    /// Event on the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracking_warning: Option<String>,
 }
 
 crate::payload!(
