@@ -193,10 +193,7 @@ pub struct MlflowServers {
     allowed: AllowedServers,
     /// The allow-list's full config key, e.g. `hpo_tuner.mlflow_allowed_tracking_uris`.
     key: String,
-    access: MlflowAccess,
-    timeout: Duration,
-    retry: RetryPolicy,
-    shutdown: CancellationToken,
+    settings: ClientSettings,
     clients: Arc<Mutex<HashMap<ServerUri, MlflowClient>>>,
 }
 
@@ -209,6 +206,18 @@ pub struct ClientSettings {
     pub shutdown: CancellationToken,
 }
 
+impl ClientSettings {
+    fn client(&self, uri: &str) -> Result<MlflowClient, MlflowError> {
+        MlflowClient::with_access(
+            uri,
+            &self.access,
+            self.timeout,
+            self.retry.clone(),
+            self.shutdown.clone(),
+        )
+    }
+}
+
 impl MlflowServers {
     /// The client of `default_uri` and the allow-list from `allowed`'s
     /// entries; `key` is the allow-list's full config key, for messages.
@@ -219,23 +228,14 @@ impl MlflowServers {
         settings: ClientSettings,
     ) -> Result<Self, MlflowError> {
         let allowed = AllowedServers::parse(allowed)?;
-        let default = MlflowClient::with_access(
-            default_uri,
-            &settings.access,
-            settings.timeout,
-            settings.retry.clone(),
-            settings.shutdown.clone(),
-        )?;
+        let default = settings.client(default_uri)?;
         Ok(Self {
             default_uri: default_uri.trim().to_string(),
             default_server: ServerUri::parse(default_uri).ok(),
             default,
             allowed,
             key: key.into(),
-            access: settings.access,
-            timeout: settings.timeout,
-            retry: settings.retry,
-            shutdown: settings.shutdown,
+            settings,
             clients: Arc::default(),
         })
     }
@@ -261,7 +261,8 @@ impl MlflowServers {
     }
 
     /// The client for `choice`: the default one unless an allowed server was
-    /// requested, whose client is made once and kept.
+    /// requested, whose client is made once and kept. It speaks to the
+    /// normalised form the allow-list admitted, not the job's text.
     pub fn client(&self, choice: &ServerChoice) -> Result<MlflowClient, MlflowError> {
         let ServerChoice::Requested(uri) = choice else {
             return Ok(self.default.clone());
@@ -277,13 +278,7 @@ impl MlflowServers {
         if let Some(client) = clients.get(&server) {
             return Ok(client.clone());
         }
-        let client = MlflowClient::with_access(
-            uri,
-            &self.access,
-            self.timeout,
-            self.retry.clone(),
-            self.shutdown.clone(),
-        )?;
+        let client = self.settings.client(&server.to_string())?;
         tracing::info!(server = %server, "made an MLflow client for a server a job names");
         clients.insert(server, client.clone());
         Ok(client)
@@ -507,18 +502,19 @@ mod tests {
             "http://mlflow.mlflow:5000/api/2.0/mlflow/"
         );
         let other = servers
-            .client(&servers.choose(Some("http://other:5000/")))
+            .client(&servers.choose(Some("http://OTHER.:5000/team/./x/..//")))
             .expect("other");
         assert_eq!(
             other.api_url().as_str(),
-            "http://other:5000/api/2.0/mlflow/"
+            "http://other:5000/team/api/2.0/mlflow/",
+            "the normalised server"
         );
         let refused = servers
             .client(&servers.choose(Some("http://evil:5000")))
             .expect("default");
         assert_eq!(refused.api_url(), default.api_url());
         servers
-            .client(&servers.choose(Some("http://OTHER:5000")))
+            .client(&servers.choose(Some("http://other:5000/team/")))
             .expect("same server");
         assert_eq!(servers.clients.lock().expect("lock").len(), 1);
     }
