@@ -1269,9 +1269,7 @@ impl Manager {
         }
         let server = registry.server(settings.mlflow_tracking_uri.as_deref());
         let (run_id, tracking_warning) = match &server {
-            ServerChoice::Refused { uri, reason } => {
-                tracing::warn!(%uri, %reason, "the job's tracking server is not allowed; registering on the manager's own");
-                self.metrics.mlflow_servers_refused.inc();
+            ServerChoice::Refused { reason, .. } => {
                 // The job's run is on its own server, not on this one.
                 (
                     None,
@@ -1337,6 +1335,11 @@ impl Manager {
         };
         if let Some(error) = &model.error {
             tracing::warn!(model = %model.model_name, source = %model.source, %error, "model registry refused the checkpoint");
+        }
+        if let Some(warning) = &model.tracking_warning {
+            // Once per registration published, not per attempt.
+            tracing::warn!(model = %model.model_name, %warning, "the job's tracking server is not allowed; registered on the manager's own");
+            self.metrics.mlflow_servers_refused.inc();
         }
         record.model = Some(model.clone());
         Ok(Some(Outgoing::Registered(model)))
