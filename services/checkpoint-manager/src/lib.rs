@@ -84,6 +84,11 @@ pub struct ManagerConfig {
     /// MLflow server whose model registry takes completed jobs' checkpoints,
     /// e.g. `http://mlflow.mlflow:5000`; registration is off when unset or empty.
     pub mlflow_tracking_uri: Option<String>,
+    /// Other servers a job's checkpoint is registered on when its
+    /// `monitoring.mlflowTrackingUri` names one (prefixes of
+    /// `scheme://host[:port][/path]`); they receive the manager's credentials.
+    #[serde(deserialize_with = "trainyard_mlflow::deserialize_uri_list")]
+    pub mlflow_allowed_tracking_uris: Vec<String>,
     /// Names a job's registered model: `{namespace}` and `{name}` are replaced
     /// (the `trainyard.dev/model-name` annotation wins).
     pub model_name_template: String,
@@ -122,6 +127,7 @@ impl Default for ManagerConfig {
             prior_seconds_between_interruptions: 86_400.0,
             advice_change_fraction: 0.1,
             mlflow_tracking_uri: None,
+            mlflow_allowed_tracking_uris: Vec::new(),
             model_name_template: checkpoint_manager_core::registration::DEFAULT_MODEL_NAME_TEMPLATE
                 .to_string(),
             model_alias: DEFAULT_MODEL_ALIAS.to_string(),

@@ -34,6 +34,7 @@ use trainyard_contracts::events::{Change, TrainingJobChanged};
 use trainyard_contracts::lifecycle::{TrainingJobFinalized, TrainingJobTransitioned};
 use trainyard_contracts::worker::{CheckpointReported, VerificationMethod};
 use trainyard_contracts::{EntityRef, Envelope, Incoming, Payload};
+use trainyard_mlflow::ServerChoice;
 use trainyard_runtime::{Delivery, HandleError, Handler, Publisher};
 
 use crate::ManagerConfig;
@@ -69,6 +70,10 @@ pub struct JobSettings {
     /// `monitoring.mlflowRunId`: the run a registered model version is tied to.
     #[serde(default)]
     pub mlflow_run_id: Option<String>,
+    /// `monitoring.mlflowTrackingUri`: the registry the job's model goes to
+    /// when the allow-list admits it.
+    #[serde(default)]
+    pub mlflow_tracking_uri: Option<String>,
     /// The `trainyard.dev/model-name` annotation.
     #[serde(default)]
     pub model_name: Option<String>,
@@ -251,6 +256,11 @@ fn settings_of(job: &TrainingJob) -> Option<JobSettings> {
             .monitoring
             .as_ref()
             .and_then(|m| m.mlflow_run_id.clone()),
+        mlflow_tracking_uri: job
+            .spec
+            .monitoring
+            .as_ref()
+            .and_then(|m| m.mlflow_tracking_uri.clone()),
         model_name: job
             .metadata
             .annotations
@@ -1257,12 +1267,27 @@ impl Manager {
         {
             return Ok(republish.then(|| Outgoing::Registered(model.clone())));
         }
-        let run_id = settings.mlflow_run_id.clone();
+        let server = registry.server(settings.mlflow_tracking_uri.as_deref());
+        let (run_id, tracking_warning) = match &server {
+            ServerChoice::Refused { reason, .. } => {
+                // The job's run is on its own server, not on this one.
+                (
+                    None,
+                    Some(format!(
+                        "spec.monitoring.mlflowTrackingUri: {reason}; the checkpoint-manager registers the model on its own MLflow server {}, without the job's run",
+                        registry.default_uri()
+                    )),
+                )
+            }
+            _ => (settings.mlflow_run_id.clone(), None),
+        };
         let outcome = async {
             let version = registry
-                .version(&model_name, &source, run_id.as_deref())
+                .version(&server, &model_name, &source, run_id.as_deref())
                 .await?;
-            let alias = registry.move_alias(&model_name, &version.version).await;
+            let alias = registry
+                .move_alias(&server, &model_name, &version.version)
+                .await;
             Ok::<_, trainyard_mlflow::MlflowError>((version, alias))
         }
         .await;
@@ -1292,6 +1317,7 @@ impl Manager {
                     run_id,
                     alias,
                     error,
+                    tracking_warning,
                 }
             }
             Err(err) => {
@@ -1303,11 +1329,17 @@ impl Manager {
                     run_id,
                     alias: None,
                     error: Some(error),
+                    tracking_warning,
                 }
             }
         };
         if let Some(error) = &model.error {
             tracing::warn!(model = %model.model_name, source = %model.source, %error, "model registry refused the checkpoint");
+        }
+        if let Some(warning) = &model.tracking_warning {
+            // Once per registration published, not per attempt.
+            tracing::warn!(model = %model.model_name, %warning, "the job's tracking server is not allowed; registered on the manager's own");
+            self.metrics.mlflow_servers_refused.inc();
         }
         record.model = Some(model.clone());
         Ok(Some(Outgoing::Registered(model)))

@@ -20,6 +20,9 @@ pub struct CheckpointMetrics {
     pub problems: IntCounterVec,
     /// Jobs whose checkpoint reports wait for their storage to answer.
     pub waiting_jobs: IntGauge,
+    /// Registrations on the manager's own MLflow server because the job's
+    /// `monitoring.mlflowTrackingUri` is not in `mlflow_allowed_tracking_uris`.
+    pub mlflow_servers_refused: IntCounter,
 }
 
 impl CheckpointMetrics {
@@ -65,6 +68,11 @@ impl CheckpointMetrics {
                 "Jobs whose checkpoint reports wait for their storage to answer",
             )
             .map_err(err)?,
+            mlflow_servers_refused: IntCounter::new(
+                "trainyard_checkpoint_mlflow_servers_refused_total",
+                "Registrations on the manager's own MLflow server because the job names one not in mlflow_allowed_tracking_uris",
+            )
+            .map_err(err)?,
         };
         registry
             .register(Box::new(metrics.verifications.clone()))
@@ -83,6 +91,9 @@ impl CheckpointMetrics {
             .map_err(err)?;
         registry
             .register(Box::new(metrics.waiting_jobs.clone()))
+            .map_err(err)?;
+        registry
+            .register(Box::new(metrics.mlflow_servers_refused.clone()))
             .map_err(err)?;
         Ok(metrics)
     }

@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use checkpoint_manager_core::registration;
 use tokio_util::sync::CancellationToken;
-use trainyard_mlflow::{MlflowAccess, MlflowClient, MlflowError, RetryPolicy};
+use trainyard_mlflow::{
+    ALLOWED_TRACKING_URIS_KEY, ClientSettings, MlflowAccess, MlflowError, MlflowServers,
+    RetryPolicy, ServerChoice,
+};
 
 use crate::ManagerConfig;
 use crate::error::CheckpointError;
@@ -20,9 +23,10 @@ pub struct Version {
     pub created: bool,
 }
 
-/// One MLflow server's model registry, with the manager's naming settings.
+/// The model registries of the manager's own MLflow server and of the
+/// allowed servers jobs name, with the manager's naming settings.
 pub struct Registry {
-    client: MlflowClient,
+    servers: MlflowServers,
     model_name_template: String,
     alias: Option<String>,
 }
@@ -41,22 +45,26 @@ impl Registry {
                 "checkpoint_manager.model_name_template is empty; set it, e.g. \"{namespace}-{name}\"".into(),
             ));
         }
-        let access = MlflowAccess {
-            token_file: config.mlflow_token_file.as_ref().map(Into::into),
-            username: config.mlflow_username.clone(),
-            password_file: config.mlflow_password_file.as_ref().map(Into::into),
-            tls_ca_file: config.mlflow_tls_ca_file.as_ref().map(Into::into),
-            env: config.mlflow_env.clone(),
-        };
-        let client = MlflowClient::with_access(
-            uri,
-            &access,
-            Duration::from_secs(config.mlflow_timeout_seconds.max(1)),
-            RetryPolicy {
+        let settings = ClientSettings {
+            access: MlflowAccess {
+                token_file: config.mlflow_token_file.as_ref().map(Into::into),
+                username: config.mlflow_username.clone(),
+                password_file: config.mlflow_password_file.as_ref().map(Into::into),
+                tls_ca_file: config.mlflow_tls_ca_file.as_ref().map(Into::into),
+                env: config.mlflow_env.clone(),
+            },
+            timeout: Duration::from_secs(config.mlflow_timeout_seconds.max(1)),
+            retry: RetryPolicy {
                 max_attempts: config.mlflow_max_attempts.max(1),
                 ..RetryPolicy::default()
             },
             shutdown,
+        };
+        let servers = MlflowServers::new(
+            uri,
+            &config.mlflow_allowed_tracking_uris,
+            format!("checkpoint_manager.{ALLOWED_TRACKING_URIS_KEY}"),
+            settings,
         )
         .map_err(|err| match err {
             // Its message starts with the key: an MLflow variable, or one of ours.
@@ -72,10 +80,21 @@ impl Registry {
         })?;
         let alias = Some(config.model_alias.trim().to_string()).filter(|a| !a.is_empty());
         Ok(Some(Self {
-            client,
+            servers,
             model_name_template: config.model_name_template.clone(),
             alias,
         }))
+    }
+
+    /// Where a job naming `requested` (its `monitoring.mlflowTrackingUri`)
+    /// is registered.
+    pub fn server(&self, requested: Option<&str>) -> ServerChoice {
+        self.servers.choose(requested)
+    }
+
+    /// The manager's own server.
+    pub fn default_uri(&self) -> &str {
+        self.servers.default_uri()
     }
 
     /// The alias moved to each registered version, if any.
@@ -91,16 +110,19 @@ impl Registry {
         }
     }
 
-    /// The version of `model` whose source is `source`: found among the
-    /// model's versions, else created (the model too, when it is new).
+    /// The version of `model` whose source is `source` on `server`'s
+    /// registry: found among the model's versions, else created (the model
+    /// too, when it is new).
     pub async fn version(
         &self,
+        server: &ServerChoice,
         model: &str,
         source: &str,
         run_id: Option<&str>,
     ) -> Result<Version, MlflowError> {
-        self.client.ensure_registered_model(model).await?;
-        let versions = self.client.model_versions(model).await?;
+        let client = self.servers.client(server)?;
+        client.ensure_registered_model(model).await?;
+        let versions = client.model_versions(model).await?;
         let existing = registration::existing_version(
             versions
                 .iter()
@@ -113,20 +135,28 @@ impl Registry {
                 created: false,
             });
         }
-        let created = self
-            .client
-            .create_model_version(model, source, run_id)
-            .await?;
+        let created = client.create_model_version(model, source, run_id).await?;
         Ok(Version {
             version: created.version,
             created: true,
         })
     }
 
-    /// Points the configured alias of `model` at `version`; nothing without an alias.
-    pub async fn move_alias(&self, model: &str, version: &str) -> Result<(), MlflowError> {
+    /// Points the configured alias of `model` at `version` on `server`'s
+    /// registry; nothing without an alias.
+    pub async fn move_alias(
+        &self,
+        server: &ServerChoice,
+        model: &str,
+        version: &str,
+    ) -> Result<(), MlflowError> {
         match &self.alias {
-            Some(alias) => self.client.set_model_alias(model, alias, version).await,
+            Some(alias) => {
+                self.servers
+                    .client(server)?
+                    .set_model_alias(model, alias, version)
+                    .await
+            }
             None => Ok(()),
         }
     }
@@ -145,4 +175,50 @@ pub fn refusal(err: &MlflowError, model: &str, source: &str) -> String {
         ),
     };
     format!("{err}; {fix}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(allowed: &[&str]) -> ManagerConfig {
+        ManagerConfig {
+            mlflow_tracking_uri: Some("http://mlflow.mlflow:5000".into()),
+            mlflow_allowed_tracking_uris: allowed.iter().map(|uri| uri.to_string()).collect(),
+            ..ManagerConfig::default()
+        }
+    }
+
+    #[test]
+    fn jobs_register_on_an_allowed_server_they_name_else_on_the_managers_own() {
+        let registry = Registry::from_config(
+            &config(&["https://mlflow.team-a.example/registry"]),
+            CancellationToken::new(),
+        )
+        .expect("valid")
+        .expect("registration on");
+        assert_eq!(registry.server(None), ServerChoice::Default);
+        assert_eq!(
+            registry.server(Some("https://mlflow.team-a.example/registry/")),
+            ServerChoice::Requested("https://mlflow.team-a.example/registry/".into())
+        );
+        assert!(matches!(
+            registry.server(Some("https://mlflow.team-a.example@evil.example/registry")),
+            ServerChoice::Refused { .. }
+        ));
+    }
+
+    #[test]
+    fn an_unusable_allow_list_entry_stops_the_start_naming_the_key() {
+        let err = Registry::from_config(&config(&["ftp://mlflow"]), CancellationToken::new())
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            err.contains(
+                "checkpoint_manager.mlflow_allowed_tracking_uris: entry 0 (\"ftp://mlflow\"): scheme \"ftp\" is not http or https"
+            ),
+            "{err}"
+        );
+    }
 }

@@ -230,6 +230,7 @@ async fn completed_jobs_register_their_best_verified_checkpoint_once() {
         run_id: Some(run_id.clone()),
         alias: Some("best".into()),
         error: None,
+        tracking_warning: None,
     };
     let registered = driver.wait_for::<ModelRegistered>("bert", 1).await;
     assert_eq!(registered, vec![expected.clone()]);
@@ -423,6 +424,7 @@ fn sweep_progress(best: &str, finished: Option<&str>) -> SweepProgressed {
         objective_metric: Some("accuracy".into()),
         labels: Default::default(),
         annotations: Default::default(),
+        tracking_warning: None,
     }
 }
 
@@ -482,6 +484,7 @@ async fn a_finished_sweep_registers_only_its_best_trials_checkpoint_under_its_na
         run_id: None,
         alias: Some("best".into()),
         error: None,
+        tracking_warning: None,
     };
     let registered = driver.wait_for::<ModelRegistered>("resnet-t0001", 1).await;
     assert_eq!(registered, vec![expected.clone()]);
@@ -553,5 +556,87 @@ async fn a_sweeps_model_name_annotation_names_the_model_its_best_trial_becomes()
         vec![("1".to_string(), best, String::new())]
     );
     assert!(!reader.model_exists("ml-vit").await);
+    stop_manager(manager).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_naming_an_allowed_server_registers_there_and_another_on_the_managers_own() {
+    let Some(executable) = mlflow_executable() else {
+        eprintln!(
+            "SKIPPED a_job_naming_an_allowed_server_registers_there_and_another_on_the_managers_own: no `mlflow` executable on PATH (pip install mlflow)"
+        );
+        return;
+    };
+    let own = MlflowServer::start(executable.clone());
+    let team = MlflowServer::start(executable);
+    let moto = Moto::start();
+    let s3 = moto.bucket(BUCKET).await;
+    let nats = NatsServer::start();
+    let driver = Driver::connect(&nats).await;
+    let (own_reader, team_reader) = (Reader::new(&own), Reader::new(&team));
+    let team_run = team_reader.create_run().await;
+    let config = ManagerConfig {
+        // Written with a path of its own: the team's server is everything below it.
+        mlflow_allowed_tracking_uris: vec![format!("{}/", team.url())],
+        ..registry_config(&moto, &own)
+    };
+    let manager = start_manager(&nats, config).await;
+
+    // The team's server is allowed: the version is there, tied to the job's run.
+    driver
+        .apply(&s3_job(
+            "team",
+            json!({"spec": {"monitoring": {"mlflowTrackingUri": team.url(), "mlflowRunId": team_run}}}),
+        ))
+        .await;
+    save(&driver, &s3, "team", &[(100, 0.3)]).await;
+    driver.wait_for::<CheckpointVerified>("team", 1).await;
+    complete(&driver, "team").await;
+    let registered = driver.wait_for::<ModelRegistered>("team", 1).await;
+    assert_eq!(registered[0].tracking_warning, None);
+    assert_eq!(registered[0].run_id.as_deref(), Some(team_run.as_str()));
+    let source = format!("s3://{BUCKET}/{NS}/team/step-100");
+    assert_eq!(
+        team_reader.versions("ml-team").await,
+        vec![("1".to_string(), source, team_run.clone())]
+    );
+    assert!(!own_reader.model_exists("ml-team").await);
+
+    // Another server: registered on the manager's own, without the job's run
+    // (it is on the job's server), and the message says why.
+    let elsewhere = "http://mlflow.elsewhere.example:5000";
+    driver
+        .apply(&s3_job(
+            "elsewhere",
+            json!({"spec": {"monitoring": {"mlflowTrackingUri": elsewhere, "mlflowRunId": "run-elsewhere"}}}),
+        ))
+        .await;
+    save(&driver, &s3, "elsewhere", &[(100, 0.3)]).await;
+    driver.wait_for::<CheckpointVerified>("elsewhere", 1).await;
+    complete(&driver, "elsewhere").await;
+    let registered = driver.wait_for::<ModelRegistered>("elsewhere", 1).await;
+    assert_eq!(registered[0].error, None);
+    assert_eq!(registered[0].run_id, None);
+    let warning = registered[0].tracking_warning.clone().expect("a warning");
+    assert!(
+        warning.contains("mlflow.elsewhere.example")
+            && warning.contains("checkpoint_manager.mlflow_allowed_tracking_uris")
+            && warning.contains(&own.url()),
+        "{warning}"
+    );
+    let source = format!("s3://{BUCKET}/{NS}/elsewhere/step-100");
+    assert_eq!(
+        own_reader.versions("ml-elsewhere").await,
+        vec![("1".to_string(), source, String::new())]
+    );
+    assert!(!team_reader.model_exists("ml-elsewhere").await);
+    assert_eq!(
+        metric(
+            &manager.registry,
+            "trainyard_checkpoint_mlflow_servers_refused_total",
+            &[]
+        ),
+        1.0
+    );
     stop_manager(manager).await;
 }

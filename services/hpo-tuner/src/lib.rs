@@ -31,6 +31,11 @@ pub use tuner::{Tuner, TunerHandler};
 pub struct TunerConfig {
     /// MLflow tracking server, e.g. `http://mlflow.mlflow:5000`; tracking is off when unset or empty.
     pub mlflow_tracking_uri: Option<String>,
+    /// Other servers the tuner records a Sweep on when its trial template's
+    /// `monitoring.mlflowTrackingUri` names one (prefixes of
+    /// `scheme://host[:port][/path]`); they receive the tuner's credentials.
+    #[serde(deserialize_with = "trainyard_mlflow::deserialize_uri_list")]
+    pub mlflow_allowed_tracking_uris: Vec<String>,
     /// Time limit of one MLflow request.
     pub mlflow_timeout_seconds: u64,
     /// Attempts per MLflow request (5xx, 429 and connection errors are retried with backoff).
@@ -61,6 +66,7 @@ impl Default for TunerConfig {
     fn default() -> Self {
         Self {
             mlflow_tracking_uri: None,
+            mlflow_allowed_tracking_uris: Vec::new(),
             mlflow_timeout_seconds: 10,
             mlflow_max_attempts: 5,
             mlflow_queue_capacity: 10_000,
@@ -83,29 +89,34 @@ impl TunerConfig {
             .tracking_uri_or(self.mlflow_tracking_uri.as_deref())
     }
 
-    /// The client of the tracking server at `uri`, with the configured
-    /// credentials and CA; an error names the key to fix.
-    pub fn mlflow_client(
+    /// The clients of the tracking server at `uri` and of the allowed
+    /// servers, with the configured credentials and CA; an error names the
+    /// key to fix.
+    pub fn mlflow_servers(
         &self,
         uri: &str,
         shutdown: tokio_util::sync::CancellationToken,
-    ) -> Result<trainyard_mlflow::MlflowClient, TunerError> {
-        let access = trainyard_mlflow::MlflowAccess {
-            token_file: self.mlflow_token_file.as_ref().map(Into::into),
-            username: self.mlflow_username.clone(),
-            password_file: self.mlflow_password_file.as_ref().map(Into::into),
-            tls_ca_file: self.mlflow_tls_ca_file.as_ref().map(Into::into),
-            env: self.mlflow_env.clone(),
-        };
-        trainyard_mlflow::MlflowClient::with_access(
-            uri,
-            &access,
-            Duration::from_secs(self.mlflow_timeout_seconds.max(1)),
-            trainyard_mlflow::RetryPolicy {
+    ) -> Result<trainyard_mlflow::MlflowServers, TunerError> {
+        let settings = trainyard_mlflow::ClientSettings {
+            access: trainyard_mlflow::MlflowAccess {
+                token_file: self.mlflow_token_file.as_ref().map(Into::into),
+                username: self.mlflow_username.clone(),
+                password_file: self.mlflow_password_file.as_ref().map(Into::into),
+                tls_ca_file: self.mlflow_tls_ca_file.as_ref().map(Into::into),
+                env: self.mlflow_env.clone(),
+            },
+            timeout: Duration::from_secs(self.mlflow_timeout_seconds.max(1)),
+            retry: trainyard_mlflow::RetryPolicy {
                 max_attempts: self.mlflow_max_attempts.max(1),
                 ..trainyard_mlflow::RetryPolicy::default()
             },
             shutdown,
+        };
+        trainyard_mlflow::MlflowServers::new(
+            uri,
+            &self.mlflow_allowed_tracking_uris,
+            format!("hpo_tuner.{}", trainyard_mlflow::ALLOWED_TRACKING_URIS_KEY),
+            settings,
         )
         .map_err(|err| match err {
             // Its message starts with the key: an MLflow variable, or one of ours.
@@ -156,10 +167,10 @@ pub async fn start(runtime: &Runtime, config: TunerConfig) -> Result<Arc<Tuner>,
     let tracker = match config.tracking_uri() {
         None => None,
         Some(uri) => {
-            let client = config.mlflow_client(uri, runtime.shutdown.clone())?;
-            trial_runs = Some(tracking::TrialRuns::new(client.clone(), uri));
+            let servers = config.mlflow_servers(uri, runtime.shutdown.clone())?;
+            trial_runs = Some(tracking::TrialRuns::new(servers.clone()));
             let (handle, tracker, receiver) =
-                tracking::tracker(client, metrics.clone(), config.mlflow_queue_capacity);
+                tracking::tracker(servers, metrics.clone(), config.mlflow_queue_capacity);
             runtime.spawn(tracker.run(receiver, runtime.shutdown.clone()));
             match standalone {
                 Some(template) => {
@@ -253,13 +264,55 @@ mod tests {
 
         config.mlflow_env = env(&[("MLFLOW_TRACKING_INSECURE_TLS", "true")]);
         let err = config
-            .mlflow_client("https://mlflow.example.com", Default::default())
+            .mlflow_servers("https://mlflow.example.com", Default::default())
             .err()
             .expect("refused");
         assert!(
             err.to_string()
                 .contains("MLFLOW_TRACKING_INSECURE_TLS: is not supported")
                 && !err.to_string().contains("hpo_tuner.MLFLOW"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn allowed_tracking_servers_are_a_list_or_one_string_and_checked_at_start() {
+        let config = section(&[(
+            "TRAINYARD_HPO_TUNER__MLFLOW_ALLOWED_TRACKING_URIS",
+            "https://mlflow.team-a.example, http://10.0.0.7:5000/mlflow",
+        )]);
+        assert_eq!(
+            config.mlflow_allowed_tracking_uris,
+            [
+                "https://mlflow.team-a.example",
+                "http://10.0.0.7:5000/mlflow"
+            ]
+        );
+        let servers = config
+            .mlflow_servers("http://mlflow.mlflow:5000", Default::default())
+            .expect("valid");
+        assert_eq!(
+            servers.choose(Some("https://MLFLOW.team-a.example/")),
+            trainyard_mlflow::ServerChoice::Requested("https://MLFLOW.team-a.example/".into())
+        );
+        assert_eq!(
+            section(&[]).mlflow_allowed_tracking_uris,
+            Vec::<String>::new()
+        );
+
+        let bad = section(&[(
+            "TRAINYARD_HPO_TUNER__MLFLOW_ALLOWED_TRACKING_URIS",
+            "http://ok:5000,mlflow.team.example",
+        )]);
+        let err = bad
+            .mlflow_servers("http://mlflow.mlflow:5000", Default::default())
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            err.contains(
+                "hpo_tuner.mlflow_allowed_tracking_uris: entry 1 (\"mlflow.team.example\"): not a URL"
+            ),
             "{err}"
         );
     }
@@ -316,8 +369,9 @@ mod tests {
         assert_eq!(config.mlflow_token_file.as_deref(), Some(token.as_str()));
         assert!(
             config
-                .mlflow_client(uri, Default::default())
-                .is_ok_and(|c| c.api_url().as_str() == "https://mlflow.example.com/api/2.0/mlflow/")
+                .mlflow_servers(uri, Default::default())
+                .is_ok_and(|s| s.default_client().api_url().as_str()
+                    == "https://mlflow.example.com/api/2.0/mlflow/")
         );
 
         let missing = section(&[
@@ -329,7 +383,7 @@ mod tests {
             ),
         ]);
         let err = missing
-            .mlflow_client(uri, Default::default())
+            .mlflow_servers(uri, Default::default())
             .err()
             .expect("refused");
         assert!(
@@ -343,7 +397,7 @@ mod tests {
             "/run/secrets/no-ca.pem",
         )]);
         let err = ca
-            .mlflow_client(uri, Default::default())
+            .mlflow_servers(uri, Default::default())
             .err()
             .expect("refused");
         assert!(

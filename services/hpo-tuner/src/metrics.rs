@@ -19,6 +19,9 @@ pub struct TunerMetrics {
     pub state_conflicts: IntCounter,
     /// MLflow tracking failures after retries, by operation.
     pub mlflow_errors: IntCounterVec,
+    /// Sweeps whose trial template names a tracking server the allow-list
+    /// does not admit (recorded on the tuner's own server instead).
+    pub mlflow_servers_refused: IntCounter,
 }
 
 impl TunerMetrics {
@@ -64,6 +67,11 @@ impl TunerMetrics {
                 &["operation"],
             )
             .map_err(err)?,
+            mlflow_servers_refused: IntCounter::new(
+                "trainyard_tuner_mlflow_servers_refused_total",
+                "Sweeps whose trial template names an MLflow server not in mlflow_allowed_tracking_uris",
+            )
+            .map_err(err)?,
         };
         registry
             .register(Box::new(metrics.trials_requested.clone()))
@@ -82,6 +90,9 @@ impl TunerMetrics {
             .map_err(err)?;
         registry
             .register(Box::new(metrics.mlflow_errors.clone()))
+            .map_err(err)?;
+        registry
+            .register(Box::new(metrics.mlflow_servers_refused.clone()))
             .map_err(err)?;
         Ok(metrics)
     }

@@ -390,11 +390,13 @@ fn finish_message(core: &SweepCore, reason: &FinishReason) -> String {
 }
 
 /// The sweep's progress for the planner to write into its status, with what
-/// the notifier routes on (objective, labels, notification annotations).
+/// the notifier routes on (objective, labels, notification annotations) and
+/// why the Sweep is not recorded where its template says, if so.
 pub fn progress_of(
     core: &SweepCore,
     codec: &ParamCodec,
     metadata: &SweepMetadata,
+    tracking_warning: Option<&str>,
 ) -> SweepProgressed {
     let status = core.status();
     let mut rungs: BTreeMap<u32, u32> = BTreeMap::new();
@@ -419,6 +421,7 @@ pub fn progress_of(
         objective_metric: Some(core.spec().objective.metric.clone()),
         labels: metadata.labels.clone(),
         annotations: metadata.annotations.clone(),
+        tracking_warning: tracking_warning.map(str::to_string),
     }
 }
 
@@ -798,7 +801,12 @@ mod tests {
             trial_id: "s-t0000".into(),
         })
         .expect("started");
-        let p = progress_of(&core, &ParamCodec::default(), &SweepMetadata::default());
+        let p = progress_of(
+            &core,
+            &ParamCodec::default(),
+            &SweepMetadata::default(),
+            None,
+        );
         assert_eq!((p.pending, p.running, p.succeeded), (1, 1, 0));
         assert_eq!(p.finished_reason, None);
         for (id, value) in [("s-t0000", 0.7), ("s-t0001", 0.9)] {
@@ -808,7 +816,12 @@ mod tests {
             })
             .expect("completed");
         }
-        let p = progress_of(&core, &ParamCodec::default(), &SweepMetadata::default());
+        let p = progress_of(
+            &core,
+            &ParamCodec::default(),
+            &SweepMetadata::default(),
+            None,
+        );
         assert_eq!(p.succeeded, 2);
         assert_eq!(p.finished_reason.as_deref(), Some("MaxTrialsReached"));
         let best = p.best_trial.expect("best");

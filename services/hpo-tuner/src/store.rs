@@ -48,6 +48,12 @@ pub struct SweepState {
     /// The Sweep's labels and notification annotations, as last applied.
     #[serde(default)]
     pub metadata: SweepMetadata,
+    /// The trial template's `monitoring.mlflowTrackingUri`, as created.
+    #[serde(default)]
+    pub tracking_uri: Option<String>,
+    /// Why the Sweep is recorded on the tuner's own MLflow server instead.
+    #[serde(default)]
+    pub tracking_warning: Option<String>,
 }
 
 /// What subscribers of the sweep's progress route on (the notifier): the
@@ -91,6 +97,8 @@ impl SweepState {
             last_progress: None,
             outbox: Vec::new(),
             metadata: SweepMetadata::default(),
+            tracking_uri: None,
+            tracking_warning: None,
         }
     }
 

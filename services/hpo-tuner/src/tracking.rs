@@ -21,7 +21,10 @@ use trainyard_contracts::object_key;
 
 use crate::metrics::TunerMetrics;
 use crate::routing::TrialInput;
-use trainyard_mlflow::{Batch, Metric, MlflowClient, MlflowError, RunStatus, filter_literal};
+use trainyard_mlflow::{
+    Batch, Metric, MlflowClient, MlflowError, MlflowServers, RunStatus, ServerChoice,
+    filter_literal,
+};
 
 /// Tag keys the tuner sets on experiments and runs.
 pub mod tags {
@@ -55,12 +58,30 @@ pub struct SweepInfo {
     pub namespace: String,
     pub name: String,
     pub uid: String,
+    /// The trial template's `monitoring.mlflowTrackingUri`: where the Sweep
+    /// is recorded when the allow-list admits it.
+    pub tracking_uri: Option<String>,
 }
 
 impl SweepInfo {
+    /// The Sweep `sweep` whose trial template names `tracking_uri`.
+    pub fn of(sweep: &EntityRef, tracking_uri: Option<&str>) -> Self {
+        Self {
+            namespace: sweep.namespace.clone(),
+            name: sweep.name.clone(),
+            uid: sweep.uid.clone(),
+            tracking_uri: tracking_uri.map(str::to_string),
+        }
+    }
+
     /// The experiment name: `<namespace>/<name>`.
     pub fn experiment_name(&self) -> String {
         object_key(&self.namespace, &self.name)
+    }
+
+    /// Where the Sweep is recorded among `servers`.
+    pub fn server(&self, servers: &MlflowServers) -> ServerChoice {
+        servers.choose(self.tracking_uri.as_deref())
     }
 }
 
@@ -282,12 +303,13 @@ impl TrackerHandle {
     }
 }
 
-/// Carries out tracking commands against one MLflow server, in order.
+/// Carries out tracking commands, in order: a Sweep's on the server it is
+/// recorded on, standalone jobs' on the tuner's own.
 pub struct Tracker {
-    client: MlflowClient,
+    servers: MlflowServers,
     metrics: TunerMetrics,
-    /// Experiment name → id.
-    experiments: HashMap<String, String>,
+    /// (server's API URL, experiment name) → id.
+    experiments: HashMap<(String, String), String>,
     /// (sweep uid or experiment name, trial name) → run id.
     runs: HashMap<(String, String), String>,
     /// Standalone jobs (namespace, name, uid) → their run.
@@ -304,7 +326,7 @@ struct JobRun {
 
 /// Creates the tracker and its queue (`capacity` commands).
 pub fn tracker(
-    client: MlflowClient,
+    servers: MlflowServers,
     metrics: TunerMetrics,
     capacity: usize,
 ) -> (TrackerHandle, Tracker, mpsc::Receiver<TrackingCommand>) {
@@ -316,7 +338,7 @@ pub fn tracker(
             standalone_experiment: None,
         },
         Tracker {
-            client,
+            servers,
             metrics,
             experiments: HashMap::new(),
             runs: HashMap::new(),
@@ -363,7 +385,8 @@ impl Tracker {
     async fn try_apply(&mut self, command: TrackingCommand) -> Result<(), MlflowError> {
         match command {
             TrackingCommand::SweepCreated { sweep } => {
-                self.experiment(&sweep).await?;
+                let client = self.servers.client(&sweep.server(&self.servers))?;
+                self.experiment(&client, &sweep).await?;
             }
             TrackingCommand::TrialRequested {
                 sweep,
@@ -380,6 +403,7 @@ impl Tracker {
                 metrics,
                 at_ms,
             } => {
+                let client = self.servers.client(&sweep.server(&self.servers))?;
                 let run = self.run_id(&sweep, &trial, at_ms).await?;
                 let batch = Batch {
                     metrics: metrics
@@ -394,7 +418,7 @@ impl Tracker {
                     params: Vec::new(),
                     tags: uid_tag(&trial),
                 };
-                self.on_run(&sweep, &trial, self.client.log_batch(&run, batch).await)?;
+                self.on_run(&sweep, &trial, client.log_batch(&run, batch).await)?;
             }
             TrackingCommand::TrialEnded {
                 sweep,
@@ -402,6 +426,7 @@ impl Tracker {
                 status,
                 at_ms,
             } => {
+                let client = self.servers.client(&sweep.server(&self.servers))?;
                 let run = self.run_id(&sweep, &trial, at_ms).await?;
                 let tags = uid_tag(&trial);
                 if !tags.is_empty() {
@@ -409,10 +434,10 @@ impl Tracker {
                         tags,
                         ..Batch::default()
                     };
-                    let logged = self.client.log_batch(&run, batch).await;
+                    let logged = client.log_batch(&run, batch).await;
                     self.on_run(&sweep, &trial, logged)?;
                 }
-                let updated = self.client.update_run(&run, status, Some(at_ms)).await;
+                let updated = client.update_run(&run, status, Some(at_ms)).await;
                 self.on_run(&sweep, &trial, updated)?;
             }
             TrackingCommand::JobStarted { job, at_ms } => {
@@ -440,7 +465,11 @@ impl Tracker {
                         .collect(),
                     ..Batch::default()
                 };
-                let logged = self.client.log_batch(&run.id, batch).await;
+                let logged = self
+                    .servers
+                    .default_client()
+                    .log_batch(&run.id, batch)
+                    .await;
                 self.on_job_run(&job, logged)?;
             }
             TrackingCommand::JobEnded { job, end, at_ms } => {
@@ -461,7 +490,11 @@ impl Tracker {
                 let status = match end {
                     JobEnd::Ended(status) | JobEnd::Finalized { status } => status,
                 };
-                let updated = self.client.update_run(&run.id, status, Some(at_ms)).await;
+                let updated = self
+                    .servers
+                    .default_client()
+                    .update_run(&run.id, status, Some(at_ms))
+                    .await;
                 self.on_job_run(&job, updated)?;
                 if let Some(known) = self.jobs.get_mut(&job.key()) {
                     known.open = false;
@@ -512,10 +545,12 @@ impl Tracker {
             .map(|(key, value)| format!("tags.`{key}` = {}", filter_literal(value)))
             .collect::<Vec<_>>()
             .join(" and ");
-        let found = match self.client.search_runs(&experiment, &filter).await {
+        let client = self.servers.default_client().clone();
+        let found = match client.search_runs(&experiment, &filter).await {
             Ok(runs) => runs.into_iter().next(),
             Err(err) if err.error_code() == Some("RESOURCE_DOES_NOT_EXIST") => {
-                self.experiments.remove(&job.experiment);
+                self.experiments
+                    .remove(&experiment_key(&client, &job.experiment));
                 return Err(err);
             }
             Err(err) => return Err(err),
@@ -526,8 +561,7 @@ impl Tracker {
                 id: info.run_id,
             },
             None if create => JobRun {
-                id: self
-                    .client
+                id: client
                     .create_run(&experiment, &job.run_name(), at_ms, &job.run_tags())
                     .await?,
                 open: true,
@@ -540,22 +574,24 @@ impl Tracker {
 
     /// The id of the experiment `name`, created (tagged with the job's namespace) when needed.
     async fn named_experiment(&mut self, name: &str, job: &JobInfo) -> Result<String, MlflowError> {
-        if let Some(id) = self.experiments.get(name) {
+        let client = self.servers.default_client();
+        let key = experiment_key(client, name);
+        if let Some(id) = self.experiments.get(&key) {
             return Ok(id.clone());
         }
         let tags = vec![(tags::NAMESPACE.to_string(), job.namespace.clone())];
-        let id = self.client.get_or_create_experiment(name, &tags).await?;
-        self.experiments.insert(name.to_string(), id.clone());
+        let id = client.get_or_create_experiment(name, &tags).await?;
+        self.experiments.insert(key, id.clone());
         Ok(id)
     }
 
     /// The id of the experiment `name` if it exists and is not in the trash.
     async fn existing_experiment(&mut self, name: &str) -> Result<Option<String>, MlflowError> {
-        if let Some(id) = self.experiments.get(name) {
+        let client = self.servers.default_client();
+        if let Some(id) = self.experiments.get(&experiment_key(client, name)) {
             return Ok(Some(id.clone()));
         }
-        Ok(self
-            .client
+        Ok(client
             .experiment_by_name(name)
             .await?
             .filter(|e| e.lifecycle_stage != "deleted")
@@ -577,16 +613,20 @@ impl Tracker {
         result
     }
 
-    async fn experiment(&mut self, sweep: &SweepInfo) -> Result<String, MlflowError> {
+    async fn experiment(
+        &mut self,
+        client: &MlflowClient,
+        sweep: &SweepInfo,
+    ) -> Result<String, MlflowError> {
         let name = sweep.experiment_name();
-        if let Some(id) = self.experiments.get(&name) {
+        let key = experiment_key(client, &name);
+        if let Some(id) = self.experiments.get(&key) {
             return Ok(id.clone());
         }
-        let id = self
-            .client
+        let id = client
             .get_or_create_experiment(&name, &experiment_tags(sweep))
             .await?;
-        self.experiments.insert(name, id.clone());
+        self.experiments.insert(key, id.clone());
         Ok(id)
     }
 
@@ -601,12 +641,14 @@ impl Tracker {
         if let Some(id) = self.runs.get(&key) {
             return Ok(id.clone());
         }
-        let experiment = self.experiment(sweep).await?;
-        let id = match find_or_create_run(&self.client, &experiment, sweep, trial, at_ms).await {
+        let client = self.servers.client(&sweep.server(&self.servers))?;
+        let experiment = self.experiment(&client, sweep).await?;
+        let id = match find_or_create_run(&client, &experiment, sweep, trial, at_ms).await {
             Ok(id) => id,
             Err(err) if err.error_code() == Some("RESOURCE_DOES_NOT_EXIST") => {
                 // The experiment was removed under us: look it up again next time.
-                self.experiments.remove(&sweep.experiment_name());
+                self.experiments
+                    .remove(&experiment_key(&client, &sweep.experiment_name()));
                 return Err(err);
             }
             Err(err) => return Err(err),
@@ -614,6 +656,11 @@ impl Tracker {
         self.runs.insert(key, id.clone());
         Ok(id)
     }
+}
+
+/// Experiments are cached per server: names repeat across servers.
+fn experiment_key(client: &MlflowClient, name: &str) -> (String, String) {
+    (client.api_url().to_string(), name.to_string())
 }
 
 fn experiment_tags(sweep: &SweepInfo) -> Vec<(String, String)> {
@@ -681,32 +728,41 @@ async fn find_or_create_run(
 /// the same run by its tags later.
 #[derive(Clone)]
 pub struct TrialRuns {
-    client: MlflowClient,
-    tracking_uri: String,
+    servers: MlflowServers,
 }
 
 impl TrialRuns {
-    pub fn new(client: MlflowClient, tracking_uri: impl Into<String>) -> Self {
-        Self {
-            client,
-            tracking_uri: tracking_uri.into(),
-        }
+    pub fn new(servers: MlflowServers) -> Self {
+        Self { servers }
     }
 
-    /// The trial's run (found or created) with the server the workers log to.
+    /// Where `sweep` is recorded.
+    pub fn server(&self, sweep: &SweepInfo) -> ServerChoice {
+        sweep.server(&self.servers)
+    }
+
+    /// The tuner's own server.
+    pub fn default_uri(&self) -> &str {
+        self.servers.default_uri()
+    }
+
+    /// The trial's run (found or created) with the server it is on, as the
+    /// trial template names it (the tuner's own when the template names
+    /// none, or a server the allow-list does not admit).
     pub async fn ensure(
         &self,
         sweep: &SweepInfo,
         trial: &TrialInfo,
         at_ms: i64,
     ) -> Result<TrialTracking, MlflowError> {
-        let experiment = self
-            .client
+        let server = self.server(sweep);
+        let client = self.servers.client(&server)?;
+        let experiment = client
             .get_or_create_experiment(&sweep.experiment_name(), &experiment_tags(sweep))
             .await?;
-        let run = find_or_create_run(&self.client, &experiment, sweep, trial, at_ms).await?;
+        let run = find_or_create_run(&client, &experiment, sweep, trial, at_ms).await?;
         Ok(TrialTracking {
-            mlflow_tracking_uri: self.tracking_uri.clone(),
+            mlflow_tracking_uri: server.uri(self.servers.default_uri()).to_string(),
             mlflow_run_id: run,
         })
     }
@@ -734,7 +790,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use trainyard_mlflow::RetryPolicy;
+    use trainyard_mlflow::{ClientSettings, RetryPolicy};
 
     fn job() -> JobInfo {
         JobInfo {
@@ -746,15 +802,20 @@ mod tests {
     }
 
     fn handle() -> (TrackerHandle, mpsc::Receiver<TrackingCommand>) {
-        let client = MlflowClient::new(
+        let servers = MlflowServers::new(
             "http://127.0.0.1:9",
-            Duration::from_secs(1),
-            RetryPolicy::default(),
-            CancellationToken::new(),
+            &[],
+            "hpo_tuner.mlflow_allowed_tracking_uris",
+            ClientSettings {
+                access: Default::default(),
+                timeout: Duration::from_secs(1),
+                retry: RetryPolicy::default(),
+                shutdown: CancellationToken::new(),
+            },
         )
-        .expect("client");
+        .expect("servers");
         let metrics = TunerMetrics::register(&prometheus::Registry::new()).expect("metrics");
-        let (handle, _tracker, receiver) = tracker(client, metrics, 16);
+        let (handle, _tracker, receiver) = tracker(servers, metrics, 16);
         (handle, receiver)
     }
 

@@ -31,7 +31,7 @@ use crate::routing::{self, Outgoing, OutgoingPayload, Route, TrialChange, TrialI
 use crate::spec::{self, parameter_text};
 use crate::store::{StateStore, SweepMetadata, SweepState};
 use crate::tracking::{SweepInfo, TrackerHandle, TrackingCommand, TrialInfo, TrialRuns};
-use trainyard_mlflow::RunStatus;
+use trainyard_mlflow::{RunStatus, ServerChoice};
 
 /// Deliveries of a trial's completion that wait for its final progress report
 /// (progress and lifecycle travel on different streams, so after a backlog the
@@ -118,14 +118,11 @@ impl Tuner {
         &self,
         runs: &TrialRuns,
         sweep: &EntityRef,
+        tracking_uri: Option<&str>,
         request: &TrialRequested,
         at_ms: i64,
     ) -> Option<TrialTracking> {
-        let sweep_info = SweepInfo {
-            namespace: sweep.namespace.clone(),
-            name: sweep.name.clone(),
-            uid: sweep.uid.clone(),
-        };
+        let sweep_info = SweepInfo::of(sweep, tracking_uri);
         let trial = TrialInfo {
             name: request.trial_name.clone(),
             index: request.trial_index,
@@ -147,6 +144,23 @@ impl Tuner {
                 None
             }
         }
+    }
+
+    /// Why a new Sweep will not be recorded on the server its trial template
+    /// names (logged and counted here, once per Sweep): a server the
+    /// allow-list does not admit. None when it will be, or tracking is off.
+    fn tracking_warning(&self, state: &SweepState) -> Option<String> {
+        let runs = self.trial_runs.as_ref()?;
+        let sweep = SweepInfo::of(&state.sweep, state.tracking_uri.as_deref());
+        let ServerChoice::Refused { uri, reason } = runs.server(&sweep) else {
+            return None;
+        };
+        tracing::warn!(sweep = %state.sweep.key(), %uri, %reason, "the Sweep's tracking server is not allowed; recording it on the tuner's own");
+        self.metrics.mlflow_servers_refused.inc();
+        Some(format!(
+            "spec.trialTemplate.monitoring.mlflowTrackingUri: {reason}; the hpo-tuner records this Sweep's experiment and trial runs on its own MLflow server {}, and the trials' workers log to {uri} without the tuner's run",
+            runs.default_uri()
+        ))
     }
 
     fn cell(&self, key: &str) -> Arc<tokio::sync::Mutex<Cell>> {
@@ -324,12 +338,16 @@ impl Tuner {
                 if cell.state.is_none() {
                     let mapped = spec::map_sweep(sweep, &object)?;
                     let epochs = object.spec.trial_template.epochs();
-                    cell.state = Some(SweepState::new(
-                        sweep.clone(),
-                        mapped.core,
-                        mapped.codec,
-                        epochs,
-                    ));
+                    let mut state =
+                        SweepState::new(sweep.clone(), mapped.core, mapped.codec, epochs);
+                    state.tracking_uri = object
+                        .spec
+                        .trial_template
+                        .monitoring
+                        .as_ref()
+                        .and_then(|m| m.mlflow_tracking_uri.clone());
+                    state.tracking_warning = self.tracking_warning(&state);
+                    cell.state = Some(state);
                     created = true;
                     tracing::info!(sweep = %key, uid = %sweep.uid, "sweep created");
                 }
@@ -399,11 +417,24 @@ impl Tuner {
             let at_ms = header.time.timestamp_millis();
             for message in &mut outbox {
                 if let OutgoingPayload::TrialRequested(request) = &mut message.payload {
-                    request.tracking = self.trial_run(runs, &state.sweep, request, at_ms).await;
+                    request.tracking = self
+                        .trial_run(
+                            runs,
+                            &state.sweep,
+                            state.tracking_uri.as_deref(),
+                            request,
+                            at_ms,
+                        )
+                        .await;
                 }
             }
         }
-        let progress = routing::progress_of(&state.core, &state.codec, &state.metadata);
+        let progress = routing::progress_of(
+            &state.core,
+            &state.codec,
+            &state.metadata,
+            state.tracking_warning.as_deref(),
+        );
         if state.last_progress.as_ref() != Some(&progress) {
             state.progress_seq += 1;
             outbox.push(Outgoing {
@@ -548,11 +579,7 @@ impl Tuner {
             return;
         };
         let at_ms = header.time.timestamp_millis();
-        let sweep = SweepInfo {
-            namespace: state.sweep.namespace.clone(),
-            name: state.sweep.name.clone(),
-            uid: state.sweep.uid.clone(),
-        };
+        let sweep = SweepInfo::of(&state.sweep, state.tracking_uri.as_deref());
         let (uid_of, current_trial) = match &trial_input {
             Some((trial, _)) => (trial.uid.clone(), trial.name.clone()),
             None => (String::new(), String::new()),

@@ -204,7 +204,12 @@ async fn a_crash_between_deciding_and_publishing_loses_nothing() {
     let mut outbox =
         routing::decision_messages(&state.sweep, &state.core, &state.codec, &decisions);
     state.progress_seq += 1;
-    let progress = routing::progress_of(&state.core, &state.codec, &state.metadata);
+    let progress = routing::progress_of(
+        &state.core,
+        &state.codec,
+        &state.metadata,
+        state.tracking_warning.as_deref(),
+    );
     outbox.push(routing::Outgoing {
         message_id: routing::progress_message_id(&state.sweep, state.progress_seq),
         correlation_id: None,

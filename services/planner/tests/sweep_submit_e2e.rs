@@ -87,6 +87,7 @@ async fn trials_become_owned_training_jobs_and_the_sweep_gets_its_status() {
                 objective_metric: None,
                 labels: BTreeMap::new(),
                 annotations: BTreeMap::new(),
+                tracking_warning: None,
             },
         )
         .await;

@@ -211,7 +211,7 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
         entry::<decisions::TrialRequested>(
             "hpo-tuner",
             "planner",
-            "Create a trial: a child TrainingJob of the Sweep with these hyperparameters. With experiment tracking on, `tracking` names the MLflow run made for the trial; the planner sets it as the trial's `monitoring.mlflowRunId` (and `mlflowTrackingUri` when the template has none), so its workers log into that run.",
+            "Create a trial: a child TrainingJob of the Sweep with these hyperparameters. With experiment tracking on, `tracking` names the MLflow run made for the trial and the server it is on (the template's `monitoring.mlflowTrackingUri` as written when the tuner's allow-list admits it, else the tuner's own); the planner sets it as the trial's `monitoring.mlflowRunId` when that is the server the trial logs to (and `mlflowTrackingUri` when the template has none), so its workers log into that run.",
             sweep(),
             json!({"trialName": "resnet-sweep-t0003", "trialIndex": 3,
                    "parameters": {"learningRate": 0.0031, "batchSize": 64, "optimizer": "adamw"},
@@ -228,7 +228,7 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
         entry::<decisions::SweepProgressed>(
             "hpo-tuner",
             "planner, notifier, checkpoint-manager",
-            "Sweep progress for the Sweep's status, with the objective's metric name and the Sweep's labels and `trainyard.dev/notify*` annotations for the notifier. Once `finishedReason` is set, the checkpoint-manager registers `bestTrial`'s best verified checkpoint as the Sweep's model.",
+            "Sweep progress for the Sweep's status, with the objective's metric name and the Sweep's labels and `trainyard.dev/notify*` annotations for the notifier. Once `finishedReason` is set, the checkpoint-manager registers `bestTrial`'s best verified checkpoint as the Sweep's model. `trackingWarning` says why the Sweep is recorded on the tuner's own MLflow server rather than the one its trial template names; the planner writes it as the Sweep's `TrackingRedirected` condition.",
             sweep(),
             json!({"pending": 1, "running": 2, "succeeded": 5, "failed": 0, "earlyStopped": 4,
                    "bestTrial": {"trialName": "resnet-sweep-t0002", "parameters": {"learningRate": 0.0012}, "objectiveValue": 0.931},
@@ -275,7 +275,7 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
         entry::<decisions::ModelRegistered>(
             "checkpoint-manager",
             "planner",
-            "The completed job's best verified checkpoint (by `checkpoint.retention.keepBest`; else its latest verified) was registered in the MLflow model registry as this version of the model, and the alias moved to it. A Sweep's trials are not registered one by one: when the Sweep finishes, its best trial's checkpoint is registered under the Sweep's model name, published about that trial. Published once per job; with `error` (and no version) when the registry refused the registration for good, e.g. an invalid model name or a volume path it cannot take as a source, naming the fix. The planner writes `status.checkpoint.modelName` and `modelVersion`, or records a `ModelRegistrationFailed` Warning Event.",
+            "The completed job's best verified checkpoint (by `checkpoint.retention.keepBest`; else its latest verified) was registered in the MLflow model registry as this version of the model, and the alias moved to it. A Sweep's trials are not registered one by one: when the Sweep finishes, its best trial's checkpoint is registered under the Sweep's model name, published about that trial. Published once per job; with `error` (and no version) when the registry refused the registration for good, e.g. an invalid model name or a volume path it cannot take as a source, naming the fix. The planner writes `status.checkpoint.modelName` and `modelVersion`, or records a `ModelRegistrationFailed` Warning Event. The registry is the one the job's `monitoring.mlflowTrackingUri` names when the checkpoint-manager's allow-list admits it, else its own; `trackingWarning` then says why, and the planner records it as a `ModelRegistryRedirected` Warning Event.",
             job(),
             json!({"modelName": "ml-training-bert-distributed", "version": "3",
                    "source": "s3://ml-checkpoints/ml-training/bert-distributed/checkpoint-epoch-3",

@@ -251,6 +251,12 @@ pub struct SweepProgressed {
     /// `trainyard.dev/model-name` (the model its best trial is registered as).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+    /// Why the tuner records the Sweep on its own MLflow server rather than
+    /// the one its trial template's `monitoring.mlflowTrackingUri` names (a
+    /// server not in its allow-list); the planner writes it as the Sweep's
+    /// `TrackingRedirected` condition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracking_warning: Option<String>,
 }
 
 /// Where the next attempt of a job resumes from: the newest verified checkpoint.
@@ -379,6 +385,12 @@ pub struct ModelRegistered {
     /// invalid model name), naming the fix; nothing was registered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Why the version is in the checkpoint-manager's own MLflow registry
+    /// rather than the one the job's `monitoring.mlflowTrackingUri` names (a
+    /// server not in its allow-list); the planner records it as a Warning
+    /// Event on the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracking_warning: Option<String>,
 }
 
 crate::payload!(

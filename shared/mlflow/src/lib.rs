@@ -20,7 +20,12 @@ use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
 mod registry;
+mod servers;
 pub use registry::ModelVersion;
+pub use servers::{
+    ALLOWED_TRACKING_URIS_KEY, AllowedServers, ClientSettings, MlflowServers, ServerChoice,
+    ServerUri, choose_server, deserialize_uri_list,
+};
 
 /// MLflow's limits for one `runs/log-batch` request.
 pub const MAX_METRICS_PER_BATCH: usize = 1000;

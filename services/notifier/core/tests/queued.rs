@@ -370,6 +370,7 @@ fn a_sweep_annotated_for_a_channel_is_routed_there() {
                 "slack:#team-vision".to_string(),
             )]
             .into(),
+            tracking_warning: None,
         },
     );
     let incoming = Incoming::decode(&envelope.to_json().expect("json")).expect("decodes");

@@ -13,6 +13,9 @@ pub const EVENT_CHECKPOINT_SKIPPED: &str = "CheckpointSkipped";
 pub const EVENT_MODEL_REGISTERED: &str = "ModelRegistered";
 /// Event reason when the model registry refused the registration for good.
 pub const EVENT_MODEL_REGISTRATION_FAILED: &str = "ModelRegistrationFailed";
+/// Event reason when the model went to the checkpoint-manager's own registry
+/// rather than the one the job's `monitoring.mlflowTrackingUri` names.
+pub const EVENT_MODEL_REGISTRY_REDIRECTED: &str = "ModelRegistryRedirected";
 
 /// The status line for where the job resumes.
 pub fn resume_reason(point: &ResumePointChosen) -> String {
@@ -40,8 +43,25 @@ pub fn resume_reason(point: &ResumePointChosen) -> String {
 
 /// Events an observation records on the job, besides what its state change
 /// leads to: a checkpoint found incomplete, newer checkpoints a resume skipped,
-/// a model version registered, or the registry's refusal with its fix.
+/// a model version registered, or the registry's refusal with its fix, and
+/// why the registry is not the one the job names.
 pub fn checkpoint_events(observation: &Observation) -> Vec<PlannerAction> {
+    let mut events = registration_events(observation);
+    if let Observation::ModelRegistered(ModelRegistered {
+        tracking_warning: Some(warning),
+        ..
+    }) = observation
+    {
+        events.push(PlannerAction::RecordEvent {
+            event_type: EventType::Warning,
+            reason: EVENT_MODEL_REGISTRY_REDIRECTED.to_owned(),
+            message: warning.clone(),
+        });
+    }
+    events
+}
+
+fn registration_events(observation: &Observation) -> Vec<PlannerAction> {
     let warning = |reason: &str, message: String| PlannerAction::RecordEvent {
         event_type: EventType::Warning,
         reason: reason.to_owned(),

@@ -35,7 +35,8 @@ mod worker_token;
 
 pub use checkpoints::{
     EVENT_CHECKPOINT_INCOMPLETE, EVENT_CHECKPOINT_SKIPPED, EVENT_MODEL_REGISTERED,
-    EVENT_MODEL_REGISTRATION_FAILED, checkpoint_events, resume_reason,
+    EVENT_MODEL_REGISTRATION_FAILED, EVENT_MODEL_REGISTRY_REDIRECTED, checkpoint_events,
+    resume_reason,
 };
 pub use config::{FrameworkImages, PlannerConfig};
 pub use cost::{CostSeen, IdleSuspendSeen, budget_lift_hint, budget_status, cost_status};

@@ -42,7 +42,9 @@ fn text(value: &ParameterValue) -> String {
 
 /// The trial's spec: the template with the suggested parameters filled into its
 /// hyperparameters, and the MLflow run the tuner made for it as
-/// `monitoring.mlflowRunId`. A value the field cannot hold (e.g. `optimizer:
+/// `monitoring.mlflowRunId` when the run is on the server the trial logs to
+/// (the tuner names the template's server as the template writes it when it
+/// recorded the run there). A value the field cannot hold (e.g. `optimizer:
 /// lion`) is an error naming the parameter.
 pub fn trial_spec(
     template: &TrainingJobSpec,
@@ -158,6 +160,17 @@ pub fn sweep_status(
             format!("{} running, {} pending", progress.running, progress.pending),
         ),
     );
+    if let Some(warning) = &progress.tracking_warning {
+        trainyard_api::set_condition(
+            &mut conditions,
+            condition(
+                "TrackingRedirected",
+                ConditionStatus::True,
+                "TrackingUriNotAllowed",
+                warning.clone(),
+            ),
+        );
+    }
     if let Some(reason) = &progress.finished_reason {
         let (kind, status) = match state {
             SweepState::Completed => ("Succeeded", ConditionStatus::True),
@@ -240,6 +253,76 @@ mod tests {
     }
 
     #[test]
+    fn the_run_id_is_set_only_when_the_run_is_on_the_server_the_trial_logs_to() {
+        let mut template = template();
+        template.monitoring = Some(trainyard_api::MonitoringSpec {
+            mlflow_tracking_uri: Some("http://team-mlflow:5000".into()),
+            ..Default::default()
+        });
+        let tracking = |uri: &str| TrialTracking {
+            mlflow_tracking_uri: uri.into(),
+            mlflow_run_id: "run-1".into(),
+        };
+        let run_of = |template: &TrainingJobSpec, tracking: &TrialTracking| {
+            let spec = trial_spec(template, &BTreeMap::new(), Some(tracking)).expect("fills");
+            let monitoring = spec.monitoring.expect("monitoring");
+            (monitoring.mlflow_tracking_uri, monitoring.mlflow_run_id)
+        };
+        assert_eq!(
+            run_of(&template, &tracking("http://team-mlflow:5000")),
+            (Some("http://team-mlflow:5000".into()), Some("run-1".into())),
+            "the tuner recorded the trial on the template's server"
+        );
+        assert_eq!(
+            run_of(&template, &tracking("http://mlflow.mlflow:5000")),
+            (Some("http://team-mlflow:5000".into()), None),
+            "the tuner's own server has a run the workers' server does not"
+        );
+        assert_eq!(
+            run_of(&self::template(), &tracking("http://mlflow.mlflow:5000")),
+            (
+                Some("http://mlflow.mlflow:5000".into()),
+                Some("run-1".into())
+            ),
+            "a template naming no server logs to the tuner's"
+        );
+    }
+
+    #[test]
+    fn a_refused_tracking_server_is_a_condition_on_the_sweep() {
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        );
+        let progress = SweepProgressed {
+            pending: 1,
+            running: 0,
+            succeeded: 0,
+            failed: 0,
+            early_stopped: 0,
+            best_trial: None,
+            rungs: BTreeMap::new(),
+            finished_reason: None,
+            message: None,
+            objective_metric: None,
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+            tracking_warning: Some("http://evil:5000 is not allowed".into()),
+        };
+        let status = sweep_status(&progress, None, Some(1), now);
+        let condition = status
+            .conditions
+            .iter()
+            .find(|c| c.condition_type == "TrackingRedirected")
+            .expect("condition");
+        assert_eq!(condition.status, ConditionStatus::True);
+        assert_eq!(condition.reason.as_deref(), Some("TrackingUriNotAllowed"));
+        assert_eq!(
+            condition.message.as_deref(),
+            Some("http://evil:5000 is not allowed")
+        );
+    }
+
+    #[test]
     fn a_value_the_field_cannot_hold_names_the_parameter() {
         let parameters =
             BTreeMap::from([("optimizer".to_string(), ParameterValue::Text("lion".into()))]);
@@ -267,6 +350,7 @@ mod tests {
             objective_metric: None,
             labels: BTreeMap::new(),
             annotations: BTreeMap::new(),
+            tracking_warning: None,
         };
         let running = sweep_status(&progress, None, Some(2), now.clone());
         assert_eq!(running.state, Some(SweepState::Running));

@@ -4,8 +4,8 @@ mod common;
 
 use common::{Harness, checkpoint, spec, training_job};
 use planner_core::{
-    EVENT_MODEL_REGISTERED, EVENT_MODEL_REGISTRATION_FAILED, EventType, Observation, PlannerAction,
-    checkpoint_events,
+    EVENT_MODEL_REGISTERED, EVENT_MODEL_REGISTRATION_FAILED, EVENT_MODEL_REGISTRY_REDIRECTED,
+    EventType, Observation, PlannerAction, checkpoint_events,
 };
 use trainyard_contracts::decisions::ModelRegistered;
 
@@ -17,6 +17,7 @@ fn registered(version: &str, error: Option<&str>) -> ModelRegistered {
         run_id: Some("run-1".into()),
         alias: Some("best".into()),
         error: error.map(str::to_string),
+        tracking_warning: None,
     }
 }
 
@@ -87,5 +88,30 @@ fn a_refused_registration_is_a_warning_event_naming_the_fix_and_keeps_the_status
         model_status(&h),
         (Some("ml-training-bert".into()), Some("3".into())),
         "the version registered before stays"
+    );
+}
+
+#[test]
+fn a_model_registered_away_from_the_jobs_server_is_a_warning_event() {
+    let mut model = registered("3", None);
+    model.tracking_warning = Some(
+        "spec.monitoring.mlflowTrackingUri: http://evil:5000 is not in checkpoint_manager.mlflow_allowed_tracking_uris".into(),
+    );
+    let events = checkpoint_events(&Observation::ModelRegistered(model));
+    let reasons: Vec<(EventType, &str)> = events
+        .iter()
+        .filter_map(|action| match action {
+            PlannerAction::RecordEvent {
+                event_type, reason, ..
+            } => Some((*event_type, reason.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            (EventType::Normal, EVENT_MODEL_REGISTERED),
+            (EventType::Warning, EVENT_MODEL_REGISTRY_REDIRECTED)
+        ]
     );
 }
