@@ -27,9 +27,9 @@ use serde::Serialize;
 use trainyard_api::TrainingJob;
 use trainyard_contracts::Service;
 use trainyard_contracts::streams::Bucket;
-use trainyard_loadtest::positive;
 use trainyard_loadtest::stack::{self, Stack};
 use trainyard_loadtest::workload::{self, JobShape};
+use trainyard_loadtest::{chaos, positive};
 
 /// Namespace of the job.
 const NAMESPACE: &str = "memory";
@@ -125,6 +125,7 @@ async fn run(args: &Args, stack: &mut Stack) -> anyhow::Result<Report> {
     stack.start_services(&kubeconfig.to_string_lossy(), 200)?;
     stack.wait_ready(Duration::from_secs(60)).await?;
     let client = stack::kube_client(&std::fs::read_to_string(&kubeconfig)?).await?;
+    chaos::apply_queue(&client, 8).await?;
     stack::settle(&js, Duration::from_secs(60)).await;
 
     let shape = JobShape {
