@@ -70,7 +70,7 @@ struct Args {
     draws: u64,
     /// Extra deadline-miss probability spot may carry (the cost-optimizer's
     /// `deadline_risk_tolerance`; the best rule is held to the same).
-    #[arg(long, default_value_t = 0.05, value_parser = risk)]
+    #[arg(long, default_value_t = 0.0, value_parser = risk)]
     deadline_risk_tolerance: f64,
     /// Interruptions after which the cost-optimizer keeps a job on
     /// on-demand (its `max_spot_interruptions`).

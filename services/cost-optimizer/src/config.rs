@@ -97,7 +97,7 @@ impl Default for CostConfig {
             restart_seconds: 360,
             fallback_reclaims_per_node_hour: 0.0002,
             max_spot_interruptions: 3,
-            deadline_risk_tolerance: 0.05,
+            deadline_risk_tolerance: 0.0,
             utilization_source: UtilizationSource::Worker,
             prometheus_url: String::new(),
         }
