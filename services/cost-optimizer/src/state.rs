@@ -18,16 +18,19 @@ use cost_optimizer_core::{Holding, Ledger, PricedNode, Running};
 use serde::{Deserialize, Serialize};
 use trainyard_api::{CapacityType as SpecCapacity, TrainingJob, TrainingQueue};
 use trainyard_contracts::EntityRef;
+use trainyard_contracts::alerts::{BudgetThresholdCrossed, GpusIdle, Severity};
 use trainyard_contracts::cost::{
-    AlertSeverity, BudgetState, BudgetStatusReported, BudgetThresholdCrossed, CapacityChosen,
-    CapacityInputs, CapacityType, CostLine, CostRecorded, IdleGpusDetected, IdleSuspendRequested,
-    UtilizationReported, WorkerPhase as WirePhase,
+    BudgetState, BudgetStatusReported, CapacityChosen, CapacityInputs, CapacityType, CostLine,
+    CostRecorded, IdleSuspendRequested, UtilizationReported, WorkerPhase as WirePhase,
 };
 use trainyard_contracts::decisions::AdmissionDecided;
 use trainyard_contracts::events::{Change, NodeObserved};
 use trainyard_contracts::object_key;
 
 use crate::config::{CostConfig, UtilizationSource};
+
+/// How an idle alert says the queue's policy suspends the job next.
+const SUSPEND_NEXT: &str = "; checkpointing and suspending it";
 
 /// A message to publish.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,7 +39,7 @@ pub enum Outgoing {
     Cost(EntityRef, CostRecorded),
     Budget(EntityRef, BudgetStatusReported),
     BudgetAlert(EntityRef, BudgetThresholdCrossed),
-    Idle(EntityRef, IdleGpusDetected),
+    Idle(EntityRef, GpusIdle),
     IdleSuspend(EntityRef, IdleSuspendRequested),
 }
 
@@ -809,18 +812,19 @@ impl CostState {
                         entity.clone(),
                         BudgetThresholdCrossed {
                             severity: if percent >= 100 {
-                                AlertSeverity::Critical
+                                Severity::Critical
                             } else {
-                                AlertSeverity::Warning
+                                Severity::Warning
                             },
                             threshold_percent: percent,
                             spent,
-                            amount,
+                            budget: amount,
                             currency: currency.clone(),
-                            period_start: facts.tracker.period_start.unwrap_or(at),
-                            summary: format!(
-                                "queue {name} spent {:.0}% of its {period} budget ({spent:.2} of {amount:.2} {currency})",
-                                spent / amount * 100.0
+                            queue: Some(name.clone()),
+                            message: format!(
+                                "queue {name} spent {:.0}% of its {period} budget ({spent:.2} of {amount:.2} {currency}) in the period from {}",
+                                spent / amount * 100.0,
+                                facts.tracker.period_start.unwrap_or(at).to_rfc3339()
                             ),
                         },
                     ));
@@ -899,14 +903,19 @@ impl CostState {
             );
             out.push(Outgoing::Idle(
                 job.entity.clone(),
-                IdleGpusDetected {
-                    severity: AlertSeverity::Warning,
-                    queue: job.queue.clone(),
+                GpusIdle {
+                    severity: Severity::Warning,
                     gpus: job.gpus,
-                    idle_since: since,
-                    utilization,
-                    action: if suspend { "suspend" } else { "alert" }.into(),
-                    summary: format!("{key}: {} {text}", job.gpus),
+                    idle_minutes: u32::try_from((at - since).num_minutes().max(0))
+                        .unwrap_or(u32::MAX),
+                    utilization_percent: utilization * 100.0,
+                    queue: Some(job.queue.clone()),
+                    node: None,
+                    message: format!(
+                        "{key}: {} {text}{}",
+                        job.gpus,
+                        if suspend { SUSPEND_NEXT } else { "" }
+                    ),
                 },
             ));
             if suspend && !job.suspend_requested {
@@ -993,7 +1002,14 @@ mod tests {
     fn idle_messages(out: &[Outgoing]) -> Vec<String> {
         out.iter()
             .filter_map(|o| match o {
-                Outgoing::Idle(_, alert) => Some(format!("alert: {}", alert.action)),
+                Outgoing::Idle(_, alert) => Some(format!(
+                    "alert: {}",
+                    if alert.message.ends_with(SUSPEND_NEXT) {
+                        "suspend"
+                    } else {
+                        "alert"
+                    }
+                )),
                 Outgoing::IdleSuspend(..) => Some("suspend request".to_owned()),
                 _ => None,
             })

@@ -6,9 +6,8 @@ mod common;
 
 use common::{CATALOG, eventually, node, payloads, publisher, start_with};
 use serde_json::json;
-use trainyard_contracts::cost::{
-    BudgetThresholdCrossed, CapacityChosen, CapacityType, CostRecorded,
-};
+use trainyard_contracts::alerts::BudgetThresholdCrossed;
+use trainyard_contracts::cost::{CapacityChosen, CapacityType, CostRecorded};
 use trainyard_contracts::decisions::{AdmissionDecided, WorkerPlacement};
 use trainyard_contracts::events::{TrainingJobChanged, TrainingQueueChanged};
 use trainyard_contracts::{EntityRef, Service, streams};
@@ -125,6 +124,7 @@ async fn chooses_capacity_records_cost_and_alerts_on_budget() {
     .await;
     assert_eq!(alerts[0].1.threshold_percent, 50);
     assert_eq!(alerts[1].1.threshold_percent, 100);
+    assert_eq!(alerts[0].1.queue.as_deref(), Some("team-a"));
     assert!(
         trainyard_testkit::metric(
             &runtime.registry,

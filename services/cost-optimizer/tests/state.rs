@@ -6,7 +6,8 @@ mod common;
 
 use common::{CATALOG, eventually, node, payloads, publisher, start_with};
 use serde_json::json;
-use trainyard_contracts::cost::{IdleGpusDetected, UtilizationReported, WorkerPhase};
+use trainyard_contracts::alerts::GpusIdle;
+use trainyard_contracts::cost::{UtilizationReported, WorkerPhase};
 use trainyard_contracts::decisions::{AdmissionDecided, WorkerPlacement};
 use trainyard_contracts::events::{TrainingJobChanged, TrainingQueueChanged};
 use trainyard_contracts::{Bucket, EntityRef, Service, streams};
@@ -145,14 +146,14 @@ async fn utilisation_reports_are_saved_together_and_a_restart_keeps_the_last_one
     )
     .await;
     let (alerted, alert) = eventually("an idle alert after the restart", || async {
-        payloads::<IdleGpusDetected>(&runtime, streams::ALERTS.name)
+        payloads::<GpusIdle>(&runtime, streams::ALERTS.name)
             .await
             .into_iter()
             .next()
     })
     .await;
     assert_eq!(alerted.name, "bert");
-    assert_eq!(alert.utilization, 0.03);
+    assert!((alert.utilization_percent - 3.0).abs() < 1e-9);
     runtime.shutdown.cancel();
     runtime.run_until_shutdown().await.expect("stops");
 }

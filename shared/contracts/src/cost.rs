@@ -1,13 +1,13 @@
 //! The cost-optimizer's messages: capacity decisions with their inputs and
 //! the suspension of idle jobs (decisions family), cost records, budget
-//! status per TrainingQueue, budget and idle alerts (alerts family), and the
-//! GPU utilisation workers report (worker family).
+//! status per TrainingQueue, and the GPU utilisation workers report (worker
+//! family). Its budget and idle alerts are the alerts family's
+//! (`crate::alerts`), which the notifier delivers.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::envelope::EntityRef;
-use crate::subject::{Family, entity_subject};
+use crate::subject::Family;
 
 /// Spot or on-demand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -141,53 +141,6 @@ pub struct IdleSuspendRequested {
     pub message: String,
 }
 
-/// Severity of a cost alert, the alerts family's `<severity>` token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AlertSeverity {
-    Info,
-    Warning,
-    Critical,
-}
-
-impl AlertSeverity {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AlertSeverity::Info => "info",
-            AlertSeverity::Warning => "warning",
-            AlertSeverity::Critical => "critical",
-        }
-    }
-}
-
-/// A TrainingQueue's spend crossed a threshold of its budget. The entity is
-/// the queue.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BudgetThresholdCrossed {
-    pub severity: AlertSeverity,
-    pub threshold_percent: u32,
-    pub spent: f64,
-    pub amount: f64,
-    pub currency: String,
-    pub period_start: DateTime<Utc>,
-    pub summary: String,
-}
-
-/// The entity job's GPUs are idle; `action` says what follows.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct IdleGpusDetected {
-    pub severity: AlertSeverity,
-    pub queue: String,
-    pub gpus: u32,
-    pub idle_since: DateTime<Utc>,
-    pub utilization: f64,
-    /// `alert` (nothing else happens yet) or `suspend` (checkpoint and suspend).
-    pub action: String,
-    pub summary: String,
-}
-
 /// What a worker is doing, for idle detection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -239,19 +192,3 @@ crate::payload!(
     Family::Worker,
     "utilization"
 );
-
-impl crate::envelope::Payload for BudgetThresholdCrossed {
-    const TYPE: &'static str = "cost.budget.threshold";
-    const VERSION: u32 = 1;
-    fn subject(&self, entity: &EntityRef) -> String {
-        entity_subject(Family::Alerts, self.severity.as_str(), entity)
-    }
-}
-
-impl crate::envelope::Payload for IdleGpusDetected {
-    const TYPE: &'static str = "cost.idle.detected";
-    const VERSION: u32 = 1;
-    fn subject(&self, entity: &EntityRef) -> String {
-        entity_subject(Family::Alerts, self.severity.as_str(), entity)
-    }
-}
