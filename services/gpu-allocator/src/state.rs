@@ -558,7 +558,6 @@ impl AllocatorState {
             let Some(rec) = self.jobs.get(&key).cloned() else {
                 continue;
             };
-            self.touch();
             if let Err(err) = self.submit(rec.template.clone()) {
                 tracing::warn!(job = %key, error = %err, "job not resubmitted without its capacity type");
                 continue;
@@ -1149,6 +1148,33 @@ mod tests {
         .expect("job")
     }
 
+    /// Node `s1`: `gpus` A100 on spot (n1, from `state`, is on-demand).
+    fn add_spot_node(state: &mut AllocatorState, gpus: u32) {
+        let spot: NodeObserved = serde_json::from_value(json!({
+            "change": "Applied", "allocatableGpus": gpus,
+            "labels": {"nvidia.com/gpu.product": "A100", "karpenter.sh/capacity-type": "spot"},
+            "unschedulable": false, "ready": true
+        }))
+        .expect("node");
+        state
+            .on_node(&EntityRef::new("", "s1", ""), &spot)
+            .expect("node applies");
+    }
+
+    /// The node of worker 0 of each admission in the outbox.
+    fn first_worker_nodes(state: &AllocatorState) -> Vec<String> {
+        state
+            .outbox()
+            .iter()
+            .filter_map(|o| match o {
+                Outgoing::Admission { payload, .. } => {
+                    Some(payload.placements.first()?.node.clone())
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The cost-optimizer's choice of spot.
     fn spot_chosen() -> trainyard_contracts::cost::CapacityChosen {
         serde_json::from_value(json!({
@@ -1196,15 +1222,7 @@ mod tests {
     fn a_job_with_any_capacity_is_admitted_on_the_type_the_cost_optimizer_chose() {
         let mut state = state();
         // n1 (from `state`) is on-demand: it carries no spot label.
-        let spot: NodeObserved = serde_json::from_value(json!({
-            "change": "Applied", "allocatableGpus": 8,
-            "labels": {"nvidia.com/gpu.product": "A100", "karpenter.sh/capacity-type": "spot"},
-            "unschedulable": false, "ready": true
-        }))
-        .expect("node");
-        state
-            .on_node(&EntityRef::new("", "s1", ""), &spot)
-            .expect("node applies");
+        add_spot_node(&mut state, 8);
         let chosen = spot_chosen();
         state
             .on_capacity(&entity("cheap"), &chosen)
@@ -1213,32 +1231,14 @@ mod tests {
             .on_job_changed(&entity("cheap"), &job("cheap", 4, 0, false), Timestamp(0))
             .expect("job applies");
         state.cycle(Timestamp(1));
-        let nodes: Vec<String> = state
-            .outbox()
-            .iter()
-            .filter_map(|o| match o {
-                Outgoing::Admission { payload, .. } => {
-                    Some(payload.placements.first()?.node.clone())
-                }
-                _ => None,
-            })
-            .collect();
-        assert_eq!(nodes, vec!["s1".to_string()]);
+        assert_eq!(first_worker_nodes(&state), vec!["s1".to_string()]);
     }
 
     #[test]
     fn a_chosen_capacity_type_that_can_never_hold_the_job_gives_way_to_either_type() {
         let mut state = state();
         // n1 (from `state`) is on-demand with 8 GPUs; the one spot node has 4.
-        let spot: NodeObserved = serde_json::from_value(json!({
-            "change": "Applied", "allocatableGpus": 4,
-            "labels": {"nvidia.com/gpu.product": "A100", "karpenter.sh/capacity-type": "spot"},
-            "unschedulable": false, "ready": true
-        }))
-        .expect("node");
-        state
-            .on_node(&EntityRef::new("", "s1", ""), &spot)
-            .expect("node applies");
+        add_spot_node(&mut state, 4);
         let chosen = spot_chosen();
         state
             .on_capacity(&entity("wide"), &chosen)
@@ -1263,17 +1263,7 @@ mod tests {
             .on_capacity(&entity("wide"), &chosen)
             .expect("decision applies");
         state.cycle(Timestamp(2));
-        let nodes: Vec<String> = state
-            .outbox()
-            .iter()
-            .filter_map(|o| match o {
-                Outgoing::Admission { payload, .. } => {
-                    Some(payload.placements.first()?.node.clone())
-                }
-                _ => None,
-            })
-            .collect();
-        assert_eq!(nodes, vec!["n1".to_string()]);
+        assert_eq!(first_worker_nodes(&state), vec!["n1".to_string()]);
     }
 
     #[test]
