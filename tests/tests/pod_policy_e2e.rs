@@ -151,6 +151,13 @@ impl Stack {
     /// Only the planner's `refused` submissions were dead-lettered; then
     /// everything stops.
     async fn stop(self, refused: u64) {
+        // The submitter hears its result before the planner dead-letters the
+        // submission: wait for the count before comparing it.
+        eventually("the planner's dead letters", || async {
+            (metric(&self.planner.registry, "trainyard_dead_letters_total", &[]) >= refused as f64)
+                .then_some(())
+        })
+        .await;
         for (runtime, expected) in [
             (&self.planner, refused),
             (&self.allocator, 0),
