@@ -1,7 +1,9 @@
 //! The whole Trainyard stack as separate processes, for the pipeline and
 //! trace-replay benchmarks: a `nats-server` with JetStream, optionally the
 //! simulated cluster's binary, and the service binaries from a cargo target
-//! directory. Every process is started in its own process group (so a Ctrl-C
+//! directory. NATS runs with authentication on, as deployed: the generated
+//! users and allow lists with the workers' auth callout, each service under
+//! its own user, the simulator and the benchmark itself as the operator. Every process is started in its own process group (so a Ctrl-C
 //! in the terminal reaches only the benchmark, which then stops them in
 //! order) and is killed when the [`Stack`] is dropped, so none outlives the
 //! benchmark.
@@ -19,6 +21,7 @@ use serde::Serialize;
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 use trainyard_contracts::Service;
+use trainyard_contracts::permissions::{self, CALLOUT_ISSUER_VARIABLE, Identity};
 use trainyard_contracts::streams;
 
 use crate::procstats::{self, ProcStats};
@@ -90,12 +93,90 @@ pub struct Stack {
     nats_url: Option<String>,
     /// Process name and client port of each NATS server.
     nats_nodes: Vec<(String, u16)>,
+    /// Users of the NATS servers, made when the first one starts.
+    nats_auth: Option<NatsAuth>,
     /// One program that runs any service, named by its first argument,
     /// instead of `trainyard-<service>` in `bin_dir`.
     service_program: Option<PathBuf>,
     processes: Vec<Process>,
     /// Processes killed by [`Stack::kill`] and not started again.
     stopped: Vec<Process>,
+}
+
+/// The NATS users of a stack, as `deploy/` has them: the deployment's
+/// identities with a password each (files in the work directory), and the
+/// account key the planner signs worker tokens with.
+struct NatsAuth {
+    secrets: PathBuf,
+    issuer_seed: PathBuf,
+    /// The server configuration: accounts, users, allow lists, auth callout.
+    config: String,
+    /// The variables the configuration reads the passwords and issuer from.
+    server_env: Vec<(String, String)>,
+}
+
+impl NatsAuth {
+    fn new(work: &Path) -> Result<Self, StackError> {
+        let secrets = work.join("secrets");
+        let write = |path: &Path, text: &str| {
+            std::fs::write(path, text).map_err(|source| StackError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+        };
+        std::fs::create_dir_all(&secrets).map_err(|source| StackError::Io {
+            path: secrets.clone(),
+            source,
+        })?;
+        let identities = permissions::deployment(&[]);
+        let config = permissions::server_config_with(&identities, true)
+            .map_err(|err| StackError::Nats(format!("cannot derive the permissions: {err}")))?;
+        let mut server_env = Vec::new();
+        for identity in &identities {
+            // A letter first: nats-server reads a variable's value as a
+            // configuration value, and a leading digit would make a number.
+            let password = format!("p{:032x}", rand::random::<u128>());
+            write(&secrets.join(identity.user()), &password)?;
+            server_env.push((permissions::password_variable(identity), password));
+        }
+        let issuer = nkeys::KeyPair::new_account();
+        let seed = issuer
+            .seed()
+            .map_err(|err| StackError::Nats(format!("cannot make the callout issuer: {err}")))?;
+        let issuer_seed = secrets.join("callout-issuer.nk");
+        write(&issuer_seed, &seed)?;
+        server_env.push((CALLOUT_ISSUER_VARIABLE.to_owned(), issuer.public_key()));
+        Ok(Self {
+            secrets,
+            issuer_seed,
+            config,
+            server_env,
+        })
+    }
+
+    fn password_file(&self, identity: &Identity) -> PathBuf {
+        self.secrets.join(identity.user())
+    }
+
+    /// The environment that makes a service connect as itself (and the
+    /// planner issue worker tokens).
+    fn service_env(&self, service: Service) -> Vec<(String, String)> {
+        let identity = Identity::Service(service);
+        let mut env = vec![
+            ("TRAINYARD_NATS__USER".to_owned(), identity.user()),
+            (
+                "TRAINYARD_NATS__PASSWORD_FILE".to_owned(),
+                self.password_file(&identity).to_string_lossy().into_owned(),
+            ),
+        ];
+        if service == Service::Planner {
+            env.push((
+                "TRAINYARD_PLANNER__WORKER_CREDENTIALS_SEED_FILE".to_owned(),
+                self.issuer_seed.to_string_lossy().into_owned(),
+            ));
+        }
+        env
+    }
 }
 
 /// A loopback TCP port that was free a moment ago.
@@ -131,6 +212,7 @@ impl Stack {
             log_level: log_level.to_owned(),
             nats_url: None,
             nats_nodes: Vec::new(),
+            nats_auth: None,
             service_program: None,
             processes: Vec::new(),
             stopped: Vec::new(),
@@ -271,25 +353,21 @@ impl Stack {
         }
     }
 
-    /// Starts `nats-server` (from PATH) with JetStream on a free loopback port
-    /// and waits until it accepts connections; returns its URL. `max_payload`
-    /// raises the server's message size limit (1 MiB by default).
+    /// Starts `nats-server` (from PATH) with JetStream and the stack's users
+    /// on a free loopback port and waits until it accepts connections;
+    /// returns its URL. `max_payload` raises the server's message size limit
+    /// (1 MiB by default).
     pub async fn start_nats(&mut self, max_payload: Option<u64>) -> Result<String, StackError> {
         let port = free_port()?;
         let store = self.work.path().join("jetstream");
-        let mut args = Vec::new();
+        let mut text = String::new();
         if let Some(bytes) = max_payload {
-            // No command-line flag sets it; only a configuration file does.
-            let config = self.work.path().join("nats.conf");
-            std::fs::write(&config, format!("max_payload: {bytes}\n")).map_err(|source| {
-                StackError::Io {
-                    path: config.clone(),
-                    source,
-                }
-            })?;
-            args.extend(["-c".to_owned(), config.to_string_lossy().into_owned()]);
+            text.push_str(&format!("max_payload: {bytes}\n"));
         }
-        args.extend([
+        let config = self.write_nats_config("nats.conf", text)?;
+        let args = [
+            "-c".to_owned(),
+            config.to_string_lossy().into_owned(),
             "-js".to_owned(),
             "-a".to_owned(),
             "127.0.0.1".to_owned(),
@@ -297,14 +375,73 @@ impl Stack {
             port.to_string(),
             "-sd".to_owned(),
             store.to_string_lossy().into_owned(),
-        ]);
-        self.spawn("nats-server", "nats-server".into(), &args, &[], None)?;
+        ];
+        let env = self.nats_server_env();
+        self.spawn("nats-server", "nats-server".into(), &args, &env, None)?;
         self.wait_listening("nats-server", port, Duration::from_secs(10))
             .await?;
         let url = format!("nats://127.0.0.1:{port}");
         self.nats_url = Some(url.clone());
         self.nats_nodes = vec![("nats-server".to_owned(), port)];
         Ok(url)
+    }
+
+    /// Writes a server configuration file `name` of `text` followed by the
+    /// stack's users.
+    fn write_nats_config(&mut self, name: &str, mut text: String) -> Result<PathBuf, StackError> {
+        if self.nats_auth.is_none() {
+            self.nats_auth = Some(NatsAuth::new(self.work.path())?);
+        }
+        if let Some(auth) = &self.nats_auth {
+            text.push_str(&auth.config);
+        }
+        let path = self.work.path().join(name);
+        std::fs::write(&path, text).map_err(|source| StackError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(path)
+    }
+
+    fn nats_server_env(&self) -> Vec<(String, String)> {
+        self.nats_auth
+            .as_ref()
+            .map(|auth| auth.server_env.clone())
+            .unwrap_or_default()
+    }
+
+    /// A client of the stack's NATS as the operator (who may do anything), for
+    /// the benchmark's own submissions and reads.
+    pub async fn connect(&self) -> Result<async_nats::Client, StackError> {
+        let (url, auth) = self
+            .nats_url
+            .as_ref()
+            .zip(self.nats_auth.as_ref())
+            .ok_or_else(|| StackError::Nats("start NATS first".into()))?;
+        let identity = Identity::Operator;
+        let password_file = auth.password_file(&identity);
+        let password =
+            std::fs::read_to_string(&password_file).map_err(|source| StackError::Io {
+                path: password_file,
+                source,
+            })?;
+        async_nats::ConnectOptions::with_user_and_password(identity.user(), password)
+            .custom_inbox_prefix(identity.inbox_prefix())
+            .connect(trainyard_runtime::nats::servers(url))
+            .await
+            .map_err(|err| StackError::Nats(format!("cannot connect to {url}: {err}")))
+    }
+
+    /// How a service running in the benchmark's own process connects to the
+    /// stack's NATS as itself: the URL, its user and its password file.
+    pub fn service_nats(&self, service: Service) -> Result<(String, String, PathBuf), StackError> {
+        let (url, auth) = self
+            .nats_url
+            .as_ref()
+            .zip(self.nats_auth.as_ref())
+            .ok_or_else(|| StackError::Nats("start NATS first".into()))?;
+        let identity = Identity::Service(service);
+        Ok((url.clone(), identity.user(), auth.password_file(&identity)))
     }
 
     /// Starts `nodes` `nats-server`s (processes and server names `nats-0`,
@@ -335,17 +472,14 @@ impl Stack {
             } else {
                 String::new()
             };
-            let config = self.work.path().join(format!("{name}.conf"));
             let text = format!(
                 "server_name: {name}\nlisten: 127.0.0.1:{client}\njetstream {{\n  store_dir: \"{}\"\n  {jetstream_options}\n}}\n{cluster}",
                 store.display()
             );
-            std::fs::write(&config, text).map_err(|source| StackError::Io {
-                path: config.clone(),
-                source,
-            })?;
+            let config = self.write_nats_config(&format!("{name}.conf"), text)?;
             let args = ["-c".to_owned(), config.to_string_lossy().into_owned()];
-            self.spawn(&name, "nats-server".into(), &args, &[], None)?;
+            let env = self.nats_server_env();
+            self.spawn(&name, "nats-server".into(), &args, &env, None)?;
             self.nats_nodes.push((name, *client));
         }
         for (name, port) in self.nats_nodes.clone() {
@@ -460,6 +594,16 @@ impl Stack {
         if let Some(url) = &self.nats_url {
             args.extend(["--nats-url".to_owned(), url.clone()]);
         }
+        if let Some(auth) = &self.nats_auth {
+            args.extend([
+                "--nats-user".to_owned(),
+                Identity::Operator.user(),
+                "--nats-password-file".to_owned(),
+                auth.password_file(&Identity::Operator)
+                    .to_string_lossy()
+                    .into_owned(),
+            ]);
+        }
         let env = [("RUST_LOG".to_owned(), self.log_level.clone())];
         let program = self.bin_dir.join("trainyard-simulator");
         self.spawn("simulator", program, &args, &env, None)?;
@@ -516,6 +660,9 @@ impl Stack {
                 self.log_level.clone(),
             ),
         ];
+        if let Some(auth) = &self.nats_auth {
+            all.extend(auth.service_env(service));
+        }
         all.extend(env.iter().cloned());
         let (program, args) = match &self.service_program {
             Some(program) => (program.clone(), vec![service.name().to_owned()]),

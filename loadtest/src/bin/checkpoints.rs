@@ -263,7 +263,7 @@ async fn main() -> anyhow::Result<()> {
         .await?
         .error_for_status()?;
     let mut stack = Stack::new(&bin_dir, "warn")?;
-    let nats_url = stack.start_nats(None).await?;
+    stack.start_nats(None).await?;
     let env = [
         ("S3_ENDPOINT", moto.endpoint.as_str()),
         ("S3_REGION", "us-east-1"),
@@ -309,7 +309,7 @@ async fn main() -> anyhow::Result<()> {
         .find(|p| p.name == Service::CheckpointManager.name())
         .map(|p| p.pid)
         .context("checkpoint-manager is running")?;
-    let client = async_nats::connect(&nats_url).await?;
+    let client = stack.connect().await?;
     let mut publisher = Publisher {
         js: jetstream::new(client.clone()),
         acks: Vec::new(),

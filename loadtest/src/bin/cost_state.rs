@@ -108,11 +108,14 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let deadline = Instant::now() + Duration::from_secs(args.max_wall_secs);
     let mut stack = Stack::new(Path::new("."), "warn")?;
-    let url = stack.start_nats(None).await?;
+    stack.start_nats(None).await?;
+    let (url, user, password_file) = stack.service_nats(Service::CostOptimizer)?;
     let catalog = stack.work_dir().join("price-catalog.yaml");
     std::fs::write(&catalog, CATALOG).context("writing the price catalog")?;
     let mut settings = Settings::default();
     settings.nats.url = url;
+    settings.nats.user = Some(user);
+    settings.nats.password_file = Some(password_file.display().to_string());
     settings.http.listen = "127.0.0.1:0".to_string();
     let runtime =
         Runtime::start(Service::CostOptimizer, settings, CancellationToken::new()).await?;
@@ -124,16 +127,11 @@ async fn main() -> anyhow::Result<()> {
     };
     let save_interval = config.state_save_interval_ms;
     trainyard_cost_optimizer::start(&runtime, config).await?;
-    let watcher = Publisher::new(
-        runtime.jetstream.clone(),
-        Service::Watcher,
-        runtime.metrics.clone(),
-    );
-    let allocator = Publisher::new(
-        runtime.jetstream.clone(),
-        Service::GpuAllocator,
-        runtime.metrics.clone(),
-    );
+    // The benchmark speaks for the watcher and the allocator as the operator:
+    // the cost-optimizer's own user may not publish their subjects.
+    let operator = async_nats::jetstream::new(stack.connect().await?);
+    let watcher = Publisher::new(operator.clone(), Service::Watcher, runtime.metrics.clone());
+    let allocator = Publisher::new(operator, Service::GpuAllocator, runtime.metrics.clone());
     for i in 0..NODES {
         let (name, capacity) = if i % 2 == 0 {
             (format!("spot-{i}"), "spot")

@@ -37,7 +37,7 @@ use rand::Rng;
 use serde_json::Value;
 use trainyard_api::TrainingJobState;
 use trainyard_contracts::lifecycle::{TrainingJobTransitioned, TransitionContext};
-use trainyard_contracts::{EntityRef, Envelope};
+use trainyard_contracts::{EntityRef, Envelope, Service};
 use trainyard_loadtest::procstats;
 use trainyard_loadtest::stack::{Stack, default_bin_dir, free_port};
 use trainyard_stats::SortedSamples;
@@ -282,7 +282,8 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     let mut stack = Stack::new(&bin_dir, "warn")?;
-    let nats_url = stack.start_nats(None).await?;
+    stack.start_nats(None).await?;
+    let (nats_url, nats_user, nats_password_file) = stack.service_nats(Service::Notifier)?;
     let received: Shared = Arc::default();
     let app = axum::Router::new()
         .route("/hooks/{channel}", post(slack))
@@ -311,6 +312,8 @@ async fn main() -> anyhow::Result<()> {
             .arg("--config")
             .arg(dir.join("notifier.toml"))
             .env("TRAINYARD_NATS__URL", &nats_url)
+            .env("TRAINYARD_NATS__USER", &nats_user)
+            .env("TRAINYARD_NATS__PASSWORD_FILE", &nats_password_file)
             .env("TRAINYARD_HTTP__LISTEN", format!("127.0.0.1:{http}"))
             .env("TRAINYARD_TELEMETRY__LOG_LEVEL", "warn")
             .env("TRAINYARD_NOTIFIER__REPLICA_ID", format!("replica-{r}"))
@@ -342,7 +345,7 @@ async fn main() -> anyhow::Result<()> {
         }
     }
 
-    let js = async_nats::jetstream::new(async_nats::connect(&nats_url).await?);
+    let js = async_nats::jetstream::new(stack.connect().await?);
     let mut published: HashMap<String, DateTime<Utc>> = HashMap::new();
     let mut expected_per_channel: BTreeMap<String, u64> = BTreeMap::new();
     let burst = Instant::now();

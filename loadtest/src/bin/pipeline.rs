@@ -149,6 +149,9 @@ struct PipelineReport {
     planner_handle: BTreeMap<String, HandleTime>,
     /// The planner's `trainyard_planner_actions_total`, by action.
     planner_actions: BTreeMap<String, f64>,
+    /// The planner's answers to workers' NATS connections
+    /// (`trainyard_planner_worker_auth_total`), by outcome.
+    worker_auth: BTreeMap<String, f64>,
     processes: Vec<ProcessStats>,
     timed_out: bool,
 }
@@ -182,7 +185,7 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn run(args: &Args, stack: &mut Stack) -> anyhow::Result<PipelineReport> {
-    let nats_url = stack.start_nats(args.nats_max_payload).await?;
+    stack.start_nats(args.nats_max_payload).await?;
     let cluster = workload::cluster_config(args.nodes, args.gpus_per_node, args.speed);
     let total_gpus = args.nodes * args.gpus_per_node;
     let kubeconfig = stack
@@ -197,7 +200,7 @@ async fn run(args: &Args, stack: &mut Stack) -> anyhow::Result<PipelineReport> {
         stack.work_dir().display()
     );
     let client = stack::kube_client(&std::fs::read_to_string(&kubeconfig)?).await?;
-    let nats = async_nats::connect(&nats_url).await?;
+    let nats = stack.connect().await?;
     let js = jetstream::new(nats.clone());
     let queue = workload::training_queue("default", total_gpus)?;
     Api::<trainyard_api::TrainingQueue>::all(client.clone())
@@ -250,7 +253,7 @@ async fn run(args: &Args, stack: &mut Stack) -> anyhow::Result<PipelineReport> {
     let run_seconds = start.elapsed().as_secs_f64();
     // Read before anything stops: peak RSS and CPU time so far.
     let processes = stack.stats();
-    let (planner_handle, planner_actions) = planner_figures(stack).await;
+    let (planner_handle, planner_actions, worker_auth) = planner_figures(stack).await;
     stop.cancel();
     let samples = sampler.await.context("sampler")?;
 
@@ -298,6 +301,7 @@ async fn run(args: &Args, stack: &mut Stack) -> anyhow::Result<PipelineReport> {
         events,
         planner_handle,
         planner_actions,
+        worker_auth,
         processes,
         timed_out,
     })
@@ -305,14 +309,30 @@ async fn run(args: &Args, stack: &mut Stack) -> anyhow::Result<PipelineReport> {
 
 /// Where the planner spends its time, per consumer, and what it did, by
 /// action, from its `/metrics`.
-async fn planner_figures(stack: &Stack) -> (BTreeMap<String, HandleTime>, BTreeMap<String, f64>) {
+type PlannerFigures = (
+    BTreeMap<String, HandleTime>,
+    BTreeMap<String, f64>,
+    BTreeMap<String, f64>,
+);
+
+async fn planner_figures(stack: &Stack) -> PlannerFigures {
     let metrics = match stack.metrics(Service::Planner).await {
         Ok(metrics) => metrics,
         Err(err) => {
             eprintln!("warning: planner metrics unavailable: {err}");
-            return (BTreeMap::new(), BTreeMap::new());
+            return Default::default();
         }
     };
+    let worker_auth = ["authorized", "refused", "unanswered"]
+        .into_iter()
+        .map(|outcome| {
+            let series = format!("trainyard_planner_worker_auth_total{{outcome=\"{outcome}\"}}");
+            (
+                outcome.to_owned(),
+                stack::metric_value(&metrics, &series).unwrap_or(0.0),
+            )
+        })
+        .collect();
     let actions = [
         "apply",
         "apply_unchanged",
@@ -355,7 +375,7 @@ async fn planner_figures(stack: &Stack) -> (BTreeMap<String, HandleTime>, BTreeM
             })
         })
         .collect();
-    (handle, actions)
+    (handle, actions, worker_auth)
 }
 
 fn lock(seen: &Mutex<Seen>) -> std::sync::MutexGuard<'_, Seen> {
@@ -644,6 +664,13 @@ fn print_report(r: &PipelineReport) {
             .map(|(action, n)| format!("{action} {:.2}", n / jobs))
             .collect::<Vec<_>>()
             .join(", ")
+    );
+    let auth = |outcome: &str| r.worker_auth.get(outcome).copied().unwrap_or(0.0);
+    println!(
+        "NATS authentication on: each service under its own user; worker connections authorized {}, refused {}, unanswered {}",
+        auth("authorized"),
+        auth("refused"),
+        auth("unanswered")
     );
     println!(
         "\n{:<20} {:>8} {:>12} {:>14}",

@@ -115,8 +115,8 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn run(args: &Args, stack: &mut Stack) -> anyhow::Result<Report> {
-    let nats_url = stack.start_nats(None).await?;
-    let nats = async_nats::connect(nats_url.as_str()).await?;
+    stack.start_nats(None).await?;
+    let nats = stack.connect().await?;
     let js = jetstream::new(nats);
     let cluster = workload::cluster_config(1, 8, args.speed);
     let kubeconfig = stack

@@ -201,7 +201,7 @@ async fn run(
     stack: &mut Stack,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<ReplayOutput> {
-    let nats_url = stack.start_nats(None).await?;
+    stack.start_nats(None).await?;
     let mut cluster_config = workload::cluster_config(args.nodes, args.gpus_per_node, args.speed);
     if args.checkpoint_every > 0 {
         cluster_config.checkpoints.root = Some(stack.work_dir().join("checkpoints"));
@@ -211,7 +211,7 @@ async fn run(
     let simulator = Simulator::start(
         cluster_config,
         "127.0.0.1:0",
-        Some(async_nats::connect(&nats_url).await?),
+        Some(stack.connect().await?),
         shutdown.clone(),
     )
     .await?;
@@ -230,7 +230,7 @@ async fn run(
     }
     stack.wait_ready(Duration::from_secs(60)).await?;
     let client = stack::kube_client(&simulator.kubeconfig()).await?;
-    let js = jetstream::new(async_nats::connect(&nats_url).await?);
+    let js = jetstream::new(stack.connect().await?);
     let queues: BTreeSet<&str> = jobs
         .iter()
         .map(|j| j.queue.as_deref().unwrap_or(DEFAULT_QUEUE))

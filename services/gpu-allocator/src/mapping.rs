@@ -7,12 +7,11 @@ use chrono::{DateTime, Utc};
 use gpu_allocator_core::{
     Admission, AgingPolicy, BudgetHold, CapacityType, CpuMemory, Event, FlavorQuota, FlavorSpec,
     GpuSliceRequest, JobSpec, JobUid, NodeInfo, NodeKey, NodeOperator, NodeRequirement,
-    NodeSelectorTerm, PendingReason, PodPolicy, PodRequest, PodRequestKind, Preemption,
-    PreemptionRule, QueuePreemption, QueueSpec, QueueUsage, ResourceQuota, Taint, TaintEffect,
-    Timestamp, Toleration, TolerationOperator, TopologyRequirement, Victim, names,
+    NodeSelectorTerm, PendingReason, PodPolicy, Preemption, PreemptionRule, QueuePreemption,
+    QueueSpec, QueueUsage, ResourceQuota, Taint, TaintEffect, Timestamp, Toleration,
+    TolerationOperator, TopologyRequirement, Victim, names,
 };
 use k8s_openapi::api::core::v1::ResourceRequirements;
-use trainyard_api::PodRequestKind as ApiRequestKind;
 use trainyard_api::quantity::{self, QuantityError};
 use trainyard_api::{
     DEFAULT_AGING_STEP, ReclaimWithinCohort, TrainingJob, TrainingQueue, WithinQueuePreemption,
@@ -48,37 +47,9 @@ pub fn queue_preemption(
 
 /// The allocator's pod policy for a TrainingQueue's `spec.podPolicy`.
 pub fn pod_policy(policy: Option<&trainyard_api::PodPolicy>) -> PodPolicy {
-    let Some(policy) = policy else {
-        return PodPolicy::default();
-    };
-    PodPolicy {
-        allowed_volume_types: policy.allowed_volume_types.clone(),
-        allowed_priority_classes: policy.allowed_priority_classes.clone(),
-        allowed_extended_resources: policy.allowed_extended_resources.clone(),
-        allow_unsafe_security_context: policy.allow_unsafe_security_context.unwrap_or(false),
-    }
-}
-
-/// What a TrainingJob's pods ask for that its queue's pod policy must allow
-/// (`trainyard_api::pod_requests`), as the core reads it.
-pub fn pod_requests(spec: &trainyard_api::TrainingJobSpec) -> Vec<PodRequest> {
-    trainyard_api::pod_requests(spec)
-        .into_iter()
-        .map(|request| PodRequest {
-            field: request.field,
-            kind: request_kind(request.kind),
-        })
-        .collect()
-}
-
-fn request_kind(kind: ApiRequestKind) -> PodRequestKind {
-    match kind {
-        ApiRequestKind::VolumeType(name) => PodRequestKind::VolumeType(name),
-        ApiRequestKind::PriorityClass(name) => PodRequestKind::PriorityClass(name),
-        ApiRequestKind::ExtendedResource(name) => PodRequestKind::ExtendedResource(name),
-        ApiRequestKind::UncountedGpuResource(name) => PodRequestKind::UncountedGpuResource(name),
-        ApiRequestKind::UnsafeSecurityContext(what) => PodRequestKind::UnsafeSecurityContext(what),
-    }
+    policy
+        .map(trainyard_api::PodPolicy::rule)
+        .unwrap_or_default()
 }
 
 /// `status.restartCount` of a TrainingJob, 0 when unset.
@@ -527,7 +498,7 @@ pub fn job_spec(
         cpu_memory_per_worker: cpu_memory_per_worker(&object, spec.resources.as_ref())?,
         preemptible: true,
         one_worker_per_node: job.workers_one_per_node(),
-        pod_requests: pod_requests(spec),
+        pod_requests: trainyard_api::pod_requests(spec),
     };
     if config.capacity_type_label.is_none()
         && let Some(capacity) = explicit
@@ -1663,7 +1634,7 @@ mod tests {
             None,
             "team-a",
             1,
-            &queue.pod_policy.refused("team-a", refused),
+            &PendingReason::pod_policy_refused(&queue.pod_policy, "team-a", refused),
             16,
         );
         let refusal = pending.pod_policy.expect("typed refusal");
@@ -1678,50 +1649,6 @@ mod tests {
                 .message
                 .starts_with("spec.scheduling.priority: TrainingQueue team-a")
         );
-    }
-
-    #[test]
-    fn the_core_and_the_api_read_a_pod_policy_alike() {
-        let names = || {
-            vec![
-                "hostPath".to_owned(),
-                "batch".to_owned(),
-                "rdma/hca".to_owned(),
-            ]
-        };
-        let policies = [
-            trainyard_api::PodPolicy::default(),
-            trainyard_api::PodPolicy {
-                allowed_volume_types: names(),
-                allowed_priority_classes: Some(names()),
-                allowed_extended_resources: names(),
-                allow_unsafe_security_context: Some(true),
-            },
-            trainyard_api::PodPolicy {
-                allowed_priority_classes: Some(Vec::new()),
-                allow_unsafe_security_context: Some(false),
-                ..trainyard_api::PodPolicy::default()
-            },
-        ];
-        let kinds = [
-            ApiRequestKind::VolumeType("hostPath".into()),
-            ApiRequestKind::VolumeType("nfs".into()),
-            ApiRequestKind::PriorityClass("batch".into()),
-            ApiRequestKind::PriorityClass("urgent".into()),
-            ApiRequestKind::ExtendedResource("rdma/hca".into()),
-            ApiRequestKind::UncountedGpuResource("nvidia.com/gpu.shared".into()),
-            ApiRequestKind::UnsafeSecurityContext("seccomp profile Unconfined".into()),
-        ];
-        for policy in &policies {
-            let core = pod_policy(Some(policy));
-            for kind in &kinds {
-                assert_eq!(
-                    core.allows(&request_kind(kind.clone())),
-                    policy.allows(kind),
-                    "{policy:?} {kind:?}"
-                );
-            }
-        }
     }
 
     #[test]

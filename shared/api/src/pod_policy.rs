@@ -13,6 +13,7 @@
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+pub use trainyard_pod_policy::{PodRequest, PodRequestKind};
 
 use crate::trainingjob::{StorageType, TrainingJobSpec};
 
@@ -94,71 +95,16 @@ pub struct PodPolicy {
     pub allow_unsafe_security_context: Option<bool>,
 }
 
-/// Something a TrainingJob's pods ask for that its queue's pod policy must allow.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct PodRequest {
-    /// The TrainingJob field asking for it, e.g. `spec.volumes[1].hostPath`.
-    pub field: String,
-    /// What it asks for.
-    pub kind: PodRequestKind,
-}
-
-/// What a [`PodRequest`] asks for.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", tag = "type", content = "name")]
-pub enum PodRequestKind {
-    /// A volume type outside [`ALWAYS_ALLOWED_VOLUME_TYPES`], e.g. `hostPath`.
-    VolumeType(String),
-    /// A PriorityClass.
-    PriorityClass(String),
-    /// An extended resource besides the job's GPUs.
-    ExtendedResource(String),
-    /// An NVIDIA GPU resource in `spec.resources` beside the job's own: no
-    /// quota would count it, so no queue allows it.
-    UncountedGpuResource(String),
-    /// A pod security setting beyond the baseline, described.
-    UnsafeSecurityContext(String),
-}
-
 impl PodPolicy {
-    /// Whether the policy allows `kind`. The gpu-allocator's core decides
-    /// admission with its own copy of this rule; a test keeps the two alike.
-    pub fn allows(&self, kind: &PodRequestKind) -> bool {
-        match kind {
-            PodRequestKind::VolumeType(name) => self.allowed_volume_types.contains(name),
-            PodRequestKind::PriorityClass(name) => self
-                .allowed_priority_classes
-                .as_ref()
-                .is_none_or(|allowed| allowed.contains(name)),
-            PodRequestKind::ExtendedResource(name) => {
-                self.allowed_extended_resources.contains(name)
-            }
-            PodRequestKind::UncountedGpuResource(_) => false,
-            PodRequestKind::UnsafeSecurityContext(_) => {
-                self.allow_unsafe_security_context.unwrap_or(false)
-            }
-        }
-    }
-
-    /// The first of `requests` the policy does not allow.
-    pub fn refusal<'r>(&self, requests: &'r [PodRequest]) -> Option<&'r PodRequest> {
-        requests.iter().find(|request| !self.allows(&request.kind))
-    }
-}
-
-impl PodRequestKind {
-    /// What is asked for, for a message: `hostPath volumes`, `PriorityClass
-    /// high-priority`, ...
-    pub fn describe(&self) -> String {
-        match self {
-            PodRequestKind::VolumeType(name) => format!("{name} volumes"),
-            PodRequestKind::PriorityClass(name) => format!("PriorityClass {name}"),
-            PodRequestKind::ExtendedResource(name) => format!("the extended resource {name}"),
-            PodRequestKind::UncountedGpuResource(name) => format!(
-                "the GPU resource {name} in spec.resources (no quota counts it; ask with gpusPerWorker, scheduling.migProfile or scheduling.allowTimeSlicing)"
-            ),
-            PodRequestKind::UnsafeSecurityContext(what) => what.clone(),
+    /// The policy with its defaults applied, as the one rule
+    /// ([`trainyard_pod_policy::PodPolicy`]) the gpu-allocator admits by
+    /// and the planner refuses submissions by.
+    pub fn rule(&self) -> trainyard_pod_policy::PodPolicy {
+        trainyard_pod_policy::PodPolicy {
+            allowed_volume_types: self.allowed_volume_types.clone(),
+            allowed_priority_classes: self.allowed_priority_classes.clone(),
+            allowed_extended_resources: self.allowed_extended_resources.clone(),
+            allow_unsafe_security_context: self.allow_unsafe_security_context.unwrap_or(false),
         }
     }
 }

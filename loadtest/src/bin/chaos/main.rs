@@ -264,12 +264,12 @@ async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Resu
     };
     let mut rng = StdRng::seed_from_u64(args.seed);
 
-    let nats_url = if scenario == Scenario::NatsCluster {
-        stack.start_nats_cluster(3, "").await?
+    if scenario == Scenario::NatsCluster {
+        stack.start_nats_cluster(3, "").await?;
     } else {
-        stack.start_nats(None).await?
-    };
-    let nats = async_nats::connect(trainyard_runtime::nats::servers(&nats_url)).await?;
+        stack.start_nats(None).await?;
+    }
+    let nats = stack.connect().await?;
     let js = jetstream::new(nats.clone());
     if scenario == Scenario::NatsCluster {
         jetstream_available(&js, Duration::from_secs(60)).await?;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::event::{PodPolicy, PodRequest, PodRequestKind};
 use crate::ids::{JobIdx, QueueIdx, ReasonIdx};
 use crate::types::{CpuMemory, JobUid, Timestamp, TopologyRequirement, is_zero};
 
@@ -296,6 +297,70 @@ impl UnschedulableCause {
 }
 
 impl PendingReason {
+    /// Why queue `queue` refuses `request`, and the fix: the reason a job
+    /// asking for it waits with.
+    pub fn pod_policy_refused(
+        policy: &PodPolicy,
+        queue: &str,
+        request: &PodRequest,
+    ) -> PendingReason {
+        let field = &request.field;
+        let (detail, fix) = match &request.kind {
+            PodRequestKind::VolumeType(name) => (
+                format!(
+                    "TrainingQueue {queue} does not allow {name} volumes (spec.podPolicy.allowedVolumeTypes: {})",
+                    listed(&policy.allowed_volume_types)
+                ),
+                format!(
+                    "remove {field}, or name a queue whose podPolicy.allowedVolumeTypes lists {name}"
+                ),
+            ),
+            PodRequestKind::PriorityClass(name) => (
+                format!(
+                    "TrainingQueue {queue} does not allow PriorityClass {name} (spec.podPolicy.allowedPriorityClasses: {})",
+                    listed(
+                        policy
+                            .allowed_priority_classes
+                            .as_deref()
+                            .unwrap_or_default()
+                    )
+                ),
+                format!(
+                    "name an allowed PriorityClass, remove {field} (the queue's default priority applies), or name a queue that allows {name}"
+                ),
+            ),
+            PodRequestKind::ExtendedResource(name) => (
+                format!(
+                    "TrainingQueue {queue} does not allow the extended resource {name} (spec.podPolicy.allowedExtendedResources: {})",
+                    listed(&policy.allowed_extended_resources)
+                ),
+                format!(
+                    "remove {field}, or name a queue whose podPolicy.allowedExtendedResources lists {name}"
+                ),
+            ),
+            PodRequestKind::UncountedGpuResource(name) => (
+                format!("{name} in spec.resources is a GPU resource no queue's quota counts there"),
+                format!(
+                    "remove {field} and ask with gpusPerWorker (MIG slices: scheduling.migProfile; shared GPUs: scheduling.allowTimeSlicing), which the queue's quota counts"
+                ),
+            ),
+            PodRequestKind::UnsafeSecurityContext(what) => (
+                format!(
+                    "TrainingQueue {queue} does not allow {what}, beyond the Pod Security Standards' baseline (spec.podPolicy.allowUnsafeSecurityContext is false)"
+                ),
+                format!(
+                    "remove {field}, or name a queue with podPolicy.allowUnsafeSecurityContext: true"
+                ),
+            ),
+        };
+        PendingReason::PodPolicyRefused {
+            queue: queue.to_owned(),
+            field: field.clone(),
+            detail,
+            fix,
+        }
+    }
+
     /// Every [`PendingReason::kind`], for gauges that show each one, zero or not.
     pub const KINDS: [&'static str; 12] = [
         "queue_not_found",
@@ -516,6 +581,15 @@ impl fmt::Display for PendingReason {
                 }
             ),
         }
+    }
+}
+
+/// A policy list for a message: `none` when empty.
+fn listed(entries: &[String]) -> String {
+    if entries.is_empty() {
+        "none".to_owned()
+    } else {
+        entries.join(", ")
     }
 }
 

@@ -173,7 +173,12 @@ pub fn check_pod_policy(
     let Some(queue) = queue else {
         return Ok(());
     };
-    let policy = queue.spec.pod_policy.clone().unwrap_or_default();
+    let policy = queue
+        .spec
+        .pod_policy
+        .as_ref()
+        .map(trainyard_api::PodPolicy::rule)
+        .unwrap_or_default();
     let requests = trainyard_api::pod_requests(&accepted.spec);
     let Some(refused) = policy.refusal(&requests) else {
         return Ok(());

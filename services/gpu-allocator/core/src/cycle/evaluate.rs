@@ -144,7 +144,11 @@ impl Policy<'_> {
         if !spec.refuses(&job.spec.namespace) {
             // Never cached: what a job asks for is its own.
             let request = spec.pod_policy.refusal(&job.spec.pod_requests)?;
-            return Some(ctx.add_reason(spec.pod_policy.refused(&q.name, request)));
+            return Some(ctx.add_reason(PendingReason::pod_policy_refused(
+                &spec.pod_policy,
+                &q.name,
+                request,
+            )));
         }
         let namespace = if spec.held() {
             ""
