@@ -338,6 +338,55 @@ impl Stack {
         Ok(started.elapsed())
     }
 
+    /// Kills `name` with SIGKILL and starts it again armed to crash at
+    /// `point` (`TRAINYARD_CRASH_AT`, e.g. `gpu-allocator.after-save:3`);
+    /// waits up to `limit` for it to get there. Returns whether it aborted
+    /// at the point; if it did not get there in time it is killed. Either
+    /// way it is left stopped, to be started again (unarmed) with
+    /// [`Stack::restart`].
+    pub async fn crash_at(
+        &mut self,
+        name: &str,
+        point: &str,
+        limit: Duration,
+    ) -> Result<bool, StackError> {
+        use std::os::unix::process::ExitStatusExt;
+
+        let index = self.index_of(name)?;
+        let mut process = self.processes.remove(index);
+        let _ = process.child.start_kill();
+        let _ = process.child.wait().await;
+        let mut env = process.env.clone();
+        env.push((
+            trainyard_runtime::crash_point::CRASH_AT_ENV.to_owned(),
+            point.to_owned(),
+        ));
+        self.spawn(
+            name,
+            process.program.clone(),
+            &process.args,
+            &env,
+            process.http,
+        )?;
+        let armed = self.processes.len() - 1;
+        // Restarted later as it was first started: unarmed.
+        self.processes[armed].env = process.env;
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Ok(Some(status)) = self.processes[armed].child.try_wait() {
+                // SIGABRT: the crash point's abort.
+                return Ok(status.signal() == Some(6));
+            }
+            if Instant::now() > deadline {
+                let child = &mut self.processes[armed].child;
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Fails if the last started process has already exited.
     fn check_alive(&mut self) -> Result<(), StackError> {
         let Some(process) = self.processes.last_mut() else {

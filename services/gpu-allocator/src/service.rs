@@ -32,13 +32,20 @@ use trainyard_contracts::events::{NodeObserved, TrainingJobChanged, TrainingQueu
 use trainyard_contracts::lifecycle::{TrainingJobFinalized, TrainingJobTransitioned};
 use trainyard_contracts::streams::ConsumerSpec;
 use trainyard_contracts::{EntityRef, Incoming, Payload};
-use trainyard_runtime::{Delivery, HandleError, Handler, Lease, Publisher};
+use trainyard_runtime::{Delivery, HandleError, Handler, Lease, Publisher, crash_point};
 
 use crate::config::AllocatorServiceConfig;
 use crate::error::ServiceError;
 use crate::metrics::AllocatorMetrics;
 use crate::snapshot::SnapshotStore;
 use crate::state::{AllocatorState, Outgoing};
+
+/// Crash points (`TRAINYARD_CRASH_AT`, chaos runs): a cycle decided, neither
+/// saved nor published; a snapshot saved, its decisions not yet published;
+/// a decision published, not yet marked as such in the outbox.
+pub const CRASH_MID_CYCLE: &str = "gpu-allocator.mid-cycle";
+pub const CRASH_AFTER_SAVE: &str = "gpu-allocator.after-save";
+pub const CRASH_AFTER_PUBLISH: &str = "gpu-allocator.after-publish";
 
 /// Seconds since the Unix epoch (the core's clock unit).
 pub fn now() -> Timestamp {
@@ -340,6 +347,10 @@ impl CycleLoop {
                 state.outbox().iter().cloned().collect::<Vec<_>>(),
             )
         };
+        if cycle {
+            // Decided, neither saved nor published.
+            crash_point::reached(CRASH_MID_CYCLE);
+        }
         if let Err(err) = self.lease.fence() {
             tracing::warn!(error = %err, "not saving or publishing");
             return;
@@ -355,6 +366,7 @@ impl CycleLoop {
             let size = bytes.len();
             match self.snapshots.save(&bytes).await {
                 Ok(stored) => {
+                    crash_point::reached(CRASH_AFTER_SAVE);
                     persisted.generation = persisted.generation.max(generation);
                     persisted.at = Some(Instant::now());
                     allocation
@@ -392,7 +404,12 @@ impl CycleLoop {
                 break;
             }
             match publish(&self.publisher, &outgoing).await {
-                Ok(()) => allocation.lock().published(outgoing.id()),
+                Ok(()) => {
+                    if outgoing.is_decision() {
+                        crash_point::reached(CRASH_AFTER_PUBLISH);
+                    }
+                    allocation.lock().published(outgoing.id())
+                }
                 Err(err) => {
                     tracing::warn!(id = outgoing.id(), error = %err, "publishing a decision failed; retrying next cycle");
                     break;

@@ -4,6 +4,7 @@
 //! dead-lettering, leases that pick one active replica, and graceful shutdown.
 
 pub mod consumer;
+pub mod crash_point;
 pub mod error;
 pub mod http;
 pub mod lease;

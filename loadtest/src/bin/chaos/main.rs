@@ -1,5 +1,6 @@
 //! Chaos runs: the whole stack as processes on the simulated cluster while a
-//! service is killed with SIGKILL at random moments and started again, while
+//! service is killed (SIGKILL at random moments, and aborts at named crash
+//! points, `trainyard_runtime::crash_point`) and started again, while
 //! the simulated API server fails and stalls writes, or while NATS nodes of a
 //! three-node cluster are killed. Afterwards it counts what the reliability
 //! targets name (see `trainyard_loadtest::chaos`): lost, failed and
@@ -42,10 +43,13 @@ use fuzz::FuzzOutcome;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
 enum Scenario {
-    /// SIGKILL the planner at random moments (20 kills during 200 jobs).
+    /// Kill the planner (20 kills during 200 jobs): in turn a SIGKILL at a
+    /// random moment and an abort after handling a message and before its
+    /// ack, on each of its consumers.
     PlannerKill,
-    /// SIGKILL the gpu-allocator at random moments (50 kills during 500
-    /// jobs of mixed priority, so that some are preempted).
+    /// Kill the gpu-allocator (50 kills during 500 jobs of mixed priority,
+    /// so that some are preempted): in turn a SIGKILL at a random moment and
+    /// an abort mid-cycle, after a save and after a publish.
     AllocatorKill,
     /// 20 % of API writes fail with 409/429/500/503 and 1 % stall 5 s.
     ApiFaults,
@@ -172,6 +176,8 @@ struct ScenarioReport {
     stream_fullness: Option<BTreeMap<String, f64>>,
     /// Services whose process exited (a panic, an abort) during the run.
     exited: Vec<String>,
+    /// Kills aimed at crash points, by point.
+    aimed_kills: BTreeMap<String, AimedKills>,
     recovery: Option<LatencySummary>,
     timed_out: bool,
 }
@@ -360,6 +366,8 @@ async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Resu
     let pauses: Vec<Duration> = (0..kills)
         .map(|_| Duration::from_millis(rng.random_range(0..1000)))
         .collect();
+    let nths: Vec<u32> = (0..kills).map(|_| rng.random_range(1..=5)).collect();
+    let mut aimed = BTreeMap::new();
     let bad = if scenario == Scenario::Fuzz {
         fuzz::messages(&mut rng)?
     } else {
@@ -387,7 +395,12 @@ async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Resu
                 }
                 Ok(recoveries)
             }
-            _ => kill_loop(stack, scenario.target(), &kill_gaps, &pauses).await,
+            _ => {
+                let (recoveries, kills) =
+                    kill_loop(stack, scenario.target(), &kill_gaps, &pauses, &nths).await?;
+                aimed = kills;
+                Ok(recoveries)
+            }
         }
     };
     let (recoveries, submitted, published) = tokio::join!(
@@ -445,6 +458,7 @@ async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Resu
         outage,
         stream_fullness: (scenario == Scenario::StoragePressure).then_some(fullness),
         exited,
+        aimed_kills: aimed,
         recovery: recovery.summary(),
         timed_out,
     })
@@ -677,20 +691,71 @@ async fn unhandled_messages(js: &jetstream::Context) -> anyhow::Result<u64> {
     Ok(total)
 }
 
+/// Where the kills of a service fall, in turn: at a random moment
+/// (SIGKILL), or at a crash point the process aborts at by itself
+/// (`TRAINYARD_CRASH_AT`): the gpu-allocator mid-cycle, after a save and
+/// after a publish; the planner after handling a message (its Kubernetes
+/// applies done) and before the ack, on each of its consumers.
+fn kill_points(target: Service) -> Vec<Option<String>> {
+    let points: Vec<String> = match target {
+        Service::GpuAllocator => [
+            trainyard_gpu_allocator::service::CRASH_MID_CYCLE,
+            trainyard_gpu_allocator::service::CRASH_AFTER_SAVE,
+            trainyard_gpu_allocator::service::CRASH_AFTER_PUBLISH,
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+        service => service
+            .consumers()
+            .iter()
+            .map(|c| trainyard_runtime::crash_point::before_ack(&c.durable))
+            .collect(),
+    };
+    std::iter::once(None)
+        .chain(points.into_iter().map(Some))
+        .collect()
+}
+
+/// Aimed kills at one crash point: tried, and how many reached it (the
+/// others were SIGKILLed at the end of the wait).
+#[derive(Debug, Default, Serialize)]
+struct AimedKills {
+    tried: u32,
+    crashed_at_point: u32,
+}
+
 /// Kills `target` after each gap and starts it again after the matching
-/// pause; returns each restart's recovery time.
+/// pause, aiming the kills at its crash points in turn (the `nths`-th time
+/// the point is reached); returns each restart's recovery time and the
+/// aimed kills by point.
 async fn kill_loop(
     stack: &mut Stack,
     target: Option<Service>,
     gaps: &[Duration],
     pauses: &[Duration],
-) -> anyhow::Result<Vec<Duration>> {
+    nths: &[u32],
+) -> anyhow::Result<(Vec<Duration>, BTreeMap<String, AimedKills>)> {
     let Some(target) = target else {
-        return Ok(Vec::new());
+        return Ok(Default::default());
     };
+    let points = kill_points(target);
     let mut recoveries = Vec::with_capacity(gaps.len());
-    for (gap, pause) in gaps.iter().zip(pauses) {
+    let mut aimed: BTreeMap<String, AimedKills> = BTreeMap::new();
+    for (((gap, pause), point), nth) in gaps.iter().zip(pauses).zip(points.iter().cycle()).zip(nths)
+    {
         tokio::time::sleep(*gap).await;
+        if let Some(point) = point {
+            let crashed = stack
+                .crash_at(
+                    target.name(),
+                    &format!("{point}:{nth}"),
+                    Duration::from_secs(60),
+                )
+                .await?;
+            let kills = aimed.entry(point.clone()).or_default();
+            kills.tried += 1;
+            kills.crashed_at_point += u32::from(crashed);
+        }
         let started = Instant::now();
         stack
             .kill_and_restart(target.name(), *pause, Duration::from_secs(60))
@@ -704,7 +769,7 @@ async fn kill_loop(
         .await?;
         recoveries.push(started.elapsed().saturating_sub(*pause));
     }
-    Ok(recoveries)
+    Ok((recoveries, aimed))
 }
 
 /// The process name of a service's second replica.
@@ -806,6 +871,17 @@ fn row(r: &ScenarioReport) -> String {
     }
     if let Some(fullness) = &r.stream_fullness {
         line.push_str(&format!("\n  stream fullness (max): {fullness:?}"));
+    }
+    if !r.aimed_kills.is_empty() {
+        let points: Vec<String> = r
+            .aimed_kills
+            .iter()
+            .map(|(point, k)| format!("{point} {} of {}", k.crashed_at_point, k.tried))
+            .collect();
+        line.push_str(&format!(
+            "\n  aimed kills (crashed at the point of tried; the rest SIGKILLed at random): {}",
+            points.join(", ")
+        ));
     }
     for name in &r.exited {
         line.push_str(&format!("\n  exited: {name}"));
