@@ -101,15 +101,17 @@ struct Suspension {
 
 impl Seen {
     /// Per attempt of every TrainingJob: how often it entered a state it
-    /// had already left within that attempt.
-    fn flaps_per_attempt(&self) -> Vec<usize> {
+    /// had already left within that attempt, and the attempt's states in
+    /// order (`job (restarts, requeues): Queued → Running → ...`).
+    fn flaps_per_attempt(&self) -> Vec<(usize, String)> {
         let mut flaps = Vec::new();
-        for history in self.history.values() {
+        for (name, history) in &self.history {
             let mut left: HashMap<Attempt, HashSet<TrainingJobState>> = HashMap::new();
-            let mut per_attempt: HashMap<Attempt, usize> = HashMap::new();
+            let mut per_attempt: HashMap<Attempt, (usize, Vec<TrainingJobState>)> = HashMap::new();
             let mut previous: Option<(Attempt, TrainingJobState)> = None;
             for &(attempt, state, _) in history {
-                let count = per_attempt.entry(attempt).or_default();
+                let (count, states) = per_attempt.entry(attempt).or_default();
+                states.push(state);
                 if left.get(&attempt).is_some_and(|l| l.contains(&state)) {
                     *count += 1;
                 }
@@ -120,7 +122,10 @@ impl Seen {
                 }
                 previous = Some((attempt, state));
             }
-            flaps.extend(per_attempt.into_values());
+            flaps.extend(per_attempt.into_iter().map(|(attempt, (count, states))| {
+                let states: Vec<String> = states.iter().map(|s| format!("{s:?}")).collect();
+                (count, format!("{name} {attempt:?}: {}", states.join(" → ")))
+            }));
         }
         flaps
     }
@@ -143,6 +148,9 @@ pub struct Counts {
     pub attempts_with_flaps: usize,
     /// Failed and lost jobs, first few, with their last state.
     pub examples: Vec<String>,
+    /// Attempts that entered states they had left more than once, first
+    /// few, with their states in order.
+    pub flap_examples: Vec<String>,
 }
 
 impl Counts {
@@ -238,13 +246,19 @@ impl Observer {
                 .values()
                 .filter(|s| s.resuspended && (!s.deleted || s.resumed_again))
                 .count(),
-            max_flaps_per_attempt: flaps.iter().copied().max().unwrap_or(0),
-            attempts_with_flaps: flaps.iter().filter(|f| **f > 0).count(),
+            max_flaps_per_attempt: flaps.iter().map(|(n, _)| *n).max().unwrap_or(0),
+            attempts_with_flaps: flaps.iter().filter(|(n, _)| *n > 0).count(),
             examples: submitted
                 .iter()
                 .filter(|n| state_of(n) != Some(TrainingJobState::Completed))
                 .take(5)
                 .map(|n| format!("{n}: {:?}", state_of(n)))
+                .collect(),
+            flap_examples: flaps
+                .iter()
+                .filter(|(n, _)| *n > 1)
+                .take(5)
+                .map(|(_, states)| states.clone())
                 .collect(),
         }
     }

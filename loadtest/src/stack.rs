@@ -179,6 +179,9 @@ impl NatsAuth {
     }
 }
 
+/// The most any stream of a benchmark's stack may hold.
+const BENCHMARK_STREAM_MAX_BYTES: i64 = 256 << 20;
+
 /// A loopback TCP port that was free a moment ago.
 pub fn free_port() -> Result<u16, StackError> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|source| StackError::Io {
@@ -711,6 +714,21 @@ impl Stack {
         ];
         if let Some(auth) = &self.nats_auth {
             all.extend(auth.service_env(service));
+        }
+        // JetStream reserves every stream's byte limit on disk up front (7.5
+        // GiB with the contract's defaults) and refuses streams beyond the
+        // free space; no run here stores more than a fraction of this.
+        for stream in streams::ALL {
+            all.push((
+                format!(
+                    "TRAINYARD_NATS__STREAM_MAX_BYTES__{}",
+                    stream.family.as_str().to_uppercase()
+                ),
+                stream
+                    .default_max_bytes
+                    .min(BENCHMARK_STREAM_MAX_BYTES)
+                    .to_string(),
+            ));
         }
         all.extend(env.iter().cloned());
         let (program, args) = match &self.service_program {

@@ -275,32 +275,7 @@ async fn main() -> anyhow::Result<()> {
             format!("TRAINYARD_CHECKPOINT_MANAGER__{key}"),
             value.to_string(),
         )
-    })
-    .into_iter()
-    // JetStream reserves every stream's byte limit on disk up front; the
-    // run needs far less than the contract defaults (7.5 GiB in all).
-    .chain(
-        [
-            "events",
-            "decisions",
-            "worker",
-            "lifecycle",
-            "commands",
-            "alerts",
-            "submit",
-            "deadletter",
-        ]
-        .map(|family| {
-            (
-                format!(
-                    "TRAINYARD_NATS__STREAM_MAX_BYTES__{}",
-                    family.to_uppercase()
-                ),
-                (512u64 << 20).to_string(),
-            )
-        }),
-    )
-    .collect::<Vec<_>>();
+    });
     stack.start_service(Service::CheckpointManager, &env)?;
     stack.wait_ready(Duration::from_secs(30)).await?;
     let manager_pid = stack

@@ -886,6 +886,9 @@ fn row(r: &ScenarioReport) -> String {
     for name in &r.exited {
         line.push_str(&format!("\n  exited: {name}"));
     }
+    for example in &r.counts.flap_examples {
+        line.push_str(&format!("\n  flapped: {example}"));
+    }
     for example in &r.counts.examples {
         line.push_str(&format!("\n  not completed: {example}"));
     }
