@@ -103,9 +103,13 @@ impl Active {
                     outbox = state.outbox().len(),
                     "restored allocator state"
                 );
+                self.metrics.restores.with_label_values(&["snapshot"]).inc();
                 state
             }
-            None => AllocatorState::new(self.config.clone())?,
+            None => {
+                self.metrics.restores.with_label_values(&["empty"]).inc();
+                AllocatorState::new(self.config.clone())?
+            }
         };
         let consumers = Service::GpuAllocator.consumers();
         for consumer in &consumers {

@@ -32,6 +32,7 @@ pub struct AllocatorMetrics {
     pub queue_borrowed: IntGaugeVec,
     pub events: IntCounterVec,
     pub snapshots: IntCounterVec,
+    pub restores: IntCounterVec,
     pub snapshot_bytes: IntGauge,
     pub outbox: IntGauge,
 }
@@ -165,6 +166,14 @@ impl AllocatorMetrics {
                 &["outcome"],
             )
             .map_err(metric_error)?,
+            restores: IntCounterVec::new(
+                Opts::new(
+                    "trainyard_allocator_restores_total",
+                    "Times this process took the lease and restored its state, by source: snapshot (the last saved) or empty (none saved yet)",
+                ),
+                &["source"],
+            )
+            .map_err(metric_error)?,
             snapshot_bytes: IntGauge::new(
                 "trainyard_allocator_snapshot_bytes",
                 "Bytes stored by the last state snapshot (compressed)",
@@ -181,6 +190,9 @@ impl AllocatorMetrics {
             .map_err(metric_error)?;
         registry
             .register(Box::new(metrics.admissions.clone()))
+            .map_err(metric_error)?;
+        registry
+            .register(Box::new(metrics.restores.clone()))
             .map_err(metric_error)?;
         registry
             .register(Box::new(metrics.preemptions.clone()))

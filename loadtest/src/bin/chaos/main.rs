@@ -178,6 +178,8 @@ struct ScenarioReport {
     exited: Vec<String>,
     /// Kills aimed at crash points, by point.
     aimed_kills: BTreeMap<String, AimedKills>,
+    /// Allocator kills: restarts that did not restore the last snapshot.
+    restarts_without_snapshot: Option<u32>,
     recovery: Option<LatencySummary>,
     timed_out: bool,
 }
@@ -235,6 +237,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(report) => {
                 let clean = report.counts.clean()
                     && report.exited.is_empty()
+                    && report.restarts_without_snapshot.unwrap_or(0) == 0
                     && (report.dead_letters.is_empty() || report.fuzz.is_some());
                 if !clean {
                     stack.keep_work_dir();
@@ -368,6 +371,7 @@ async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Resu
         .collect();
     let nths: Vec<u32> = (0..kills).map(|_| rng.random_range(1..=5)).collect();
     let mut aimed = BTreeMap::new();
+    let mut restarts_without_snapshot = None;
     let bad = if scenario == Scenario::Fuzz {
         fuzz::messages(&mut rng)?
     } else {
@@ -396,9 +400,10 @@ async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Resu
                 Ok(recoveries)
             }
             _ => {
-                let (recoveries, kills) =
+                let (recoveries, kills, without_snapshot) =
                     kill_loop(stack, scenario.target(), &kill_gaps, &pauses, &nths).await?;
                 aimed = kills;
+                restarts_without_snapshot = Some(without_snapshot);
                 Ok(recoveries)
             }
         }
@@ -459,6 +464,8 @@ async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Resu
         stream_fullness: (scenario == Scenario::StoragePressure).then_some(fullness),
         exited,
         aimed_kills: aimed,
+        restarts_without_snapshot: restarts_without_snapshot
+            .filter(|_| scenario.target() == Some(Service::GpuAllocator)),
         recovery: recovery.summary(),
         timed_out,
     })
@@ -726,20 +733,22 @@ struct AimedKills {
 
 /// Kills `target` after each gap and starts it again after the matching
 /// pause, aiming the kills at its crash points in turn (the `nths`-th time
-/// the point is reached); returns each restart's recovery time and the
-/// aimed kills by point.
+/// the point is reached); returns each restart's recovery time, the aimed
+/// kills by point and, for the gpu-allocator, the restarts that did not
+/// restore the last saved snapshot (`trainyard_allocator_restores_total`).
 async fn kill_loop(
     stack: &mut Stack,
     target: Option<Service>,
     gaps: &[Duration],
     pauses: &[Duration],
     nths: &[u32],
-) -> anyhow::Result<(Vec<Duration>, BTreeMap<String, AimedKills>)> {
+) -> anyhow::Result<(Vec<Duration>, BTreeMap<String, AimedKills>, u32)> {
     let Some(target) = target else {
         return Ok(Default::default());
     };
     let points = kill_points(target);
     let mut recoveries = Vec::with_capacity(gaps.len());
+    let mut restarts_without_snapshot = 0;
     let mut aimed: BTreeMap<String, AimedKills> = BTreeMap::new();
     for (((gap, pause), point), nth) in gaps.iter().zip(pauses).zip(points.iter().cycle()).zip(nths)
     {
@@ -768,8 +777,15 @@ async fn kill_loop(
         )
         .await?;
         recoveries.push(started.elapsed().saturating_sub(*pause));
+        if target == Service::GpuAllocator {
+            let metrics = stack.metrics(target).await?;
+            let series = "trainyard_allocator_restores_total{source=\"snapshot\"}";
+            if stack::metric_value(&metrics, series).unwrap_or(0.0) < 1.0 {
+                restarts_without_snapshot += 1;
+            }
+        }
     }
-    Ok((recoveries, aimed))
+    Ok((recoveries, aimed, restarts_without_snapshot))
 }
 
 /// The process name of a service's second replica.
@@ -871,6 +887,12 @@ fn row(r: &ScenarioReport) -> String {
     }
     if let Some(fullness) = &r.stream_fullness {
         line.push_str(&format!("\n  stream fullness (max): {fullness:?}"));
+    }
+    if let Some(n) = r.restarts_without_snapshot {
+        line.push_str(&format!(
+            "\n  restarts that did not restore the last snapshot: {n} of {}",
+            r.kills
+        ));
     }
     if !r.aimed_kills.is_empty() {
         let points: Vec<String> = r
