@@ -80,6 +80,10 @@ pub struct JobSettings {
     /// The Sweep whose trial the job is: registered only as the Sweep's best.
     #[serde(default)]
     pub sweep: Option<String>,
+    /// Where a checkpoint volume keeps the job's checkpoints, as the
+    /// registry names them (`pvc://<claim>/<directory>`); none on object storage.
+    #[serde(default)]
+    pub volume_location: Option<String>,
 }
 
 /// The message a decision answers: its causation, and the ids of what it
@@ -267,6 +271,10 @@ fn settings_of(job: &TrainingJob) -> Option<JobSettings> {
             .as_ref()
             .and_then(|a| a.get(trainyard_api::ANNOTATION_MODEL_NAME).cloned()),
         sweep: sweep_of(job),
+        volume_location: job.spec.checkpoint_volume_location(
+            job.metadata.namespace.as_deref().unwrap_or_default(),
+            job.metadata.name.as_deref().unwrap_or_default(),
+        ),
     })
 }
 
@@ -291,13 +299,6 @@ fn sweep_of(job: &TrainingJob) -> Option<String> {
 
 /// The label the planner puts on a Sweep's trials, naming the Sweep.
 pub const SWEEP_LABEL: &str = "trainyard.dev/sweep";
-
-/// True when `uri` lies under `base` (the same path, or below it).
-pub fn within(base: &str, uri: &str) -> bool {
-    let base = base.trim_end_matches('/');
-    uri.strip_prefix(base)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-}
 
 fn method_of(method: Method) -> VerificationMethod {
     match method {
@@ -1030,7 +1031,7 @@ impl Manager {
                 count: tracked,
             })
         };
-        if !within(&settings.base, &report.uri) {
+        if !registration::within(&settings.base, &report.uri) {
             return Ok(vec![rejected(format!(
                 "uri {} is outside the job's checkpoint storage {}; write checkpoints under it (checkpoint.storage)",
                 report.uri, settings.base
@@ -1259,7 +1260,11 @@ impl Manager {
                 return Ok(None);
             }
         };
-        let source = chosen.uri.clone();
+        let source = registration::source(
+            &chosen.uri,
+            &settings.base,
+            settings.volume_location.as_deref(),
+        );
         if let Some(model) = record
             .model
             .as_ref()
@@ -1562,18 +1567,5 @@ impl Handler for ManagerHandler {
             tracing::warn!(category = err.category(), error = %err, "message not handled");
             HandleError::from(err)
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_checkpoint_must_lie_under_the_jobs_storage() {
-        assert!(within("s3://b/ml/bert", "s3://b/ml/bert/step-10"));
-        assert!(within("/checkpoints/", "/checkpoints/step-10"));
-        assert!(!within("s3://b/ml/bert", "s3://b/ml/bert-2/step-10"));
-        assert!(!within("/checkpoints", "/tmp/step-10"));
     }
 }

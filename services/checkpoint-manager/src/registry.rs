@@ -166,7 +166,7 @@ impl Registry {
 pub fn refusal(err: &MlflowError, model: &str, source: &str) -> String {
     let fix = match err.operation() {
         "create_model_version" => format!(
-            "the registry does not take {source} as a model version source (it refuses local paths outside a run's artifacts); store the job's checkpoints in object storage (checkpoint.storage.type s3 or gcs)"
+            "the registry does not take {source} as a model version source; MLflow takes object storage URIs and pvc:// or nfs:// addresses, and a local path only inside the run's artifacts"
         ),
         "set_model_alias" => "set checkpoint_manager.model_alias to a valid alias (letters, digits, _ and -; not latest or v<number>), or empty for none".to_string(),
         _ => format!(

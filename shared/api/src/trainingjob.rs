@@ -671,6 +671,20 @@ const ABSOLUTE_PATH_PATTERN: &str = "^/";
 /// Mount path of the checkpoint volume when `storage.mountPath` is unset.
 pub const DEFAULT_CHECKPOINT_MOUNT_PATH: &str = "/checkpoints";
 
+/// Name of the PersistentVolumeClaim holding a job's checkpoints when its spec
+/// names no storage: it lives as long as the TrainingJob, across attempts.
+pub fn checkpoint_claim_name(training_job: &str) -> String {
+    format!("{training_job}-checkpoints")
+}
+
+/// The directory of a TrainingJob's checkpoints on a shared checkpoint
+/// volume (`pvc` with `claimName`, `nfs`): `<namespace>/<job>`, the default
+/// S3 prefix's shape, so jobs naming one claim or export (a Sweep's trials)
+/// keep their checkpoints apart. The kubelet creates it on first mount.
+pub fn checkpoint_volume_sub_path(namespace: &str, training_job: &str) -> String {
+    format!("{namespace}/{training_job}")
+}
+
 /// Scheduling policies.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -1293,6 +1307,40 @@ impl TrainingJobSpec {
             .unwrap_or(false)
     }
 
+    /// Where the checkpoint volume keeps this job's checkpoints (the
+    /// directory its workers see at the mount path), as an address a model
+    /// registry or a model server can name: `pvc://<claim>/<directory>`
+    /// (KServe's form, the claim in the job's namespace) or
+    /// `nfs://<server><export>/<directory>`. None without checkpointing and
+    /// for object storage, whose URIs already are such addresses.
+    pub fn checkpoint_volume_location(&self, namespace: &str, name: &str) -> Option<String> {
+        if !self.checkpointing_enabled() {
+            return None;
+        }
+        let storage = self.checkpoint.as_ref().and_then(|c| c.storage.as_ref());
+        let Some(storage) = storage else {
+            return Some(format!("pvc://{}", checkpoint_claim_name(name)));
+        };
+        let directory = checkpoint_volume_sub_path(namespace, name);
+        match storage.storage_type {
+            StorageType::Pvc => Some(format!(
+                "pvc://{}/{directory}",
+                storage.claim_name.as_deref().unwrap_or_default()
+            )),
+            StorageType::Nfs => {
+                let server = storage.nfs_server.as_deref().unwrap_or_default();
+                let export = storage.nfs_path.as_deref().unwrap_or_default();
+                let export = export.trim_matches('/');
+                Some(if export.is_empty() {
+                    format!("nfs://{server}/{directory}")
+                } else {
+                    format!("nfs://{server}/{export}/{directory}")
+                })
+            }
+            StorageType::S3 | StorageType::Gcs => None,
+        }
+    }
+
     /// `checkpoint.frequency`, defaulting to every epoch.
     pub fn checkpoint_frequency(&self) -> CheckpointFrequency {
         self.checkpoint
@@ -1578,6 +1626,41 @@ mod tests {
             };
             assert_eq!(spec.is_tensorboard_enabled(), kept);
         }
+    }
+
+    #[test]
+    fn a_checkpoint_volume_is_located_by_its_claim_or_export_and_the_jobs_directory() {
+        let spec = |checkpoint: serde_json::Value| -> TrainingJobSpec {
+            serde_json::from_value(serde_json::json!({
+                "model": "bert", "dataset": "wiki", "numWorkers": 1, "gpusPerWorker": 1,
+                "checkpoint": checkpoint
+            }))
+            .expect("a spec")
+        };
+        let located = |checkpoint| spec(checkpoint).checkpoint_volume_location("ml", "bert-ft");
+        assert_eq!(
+            located(serde_json::json!({"enabled": true})).as_deref(),
+            Some("pvc://bert-ft-checkpoints")
+        );
+        assert_eq!(
+            located(serde_json::json!({"enabled": true, "storage": {"type": "pvc", "claimName": "shared"}})).as_deref(),
+            Some("pvc://shared/ml/bert-ft")
+        );
+        assert_eq!(
+            located(serde_json::json!({"enabled": true, "storage": {"type": "nfs", "nfsServer": "10.0.0.5", "nfsPath": "/exports/ckpt/"}})).as_deref(),
+            Some("nfs://10.0.0.5/exports/ckpt/ml/bert-ft")
+        );
+        assert_eq!(
+            located(serde_json::json!({"enabled": true, "storage": {"type": "nfs", "nfsServer": "nas", "nfsPath": "/"}})).as_deref(),
+            Some("nfs://nas/ml/bert-ft")
+        );
+        assert_eq!(
+            located(
+                serde_json::json!({"enabled": true, "storage": {"type": "s3", "s3Bucket": "b"}})
+            ),
+            None
+        );
+        assert_eq!(located(serde_json::json!({"enabled": false})), None);
     }
 
     #[test]

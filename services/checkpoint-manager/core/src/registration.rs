@@ -29,6 +29,29 @@ pub fn candidate<'a>(
         .or_else(|| checkpoints.latest_verified())
 }
 
+/// The model version source of checkpoint `uri`: for one on a volume (under
+/// `base`, the mount path) the volume's cluster address `location`
+/// (`pvc://<claim>/<directory>`, ...) followed by the rest of its path, since
+/// a path inside a worker pod means nothing to the registry or to a model
+/// server; any other URI (object storage) as it is.
+pub fn source(uri: &str, base: &str, location: Option<&str>) -> String {
+    match (location, relative_to(base, uri)) {
+        (Some(location), Some(rest)) => format!("{}{rest}", location.trim_end_matches('/')),
+        _ => uri.to_string(),
+    }
+}
+
+/// True when `uri` lies under `base` (the same path, or below it).
+pub fn within(base: &str, uri: &str) -> bool {
+    relative_to(base, uri).is_some()
+}
+
+/// The rest of `uri` below `base` (empty, or starting with `/`).
+fn relative_to<'a>(base: &str, uri: &'a str) -> Option<&'a str> {
+    uri.strip_prefix(base.trim_end_matches('/'))
+        .filter(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
 /// The version among `versions` (version, source) whose source is `source`:
 /// registering the same checkpoint twice reuses it. The oldest wins when
 /// concurrent registrations made two.
@@ -137,6 +160,38 @@ mod tests {
         );
         assert_eq!(model_name("models.{name}", "ml", "bert"), "models.bert");
         assert_eq!(model_name(" {namespace} ", "ml", "bert"), "ml");
+    }
+
+    #[test]
+    fn a_volume_checkpoint_is_registered_at_its_volumes_address_and_others_as_they_are() {
+        assert_eq!(
+            source(
+                "/checkpoints/step-10",
+                "/checkpoints/",
+                Some("pvc://shared/ml/bert")
+            ),
+            "pvc://shared/ml/bert/step-10"
+        );
+        assert_eq!(
+            source(
+                "/checkpoints",
+                "/checkpoints",
+                Some("pvc://bert-checkpoints/")
+            ),
+            "pvc://bert-checkpoints"
+        );
+        assert_eq!(
+            source("s3://b/ml/bert/step-10", "s3://b/ml/bert", None),
+            "s3://b/ml/bert/step-10"
+        );
+        assert_eq!(
+            source("/elsewhere/step-10", "/checkpoints", Some("pvc://c")),
+            "/elsewhere/step-10"
+        );
+        assert!(within("s3://b/ml/bert", "s3://b/ml/bert/step-10"));
+        assert!(within("/checkpoints/", "/checkpoints/step-10"));
+        assert!(!within("s3://b/ml/bert", "s3://b/ml/bert-2/step-10"));
+        assert!(!within("/checkpoints", "/tmp/step-10"));
     }
 
     #[test]

@@ -67,11 +67,7 @@ pub fn service_name(training_job: &str) -> String {
     format!("{training_job}{SERVICE_SUFFIX}")
 }
 
-/// Name of the PersistentVolumeClaim holding a job's checkpoints when its spec
-/// names no storage: it lives as long as the TrainingJob, across attempts.
-pub fn checkpoint_claim_name(training_job: &str) -> String {
-    format!("{training_job}-checkpoints")
-}
+pub use trainyard_api::trainingjob::checkpoint_claim_name;
 
 /// Name of the ConfigMap with hyperparameters and training configuration.
 pub fn config_map_name(training_job: &str) -> String {

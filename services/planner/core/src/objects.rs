@@ -19,6 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use serde::Serialize;
 use serde_json::json;
 use trainyard_api::placement::worker_pod_labels;
+use trainyard_api::trainingjob::checkpoint_volume_sub_path;
 use trainyard_api::{CheckpointFrequency, StorageType, TrainingJob, TrainingJobSpec};
 use trainyard_contracts::decisions::{
     AdmissionDecided, CheckpointIntervalAdvised, ResumePointChosen, TolerationSpec,
@@ -643,7 +644,7 @@ fn worker_volumes(
         // holds only that job's.
         let sub_path = storage
             .is_some_and(|s| matches!(s.storage_type, StorageType::Pvc | StorageType::Nfs))
-            .then(|| shared_volume_sub_path(context.namespace, context.training_job));
+            .then(|| checkpoint_volume_sub_path(context.namespace, context.training_job));
         let volume = match storage {
             Some(storage) if storage.storage_type == StorageType::Pvc => Some(Volume {
                 name: "checkpoints".to_owned(),
@@ -690,13 +691,6 @@ fn worker_volumes(
     volumes.extend(spec.volumes.iter().cloned());
     mounts.extend(spec.volume_mounts.iter().cloned());
     (volumes, mounts)
-}
-
-/// The directory of a TrainingJob's checkpoints on a shared checkpoint
-/// volume (`pvc` with `claimName`, `nfs`): `<namespace>/<job>`, the default
-/// S3 prefix's shape. The kubelet creates it on first mount.
-fn shared_volume_sub_path(namespace: &str, training_job: &str) -> String {
-    format!("{namespace}/{training_job}")
 }
 
 fn config_map_data(
