@@ -1906,8 +1906,7 @@ impl Cluster {
                 Ok(compute) => *compute,
                 Err(invalid) => {
                     self.mark_unschedulable(
-                        ns,
-                        pod_name,
+                        pod,
                         format!("{invalid} (a real API server refuses such a pod)"),
                     );
                     continue;
@@ -1954,22 +1953,31 @@ impl Cluster {
                         .collect::<Vec<_>>()
                         .join(", ");
                     let message = format!("0/{} nodes are available: {detail}.", nodes.len());
-                    self.mark_unschedulable(ns, pod_name, message);
+                    self.mark_unschedulable(pod, message);
                 }
             }
         }
     }
 
-    /// Leaves a pending pod a `PodScheduled: False` condition saying why.
-    fn mark_unschedulable(&self, namespace: &str, name: &str, message: String) {
-        let _ = self
-            .store
-            .update_as(resources::pods(), Some(namespace), name, |p: &mut Pod| {
-                p.status.get_or_insert_default().conditions = Some(vec![PodCondition {
-                    message: Some(message),
-                    ..condition_because("PodScheduled", "False", "Unschedulable")
-                }]);
-            });
+    /// Leaves a pending pod a `PodScheduled: False` condition saying why,
+    /// unless it already says so (most pending pods wait for many steps).
+    fn mark_unschedulable(&self, pod: &PodFacts, message: String) {
+        let conditions = vec![PodCondition {
+            message: Some(message),
+            ..condition_because("PodScheduled", "False", "Unschedulable")
+        }];
+        let current = pod.pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+        if current == Some(&conditions) {
+            return;
+        }
+        let _ = self.store.update_as(
+            resources::pods(),
+            Some(&pod.namespace),
+            &pod.name,
+            |p: &mut Pod| {
+                p.status.get_or_insert_default().conditions = Some(conditions);
+            },
+        );
     }
 
     /// The kubelets: bound pods start after the configured delay.
@@ -2720,6 +2728,58 @@ mod tests {
         assert!(
             err.starts_with("Pod \"p\" is invalid: spec.overhead.cpu: invalid type: boolean"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn node_affinity_and_taints_are_matched_by_the_allocators_rules() {
+        let pod = PodFacts::of(&json!({"metadata": {"name": "p"}, "spec": {
+            "containers": [],
+            "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n-1"]}]},
+                    {"matchExpressions": [{"key": "gpus", "operator": "Gt", "values": ["4"]}]},
+                    {"matchExpressions": [{"key": "gpus", "operator": "Near", "values": ["2"]}]},
+                ],
+            }}},
+        }}));
+        let needs = PodNeeds::of(&pod, Compute::default(), &[]);
+        let node = |name: &str, gpus: &str, taints: Value| {
+            NodeFacts::of(&Arc::new(json!({
+                "metadata": {"name": name, "labels": {"gpus": gpus}},
+                "spec": {"taints": taints},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            })))
+        };
+        let unmet = |facts: &NodeFacts| unmet_constraint(&needs, &NodeView::of(facts));
+        let mismatch = Some("node selector or affinity mismatch");
+        assert_eq!(
+            unmet(&node("n-1", "2", json!([]))),
+            None,
+            "named by a field"
+        );
+        assert_eq!(
+            unmet(&node("n-2", "8", json!([]))),
+            None,
+            "more than 4 GPUs"
+        );
+        assert_eq!(
+            unmet(&node("n-3", "2", json!([]))),
+            mismatch,
+            "an unknown operator matches nothing"
+        );
+        let tainted =
+            |key: &str, effect: &str| node("n-2", "8", json!([{"key": key, "effect": effect}]));
+        assert_eq!(unmet(&tainted("spot", "NoSchedule")), None, "tolerated");
+        assert_eq!(
+            unmet(&tainted("other", "PreferNoSchedule")),
+            None,
+            "only advice"
+        );
+        assert_eq!(
+            unmet(&tainted("other", "NoExecute")),
+            Some("untolerated taint")
         );
     }
 }
