@@ -16,12 +16,27 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{SecondsFormat, Utc};
+use gpu_allocator_core::{
+    NodeKey, NodeRequirement, NodeSelectorTerm, Taint, TaintEffect, Toleration, TolerationOperator,
+};
+use k8s_openapi::api::batch::v1::{Job, JobCondition};
+use k8s_openapi::api::core::v1::{
+    self as k8s, ConfigMap, Container, ContainerState, ContainerStateRunning,
+    ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, Node, NodeCondition,
+    NodeSpec, NodeStatus, Pod, PodAffinityTerm, PodCondition, PodSpec, PodStatus, Secret,
+};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use k8s_openapi::jiff::Timestamp;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde_json::{Map, Value, json};
+use serde::de::DeserializeOwned;
+use serde::de::value::StrDeserializer;
+use serde_json::Value;
 use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::TryRecvError;
-use trainyard_api::placement::{LABEL_ATTEMPT, LABEL_JOB, LABEL_WORKER_INDEX};
+use trainyard_api::placement::{self, LABEL_ATTEMPT, LABEL_JOB, LABEL_WORKER_INDEX};
 use trainyard_api::quantity::{QuantityError, bytes, cpu_millis};
 use trainyard_contracts::cost::{UtilizationReported, WorkerPhase};
 use trainyard_contracts::decisions::{RetentionApplied, RetentionExecutor};
@@ -40,6 +55,7 @@ use crate::selector::Selector;
 use crate::store::{
     Change, ChangeKind, JOB_CONTROLLER_UID_LABEL, JOB_NAME_LABEL, Propagation, Store,
 };
+use crate::typed;
 
 const GPU: &str = "nvidia.com/gpu";
 const MIG_PREFIX: &str = "nvidia.com/mig-";
@@ -56,6 +72,10 @@ const IDLE_UTILIZATION: f64 = 0.01;
 
 fn wall_clock() -> String {
     Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+fn time_now() -> Time {
+    Time(Timestamp::now())
 }
 
 /// What a simulated worker says over NATS.
@@ -239,40 +259,37 @@ pub struct Cluster {
 }
 
 /// Where the store keeps an object: its namespace (empty if cluster-scoped) and name.
-fn store_key(object: &Value) -> Option<(String, String)> {
-    let metadata = &object["metadata"];
-    let namespace = metadata["namespace"].as_str().unwrap_or_default();
-    Some((namespace.to_owned(), metadata["name"].as_str()?.to_owned()))
+fn store_key(metadata: &ObjectMeta) -> Option<(String, String)> {
+    let namespace = metadata.namespace.clone().unwrap_or_default();
+    Some((namespace, metadata.name.clone()?))
 }
 
-fn str_of<'a>(value: &'a Value, path: &[&str]) -> Option<&'a str> {
-    path.iter().fold(value, |v, p| &v[*p]).as_str()
+/// What any stored object says of itself: how the cluster still knows one
+/// that does not read as its kind.
+#[derive(Debug, Default, serde::Deserialize)]
+struct Named {
+    #[serde(default)]
+    metadata: ObjectMeta,
 }
 
 /// `"4"`, `4` or `"4000m"` as whole units.
-fn quantity(value: &Value) -> u32 {
-    match value {
-        Value::Number(n) => n.as_u64().unwrap_or(0) as u32,
-        Value::String(s) => match s.strip_suffix('m') {
-            Some(milli) => milli.parse::<u32>().map(|m| m / 1000).unwrap_or(0),
-            None => s.parse().unwrap_or(0),
-        },
-        _ => 0,
+fn quantity(value: &Quantity) -> u32 {
+    let text = value.0.as_str();
+    match text.strip_suffix('m') {
+        Some(milli) => milli.parse::<u32>().map(|m| m / 1000).unwrap_or(0),
+        None => text.parse().unwrap_or(0),
     }
 }
 
 /// Extended resources (GPUs, MIG slices) a pod asks for: limits, else requests.
-fn pod_requests(pod: &Value) -> BTreeMap<&str, u32> {
+fn pod_requests(spec: &PodSpec) -> BTreeMap<&str, u32> {
     let mut total = BTreeMap::new();
-    for container in pod["spec"]["containers"].as_array().into_iter().flatten() {
-        let resources = &container["resources"];
-        for section in ["limits", "requests"] {
-            let Some(map) = resources[section].as_object() else {
-                continue;
-            };
-            for (name, value) in map {
+    for resources in spec.containers.iter().filter_map(|c| c.resources.as_ref()) {
+        let limits = resources.limits.as_ref();
+        for (list, is_limits) in [(limits, true), (resources.requests.as_ref(), false)] {
+            for (name, value) in list.into_iter().flatten() {
                 if (name == GPU || name.starts_with(MIG_PREFIX))
-                    && (section == "limits" || resources["limits"][name].is_null())
+                    && (is_limits || limits.is_none_or(|l| !l.contains_key(name)))
                 {
                     *total.entry(name.as_str()).or_insert(0) += quantity(value);
                 }
@@ -315,27 +332,17 @@ impl Compute {
     }
 }
 
-/// A quantity as the API server reads it: text, or a bare JSON number. `field`
-/// names it in the error.
-fn parse_quantity(
-    value: &Value,
-    parse: fn(&str) -> Result<u64, QuantityError>,
-    field: impl Fn() -> String,
-) -> Result<u64, String> {
-    let parsed = match value {
-        Value::String(text) => parse(text),
-        Value::Number(number) => parse(&number.to_string()),
-        other => return Err(format!("{}: {other} is not a quantity", field())),
-    };
-    parsed.map_err(|err| format!("{}: {err}", field()))
-}
+/// A resource list (`requests`, `limits`, `overhead`, `allocatable`).
+type ResourceList = BTreeMap<String, Quantity>;
 
-/// The CPU and memory in a resource list (`requests`, `limits`, `overhead`);
-/// `path` names the list in errors (built only then: this runs on every pod change).
-fn compute_in(list: &Value, path: &dyn Fn() -> String) -> Result<Compute, String> {
-    let read = |resource: &str, parse| match &list[resource] {
-        Value::Null => Ok(0),
-        value => parse_quantity(value, parse, || format!("{}.{resource}", path())),
+/// The CPU and memory in a resource list; `path` names the list in errors
+/// (built only then: this runs on every pod change).
+fn compute_in(list: Option<&ResourceList>, path: &dyn Fn() -> String) -> Result<Compute, String> {
+    let read = |resource: &str, parse: fn(&str) -> Result<u64, QuantityError>| match list
+        .and_then(|list| list.get(resource))
+    {
+        None => Ok(0),
+        Some(value) => parse(&value.0).map_err(|err| format!("{}.{resource}: {err}", path())),
     };
     Ok(Compute {
         cpu_millis: read("cpu", cpu_millis)?,
@@ -345,22 +352,24 @@ fn compute_in(list: &Value, path: &dyn Fn() -> String) -> Result<Compute, String
 
 /// The CPU and memory requests of container `index` of `spec.<list>`. A resource
 /// with a limit and no request requests its limit, as the API server defaults it.
-fn container_compute(container: &Value, list: &str, index: usize) -> Result<Compute, String> {
-    let resources = &container["resources"];
-    let section = |section: &str| {
-        compute_in(&resources[section], &|| {
+fn container_compute(container: &Container, list: &str, index: usize) -> Result<Compute, String> {
+    let resources = container.resources.as_ref();
+    let requested = resources.and_then(|r| r.requests.as_ref());
+    let limited = resources.and_then(|r| r.limits.as_ref());
+    let section = |values, section: &str| {
+        compute_in(values, &|| {
             format!("spec.{list}[{index}].resources.{section}")
         })
     };
-    let (requests, limits) = (section("requests")?, section("limits")?);
-    let requested = |resource: &str| !resources["requests"][resource].is_null();
+    let (requests, limits) = (section(requested, "requests")?, section(limited, "limits")?);
+    let has_request = |resource: &str| requested.is_some_and(|r| r.contains_key(resource));
     Ok(Compute {
-        cpu_millis: if requested("cpu") {
+        cpu_millis: if has_request("cpu") {
             requests.cpu_millis
         } else {
             limits.cpu_millis
         },
-        memory_bytes: if requested("memory") {
+        memory_bytes: if has_request("memory") {
             requests.memory_bytes
         } else {
             limits.memory_bytes
@@ -373,18 +382,16 @@ fn container_compute(container: &Value, list: &str, index: usize) -> Result<Comp
 /// needs more while it runs, plus `spec.overhead`. Sidecars (init containers with
 /// `restartPolicy: Always`) keep running: they add to the containers and to every
 /// init container after them. An error names the quantity that does not parse.
-fn pod_compute(pod: &Value) -> Result<Compute, String> {
-    let spec = &pod["spec"];
-    let containers = |list: &str| spec[list].as_array().into_iter().flatten().enumerate();
+fn pod_compute(spec: &PodSpec) -> Result<Compute, String> {
     let mut total = Compute::default();
-    for (i, container) in containers("containers") {
+    for (i, container) in spec.containers.iter().enumerate() {
         total = total.plus(container_compute(container, "containers", i)?);
     }
     let mut sidecars = Compute::default();
     let mut largest_init = Compute::default();
-    for (i, container) in containers("initContainers") {
+    for (i, container) in spec.init_containers.iter().flatten().enumerate() {
         let requests = container_compute(container, "initContainers", i)?;
-        if container["restartPolicy"] == "Always" {
+        if container.restart_policy.as_deref() == Some("Always") {
             total = total.plus(requests);
             sidecars = sidecars.plus(requests);
             largest_init = largest_init.max(sidecars);
@@ -392,97 +399,186 @@ fn pod_compute(pod: &Value) -> Result<Compute, String> {
             largest_init = largest_init.max(requests.plus(sidecars));
         }
     }
-    let overhead = compute_in(&spec["overhead"], &|| "spec.overhead".to_owned())?;
+    let overhead = compute_in(spec.overhead.as_ref(), &|| "spec.overhead".to_owned())?;
     Ok(total.max(largest_init).plus(overhead))
 }
 
-fn phase(pod: &Value) -> &str {
-    str_of(pod, &["status", "phase"]).unwrap_or("Pending")
+fn phase(pod: &Pod) -> &str {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Pending")
 }
 
-fn terminal(pod: &Value) -> bool {
+fn terminal(pod: &Pod) -> bool {
     matches!(phase(pod), "Succeeded" | "Failed")
 }
 
-fn job_finished(job: &Value) -> bool {
-    job["status"]["conditions"]
-        .as_array()
+fn job_finished(job: &Job) -> bool {
+    job.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
         .into_iter()
         .flatten()
-        .any(|c| matches!(c["type"].as_str(), Some("Complete" | "Failed")) && c["status"] == "True")
+        .any(|c| matches!(c.type_.as_str(), "Complete" | "Failed") && c.status == "True")
 }
 
-fn tolerates(tolerations: &[Value], taint: &Value) -> bool {
-    let effect = taint["effect"].as_str().unwrap_or_default();
-    if effect == "PreferNoSchedule" {
-        return true;
-    }
-    tolerations.iter().any(|t| {
-        let key_ok = match t["key"].as_str() {
-            None | Some("") => t["operator"] == "Exists",
-            Some(k) => Some(k) == taint["key"].as_str(),
-        };
-        let value_ok = t["operator"] == "Exists"
-            || t["value"].as_str().unwrap_or_default()
-                == taint["value"].as_str().unwrap_or_default();
-        let effect_ok = t["effect"]
-            .as_str()
-            .is_none_or(|e| e.is_empty() || e == effect);
-        key_ok && value_ok && effect_ok
+/// One of the allocator core's enums by the name Kubernetes gives the value
+/// (its variants are named so): `In`, `Exists`, `NoSchedule`, ...
+fn by_api_name<T: DeserializeOwned>(name: &str) -> Option<T> {
+    T::deserialize(StrDeserializer::<serde::de::value::Error>::new(name)).ok()
+}
+
+/// A pod's toleration in the allocator's terms, whose matching the scheduler
+/// shares. None for one the API server would refuse (an unknown operator or
+/// effect): it tolerates nothing.
+fn toleration(t: &k8s::Toleration) -> Option<Toleration> {
+    let operator = match t.operator.as_deref() {
+        None | Some("") => TolerationOperator::Equal,
+        Some(operator) => by_api_name(operator)?,
+    };
+    let effect = match t.effect.as_deref() {
+        None | Some("") => None,
+        Some(effect) => Some(by_api_name(effect)?),
+    };
+    Some(Toleration {
+        key: t.key.clone().filter(|k| !k.is_empty()),
+        operator,
+        value: t.value.clone(),
+        effect,
     })
 }
 
-fn expression_matches(expression: &Value, labels: &Value) -> bool {
-    let key = expression["key"].as_str().unwrap_or_default();
-    let value = labels[key].as_str();
-    let values: Vec<&str> = expression["values"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
-    match expression["operator"].as_str().unwrap_or_default() {
-        "In" => value.is_some_and(|v| values.contains(&v)),
-        "NotIn" => value.is_none_or(|v| !values.contains(&v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        _ => false,
+/// A node's taint in the allocator's terms. An effect the API server would
+/// refuse reads as `NoSchedule`: it keeps off the pods that do not tolerate it.
+fn taint(t: &k8s::Taint) -> Taint {
+    Taint {
+        key: t.key.clone(),
+        value: t.value.clone().unwrap_or_default(),
+        effect: by_api_name(&t.effect).unwrap_or(TaintEffect::NoSchedule),
     }
 }
 
-fn label_selector_matches(selector: &Value, labels: &Value) -> bool {
-    let match_labels = selector["matchLabels"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .all(|(k, v)| labels[k] == *v);
-    let expressions = selector["matchExpressions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .all(|e| expression_matches(e, labels));
-    match_labels && expressions
+/// A required node-affinity term in the allocator's terms, whose matching the
+/// scheduler shares (labels, `metadata.name` fields, `Gt`/`Lt`; a term without
+/// requirements matches no node). None for one the API server would refuse (an
+/// unknown operator, a field other than `metadata.name`): it matches no node.
+fn node_term(term: &k8s::NodeSelectorTerm) -> Option<NodeSelectorTerm> {
+    let labels = term.match_expressions.iter().flatten().map(|e| {
+        Some(NodeRequirement {
+            key: NodeKey::Label(e.key.clone()),
+            operator: by_api_name(&e.operator)?,
+            values: e.values.clone().unwrap_or_default(),
+        })
+    });
+    let fields = term.match_fields.iter().flatten().map(|f| {
+        Some(NodeRequirement {
+            key: (f.key == "metadata.name").then_some(NodeKey::Name)?,
+            operator: by_api_name(&f.operator)?,
+            values: f.values.clone().unwrap_or_default(),
+        })
+    });
+    let requirements = labels.chain(fields).collect::<Option<Vec<_>>>()?;
+    Some(NodeSelectorTerm { requirements })
+}
+
+fn condition(type_: &str, status: &str) -> PodCondition {
+    PodCondition {
+        type_: type_.to_owned(),
+        status: status.to_owned(),
+        ..PodCondition::default()
+    }
+}
+
+fn condition_because(type_: &str, status: &str, reason: &str) -> PodCondition {
+    PodCondition {
+        reason: Some(reason.to_owned()),
+        ..condition(type_, status)
+    }
+}
+
+fn job_condition(type_: &str, reason: &str, at: Option<Time>) -> JobCondition {
+    JobCondition {
+        type_: type_.to_owned(),
+        status: "True".to_owned(),
+        reason: Some(reason.to_owned()),
+        last_transition_time: at,
+        ..JobCondition::default()
+    }
+}
+
+fn ready_condition(ready: bool) -> NodeCondition {
+    let (status, reason) = if ready {
+        ("True", "KubeletReady")
+    } else {
+        ("Unknown", "NodeStatusUnknown")
+    };
+    NodeCondition {
+        type_: "Ready".to_owned(),
+        status: status.to_owned(),
+        reason: Some(reason.to_owned()),
+        last_transition_time: Some(time_now()),
+        ..NodeCondition::default()
+    }
 }
 
 /// The conditions kube-scheduler gives a pod it leaves alone for its gates.
-fn scheduling_gated() -> Value {
-    json!([{
-        "type": "PodScheduled",
-        "status": "False",
-        "reason": "SchedulingGated",
-        "message": "Scheduling is blocked due to non-empty scheduling gates",
-    }])
+fn scheduling_gated() -> Vec<PodCondition> {
+    vec![PodCondition {
+        message: Some("Scheduling is blocked due to non-empty scheduling gates".to_owned()),
+        ..condition_because("PodScheduled", "False", "SchedulingGated")
+    }]
+}
+
+/// A container's status with no image pulled yet, in `state`.
+fn container_status(
+    name: &str,
+    image: &str,
+    ready: bool,
+    state: ContainerState,
+) -> ContainerStatus {
+    ContainerStatus {
+        name: name.to_owned(),
+        image: image.to_owned(),
+        ready,
+        state: Some(state),
+        ..ContainerStatus::default()
+    }
+}
+
+fn terminated(exit_code: i32, reason: &str) -> ContainerState {
+    ContainerState {
+        terminated: Some(ContainerStateTerminated {
+            exit_code,
+            reason: Some(reason.to_owned()),
+            finished_at: Some(time_now()),
+            ..ContainerStateTerminated::default()
+        }),
+        ..ContainerState::default()
+    }
+}
+
+/// The name of a pod's first container, which the simulated worker runs in.
+fn worker_container(pod: &Pod) -> &str {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .map_or("worker", |c| c.name.as_str())
+}
+
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
+fn labels_of(metadata: &ObjectMeta) -> &BTreeMap<String, String> {
+    metadata.labels.as_ref().unwrap_or(&NO_LABELS)
 }
 
 /// A pod with what the steps read of it: read once per change rather than on
 /// every step.
 struct PodFacts {
-    object: Arc<Value>,
+    pod: Pod,
     namespace: String,
     name: String,
-    /// Whether `spec.nodeName` is set at all.
-    bound: bool,
-    /// `spec.nodeName`, when it is a string.
+    /// `spec.nodeName`.
     node: Option<String>,
     /// Whether `spec.schedulingGates` holds a gate: the scheduler leaves it alone.
     gated: bool,
@@ -491,54 +587,81 @@ struct PodFacts {
     phase: String,
     /// The GPUs and MIG slices it asks for (see [`pod_requests`]).
     requests: BTreeMap<String, u32>,
-    /// The CPU and memory it asks for, or why they cannot be read (see [`pod_compute`]).
+    /// The CPU and memory it asks for, or why they cannot be read (see
+    /// [`pod_compute`]; a pod that does not read as a Pod cannot either).
     compute: Result<Compute, String>,
     resource_version: Option<u64>,
 }
 
 impl PodFacts {
-    fn of(object: Arc<Value>) -> Self {
-        let metadata = &object["metadata"];
-        let gated = object["spec"]["schedulingGates"]
-            .as_array()
+    fn of(object: &Value) -> Self {
+        let (pod, compute) = match typed::read::<Pod>(resources::pods(), object) {
+            Ok(pod) => {
+                let compute = pod
+                    .spec
+                    .as_ref()
+                    .map_or(Ok(Compute::default()), pod_compute);
+                (pod, compute)
+            }
+            Err(err) => {
+                // Still known by name, so the scheduler can say why it is left alone.
+                let metadata = typed::read::<Named>(resources::pods(), object)
+                    .map(|named| named.metadata)
+                    .unwrap_or_default();
+                let pod = Pod {
+                    metadata,
+                    ..Pod::default()
+                };
+                (pod, Err(err.message))
+            }
+        };
+        let spec = pod.spec.as_ref();
+        let gated = spec
+            .and_then(|s| s.scheduling_gates.as_ref())
             .is_some_and(|gates| !gates.is_empty());
+        let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+        let requests = spec
+            .map(pod_requests)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(resource, count)| (resource.to_owned(), count))
+            .collect();
         Self {
-            namespace: metadata["namespace"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
-            name: metadata["name"].as_str().unwrap_or_default().to_owned(),
-            bound: !object["spec"]["nodeName"].is_null(),
-            node: str_of(&object, &["spec", "nodeName"]).map(str::to_owned),
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            node: spec.and_then(|s| s.node_name.clone()),
             gated,
-            gated_reported: gated && object["status"]["conditions"] == scheduling_gated(),
-            phase: phase(&object).to_owned(),
-            requests: pod_requests(&object)
-                .into_iter()
-                .map(|(resource, count)| (resource.to_owned(), count))
-                .collect(),
-            compute: pod_compute(&object),
-            resource_version: metadata["resourceVersion"]
-                .as_str()
+            gated_reported: gated && conditions.is_some_and(|c| *c == scheduling_gated()),
+            phase: phase(&pod).to_owned(),
+            requests,
+            compute,
+            resource_version: pod
+                .metadata
+                .resource_version
+                .as_deref()
                 .and_then(|rv| rv.parse().ok()),
-            object,
+            pod,
         }
     }
 
     fn terminal(&self) -> bool {
         matches!(self.phase.as_str(), "Succeeded" | "Failed")
     }
+
+    fn labels(&self) -> &BTreeMap<String, String> {
+        labels_of(&self.pod.metadata)
+    }
 }
 
 /// A Job not yet Complete or Failed, with what the Job controller reads of it on
 /// every step: read once per change.
 struct LiveJob {
-    object: Arc<Value>,
+    job: Job,
     uid: String,
     namespace: String,
     name: String,
     suspended: bool,
-    /// `status.active` and `status.ready`, when whole non-negative numbers.
+    /// `status.active` and `status.ready`, when not negative.
     active: Option<u64>,
     ready: Option<u64>,
     started: bool,
@@ -548,23 +671,23 @@ struct LiveJob {
 }
 
 impl LiveJob {
-    fn of(object: Arc<Value>) -> Self {
-        let metadata = &object["metadata"];
-        let text = |field: &str| metadata[field].as_str().unwrap_or_default().to_owned();
-        let status = &object["status"];
-        let conditions = status["conditions"].as_array();
-        let suspended = |c: &Value| c["type"] == "Suspended";
+    fn of(job: Job) -> Self {
+        let text = |field: &Option<String>| field.clone().unwrap_or_default();
+        let status = job.status.as_ref();
+        let conditions = status.and_then(|s| s.conditions.as_deref());
+        let suspended = |c: &JobCondition| c.type_ == "Suspended";
+        let count = |n: Option<i32>| n.and_then(|n| u64::try_from(n).ok());
         Self {
-            uid: text("uid"),
-            namespace: text("namespace"),
-            name: text("name"),
-            suspended: object["spec"]["suspend"] == true,
-            active: status["active"].as_u64(),
-            ready: status["ready"].as_u64(),
-            started: !status["startTime"].is_null(),
+            uid: text(&job.metadata.uid),
+            namespace: text(&job.metadata.namespace),
+            name: text(&job.metadata.name),
+            suspended: job.spec.as_ref().and_then(|s| s.suspend) == Some(true),
+            active: count(status.and_then(|s| s.active)),
+            ready: count(status.and_then(|s| s.ready)),
+            started: status.is_some_and(|s| s.start_time.is_some()),
             suspended_condition: conditions.is_some_and(|c| c.iter().any(suspended)),
             only_suspended_condition: conditions.is_some_and(|c| c.len() == 1 && suspended(&c[0])),
-            object,
+            job,
         }
     }
 }
@@ -575,9 +698,9 @@ impl LiveJob {
 struct NodeFacts {
     object: Arc<Value>,
     name: String,
-    labels: Value,
+    labels: BTreeMap<String, String>,
     schedulable: bool,
-    taints: Vec<Value>,
+    taints: Vec<Taint>,
     /// Allocatable GPUs, MIG slices and pod slots, the resources the scheduler
     /// accounts by count.
     allocatable: Vec<(String, i64)>,
@@ -585,36 +708,45 @@ struct NodeFacts {
 }
 
 impl NodeFacts {
-    fn of(node: &Arc<Value>) -> Self {
-        let ready = node["status"]["conditions"]
-            .as_array()
+    fn of(object: &Arc<Value>) -> Self {
+        // The API server refuses a node that does not read as one, or whose
+        // quantities do not parse; one that got in anyway offers nothing.
+        let node = typed::read::<Node>(resources::nodes(), object).unwrap_or_else(|err| {
+            tracing::warn!(error = %err, "node offers nothing");
+            let metadata = typed::read::<Named>(resources::nodes(), object)
+                .map(|named| named.metadata)
+                .unwrap_or_default();
+            Node {
+                metadata,
+                ..Node::default()
+            }
+        });
+        let (spec, status) = (node.spec.as_ref(), node.status.as_ref());
+        let ready = status
+            .and_then(|s| s.conditions.as_ref())
             .into_iter()
             .flatten()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        let allocatable = status.and_then(|s| s.allocatable.as_ref());
         Self {
-            object: node.clone(),
-            name: str_of(node, &["metadata", "name"])
-                .unwrap_or_default()
-                .to_owned(),
-            labels: node["metadata"]["labels"].clone(),
-            schedulable: ready && node["spec"]["unschedulable"] != true,
-            taints: node["spec"]["taints"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default(),
-            allocatable: node["status"]["allocatable"]
-                .as_object()
+            object: object.clone(),
+            name: node.metadata.name.clone().unwrap_or_default(),
+            labels: labels_of(&node.metadata).clone(),
+            schedulable: ready && spec.and_then(|s| s.unschedulable) != Some(true),
+            taints: spec
+                .and_then(|s| s.taints.as_ref())
+                .into_iter()
+                .flatten()
+                .map(taint)
+                .collect(),
+            allocatable: allocatable
                 .into_iter()
                 .flatten()
                 .filter(|(k, _)| *k == GPU || k.starts_with(MIG_PREFIX) || *k == "pods")
                 .map(|(k, v)| (k.clone(), i64::from(quantity(v))))
                 .collect(),
-            // The API server refuses a node whose quantities do not parse; one
-            // that got in anyway offers nothing.
-            allocatable_compute: compute_in(&node["status"]["allocatable"], &|| {
-                "status.allocatable".to_owned()
-            })
-            .unwrap_or_default(),
+            allocatable_compute: compute_in(allocatable, &|| "status.allocatable".to_owned())
+                .unwrap_or_default(),
         }
     }
 }
@@ -622,15 +754,14 @@ impl NodeFacts {
 /// What the scheduler reads of a node in a step, and what is left of its resources.
 struct NodeView<'a> {
     name: &'a str,
-    labels: &'a Value,
+    labels: &'a BTreeMap<String, String>,
     schedulable: bool,
-    taints: &'a [Value],
+    taints: &'a [Taint],
     /// Allocatable less what the pods bound to it ask for; a resource it does not
     /// list has none.
     free: Vec<(&'a str, i64)>,
     free_compute: Compute,
 }
-
 impl<'a> NodeView<'a> {
     fn of(node: &'a NodeFacts) -> Self {
         Self {
@@ -680,29 +811,33 @@ impl<'a> NodeView<'a> {
 struct Spread<'a> {
     topology: &'a str,
     /// The `topology` label values of the nodes of the pods the term selects.
-    taken: Vec<&'a Value>,
+    taken: Vec<&'a str>,
 }
 
 /// A required pod affinity term, resolved against the pods already placed:
 /// the node must carry the `topology` label, with one of the values in
-/// `domains` (the nodes of the pods the term selects). With no such pod
-/// anywhere, as in kube-scheduler, a pod the term selects itself may go to
-/// any node that carries the label (the first worker of a gang).
+/// `domains` (the nodes of the pods the term selects; None for a node without
+/// the label). With no such pod anywhere, as in kube-scheduler, a pod the term
+/// selects itself may go to any node that carries the label (the first worker
+/// of a gang).
 struct Gather<'a> {
     topology: &'a str,
-    domains: Vec<&'a Value>,
+    domains: Vec<Option<&'a str>>,
     selects_itself: bool,
 }
+
+/// The labels of a placed pod's node, and the pod's own.
+type Placed<'a> = (&'a BTreeMap<String, String>, &'a BTreeMap<String, String>);
 
 /// What the scheduler reads of a pending pod, looked up once rather than once
 /// per node.
 struct PodNeeds<'a> {
     requests: &'a BTreeMap<String, u32>,
     compute: Compute,
-    tolerations: &'a [Value],
-    node_selector: Option<&'a Map<String, Value>>,
-    /// Required node affinity: any one term must match.
-    affinity_terms: Option<&'a [Value]>,
+    tolerations: Vec<Toleration>,
+    node_selector: Option<&'a BTreeMap<String, String>>,
+    /// Required node affinity: any one term must match (None: a term no node matches).
+    affinity_terms: Option<Vec<Option<NodeSelectorTerm>>>,
     pod_affinity: Vec<Gather<'a>>,
     anti_affinity: Vec<Spread<'a>>,
 }
@@ -710,63 +845,75 @@ struct PodNeeds<'a> {
 impl<'a> PodNeeds<'a> {
     /// `compute` is what the pod's CPU and memory requests read as; `placed`
     /// holds the labels of each bound pod and of its node.
-    fn of(pod: &'a PodFacts, compute: Compute, placed: &[(&'a Value, &'a Value)]) -> Self {
-        let spec = &pod.object["spec"];
-        let affinity = &spec["affinity"];
+    fn of(pod: &'a PodFacts, compute: Compute, placed: &[Placed<'a>]) -> Self {
+        let spec = pod.pod.spec.as_ref();
+        let affinity = spec.and_then(|s| s.affinity.as_ref());
+        // Whether a term selects pods with `labels`: the allocator's reading.
+        let selects = |term: &PodAffinityTerm, labels: &BTreeMap<String, String>| {
+            term.label_selector
+                .as_ref()
+                .is_some_and(|selector| placement::selects(selector, labels))
+        };
         // The topology label values of the nodes of the placed pods `term` selects.
-        let domains = |term: &'a Value, topology: &'a str| -> Vec<&'a Value> {
+        let domains = |term: &'a PodAffinityTerm, topology: &'a str| -> Vec<Option<&'a str>> {
             placed
                 .iter()
-                .filter(|(_, pod_labels)| {
-                    label_selector_matches(&term["labelSelector"], pod_labels)
-                })
-                .map(|(node_labels, _)| &node_labels[topology])
+                .filter(|(_, pod_labels)| selects(term, pod_labels))
+                .map(|(node_labels, _)| node_labels.get(topology).map(String::as_str))
                 .collect()
         };
-        let topology_of = |term: &'a Value| {
-            term["topologyKey"]
-                .as_str()
-                .unwrap_or("kubernetes.io/hostname")
+        let topology_of = |term: &'a PodAffinityTerm| match term.topology_key.as_str() {
+            "" => "kubernetes.io/hostname",
+            key => key,
         };
-        let spread = |term: &'a Value| {
+        let spread = |term: &'a PodAffinityTerm| {
             let topology = topology_of(term);
             Spread {
                 topology,
-                taken: domains(term, topology),
+                taken: domains(term, topology).into_iter().flatten().collect(),
             }
         };
-        let gather = |term: &'a Value| {
+        let gather = |term: &'a PodAffinityTerm| {
             let topology = topology_of(term);
             Gather {
                 topology,
                 domains: domains(term, topology),
-                selects_itself: label_selector_matches(
-                    &term["labelSelector"],
-                    &pod.object["metadata"]["labels"],
-                ),
+                selects_itself: selects(term, pod.labels()),
             }
         };
         Self {
             requests: &pod.requests,
             compute,
-            tolerations: spec["tolerations"]
-                .as_array()
-                .map(Vec::as_slice)
-                .unwrap_or_default(),
-            node_selector: spec["nodeSelector"].as_object(),
-            affinity_terms: affinity["nodeAffinity"]
-                ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-                .as_array()
-                .map(Vec::as_slice),
-            pod_affinity: affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-                .as_array()
+            tolerations: spec
+                .and_then(|s| s.tolerations.as_ref())
+                .into_iter()
+                .flatten()
+                .filter_map(toleration)
+                .collect(),
+            node_selector: spec.and_then(|s| s.node_selector.as_ref()),
+            affinity_terms: affinity
+                .and_then(|a| a.node_affinity.as_ref())
+                .and_then(|n| {
+                    n.required_during_scheduling_ignored_during_execution
+                        .as_ref()
+                })
+                .map(|required| required.node_selector_terms.iter().map(node_term).collect()),
+            pod_affinity: affinity
+                .and_then(|a| a.pod_affinity.as_ref())
+                .and_then(|p| {
+                    p.required_during_scheduling_ignored_during_execution
+                        .as_ref()
+                })
                 .into_iter()
                 .flatten()
                 .map(gather)
                 .collect(),
-            anti_affinity: affinity["podAntiAffinity"]
-                ["requiredDuringSchedulingIgnoredDuringExecution"]
-                .as_array()
+            anti_affinity: affinity
+                .and_then(|a| a.pod_anti_affinity.as_ref())
+                .and_then(|p| {
+                    p.required_during_scheduling_ignored_during_execution
+                        .as_ref()
+                })
                 .into_iter()
                 .flatten()
                 .map(spread)
@@ -804,7 +951,9 @@ fn fits(needs: &PodNeeds, node: &NodeView, mut reject: impl FnMut(&'static str))
 }
 
 /// The first constraint other than free resources that a node fails for a pod
-/// (readiness, taints, selectors and affinity, anti-affinity), if any.
+/// (readiness, taints, selectors and affinity, anti-affinity), if any. Taints
+/// and node affinity are matched by the allocator core's rules, so the
+/// scheduler and the allocator agree on where a job's pods may go.
 fn unmet_constraint(needs: &PodNeeds, node: &NodeView) -> Option<&'static str> {
     let labels = node.labels;
     if !node.schedulable {
@@ -813,7 +962,8 @@ fn unmet_constraint(needs: &PodNeeds, node: &NodeView) -> Option<&'static str> {
     let untolerated = node
         .taints
         .iter()
-        .any(|taint| !tolerates(needs.tolerations, taint));
+        .filter(|taint| taint.repels())
+        .any(|taint| !needs.tolerations.iter().any(|t| t.tolerates(taint)));
     if untolerated {
         return Some("untolerated taint");
     }
@@ -821,16 +971,13 @@ fn unmet_constraint(needs: &PodNeeds, node: &NodeView) -> Option<&'static str> {
         .node_selector
         .into_iter()
         .flatten()
-        .all(|(k, v)| labels[k] == *v);
-    let affinity_ok = needs.affinity_terms.is_none_or(|terms| {
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let affinity_ok = needs.affinity_terms.as_ref().is_none_or(|terms| {
         terms.is_empty()
-            || terms.iter().any(|term| {
-                term["matchExpressions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .all(|e| expression_matches(e, labels))
-            })
+            || terms
+                .iter()
+                .flatten()
+                .any(|term| term.matches(node.name, labels))
     });
     if !selector_ok || !affinity_ok {
         return Some("node selector or affinity mismatch");
@@ -839,8 +986,9 @@ fn unmet_constraint(needs: &PodNeeds, node: &NodeView) -> Option<&'static str> {
         return Some("pod affinity");
     }
     let conflict = needs.anti_affinity.iter().any(|spread| {
-        let domain = &labels[spread.topology];
-        !domain.is_null() && spread.taken.contains(&domain)
+        labels
+            .get(spread.topology)
+            .is_some_and(|domain| spread.taken.contains(&domain.as_str()))
     });
     conflict.then_some("pod anti-affinity")
 }
@@ -849,10 +997,10 @@ fn unmet_constraint(needs: &PodNeeds, node: &NodeView) -> Option<&'static str> {
 /// term's topology label, and each term's selected pods are in the node's
 /// domain; or no placed pod is selected by any term and the pod selects
 /// itself by each.
-fn pod_affinity_met(terms: &[Gather], labels: &Value) -> bool {
-    let values: Option<Vec<&Value>> = terms
+fn pod_affinity_met(terms: &[Gather], labels: &BTreeMap<String, String>) -> bool {
+    let values: Option<Vec<&str>> = terms
         .iter()
-        .map(|term| Some(&labels[term.topology]).filter(|v| !v.is_null()))
+        .map(|term| labels.get(term.topology).map(String::as_str))
         .collect();
     let Some(values) = values else {
         return false;
@@ -860,7 +1008,7 @@ fn pod_affinity_met(terms: &[Gather], labels: &Value) -> bool {
     let gathered = terms
         .iter()
         .zip(&values)
-        .all(|(term, value)| term.domains.contains(value));
+        .all(|(term, value)| term.domains.contains(&Some(*value)));
     gathered
         || terms
             .iter()
@@ -908,11 +1056,18 @@ impl Cluster {
             cluster.register_node(&slot);
         }
         for (name, value) in &cluster.config.priority_classes {
-            let class = json!({"metadata": {"name": name}, "value": value});
+            let class = PriorityClass {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    ..ObjectMeta::default()
+                },
+                value: Some(*value),
+                ..PriorityClass::default()
+            };
             // Already there: the store outlived an earlier cluster.
             let _ = cluster
                 .store
-                .create(resources::priority_classes(), None, class);
+                .create_as(resources::priority_classes(), None, &class, false);
         }
         cluster
     }
@@ -940,7 +1095,7 @@ impl Cluster {
         &self.usage
     }
 
-    fn node_object(group: &NodeGroup, slot: &NodeSlot) -> Value {
+    fn node_object(group: &NodeGroup, slot: &NodeSlot) -> Node {
         let mut labels = BTreeMap::from([
             ("kubernetes.io/hostname".to_owned(), slot.name.clone()),
             ("kubernetes.io/os".to_owned(), "linux".to_owned()),
@@ -977,35 +1132,51 @@ impl Cluster {
             }
         }
         labels.extend(group.labels.clone());
-        let mut allocatable = serde_json::Map::new();
-        allocatable.insert(
-            GPU.into(),
-            json!((group.gpus * group.time_slicing_replicas.unwrap_or(1)).to_string()),
-        );
+        let gpus = group.gpus * group.time_slicing_replicas.unwrap_or(1);
+        let mut allocatable = ResourceList::from([(GPU.to_owned(), Quantity(gpus.to_string()))]);
         for (profile, count) in &group.mig {
-            allocatable.insert(format!("{MIG_PREFIX}{profile}"), json!(count.to_string()));
+            allocatable.insert(
+                format!("{MIG_PREFIX}{profile}"),
+                Quantity(count.to_string()),
+            );
         }
-        allocatable.insert("cpu".into(), json!(group.cpu));
-        allocatable.insert("memory".into(), json!(group.memory));
-        allocatable.insert("pods".into(), json!("110"));
-        json!({
-            "metadata": {"name": slot.name, "labels": labels},
-            "spec": {"taints": group.taints, "unschedulable": false},
-            "status": {
-                "capacity": allocatable,
-                "allocatable": allocatable,
-                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "lastTransitionTime": wall_clock()}],
+        allocatable.insert("cpu".to_owned(), Quantity(group.cpu.clone()));
+        allocatable.insert("memory".to_owned(), Quantity(group.memory.clone()));
+        allocatable.insert("pods".to_owned(), Quantity("110".to_owned()));
+        let taints = group
+            .taints
+            .iter()
+            .map(|t| k8s::Taint {
+                key: t.key.clone(),
+                value: t.value.clone(),
+                effect: t.effect.clone(),
+                ..k8s::Taint::default()
+            })
+            .collect();
+        Node {
+            metadata: ObjectMeta {
+                name: Some(slot.name.clone()),
+                labels: Some(labels),
+                ..ObjectMeta::default()
             },
-        })
+            spec: Some(NodeSpec {
+                taints: Some(taints),
+                unschedulable: Some(false),
+                ..NodeSpec::default()
+            }),
+            status: Some(NodeStatus {
+                capacity: Some(allocatable.clone()),
+                allocatable: Some(allocatable),
+                conditions: Some(vec![ready_condition(true)]),
+                ..NodeStatus::default()
+            }),
+        }
     }
 
     fn register_node(&mut self, slot: &NodeSlot) {
         let group = &self.config.nodes[slot.group];
-        let object = Self::node_object(group, slot);
-        if let Err(err) = self
-            .store
-            .create_with_status(resources::nodes(), None, object)
-        {
+        let node = Self::node_object(group, slot);
+        if let Err(err) = self.store.create_as(resources::nodes(), None, &node, true) {
             tracing::warn!(node = %slot.name, error = %err, "cannot register node");
         }
     }
@@ -1158,36 +1329,27 @@ impl Cluster {
         if !pod && change.resource != resources::jobs().name {
             return;
         }
-        if !pod && deleted {
-            let uid = object["metadata"]["uid"].as_str().unwrap_or_default();
-            self.runs.remove(uid);
-            self.job_pods.remove(uid);
-        }
-        let Some(key) = store_key(object) else {
-            return;
-        };
         if pod {
-            let (namespace, name) = &key;
-            if deleted {
-                if let Some(pods) = self.pods.get_mut(namespace) {
-                    pods.remove(name);
-                }
-                self.live_pods.remove(&key);
-                return;
-            }
-            self.track_pod(key, object.clone());
-        } else if deleted || job_finished(object) {
-            self.live_jobs.remove(&key);
+            self.track_pod(object, deleted);
         } else {
-            self.live_jobs
-                .insert(key, Arc::new(LiveJob::of(object.clone())));
+            self.track_job(object, deleted);
         }
     }
 
     /// Keeps a pod's facts under its namespace and name, and among the live
     /// pods while it is unfinished.
-    fn track_pod(&mut self, key: (String, String), object: Arc<Value>) {
+    fn track_pod(&mut self, object: &Value, deleted: bool) {
         let facts = Arc::new(PodFacts::of(object));
+        let Some(key) = store_key(&facts.pod.metadata) else {
+            return;
+        };
+        if deleted {
+            if let Some(pods) = self.pods.get_mut(&key.0) {
+                pods.remove(&key.1);
+            }
+            self.live_pods.remove(&key);
+            return;
+        }
         self.pods
             .entry(key.0.clone())
             .or_default()
@@ -1196,6 +1358,34 @@ impl Cluster {
             self.live_pods.remove(&key);
         } else {
             self.live_pods.insert(key, facts);
+        }
+    }
+
+    /// Keeps a Job live while it is unfinished; a deleted Job takes its run
+    /// along. One that does not read as a Job is left alone, with a warning.
+    fn track_job(&mut self, object: &Value, deleted: bool) {
+        let job = match typed::read::<Job>(resources::jobs(), object) {
+            Ok(job) => job,
+            Err(err) => {
+                tracing::warn!(error = %err, "the Job controller leaves alone a Job it cannot read");
+                let named = typed::read::<Named>(resources::jobs(), object).unwrap_or_default();
+                if let Some(key) = store_key(&named.metadata) {
+                    self.live_jobs.remove(&key);
+                }
+                return;
+            }
+        };
+        if deleted && let Some(uid) = &job.metadata.uid {
+            self.runs.remove(uid);
+            self.job_pods.remove(uid);
+        }
+        let Some(key) = store_key(&job.metadata) else {
+            return;
+        };
+        if deleted || job_finished(&job) {
+            self.live_jobs.remove(&key);
+        } else {
+            self.live_jobs.insert(key, Arc::new(LiveJob::of(job)));
         }
     }
 
@@ -1210,24 +1400,26 @@ impl Cluster {
                 .0
         };
         let (pods, jobs) = (list(resources::pods()), list(resources::jobs()));
-        let uids: HashSet<&str> = jobs
+        let uids: HashSet<String> = jobs
             .iter()
-            .filter_map(|job| job["metadata"]["uid"].as_str())
+            .filter_map(|job| {
+                typed::read::<Named>(resources::jobs(), job)
+                    .ok()?
+                    .metadata
+                    .uid
+            })
             .collect();
-        self.runs.retain(|uid, _| uids.contains(uid.as_str()));
-        self.job_pods.retain(|uid, _| uids.contains(uid.as_str()));
+        self.runs.retain(|uid, _| uids.contains(uid));
+        self.job_pods.retain(|uid, _| uids.contains(uid));
         self.pods.clear();
         self.live_pods.clear();
         for pod in pods {
-            if let Some(key) = store_key(&pod) {
-                self.track_pod(key, pod);
-            }
+            self.track_pod(&pod, false);
         }
-        self.live_jobs = jobs
-            .iter()
-            .filter(|job| !job_finished(job))
-            .filter_map(|job| Some((store_key(job)?, Arc::new(LiveJob::of(job.clone())))))
-            .collect();
+        self.live_jobs.clear();
+        for job in jobs {
+            self.track_job(&job, false);
+        }
     }
 
     /// The pods not yet Succeeded or Failed, in the store's order.
@@ -1293,7 +1485,7 @@ impl Cluster {
                 } else {
                     ("DeletionByPodGC", None)
                 };
-                self.fail_pod(&pod.object, exit_code, Some(reason));
+                self.fail_pod(&pod.pod, exit_code, Some(reason));
             }
             if reclaim {
                 let _ = self.store.delete(
@@ -1309,24 +1501,17 @@ impl Cluster {
     }
 
     fn set_ready(&self, node: &str, ready: bool) {
-        let status = if ready { "True" } else { "Unknown" };
-        let reason = if ready {
-            "KubeletReady"
-        } else {
-            "NodeStatusUnknown"
-        };
-        let _ = self.store.update(resources::nodes(), None, node, |n| {
-            n["status"]["conditions"] = json!([{"type": "Ready", "status": status, "reason": reason, "lastTransitionTime": wall_clock()}]);
-        });
+        let _ = self
+            .store
+            .update_as(resources::nodes(), None, node, |n: &mut Node| {
+                n.status.get_or_insert_default().conditions = Some(vec![ready_condition(ready)]);
+            });
     }
 
-    fn fail_pod(&self, pod: &Value, exit_code: Option<i32>, disruption: Option<&str>) {
-        let ns = str_of(pod, &["metadata", "namespace"]).unwrap_or_default();
-        let name = str_of(pod, &["metadata", "name"]).unwrap_or_default();
-        let container = pod["spec"]["containers"][0]["name"]
-            .as_str()
-            .unwrap_or("worker")
-            .to_owned();
+    fn fail_pod(&self, pod: &Pod, exit_code: Option<i32>, disruption: Option<&str>) {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let container = worker_container(pod);
         // Written before the pod turns Failed, so a follower that sees it end has it.
         if let Some(code) = exit_code {
             let text = match (code, disruption) {
@@ -1338,25 +1523,33 @@ impl Cluster {
             };
             self.store.logs().append(ns, name, text);
         }
-        let _ = self.store.update(resources::pods(), Some(ns), name, |p| {
-            p["status"]["phase"] = json!("Failed");
-            let mut conditions = vec![json!({"type": "Ready", "status": "False"})];
-            if let Some(reason) = disruption {
-                conditions.push(json!({"type": "DisruptionTarget", "status": "True", "reason": reason, "message": format!("simulated {reason}")}));
+        let mut conditions = vec![condition("Ready", "False")];
+        if let Some(reason) = disruption {
+            conditions.push(PodCondition {
+                message: Some(format!("simulated {reason}")),
+                ..condition_because("DisruptionTarget", "True", reason)
+            });
+        }
+        let statuses = match exit_code {
+            Some(code) => {
+                let reason = if code == 137 { "OOMKilled" } else { "Error" };
+                vec![container_status(
+                    container,
+                    "",
+                    false,
+                    terminated(code, reason),
+                )]
             }
-            p["status"]["conditions"] = json!(conditions);
-            p["status"]["containerStatuses"] = match exit_code {
-                Some(code) => json!([{
-                    "name": container,
-                    "ready": false,
-                    "restartCount": 0,
-                    "image": "",
-                    "imageID": "",
-                    "state": {"terminated": {"exitCode": code, "reason": if code == 137 { "OOMKilled" } else { "Error" }, "finishedAt": wall_clock()}},
-                }]),
-                None => json!([]),
-            };
-        });
+            None => Vec::new(),
+        };
+        let _ = self
+            .store
+            .update_as(resources::pods(), Some(ns), name, |p: &mut Pod| {
+                let status = p.status.get_or_insert_default();
+                status.phase = Some("Failed".to_owned());
+                status.conditions = Some(conditions);
+                status.container_statuses = Some(statuses);
+            });
     }
 
     /// The Job controller: pods for unsuspended Jobs, none for suspended ones,
@@ -1385,16 +1578,22 @@ impl Cluster {
                 if marked {
                     continue;
                 }
-                let _ = self.store.update(resources::jobs(), Some(ns), name, |j| {
-                    j["status"]["active"] = json!(0);
-                    j["status"]["ready"] = json!(0);
-                    j["status"]["conditions"] = json!([{"type": "Suspended", "status": "True", "reason": "JobSuspended", "message": "Job suspended"}]);
-                });
+                let _ = self
+                    .store
+                    .update_as(resources::jobs(), Some(ns), name, |j: &mut Job| {
+                        let status = j.status.get_or_insert_default();
+                        status.active = Some(0);
+                        status.ready = Some(0);
+                        status.conditions = Some(vec![JobCondition {
+                            message: Some("Job suspended".to_owned()),
+                            ..job_condition("Suspended", "JobSuspended", None)
+                        }]);
+                    });
                 continue;
             }
             if !self.runs.contains_key(uid) {
                 // A refused Job has no pods, but it has started: its status says so.
-                if let Some(run) = self.start_run(&job.object) {
+                if let Some(run) = self.start_run(&job.job) {
                     self.runs.insert(uid.to_owned(), run);
                 }
             }
@@ -1409,73 +1608,89 @@ impl Cluster {
             if current {
                 continue;
             }
-            let _ = self.store.update(resources::jobs(), Some(ns), name, |j| {
-                j["status"]["active"] = json!(active);
-                j["status"]["ready"] = json!(running);
-                if j["status"]["startTime"].is_null() {
-                    j["status"]["startTime"] = json!(wall_clock());
-                }
-                if let Some(conditions) = j["status"]["conditions"].as_array_mut() {
-                    conditions.retain(|c| c["type"] != "Suspended");
-                }
-            });
+            let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+            let _ = self
+                .store
+                .update_as(resources::jobs(), Some(ns), name, |j: &mut Job| {
+                    let status = j.status.get_or_insert_default();
+                    status.active = Some(count(active));
+                    status.ready = Some(count(running));
+                    status.start_time.get_or_insert_with(time_now);
+                    if let Some(conditions) = &mut status.conditions {
+                        conditions.retain(|c| c.type_ != "Suspended");
+                    }
+                });
         }
     }
 
     /// Creates the pods of an unsuspended Job and remembers how its workers train.
-    fn start_run(&mut self, job: &Value) -> Option<Run> {
-        let ns = str_of(job, &["metadata", "namespace"])?.to_owned();
-        let name = str_of(job, &["metadata", "name"])?.to_owned();
-        let uid = str_of(job, &["metadata", "uid"])?.to_owned();
-        let template = &job["spec"]["template"];
-        let workers = job["spec"]["completions"].as_u64().unwrap_or(1) as u32;
-        let labels = &template["metadata"]["labels"];
-        let training_job = labels[LABEL_JOB].as_str().unwrap_or(&name).to_owned();
-        let attempt = labels[LABEL_ATTEMPT]
-            .as_str()
+    fn start_run(&mut self, job: &Job) -> Option<Run> {
+        let ns = job.metadata.namespace.clone()?;
+        let name = job.metadata.name.clone()?;
+        let uid = job.metadata.uid.clone()?;
+        let job_spec = job.spec.clone().unwrap_or_default();
+        let workers = job_spec
+            .completions
+            .and_then(|c| u32::try_from(c).ok())
+            .unwrap_or(1);
+        let template_meta = job_spec.template.metadata.unwrap_or_default();
+        let template = job_spec.template.spec.unwrap_or_default();
+        let template_labels = labels_of(&template_meta);
+        let training_job = template_labels
+            .get(LABEL_JOB)
+            .cloned()
+            .unwrap_or_else(|| name.clone());
+        let attempt = template_labels
+            .get(LABEL_ATTEMPT)
             .and_then(|a| a.parse().ok())
             .unwrap_or(0);
-        if let Some(message) =
-            pod_admission::refusal(&self.store, &ns, &name, &template["spec"], workers)
-        {
-            pod_admission::record_failed_create(&self.store, job, &message, &wall_clock());
+        if let Some(message) = pod_admission::refusal(&self.store, &ns, &name, &template, workers) {
+            pod_admission::record_failed_create(&self.store, job, &message, &time_now());
             return None;
         }
         let mut gpus = 0;
         for index in 0..workers {
-            let mut pod = json!({
-                "metadata": {
-                    "generateName": format!("{name}-{index}-"),
-                    "namespace": ns,
-                    "labels": template["metadata"]["labels"].clone(),
-                    "annotations": template["metadata"]["annotations"].clone(),
-                    "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid, "controller": true, "blockOwnerDeletion": true}],
+            let mut labels = template_labels.clone();
+            labels.insert(JOB_NAME_LABEL.to_owned(), name.clone());
+            labels.insert(JOB_CONTROLLER_UID_LABEL.to_owned(), uid.clone());
+            labels.insert(LABEL_WORKER_INDEX.to_owned(), index.to_string());
+            let mut annotations = template_meta.annotations.clone().unwrap_or_default();
+            annotations.insert(LABEL_WORKER_INDEX.to_owned(), index.to_string());
+            let pod = Pod {
+                metadata: ObjectMeta {
+                    generate_name: Some(format!("{name}-{index}-")),
+                    namespace: Some(ns.clone()),
+                    labels: Some(labels),
+                    annotations: Some(annotations),
+                    owner_references: Some(vec![OwnerReference {
+                        api_version: "batch/v1".to_owned(),
+                        kind: "Job".to_owned(),
+                        name: name.clone(),
+                        uid: uid.clone(),
+                        controller: Some(true),
+                        block_owner_deletion: Some(true),
+                    }]),
+                    ..ObjectMeta::default()
                 },
-                "spec": template["spec"].clone(),
-                "status": {"phase": "Pending"},
-            });
-            if !pod["metadata"]["labels"].is_object() {
-                pod["metadata"]["labels"] = json!({});
-            }
-            if !pod["metadata"]["annotations"].is_object() {
-                pod["metadata"]["annotations"] = json!({});
-            }
-            pod["metadata"]["labels"][JOB_NAME_LABEL] = json!(name);
-            pod["metadata"]["labels"][JOB_CONTROLLER_UID_LABEL] = json!(uid);
-            pod["metadata"]["labels"][LABEL_WORKER_INDEX] = json!(index.to_string());
-            pod["metadata"]["annotations"][LABEL_WORKER_INDEX] = json!(index.to_string());
-            pod["spec"]["hostname"] = json!(format!("{name}-{index}"));
-            gpus += pod_requests(&pod).get(GPU).copied().unwrap_or(0);
+                spec: Some(PodSpec {
+                    hostname: Some(format!("{name}-{index}")),
+                    ..template.clone()
+                }),
+                status: Some(PodStatus {
+                    phase: Some("Pending".to_owned()),
+                    ..PodStatus::default()
+                }),
+            };
+            gpus += pod_requests(&template).get(GPU).copied().unwrap_or(0);
             match self
                 .store
-                .create_with_status(resources::pods(), Some(&ns), pod)
+                .create_as(resources::pods(), Some(&ns), &pod, true)
             {
                 Ok(created) => {
-                    let pod_name = str_of(&created, &["metadata", "name"]).unwrap_or_default();
                     self.job_pods
                         .entry(uid.clone())
                         .or_default()
-                        .insert(pod_name.to_owned());
+                        .insert(created.metadata.name.unwrap_or_default());
                 }
                 Err(err) => {
                     tracing::warn!(job = %name, error = %err, "cannot create pod");
@@ -1483,60 +1698,68 @@ impl Cluster {
                 }
             }
         }
-        let container = &template["spec"]["containers"][0];
+        let env_vars = template
+            .containers
+            .first()
+            .and_then(|c| c.env.as_deref())
+            .unwrap_or_default();
         let env = |wanted: &str| -> Option<String> {
-            let var = container["env"]
-                .as_array()?
-                .iter()
-                .find(|e| e["name"] == wanted)?;
-            if let Some(value) = var["value"].as_str() {
-                return Some(value.to_owned());
+            let var = env_vars.iter().find(|e| e.name == wanted)?;
+            if let Some(value) = &var.value {
+                return Some(value.clone());
             }
-            let secret_ref = &var["valueFrom"]["secretKeyRef"];
-            if let Some(secret) = secret_ref["name"].as_str() {
-                let secret = self
+            let source = var.value_from.as_ref()?;
+            if let Some(secret_ref) = &source.secret_key_ref {
+                let secret: Secret = self
                     .store
-                    .get(resources::secrets(), Some(&ns), secret)
+                    .get_as(resources::secrets(), Some(&ns), &secret_ref.name)
                     .ok()?;
-                let key = secret_ref["key"].as_str()?;
-                if let Some(text) = secret["stringData"][key].as_str() {
-                    return Some(text.to_owned());
+                let key = &secret_ref.key;
+                if let Some(text) = secret.string_data.as_ref().and_then(|d| d.get(key)) {
+                    return Some(text.clone());
                 }
-                let encoded = secret["data"][key].as_str()?;
-                let decoded =
-                    base64::Engine::decode(&base64::engine::general_purpose::STANDARD, encoded)
-                        .ok()?;
-                return String::from_utf8(decoded).ok();
+                let bytes = secret.data?.remove(key)?;
+                return String::from_utf8(bytes.0).ok();
             }
-            let reference = &var["valueFrom"]["configMapKeyRef"];
-            let map = self
+            let reference = source.config_map_key_ref.as_ref()?;
+            let map: ConfigMap = self
                 .store
-                .get(
-                    resources::config_maps(),
-                    Some(&ns),
-                    reference["name"].as_str()?,
-                )
+                .get_as(resources::config_maps(), Some(&ns), &reference.name)
                 .ok()?;
-            map["data"][reference["key"].as_str()?]
-                .as_str()
-                .map(str::to_owned)
+            map.data?.remove(&reference.key)
         };
+        // The files a worker reads are free-form JSON (any hyperparameters).
         let config_file = |file: &str| -> Value {
-            template["spec"]["volumes"]
-                .as_array()
-                .into_iter()
+            template
+                .volumes
+                .iter()
                 .flatten()
                 // A ConfigMap volume, or one projected with others (the
                 // planner's, when the workers' NATS CA joins it).
                 .flat_map(|v| {
-                    let projected = v["projected"]["sources"].as_array().into_iter().flatten();
-                    std::iter::once(v).chain(projected)
+                    let projected = v
+                        .projected
+                        .as_ref()
+                        .and_then(|p| p.sources.as_ref())
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|source| source.config_map.as_ref())
+                        .map(|cm| cm.name.as_str());
+                    v.config_map
+                        .as_ref()
+                        .map(|cm| cm.name.as_str())
+                        .into_iter()
+                        .chain(projected)
                 })
-                .filter_map(|v| v["configMap"]["name"].as_str())
-                .filter_map(|cm| self.store.get(resources::config_maps(), Some(&ns), cm).ok())
+                .filter_map(|cm| {
+                    self.store
+                        .get_as::<ConfigMap>(resources::config_maps(), Some(&ns), cm)
+                        .ok()
+                })
                 .find_map(|cm| {
-                    cm["data"][file]
-                        .as_str()
+                    cm.data
+                        .as_ref()
+                        .and_then(|data| data.get(file))
                         .and_then(|t| serde_json::from_str(t).ok())
                 })
                 .unwrap_or(Value::Null)
@@ -1623,15 +1846,18 @@ impl Cluster {
         let pods = self.live_pods();
         let (gated, mut pending): (Vec<&PodFacts>, Vec<&PodFacts>) = pods
             .iter()
-            .filter(|p| !p.bound)
+            .filter(|p| p.node.is_none())
             .map(AsRef::as_ref)
             .partition(|p| p.gated);
         for pod in gated.iter().filter(|p| !p.gated_reported) {
-            let _ = self
-                .store
-                .update(resources::pods(), Some(&pod.namespace), &pod.name, |p| {
-                    p["status"]["conditions"] = scheduling_gated();
-                });
+            let _ = self.store.update_as(
+                resources::pods(),
+                Some(&pod.namespace),
+                &pod.name,
+                |p: &mut Pod| {
+                    p.status.get_or_insert_default().conditions = Some(scheduling_gated());
+                },
+            );
         }
         // Most steps have nothing to bind (gated pods wait for a client to lift
         // their gates): skip the per-node accounting then.
@@ -1655,7 +1881,7 @@ impl Cluster {
         let mut views: Vec<NodeView> = self.node_facts.iter().map(NodeView::of).collect();
         let by_name: HashMap<&str, usize> =
             views.iter().enumerate().map(|(i, v)| (v.name, i)).collect();
-        let mut placed: Vec<(&Value, &Value)> = Vec::new();
+        let mut placed: Vec<Placed> = Vec::new();
         for pod in &pods {
             if let Some(node) = pod
                 .node
@@ -1669,7 +1895,7 @@ impl Cluster {
                     &pod.requests,
                     pod.compute.as_ref().copied().unwrap_or_default(),
                 );
-                placed.push((node.labels, &pod.object["metadata"]["labels"]));
+                placed.push((node.labels, pod.labels()));
             }
         }
         pending.sort_by_key(|p| p.resource_version);
@@ -1680,8 +1906,7 @@ impl Cluster {
                 Ok(compute) => *compute,
                 Err(invalid) => {
                     self.mark_unschedulable(
-                        ns,
-                        pod_name,
+                        pod,
                         format!("{invalid} (a real API server refuses such a pod)"),
                     );
                     continue;
@@ -1707,15 +1932,18 @@ impl Cluster {
             match best.and_then(|(i, _)| views.get_mut(i)) {
                 Some(node) => {
                     node.take(needs.requests, needs.compute);
-                    placed.push((node.labels, &pod.object["metadata"]["labels"]));
+                    placed.push((node.labels, pod.labels()));
                     let node = node.name.to_owned();
-                    let _ = self
-                        .store
-                        .update(resources::pods(), Some(ns), pod_name, |p| {
-                            p["spec"]["nodeName"] = json!(node);
-                            p["status"]["conditions"] =
-                                json!([{"type": "PodScheduled", "status": "True"}]);
-                        });
+                    let _ = self.store.update_as(
+                        resources::pods(),
+                        Some(ns),
+                        pod_name,
+                        |p: &mut Pod| {
+                            p.spec.get_or_insert_default().node_name = Some(node);
+                            p.status.get_or_insert_default().conditions =
+                                Some(vec![condition("PodScheduled", "True")]);
+                        },
+                    );
                     self.bound_at.insert(object_key(ns, pod_name), now);
                 }
                 None => {
@@ -1725,26 +1953,38 @@ impl Cluster {
                         .collect::<Vec<_>>()
                         .join(", ");
                     let message = format!("0/{} nodes are available: {detail}.", nodes.len());
-                    self.mark_unschedulable(ns, pod_name, message);
+                    self.mark_unschedulable(pod, message);
                 }
             }
         }
     }
 
-    /// Leaves a pending pod a `PodScheduled: False` condition saying why.
-    fn mark_unschedulable(&self, namespace: &str, name: &str, message: String) {
-        let _ = self
-            .store
-            .update(resources::pods(), Some(namespace), name, |p| {
-                p["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]);
-            });
+    /// Leaves a pending pod a `PodScheduled: False` condition saying why,
+    /// unless it already says so (most pending pods wait for many steps).
+    fn mark_unschedulable(&self, pod: &PodFacts, message: String) {
+        let conditions = vec![PodCondition {
+            message: Some(message),
+            ..condition_because("PodScheduled", "False", "Unschedulable")
+        }];
+        let current = pod.pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+        if current == Some(&conditions) {
+            return;
+        }
+        let _ = self.store.update_as(
+            resources::pods(),
+            Some(&pod.namespace),
+            &pod.name,
+            |p: &mut Pod| {
+                p.status.get_or_insert_default().conditions = Some(conditions);
+            },
+        );
     }
 
     /// The kubelets: bound pods start after the configured delay.
     fn start_pods(&mut self, now: f64) {
         let delay = self.config.workers.start_delay_seconds;
         for pod in self.live_pods() {
-            if pod.phase != "Pending" || !pod.bound {
+            if pod.phase != "Pending" || pod.node.is_none() {
                 continue;
             }
             let ns = pod.namespace.as_str();
@@ -1753,12 +1993,13 @@ impl Cluster {
             if now < bound + delay {
                 continue;
             }
-            let container = pod.object["spec"]["containers"][0]["name"]
-                .as_str()
-                .unwrap_or("worker")
-                .to_owned();
-            let image = pod.object["spec"]["containers"][0]["image"]
-                .as_str()
+            let container = worker_container(&pod.pod);
+            let image = pod
+                .pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.first())
+                .and_then(|c| c.image.as_deref())
                 .unwrap_or_default();
             if self
                 .config
@@ -1767,23 +2008,29 @@ impl Cluster {
                 .iter()
                 .any(|i| i == image)
             {
-                self.back_off_pulling(&pod, &container, image);
+                self.back_off_pulling(&pod, container, image);
                 continue;
             }
-            let _ = self.store.update(resources::pods(), Some(ns), name, |p| {
-                p["status"]["phase"] = json!("Running");
-                p["status"]["startTime"] = json!(wall_clock());
-                p["status"]["conditions"] = json!([
-                    {"type": "PodScheduled", "status": "True"},
-                    {"type": "Initialized", "status": "True"},
-                    {"type": "ContainersReady", "status": "True"},
-                    {"type": "Ready", "status": "True"},
-                ]);
-                p["status"]["containerStatuses"] = json!([{
-                    "name": container, "ready": true, "restartCount": 0, "image": "", "imageID": "",
-                    "state": {"running": {"startedAt": wall_clock()}},
-                }]);
-            });
+            let running = ContainerState {
+                running: Some(ContainerStateRunning {
+                    started_at: Some(time_now()),
+                }),
+                ..ContainerState::default()
+            };
+            let started = container_status(container, "", true, running);
+            let _ = self
+                .store
+                .update_as(resources::pods(), Some(ns), name, |p: &mut Pod| {
+                    let status = p.status.get_or_insert_default();
+                    status.phase = Some("Running".to_owned());
+                    status.start_time = Some(time_now());
+                    status.conditions = Some(
+                        ["PodScheduled", "Initialized", "ContainersReady", "Ready"]
+                            .map(|type_| condition(type_, "True"))
+                            .to_vec(),
+                    );
+                    status.container_statuses = Some(vec![started]);
+                });
             self.bound_at.remove(&object_key(ns, name));
         }
     }
@@ -1791,24 +2038,47 @@ impl Cluster {
     /// The kubelet cannot pull the worker's image: the pod stays Pending with
     /// its container waiting in `ImagePullBackOff` (written once).
     fn back_off_pulling(&self, pod: &PodFacts, container: &str, image: &str) {
-        let waiting = &pod.object["status"]["containerStatuses"][0]["state"]["waiting"];
-        if waiting["reason"] == "ImagePullBackOff" {
+        let waiting_reason = pod
+            .pod
+            .status
+            .as_ref()
+            .and_then(|s| {
+                s.container_statuses
+                    .as_ref()?
+                    .first()?
+                    .state
+                    .as_ref()?
+                    .waiting
+                    .as_ref()
+            })
+            .and_then(|w| w.reason.as_deref());
+        if waiting_reason == Some("ImagePullBackOff") {
             return;
         }
-        let _ = self
-            .store
-            .update(resources::pods(), Some(&pod.namespace), &pod.name, |p| {
-                p["status"]["conditions"] = json!([
-                    {"type": "PodScheduled", "status": "True"},
-                    {"type": "Initialized", "status": "True"},
-                    {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady"},
-                    {"type": "Ready", "status": "False", "reason": "ContainersNotReady"},
+        let waiting = ContainerState {
+            waiting: Some(ContainerStateWaiting {
+                reason: Some("ImagePullBackOff".to_owned()),
+                message: Some(format!("Back-off pulling image \"{image}\"")),
+            }),
+            ..ContainerState::default()
+        };
+        let status = container_status(container, image, false, waiting);
+        let _ = self.store.update_as(
+            resources::pods(),
+            Some(&pod.namespace),
+            &pod.name,
+            |p: &mut Pod| {
+                let not_ready = |type_| condition_because(type_, "False", "ContainersNotReady");
+                let status_of_pod = p.status.get_or_insert_default();
+                status_of_pod.conditions = Some(vec![
+                    condition("PodScheduled", "True"),
+                    condition("Initialized", "True"),
+                    not_ready("ContainersReady"),
+                    not_ready("Ready"),
                 ]);
-                p["status"]["containerStatuses"] = json!([{
-                    "name": container, "ready": false, "restartCount": 0, "image": image, "imageID": "",
-                    "state": {"waiting": {"reason": "ImagePullBackOff", "message": format!("Back-off pulling image \"{image}\"")}},
-                }]);
-            });
+                status_of_pod.container_statuses = Some(vec![status]);
+            },
+        );
     }
 
     /// The epoch training has reached: it stops at the idle epoch, if any
@@ -1840,7 +2110,7 @@ impl Cluster {
         pods.iter()
             .filter(|p| p.phase == "Running")
             .map(|pod| {
-                let worker_index = rank(&pod.object);
+                let worker_index = rank(&pod.pod);
                 let gpu_utilization = match phase {
                     _ if run.idle => IDLE_UTILIZATION,
                     WorkerPhase::Starting => STARTING_UTILIZATION,
@@ -1919,7 +2189,7 @@ impl Cluster {
         for pod in pods {
             let text = format!(
                 "rank {}/{}: training {} for {} epochs, {start}",
-                rank(&pod.object),
+                rank(&pod.pod),
                 run.workers,
                 if run.model.is_empty() {
                     "the model"
@@ -2129,8 +2399,8 @@ impl Cluster {
                 continue;
             };
             if run.killed_in_save {
-                if let Some(pod) = pods.iter().find(|p| rank(&p.object) == 0).or(pods.first()) {
-                    self.fail_pod(&pod.object, Some(137), None);
+                if let Some(pod) = pods.iter().find(|p| rank(&p.pod) == 0).or(pods.first()) {
+                    self.fail_pod(&pod.pod, Some(137), None);
                 }
                 self.end_run(&run, now, pods, false);
                 continue;
@@ -2169,7 +2439,7 @@ impl Cluster {
                 && epoch < run.total_epochs
             {
                 if let Some(pod) = pods.first() {
-                    self.fail_pod(&pod.object, Some(code), None);
+                    self.fail_pod(&pod.pod, Some(code), None);
                 }
                 self.end_run(&run, now, pods, false);
                 continue;
@@ -2203,11 +2473,13 @@ impl Cluster {
     /// Ends a run already taken out of `runs`.
     fn end_run(&mut self, run: &Run, now: f64, pods: &[Arc<PodFacts>], succeeded: bool) {
         let disrupted = pods.iter().any(|p| {
-            p.object["status"]["conditions"]
-                .as_array()
+            p.pod
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
                 .into_iter()
                 .flatten()
-                .any(|c| c["type"] == "DisruptionTarget")
+                .any(|c| c.type_ == "DisruptionTarget")
         });
         let outcome = match (succeeded, disrupted) {
             (true, _) => RunOutcome::Succeeded,
@@ -2224,18 +2496,18 @@ impl Cluster {
         let ns = run.namespace.as_str();
         for pod in pods {
             let name = pod.name.as_str();
-            // The snapshot may predate this step's own failure of a worker.
-            let Ok(pod) = self.store.get(resources::pods(), Some(ns), name) else {
-                continue;
+            let pod = match self.store.get_as::<Pod>(resources::pods(), Some(ns), name) {
+                Ok(pod) => pod,
+                // The snapshot may predate this step's own failure of a worker.
+                Err(err) if err.code == 404 => continue,
+                // One that does not read as a Pod still ends with its gang.
+                Err(_) => Pod::default(),
             };
             if terminal(&pod) {
                 continue;
             }
             if succeeded {
-                let container = pod["spec"]["containers"][0]["name"]
-                    .as_str()
-                    .unwrap_or("worker")
-                    .to_owned();
+                let container = worker_container(&pod);
                 let text = if run.stop_requested {
                     format!(
                         "stop requested at epoch {}/{}: exiting with code 0",
@@ -2248,14 +2520,16 @@ impl Cluster {
                     )
                 };
                 self.store.logs().append(ns, name, text);
-                let _ = self.store.update(resources::pods(), Some(ns), name, |p| {
-                    p["status"]["phase"] = json!("Succeeded");
-                    p["status"]["conditions"] = json!([{"type": "Ready", "status": "False", "reason": "PodCompleted"}]);
-                    p["status"]["containerStatuses"] = json!([{
-                        "name": container, "ready": false, "restartCount": 0, "image": "", "imageID": "",
-                        "state": {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": wall_clock()}},
-                    }]);
-                });
+                let exited = container_status(container, "", false, terminated(0, "Completed"));
+                let _ = self
+                    .store
+                    .update_as(resources::pods(), Some(ns), name, |p: &mut Pod| {
+                        let status = p.status.get_or_insert_default();
+                        status.phase = Some("Succeeded".to_owned());
+                        status.conditions =
+                            Some(vec![condition_because("Ready", "False", "PodCompleted")]);
+                        status.container_statuses = Some(vec![exited]);
+                    });
             } else {
                 // The Job controller terminates the rest of a failed gang.
                 let _ =
@@ -2263,26 +2537,28 @@ impl Cluster {
                         .delete(resources::pods(), Some(ns), name, Propagation::Background);
             }
         }
-        let workers = run.workers;
-        let _ = self.store.update(resources::jobs(), Some(ns), &run.job, |j| {
-            let time = wall_clock();
-            j["status"]["active"] = json!(0);
-            j["status"]["ready"] = json!(0);
-            if succeeded {
-                j["status"]["succeeded"] = json!(workers);
-                j["status"]["completionTime"] = json!(time);
-                j["status"]["conditions"] = json!([
-                    {"type": "SuccessCriteriaMet", "status": "True", "reason": "CompletionsReached", "lastTransitionTime": time},
-                    {"type": "Complete", "status": "True", "reason": "CompletionsReached", "lastTransitionTime": time},
-                ]);
-            } else {
-                j["status"]["failed"] = json!(1);
-                j["status"]["conditions"] = json!([
-                    {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit", "lastTransitionTime": time},
-                    {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit", "lastTransitionTime": time},
-                ]);
-            }
-        });
+        let workers = i32::try_from(run.workers).unwrap_or(i32::MAX);
+        let _ = self
+            .store
+            .update_as(resources::jobs(), Some(ns), &run.job, |j: &mut Job| {
+                let time = time_now();
+                let status = j.status.get_or_insert_default();
+                status.active = Some(0);
+                status.ready = Some(0);
+                let ended = |type_| job_condition(type_, "CompletionsReached", Some(time.clone()));
+                let failed = |type_| JobCondition {
+                    message: Some("Job has reached the specified backoff limit".to_owned()),
+                    ..job_condition(type_, "BackoffLimitExceeded", Some(time.clone()))
+                };
+                if succeeded {
+                    status.succeeded = Some(workers);
+                    status.completion_time = Some(time.clone());
+                    status.conditions = Some(vec![ended("SuccessCriteriaMet"), ended("Complete")]);
+                } else {
+                    status.failed = Some(1);
+                    status.conditions = Some(vec![failed("FailureTarget"), failed("Failed")]);
+                }
+            });
     }
 
     fn sample(&mut self, now: f64) {
@@ -2332,16 +2608,16 @@ fn pods_of(
 }
 
 /// A worker's rank: its pod's completion index (0 when it has none).
-fn rank(pod: &Value) -> u32 {
-    pod["metadata"]["labels"][LABEL_WORKER_INDEX]
-        .as_str()
+fn rank(pod: &Pod) -> u32 {
+    labels_of(&pod.metadata)
+        .get(LABEL_WORKER_INDEX)
         .and_then(|index| index.parse().ok())
         .unwrap_or(0)
 }
 
 /// Rank 0 saves checkpoints, so only its log tells of them.
 fn log_rank_zero(store: &Store, pods: &[Arc<PodFacts>], text: &str) {
-    for pod in pods.iter().filter(|pod| rank(&pod.object) == 0) {
+    for pod in pods.iter().filter(|pod| rank(&pod.pod) == 0) {
         store.logs().append(&pod.namespace, &pod.name, text);
     }
 }
@@ -2379,7 +2655,14 @@ pub fn resume_epoch(uri: &str) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
+
+    /// What the scheduler reads of a stored pod's CPU and memory.
+    fn pod_compute(pod: &Value) -> Result<Compute, String> {
+        PodFacts::of(pod).compute
+    }
 
     fn compute(cpu_millis: u64, memory_bytes: u64) -> Compute {
         Compute {
@@ -2440,10 +2723,63 @@ mod tests {
             err.starts_with("spec.initContainers[0].resources.limits.memory: \"16GB\""),
             "{err}"
         );
-        let pod = json!({"spec": {"containers": [], "overhead": {"cpu": true}}});
+        let pod = json!({"metadata": {"name": "p"}, "spec": {"containers": [], "overhead": {"cpu": true}}});
+        let err = pod_compute(&pod).expect_err("a boolean is not a quantity");
+        assert!(
+            err.starts_with("Pod \"p\" is invalid: spec.overhead.cpu: invalid type: boolean"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn node_affinity_and_taints_are_matched_by_the_allocators_rules() {
+        let pod = PodFacts::of(&json!({"metadata": {"name": "p"}, "spec": {
+            "containers": [],
+            "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n-1"]}]},
+                    {"matchExpressions": [{"key": "gpus", "operator": "Gt", "values": ["4"]}]},
+                    {"matchExpressions": [{"key": "gpus", "operator": "Near", "values": ["2"]}]},
+                ],
+            }}},
+        }}));
+        let needs = PodNeeds::of(&pod, Compute::default(), &[]);
+        let node = |name: &str, gpus: &str, taints: Value| {
+            NodeFacts::of(&Arc::new(json!({
+                "metadata": {"name": name, "labels": {"gpus": gpus}},
+                "spec": {"taints": taints},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            })))
+        };
+        let unmet = |facts: &NodeFacts| unmet_constraint(&needs, &NodeView::of(facts));
+        let mismatch = Some("node selector or affinity mismatch");
         assert_eq!(
-            pod_compute(&pod),
-            Err("spec.overhead.cpu: true is not a quantity".to_owned())
+            unmet(&node("n-1", "2", json!([]))),
+            None,
+            "named by a field"
+        );
+        assert_eq!(
+            unmet(&node("n-2", "8", json!([]))),
+            None,
+            "more than 4 GPUs"
+        );
+        assert_eq!(
+            unmet(&node("n-3", "2", json!([]))),
+            mismatch,
+            "an unknown operator matches nothing"
+        );
+        let tainted =
+            |key: &str, effect: &str| node("n-2", "8", json!([{"key": key, "effect": effect}]));
+        assert_eq!(unmet(&tainted("spot", "NoSchedule")), None, "tolerated");
+        assert_eq!(
+            unmet(&tainted("other", "PreferNoSchedule")),
+            None,
+            "only advice"
+        );
+        assert_eq!(
+            unmet(&tainted("other", "NoExecute")),
+            Some("untolerated taint")
         );
     }
 }

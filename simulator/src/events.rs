@@ -4,68 +4,71 @@
 
 use std::sync::Arc;
 
-use serde_json::{Map, Value, json};
+use k8s_openapi::api::core::v1::{self as core, EventSource};
+use k8s_openapi::api::events::v1 as events;
+use serde_json::Value;
 
 use crate::resources;
 use crate::selector::Selector;
 use crate::store::Store;
+use crate::typed;
 
-/// The `events.k8s.io` Events in `namespace` as core Events matching the selectors.
+/// The `events.k8s.io` Events in `namespace` as core Events matching the
+/// selectors, as the API server serves them. One that does not read as an
+/// Event is left out (a real API server would have refused it).
 pub fn recorded_as_core(
     store: &Store,
     namespace: Option<&str>,
     labels: &Selector,
     fields: &Selector,
 ) -> Vec<Arc<Value>> {
-    let Some(rt) = resources::by_name("events.events.k8s.io") else {
+    let Some(recorded_type) = resources::by_name("events.events.k8s.io") else {
         return Vec::new();
     };
-    let (recorded, _) = store.list(rt, namespace, labels, &Selector::default());
+    let (recorded, _) = store.list(recorded_type, namespace, labels, &Selector::default());
     recorded
         .iter()
-        .map(|event| as_core(event))
+        .filter_map(|event| typed::read::<events::Event>(recorded_type, event).ok())
+        .filter_map(|event| typed::write(resources::events(), &as_core(event)).ok())
         .filter(|event| fields.matches_fields(event))
         .map(Arc::new)
         .collect()
 }
 
 /// The field mapping of the apiserver's own conversion between the two versions.
-fn as_core(event: &Value) -> Value {
-    let mut core = Map::new();
-    core.insert("apiVersion".into(), json!("v1"));
-    core.insert("kind".into(), json!("Event"));
-    let mut copy = |to: &str, from: &str| {
-        if let Some(value) = event.get(from).filter(|v| !v.is_null()) {
-            core.insert(to.into(), value.clone());
-        }
-    };
-    copy("metadata", "metadata");
-    copy("involvedObject", "regarding");
-    copy("related", "related");
-    copy("reason", "reason");
-    copy("message", "note");
-    copy("type", "type");
-    copy("action", "action");
-    copy("eventTime", "eventTime");
-    copy("reportingComponent", "reportingController");
-    copy("reportingInstance", "reportingInstance");
-    copy("firstTimestamp", "deprecatedFirstTimestamp");
-    copy("lastTimestamp", "deprecatedLastTimestamp");
-    copy("count", "deprecatedCount");
-    if let Some(series) = event.get("series").filter(|v| v.is_object()) {
-        core.insert(
-            "series".into(),
-            json!({"count": series["count"], "lastObservedTime": series["lastObservedTime"]}),
-        );
+fn as_core(event: events::Event) -> core::Event {
+    core::Event {
+        metadata: event.metadata,
+        involved_object: event.regarding.unwrap_or_default(),
+        related: event.related,
+        reason: event.reason,
+        message: event.note,
+        type_: event.type_,
+        action: event.action,
+        event_time: event.event_time,
+        source: event
+            .reporting_controller
+            .clone()
+            .map(|controller| EventSource {
+                component: Some(controller),
+                ..EventSource::default()
+            }),
+        reporting_component: event.reporting_controller,
+        reporting_instance: event.reporting_instance,
+        first_timestamp: event.deprecated_first_timestamp,
+        last_timestamp: event.deprecated_last_timestamp,
+        count: event.deprecated_count,
+        series: event.series.map(|series| core::EventSeries {
+            count: Some(series.count),
+            last_observed_time: Some(series.last_observed_time),
+        }),
     }
-    if let Some(controller) = event.get("reportingController").and_then(Value::as_str) {
-        core.insert("source".into(), json!({"component": controller}));
-    }
-    Value::Object(core)
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]
@@ -83,7 +86,12 @@ mod tests {
             "reportingInstance": "planner-0",
             "series": {"count": 3, "lastObservedTime": "2026-01-01T00:01:00.000000Z"},
         });
-        let core = as_core(&recorded);
+        let recorded = typed::read(
+            resources::by_name("events.events.k8s.io").expect("served"),
+            &recorded,
+        )
+        .expect("an events.k8s.io Event");
+        let core = typed::write(resources::events(), &as_core(recorded)).expect("a core Event");
         assert_eq!(core["involvedObject"]["name"], "bert");
         assert_eq!(core["message"], "placed on 2 nodes");
         assert_eq!(core["source"]["component"], "trainyard.dev/planner");

@@ -20,6 +20,7 @@ pub mod resources;
 pub mod selector;
 pub mod store;
 mod table;
+mod typed;
 
 pub use error::{ApiError, SimulatorError};
 pub use store::Store;

@@ -9,11 +9,15 @@
 //! Simplification: a Job's pods are admitted together, all or none (a real
 //! Job controller creates those that fit and reports the first refused one).
 
-use serde_json::{Value, json};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{
+    Event, EventSource, ObjectReference, Pod, PodSpec, ResourceQuota,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use trainyard_contracts::hash::fnv1a_of;
 
 use crate::resources;
-use crate::selector::Selector;
 use crate::store::Store;
 
 const GPU: &str = "nvidia.com/gpu";
@@ -21,24 +25,20 @@ const GPU: &str = "nvidia.com/gpu";
 const BUILT_IN_PRIORITY_CLASSES: [&str; 2] = ["system-cluster-critical", "system-node-critical"];
 
 /// A whole-number quantity (`"4"`, `4`); anything else counts as none.
-fn whole(value: &Value) -> Option<u64> {
-    match value {
-        Value::Number(n) => n.as_u64(),
-        Value::String(s) => s.parse().ok(),
-        _ => None,
-    }
+fn whole(value: &Quantity) -> Option<u64> {
+    value.0.parse().ok()
 }
 
 /// `nvidia.com/gpu` one pod with `spec` asks for: per container, its limit, else its request.
-fn gpus_of(spec: &Value) -> u64 {
-    spec["containers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|c| {
-            whole(&c["resources"]["limits"][GPU])
-                .or_else(|| whole(&c["resources"]["requests"][GPU]))
-                .unwrap_or(0)
+fn gpus_of(spec: &PodSpec) -> u64 {
+    spec.containers
+        .iter()
+        .filter_map(|c| c.resources.as_ref())
+        .map(|r| {
+            let of = |list: &Option<std::collections::BTreeMap<String, Quantity>>| {
+                list.as_ref().and_then(|l| l.get(GPU)).and_then(whole)
+            };
+            of(&r.limits).or_else(|| of(&r.requests)).unwrap_or(0)
         })
         .sum()
 }
@@ -49,13 +49,13 @@ pub fn refusal(
     store: &Store,
     namespace: &str,
     job: &str,
-    pod_spec: &Value,
+    pod_spec: &PodSpec,
     workers: u32,
 ) -> Option<String> {
     let forbidden = |index: u64, why: String| {
         format!("Error creating: pods \"{job}-{index}-\" is forbidden: {why}")
     };
-    if let Some(class) = pod_spec["priorityClassName"].as_str()
+    if let Some(class) = pod_spec.priority_class_name.as_deref()
         && !BUILT_IN_PRIORITY_CLASSES.contains(&class)
         && store
             .get(resources::priority_classes(), None, class)
@@ -66,32 +66,38 @@ pub fn refusal(
             format!("no PriorityClass with name {class} was found"),
         ));
     }
-    let (quotas, _) = store.list(
-        resources::resource_quotas(),
-        Some(namespace),
-        &Selector::default(),
-        &Selector::default(),
-    );
+    // A quota or pod that does not read as one is not counted (a real API
+    // server would have refused it).
+    let quotas: Vec<ResourceQuota> = store
+        .list_as(resources::resource_quotas(), Some(namespace))
+        .into_iter()
+        .flatten()
+        .collect();
     if quotas.is_empty() {
         return None;
     }
-    let (pods, _) = store.list(
-        resources::pods(),
-        Some(namespace),
-        &Selector::default(),
-        &Selector::default(),
-    );
-    let live: Vec<&Value> = pods
+    let pods: Vec<Pod> = store
+        .list_as(resources::pods(), Some(namespace))
+        .into_iter()
+        .flatten()
+        .collect();
+    let live: Vec<&Pod> = pods
         .iter()
-        .map(|p| p.as_ref())
-        .filter(|p| !matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed")))
+        .filter(|p| {
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            !matches!(phase, Some("Succeeded" | "Failed"))
+        })
         .collect();
     let used_pods = live.len() as u64;
-    let used_gpus: u64 = live.iter().map(|p| gpus_of(&p["spec"])).sum();
+    let used_gpus: u64 = live
+        .iter()
+        .filter_map(|p| p.spec.as_ref())
+        .map(gpus_of)
+        .sum();
     let per_pod_gpus = gpus_of(pod_spec);
     for quota in &quotas {
-        let name = quota["metadata"]["name"].as_str().unwrap_or_default();
-        let Some(hard) = quota["spec"]["hard"].as_object() else {
+        let name = quota.metadata.name.as_deref().unwrap_or_default();
+        let Some(hard) = quota.spec.as_ref().and_then(|s| s.hard.as_ref()) else {
             continue;
         };
         for (resource, limit) in hard {
@@ -121,32 +127,36 @@ pub fn refusal(
 
 /// Records the Job controller's `FailedCreate` Warning Event about `job`
 /// (once per distinct message: a repeat is the same Event).
-pub fn record_failed_create(store: &Store, job: &Value, message: &str, now: &str) {
-    let namespace = job["metadata"]["namespace"].as_str().unwrap_or_default();
-    let name = job["metadata"]["name"].as_str().unwrap_or_default();
-    let event = json!({
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {
-            "name": format!("{name}.{:x}", fnv1a_of(message.as_bytes())),
-            "namespace": namespace,
+pub fn record_failed_create(store: &Store, job: &Job, message: &str, now: &Time) {
+    let namespace = job.metadata.namespace.clone().unwrap_or_default();
+    let name = job.metadata.name.clone().unwrap_or_default();
+    let event = Event {
+        metadata: ObjectMeta {
+            name: Some(format!("{name}.{:x}", fnv1a_of(message.as_bytes()))),
+            namespace: Some(namespace.clone()),
+            ..ObjectMeta::default()
         },
-        "involvedObject": {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "name": name,
-            "namespace": namespace,
-            "uid": job["metadata"]["uid"],
+        involved_object: ObjectReference {
+            api_version: Some("batch/v1".to_owned()),
+            kind: Some("Job".to_owned()),
+            name: Some(name),
+            namespace: Some(namespace.clone()),
+            uid: job.metadata.uid.clone(),
+            ..ObjectReference::default()
         },
-        "reason": "FailedCreate",
-        "message": message,
-        "type": "Warning",
-        "source": {"component": "job-controller"},
-        "reportingComponent": "job-controller",
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    });
+        reason: Some("FailedCreate".to_owned()),
+        message: Some(message.to_owned()),
+        type_: Some("Warning".to_owned()),
+        source: Some(EventSource {
+            component: Some("job-controller".to_owned()),
+            ..EventSource::default()
+        }),
+        reporting_component: Some("job-controller".to_owned()),
+        first_timestamp: Some(now.clone()),
+        last_timestamp: Some(now.clone()),
+        count: Some(1),
+        ..Event::default()
+    };
     // Already recorded: the Job controller's retries repeat the same Event.
-    let _ = store.create(resources::events(), Some(namespace), event);
+    let _ = store.create_as(resources::events(), Some(&namespace), &event, false);
 }

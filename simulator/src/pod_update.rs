@@ -4,9 +4,9 @@
 //! such as Kueue places a gated pod before releasing it. Nothing else in the spec
 //! may change; metadata and status are not limited by these rules.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
-use serde_json::Value;
+use k8s_openapi::api::core::v1::{Pod, PodSchedulingGate, PodSpec};
 
 /// A pod spec change the API server refuses (422 Invalid), as it words it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -33,49 +33,42 @@ pub enum ForbiddenPodUpdate {
     OtherFields(String),
 }
 
-const GATES: &str = "schedulingGates";
-const NODE_SELECTOR: &str = "nodeSelector";
-
 /// Checks the spec of `next` against that of `current`, the stored pod.
-pub fn check(current: &Value, next: &Value) -> Result<(), ForbiddenPodUpdate> {
-    let (old, new) = (&current["spec"], &next["spec"]);
+pub fn check(current: &Pod, next: &Pod) -> Result<(), ForbiddenPodUpdate> {
+    let absent = PodSpec::default();
+    let old = current.spec.as_ref().unwrap_or(&absent);
+    let new = next.spec.as_ref().unwrap_or(&absent);
     if old == new {
         return Ok(());
     }
     check_gates(gates(old), gates(new))?;
     check_node_selector(
-        &old[NODE_SELECTOR],
-        &new[NODE_SELECTOR],
+        old.node_selector.as_ref(),
+        new.node_selector.as_ref(),
         !gates(old).is_empty(),
     )?;
     let changed = other_changes(old, new);
     if changed.is_empty() {
         return Ok(());
     }
-    let changed: Vec<&str> = changed.into_iter().collect();
+    let changed: Vec<&str> = changed.iter().map(String::as_str).collect();
     Err(ForbiddenPodUpdate::OtherFields(changed.join(", ")))
 }
 
-/// The spec's scheduling gates; absent (or not a list) is none.
-fn gates(spec: &Value) -> &[Value] {
-    spec[GATES]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-}
-
-fn gate_name(gate: &Value) -> String {
-    gate["name"]
-        .as_str()
-        .map_or_else(|| gate.to_string(), str::to_owned)
+/// The spec's scheduling gates; absent is none.
+fn gates(spec: &PodSpec) -> &[PodSchedulingGate] {
+    spec.scheduling_gates.as_deref().unwrap_or_default()
 }
 
 /// The new gates must be the old ones less some: a subsequence.
-fn check_gates(old: &[Value], new: &[Value]) -> Result<(), ForbiddenPodUpdate> {
+fn check_gates(
+    old: &[PodSchedulingGate],
+    new: &[PodSchedulingGate],
+) -> Result<(), ForbiddenPodUpdate> {
     let mut remaining = old.iter();
     for gate in new {
         if !remaining.any(|kept| kept == gate) {
-            let name = gate_name(gate);
+            let name = gate.name.clone();
             return Err(if old.contains(gate) {
                 ForbiddenPodUpdate::MovedGate(name)
             } else {
@@ -88,13 +81,16 @@ fn check_gates(old: &[Value], new: &[Value]) -> Result<(), ForbiddenPodUpdate> {
 
 /// Every old key must keep its value; new keys only while the pod is `gated`.
 /// Absent and empty are the same selector.
-fn check_node_selector(old: &Value, new: &Value, gated: bool) -> Result<(), ForbiddenPodUpdate> {
-    let keys = |selector: &Value| selector.as_object().map_or(0, |map| map.len());
+fn check_node_selector(
+    old: Option<&BTreeMap<String, String>>,
+    new: Option<&BTreeMap<String, String>>,
+    gated: bool,
+) -> Result<(), ForbiddenPodUpdate> {
+    let keys = |selector: Option<&BTreeMap<String, String>>| selector.map_or(0, BTreeMap::len);
     let kept = old
-        .as_object()
         .into_iter()
         .flatten()
-        .all(|(key, value)| new.get(key) == Some(value));
+        .all(|(key, value)| new.and_then(|new| new.get(key)) == Some(value));
     match (kept, keys(new) == keys(old)) {
         (true, true) => Ok(()),
         _ if !gated => Err(ForbiddenPodUpdate::NodeSelectorWithoutGates),
@@ -103,29 +99,45 @@ fn check_node_selector(old: &Value, new: &Value, gated: bool) -> Result<(), Forb
     }
 }
 
-/// The spec fields, other than the gates and the node selector, that differ.
-fn other_changes<'a>(old: &'a Value, new: &'a Value) -> BTreeSet<&'a str> {
-    let fields = |spec: &'a Value| spec.as_object().into_iter().flatten().map(|(k, _)| k);
-    fields(old)
-        .chain(fields(new))
-        .map(String::as_str)
-        .filter(|field| ![GATES, NODE_SELECTOR].contains(field))
-        .filter(|field| old.get(field) != new.get(field))
+/// The spec fields, other than the gates and the node selector, that differ,
+/// by the names the API gives them.
+fn other_changes(old: &PodSpec, new: &PodSpec) -> BTreeSet<String> {
+    let others = |spec: &PodSpec| PodSpec {
+        scheduling_gates: None,
+        node_selector: None,
+        ..spec.clone()
+    };
+    let (old, new) = (others(old), others(new));
+    if old == new {
+        return BTreeSet::new();
+    }
+    // Only to name the fields: the typed specs already differ.
+    let fields = |spec: &PodSpec| match serde_json::to_value(spec) {
+        Ok(serde_json::Value::Object(fields)) => fields,
+        _ => serde_json::Map::new(),
+    };
+    let (old, new) = (fields(&old), fields(&new));
+    old.keys()
+        .chain(new.keys())
+        .filter(|field| old.get(*field) != new.get(*field))
+        .cloned()
         .collect()
 }
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use k8s_openapi::api::core::v1::PodStatus;
+    use serde_json::{Value, json};
 
     use super::*;
 
-    fn pod(gates: &[&str], selector: Value) -> Value {
+    fn pod(gates: &[&str], selector: Value) -> Pod {
         let gates: Vec<Value> = gates.iter().map(|name| json!({"name": name})).collect();
-        json!({
+        serde_json::from_value(json!({
             "metadata": {"name": "p"},
             "spec": {"schedulingGates": gates, "nodeSelector": selector, "containers": [{"name": "c", "image": "x"}]},
-        })
+        }))
+        .expect("a pod")
     }
 
     #[test]
@@ -147,9 +159,9 @@ mod tests {
             Err(ForbiddenPodUpdate::NewGate("a".into()))
         );
         let mut ungated = gated.clone();
-        ungated["spec"]
-            .as_object_mut()
-            .map(|spec| spec.remove("schedulingGates"));
+        if let Some(spec) = &mut ungated.spec {
+            spec.scheduling_gates = None;
+        }
         assert_eq!(check(&gated, &ungated), Ok(()), "an absent list is empty");
     }
 
@@ -196,8 +208,10 @@ mod tests {
     fn other_spec_fields_are_fixed_but_metadata_and_status_are_not() {
         let gated = pod(&["g"], json!({}));
         let mut changed = gated.clone();
-        changed["spec"]["containers"][0]["image"] = json!("y");
-        changed["spec"]["nodeName"] = json!("n-0");
+        if let Some(spec) = &mut changed.spec {
+            spec.containers[0].image = Some("y".into());
+            spec.node_name = Some("n-0".into());
+        }
         let refused = check(&gated, &changed);
         assert_eq!(
             refused,
@@ -211,8 +225,11 @@ mod tests {
                 .is_some_and(|e| e.to_string().starts_with("spec: Forbidden: "))
         );
         let mut relabelled = gated.clone();
-        relabelled["metadata"]["labels"] = json!({"l": "1"});
-        relabelled["status"] = json!({"phase": "Running"});
+        relabelled.metadata.labels = Some([("l".to_owned(), "1".to_owned())].into());
+        relabelled.status = Some(PodStatus {
+            phase: Some("Running".into()),
+            ..PodStatus::default()
+        });
         assert_eq!(check(&gated, &relabelled), Ok(()));
     }
 }

@@ -1,6 +1,7 @@
 //! Label and field selectors, as `labelSelector` and `fieldSelector` query
 //! parameters carry them: `a=b`, `a==b`, `a!=b`, `a`, `!a`, `a in (x,y)`,
 //! `a notin (x,y)`; field selectors use the equality forms on dotted paths.
+//! They filter whatever kind the API server stores, so they read objects as JSON.
 
 use serde_json::Value;
 

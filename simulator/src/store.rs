@@ -21,6 +21,7 @@ use crate::pod_logs::PodLogs;
 use crate::pod_update;
 use crate::resources::{self, ResourceType};
 use crate::selector::Selector;
+use crate::typed;
 
 /// Watch history kept for resuming watches; older resumes get 410 Gone and relist.
 pub const HISTORY: usize = 200_000;
@@ -1012,10 +1013,15 @@ impl Store {
         next: &Value,
         subresource: Subresource,
     ) -> Result<(), ApiError> {
-        if subresource != Subresource::Main || rt.name != resources::pods().name {
+        // Most writes leave the spec alone: no need to read the pods then.
+        if subresource != Subresource::Main
+            || rt.name != resources::pods().name
+            || current.get("spec") == next.get("spec")
+        {
             return Ok(());
         }
-        pod_update::check(current, next)
+        let (current, next) = (typed::read(rt, current)?, typed::read(rt, next)?);
+        pod_update::check(&current, &next)
             .map_err(|forbidden| ApiError::invalid(rt, name, &forbidden.to_string()))
     }
 

@@ -164,7 +164,7 @@ fn names_only_job(selector: &LabelSelector, name: &str) -> bool {
 /// Whether `selector` picks an object with `labels`. A selector that names
 /// no requirement picks nothing here: Kubernetes reads a null selector in
 /// an affinity term as matching no pods.
-fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
     let match_labels = selector.match_labels.iter().flatten();
     let expressions = selector.match_expressions.iter().flatten();
     if match_labels.clone().next().is_none() && expressions.clone().next().is_none() {
