@@ -195,6 +195,7 @@ async fn main() -> anyhow::Result<()> {
                 gpus: 1,
             }],
             topology: Default::default(),
+            capacity_type_reopened: false,
         };
         allocator
             .publish(allocator.envelope(entity.clone(), admission))

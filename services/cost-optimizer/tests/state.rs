@@ -87,6 +87,7 @@ fn admission(node: &str, gpus: u32) -> AdmissionDecided {
             gpus,
         }],
         topology: Default::default(),
+        capacity_type_reopened: false,
     }
 }
 
