@@ -188,11 +188,39 @@ fn job_summary(text: &mut String, status: &Value) {
         if let Some(estimated) = cost["estimated"].as_f64() {
             said.push_str(&format!(", {} {currency} estimated", number(estimated)));
         }
-        if let Some(capacity) = cost["capacityType"].as_str() {
-            said.push_str(&format!(", on {capacity}"));
+        if let Some(capacity) = capacity(cost) {
+            said.push_str(&capacity);
         }
         line(text, "Cost:", said);
     }
+}
+
+/// The capacity type, as far as `status.cost` tells it: the cost-optimizer's
+/// choice, whether the gpu-allocator set it aside because no node of that
+/// type can hold the job, and the types of the nodes the job was charged on.
+fn capacity(cost: &Value) -> Option<String> {
+    let nodes: Vec<&str> = cost["nodeCapacityTypes"]
+        .as_array()
+        .map(|types| types.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let on_nodes = (!nodes.is_empty()).then(|| format!("on {} nodes", nodes.join(" and ")));
+    let Some(chosen) = cost["capacityType"].as_str() else {
+        return on_nodes.map(|on| format!(", {on}"));
+    };
+    if cost["eitherCapacityType"].as_bool() == Some(true) {
+        let mut said = format!(
+            "; {chosen} chosen, but no {chosen} node can ever hold the job, so it is admitted on either type"
+        );
+        if let Some(on) = on_nodes {
+            said.push_str(&format!("; {on}"));
+        }
+        return Some(said);
+    }
+    Some(match (nodes.as_slice(), on_nodes) {
+        ([only], _) if *only == chosen => format!(", on {chosen}"),
+        (_, Some(on)) => format!(", {chosen} chosen, {on}"),
+        (_, None) => format!(", on {chosen}"),
+    })
 }
 
 fn line(text: &mut String, label: &str, value: String) {
@@ -405,6 +433,46 @@ mod tests {
         assert!(
             !text.contains("Status:\n  conditions"),
             "conditions are a table, not YAML:\n{text}"
+        );
+    }
+
+    #[test]
+    fn the_cost_line_says_when_the_chosen_capacity_type_gave_way() {
+        let cost_line = |cost: Value| {
+            let object =
+                serde_json::to_value(job(json!({"state": "Running", "cost": cost}))).expect("json");
+            let text = render(&object, &[], Timestamp::now()).expect("renders");
+            text.lines()
+                .find(|l| l.starts_with("Cost:"))
+                .map(|l| l["Cost:".len()..].trim().to_owned())
+                .expect("a cost line")
+        };
+        assert_eq!(
+            cost_line(
+                json!({"accrued": 3.0, "currency": "USD", "capacityType": "spot",
+                             "eitherCapacityType": true, "nodeCapacityTypes": ["on-demand"]})
+            ),
+            "3 USD so far; spot chosen, but no spot node can ever hold the job, so it is admitted on either type; on on-demand nodes"
+        );
+        assert_eq!(
+            cost_line(
+                json!({"accrued": 3.0, "currency": "USD", "capacityType": "spot",
+                             "nodeCapacityTypes": ["spot"]})
+            ),
+            "3 USD so far, on spot"
+        );
+        // Admitted before the choice: it stays on its nodes until its next attempt.
+        assert_eq!(
+            cost_line(
+                json!({"accrued": 3.0, "currency": "USD", "capacityType": "spot",
+                             "nodeCapacityTypes": ["on-demand", "spot"]})
+            ),
+            "3 USD so far, spot chosen, on on-demand and spot nodes"
+        );
+        assert_eq!(
+            cost_line(json!({"accrued": 3.0, "currency": "USD",
+                             "nodeCapacityTypes": ["on-demand"]})),
+            "3 USD so far, on on-demand nodes"
         );
     }
 

@@ -186,6 +186,7 @@ async fn a_training_job_on_a_real_cluster() {
             tolerations: vec![],
             placements: vec![],
             topology: BTreeMap::new(),
+            capacity_type_reopened: false,
         },
     );
     planner

@@ -9,8 +9,10 @@
 //! multiplied by `TIME_SCALE` so jobs run for hours, as training does.
 //! Spot nodes are reclaimed at `RECLAIMS_PER_NODE_HOUR` (Poisson, seeded), so
 //! a gang of n nodes is interrupted at n times that rate; a reclaim loses the
-//! work since the last checkpoint and costs a restart (time, not money: the
-//! gang holds no nodes while it waits for new ones). Half the jobs checkpoint
+//! work since the last checkpoint and costs a restart, in time and money: the
+//! gang holds its new nodes while its pods start and load the checkpoint,
+//! and pays their price (the decision model prices the restart the same
+//! way), under every policy alike. Half the jobs checkpoint
 //! every 30 minutes; every third has a deadline of 1.3 × its duration. The
 //! cost-optimizer sees the pool's rate as its prior (the catalog bucket) and
 //! decides again after each interruption, with the time then left to the
@@ -109,6 +111,13 @@ struct Outcome {
     lost_hours: f64,
 }
 
+fn price_of(choice: Choice) -> f64 {
+    match choice {
+        Choice::Spot => SPOT_PRICE,
+        Choice::OnDemand => ON_DEMAND_PRICE,
+    }
+}
+
 /// Runs `job` starting on `first`; `policy` is asked again after every
 /// interruption, given the work left, the interruptions so far and the
 /// hours since the start.
@@ -124,10 +133,7 @@ fn run(job: &Job, first: Choice, mut policy: impl FnMut(f64, u32, f64) -> Choice
             .checkpoint
             .map_or(1.0, |tau| (left / tau).ceil().max(1.0));
         let need = left + (segments - 1.0) * save;
-        let price = match choice {
-            Choice::Spot => SPOT_PRICE,
-            Choice::OnDemand => ON_DEMAND_PRICE,
-        };
+        let price = price_of(choice);
         while reclaims.peek().is_some_and(|r| *r < clock) {
             reclaims.next();
         }
@@ -158,6 +164,7 @@ fn run(job: &Job, first: Choice, mut policy: impl FnMut(f64, u32, f64) -> Choice
                 clock = at + RESTART_HOURS;
                 reclaims.next();
                 choice = policy(left, outcome.interruptions, clock);
+                outcome.cost += RESTART_HOURS * f64::from(job.gpus) * price_of(choice);
             }
         }
     }

@@ -1,20 +1,26 @@
 //! The cost-optimizer's state saves under a stream of worker utilisation
-//! reports. The service (in this process, on a real nats-server) knows
-//! `--jobs` running jobs with `capacityType: any` on eight nodes; then
-//! `--reports` `worker.utilization` reports go out, round robin over the
-//! jobs, as fast as JetStream takes them. Prints how long the service took
-//! to handle them, the puts to the `trainyard_cost` bucket they caused, the
-//! size of the saved state and the bytes written; then stops the service
-//! and prints the puts its shutdown added. Bounded by `--reports` and
-//! `--max-wall-secs`; asserts nothing.
+//! reports. The service (in this process, on a real nats-server) is told of
+//! eight nodes and `--jobs` jobs with `capacityType: any` and their
+//! admissions (each message saved before its ack; prints the puts and bytes
+//! written); then `--reports` `worker.utilization` reports go out, round
+//! robin over the jobs, each round changing every job's utilisation, as fast
+//! as JetStream takes them. Prints how long the service took to handle
+//! them, the saves (`trainyard_cost_state_saves_total`), puts to
+//! the `trainyard_cost` bucket and bytes they wrote (every message on the
+//! bucket's subjects, counted as it goes by), and the size of the saved
+//! state; then stops the service and prints the puts its shutdown added.
+//! Bounded by `--reports` and `--max-wall-secs`; asserts nothing.
 //!
 //! `cargo run --release -p trainyard-loadtest --bin cost_state -- [--jobs N] [--reports N]`
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use futures::{StreamExt, TryStreamExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use trainyard_contracts::cost::{UtilizationReported, WorkerPhase};
@@ -58,6 +64,18 @@ fn handled(runtime: &Runtime) -> f64 {
         .gather()
         .iter()
         .filter(|family| family.name() == "trainyard_messages_handled_total")
+        .flat_map(|family| family.get_metric())
+        .map(|series| series.get_counter().get_value())
+        .sum()
+}
+
+/// Saves of the state so far.
+fn saves(runtime: &Runtime) -> f64 {
+    runtime
+        .registry
+        .gather()
+        .iter()
+        .filter(|family| family.name() == "trainyard_cost_state_saves_total")
         .flat_map(|family| family.get_metric())
         .map(|series| series.get_counter().get_value())
         .sum()
@@ -127,11 +145,25 @@ async fn main() -> anyhow::Result<()> {
     };
     let save_interval = config.state_save_interval_ms;
     trainyard_cost_optimizer::start(&runtime, config).await?;
-    // The benchmark speaks for the watcher and the allocator as the operator:
-    // the cost-optimizer's own user may not publish their subjects.
-    let operator = async_nats::jetstream::new(stack.connect().await?);
+    // The benchmark speaks for the watcher and the allocator, and watches
+    // the bucket, as the operator: the cost-optimizer's own user may do
+    // neither.
+    let operator_client = stack.connect().await?;
+    let operator = async_nats::jetstream::new(operator_client.clone());
     let watcher = Publisher::new(operator.clone(), Service::Watcher, runtime.metrics.clone());
     let allocator = Publisher::new(operator, Service::GpuAllocator, runtime.metrics.clone());
+    // Every put to the bucket, as it goes by.
+    let mut written = operator_client
+        .subscribe(format!("$KV.{}.>", Bucket::Cost.name()))
+        .await?;
+    let bytes_written = Arc::new(AtomicUsize::new(0));
+    let counted = bytes_written.clone();
+    let counting = tokio::spawn(async move {
+        while let Some(message) = written.next().await {
+            counted.fetch_add(message.payload.len(), Ordering::Relaxed);
+        }
+    });
+    let setup_started = Instant::now();
     for i in 0..NODES {
         let (name, capacity) = if i % 2 == 0 {
             (format!("spot-{i}"), "spot")
@@ -162,6 +194,7 @@ async fn main() -> anyhow::Result<()> {
                 gpus: 1,
             }],
             topology: Default::default(),
+            capacity_type_reopened: false,
         };
         allocator
             .publish(allocator.envelope(entity.clone(), admission))
@@ -169,13 +202,19 @@ async fn main() -> anyhow::Result<()> {
     }
     let setup = f64::from(NODES + 2 * args.jobs);
     wait_handled(&runtime, setup, deadline).await?;
+    let setup_took = setup_started.elapsed().as_secs_f64();
     let puts_before = puts(&runtime).await?;
-    let state_bytes = runtime
+    let saves_before = saves(&runtime);
+    let setup_bytes = bytes_written.swap(0, Ordering::Relaxed);
+    let bucket = runtime
         .bucket(Bucket::Cost)
         .context("bucket trainyard_cost")?
-        .get("state")
-        .await?
-        .map_or(0, |b| b.len());
+        .clone();
+    let keys: Vec<String> = bucket.keys().await?.try_collect().await?;
+    let mut state_bytes = 0;
+    for key in &keys {
+        state_bytes += bucket.get(key).await?.map_or(0, |v| v.len());
+    }
 
     let started = Instant::now();
     for r in 0..args.reports {
@@ -183,7 +222,8 @@ async fn main() -> anyhow::Result<()> {
         let report = UtilizationReported {
             worker_index: 0,
             attempt: 0,
-            gpu_utilization: f64::from(r % 100) / 100.0,
+            // Each round of reports changes every job's utilisation.
+            gpu_utilization: f64::from((r / args.jobs) % 100) / 100.0,
             phase: WorkerPhase::Training,
         };
         watcher.publish(watcher.envelope(entity, report)).await?;
@@ -194,6 +234,11 @@ async fn main() -> anyhow::Result<()> {
     wait_handled(&runtime, setup + f64::from(args.reports), deadline).await?;
     let took = started.elapsed().as_secs_f64();
     let report_puts = puts(&runtime).await? - puts_before;
+    let report_saves = saves(&runtime) - saves_before;
+    // Whatever is in flight reaches the subscriber within this.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    counting.abort();
+    let report_bytes = bytes_written.load(Ordering::Relaxed);
     runtime.shutdown.cancel();
     let pre_shutdown = puts_before + report_puts;
     let js = runtime.jetstream.clone();
@@ -205,15 +250,26 @@ async fn main() -> anyhow::Result<()> {
         "cost-optimizer state saves: {} running jobs, {} utilisation reports, state_save_interval_ms {save_interval}",
         args.jobs, args.reports
     );
-    println!("  saved state             {state_bytes} bytes");
+    println!(
+        "  setup                   {setup} messages (nodes, jobs, admissions) in {setup_took:.2} s, each saved before its ack: {puts_before} puts, {:.3} MB written",
+        setup_bytes as f64 / 1e6
+    );
+    println!(
+        "  saved state             {state_bytes} bytes in {} values",
+        keys.len()
+    );
     println!(
         "  reports handled in      {took:.2} s ({:.0} reports/s, sending included)",
         f64::from(args.reports) / took
     );
     println!(
-        "  bucket puts             {report_puts} ({:.3} per report, {:.1} MB written)",
+        "  saves                   {report_saves} ({:.4} per report)",
+        report_saves / f64::from(args.reports)
+    );
+    println!(
+        "  bucket puts             {report_puts} ({:.3} per report, {:.3} MB written)",
         report_puts as f64 / f64::from(args.reports),
-        report_puts as f64 * state_bytes as f64 / 1e6
+        report_bytes as f64 / 1e6
     );
     println!("  puts at shutdown        {shutdown_puts}");
     stack.stop(Duration::from_secs(5)).await;

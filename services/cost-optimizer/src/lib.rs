@@ -4,19 +4,20 @@
 //! The decisions are made by [`state::CostState`] on top of
 //! `cost-optimizer-core`; this crate feeds it messages and the clock and
 //! publishes what it returns. The state is saved in the `trainyard_cost`
-//! bucket after every change, utilisation reports coalesced
+//! bucket, one value per job, node and queue ([`store`]), after every
+//! change, utilisation reports coalesced
 //! ([`CostConfig::state_save_interval_ms`]).
 
 pub mod config;
 pub mod dcgm;
 pub mod error;
 pub mod state;
+pub mod store;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
-use async_nats::jetstream::kv;
 use chrono::Utc;
 use cost_optimizer_core::PriceCatalog;
 use prometheus::{CounterVec, IntCounter, Opts};
@@ -33,25 +34,23 @@ use trainyard_runtime::{ConfigSources, Delivery, HandleError, Handler, Publisher
 pub use config::{CostConfig, UtilizationSource};
 pub use error::CostServiceError;
 use state::{CostState, Outgoing};
-
-/// Key of the saved state in the bucket.
-const STATE_KEY: &str = "state";
+use store::{StateStore, Written};
 
 /// The running service.
 pub struct CostOptimizer {
     state: Mutex<CostState>,
     publisher: Publisher,
-    bucket: kv::Store,
+    /// Held from taking the state's changes to their writes, so saves reach
+    /// the bucket in the order the state changed.
+    store: Mutex<StateStore>,
     dollars: CounterVec,
     /// Where GPU activity comes from when it is DCGM's.
     dcgm: Option<dcgm::DcgmSource>,
     /// Accounting runs whose DCGM query failed (no idle decisions then).
     dcgm_failures: IntCounter,
-    /// Utilisation reports are in the state but not yet in the bucket.
+    /// Utilisation reports (or a failed save's values) are in the state but
+    /// not yet in the bucket.
     unsaved: AtomicBool,
-    /// Held from serialising the state to its put, so saves reach the
-    /// bucket in the order the state changed.
-    saving: Mutex<()>,
     saves: IntCounter,
 }
 
@@ -69,8 +68,8 @@ pub async fn setup(runtime: &Runtime, sources: &ConfigSources) -> Result<(), Cos
 
 /// Competes for the cost-optimizer's lease; once this replica holds it, loads
 /// the saved state and the catalog, then starts the consumers and the
-/// accounting loop. One replica decides at a time: the state is one value,
-/// kept in memory and saved whole. The catalog watcher runs on every replica.
+/// accounting loop. One replica decides at a time: the state is kept in
+/// memory and saved as it changes. The catalog watcher runs on every replica.
 pub async fn start(
     runtime: &Runtime,
     config: CostConfig,
@@ -94,7 +93,7 @@ pub async fn start(
         .map_err(trainyard_runtime::metrics::metric_error)?;
     let saves = IntCounter::new(
         "trainyard_cost_state_saves_total",
-        "Saves of the cost-optimizer's state to the trainyard_cost bucket",
+        "Saves of the cost-optimizer's state to the trainyard_cost bucket (each writes the values changed since the last)",
     )
     .map_err(trainyard_runtime::metrics::metric_error)?;
     runtime
@@ -116,12 +115,11 @@ pub async fn start(
     let service = Arc::new(CostOptimizer {
         state: Mutex::new(CostState::new(config.clone())),
         publisher: runtime.publisher.clone(),
-        bucket,
+        store: Mutex::new(StateStore::new(bucket, lease.clone())),
         dollars,
         dcgm,
         dcgm_failures,
         unsaved: AtomicBool::new(false),
-        saving: Mutex::new(()),
         saves,
     });
     let leading = service.clone();
@@ -205,19 +203,8 @@ impl CostOptimizer {
     /// saved) and gives it the catalog, when readable: what the lease holder
     /// starts from.
     async fn restore(&self, config: &CostConfig) -> Result<(), CostServiceError> {
-        let saved = self
-            .bucket
-            .get(STATE_KEY)
-            .await
-            .map_err(|e| CostServiceError::Store(e.to_string()))?;
-        let mut state = match saved {
-            Some(bytes) => CostState::restore(
-                serde_json::from_slice(&bytes)
-                    .map_err(|e| CostServiceError::Store(e.to_string()))?,
-                config.clone(),
-            ),
-            None => CostState::new(config.clone()),
-        };
+        let saved = self.store.lock().await.load(config).await?;
+        let mut state = saved.unwrap_or_else(|| CostState::new(config.clone()));
         // Without a catalog nothing can be priced or chosen; the service
         // still runs and picks the catalog up as soon as the file appears.
         match load_catalog(&config.catalog_path) {
@@ -250,21 +237,29 @@ impl CostOptimizer {
         self.finish(out).await
     }
 
-    /// Saves the whole state in the bucket.
+    /// Saves what changed in the state since the last save.
     async fn save(&self) -> Result<(), CostServiceError> {
-        let _in_order = self.saving.lock().await;
-        let saved = {
-            let state = self.state.lock().await;
-            // Whatever was unsaved is in this copy.
+        let mut store = self.store.lock().await;
+        let changes = {
+            let mut state = self.state.lock().await;
+            // Whatever was unsaved is in these values.
             self.unsaved.store(false, Ordering::SeqCst);
-            serde_json::to_vec(&*state).map_err(|e| CostServiceError::Store(e.to_string()))?
+            state
+                .take_changed_values()
+                .map_err(|e| CostServiceError::Store(format!("encode the state: {e}")))?
         };
-        if let Err(err) = self.bucket.put(STATE_KEY, saved.into()).await {
-            self.unsaved.store(true, Ordering::SeqCst);
-            return Err(CostServiceError::Store(err.to_string()));
+        match store.save(changes).await {
+            Ok(written) => {
+                if written != Written::default() {
+                    self.saves.inc();
+                }
+                Ok(())
+            }
+            Err(err) => {
+                self.unsaved.store(true, Ordering::SeqCst);
+                Err(err)
+            }
         }
-        self.saves.inc();
-        Ok(())
     }
 
     /// Saves the state if utilisation reports changed it since the last save.

@@ -1,9 +1,11 @@
 //! What the cost-optimizer knows, and what each message or accounting run
 //! makes it publish. No I/O: the service feeds it messages and the time, and
-//! publishes the [`Outgoing`] messages it returns. Saved whole in the
-//! `trainyard_cost` bucket.
+//! publishes the [`Outgoing`] messages it returns. Saved in the
+//! `trainyard_cost` bucket as [`Record`]s, one value per job, node and queue
+//! and one for the rest; a save writes the values changed since the last.
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 use cost_optimizer_core::budget::{Budget, BudgetEvent, BudgetPeriod, BudgetTracker, LimitAction};
@@ -14,7 +16,7 @@ use cost_optimizer_core::decision::{
 };
 use cost_optimizer_core::idle::{IdleAction, IdleDetector, IdlePolicy, WorkerPhase};
 use cost_optimizer_core::interruption::{InterruptionModel, PoolKey};
-use cost_optimizer_core::{Holding, Ledger, PricedNode, Running};
+use cost_optimizer_core::{Holding, Ledger, LedgerTotals, PricedNode, Running};
 use serde::{Deserialize, Serialize};
 use trainyard_api::{CapacityType as SpecCapacity, TrainingJob, TrainingQueue};
 use trainyard_contracts::EntityRef;
@@ -67,8 +69,13 @@ pub struct JobFacts {
     pub product: Option<String>,
     pub chosen: Option<CapacityType>,
     pub spot_interruptions: u32,
-    /// Hours trained so far (charged on a running attempt).
+    /// Hours trained up to `trained_to` (or so far, when not training).
     pub trained_hours: f64,
+    /// While the job holds GPUs: the accrual time `trained_hours` counts up
+    /// to; the hours since are trained too. Counting from a fixed time keeps
+    /// the job's saved value unchanged while it trains.
+    #[serde(default)]
+    pub trained_to: Option<DateTime<Utc>>,
     /// `trained_hours` at the last checkpoint: what a lost node leaves of
     /// the training (nothing without checkpoints).
     #[serde(default)]
@@ -94,7 +101,117 @@ pub struct QueueFacts {
     pub state: Option<BudgetState>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+impl JobFacts {
+    /// Hours trained up to the accrual time `now`.
+    pub fn trained_hours_at(&self, now: Option<DateTime<Utc>>) -> f64 {
+        match (self.trained_to, now) {
+            (Some(from), Some(now)) if now > from => {
+                self.trained_hours + (now - from).num_milliseconds() as f64 / 3_600_000.0
+            }
+            _ => self.trained_hours,
+        }
+    }
+}
+
+/// One saved value. Each job, node and queue has its own, so no value grows
+/// with the number of jobs (a NATS message, and so a KV value, is limited to
+/// 1 MiB by default); [`Record::Cluster`] holds the rest.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "records only pass through, on their way to or from JSON"
+)]
+pub enum Record<'a> {
+    /// A job: what it asks for, the GPUs it holds, its cost so far (each
+    /// present from the first message that tells of it until it is
+    /// finalized).
+    Job {
+        key: Cow<'a, str>,
+        facts: Option<Cow<'a, JobFacts>>,
+        running: Option<Cow<'a, Running>>,
+        accrued: Option<f64>,
+    },
+    Node {
+        name: Cow<'a, str>,
+        facts: Cow<'a, NodeFacts>,
+    },
+    Queue {
+        name: Cow<'a, str>,
+        facts: Cow<'a, QueueFacts>,
+    },
+    /// Pools' interruptions, runtimes by model, the accrual clock, totals.
+    Cluster {
+        interruptions: Cow<'a, InterruptionModel>,
+        history: Cow<'a, RuntimeHistory>,
+        last_accrual: Option<DateTime<Utc>>,
+        unbudgeted: Cow<'a, BTreeMap<String, f64>>,
+        ledger: LedgerTotals,
+    },
+}
+
+/// The part of a bucket key naming an object: characters outside
+/// `[A-Za-z0-9_/-]` as `=XX` per UTF-8 byte (so `.` too: a key is always two
+/// tokens), and `=` for an empty name. Never decoded: each value names its
+/// object.
+fn key_part(name: &str) -> String {
+    if name.is_empty() {
+        return "=".into();
+    }
+    let mut part = String::with_capacity(name.len());
+    for byte in name.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'_' | b'/' | b'-') {
+            part.push(char::from(byte));
+        } else {
+            part.push_str(&format!("={byte:02X}"));
+        }
+    }
+    part
+}
+
+fn job_value_key(key: &str) -> String {
+    format!("job.{}", key_part(key))
+}
+
+fn node_value_key(name: &str) -> String {
+    format!("node.{}", key_part(name))
+}
+
+fn queue_value_key(name: &str) -> String {
+    format!("queue.{}", key_part(name))
+}
+
+const CLUSTER_KEY: &str = "cluster";
+
+impl Record<'_> {
+    /// Its key in the bucket: `job.<namespace>/<name>`, `node.<name>`,
+    /// `queue.<name>` or `cluster`.
+    pub fn key(&self) -> String {
+        match self {
+            Record::Job { key, .. } => job_value_key(key),
+            Record::Node { name, .. } => node_value_key(name),
+            Record::Queue { name, .. } => queue_value_key(name),
+            Record::Cluster { .. } => CLUSTER_KEY.into(),
+        }
+    }
+}
+
+/// A value to save under its key, or None: the key is to go.
+pub type ChangedValue = (String, Option<Vec<u8>>);
+
+/// What changed since the last [`CostState::take_changed_values`]: the values to
+/// write again (the cluster's always is).
+#[derive(Debug, Clone, Default)]
+struct Changed {
+    jobs: BTreeSet<String>,
+    every_job: bool,
+    nodes: BTreeSet<String>,
+    queues: BTreeSet<String>,
+}
+
+/// The state. Deserialised whole only from the single value earlier
+/// releases saved (see `store`); saved as [`Record`]s.
+#[derive(Debug, Clone, Deserialize)]
 pub struct CostState {
     #[serde(skip)]
     catalog: Option<PriceCatalog>,
@@ -109,6 +226,8 @@ pub struct CostState {
     /// Spend per queue not yet added to its budget.
     #[serde(default)]
     unbudgeted: BTreeMap<String, f64>,
+    #[serde(skip)]
+    changed: Changed,
 }
 
 fn phase_of(phase: WirePhase) -> WorkerPhase {
@@ -133,13 +252,186 @@ impl CostState {
             history: RuntimeHistory::default(),
             last_accrual: None,
             unbudgeted: BTreeMap::new(),
+            changed: Changed::default(),
         }
     }
 
-    /// A state restored from the store, under the current configuration.
+    /// A state saved whole (by earlier releases), under the current
+    /// configuration. Its running jobs count their training on from the
+    /// last accrual.
     pub fn restore(mut saved: CostState, config: CostConfig) -> Self {
         saved.config = config;
+        let keys: Vec<String> = saved.jobs.keys().cloned().collect();
+        for key in keys {
+            saved.settle_training(&key);
+        }
         saved
+    }
+
+    /// The state saved as `records`, under the current configuration.
+    pub fn from_records(
+        records: impl IntoIterator<Item = Record<'static>>,
+        config: CostConfig,
+    ) -> Self {
+        let mut state = CostState::new(config);
+        for record in records {
+            match record {
+                Record::Job {
+                    key,
+                    facts,
+                    running,
+                    accrued,
+                } => {
+                    if let Some(running) = running {
+                        state.ledger.start(&key, running.into_owned());
+                    }
+                    if let Some(accrued) = accrued {
+                        state.ledger.set_job_total(&key, accrued);
+                    }
+                    if let Some(facts) = facts {
+                        state.jobs.insert(key.into_owned(), facts.into_owned());
+                    }
+                }
+                Record::Node { name, facts } => {
+                    // The ledger prices the nodes that are ready (`on_node`).
+                    if facts.ready {
+                        state.ledger.set_node(
+                            &name,
+                            PricedNode {
+                                key: facts.key.clone(),
+                                gpus: facts.gpus,
+                            },
+                        );
+                    }
+                    state.nodes.insert(name.into_owned(), facts.into_owned());
+                }
+                Record::Queue { name, facts } => {
+                    state.queues.insert(name.into_owned(), facts.into_owned());
+                }
+                Record::Cluster {
+                    interruptions,
+                    history,
+                    last_accrual,
+                    unbudgeted,
+                    ledger,
+                } => {
+                    state.interruptions = interruptions.into_owned();
+                    state.history = history.into_owned();
+                    state.last_accrual = last_accrual;
+                    state.unbudgeted = unbudgeted.into_owned();
+                    state.ledger.set_totals(ledger);
+                }
+            }
+        }
+        state
+    }
+
+    fn job_record<'a>(&'a self, key: &'a str) -> Option<Record<'a>> {
+        let facts = self.jobs.get(key);
+        let running = self.ledger.running(key);
+        let accrued = self.ledger.job_total_recorded(key);
+        if facts.is_none() && running.is_none() && accrued.is_none() {
+            return None;
+        }
+        Some(Record::Job {
+            key: Cow::Borrowed(key),
+            facts: facts.map(Cow::Borrowed),
+            running: running.map(Cow::Borrowed),
+            accrued,
+        })
+    }
+
+    fn node_record<'a>(&'a self, name: &'a str) -> Option<Record<'a>> {
+        let facts = self.nodes.get(name)?;
+        Some(Record::Node {
+            name: Cow::Borrowed(name),
+            facts: Cow::Borrowed(facts),
+        })
+    }
+
+    fn queue_record<'a>(&'a self, name: &'a str) -> Option<Record<'a>> {
+        let facts = self.queues.get(name)?;
+        Some(Record::Queue {
+            name: Cow::Borrowed(name),
+            facts: Cow::Borrowed(facts),
+        })
+    }
+
+    fn cluster_record(&self) -> Record<'_> {
+        Record::Cluster {
+            interruptions: Cow::Borrowed(&self.interruptions),
+            history: Cow::Borrowed(&self.history),
+            last_accrual: self.last_accrual,
+            unbudgeted: Cow::Borrowed(&self.unbudgeted),
+            ledger: self.ledger.totals(),
+        }
+    }
+
+    fn job_keys(&self) -> BTreeSet<String> {
+        self.jobs
+            .keys()
+            .chain(self.ledger.jobs())
+            .cloned()
+            .collect()
+    }
+
+    /// Every value of the state, by key.
+    pub fn values(&self) -> Result<BTreeMap<String, Vec<u8>>, serde_json::Error> {
+        let records = self
+            .job_keys()
+            .iter()
+            .filter_map(|k| self.job_record(k))
+            .chain(self.nodes.keys().filter_map(|n| self.node_record(n)))
+            .chain(self.queues.keys().filter_map(|n| self.queue_record(n)))
+            .chain([self.cluster_record()])
+            .map(|r| Ok((r.key(), serde_json::to_vec(&r)?)))
+            .collect::<Result<BTreeMap<_, _>, serde_json::Error>>()?;
+        Ok(records)
+    }
+
+    /// The values that may have changed since the last call, by key (None:
+    /// the object is gone, its value may go), and forgets which they were.
+    pub fn take_changed_values(&mut self) -> Result<Vec<ChangedValue>, serde_json::Error> {
+        let changed = std::mem::take(&mut self.changed);
+        let jobs = if changed.every_job {
+            let mut all = self.job_keys();
+            all.extend(changed.jobs);
+            all
+        } else {
+            changed.jobs
+        };
+        let encode = |key: String, record: Option<Record<'_>>| {
+            Ok((key, record.map(|r| serde_json::to_vec(&r)).transpose()?))
+        };
+        let mut out = Vec::with_capacity(jobs.len() + 1);
+        for key in &jobs {
+            out.push(encode(job_value_key(key), self.job_record(key))?);
+        }
+        for name in &changed.nodes {
+            out.push(encode(node_value_key(name), self.node_record(name))?);
+        }
+        for name in &changed.queues {
+            out.push(encode(queue_value_key(name), self.queue_record(name))?);
+        }
+        out.push(encode(CLUSTER_KEY.into(), Some(self.cluster_record()))?);
+        Ok(out)
+    }
+
+    /// The job's value is to be saved again.
+    fn touch(&mut self, key: &str) {
+        self.changed.jobs.insert(key.to_string());
+    }
+
+    /// Folds the hours trained up to the last accrual into `trained_hours`
+    /// and counts on from there while the job holds GPUs: called whenever
+    /// its ledger entry starts or stops.
+    fn settle_training(&mut self, key: &str) {
+        let now = self.last_accrual;
+        let running = self.ledger.running(key).is_some();
+        if let Some(job) = self.jobs.get_mut(key) {
+            job.trained_hours = job.trained_hours_at(now);
+            job.trained_to = if running { now } else { None };
+        }
     }
 
     pub fn set_catalog(&mut self, catalog: PriceCatalog) {
@@ -179,6 +471,7 @@ impl CostState {
     /// as a reclaim of its pool and an interruption of the jobs on it.
     pub fn on_node(&mut self, name: &str, node: &NodeObserved, at: DateTime<Utc>) -> Vec<Outgoing> {
         self.accrue_until(at);
+        self.changed.nodes.insert(name.to_string());
         let before = self.nodes.get(name).cloned();
         let lost = node.change == Change::Deleted || !node.ready;
         if let Some(old) = &before
@@ -200,10 +493,13 @@ impl CostState {
                 })
                 .cloned()
                 .collect();
+            let now = self.last_accrual;
             for key in hit {
+                self.touch(&key);
                 if let Some(job) = self.jobs.get_mut(&key) {
                     // The work since the last checkpoint is done again.
                     job.trained_hours = job.checkpointed_hours;
+                    job.trained_to = job.trained_to.and(now);
                     if before
                         .as_ref()
                         .is_some_and(|b| b.key.capacity == CapacityKind::Spot)
@@ -214,6 +510,7 @@ impl CostState {
                 if let Some(catalog) = self.catalog.clone() {
                     self.ledger.stop(&key, at, &catalog);
                 }
+                self.settle_training(&key);
                 out.extend(self.decide_job(&key, at, true));
             }
         }
@@ -265,6 +562,7 @@ impl CostState {
     /// `trainingqueue.changed`: its budget and idle policy. A budget that
     /// does not validate is logged and not enforced.
     pub fn on_queue(&mut self, name: &str, queue: Option<&TrainingQueue>) {
+        self.changed.queues.insert(name.to_string());
         let Some(queue) = queue else {
             self.queues.remove(name);
             return;
@@ -325,6 +623,7 @@ impl CostState {
         at: DateTime<Utc>,
     ) -> Vec<Outgoing> {
         let key = entity.key();
+        self.touch(&key);
         let Some(job) = job else {
             self.forget(&key, at);
             return Vec::new();
@@ -372,6 +671,7 @@ impl CostState {
                 chosen: None,
                 spot_interruptions: 0,
                 trained_hours: 0.0,
+                trained_to: None,
                 checkpointed_hours: 0.0,
                 last_checkpoint: None,
                 checkpoint_gaps_seconds: Vec::new(),
@@ -383,6 +683,7 @@ impl CostState {
             })
         };
         self.jobs.insert(key.clone(), facts);
+        self.settle_training(&key);
         if terminal {
             return Vec::new();
         }
@@ -419,7 +720,8 @@ impl CostState {
                     RuntimeSource::Default,
                 ),
             };
-        let work_hours = (runtime_hours - job.trained_hours).max(runtime_hours * 0.05);
+        let work_hours =
+            (runtime_hours - job.trained_hours_at(self.last_accrual)).max(runtime_hours * 0.05);
         let interval_seconds = job.checkpoints.then(|| {
             if job.checkpoint_gaps_seconds.is_empty() {
                 self.config.assumed_checkpoint_interval_seconds as f64
@@ -473,6 +775,7 @@ impl CostState {
         if let Some(j) = self.jobs.get_mut(key) {
             j.chosen = Some(capacity_type);
         }
+        self.changed.jobs.insert(key.to_string());
         let expected_cost = match choice.choice {
             Choice::Spot => choice.spot.expected_cost,
             Choice::OnDemand => choice.on_demand.expected_cost,
@@ -544,9 +847,11 @@ impl CostState {
     ) {
         self.accrue_until(at);
         let key = entity.key();
+        self.touch(&key);
         if let Some(catalog) = self.catalog.clone() {
             self.ledger.stop(&key, at, &catalog);
         }
+        self.settle_training(&key);
         let queue = admission.queue.clone();
         let mut holdings: BTreeMap<String, u32> = BTreeMap::new();
         for p in &admission.placements {
@@ -574,6 +879,7 @@ impl CostState {
                 since: at,
             },
         );
+        self.settle_training(&key);
     }
 
     /// `trainingjob.transitioned` out of holding GPUs (suspended, finished).
@@ -585,10 +891,12 @@ impl CostState {
     ) -> Vec<Outgoing> {
         self.accrue_until(at);
         let key = entity.key();
+        self.touch(&key);
         let lines = match self.catalog.clone() {
             Some(catalog) => self.ledger.stop(&key, at, &catalog),
             None => Vec::new(),
         };
+        self.settle_training(&key);
         let mut out = self.records(lines, at, at);
         if finished && let Some(job) = self.jobs.get(&key) {
             self.history.record(&job.model, job.trained_hours);
@@ -601,6 +909,7 @@ impl CostState {
     }
 
     fn forget(&mut self, key: &str, at: DateTime<Utc>) {
+        self.touch(key);
         if let Some(catalog) = self.catalog.clone() {
             self.ledger.stop(key, at, &catalog);
         }
@@ -612,8 +921,11 @@ impl CostState {
     /// the training so far is kept.
     pub fn on_checkpoint(&mut self, entity: &EntityRef, at: DateTime<Utc>) {
         self.accrue_until(at);
-        if let Some(job) = self.jobs.get_mut(&entity.key()) {
-            job.checkpointed_hours = job.trained_hours;
+        let key = entity.key();
+        self.touch(&key);
+        let now = self.last_accrual;
+        if let Some(job) = self.jobs.get_mut(&key) {
+            job.checkpointed_hours = job.trained_hours_at(now);
             if let Some(last) = job.last_checkpoint {
                 let gap = (at - last).num_seconds() as f64;
                 if gap > 0.0 {
@@ -631,6 +943,7 @@ impl CostState {
     /// taken from the report.
     pub fn on_utilization(&mut self, entity: &EntityRef, report: &UtilizationReported) {
         let key = entity.key();
+        self.touch(&key);
         let from_workers = self.config.utilization_source == UtilizationSource::Worker;
         if let Some(job) = self.jobs.get_mut(&key)
             && report.attempt >= job.attempt
@@ -652,6 +965,7 @@ impl CostState {
     /// GPU activity per worker from DCGM, for the next accounting run: a
     /// running job is sampled when every worker of its attempt has a value.
     pub fn observe_activity(&mut self, activity: &BTreeMap<WorkerPod, f64>) {
+        self.changed.every_job = true;
         let keys: Vec<String> = self.jobs.keys().cloned().collect();
         for key in keys {
             let Some(job) = self.jobs.get_mut(&key) else {
@@ -698,11 +1012,6 @@ impl CostState {
                     self.interruptions.observe_exposure(&node.pool, hours);
                 }
             }
-            for (key, job) in self.jobs.iter_mut() {
-                if self.ledger.running(key).is_some() {
-                    job.trained_hours += hours;
-                }
-            }
         }
         self.last_accrual = Some(self.last_accrual.map_or(at, |l| l.max(at)));
     }
@@ -714,6 +1023,8 @@ impl CostState {
     pub fn tick(&mut self, at: DateTime<Utc>) -> Vec<Outgoing> {
         let start = self.last_accrual.unwrap_or(at);
         self.accrue_until(at);
+        // Costs accrue to every running job; idle checks look at every job.
+        self.changed.every_job = true;
         let Some(catalog) = self.catalog.clone() else {
             return Vec::new();
         };
@@ -758,7 +1069,7 @@ impl CostState {
                         .as_ref()
                         .map_or(0.0, |c| self.ledger.hourly_rate(r, end, c))
                 })?;
-                Some(accrued + (total - job.trained_hours).max(0.0) * rate)
+                Some(accrued + (total - job.trained_hours_at(self.last_accrual)).max(0.0) * rate)
             });
             out.push(Outgoing::Cost(
                 job.entity.clone(),
@@ -794,6 +1105,7 @@ impl CostState {
             let Some(budget) = facts.budget.clone() else {
                 continue;
             };
+            self.changed.queues.insert(name.clone());
             let entity = EntityRef::new("", name, "");
             let spend = self.unbudgeted.remove(name).unwrap_or(0.0);
             for event in facts.tracker.add(&budget, spend, at) {
@@ -1075,5 +1387,164 @@ mod tests {
             gappy.on_utilization(&entity, &report);
             assert!(idle_messages(&gappy.tick(t(s))).is_empty(), "at {s}");
         }
+    }
+
+    /// The bucket after a save of `state`'s changes.
+    fn save(state: &mut CostState, bucket: &mut BTreeMap<String, Vec<u8>>) {
+        for (key, value) in state.take_changed_values().expect("encoded") {
+            match value {
+                Some(value) => bucket.insert(key, value),
+                None => bucket.remove(&key),
+            };
+        }
+    }
+
+    fn restored(bucket: &BTreeMap<String, Vec<u8>>) -> CostState {
+        let records = bucket
+            .values()
+            .map(|v| serde_json::from_slice::<Record<'static>>(v).expect("record"));
+        CostState::from_records(records, CostConfig::default())
+    }
+
+    #[test]
+    fn saving_the_changes_keeps_the_saved_values_equal_to_the_state() {
+        let (mut state, entity) = running_job();
+        let mut bucket = BTreeMap::new();
+        save(&mut state, &mut bucket);
+        type Step = (&'static str, Box<dyn Fn(&mut CostState)>);
+        let steps: Vec<Step> = vec![
+            (
+                "checkpoint",
+                Box::new(|s| s.on_checkpoint(&EntityRef::new("ml", "bert", "u1"), t(1800))),
+            ),
+            (
+                "utilisation",
+                Box::new(|s| {
+                    s.on_utilization(
+                        &EntityRef::new("ml", "bert", "u1"),
+                        &UtilizationReported {
+                            worker_index: 0,
+                            attempt: 0,
+                            gpu_utilization: 0.5,
+                            phase: WirePhase::Training,
+                        },
+                    )
+                }),
+            ),
+            (
+                "accounting run",
+                Box::new(|s| {
+                    s.tick(t(3600));
+                }),
+            ),
+            (
+                "DCGM samples",
+                Box::new(|s| s.observe_activity(&activity(0.4))),
+            ),
+            (
+                "node lost",
+                Box::new(|s| {
+                    let lost: NodeObserved = serde_json::from_value(json!({
+                    "change": "Deleted", "allocatableGpus": 8, "unschedulable": false, "ready": false,
+                    "labels": {"nvidia.com/gpu.product": "A100"}
+                })).expect("node");
+                    s.on_node("n1", &lost, t(5400));
+                }),
+            ),
+            ("queue deleted", Box::new(|s| s.on_queue("q", None))),
+            (
+                "finished",
+                Box::new(|s| {
+                    s.on_released(&EntityRef::new("ml", "bert", "u1"), true, t(7200));
+                }),
+            ),
+            (
+                "finalized",
+                Box::new(|s| {
+                    s.on_job(&EntityRef::new("ml", "bert", "u1"), None, t(7300));
+                }),
+            ),
+        ];
+        for (step, apply) in steps {
+            apply(&mut state);
+            save(&mut state, &mut bucket);
+            assert_eq!(bucket, state.values().expect("encoded"), "after {step}");
+            assert_eq!(
+                restored(&bucket).values().expect("encoded"),
+                bucket,
+                "restored after {step}"
+            );
+        }
+        assert!(
+            bucket.keys().all(|k| !k.starts_with("job.")),
+            "a finalized job leaves no value: {:?}",
+            bucket.keys().collect::<Vec<_>>()
+        );
+        assert!(state.job(&entity.namespace, &entity.name).is_none());
+    }
+
+    #[test]
+    fn a_training_job_is_saved_again_only_by_what_changes_it() {
+        let (mut state, entity) = running_job();
+        let mut bucket = BTreeMap::new();
+        save(&mut state, &mut bucket);
+        // A node's change accrues time: the job trains on, its value stays.
+        let node: NodeObserved = serde_json::from_value(json!({
+            "change": "Applied", "allocatableGpus": 8, "unschedulable": false, "ready": true,
+            "labels": {"nvidia.com/gpu.product": "A100"}
+        }))
+        .expect("node");
+        state.on_node("n2", &node, t(600));
+        let changed: Vec<String> = state
+            .take_changed_values()
+            .expect("encoded")
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(changed, ["node.n2", "cluster"]);
+        // Hours trained count on from the saved accrual time.
+        state.on_checkpoint(&entity, t(1800));
+        let job = state.job("ml", "bert").expect("job");
+        assert!((job.checkpointed_hours - 0.5).abs() < 1e-9);
+        assert!((job.trained_hours_at(Some(t(3600))) - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn value_keys_are_two_tokens_of_the_characters_nats_allows() {
+        assert_eq!(job_value_key("ml/bert-1"), "job.ml/bert-1");
+        assert_eq!(
+            node_value_key("ip-10-0-0-1.ec2.internal"),
+            "node.ip-10-0-0-1=2Eec2=2Einternal"
+        );
+        assert_eq!(queue_value_key("a=b c"), "queue.a=3Db=20c");
+        assert_eq!(queue_value_key(""), "queue.=");
+        assert_ne!(queue_value_key("a.b"), queue_value_key("a=2Eb"));
+    }
+
+    #[test]
+    fn a_state_saved_whole_restores_with_its_running_job_training_on() {
+        let whole = include_str!("../tests/fixtures/state-saved-whole.json");
+        let state = CostState::restore(
+            serde_json::from_str(whole).expect("state saved whole"),
+            CostConfig::default(),
+        );
+        let job = state.job("ml", "bert").expect("job");
+        let saved_at = state.last_accrual;
+        assert_eq!(job.trained_hours, 1.0);
+        assert_eq!(job.trained_to, saved_at);
+        let later = saved_at.map(|t| t + chrono::Duration::hours(2));
+        assert!((job.trained_hours_at(later) - 3.0).abs() < 1e-9);
+        let values = state.values().expect("encoded");
+        let keys: Vec<&str> = values.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "cluster",
+                "job.ml/bert",
+                "node.od-1",
+                "node.spot-1",
+                "queue.team-a"
+            ]
+        );
     }
 }

@@ -100,6 +100,7 @@ async fn chooses_capacity_records_cost_and_alerts_on_budget() {
             gpus: 4,
         }],
         topology: Default::default(),
+        capacity_type_reopened: false,
     };
     allocator
         .publish(allocator.envelope(entity.clone(), admission))

@@ -685,6 +685,7 @@ pub fn admission_decided(admission: &Admission, attempt: u32) -> AdmissionDecide
             })
             .collect(),
         topology,
+        capacity_type_reopened: false,
     }
 }
 

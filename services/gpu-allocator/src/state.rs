@@ -520,6 +520,17 @@ impl AllocatorState {
         spec
     }
 
+    /// Whether the job of attempt `uid` is admitted on either capacity type
+    /// because its chosen one can never hold it.
+    fn capacity_reopened(&self, uid: &JobUid) -> bool {
+        self.record_of(uid).is_some_and(|rec| {
+            let key = object_key(&rec.entity.namespace, &rec.entity.name);
+            self.capacity_chosen
+                .get(&key)
+                .is_some_and(|c| c.uid == rec.entity.uid && c.never_fits)
+        })
+    }
+
     /// Opens both capacity types again to the pending jobs of `outcome` that
     /// the core found unschedulable only as restricted to their chosen
     /// type, and returns their attempt uids: their explanation this cycle
@@ -843,10 +854,12 @@ impl AllocatorState {
             if cpu_only {
                 self.cpu_admitted.insert(admission.uid.to_string());
             }
+            let mut payload = mapping::admission_decided(&admission, attempt);
+            payload.capacity_type_reopened = self.capacity_reopened(&admission.uid);
             self.outbox.push_back(Outgoing::Admission {
                 id: mapping::admission_id(&admission.uid),
                 entity: mapping::job_entity(&admission.namespace, &admission.name, &admission.uid),
-                payload: mapping::admission_decided(&admission, attempt),
+                payload,
                 decision: (!cpu_only).then_some(admission),
             });
         }
@@ -1175,6 +1188,18 @@ mod tests {
             .collect()
     }
 
+    /// Whether each admission in the outbox was opened to either capacity type.
+    fn capacity_reopened(state: &AllocatorState) -> Vec<bool> {
+        state
+            .outbox()
+            .iter()
+            .filter_map(|o| match o {
+                Outgoing::Admission { payload, .. } => Some(payload.capacity_type_reopened),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The cost-optimizer's choice of spot.
     fn spot_chosen() -> trainyard_contracts::cost::CapacityChosen {
         serde_json::from_value(json!({
@@ -1232,6 +1257,7 @@ mod tests {
             .expect("job applies");
         state.cycle(Timestamp(1));
         assert_eq!(first_worker_nodes(&state), vec!["s1".to_string()]);
+        assert_eq!(capacity_reopened(&state), [false]);
     }
 
     #[test]
@@ -1264,6 +1290,11 @@ mod tests {
             .expect("decision applies");
         state.cycle(Timestamp(2));
         assert_eq!(first_worker_nodes(&state), vec!["n1".to_string()]);
+        assert_eq!(
+            capacity_reopened(&state),
+            [true],
+            "the admission says the choice gave way"
+        );
     }
 
     #[test]

@@ -29,6 +29,7 @@ fn admitted(attempt: u32) -> AdmissionDecided {
         tolerations: vec![],
         placements: vec![],
         topology: BTreeMap::new(),
+        capacity_type_reopened: false,
     }
 }
 

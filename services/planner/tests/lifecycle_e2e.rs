@@ -32,6 +32,7 @@ fn admission(workers: u32) -> AdmissionDecided {
             })
             .collect(),
         topology: BTreeMap::new(),
+        capacity_type_reopened: false,
     }
 }
 

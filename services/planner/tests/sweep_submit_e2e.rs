@@ -120,6 +120,7 @@ async fn trials_become_owned_training_jobs_and_the_sweep_gets_its_status() {
                 tolerations: vec![],
                 placements: vec![],
                 topology: BTreeMap::new(),
+                capacity_type_reopened: false,
             },
         )
         .await;

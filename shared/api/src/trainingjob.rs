@@ -972,6 +972,14 @@ pub struct CostStatus {
     /// Why that capacity type, with the expected cost of each.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision: Option<String>,
+    /// True when no node of the chosen capacity type can ever hold the job
+    /// alone, so the gpu-allocator admitted its current attempt on either type.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub either_capacity_type: bool,
+    /// Capacity types (spot, on-demand, reserved) of the nodes the newest
+    /// cost record charged the job for: where it runs, or last ran.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_capacity_types: Vec<String>,
 }
 
 /// A waiting job's place in its TrainingQueue.

@@ -173,7 +173,7 @@ pub fn all() -> Result<Vec<CatalogEntry>, ContractError> {
         entry::<decisions::AdmissionDecided>(
             "gpu-allocator",
             "planner, cost-optimizer, notifier",
-            "The job is admitted: every worker fits now, inside quota, on the nodes in `placements`. The planner injects the selector and tolerations, pins the workers to those nodes (each to the node of its index, through a scheduling gate, when there are several), and unsuspends the Job.",
+            "The job is admitted: every worker fits now, inside quota, on the nodes in `placements`. The planner injects the selector and tolerations, pins the workers to those nodes (each to the node of its index, through a scheduling gate, when there are several), and unsuspends the Job. `capacityTypeReopened: true` (absent otherwise): a `capacityType: any` job that no node of the type in `cost.capacity` can ever hold alone, admitted on either type; the planner shows it in `status.cost`.",
             job(),
             json!({"attempt": 0, "queue": "team-a", "flavor": "a100-spot",
                    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},

@@ -53,6 +53,11 @@ pub struct AdmissionDecided {
     /// Topology domain the gang was packed into (label key → value), if any.
     #[serde(default)]
     pub topology: BTreeMap<String, String>,
+    /// A job of `capacityType: any` that no node of the capacity type the
+    /// cost-optimizer chose (`cost.capacity`) can ever hold alone: admitted
+    /// on either type.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub capacity_type_reopened: bool,
 }
 
 /// Why a job is still waiting, for status and events.

@@ -53,6 +53,17 @@ pub struct CostLine {
     pub cost: f64,
 }
 
+/// The ledger apart from its entries per job and per node: idle cost, cost
+/// per namespace and queue, unpriced GPU-hours (saved as one value, the
+/// entries each with their job or node).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LedgerTotals {
+    pub idle_since: Option<DateTime<Utc>>,
+    pub by_queue: BTreeMap<String, BTreeMap<String, f64>>,
+    pub idle_total: f64,
+    pub unpriced_gpu_hours: f64,
+}
+
 /// Running jobs, priced nodes and the totals so far.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Ledger {
@@ -73,6 +84,42 @@ fn hours(start: DateTime<Utc>, end: DateTime<Utc>) -> f64 {
 }
 
 impl Ledger {
+    /// Restores the totals, leaving the entries per job and node as they are.
+    pub fn set_totals(&mut self, totals: LedgerTotals) {
+        self.idle_since = totals.idle_since;
+        self.by_queue = totals.by_queue;
+        self.idle_total = totals.idle_total;
+        self.unpriced_gpu_hours = totals.unpriced_gpu_hours;
+    }
+
+    pub fn totals(&self) -> LedgerTotals {
+        LedgerTotals {
+            idle_since: self.idle_since,
+            by_queue: self.by_queue.clone(),
+            idle_total: self.idle_total,
+            unpriced_gpu_hours: self.unpriced_gpu_hours,
+        }
+    }
+
+    /// Jobs running or with a cost so far.
+    pub fn jobs(&self) -> impl Iterator<Item = &String> {
+        self.running.keys().chain(
+            self.by_job
+                .keys()
+                .filter(|k| !self.running.contains_key(*k)),
+        )
+    }
+
+    /// Cost charged to `job` so far, if any was recorded since it started.
+    pub fn job_total_recorded(&self, job: &str) -> Option<f64> {
+        self.by_job.get(job).copied()
+    }
+
+    /// Restores the cost charged to `job` so far.
+    pub fn set_job_total(&mut self, job: &str, total: f64) {
+        self.by_job.insert(job.to_string(), total);
+    }
+
     /// A node joined or changed. Accrue first: the change applies from now.
     pub fn set_node(&mut self, name: &str, node: PricedNode) {
         self.nodes.insert(name.to_string(), node);

@@ -23,7 +23,7 @@ pub mod error;
 pub mod idle;
 pub mod interruption;
 
-pub use accounting::{CostLine, Holding, Ledger, PricedNode, Running};
+pub use accounting::{CostLine, Holding, Ledger, LedgerTotals, PricedNode, Running};
 pub use budget::{Budget, BudgetEvent, BudgetPeriod, BudgetTracker, LimitAction};
 pub use catalog::{CapacityKind, PriceCatalog, PriceKey, SpotAdvisorBucket};
 pub use decision::{

@@ -23,14 +23,19 @@ interruption:
   - {bucket: "5-10%"}
 "#;
 
-pub async fn start_with(nats: &NatsServer, config: CostConfig) -> Runtime {
+/// The cost-optimizer's runtime (its buckets provisioned), without the service.
+pub async fn runtime(nats: &NatsServer) -> Runtime {
     let mut settings = Settings::default();
     settings.nats.url = nats.url();
     settings.http.listen = "127.0.0.1:0".to_string();
     settings.shutdown_grace_seconds = 5;
-    let runtime = Runtime::start(Service::CostOptimizer, settings, CancellationToken::new())
+    Runtime::start(Service::CostOptimizer, settings, CancellationToken::new())
         .await
-        .expect("runtime starts");
+        .expect("runtime starts")
+}
+
+pub async fn start_with(nats: &NatsServer, config: CostConfig) -> Runtime {
+    let runtime = runtime(nats).await;
     trainyard_cost_optimizer::start(&runtime, config)
         .await
         .expect("cost-optimizer starts");

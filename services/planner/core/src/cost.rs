@@ -28,6 +28,9 @@ pub struct CostSeen {
     /// The capacity type chosen and why.
     pub capacity_type: Option<String>,
     pub decision: Option<String>,
+    /// Capacity types of the nodes the newest record with GPU-hours charged.
+    #[serde(default)]
+    pub node_capacity_types: Vec<String>,
 }
 
 /// The cost-optimizer's request to suspend the job for idle GPUs, and the
@@ -71,6 +74,15 @@ impl PlannerJobState {
             .is_some_and(|until| record.period_end <= until)
         {
             return Observed::NotApplicable;
+        }
+        let charged: std::collections::BTreeSet<&str> = record
+            .lines
+            .iter()
+            .filter(|line| line.gpu_hours > 0.0)
+            .map(|line| line.capacity_type.as_str())
+            .collect();
+        if !charged.is_empty() {
+            cost.node_capacity_types = charged.into_iter().map(str::to_owned).collect();
         }
         let gpu_hours: f64 = record
             .lines
@@ -161,6 +173,13 @@ pub fn cost_status(state: &PlannerJobState) -> Option<CostStatus> {
         gpu_seconds: cost.gpu_seconds.round(),
         capacity_type: cost.capacity_type.clone(),
         decision: cost.decision.clone(),
+        either_capacity_type: cost.capacity_type.is_some()
+            && state
+                .current
+                .admission
+                .as_ref()
+                .is_some_and(|a| a.capacity_type_reopened),
+        node_capacity_types: cost.node_capacity_types.clone(),
     })
 }
 
@@ -281,7 +300,17 @@ mod tests {
     #[test]
     fn the_capacity_choice_and_its_explanation_reach_the_status() {
         let mut state = PlannerJobState::new();
-        state.observe_capacity(CapacityChosen {
+        state.observe_capacity(spot_chosen());
+        let status = cost_status(&state).expect("a cost status");
+        assert_eq!(status.capacity_type.as_deref(), Some("spot"));
+        assert_eq!(status.decision.as_deref(), Some("spot: saves 57%"));
+        assert_eq!(status.accrued, 0.0);
+        assert!(!status.either_capacity_type);
+        assert!(status.node_capacity_types.is_empty());
+    }
+
+    fn spot_chosen() -> CapacityChosen {
+        CapacityChosen {
             capacity_type: CapacityType::Spot,
             reason: "spot: saves 57%".into(),
             currency: "USD".into(),
@@ -305,11 +334,32 @@ mod tests {
                 deadline: None,
                 spot_interruptions: 0,
             },
+        }
+    }
+
+    #[test]
+    fn a_choice_no_node_of_its_type_can_hold_shows_with_the_nodes_the_job_runs_on() {
+        let mut state = PlannerJobState::new();
+        state.observe_capacity(spot_chosen());
+        state.current.admission = Some(trainyard_contracts::decisions::AdmissionDecided {
+            attempt: 0,
+            queue: "team-a".into(),
+            flavor: "a100".into(),
+            node_selector: Default::default(),
+            tolerations: Vec::new(),
+            placements: Vec::new(),
+            topology: Default::default(),
+            capacity_type_reopened: true,
         });
+        let mut on_demand = record(1, 4.0 / 60.0, 0.3);
+        on_demand.lines[0].capacity_type = "on-demand".into();
+        state.observe_cost(on_demand);
+        // A record of a stretch without GPU-hours keeps the nodes known.
+        state.observe_cost(record(2, 0.0, 0.3));
         let status = cost_status(&state).expect("a cost status");
         assert_eq!(status.capacity_type.as_deref(), Some("spot"));
-        assert_eq!(status.decision.as_deref(), Some("spot: saves 57%"));
-        assert_eq!(status.accrued, 0.0);
+        assert!(status.either_capacity_type);
+        assert_eq!(status.node_capacity_types, ["on-demand"]);
     }
 
     fn report(state: BudgetState, spent: f64) -> BudgetStatusReported {

@@ -98,6 +98,7 @@ pub fn admission(attempt: u32, workers: u32) -> AdmissionDecided {
             })
             .collect(),
         topology: BTreeMap::new(),
+        capacity_type_reopened: false,
     }
 }
 
