@@ -259,19 +259,17 @@ impl Pass for MainPass {
                 }
                 Err((reason, may_preempt)) => {
                     if let Some(position) = ctx.positions.next(lane_queue) {
-                        return Some(Decision::Wait {
-                            entry: Pending {
-                                job: idx,
-                                seq,
-                                queue: lane_queue,
-                                position,
-                                // Known once every job was seen.
-                                queue_length: 0,
-                                effective_priority: priority,
-                                reason,
-                            },
-                            may_preempt,
-                        });
+                        let entry = Pending {
+                            job: idx,
+                            seq,
+                            queue: lane_queue,
+                            position,
+                            // Known once every job was seen.
+                            queue_length: 0,
+                            effective_priority: priority,
+                            reason,
+                        };
+                        ctx.wait(entry, may_preempt);
                     }
                 }
             }
@@ -330,11 +328,19 @@ mod tests {
         );
         assert!(alloc.apply_decision(first, now, &mut ctx, &mut out));
         pass.applied(alloc.policy(), true);
-        let Some(Decision::Wait { entry, .. }) = pass.next(alloc.policy(), now, &mut ctx) else {
-            panic!("the second waits for the GPUs the first took");
+        assert!(
+            pass.next(alloc.policy(), now, &mut ctx).is_none(),
+            "the second fits no more"
+        );
+        let [entry] = ctx.pending.as_slice() else {
+            panic!("one job waits: {}", ctx.pending.len());
         };
         assert_eq!(uid(&alloc, entry.job).as_deref(), Some("b"));
         assert_eq!(entry.position, 1);
-        assert!(pass.next(alloc.policy(), now, &mut ctx).is_none());
+        assert_eq!(
+            ctx.may_preempt,
+            [(0, entry.job)],
+            "its own queue's jobs may make room"
+        );
     }
 }

@@ -46,18 +46,17 @@ impl Pass for CpuOnly {
                 )));
             };
             if let Some(position) = ctx.positions.next(job.queue) {
-                return Some(Decision::Wait {
-                    entry: Pending {
-                        job: idx,
-                        seq: job.seq,
-                        queue: job.queue,
-                        position,
-                        queue_length: 0,
-                        effective_priority: policy.effective_priority(job, now),
-                        reason,
-                    },
-                    may_preempt: false,
-                });
+                let entry = Pending {
+                    job: idx,
+                    seq: job.seq,
+                    queue: job.queue,
+                    position,
+                    queue_length: 0,
+                    effective_priority: policy.effective_priority(job, now),
+                    reason,
+                };
+                // No victim frees a queue's hold or opens it to a namespace.
+                ctx.wait(entry, false);
             }
         }
         None
@@ -129,14 +128,8 @@ mod tests {
             ..CycleCtx::default()
         };
         let mut pass = CpuOnly::new(policy);
-        let Some(Decision::Wait { entry, may_preempt }) = pass.next(policy, now, &mut ctx) else {
-            panic!("the first to arrive waits for its queue");
-        };
-        assert_eq!(policy.state.job_uid(entry.job), Some(JobUid::new("waits")));
-        assert_eq!(entry.position, 1);
-        assert!(!may_preempt, "no victim frees a queue's hold");
         let Some(Decision::AdmitCpuOnly(admission)) = pass.next(policy, now, &mut ctx) else {
-            panic!("the second is admitted");
+            panic!("the job of the open queue is admitted");
         };
         assert_eq!(admission.uid, JobUid::new("goes"));
         assert_eq!(admission.queue, "open");
@@ -147,6 +140,12 @@ mod tests {
         );
         assert_eq!(admission.admitted_at, now);
         assert!(pass.next(policy, now, &mut ctx).is_none());
+        let [entry] = ctx.pending.as_slice() else {
+            panic!("one job waits: {}", ctx.pending.len());
+        };
+        assert_eq!(policy.state.job_uid(entry.job), Some(JobUid::new("waits")));
+        assert_eq!(entry.position, 1);
+        assert!(ctx.may_preempt.is_empty(), "no victim frees a queue's hold");
         assert_eq!(
             alloc.state.cpu_only_waiting.len(),
             2,

@@ -17,9 +17,10 @@
 //! 6. a bounded number of still-blocked jobs look for preemption victims
 //!    (`preempt`, `victim_search`).
 //!
-//! Each pass reads the state and this cycle's context (`CycleCtx`) and
-//! decides one thing at a time (`Pass::next`: an admission and its
-//! placement, a wait, a nomination and its victims, an eviction). The
+//! Each pass reads the state and this cycle's context (`CycleCtx`, where it
+//! also lists the jobs it finds waiting, and why) and decides one thing at
+//! a time (`Pass::next`: an admission and its placement, a nomination and
+//! its victims, an eviction). The
 //! decisions are applied here, in `apply_decision`, through the state's
 //! primitives (`State::commit`, `release`, `requeue`, `start_preempting`,
 //! `end_nomination`), each before the pass is asked for the next, so a
@@ -101,8 +102,12 @@ pub(crate) struct CycleCtx {
     pub(crate) queue_holds_by_cohort: FastMap<(CohortIdx, ResourceIdx), Vec<CohortQueueHold>>,
     pub(crate) reservations: Reservations,
     /// Failures that may try preemption (blocked by quota or capacity), in
-    /// line order: (slot in the pending explanations, job).
+    /// line order: (slot in `pending`, job).
     pub(crate) may_preempt: Vec<(usize, JobIdx)>,
+    /// Why each job seen waiting so far waits, in the order the passes met
+    /// them: an explanation, not a change of the state. Handed to the
+    /// outcome.
+    pub(crate) pending: Vec<Pending>,
     pub(crate) stats: CycleStats,
     /// By queue: bumped by every admission and every new quota or queue
     /// hold in the queue's cohort (see `quota_changed`): what a quota check
@@ -158,6 +163,15 @@ impl CycleCtx {
         self.reasons.get(idx.slot()).map(|r| &**r)
     }
 
+    /// Lists a job as waiting, `may_preempt`: among those the preemption
+    /// pass may find victims for.
+    pub(crate) fn wait(&mut self, entry: Pending, may_preempt: bool) {
+        if may_preempt {
+            self.may_preempt.push((self.pending.len(), entry.job));
+        }
+        self.pending.push(entry);
+    }
+
     /// Units missing by reason `idx` (see `PendingReason::shortfall`).
     pub(crate) fn shortfall(&self, idx: ReasonIdx) -> u64 {
         self.reason(idx).map_or(u64::MAX, PendingReason::shortfall)
@@ -169,9 +183,6 @@ impl CycleCtx {
 pub(crate) enum Decision {
     /// Admit pending job `job` on `plan`'s nodes.
     Admit { job: JobIdx, plan: Plan },
-    /// A job waits: its entry in the pending explanations, and whether a
-    /// victim search may help it.
-    Wait { entry: Pending, may_preempt: bool },
     /// A ready preemptor's nomination is used up, whatever comes of it.
     EndNomination(JobIdx),
     /// Admit a CPU-only job: it leaves the allocator.
@@ -183,7 +194,7 @@ pub(crate) enum Decision {
         retry_after: Timestamp,
     },
     /// Start preempting `plan`'s victims for `job`, whose pending entry is
-    /// `slot` of the explanations.
+    /// `slot` of `CycleCtx::pending`.
     Nominate {
         job: JobIdx,
         plan: VictimPlan,
@@ -251,17 +262,18 @@ impl Allocator {
         let reserved = ReservedFirst::new(std::mem::take(&mut self.state.reserved_jobs));
         self.run(reserved, now, &mut ctx, &mut out);
         let main = MainPass::new(self.policy(), now);
-        out.pending.reserve(main.jobs_in_line());
+        ctx.pending.reserve(main.jobs_in_line());
         ctx.may_preempt.reserve(main.jobs_in_line());
         self.run(main, now, &mut ctx, &mut out);
         let cpu_only = CpuOnly::new(self.policy());
         self.run(cpu_only, now, &mut ctx, &mut out);
-        ctx.positions.set_lengths(&mut out.pending);
+        ctx.positions.set_lengths(&mut ctx.pending);
         self.state.reserved_jobs = std::mem::take(&mut ctx.reserved_order);
         if self.state.config.preemption.enabled {
             let preemption = PreemptionPass::new(self.policy(), &mut ctx);
             self.run(preemption, now, &mut ctx, &mut out);
         }
+        out.pending = std::mem::take(&mut ctx.pending);
         out.reasons = std::mem::take(&mut ctx.reasons);
         out.stats = ctx.stats;
         out.stats.admitted = u32::try_from(out.admissions.len()).unwrap_or(u32::MAX);
@@ -298,12 +310,6 @@ impl Allocator {
     ) -> bool {
         match decision {
             Decision::Admit { job, plan } => self.admit_in_cycle(job, plan, now, ctx, out),
-            Decision::Wait { entry, may_preempt } => {
-                if may_preempt {
-                    ctx.may_preempt.push((out.pending.len(), entry.job));
-                }
-                out.pending.push(entry);
-            }
             Decision::EndNomination(job) => self.state.end_nomination(job),
             Decision::AdmitCpuOnly(admission) => {
                 self.state.finish(&admission.uid);
@@ -327,11 +333,14 @@ impl Allocator {
                 let Some(preemption) = self.start_preemption(job, &plan, now) else {
                     return false;
                 };
-                if let Some(entry) = out.pending.get_mut(slot) {
-                    entry.reason = ctx.add_reason(PendingReason::AwaitingPreemption {
+                if slot < ctx.pending.len() {
+                    let reason = ctx.add_reason(PendingReason::AwaitingPreemption {
                         victims: u32::try_from(preemption.victims.len()).unwrap_or(u32::MAX),
                         evict_at: preemption.evict_at,
                     });
+                    if let Some(entry) = ctx.pending.get_mut(slot) {
+                        entry.reason = reason;
+                    }
                 }
                 out.preemptions.push(preemption);
             }
