@@ -3,7 +3,9 @@
 //! Every index is a slot number in one table, and each table has its own
 //! index type: nodes, flavors, resource kinds, (flavor, kind) resources and
 //! node filters in the inventory, jobs in the job arena, queues and cohorts
-//! in the queue table, reasons in a cycle's reason table. Each is a `u32`
+//! in the queue table, reasons in a cycle's reason table. Zones and racks
+//! are numbered from 1 in the order first met, 0 being a node without the
+//! label (`ZoneIdx::ABSENT`, `RackIdx::ABSENT`). Each is a `u32`
 //! in a `#[repr(transparent)]` newtype, so an index of one table cannot be
 //! passed where another's is expected, at no cost. The state hands them
 //! out; nothing else interprets them.
@@ -93,6 +95,68 @@ slot_index!(
 slot_index!(
     /// A reason's place in its cycle's table of reasons (`CycleOutcome::reasons`).
     ReasonIdx
+);
+
+/// Defines the id type of one kind of interned label value over `u32`: 0
+/// is the label absent (`ABSENT`), n the n-th value interned. Ordered and
+/// hashed as the number is.
+macro_rules! label_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+        #[repr(transparent)]
+        pub(crate) struct $name(u32);
+
+        impl $name {
+            /// Whether it stands for a node without the label.
+            #[inline]
+            pub(crate) const fn is_absent(self) -> bool {
+                self.0 == 0
+            }
+        }
+
+        impl LabelId for $name {
+            const ABSENT: Self = Self(0);
+
+            #[inline]
+            fn from_number(number: u32) -> Self {
+                Self(number)
+            }
+
+            #[inline]
+            fn number(self) -> u32 {
+                self.0
+            }
+        }
+
+        /// Unit tests name values by number.
+        #[cfg(test)]
+        impl From<u32> for $name {
+            fn from(number: u32) -> Self {
+                Self(number)
+            }
+        }
+    };
+}
+
+/// An interned label value's id as its number, and back: what the
+/// interner and a snapshot's intern order need.
+pub(crate) trait LabelId: Copy {
+    /// A node without the label.
+    const ABSENT: Self;
+
+    fn from_number(number: u32) -> Self;
+    fn number(self) -> u32;
+}
+
+label_id!(
+    /// A zone (`topology.kubernetes.io/zone` label value) in the inventory.
+    ZoneIdx
+);
+label_id!(
+    /// A rack / NVLink domain (the configured rack label's value) in the
+    /// inventory, within its zone: `rack-1` of two zones are two racks.
+    RackIdx
 );
 
 /// Hash map with a fast, fixed-seed hasher: per-cycle memos are hot, and a

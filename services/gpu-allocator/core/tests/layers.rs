@@ -3,7 +3,8 @@
 //! module under `state/`) names no policy pass and no part of the speed
 //! layer, so each of its modules can be read alone; and the policy passes
 //! under `cycle/` read the state through `Policy` (which holds `&State`)
-//! and change nothing, except the cycle's driving loops.
+//! and change nothing, except the cycle's driver (`cycle/mod.rs`), which
+//! orders the passes and applies their decisions.
 
 use std::path::{Path, PathBuf};
 
@@ -12,9 +13,9 @@ const DATA: [&str; 8] = [
     "ids", "types", "config", "error", "event", "decision", "pending", "state",
 ];
 
-/// The files under `cycle/` that drive the cycle: they order the passes and
-/// apply their plans, so they alone hold the allocator mutably.
-const DRIVERS: [&str; 4] = ["mod.rs", "admit.rs", "cpu_only.rs", "preempt.rs"];
+/// The file under `cycle/` that drives the cycle: it orders the passes and
+/// applies their decisions, so it alone holds the allocator mutably.
+const DRIVERS: [&str; 1] = ["mod.rs"];
 
 /// What the unit tests of any module may name besides.
 const TEST_SUPPORT: &str = "testing";

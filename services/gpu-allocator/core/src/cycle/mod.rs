@@ -17,11 +17,15 @@
 //! 6. a bounded number of still-blocked jobs look for preemption victims
 //!    (`preempt`, `victim_search`).
 //!
-//! Each pass reads the state and this cycle's context (`CycleCtx`). The
-//! plans they make (an admission's placement, a preemption's victims) are
-//! applied here, at the end of this file, through the state's primitives
-//! (`State::commit`, `release`, `requeue`, `start_preempting`). Answers kept
-//! for reuse are behind `CycleMemo`'s lookups and records.
+//! Each pass reads the state and this cycle's context (`CycleCtx`, where it
+//! also lists the jobs it finds waiting, and why) and decides one thing at
+//! a time (`Pass::next`: an admission and its placement, a nomination and
+//! its victims, an eviction). The
+//! decisions are applied here, in `apply_decision`, through the state's
+//! primitives (`State::commit`, `release`, `requeue`, `start_preempting`,
+//! `end_nomination`), each before the pass is asked for the next, so a
+//! pass sees the capacity its earlier decisions took. Answers kept for
+//! reuse are behind `CycleMemo`'s lookups and records.
 
 pub(crate) mod admit;
 pub(crate) mod cpu_only;
@@ -39,27 +43,31 @@ use std::collections::BTreeSet;
 use std::rc::Rc;
 use std::sync::Arc;
 
+use crate::allocator::Allocator;
+use crate::cycle::admit::{MainPass, ReadyPreemptors, ReservedFirst};
+use crate::cycle::cpu_only::CpuOnly;
 use crate::cycle::evaluate::Plan;
+use crate::cycle::preempt::{Drains, Evictions, PreemptionPass};
+use crate::cycle::queue_position::QueuePositions;
 use crate::cycle::quota_holds::{CohortQueueHold, QuotaHold};
 use crate::cycle::reservation::Reservations;
+use crate::cycle::victim_search::VictimPlan;
 use crate::decision::{
-    Admission, CycleOutcome, CycleStats, Eviction, EvictionReason, PlannedNode, Preemption,
+    Admission, CycleOutcome, CycleStats, Drain, Eviction, PlannedNode, Preemption,
     TopologyAssignment, WorkerPlacement,
 };
 use crate::ids::{CohortIdx, FastMap, JobIdx, QueueIdx, ReasonIdx, ResourceIdx};
 use crate::memo::{CycleMemo, EarlyFailures};
-use crate::pending::PendingReason;
+use crate::pending::{Pending, PendingReason};
 use crate::state::State;
-use crate::state::jobs::{Job, JobState, Nomination};
+use crate::state::jobs::{JobState, Nomination};
 use crate::state::releases::Timeline;
 use crate::types::{JobUid, Timestamp, names};
 
-use crate::allocator::Allocator;
-use crate::cycle::queue_position::QueuePositions;
-
 /// What every policy pass reads: the state, and nothing it can change.
-/// Passes are methods of `Policy` and return a plan or a reason; the
-/// driver below (`impl Allocator`) applies the plans to the state.
+/// Passes are methods of `Policy` and return a plan or a reason, or
+/// `Pass`es that return one `Decision` at a time; the driver below
+/// (`impl Allocator`) applies them to the state.
 #[derive(Clone, Copy)]
 pub(crate) struct Policy<'s> {
     pub(crate) state: &'s State,
@@ -94,8 +102,12 @@ pub(crate) struct CycleCtx {
     pub(crate) queue_holds_by_cohort: FastMap<(CohortIdx, ResourceIdx), Vec<CohortQueueHold>>,
     pub(crate) reservations: Reservations,
     /// Failures that may try preemption (blocked by quota or capacity), in
-    /// line order: (slot in the pending explanations, job).
+    /// line order: (slot in `pending`, job).
     pub(crate) may_preempt: Vec<(usize, JobIdx)>,
+    /// Why each job seen waiting so far waits, in the order the passes met
+    /// them: an explanation, not a change of the state. Handed to the
+    /// outcome.
+    pub(crate) pending: Vec<Pending>,
     pub(crate) stats: CycleStats,
     /// By queue: bumped by every admission and every new quota or queue
     /// hold in the queue's cohort (see `quota_changed`): what a quota check
@@ -151,10 +163,63 @@ impl CycleCtx {
         self.reasons.get(idx.slot()).map(|r| &**r)
     }
 
+    /// Lists a job as waiting, `may_preempt`: among those the preemption
+    /// pass may find victims for.
+    pub(crate) fn wait(&mut self, entry: Pending, may_preempt: bool) {
+        if may_preempt {
+            self.may_preempt.push((self.pending.len(), entry.job));
+        }
+        self.pending.push(entry);
+    }
+
     /// Units missing by reason `idx` (see `PendingReason::shortfall`).
     pub(crate) fn shortfall(&self, idx: ReasonIdx) -> u64 {
         self.reason(idx).map_or(u64::MAX, PendingReason::shortfall)
     }
+}
+
+/// One decision of a pass, made on the state as the decisions before it
+/// left it; `Allocator::apply_decision` applies it.
+pub(crate) enum Decision {
+    /// Admit pending job `job` on `plan`'s nodes.
+    Admit { job: JobIdx, plan: Plan },
+    /// A ready preemptor's nomination is used up, whatever comes of it.
+    EndNomination(JobIdx),
+    /// Admit a CPU-only job: it leaves the allocator.
+    AdmitCpuOnly(Box<Admission>),
+    /// A victim search for `job` failed: it tries again after `retry_after`.
+    BackOff {
+        job: JobIdx,
+        failures: u32,
+        retry_after: Timestamp,
+    },
+    /// Start preempting `plan`'s victims for `job`, whose pending entry is
+    /// `slot` of `CycleCtx::pending`.
+    Nominate {
+        job: JobIdx,
+        plan: VictimPlan,
+        slot: usize,
+    },
+    /// Tell a draining queue's running jobs to checkpoint.
+    Drain(Drain),
+    /// Victim `job` goes back to pending (preempted by `by`, or drained).
+    Evict {
+        job: JobIdx,
+        by: Option<JobUid>,
+        eviction: Eviction,
+    },
+}
+
+/// A pass that decides one thing at a time: the cycle applies each
+/// decision before it asks for the next, so a pass sees what its earlier
+/// decisions took (an admission's units, a nomination's victims).
+pub(crate) trait Pass {
+    /// The next decision, or `None` when the pass is done.
+    fn next(&mut self, policy: Policy<'_>, now: Timestamp, ctx: &mut CycleCtx) -> Option<Decision>;
+
+    /// Called once the decision `next` returned was applied, with whether
+    /// it took effect.
+    fn applied(&mut self, _policy: Policy<'_>, _took_effect: bool) {}
 }
 
 impl Allocator {
@@ -179,27 +244,36 @@ impl Allocator {
     pub(crate) fn cycle_with(&mut self, now: Timestamp, mut ctx: CycleCtx) -> CycleOutcome {
         self.state.clock = self.state.clock.max(now);
         self.state.cycles += 1;
-        self.prune_tombstones(now);
+        self.state.prune_tombstones(now);
         let mut out = CycleOutcome {
             now,
             ..CycleOutcome::default()
         };
         out.evictions.append(&mut self.state.undelivered_evictions);
-        self.process_evictions(now, &mut out);
-        self.start_drains(now, &mut out);
+        let evictions = Evictions::new(self.policy(), now);
+        self.run(evictions, now, &mut ctx, &mut out);
+        let drains = Drains::new(self.policy(), now);
+        self.run(drains, now, &mut ctx, &mut out);
 
         ctx.positions = QueuePositions::new(self.state.queues.queues.len());
         self.policy().hold_for_waiting_preemptors(now, &mut ctx);
-        self.admit_ready_preemptors(now, &mut ctx, &mut out);
-        self.evaluate_reserved_first(now, &mut ctx, &mut out);
-        let lanes = self.policy().build_lanes(now);
-        self.main_pass(now, lanes, &mut ctx, &mut out);
-        self.admit_cpu_only(now, &mut ctx, &mut out);
-        ctx.positions.set_lengths(&mut out.pending);
+        let ready = ReadyPreemptors::new(self.policy(), now);
+        self.run(ready, now, &mut ctx, &mut out);
+        let reserved = ReservedFirst::new(std::mem::take(&mut self.state.reserved_jobs));
+        self.run(reserved, now, &mut ctx, &mut out);
+        let main = MainPass::new(self.policy(), now);
+        ctx.pending.reserve(main.jobs_in_line());
+        ctx.may_preempt.reserve(main.jobs_in_line());
+        self.run(main, now, &mut ctx, &mut out);
+        let cpu_only = CpuOnly::new(self.policy());
+        self.run(cpu_only, now, &mut ctx, &mut out);
+        ctx.positions.set_lengths(&mut ctx.pending);
         self.state.reserved_jobs = std::mem::take(&mut ctx.reserved_order);
         if self.state.config.preemption.enabled {
-            self.preemption_pass(now, &mut ctx, &mut out);
+            let preemption = PreemptionPass::new(self.policy(), &mut ctx);
+            self.run(preemption, now, &mut ctx, &mut out);
         }
+        out.pending = std::mem::take(&mut ctx.pending);
         out.reasons = std::mem::take(&mut ctx.reasons);
         out.stats = ctx.stats;
         out.stats.admitted = u32::try_from(out.admissions.len()).unwrap_or(u32::MAX);
@@ -207,62 +281,85 @@ impl Allocator {
         out
     }
 
-    pub(crate) fn prune_tombstones(&mut self, now: Timestamp) {
-        let retention = self.state.config.tombstone_retention_secs;
-        while let Some((at, _)) = self.state.tombstone_order.front() {
-            if now.secs_since(*at) <= retention {
-                break;
-            }
-            if let Some((_, uid)) = self.state.tombstone_order.pop_front() {
-                self.state.tombstones.remove(&uid);
-            }
+    /// Runs `pass` to its end, applying each of its decisions before asking
+    /// for the next.
+    fn run(
+        &mut self,
+        mut pass: impl Pass,
+        now: Timestamp,
+        ctx: &mut CycleCtx,
+        out: &mut CycleOutcome,
+    ) {
+        while let Some(decision) = pass.next(self.policy(), now, ctx) {
+            let took_effect = self.apply_decision(decision, now, ctx, out);
+            pass.applied(self.policy(), took_effect);
         }
     }
-
-    pub(crate) fn process_evictions(&mut self, now: Timestamp, out: &mut CycleOutcome) {
-        let due = self
-            .state
-            .by_arrival(self.state.preempting.iter().copied().filter(|idx| {
-                self.state
-                    .job(*idx)
-                    .and_then(Job::running)
-                    .and_then(|r| r.preempting.as_ref())
-                    .is_some_and(|p| p.checkpointed || p.evict_at <= now)
-            }));
-        for idx in due {
-            let Some(job) = self.state.job(idx) else {
-                continue;
-            };
-            let uid = job.spec.uid.clone();
-            let Some(by) = job
-                .running()
-                .and_then(|r| r.preempting.as_ref())
-                .map(|p| p.by.clone())
-            else {
-                continue;
-            };
-            let reason = match &by {
-                Some(by) => EvictionReason::Preempted { by: by.clone() },
-                None => EvictionReason::Drained {
-                    queue: self.state.queues.name_of(job.queue),
-                },
-            };
-            self.state.requeue(idx, by);
-            out.evictions.push(Eviction {
-                uid,
-                reason,
-                at: now,
-            });
-        }
-    }
-
-    // ------------------------------------------------------------- preemption
 
     // ------------------------------------------- plans applied to the state
 
+    /// Applies one decision of a pass: the one place a cycle changes the
+    /// state. Returns whether it took effect (a nomination whose victim
+    /// stopped meanwhile does not).
+    fn apply_decision(
+        &mut self,
+        decision: Decision,
+        now: Timestamp,
+        ctx: &mut CycleCtx,
+        out: &mut CycleOutcome,
+    ) -> bool {
+        match decision {
+            Decision::Admit { job, plan } => self.admit_in_cycle(job, plan, now, ctx, out),
+            Decision::EndNomination(job) => self.state.end_nomination(job),
+            Decision::AdmitCpuOnly(admission) => {
+                self.state.finish(&admission.uid);
+                out.admissions.push(*admission);
+            }
+            Decision::BackOff {
+                job,
+                failures,
+                retry_after,
+            } => {
+                if let Some(j) = self.state.job_mut(job) {
+                    j.preemption_failures = failures;
+                    j.preemption_retry_after = retry_after;
+                }
+            }
+            Decision::Nominate { job, plan, slot } => {
+                if let Some(j) = self.state.job_mut(job) {
+                    j.preemption_failures = 0;
+                    j.preemption_retry_after = Timestamp(0);
+                }
+                let Some(preemption) = self.start_preemption(job, &plan, now) else {
+                    return false;
+                };
+                if slot < ctx.pending.len() {
+                    let reason = ctx.add_reason(PendingReason::AwaitingPreemption {
+                        victims: u32::try_from(preemption.victims.len()).unwrap_or(u32::MAX),
+                        evict_at: preemption.evict_at,
+                    });
+                    if let Some(entry) = ctx.pending.get_mut(slot) {
+                        entry.reason = reason;
+                    }
+                }
+                out.preemptions.push(preemption);
+            }
+            Decision::Drain(drain) => {
+                self.state
+                    .start_preempting(&drain.victims, None, drain.evict_at);
+                out.drains.push(drain);
+            }
+            Decision::Evict { job, by, eviction } => {
+                self.state.requeue(job, by);
+                out.evictions.push(eviction);
+            }
+        }
+        true
+    }
+
     /// Takes a job's GPUs for this cycle: every quota check seen so far is
     /// out of date, and the job's releases join its resource's timeline.
-    pub(crate) fn admit_in_cycle(
+    fn admit_in_cycle(
         &mut self,
         idx: JobIdx,
         plan: Plan,
@@ -298,13 +395,7 @@ impl Allocator {
 
     /// Inserts the release events of running job `idx` into `timeline` (see
     /// `release_timeline`), keeping it sorted.
-    pub(crate) fn add_releases(
-        &self,
-        timeline: &mut Timeline,
-        idx: JobIdx,
-        res: ResourceIdx,
-        now: Timestamp,
-    ) {
+    fn add_releases(&self, timeline: &mut Timeline, idx: JobIdx, res: ResourceIdx, now: Timestamp) {
         let mut events = Vec::new();
         self.state
             .job_releases(idx, res, now, |event| events.push(event));
@@ -312,13 +403,7 @@ impl Allocator {
     }
 
     /// Turns a plan into an admission decision and commits it.
-    pub(crate) fn admit(
-        &mut self,
-        idx: JobIdx,
-        plan: Plan,
-        now: Timestamp,
-        out: &mut CycleOutcome,
-    ) {
+    fn admit(&mut self, idx: JobIdx, plan: Plan, now: Timestamp, out: &mut CycleOutcome) {
         let Some(job) = self.state.job(idx) else {
             return;
         };
@@ -351,11 +436,11 @@ impl Allocator {
                 });
             }
         }
-        let single = |set: &BTreeSet<u32>| {
+        fn single<T: Copy>(set: &BTreeSet<T>) -> Option<T> {
             (set.len() == 1)
                 .then(|| set.iter().next().copied())
                 .flatten()
-        };
+        }
         let topology = TopologyAssignment {
             zone: single(&zones)
                 .and_then(|z| self.state.inv.zones.name(z))
@@ -393,10 +478,10 @@ impl Allocator {
     }
 
     /// Records victims and the preemptor's nomination.
-    pub(crate) fn start_preemption(
+    fn start_preemption(
         &mut self,
         idx: JobIdx,
-        plan: &crate::cycle::victim_search::VictimPlan,
+        plan: &VictimPlan,
         now: Timestamp,
     ) -> Option<Preemption> {
         let evict_at = now.plus_secs(self.state.config.preemption.grace_period_secs);

@@ -13,8 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::ids::FastMap;
-use crate::ids::NodeIdx;
+use crate::ids::{FastMap, LabelId, NodeIdx, RackIdx, ZoneIdx};
 use crate::state::jobs::Gang;
 use crate::types::TopologyRequirement;
 
@@ -24,16 +23,16 @@ pub(crate) struct Candidate {
     pub(crate) node: NodeIdx,
     /// Units this job may use on the node (free minus reservations).
     pub(crate) usable: u32,
-    /// Interned zone, 0 when unlabeled.
-    pub(crate) zone: u32,
-    /// Interned rack / NVLink domain, 0 when unlabeled.
-    pub(crate) rack: u32,
+    /// Interned zone, `ZoneIdx::ABSENT` when unlabeled.
+    pub(crate) zone: ZoneIdx,
+    /// Interned rack / NVLink domain, `RackIdx::ABSENT` when unlabeled.
+    pub(crate) rack: RackIdx,
 }
 
 /// Free units, zone and rack of each eligible node, by node index: searches
 /// look nodes up in their innermost loops, where a dense table beats
 /// hashing (and building it is one pass without inserts).
-pub(crate) struct NodeTable(Vec<Option<(u32, u32, u32)>>);
+pub(crate) struct NodeTable(Vec<Option<(u32, ZoneIdx, RackIdx)>>);
 
 impl NodeTable {
     /// A table for `nodes` nodes, none eligible yet.
@@ -41,22 +40,22 @@ impl NodeTable {
         NodeTable(vec![None; nodes])
     }
 
-    pub(crate) fn set(&mut self, node: NodeIdx, entry: (u32, u32, u32)) {
+    pub(crate) fn set(&mut self, node: NodeIdx, entry: (u32, ZoneIdx, RackIdx)) {
         if let Some(slot) = self.0.get_mut(node.slot()) {
             *slot = Some(entry);
         }
     }
 
-    pub(crate) fn get(&self, node: &NodeIdx) -> Option<&(u32, u32, u32)> {
+    pub(crate) fn get(&self, node: &NodeIdx) -> Option<&(u32, ZoneIdx, RackIdx)> {
         self.0.get(node.slot()).and_then(Option::as_ref)
     }
 
-    pub(crate) fn get_mut(&mut self, node: &NodeIdx) -> Option<&mut (u32, u32, u32)> {
+    pub(crate) fn get_mut(&mut self, node: &NodeIdx) -> Option<&mut (u32, ZoneIdx, RackIdx)> {
         self.0.get_mut(node.slot()).and_then(Option::as_mut)
     }
 
     /// Eligible nodes by index, with their entries.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (NodeIdx, &(u32, u32, u32))> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (NodeIdx, &(u32, ZoneIdx, RackIdx))> {
         NodeIdx::enumerate(&self.0).filter_map(|(node, entry)| Some((node, entry.as_ref()?)))
     }
 }
@@ -94,7 +93,10 @@ pub(crate) fn place_single(per_worker: u32, candidates: &[Candidate]) -> Option<
 /// its topology requires: all of them together if the gang may spread, else
 /// the roomiest single zone, rack or node (an unlabeled node counts alone). What a
 /// capacity reason reports for a gang that does not fit.
-pub(crate) fn most_placeable(gang: Gang, nodes: impl IntoIterator<Item = (u32, u32, u32)>) -> u64 {
+pub(crate) fn most_placeable(
+    gang: Gang,
+    nodes: impl IntoIterator<Item = (u32, ZoneIdx, RackIdx)>,
+) -> u64 {
     let mut roomiest = RoomiestDomain::new(gang.topology);
     for (units, zone, rack) in nodes {
         let s = gang.slots(units);
@@ -122,14 +124,16 @@ impl RoomiestDomain {
     }
 
     /// A node of `(zone, rack)` gained `gained` slots and now has `now`.
-    pub(crate) fn add(&mut self, (zone, rack): (u32, u32), gained: u64, now: u64) {
+    pub(crate) fn add(&mut self, (zone, rack): (ZoneIdx, RackIdx), gained: u64, now: u64) {
+        // One kind of domain per gang: the zone's or the rack's number, 0
+        // for a node alone.
         let domain = match self.topology {
             TopologyRequirement::Preferred => {
                 self.roomiest += gained;
                 return;
             }
-            TopologyRequirement::SameZone => zone,
-            TopologyRequirement::SameRack => rack,
+            TopologyRequirement::SameZone => zone.number(),
+            TopologyRequirement::SameRack => rack.number(),
             TopologyRequirement::SameNode => 0,
         };
         let slots = if domain == 0 {
@@ -179,8 +183,8 @@ pub(crate) fn place_gang(gang: Gang, candidates: &[Candidate]) -> Option<Assignm
         return None;
     }
 
-    let mut rack_slots: BTreeMap<u32, u64> = BTreeMap::new();
-    let mut zone_slots: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut rack_slots: BTreeMap<RackIdx, u64> = BTreeMap::new();
+    let mut zone_slots: BTreeMap<ZoneIdx, u64> = BTreeMap::new();
     for c in candidates {
         let s = gang.slots(c.usable);
         *rack_slots.entry(c.rack).or_default() += s;
@@ -190,7 +194,7 @@ pub(crate) fn place_gang(gang: Gang, candidates: &[Candidate]) -> Option<Assignm
     // Tightest rack that fits the gang: keeps roomier racks for bigger gangs.
     let best_rack = rack_slots
         .iter()
-        .filter(|(rack, s)| **rack != 0 && **s >= need)
+        .filter(|(rack, s)| !rack.is_absent() && **s >= need)
         .min_by_key(|(rack, s)| (**s, **rack))
         .map(|(rack, _)| *rack);
     if let Some(rack) = best_rack {
@@ -205,7 +209,7 @@ pub(crate) fn place_gang(gang: Gang, candidates: &[Candidate]) -> Option<Assignm
     let rack_key = |c: &Candidate| std::cmp::Reverse(rack_slots.get(&c.rack).copied().unwrap_or(0));
     let best_zone = zone_slots
         .iter()
-        .filter(|(zone, s)| **zone != 0 && **s >= need)
+        .filter(|(zone, s)| !zone.is_absent() && **s >= need)
         .min_by_key(|(zone, s)| (**s, **zone))
         .map(|(zone, _)| *zone);
     if let Some(zone) = best_zone {
@@ -245,12 +249,17 @@ mod tests {
         Some(placement.iter().map(|&(n, w)| (n.into(), w)).collect())
     }
 
+    /// Nodes as (units, zone, rack), zones and racks by number.
+    fn labelled<const N: usize>(nodes: [(u32, u32, u32); N]) -> [(u32, ZoneIdx, RackIdx); N] {
+        nodes.map(|(units, zone, rack)| (units, zone.into(), rack.into()))
+    }
+
     fn c(node: u32, usable: u32, zone: u32, rack: u32) -> Candidate {
         Candidate {
             node: node.into(),
             usable,
-            zone,
-            rack,
+            zone: zone.into(),
+            rack: rack.into(),
         }
     }
 
@@ -330,14 +339,17 @@ mod tests {
     fn most_placeable_counts_the_roomiest_domain_a_gang_must_stay_in() {
         // (units, zone, rack): racks 1 and 2 in zone 1, rack 3 in zone 2,
         // and an unlabeled node.
-        let nodes = [(8, 1, 1), (8, 1, 1), (8, 1, 2), (4, 2, 3), (8, 0, 0)];
+        let nodes = labelled([(8, 1, 1), (8, 1, 1), (8, 1, 2), (4, 2, 3), (8, 0, 0)]);
         let most = |topology| most_placeable(gang(4, 0, topology), nodes);
         assert_eq!(most(TopologyRequirement::Preferred), 9);
         assert_eq!(most(TopologyRequirement::SameZone), 6);
         assert_eq!(most(TopologyRequirement::SameRack), 4);
         assert_eq!(most(TopologyRequirement::SameNode), 2);
         assert_eq!(
-            most_placeable(gang(8, 0, TopologyRequirement::SameRack), [(8, 0, 0)]),
+            most_placeable(
+                gang(8, 0, TopologyRequirement::SameRack),
+                labelled([(8, 0, 0)])
+            ),
             1
         );
     }
@@ -378,7 +390,7 @@ mod tests {
                     topology: TopologyRequirement::SameRack,
                     ..apart
                 },
-                [(8, 1, 1), (8, 1, 1), (16, 1, 2)]
+                labelled([(8, 1, 1), (8, 1, 1), (16, 1, 2)])
             ),
             2
         );

@@ -4,13 +4,14 @@
 //! instead of a scan of every node.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::Hash;
 
 use serde::{Deserialize, Serialize};
 
 use crate::config::{AllocatorConfig, FlavorSpec};
 use crate::error::AllocatorError;
 use crate::event::NodeInfo;
-use crate::ids::{FlavorIdx, JobIdx, KindIdx, NodeIdx, ResourceIdx};
+use crate::ids::{FlavorIdx, JobIdx, KindIdx, LabelId, NodeIdx, RackIdx, ResourceIdx, ZoneIdx};
 use crate::state::jobs::Gang;
 use crate::types::{
     CapacityType, CpuMemory, MigProfile, NodeSelectorTerm, ResourceKind, Taint, Toleration, names,
@@ -45,42 +46,50 @@ impl InternOrder {
 /// treated as malformed input (no real node has thousands of GPUs).
 pub const MAX_NODE_UNITS: u32 = 4096;
 
-/// String interner for zones and racks; id 0 means "label absent". Values
-/// are interned within a scope: a rack label value names one rack only
-/// within its zone (clusters reuse `rack-1` in every zone), so racks are
-/// interned per zone id and zones in scope 0.
-#[derive(Debug, Default)]
-pub(crate) struct Interner {
-    ids: HashMap<(u32, String), u32>,
+/// String interner for zones and racks: ids of type `I`, numbered from 1
+/// (`I::ABSENT`, 0, is "label absent"). Values are interned within a scope
+/// of type `S`: a rack label value names one rack only within its zone
+/// (clusters reuse `rack-1` in every zone), so racks are interned per zone
+/// and zones in the one scope `()`.
+#[derive(Debug)]
+pub(crate) struct Interner<S, I> {
+    ids: HashMap<(S, String), I>,
     /// (scope, value) by id - 1.
-    names: Vec<(u32, String)>,
+    names: Vec<(S, String)>,
 }
 
-impl Interner {
-    pub(crate) fn intern(&mut self, scope: u32, value: Option<&str>) -> u32 {
-        let Some(value) = value else { return 0 };
+impl<S, I> Default for Interner<S, I> {
+    fn default() -> Self {
+        Interner {
+            ids: HashMap::new(),
+            names: Vec::new(),
+        }
+    }
+}
+
+impl<S: Copy + Eq + Hash, I: LabelId> Interner<S, I> {
+    pub(crate) fn intern(&mut self, scope: S, value: Option<&str>) -> I {
+        let Some(value) = value else {
+            return I::ABSENT;
+        };
         let key = (scope, value.to_string());
         if let Some(id) = self.ids.get(&key) {
             return *id;
         }
         self.names.push(key.clone());
-        let id = u32::try_from(self.names.len()).unwrap_or(u32::MAX);
+        let id = I::from_number(u32::try_from(self.names.len()).unwrap_or(u32::MAX));
         self.ids.insert(key, id);
         id
     }
 
     /// Every interned value with its scope, in id order.
-    pub(crate) fn entries(&self) -> &[(u32, String)] {
+    pub(crate) fn entries(&self) -> &[(S, String)] {
         &self.names
     }
 
-    pub(crate) fn name(&self, id: u32) -> Option<&str> {
-        if id == 0 {
-            return None;
-        }
-        self.names
-            .get(id as usize - 1)
-            .map(|(_, name)| name.as_str())
+    pub(crate) fn name(&self, id: I) -> Option<&str> {
+        let slot = usize::try_from(id.number()).ok()?.checked_sub(1)?;
+        self.names.get(slot).map(|(_, name)| name.as_str())
     }
 }
 
@@ -129,8 +138,8 @@ impl Pool {
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct Node {
-    pub(crate) zone: u32,
-    pub(crate) rack: u32,
+    pub(crate) zone: ZoneIdx,
+    pub(crate) rack: RackIdx,
     pub(crate) flavor: Option<FlavorIdx>,
     pub(crate) schedulable: bool,
     /// In the first line too: rustc keeps `Option<Node>`'s `None` in this
@@ -266,8 +275,8 @@ pub(crate) struct Inventory {
     kind_by_value: HashMap<ResourceKind, KindIdx>,
     pub(crate) resources: Vec<ResourceIndex>,
     res_by_pair: HashMap<(FlavorIdx, KindIdx), ResourceIdx>,
-    pub(crate) zones: Interner,
-    pub(crate) racks: Interner,
+    pub(crate) zones: Interner<(), ZoneIdx>,
+    pub(crate) racks: Interner<ZoneIdx, RackIdx>,
     rack_label: String,
     auto_flavors: bool,
     auto_tolerations: Vec<Toleration>,
@@ -425,7 +434,12 @@ impl Inventory {
                 .iter()
                 .map(|(_, z)| z.clone())
                 .collect(),
-            racks: self.racks.entries().to_vec(),
+            racks: self
+                .racks
+                .entries()
+                .iter()
+                .map(|(zone, rack)| (zone.number(), rack.clone()))
+                .collect(),
             flavors: self.flavors.iter().map(|f| f.name.clone()).collect(),
             kinds: self.kinds.clone(),
             resources: self
@@ -442,10 +456,10 @@ impl Inventory {
     /// skipped, as a tampered snapshot must not panic.
     pub(crate) fn restore_intern_order(&mut self, order: &InternOrder) {
         for zone in &order.zones {
-            self.zones.intern(0, Some(zone));
+            self.zones.intern((), Some(zone));
         }
         for (zone, rack) in &order.racks {
-            self.racks.intern(*zone, Some(rack));
+            self.racks.intern(ZoneIdx::from_number(*zone), Some(rack));
         }
         let flavors: Vec<FlavorIdx> = order
             .flavors
@@ -680,7 +694,7 @@ impl Inventory {
         };
         let zone = self
             .zones
-            .intern(0, info.labels.get(names::ZONE_LABEL).map(String::as_str));
+            .intern((), info.labels.get(names::ZONE_LABEL).map(String::as_str));
         let rack = self
             .racks
             .intern(zone, info.labels.get(&self.rack_label).map(String::as_str));
@@ -982,8 +996,8 @@ mod tests {
     fn what_placement_reads_of_a_node_is_in_its_first_64_bytes() {
         use std::mem::{offset_of, size_of};
         let ends = [
-            offset_of!(Node, zone) + size_of::<u32>(),
-            offset_of!(Node, rack) + size_of::<u32>(),
+            offset_of!(Node, zone) + size_of::<ZoneIdx>(),
+            offset_of!(Node, rack) + size_of::<RackIdx>(),
             offset_of!(Node, schedulable) + size_of::<bool>(),
             offset_of!(Node, gpu_memory_mib) + size_of::<Option<u64>>(),
             offset_of!(Node, extra_taints) + size_of::<Vec<Taint>>(),

@@ -4,7 +4,7 @@
 //! order (`line`), the job arena (`jobs`), the running jobs' expected
 //! releases (`releases`). `apply` is the one place events change it;
 //! between events only the cycle changes it, through the primitives here
-//! (`commit`, `release`, `requeue`, `start_preempting`).
+//! (`commit`, `release`, `requeue`, `start_preempting`, `end_nomination`).
 //!
 //! No module under `state/` imports a policy pass or the speed layer (the
 //! test `tests/layers.rs` checks it).
@@ -198,6 +198,27 @@ impl State {
         if self.tombstones.insert(uid.clone(), self.clock).is_none() {
             self.tombstone_order.push_back((self.clock, uid));
         }
+    }
+
+    /// Forgets the uids of jobs gone longer than the retention ago.
+    pub(crate) fn prune_tombstones(&mut self, now: Timestamp) {
+        let retention = self.config.tombstone_retention_secs;
+        while let Some((at, _)) = self.tombstone_order.front() {
+            if now.secs_since(*at) <= retention {
+                break;
+            }
+            if let Some((_, uid)) = self.tombstone_order.pop_front() {
+                self.tombstones.remove(&uid);
+            }
+        }
+    }
+
+    /// Ends a pending job's nomination: it competes like any other job.
+    pub(crate) fn end_nomination(&mut self, idx: JobIdx) {
+        if let Some(job) = self.job_mut(idx) {
+            job.state = JobState::Pending(None);
+        }
+        self.nominated.remove(&idx);
     }
 
     /// Frees a running job's units (no-op for pending jobs).
