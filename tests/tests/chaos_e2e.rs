@@ -39,8 +39,8 @@ impl Chaos {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let mut stack = Stack::new(Path::new("."), "warn").expect("work dir");
         stack.run_services_with(PathBuf::from(env!("CARGO_BIN_EXE_trainyard-any-service")));
-        let url = stack.start_nats(None).await.expect("nats-server starts");
-        let nats = async_nats::connect(url.as_str()).await.expect("nats");
+        stack.start_nats(None).await.expect("nats-server starts");
+        let nats = stack.connect().await.expect("nats");
         let mut cluster = workload::cluster_config(NODES, GPUS_PER_NODE, 120.0);
         cluster.priority_classes = [HIGH, LOW]
             .into_iter()
