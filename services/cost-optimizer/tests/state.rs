@@ -102,6 +102,25 @@ async fn publish_nodes(runtime: &Runtime) {
 }
 
 /// Messages the service handled, over its consumers and outcomes.
+/// The planner's word that the job `entity` completed.
+async fn publish_completed(runtime: &Runtime, entity: EntityRef) {
+    let planner = publisher(runtime, Service::Planner);
+    let succeeded = TrainingJobTransitioned {
+        from: Some(TrainingJobState::Running),
+        to: TrainingJobState::Completed,
+        reason: "Completed".into(),
+        message: String::new(),
+        restart_count: 0,
+        gpus: 0,
+        queue: Some("team-a".into()),
+        context: Default::default(),
+    };
+    planner
+        .publish(planner.envelope(entity, succeeded))
+        .await
+        .expect("transition published");
+}
+
 fn handled(runtime: &Runtime) -> f64 {
     trainyard_testkit::metric(&runtime.registry, "trainyard_messages_handled_total", &[])
 }
@@ -328,21 +347,7 @@ async fn a_finished_job_keeps_its_value_until_it_is_finalized() {
             .filter(|v| !v["job"]["running"].is_null())
     })
     .await;
-    let planner = publisher(&runtime, Service::Planner);
-    let succeeded = TrainingJobTransitioned {
-        from: Some(TrainingJobState::Running),
-        to: TrainingJobState::Completed,
-        reason: "Completed".into(),
-        message: String::new(),
-        restart_count: 0,
-        gpus: 0,
-        queue: Some("team-a".into()),
-        context: Default::default(),
-    };
-    planner
-        .publish(planner.envelope(entity.clone(), succeeded))
-        .await
-        .expect("transition published");
+    publish_completed(&runtime, entity.clone()).await;
     // Finished, it holds no GPUs; its value stays while the TrainingJob does.
     eventually("the finished job's value", || async {
         value(&store, "job.ml/bert")
@@ -353,6 +358,7 @@ async fn a_finished_job_keeps_its_value_until_it_is_finalized() {
     let finalized = TrainingJobFinalized {
         last_state: Some(TrainingJobState::Completed),
     };
+    let planner = publisher(&runtime, Service::Planner);
     planner
         .publish(planner.envelope(entity, finalized))
         .await
@@ -412,21 +418,7 @@ async fn a_state_saved_whole_is_moved_to_a_value_per_job_node_and_queue() {
 
     // It goes on from there: finished, the job's last record carries what
     // it was charged before.
-    let planner = publisher(&runtime, Service::Planner);
-    let succeeded = TrainingJobTransitioned {
-        from: Some(TrainingJobState::Running),
-        to: TrainingJobState::Completed,
-        reason: "Completed".into(),
-        message: String::new(),
-        restart_count: 0,
-        gpus: 0,
-        queue: Some("team-a".into()),
-        context: Default::default(),
-    };
-    planner
-        .publish(planner.envelope(EntityRef::new("ml", "bert", "u1"), succeeded))
-        .await
-        .expect("transition published");
+    publish_completed(&runtime, EntityRef::new("ml", "bert", "u1")).await;
     let (_, record) = eventually("the job's last cost record", || async {
         payloads::<CostRecorded>(&runtime, streams::DECISIONS.name)
             .await
