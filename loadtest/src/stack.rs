@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use trainyard_contracts::Service;
 use trainyard_contracts::permissions::{self, CALLOUT_ISSUER_VARIABLE, Identity};
 use trainyard_contracts::streams;
+use trainyard_runtime::settings::NatsSettings;
 
 use crate::procstats::{self, ProcStats};
 
@@ -465,35 +466,31 @@ impl Stack {
     /// A client of the stack's NATS as the operator (who may do anything), for
     /// the benchmark's own submissions and reads.
     pub async fn connect(&self) -> Result<async_nats::Client, StackError> {
-        let (url, auth) = self
-            .nats_url
-            .as_ref()
-            .zip(self.nats_auth.as_ref())
-            .ok_or_else(|| StackError::Nats("start NATS first".into()))?;
-        let identity = Identity::Operator;
-        let password_file = auth.password_file(&identity);
-        let password =
-            std::fs::read_to_string(&password_file).map_err(|source| StackError::Io {
-                path: password_file,
-                source,
-            })?;
-        async_nats::ConnectOptions::with_user_and_password(identity.user(), password)
-            .custom_inbox_prefix(identity.inbox_prefix())
-            .connect(trainyard_runtime::nats::servers(url))
+        let settings = self.nats_settings(&Identity::Operator)?;
+        let options = async_nats::ConnectOptions::new()
+            .custom_inbox_prefix(Identity::Operator.inbox_prefix());
+        trainyard_runtime::nats::authenticate(options, &settings)
             .await
-            .map_err(|err| StackError::Nats(format!("cannot connect to {url}: {err}")))
+            .map_err(|err| StackError::Nats(err.to_string()))?
+            .connect(trainyard_runtime::nats::servers(&settings.url))
+            .await
+            .map_err(|err| StackError::Nats(format!("cannot connect to {}: {err}", settings.url)))
     }
 
-    /// How a service running in the benchmark's own process connects to the
-    /// stack's NATS as itself: the URL, its user and its password file.
-    pub fn service_nats(&self, service: Service) -> Result<(String, String, PathBuf), StackError> {
+    /// How `identity` connects to the stack's NATS: the URL, its user and
+    /// its password file (for a service run in the benchmark's own process).
+    pub fn nats_settings(&self, identity: &Identity) -> Result<NatsSettings, StackError> {
         let (url, auth) = self
             .nats_url
             .as_ref()
             .zip(self.nats_auth.as_ref())
             .ok_or_else(|| StackError::Nats("start NATS first".into()))?;
-        let identity = Identity::Service(service);
-        Ok((url.clone(), identity.user(), auth.password_file(&identity)))
+        Ok(NatsSettings {
+            url: url.clone(),
+            user: Some(identity.user()),
+            password_file: Some(auth.password_file(identity).to_string_lossy().into_owned()),
+            ..NatsSettings::default()
+        })
     }
 
     /// Starts `nodes` `nats-server`s (processes and server names `nats-0`,

@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use trainyard_contracts::cost::{UtilizationReported, WorkerPhase};
 use trainyard_contracts::decisions::{AdmissionDecided, WorkerPlacement};
 use trainyard_contracts::events::{NodeObserved, TrainingJobChanged};
+use trainyard_contracts::permissions::Identity;
 use trainyard_contracts::{Bucket, EntityRef, Service};
 use trainyard_cost_optimizer::CostConfig;
 use trainyard_loadtest::stack::Stack;
@@ -127,13 +128,12 @@ async fn main() -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(args.max_wall_secs);
     let mut stack = Stack::new(Path::new("."), "warn")?;
     stack.start_nats(None).await?;
-    let (url, user, password_file) = stack.service_nats(Service::CostOptimizer)?;
     let catalog = stack.work_dir().join("price-catalog.yaml");
     std::fs::write(&catalog, CATALOG).context("writing the price catalog")?;
-    let mut settings = Settings::default();
-    settings.nats.url = url;
-    settings.nats.user = Some(user);
-    settings.nats.password_file = Some(password_file.display().to_string());
+    let mut settings = Settings {
+        nats: stack.nats_settings(&Identity::Service(Service::CostOptimizer))?,
+        ..Settings::default()
+    };
     settings.http.listen = "127.0.0.1:0".to_string();
     let runtime =
         Runtime::start(Service::CostOptimizer, settings, CancellationToken::new()).await?;

@@ -37,6 +37,7 @@ use rand::Rng;
 use serde_json::Value;
 use trainyard_api::TrainingJobState;
 use trainyard_contracts::lifecycle::{TrainingJobTransitioned, TransitionContext};
+use trainyard_contracts::permissions::Identity;
 use trainyard_contracts::{EntityRef, Envelope, Service};
 use trainyard_loadtest::procstats;
 use trainyard_loadtest::stack::{Stack, default_bin_dir, free_port};
@@ -283,7 +284,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let mut stack = Stack::new(&bin_dir, "warn")?;
     stack.start_nats(None).await?;
-    let (nats_url, nats_user, nats_password_file) = stack.service_nats(Service::Notifier)?;
+    let nats = stack.nats_settings(&Identity::Service(Service::Notifier))?;
     let received: Shared = Arc::default();
     let app = axum::Router::new()
         .route("/hooks/{channel}", post(slack))
@@ -311,9 +312,15 @@ async fn main() -> anyhow::Result<()> {
         let child = Command::new(&binary)
             .arg("--config")
             .arg(dir.join("notifier.toml"))
-            .env("TRAINYARD_NATS__URL", &nats_url)
-            .env("TRAINYARD_NATS__USER", &nats_user)
-            .env("TRAINYARD_NATS__PASSWORD_FILE", &nats_password_file)
+            .env("TRAINYARD_NATS__URL", &nats.url)
+            .env(
+                "TRAINYARD_NATS__USER",
+                nats.user.as_deref().unwrap_or_default(),
+            )
+            .env(
+                "TRAINYARD_NATS__PASSWORD_FILE",
+                nats.password_file.as_deref().unwrap_or_default(),
+            )
             .env("TRAINYARD_HTTP__LISTEN", format!("127.0.0.1:{http}"))
             .env("TRAINYARD_TELEMETRY__LOG_LEVEL", "warn")
             .env("TRAINYARD_NOTIFIER__REPLICA_ID", format!("replica-{r}"))

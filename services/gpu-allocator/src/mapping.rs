@@ -7,9 +7,9 @@ use chrono::{DateTime, Utc};
 use gpu_allocator_core::{
     Admission, AgingPolicy, BudgetHold, CapacityType, CpuMemory, Event, FlavorQuota, FlavorSpec,
     GpuSliceRequest, JobSpec, JobUid, NodeInfo, NodeKey, NodeOperator, NodeRequirement,
-    NodeSelectorTerm, PendingReason, PodPolicy, Preemption, PreemptionRule, QueuePreemption,
-    QueueSpec, QueueUsage, ResourceQuota, Taint, TaintEffect, Timestamp, Toleration,
-    TolerationOperator, TopologyRequirement, Victim, names,
+    NodeSelectorTerm, PendingReason, Preemption, PreemptionRule, QueuePreemption, QueueSpec,
+    QueueUsage, ResourceQuota, Taint, TaintEffect, Timestamp, Toleration, TolerationOperator,
+    TopologyRequirement, Victim, names,
 };
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use trainyard_api::quantity::{self, QuantityError};
@@ -43,13 +43,6 @@ pub fn queue_preemption(
         reclaim_lower_priority_only: reclaim == ReclaimWithinCohort::LowerPriority,
         fair_share: reclaim == ReclaimWithinCohort::Any,
     }
-}
-
-/// The allocator's pod policy for a TrainingQueue's `spec.podPolicy`.
-pub fn pod_policy(policy: Option<&trainyard_api::PodPolicy>) -> PodPolicy {
-    policy
-        .map(trainyard_api::PodPolicy::rule)
-        .unwrap_or_default()
 }
 
 /// `status.restartCount` of a TrainingJob, 0 when unset.
@@ -229,7 +222,11 @@ pub fn queue_event(
         drain: spec.drains(),
         // Set from the cost-optimizer's reports (`AllocatorState::on_budget`).
         budget_hold: None,
-        pod_policy: pod_policy(spec.pod_policy.as_ref()),
+        pod_policy: spec
+            .pod_policy
+            .as_ref()
+            .map(trainyard_api::PodPolicy::rule)
+            .unwrap_or_default(),
     };
     core.validate()?;
     let info = QueueInfo {

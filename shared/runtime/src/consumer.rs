@@ -294,7 +294,7 @@ async fn process<H: Handler>(
     };
     let label = match outcome {
         Ok(()) => {
-            crate::crash_point::reached(&crate::crash_point::before_ack(&spec.durable));
+            crate::crash_point::reached_before_ack(&spec.durable);
             if let Err(err) = message.ack().await {
                 tracing::warn!(consumer = %spec.durable, error = %err, "ack failed; message will be redelivered");
             }

@@ -74,10 +74,20 @@ pub fn reached(point: &str) {
     }
 }
 
+const BEFORE_ACK: &str = ".before-ack";
+
 /// The crash point of a durable consumer (e.g. `planner-events`): a message
 /// handled (its effects done) and not yet acknowledged.
 pub fn before_ack(durable: &str) -> String {
-    format!("{durable}.before-ack")
+    format!("{durable}{BEFORE_ACK}")
+}
+
+/// [`reached`] at consumer `durable`'s [`before_ack`] point, without making
+/// its name: it is passed once per message.
+pub fn reached_before_ack(durable: &str) {
+    if armed().is_some_and(|armed| armed.point.strip_suffix(BEFORE_ACK) == Some(durable)) {
+        reached(&before_ack(durable));
+    }
 }
 
 #[cfg(test)]

@@ -403,7 +403,7 @@ async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Resu
                 let (recoveries, kills, without_snapshot) =
                     kill_loop(stack, scenario.target(), &kill_gaps, &pauses, &nths).await?;
                 aimed = kills;
-                restarts_without_snapshot = Some(without_snapshot);
+                restarts_without_snapshot = without_snapshot;
                 Ok(recoveries)
             }
         }
@@ -464,8 +464,7 @@ async fn run(args: &Args, scenario: Scenario, stack: &mut Stack) -> anyhow::Resu
         stream_fullness: (scenario == Scenario::StoragePressure).then_some(fullness),
         exited,
         aimed_kills: aimed,
-        restarts_without_snapshot: restarts_without_snapshot
-            .filter(|_| scenario.target() == Some(Service::GpuAllocator)),
+        restarts_without_snapshot,
         recovery: recovery.summary(),
         timed_out,
     })
@@ -745,13 +744,13 @@ async fn kill_loop(
     gaps: &[Duration],
     pauses: &[Duration],
     nths: &[u32],
-) -> anyhow::Result<(Vec<Duration>, BTreeMap<String, AimedKills>, u32)> {
+) -> anyhow::Result<(Vec<Duration>, BTreeMap<String, AimedKills>, Option<u32>)> {
     let Some(target) = target else {
         return Ok(Default::default());
     };
     let points = kill_points(target);
     let mut recoveries = Vec::with_capacity(gaps.len());
-    let mut restarts_without_snapshot = 0;
+    let mut restarts_without_snapshot = (target == Service::GpuAllocator).then_some(0);
     let mut aimed: BTreeMap<String, AimedKills> = BTreeMap::new();
     for (((gap, pause), point), nth) in gaps.iter().zip(pauses).zip(points.iter().cycle()).zip(nths)
     {
@@ -780,11 +779,11 @@ async fn kill_loop(
         )
         .await?;
         recoveries.push(started.elapsed().saturating_sub(*pause));
-        if target == Service::GpuAllocator {
+        if let Some(count) = restarts_without_snapshot.as_mut() {
             let metrics = stack.metrics(target).await?;
             let series = "trainyard_allocator_restores_total{source=\"snapshot\"}";
             if stack::metric_value(&metrics, series).unwrap_or(0.0) < 1.0 {
-                restarts_without_snapshot += 1;
+                *count += 1;
             }
         }
     }
